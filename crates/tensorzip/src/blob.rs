@@ -1,0 +1,339 @@
+//! The per-tensor blob: header, frequency tables, chunk directory, payload.
+//!
+//! Layout and validation rules are normative in `docs/FORMAT.md`; this module is their implementation.
+//! Parsing validates every size and offset before anything is decoded or allocated, so every
+//! allocation is bounded by the length of the blob.
+
+use crate::dtype::DType;
+use crate::error::{corrupt, truncated, Error, Result};
+use crate::rans::table::FreqTable;
+
+/// First four bytes of every blob.
+pub const BLOB_MAGIC: [u8; 4] = *b"TZBL";
+/// The blob format version this build writes and reads.
+pub const BLOB_VERSION: u16 = 1;
+/// Fixed part of the header before the shape.
+pub const HEADER_FIXED: usize = 20;
+/// Largest rank a blob may declare.
+pub const MAX_RANK: usize = 64;
+/// Largest chunk, in bytes of original data (cuZipNN's limit).
+pub const MAX_CHUNK_BYTES: usize = 16 << 20;
+/// Smallest and largest table-selection block, in units.
+pub const MIN_BLOCK_UNITS: u32 = 32;
+pub const MAX_BLOCK_UNITS: u32 = 65536;
+/// Most frequency tables one plane may have.
+pub const MAX_TABLES: usize = 64;
+/// Largest tensor, in bytes.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 56;
+
+/// Block selector: the block is one repeated byte, stored once in the raw area.
+pub const SEL_CONST: u8 = 254;
+/// Block selector: the block's bytes are stored raw in the raw area.
+pub const SEL_RAW: u8 = 255;
+
+/// How a blob's payload is coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Scheme {
+    /// The original bytes, unchanged.
+    Stored = 0,
+    /// Transform, byte planes, rANS (the lossless scheme).
+    Planes = 1,
+}
+
+/// Mode of one plane within one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlaneMode {
+    /// All bytes are stored raw.
+    Raw,
+    /// Every byte equals this value.
+    Const(u8),
+    /// Per-block selectors decide.
+    Blocks,
+}
+
+/// The fixed header of a blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobHeader {
+    pub scheme: Scheme,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Units per chunk (0 for [`Scheme::Stored`]).
+    pub chunk_units: u32,
+    /// Units per table-selection block (0 for [`Scheme::Stored`]).
+    pub block_units: u32,
+}
+
+impl BlobHeader {
+    /// Number of elements (product of the shape; 1 for a 0-d tensor).
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+    /// Number of coded units.
+    pub fn units(&self) -> u64 {
+        self.numel() * self.dtype.units_per_element() as u64
+    }
+    /// Bytes of the original tensor.
+    pub fn nbytes(&self) -> u64 {
+        self.numel() * self.dtype.itemsize() as u64
+    }
+    /// Number of byte planes.
+    pub fn planes(&self) -> usize {
+        self.dtype.unit_size()
+    }
+    /// Number of chunks.
+    pub fn n_chunks(&self) -> u64 {
+        match self.scheme {
+            Scheme::Stored => 0,
+            Scheme::Planes => self.units().div_ceil(self.chunk_units as u64),
+        }
+    }
+    /// Units in chunk `c`.
+    pub fn chunk_len(&self, c: u64) -> usize {
+        let start = c * self.chunk_units as u64;
+        (self.units() - start).min(self.chunk_units as u64) as usize
+    }
+    /// Bytes of the encoded header.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_FIXED + 8 * self.shape.len()
+    }
+    /// Bytes of one directory entry.
+    pub fn dir_entry_len(&self) -> usize {
+        8 + 2 * self.planes()
+    }
+
+    /// Appends the encoded header.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&BLOB_MAGIC);
+        out.extend_from_slice(&BLOB_VERSION.to_le_bytes());
+        out.push(self.scheme as u8);
+        out.push(self.dtype.code());
+        out.push(self.shape.len() as u8);
+        out.push(0); // flags
+        out.extend_from_slice(&0u16.to_le_bytes()); // reserved
+        out.extend_from_slice(&self.chunk_units.to_le_bytes());
+        out.extend_from_slice(&self.block_units.to_le_bytes());
+        for d in &self.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+    }
+
+    /// Parses and validates a header; returns it and its length.
+    pub fn parse(data: &[u8]) -> Result<(BlobHeader, usize)> {
+        if data.len() < 4 {
+            return truncated(format!("blob of {} bytes is shorter than its magic number", data.len()));
+        }
+        if data[..4] != BLOB_MAGIC {
+            return Err(Error::BadMagic);
+        }
+        if data.len() < 6 {
+            return truncated("blob header (version)");
+        }
+        let version = u16::from_le_bytes([data[4], data[5]]);
+        if version != BLOB_VERSION {
+            return Err(Error::UnsupportedVersion { found: version, supported: BLOB_VERSION });
+        }
+        if data.len() < HEADER_FIXED {
+            return truncated("blob header");
+        }
+        let scheme = match data[6] {
+            0 => Scheme::Stored,
+            1 => Scheme::Planes,
+            s => return corrupt(format!("unknown scheme {s}")),
+        };
+        let dtype = DType::from_code(data[7])?;
+        let rank = data[8] as usize;
+        if rank > MAX_RANK {
+            return corrupt(format!("rank {rank} exceeds {MAX_RANK}"));
+        }
+        if data[9] != 0 || data[10] != 0 || data[11] != 0 {
+            return corrupt("reserved header bytes are not zero");
+        }
+        let chunk_units = u32::from_le_bytes(data[12..16].try_into().unwrap());
+        let block_units = u32::from_le_bytes(data[16..20].try_into().unwrap());
+        let len = HEADER_FIXED + 8 * rank;
+        if data.len() < len {
+            return truncated("blob shape");
+        }
+        let shape: Vec<u64> =
+            (0..rank).map(|i| u64::from_le_bytes(data[HEADER_FIXED + 8 * i..HEADER_FIXED + 8 * i + 8].try_into().unwrap())).collect();
+        let mut numel = 1u64;
+        for &d in &shape {
+            numel = numel.checked_mul(d).ok_or_else(|| Error::Corrupt("shape overflows".into()))?;
+        }
+        if numel.checked_mul(dtype.itemsize() as u64).is_none_or(|b| b > MAX_TENSOR_BYTES) {
+            return corrupt("tensor larger than 2^56 bytes");
+        }
+        match scheme {
+            Scheme::Stored => {
+                if chunk_units != 0 || block_units != 0 {
+                    return corrupt("stored blob with non-zero chunk or block size");
+                }
+            }
+            Scheme::Planes => {
+                if chunk_units == 0 || chunk_units as usize * dtype.unit_size() > MAX_CHUNK_BYTES {
+                    return corrupt(format!("chunk of {chunk_units} units is outside 1..=16 MiB"));
+                }
+                if !block_units.is_power_of_two() || !(MIN_BLOCK_UNITS..=MAX_BLOCK_UNITS).contains(&block_units) {
+                    return corrupt(format!("block of {block_units} units is not a power of two in 32..=65536"));
+                }
+            }
+        }
+        Ok((BlobHeader { scheme, dtype, shape, chunk_units, block_units }, len))
+    }
+}
+
+/// One chunk's directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkEntry {
+    /// Bytes of the chunk's payload.
+    pub payload_len: u32,
+    /// Bytes of its rANS stream (0 = none).
+    pub rans_len: u32,
+    /// Mode of each plane.
+    pub modes: [PlaneMode; 8],
+}
+
+impl ChunkEntry {
+    /// Appends the entry for `planes` planes.
+    pub fn write(&self, planes: usize, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.payload_len.to_le_bytes());
+        out.extend_from_slice(&self.rans_len.to_le_bytes());
+        for m in &self.modes[..planes] {
+            let (a, b) = match *m {
+                PlaneMode::Raw => (0, 0),
+                PlaneMode::Const(v) => (1, v),
+                PlaneMode::Blocks => (2, 0),
+            };
+            out.push(a);
+            out.push(b);
+        }
+    }
+
+    /// Parses an entry of `planes` planes (the slice holds exactly one entry).
+    pub fn parse(data: &[u8], planes: usize) -> Result<ChunkEntry> {
+        let payload_len = u32::from_le_bytes(data[0..4].try_into().unwrap());
+        let rans_len = u32::from_le_bytes(data[4..8].try_into().unwrap());
+        let mut modes = [PlaneMode::Raw; 8];
+        for (p, m) in modes[..planes].iter_mut().enumerate() {
+            let (a, b) = (data[8 + 2 * p], data[9 + 2 * p]);
+            *m = match (a, b) {
+                (0, 0) => PlaneMode::Raw,
+                (1, v) => PlaneMode::Const(v),
+                (2, 0) => PlaneMode::Blocks,
+                _ => return corrupt(format!("invalid plane mode ({a}, {b})")),
+            };
+        }
+        Ok(ChunkEntry { payload_len, rans_len, modes })
+    }
+}
+
+/// A validated view of a blob.
+pub struct BlobView<'a> {
+    pub header: BlobHeader,
+    /// Frequency tables of each plane.
+    pub tables: Vec<Vec<FreqTable>>,
+    dir: &'a [u8],
+    /// Offset of each chunk's payload in `data`, plus the end (`n_chunks + 1` values).
+    offsets: Vec<usize>,
+    data: &'a [u8],
+    /// Offset of the first payload byte (Stored: of the raw data).
+    payload_start: usize,
+}
+
+impl<'a> BlobView<'a> {
+    /// Parses and validates the header, tables and directory of `data`, which must be exactly one blob.
+    pub fn parse(data: &'a [u8]) -> Result<BlobView<'a>> {
+        let (header, mut pos) = BlobHeader::parse(data)?;
+        let nbytes = header.nbytes() as usize;
+        match header.scheme {
+            Scheme::Stored => {
+                let end = pos.checked_add(nbytes).ok_or_else(|| Error::Corrupt("size overflows".into()))?;
+                if data.len() < end {
+                    return truncated(format!("stored blob holds {} of {} data bytes", data.len() - pos, nbytes));
+                }
+                if data.len() > end {
+                    return corrupt(format!("{} bytes after the end of the blob", data.len() - end));
+                }
+                Ok(BlobView { header, tables: Vec::new(), dir: &[], offsets: Vec::new(), data, payload_start: pos })
+            }
+            Scheme::Planes => {
+                let planes = header.planes();
+                let mut tables = Vec::with_capacity(planes);
+                for p in 0..planes {
+                    let Some(&k) = data.get(pos) else { return truncated(format!("table count of plane {p}")) };
+                    pos += 1;
+                    if k as usize > MAX_TABLES {
+                        return corrupt(format!("plane {p} declares {k} tables (at most {MAX_TABLES})"));
+                    }
+                    let mut list = Vec::with_capacity(k as usize);
+                    for _ in 0..k {
+                        let (t, used) = FreqTable::parse(&data[pos..])?;
+                        pos += used;
+                        list.push(t);
+                    }
+                    tables.push(list);
+                }
+                let n_chunks = header.n_chunks();
+                let entry = header.dir_entry_len() as u64;
+                let dir_len = n_chunks.checked_mul(entry).filter(|&l| l <= (data.len() - pos) as u64);
+                let Some(dir_len) = dir_len else {
+                    return truncated(format!("chunk directory of {n_chunks} chunks"));
+                };
+                let dir = &data[pos..pos + dir_len as usize];
+                pos += dir_len as usize;
+                let mut offsets = Vec::with_capacity(n_chunks as usize + 1);
+                let mut off = pos;
+                offsets.push(off);
+                for c in 0..n_chunks as usize {
+                    let len = u32::from_le_bytes(dir[c * entry as usize..c * entry as usize + 4].try_into().unwrap());
+                    off = off
+                        .checked_add(len as usize)
+                        .filter(|&o| o <= data.len())
+                        .ok_or_else(|| Error::Truncated(format!("payload of chunk {c}")))?;
+                    offsets.push(off);
+                }
+                if off != data.len() {
+                    return corrupt(format!("{} bytes after the end of the blob", data.len() - off));
+                }
+                Ok(BlobView { header, tables, dir, offsets, data, payload_start: pos })
+            }
+        }
+    }
+
+    /// The directory entry of chunk `c`.
+    pub fn entry(&self, c: usize) -> Result<ChunkEntry> {
+        let e = self.header.dir_entry_len();
+        ChunkEntry::parse(&self.dir[c * e..(c + 1) * e], self.header.planes())
+    }
+
+    /// The payload of chunk `c`.
+    pub fn payload(&self, c: usize) -> &'a [u8] {
+        &self.data[self.offsets[c]..self.offsets[c + 1]]
+    }
+
+    /// The raw data of a stored blob.
+    pub fn stored_data(&self) -> &'a [u8] {
+        &self.data[self.payload_start..]
+    }
+
+    /// Bytes of the whole blob.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the blob is empty (never: a blob has at least a header).
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Bytes of the header, tables and directory (everything but payloads).
+    pub fn overhead_len(&self) -> usize {
+        self.payload_start
+    }
+}
+
+/// Reads only the header of a blob (for `info`-style inspection).
+pub fn peek_header(data: &[u8]) -> Result<BlobHeader> {
+    BlobHeader::parse(data).map(|(h, _)| h)
+}

@@ -1,0 +1,36 @@
+//! Run-time CPU feature detection and the constant tables the SIMD paths share.
+
+use std::sync::OnceLock;
+
+/// Whether this CPU runs AVX2 code (checked once; `TENSORZIP_NO_SIMD=1` forces the scalar paths).
+pub fn has_avx2() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if std::env::var_os("TENSORZIP_NO_SIMD").is_some_and(|v| v != "0") {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// For each 8-bit mask of lanes that refill, the source word index of each lane: lane `i` takes word
+/// `popcount(mask & ((1 << i) - 1))` (lanes outside the mask get an index that is ignored).
+pub fn refill_permutations() -> &'static [[u32; 8]; 256] {
+    static T: OnceLock<Box<[[u32; 8]; 256]>> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new([[0u32; 8]; 256]);
+        for (m, row) in t.iter_mut().enumerate() {
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = (m & ((1 << i) - 1)).count_ones();
+            }
+        }
+        t
+    })
+}

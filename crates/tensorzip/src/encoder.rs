@@ -1,0 +1,222 @@
+//! The CPU encoder of one tensor: builds the model (pass 1), then codes chunks independently (pass 2).
+
+use crate::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::model::{build_model, choose, const_selector, histogram, Model};
+use crate::options::CompressOptions;
+use crate::rans::encode::{encode_stream, EncoderScratch, Segment};
+use crate::transform;
+
+/// One coded chunk: its directory entry and payload.
+pub struct ChunkOut {
+    pub entry: ChunkEntry,
+    pub payload: Vec<u8>,
+}
+
+/// Per-thread scratch of the chunk encoder.
+#[derive(Default)]
+pub struct ChunkScratch {
+    planes: Vec<u8>,
+    sels: Vec<u8>,
+    rans: EncoderScratch,
+}
+
+/// Encoder of one tensor.
+pub struct TensorEncoder<'a> {
+    data: &'a [u8],
+    header: BlobHeader,
+    model: Option<Model>,
+    threshold: u64,
+}
+
+/// The header of a stored (uncompressed) blob of this tensor.
+pub fn stored_header(dtype: DType, shape: &[u64]) -> BlobHeader {
+    BlobHeader { scheme: Scheme::Stored, dtype, shape: shape.to_vec(), chunk_units: 0, block_units: 0 }
+}
+
+/// Checks that `data` holds exactly the bytes of a tensor of `dtype` and `shape`.
+pub fn check_input(data: &[u8], dtype: DType, shape: &[u64]) -> Result<()> {
+    if shape.len() > crate::blob::MAX_RANK {
+        return Err(Error::InvalidInput(format!("rank {} exceeds {}", shape.len(), crate::blob::MAX_RANK)));
+    }
+    let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let nbytes = numel.and_then(|n| n.checked_mul(dtype.itemsize() as u64));
+    match nbytes {
+        Some(n) if n <= crate::blob::MAX_TENSOR_BYTES && n == data.len() as u64 => Ok(()),
+        Some(n) if n <= crate::blob::MAX_TENSOR_BYTES => Err(Error::InvalidInput(format!(
+            "{} bytes given for a {dtype} tensor of shape {shape:?} ({n} bytes)",
+            data.len()
+        ))),
+        _ => Err(Error::InvalidInput(format!("shape {shape:?} is too large"))),
+    }
+}
+
+impl<'a> TensorEncoder<'a> {
+    /// Validates the input and options and builds the model (pass 1).
+    pub fn new(data: &'a [u8], dtype: DType, shape: &[u64], opts: &CompressOptions) -> Result<Self> {
+        opts.validate()?;
+        check_input(data, dtype, shape)?;
+        let us = dtype.unit_size();
+        if data.is_empty() || data.len() < opts.min_compress_bytes {
+            return Ok(TensorEncoder { data, header: stored_header(dtype, shape), model: None, threshold: 0 });
+        }
+        let header = BlobHeader {
+            scheme: Scheme::Planes,
+            dtype,
+            shape: shape.to_vec(),
+            chunk_units: (opts.chunk_bytes / us) as u32,
+            block_units: opts.block_units,
+        };
+        let model = build_model(data, &header, opts);
+        Ok(TensorEncoder { data, header, model: Some(model), threshold: opts.threshold_q16() })
+    }
+
+    /// The header this encoder writes.
+    pub fn header(&self) -> &BlobHeader {
+        &self.header
+    }
+
+    /// Number of chunks to encode (0 for a stored blob).
+    pub fn n_chunks(&self) -> u64 {
+        self.header.n_chunks()
+    }
+
+    /// Appends the header and (for Planes) the table section.
+    pub fn write_prefix(&self, out: &mut Vec<u8>) {
+        self.header.write(out);
+        if let Some(model) = &self.model {
+            for pm in &model.planes {
+                out.push(pm.tables.len() as u8);
+                for t in &pm.tables {
+                    t.write(out);
+                }
+            }
+        }
+    }
+
+    /// The tensor's bytes (for stored blobs and fallbacks).
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// Encodes chunk `c`.
+    pub fn encode_chunk(&self, c: u64, scratch: &mut ChunkScratch) -> ChunkOut {
+        let model = self.model.as_ref().expect("encode_chunk on a Planes encoder");
+        let h = &self.header;
+        let us = h.planes();
+        let len = h.chunk_len(c);
+        let start = c as usize * h.chunk_units as usize;
+        let src = &self.data[start * us..(start + len) * us];
+        let bu = h.block_units as usize;
+        let nb = len.div_ceil(bu);
+
+        scratch.planes.resize(us * len, 0);
+        {
+            let mut views: Vec<&mut [u8]> = scratch.planes.chunks_mut(len).collect();
+            transform::split(h.dtype.transform(), src, &mut views);
+        }
+        let planes: Vec<&[u8]> = scratch.planes.chunks(len).collect();
+
+        // Per-block selectors of every plane, and whether each block is one repeated byte.
+        scratch.sels.clear();
+        scratch.sels.resize(us * nb, 0);
+        let mut modes = [PlaneMode::Raw; 8];
+        let mut hist = [0u32; 256];
+        for p in 0..us {
+            let tables = &model.planes[p].tables;
+            let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
+            let mut all_raw = true;
+            let mut const_val: Option<Option<u8>> = None; // Some(Some(v)): every block so far is v
+            for (b, sel) in sels.iter_mut().enumerate() {
+                let blk = &planes[p][b * bu..((b + 1) * bu).min(len)];
+                let first = blk[0];
+                let is_const;
+                if tables.is_empty() {
+                    is_const = blk.iter().all(|&v| v == first);
+                    *sel = if is_const { SEL_CONST } else { SEL_RAW };
+                } else {
+                    histogram(blk, &mut hist);
+                    is_const = hist[first as usize] as usize == blk.len();
+                    *sel = if is_const {
+                        const_selector(first, tables)
+                    } else {
+                        choose(&crate::model::sparse(&hist), blk.len(), tables, self.threshold).0
+                    };
+                }
+                all_raw &= *sel == SEL_RAW;
+                const_val = match const_val {
+                    None => Some(is_const.then_some(first)),
+                    Some(Some(v)) if is_const && v == first => Some(Some(v)),
+                    _ => Some(None),
+                };
+            }
+            modes[p] = match const_val {
+                Some(Some(v)) => PlaneMode::Const(v),
+                _ if all_raw => PlaneMode::Raw,
+                _ => PlaneMode::Blocks,
+            };
+        }
+
+        let mut payload = Vec::new();
+        for p in 0..us {
+            if modes[p] == PlaneMode::Blocks {
+                payload.extend_from_slice(&scratch.sels[p * nb..(p + 1) * nb]);
+            }
+        }
+        // The rANS stream over every block coded with a multi-symbol table.
+        let mut blocks: Vec<Vec<Segment<'_>>> = Vec::with_capacity(nb);
+        let mut any = false;
+        for b in 0..nb {
+            let range = b * bu..((b + 1) * bu).min(len);
+            let mut segs = Vec::new();
+            for p in 0..us {
+                if modes[p] != PlaneMode::Blocks {
+                    continue;
+                }
+                let sel = scratch.sels[p * nb + b];
+                if sel == SEL_RAW || sel == SEL_CONST {
+                    continue;
+                }
+                if let Some(enc) = &model.planes[p].enc[sel as usize] {
+                    segs.push(Segment { syms: &planes[p][range.clone()], table: enc });
+                    any = true;
+                }
+            }
+            blocks.push(segs);
+        }
+        let sel_len = payload.len();
+        if any {
+            encode_stream(&blocks, &mut scratch.rans, &mut payload);
+        }
+        let rans_len = payload.len() - sel_len;
+        for p in 0..us {
+            match modes[p] {
+                PlaneMode::Raw => payload.extend_from_slice(planes[p]),
+                PlaneMode::Const(_) => {}
+                PlaneMode::Blocks => {
+                    for b in 0..nb {
+                        let blk = &planes[p][b * bu..((b + 1) * bu).min(len)];
+                        match scratch.sels[p * nb + b] {
+                            SEL_RAW => payload.extend_from_slice(blk),
+                            SEL_CONST => payload.push(blk[0]),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        // Coding must not expand a chunk: otherwise every non-constant plane is stored raw.
+        if payload.len() >= len * us {
+            payload.clear();
+            for p in 0..us {
+                if !matches!(modes[p], PlaneMode::Const(_)) {
+                    modes[p] = PlaneMode::Raw;
+                    payload.extend_from_slice(planes[p]);
+                }
+            }
+            return ChunkOut { entry: ChunkEntry { payload_len: payload.len() as u32, rans_len: 0, modes }, payload };
+        }
+        ChunkOut { entry: ChunkEntry { payload_len: payload.len() as u32, rans_len: rans_len as u32, modes }, payload }
+    }
+}

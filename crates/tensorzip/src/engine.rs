@@ -1,0 +1,193 @@
+//! The CPU engine: whole-tensor compress and decompress, multi-threaded over chunks with rayon.
+
+use rayon::prelude::*;
+
+use crate::blob::{BlobHeader, Scheme};
+use crate::decoder::{DecodeScratch, TensorDecoder};
+use crate::dtype::DType;
+use crate::encoder::{stored_header, ChunkOut, ChunkScratch, TensorEncoder};
+use crate::error::{Error, Result};
+use crate::options::CompressOptions;
+
+/// A decoded tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+/// The CPU engine. `threads == 0` uses rayon's global pool (all cores); any other count gets a pool
+/// of its own. Output bytes never depend on the thread count.
+pub struct CpuEngine {
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Default for CpuEngine {
+    fn default() -> Self {
+        CpuEngine { pool: None }
+    }
+}
+
+impl CpuEngine {
+    /// An engine on `threads` threads (0 = all cores).
+    pub fn new(threads: usize) -> Result<Self> {
+        if threads == 0 {
+            return Ok(CpuEngine { pool: None });
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("tensorzip-{i}"))
+            .build()
+            .map_err(|e| Error::InvalidOption(format!("cannot start {threads} threads: {e}")))?;
+        Ok(CpuEngine { pool: Some(pool) })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.as_ref().map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    /// Compresses the bytes of a tensor (row-major, little-endian) into a blob.
+    pub fn compress(&self, data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions) -> Result<Vec<u8>> {
+        self.run(|| {
+            let enc = TensorEncoder::new(data, dtype, shape, opts)?;
+            if enc.header().scheme == Scheme::Stored {
+                return Ok(stored_blob(enc.header(), data));
+            }
+            let chunks: Vec<ChunkOut> = (0..enc.n_chunks())
+                .into_par_iter()
+                .map_init(ChunkScratch::default, |s, c| enc.encode_chunk(c, s))
+                .collect();
+            Ok(assemble(&enc, &chunks))
+        })
+    }
+
+    /// Decompresses a blob into a new buffer.
+    pub fn decompress(&self, blob: &[u8]) -> Result<Tensor> {
+        let dec = TensorDecoder::new(blob)?;
+        let h = dec.header().clone();
+        let mut data = vec![0u8; h.nbytes() as usize];
+        self.decode_all(&dec, &mut data)?;
+        Ok(Tensor { dtype: h.dtype, shape: h.shape, data })
+    }
+
+    /// Decompresses a blob into `out`, which must hold exactly the tensor's bytes.
+    pub fn decompress_into(&self, blob: &[u8], out: &mut [u8]) -> Result<BlobHeader> {
+        let dec = TensorDecoder::new(blob)?;
+        self.decode_all(&dec, out)?;
+        Ok(dec.header().clone())
+    }
+
+    fn decode_all(&self, dec: &TensorDecoder<'_>, out: &mut [u8]) -> Result<()> {
+        let h = dec.header();
+        if out.len() as u64 != h.nbytes() {
+            return Err(Error::OutputSize { expected: h.nbytes() as usize, got: out.len() });
+        }
+        match h.scheme {
+            Scheme::Stored => {
+                out.copy_from_slice(dec.view().stored_data());
+                Ok(())
+            }
+            Scheme::Planes => {
+                let cb = h.chunk_units as usize * h.planes();
+                self.run(|| {
+                    out.par_chunks_mut(cb)
+                        .enumerate()
+                        .try_for_each_init(DecodeScratch::default, |s, (c, o)| dec.decode_chunk(c, o, s))
+                })
+            }
+        }
+    }
+
+    /// Decodes elements `start..end` (row-major order) into `out` (exactly their bytes), touching only
+    /// the chunks that hold them.
+    pub fn decompress_range_into(&self, blob: &[u8], start: u64, end: u64, out: &mut [u8]) -> Result<BlobHeader> {
+        let dec = TensorDecoder::new(blob)?;
+        let h = dec.header().clone();
+        let numel = h.numel();
+        if start > end || end > numel {
+            return Err(Error::Range { start, end, numel });
+        }
+        let isz = h.dtype.itemsize() as u64;
+        let expected = ((end - start) * isz) as usize;
+        if out.len() != expected {
+            return Err(Error::OutputSize { expected, got: out.len() });
+        }
+        if start == end {
+            return Ok(h);
+        }
+        let (b0, b1) = ((start * isz) as usize, (end * isz) as usize);
+        if h.scheme == Scheme::Stored {
+            out.copy_from_slice(&dec.view().stored_data()[b0..b1]);
+            return Ok(h);
+        }
+        let cb = h.chunk_units as usize * h.planes();
+        let (c0, c1) = (b0 / cb, (b1 - 1) / cb);
+        // Split `out` at chunk boundaries, then decode each chunk (directly when wholly inside).
+        let mut pieces: Vec<(usize, &mut [u8])> = Vec::with_capacity(c1 - c0 + 1);
+        let mut rest = out;
+        for c in c0..=c1 {
+            let lo = b0.max(c * cb);
+            let hi = b1.min((c + 1) * cb);
+            let (head, tail) = rest.split_at_mut(hi - lo);
+            pieces.push((c, head));
+            rest = tail;
+        }
+        self.run(|| {
+            pieces.into_par_iter().try_for_each_init(
+                || (DecodeScratch::default(), Vec::new()),
+                |(s, tmp), (c, piece)| {
+                    let chunk_bytes = h.chunk_len(c as u64) * h.planes();
+                    let lo = b0.max(c * cb) - c * cb;
+                    if lo == 0 && piece.len() == chunk_bytes {
+                        dec.decode_chunk(c, piece, s)
+                    } else {
+                        tmp.resize(chunk_bytes, 0);
+                        dec.decode_chunk(c, tmp, s)?;
+                        piece.copy_from_slice(&tmp[lo..lo + piece.len()]);
+                        Ok(())
+                    }
+                },
+            )
+        })?;
+        Ok(h)
+    }
+}
+
+/// The bytes of a stored blob.
+pub fn stored_blob(header: &BlobHeader, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(header.encoded_len() + data.len());
+    header.write(&mut out);
+    out.extend_from_slice(data);
+    out
+}
+
+/// Concatenates prefix, directory and payloads; falls back to a stored blob when that is not smaller.
+fn assemble(enc: &TensorEncoder<'_>, chunks: &[ChunkOut]) -> Vec<u8> {
+    let mut prefix = Vec::new();
+    enc.write_prefix(&mut prefix);
+    let planes = enc.header().planes();
+    let dir_len = chunks.len() * enc.header().dir_entry_len();
+    let total = prefix.len() + dir_len + chunks.iter().map(|c| c.payload.len()).sum::<usize>();
+    let stored = stored_header(enc.header().dtype, &enc.header().shape);
+    if total >= stored.encoded_len() + enc.data().len() {
+        return stored_blob(&stored, enc.data());
+    }
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(&prefix);
+    for c in chunks {
+        c.entry.write(planes, &mut out);
+    }
+    for c in chunks {
+        out.extend_from_slice(&c.payload);
+    }
+    out
+}

@@ -1,0 +1,58 @@
+//! # tensorzip
+//!
+//! Lossless compression of neural-network tensors. Each tensor becomes a self-describing *blob*:
+//! ZipNN's exponent bit reordering, byte planes, and an interleaved 32-lane rANS coder whose
+//! frequency tables adapt block by block. The CPU engine here and the CUDA engine
+//! (`tensorzip-cuda`) read and write the same bytes; `docs/FORMAT.md` is the specification.
+//!
+//! ```
+//! use tensorzip::{compress, decompress, CompressOptions, DType};
+//!
+//! let values: Vec<u8> = (0..4096u32).flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes()).collect();
+//! let blob = compress(&values, DType::F32, &[64, 64], &CompressOptions::default())?;
+//! let back = decompress(&blob)?;
+//! assert_eq!(back.data, values);
+//! assert_eq!(back.shape, vec![64, 64]);
+//! # Ok::<(), tensorzip::Error>(())
+//! ```
+//!
+//! Decoding never panics on any input: truncated, corrupted or hostile bytes give an [`Error`].
+
+
+pub mod blob;
+pub mod checksum;
+mod cpu;
+pub mod decoder;
+pub mod dtype;
+pub mod encoder;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod options;
+pub mod rans;
+pub mod sample;
+
+
+pub mod transform;
+
+pub use blob::{BlobHeader, Scheme};
+pub use checksum::{crc32, crc32_pieces, DEFAULT_CHECKSUM_CHUNK_BYTES};
+pub use dtype::DType;
+pub use engine::{CpuEngine, Tensor};
+pub use error::{Error, Result};
+pub use options::CompressOptions;
+
+/// Compresses a tensor's bytes on all cores (see [`CpuEngine::compress`]).
+pub fn compress(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions) -> Result<Vec<u8>> {
+    CpuEngine::default().compress(data, dtype, shape, opts)
+}
+
+/// Decompresses a blob on all cores (see [`CpuEngine::decompress`]).
+pub fn decompress(blob: &[u8]) -> Result<Tensor> {
+    CpuEngine::default().decompress(blob)
+}
+
+/// Decompresses a blob into a caller-owned buffer on all cores (see [`CpuEngine::decompress_into`]).
+pub fn decompress_into(blob: &[u8], out: &mut [u8]) -> Result<BlobHeader> {
+    CpuEngine::default().decompress_into(blob, out)
+}

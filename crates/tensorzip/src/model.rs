@@ -1,0 +1,228 @@
+//! The encoder's model: which frequency tables each byte plane gets, and which table (or raw, or
+//! constant) each block uses. Everything here is integer arithmetic on counts and on the fixed-point
+//! code lengths of [`crate::rans::log2`], specified in `docs/FORMAT.md` ("Encoder decisions") so that
+//! every engine reproduces it exactly.
+
+use rayon::prelude::*;
+
+use crate::blob::{BlobHeader, SEL_CONST, SEL_RAW};
+use crate::options::CompressOptions;
+use crate::rans::log2::{log2_small, FRAC_BITS};
+use crate::rans::table::{EncSymbol, FreqTable};
+use crate::transform;
+
+/// Lloyd iterations after each new table is seeded.
+pub const LLOYD_ITERS: usize = 3;
+
+/// Histogram of one block of one plane, as (symbol, count) pairs in symbol order.
+pub type Sparse = Vec<(u8, u32)>;
+
+/// Counts the bytes of `bytes` into `hist` (cleared first).
+pub fn histogram(bytes: &[u8], hist: &mut [u32; 256]) {
+    // Four sub-histograms hide the store-to-load dependency of repeated symbols.
+    let mut h = [[0u32; 256]; 4];
+    let mut it = bytes.chunks_exact(4);
+    for c in &mut it {
+        h[0][c[0] as usize] += 1;
+        h[1][c[1] as usize] += 1;
+        h[2][c[2] as usize] += 1;
+        h[3][c[3] as usize] += 1;
+    }
+    for &b in it.remainder() {
+        h[0][b as usize] += 1;
+    }
+    for s in 0..256 {
+        hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+    }
+}
+
+/// The sparse form of a histogram.
+pub fn sparse(hist: &[u32; 256]) -> Sparse {
+    hist.iter().enumerate().filter(|(_, &c)| c != 0).map(|(s, &c)| (s as u8, c)).collect()
+}
+
+/// `sum h * (log2 n - log2 h)` in Q16 bits: the order-0 entropy of a block (its best possible cost).
+fn ideal_cost(sp: &Sparse) -> u64 {
+    let lg = log2_small();
+    let n: u32 = sp.iter().map(|&(_, c)| c).sum();
+    let ln = lg[n as usize] as u64;
+    sp.iter().map(|&(_, c)| c as u64 * (ln - lg[c as usize] as u64)).sum()
+}
+
+/// Raw cost of a block of `len` bytes, in Q16 bits.
+fn raw_cost(len: usize) -> u64 {
+    (8 * len as u64) << FRAC_BITS
+}
+
+/// The selector of a non-constant block and its cost in Q16 bits: the covering table of least cost
+/// (lowest index among ties) if that cost is below `threshold_q16 / 65536` of the raw cost, else raw.
+pub fn choose(sp: &Sparse, len: usize, tables: &[FreqTable], threshold_q16: u64) -> (u8, u64) {
+    let mut best: Option<(usize, u64)> = None;
+    for (j, t) in tables.iter().enumerate() {
+        if !t.covers(sp) {
+            continue;
+        }
+        let c = t.cost_sparse(sp);
+        if best.is_none_or(|(_, b)| c < b) {
+            best = Some((j, c));
+        }
+    }
+    let raw = raw_cost(len);
+    match best {
+        Some((j, c)) if (c as u128) << 16 < threshold_q16 as u128 * raw as u128 => (j as u8, c),
+        _ => (SEL_RAW, raw),
+    }
+}
+
+/// Per-plane model: the tables and the encoder's constants for each.
+pub struct PlaneModel {
+    pub tables: Vec<FreqTable>,
+    /// Encoder constants of each multi-symbol table (`None` for single-symbol tables).
+    pub enc: Vec<Option<Box<[EncSymbol; 256]>>>,
+}
+
+/// The model of a whole tensor.
+pub struct Model {
+    pub planes: Vec<PlaneModel>,
+}
+
+/// Sampled blocks: global block indices `floor(i * NB / S)` for `i < S`, or all when `NB <= S`.
+fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
+    if n_blocks <= s as u64 {
+        (0..n_blocks).collect()
+    } else {
+        (0..s as u64).map(|i| (i as u128 * n_blocks as u128 / s as u128) as u64).collect()
+    }
+}
+
+/// Builds the model of a tensor (`data` is the whole tensor, `header` its Planes header).
+pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> Model {
+    let planes = header.planes();
+    let us = planes;
+    let units = header.units();
+    let cu = header.chunk_units as u64;
+    let bu = header.block_units as u64;
+    let blocks_per_chunk = cu.div_ceil(bu);
+    let n_chunks = header.n_chunks();
+    let last_len = units - (n_chunks - 1) * cu;
+    let n_blocks = (n_chunks - 1) * blocks_per_chunk + last_len.div_ceil(bu);
+    let picks = sample_indices(n_blocks, opts.sample_blocks);
+    let transform = header.dtype.transform();
+    // Histograms of every sampled block, per plane.
+    let hists: Vec<Vec<[u32; 256]>> = picks
+        .par_iter()
+        .map_init(
+            || vec![0u8; bu as usize * us],
+            |scratch, &g| {
+                let (c, b) = (g / blocks_per_chunk, g % blocks_per_chunk);
+                let start = c * cu + b * bu;
+                let end = (start + bu).min(((c + 1) * cu).min(units));
+                let len = (end - start) as usize;
+                let src = &data[start as usize * us..end as usize * us];
+                let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu as usize).take(us).map(|p| &mut p[..len]).collect();
+                transform::split(transform, src, &mut views);
+                views
+                    .iter()
+                    .map(|p| {
+                        let mut h = [0u32; 256];
+                        histogram(p, &mut h);
+                        h
+                    })
+                    .collect()
+            },
+        )
+        .collect();
+    let threshold = opts.threshold_q16();
+    let plane_models = (0..planes)
+        .into_par_iter()
+        .map(|p| {
+            let blocks: Vec<Sparse> = hists.iter().map(|h| sparse(&h[p])).filter(|s| s.len() > 1).collect();
+            let tables = cluster(&blocks, picks.len() as u64, n_blocks, opts.max_tables, threshold);
+            let enc = tables.iter().map(|t| (!t.is_single()).then(|| t.encode_table())).collect();
+            PlaneModel { tables, enc }
+        })
+        .collect();
+    Model { planes: plane_models }
+}
+
+/// Chooses the tables of one plane from the non-constant sampled blocks `blocks` (`n_sampled` blocks
+/// were sampled in all, of `n_blocks` in the plane).
+pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usize, threshold: u64) -> Vec<FreqTable> {
+    if blocks.is_empty() {
+        return Vec::new();
+    }
+    let mut total = [0u64; 256];
+    for b in blocks {
+        for &(s, c) in b {
+            total[s as usize] += c as u64;
+        }
+    }
+    let lens: Vec<usize> = blocks.iter().map(|b| b.iter().map(|&(_, c)| c as usize).sum()).collect();
+    let ideal: Vec<u64> = blocks.iter().map(ideal_cost).collect();
+    let assign = |tables: &[FreqTable]| -> Vec<(u8, u64)> {
+        blocks.iter().zip(&lens).map(|(b, &len)| choose(b, len, tables, threshold)).collect()
+    };
+    let table_bytes = |tables: &[FreqTable]| -> u64 { tables.iter().map(|t| t.serialized_len() as u64).sum() };
+    let mut tables = vec![FreqTable::normalize(&total, None).expect("non-empty blocks")];
+    let mut choice = assign(&tables);
+    while tables.len() < max_tables {
+        // Seed: the block whose cost exceeds its own entropy the most (lowest index among ties).
+        let mut seed = None;
+        let mut worst = 0u64;
+        for (i, (&(_, c), &id)) in choice.iter().zip(&ideal).enumerate() {
+            let regret = c.saturating_sub(id);
+            if regret > worst {
+                worst = regret;
+                seed = Some(i);
+            }
+        }
+        let Some(seed) = seed else { break };
+        let mut counts = [0u64; 256];
+        for &(s, c) in &blocks[seed] {
+            counts[s as usize] = c as u64;
+        }
+        let mut trial = tables.clone();
+        trial.push(FreqTable::normalize(&counts, None).expect("seed block is non-empty"));
+        for _ in 0..LLOYD_ITERS {
+            let ch = assign(&trial);
+            for (j, t) in trial.iter_mut().enumerate().skip(1) {
+                let mut sum = [0u64; 256];
+                let mut any = false;
+                for (b, &(sel, _)) in blocks.iter().zip(&ch) {
+                    if sel as usize == j {
+                        any = true;
+                        for &(s, c) in b {
+                            sum[s as usize] += c as u64;
+                        }
+                    }
+                }
+                if any {
+                    *t = FreqTable::normalize(&sum, None).expect("members are non-empty");
+                }
+            }
+        }
+        let trial_choice = assign(&trial);
+        let before: u64 = choice.iter().map(|&(_, c)| c).sum();
+        let after: u64 = trial_choice.iter().map(|&(_, c)| c).sum();
+        let gain = before.saturating_sub(after) as u128 * n_blocks as u128 / n_sampled as u128;
+        let cost = ((table_bytes(&trial) - table_bytes(&tables)) as u128 * 8) << FRAC_BITS;
+        if gain <= cost {
+            break;
+        }
+        tables = trial;
+        choice = trial_choice;
+    }
+    // Keep the first table (the fallback that covers every sampled symbol) and every table some sampled
+    // block chose; drop the plane's tables entirely if no sampled block is coded.
+    if choice.iter().all(|&(sel, _)| sel == SEL_RAW) {
+        return Vec::new();
+    }
+    let used: Vec<bool> = (0..tables.len()).map(|j| j == 0 || choice.iter().any(|&(sel, _)| sel as usize == j)).collect();
+    tables.into_iter().zip(used).filter(|(_, u)| *u).map(|(t, _)| t).collect()
+}
+
+/// Selector of a block whose plane bytes are all `v` (a single-symbol table of `v` if the plane has
+/// one — it costs nothing — else the constant selector).
+pub fn const_selector(v: u8, tables: &[FreqTable]) -> u8 {
+    tables.iter().position(|t| t.is_single() && t.single_symbol() == v).map_or(SEL_CONST, |j| j as u8)
+}

@@ -1,0 +1,65 @@
+//! Compression options. Their meaning follows cuZipNN's `compress_tensor` where the names match.
+
+use crate::blob::{MAX_BLOCK_UNITS, MAX_CHUNK_BYTES, MAX_TABLES, MIN_BLOCK_UNITS};
+use crate::error::{Error, Result};
+
+/// Options of the lossless encoder. Every engine given the same options writes the same bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressOptions {
+    /// Bytes of original data per independently coded chunk: a multiple of 8, at most 16 MiB.
+    /// Chunks are the unit of parallelism and of random access.
+    pub chunk_bytes: usize,
+    /// Units per table-selection block: a power of two in 32..=65536. Each block of each plane picks
+    /// one of its plane's frequency tables, or is stored raw, or as a single repeated byte.
+    pub block_units: u32,
+    /// A block stays coded only if its estimated coded size is below this fraction of its raw size;
+    /// otherwise it is stored raw. In (0, 1].
+    pub passthrough_threshold: f64,
+    /// Tensors smaller than this many bytes are stored uncompressed.
+    pub min_compress_bytes: usize,
+    /// Most frequency tables per byte plane (1..=64).
+    pub max_tables: usize,
+    /// Most blocks per plane sampled to build the tables (>= 1).
+    pub sample_blocks: usize,
+}
+
+impl Default for CompressOptions {
+    fn default() -> Self {
+        CompressOptions {
+            chunk_bytes: 256 << 10,
+            block_units: 4096,
+            passthrough_threshold: 0.95,
+            min_compress_bytes: 1024,
+            max_tables: 8,
+            sample_blocks: 1024,
+        }
+    }
+}
+
+impl CompressOptions {
+    /// Checks every field; the error names the field and the accepted range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidOption(m));
+        if self.chunk_bytes == 0 || self.chunk_bytes % 8 != 0 || self.chunk_bytes > MAX_CHUNK_BYTES {
+            return bad(format!("chunk_bytes = {} must be a positive multiple of 8, at most {MAX_CHUNK_BYTES}", self.chunk_bytes));
+        }
+        if !self.block_units.is_power_of_two() || !(MIN_BLOCK_UNITS..=MAX_BLOCK_UNITS).contains(&self.block_units) {
+            return bad(format!("block_units = {} must be a power of two in 32..=65536", self.block_units));
+        }
+        if !(self.passthrough_threshold > 0.0 && self.passthrough_threshold <= 1.0) {
+            return bad(format!("passthrough_threshold = {} must be in (0, 1]", self.passthrough_threshold));
+        }
+        if self.max_tables == 0 || self.max_tables > MAX_TABLES {
+            return bad(format!("max_tables = {} must be in 1..={MAX_TABLES}", self.max_tables));
+        }
+        if self.sample_blocks == 0 {
+            return bad("sample_blocks must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The threshold as an integer fraction of 65536 (what the encoder decisions use).
+    pub fn threshold_q16(&self) -> u64 {
+        ((self.passthrough_threshold * 65536.0).round() as u64).clamp(1, 65536)
+    }
+}

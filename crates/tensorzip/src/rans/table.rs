@@ -1,0 +1,426 @@
+//! Frequency tables: normalisation from counts, their compact serialisation, and the derived tables
+//! the encoder and decoder use.
+//!
+//! Serialised form (normative in `docs/FORMAT.md`, "Frequency tables"): `lo: u8`, `hi: u8`, then one
+//! code byte per symbol `lo..=hi`:
+//! * `0` — symbol absent;
+//! * `1..=127` — frequency equal to the code;
+//! * `128..=207` — frequency `(16 + (k & 15)) << ((k >> 4) + 3)` with `k = code - 128`
+//!   (128..=3968 in steps of 1/16 of a power of two);
+//! * `255` — the *anchor*: frequency `4096 - sum(other frequencies)`; exactly one per table;
+//! * anything else is invalid.
+//!
+//! The codes at `lo` and at `hi` are non-zero. A table of one symbol is `lo == hi` with code 255: that
+//! symbol has frequency 4096 and costs nothing to code.
+
+use super::log2::code_len_table;
+use super::{PROB_BITS, PROB_SCALE};
+use crate::error::{corrupt, truncated, Result};
+
+const ANCHOR: u8 = 255;
+
+/// Frequency of a (non-anchor, non-zero) code byte, or `None` if the code is invalid.
+pub fn code_to_freq(c: u8) -> Option<u32> {
+    match c {
+        1..=127 => Some(c as u32),
+        128..=207 => {
+            let k = (c - 128) as u32;
+            Some((16 + (k & 15)) << ((k >> 4) + 3))
+        }
+        _ => None,
+    }
+}
+
+/// The code whose frequency is nearest to `q` (`1 <= q <= 4095`; ties go to the smaller value).
+fn nearest_code(q: u32) -> u8 {
+    debug_assert!((1..PROB_SCALE).contains(&q));
+    if q <= 127 {
+        return q as u8;
+    }
+    let e = (31 - q.leading_zeros()) - 7; // q in [128 << e, 256 << e)
+    let step = 8u32 << e;
+    let base = 128u32 << e;
+    let mut m = (q - base + step / 2 - 1) / step; // round half down
+    let mut e = e;
+    if m == 16 {
+        if e == 4 {
+            m = 15; // 4096 is not representable; 3968 is the largest value
+        } else {
+            m = 0;
+            e += 1;
+        }
+    }
+    (128 + (e << 4) + m) as u8
+}
+
+/// The code just below `c` (smaller frequency), for `c >= 2`.
+fn code_below(c: u8) -> u8 {
+    c - 1
+}
+
+/// A normalised frequency table over byte symbols.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FreqTable {
+    /// Frequency of each symbol; `0` = absent. The sum is exactly 4096.
+    pub freq: [u16; 256],
+    codes: [u8; 256],
+    lo: u8,
+    hi: u8,
+}
+
+impl std::fmt::Debug for FreqTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nz: Vec<(u8, u16)> = (0..256).filter(|&s| self.freq[s] > 0).map(|s| (s as u8, self.freq[s])).collect();
+        f.debug_struct("FreqTable").field("freq", &nz).finish()
+    }
+}
+
+impl FreqTable {
+    /// Normalises `counts` to a table. Every symbol with a non-zero count or `forced[s]` gets a
+    /// frequency of at least 1. Returns `None` when no count is positive.
+    ///
+    /// Algorithm (normative, `docs/FORMAT.md` "Table normalisation"): the anchor is the symbol with the
+    /// largest count (the smallest symbol among ties). Every other present symbol `s` gets
+    /// `q = max(1, floor((2*c[s]*4096 + n) / (2n)))` (clamped to 4095) rounded to the nearest code
+    /// (ties to the smaller frequency). While the others sum to more than 4095, the symbol with the
+    /// largest frequency (smallest symbol among ties) steps down one code. The anchor takes the rest.
+    pub fn normalize(counts: &[u64; 256], forced: Option<&[bool; 256]>) -> Option<FreqTable> {
+        let n: u128 = counts.iter().map(|&c| c as u128).sum();
+        if n == 0 {
+            return None;
+        }
+        let present = |s: usize| counts[s] > 0 || forced.is_some_and(|f| f[s]);
+        let mut anchor = 0usize;
+        for s in 1..256 {
+            if counts[s] > counts[anchor] {
+                anchor = s;
+            }
+        }
+        let mut codes = [0u8; 256];
+        let mut sum = 0u32;
+        let mut count_present = 0;
+        for s in 0..256 {
+            if !present(s) {
+                continue;
+            }
+            count_present += 1;
+            if s == anchor {
+                continue;
+            }
+            let q = ((2 * counts[s] as u128 * PROB_SCALE as u128 + n) / (2 * n)) as u32;
+            let c = nearest_code(q.clamp(1, PROB_SCALE - 1));
+            codes[s] = c;
+            sum += code_to_freq(c).unwrap();
+        }
+        codes[anchor] = ANCHOR;
+        if count_present > 1 {
+            while sum > PROB_SCALE - 1 {
+                let mut best = usize::MAX;
+                let mut best_f = 0;
+                for s in 0..256 {
+                    if s != anchor && codes[s] != 0 {
+                        let f = code_to_freq(codes[s]).unwrap();
+                        if f > best_f {
+                            best_f = f;
+                            best = s;
+                        }
+                    }
+                }
+                // best_f > 1 here: at most 255 others of frequency 1 sum to less than 4096.
+                let c = code_below(codes[best]);
+                sum = sum - best_f + code_to_freq(c).unwrap();
+                codes[best] = c;
+            }
+        }
+        Some(Self::from_codes(codes).expect("normalize builds valid codes"))
+    }
+
+    fn from_codes(codes: [u8; 256]) -> Option<FreqTable> {
+        let lo = codes.iter().position(|&c| c != 0)? as u8;
+        let hi = 255 - codes.iter().rev().position(|&c| c != 0)? as u8;
+        let mut freq = [0u16; 256];
+        let mut sum = 0u32;
+        let mut anchor = None;
+        for s in lo as usize..=hi as usize {
+            match codes[s] {
+                0 => {}
+                ANCHOR => {
+                    if anchor.replace(s).is_some() {
+                        return None;
+                    }
+                }
+                c => {
+                    let f = code_to_freq(c)?;
+                    freq[s] = f as u16;
+                    sum += f;
+                }
+            }
+        }
+        let a = anchor?;
+        if sum >= PROB_SCALE {
+            return None;
+        }
+        freq[a] = (PROB_SCALE - sum) as u16;
+        Some(FreqTable { freq, codes, lo, hi })
+    }
+
+    /// Bytes of the serialised table.
+    pub fn serialized_len(&self) -> usize {
+        2 + (self.hi - self.lo) as usize + 1
+    }
+
+    /// Appends the serialised table to `out`.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.push(self.lo);
+        out.push(self.hi);
+        out.extend_from_slice(&self.codes[self.lo as usize..=self.hi as usize]);
+    }
+
+    /// Parses one table from the front of `data`; returns it and the bytes it used.
+    pub fn parse(data: &[u8]) -> Result<(FreqTable, usize)> {
+        if data.len() < 2 {
+            return truncated("frequency table header");
+        }
+        let (lo, hi) = (data[0], data[1]);
+        if lo > hi {
+            return corrupt(format!("frequency table range {lo}..={hi} is empty"));
+        }
+        let len = 2 + (hi - lo) as usize + 1;
+        if data.len() < len {
+            return truncated("frequency table codes");
+        }
+        let body = &data[2..len];
+        if body[0] == 0 || body[body.len() - 1] == 0 {
+            return corrupt("frequency table range does not start and end at present symbols");
+        }
+        let mut codes = [0u8; 256];
+        codes[lo as usize..=hi as usize].copy_from_slice(body);
+        match Self::from_codes(codes) {
+            Some(t) => Ok((t, len)),
+            None => corrupt("frequency table has invalid codes, no single anchor, or frequencies over 4096"),
+        }
+    }
+
+    /// Whether the table has a single symbol (frequency 4096: coding it costs nothing).
+    pub fn is_single(&self) -> bool {
+        self.lo == self.hi
+    }
+
+    /// The symbol of a single-symbol table.
+    pub fn single_symbol(&self) -> u8 {
+        self.lo
+    }
+
+    /// Code length of the counts `hist` under this table, in Q16 bits; [`CL_ABSENT`] per symbol the
+    /// table lacks.
+    pub fn cost(&self, hist: &[u32; 256]) -> u64 {
+        let cl = code_len_table();
+        let mut total = 0u64;
+        for (s, &h) in hist.iter().enumerate() {
+            if h != 0 {
+                total += h as u64 * cl[self.freq[s] as usize];
+            }
+        }
+        total
+    }
+
+    /// Like [`FreqTable::cost`] over a sparse histogram (symbol, count).
+    pub fn cost_sparse(&self, sparse: &[(u8, u32)]) -> u64 {
+        let cl = code_len_table();
+        sparse.iter().map(|&(s, h)| h as u64 * cl[self.freq[s as usize] as usize]).sum()
+    }
+
+    /// Whether every symbol with a non-zero count has a non-zero frequency.
+    pub fn covers(&self, sparse: &[(u8, u32)]) -> bool {
+        sparse.iter().all(|&(s, _)| self.freq[s as usize] != 0)
+    }
+
+    /// Cumulative frequencies (in symbol order).
+    pub fn cumulative(&self) -> [u32; 256] {
+        let mut cum = [0u32; 256];
+        let mut acc = 0u32;
+        for s in 0..256 {
+            cum[s] = acc;
+            acc += self.freq[s] as u32;
+        }
+        cum
+    }
+
+    /// The decoder's slot table: for slot `x & 4095`, `sym | freq << 8 | (slot - cum) << 20`.
+    /// Only for tables of two or more symbols.
+    pub fn decode_table(&self) -> Box<[u32; PROB_SCALE as usize]> {
+        debug_assert!(!self.is_single());
+        let mut t = Box::new([0u32; PROB_SCALE as usize]);
+        let mut slot = 0usize;
+        for s in 0..256usize {
+            let f = self.freq[s] as usize;
+            for k in 0..f {
+                t[slot + k] = s as u32 | (f as u32) << 8 | (k as u32) << 20;
+            }
+            slot += f;
+        }
+        t
+    }
+
+    /// The encoder's per-symbol constants. Only for tables of two or more symbols.
+    pub fn encode_table(&self) -> Box<[EncSymbol; 256]> {
+        let cum = self.cumulative();
+        let mut t = Box::new([EncSymbol::default(); 256]);
+        for s in 0..256 {
+            let f = self.freq[s] as u32;
+            if f == 0 {
+                continue;
+            }
+            // Exact division by f for dividends below 2^32: q = (x * rcp) >> (32 + shift) with
+            // rcp = ceil(2^(32+shift) / f), shift = ceil(log2 f) (Granlund–Montgomery).
+            let shift = 32 - (f - 1).leading_zeros().min(32);
+            let shift = if f == 1 { 0 } else { shift };
+            let rcp = (((1u128 << (32 + shift)) + f as u128 - 1) / f as u128) as u64;
+            t[s] = EncSymbol {
+                x_max: (f as u64) << (32 - PROB_BITS),
+                rcp,
+                shift: 32 + shift,
+                cum: cum[s],
+                cmpl: PROB_SCALE - f,
+            };
+        }
+        t
+    }
+}
+
+/// Encoder constants of one symbol.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct EncSymbol {
+    /// States at or above this emit a word before coding the symbol (`freq << 20`).
+    pub x_max: u64,
+    /// Reciprocal of the frequency for exact division.
+    pub rcp: u64,
+    /// Total right shift after multiplying by `rcp`.
+    pub shift: u32,
+    /// Cumulative frequency.
+    pub cum: u32,
+    /// `4096 - freq`.
+    pub cmpl: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rans::log2::CL_ABSENT;
+
+    #[test]
+    fn codes_cover_values_and_nearest_is_nearest() {
+        let mut values: Vec<u32> = (0..=255u8).filter_map(code_to_freq).collect();
+        values.sort_unstable();
+        values.dedup();
+        assert_eq!(values.len(), 127 + 80);
+        assert_eq!(*values.last().unwrap(), 3968);
+        for q in 1..PROB_SCALE {
+            let c = nearest_code(q);
+            let f = code_to_freq(c).unwrap();
+            let best = values.iter().map(|&v| (v as i64 - q as i64).abs()).min().unwrap();
+            assert_eq!((f as i64 - q as i64).abs(), best, "q={q}");
+        }
+        // Codes are monotone, so stepping a code down lowers the frequency.
+        for c in 2..=207u8 {
+            assert!(code_to_freq(c - 1).unwrap() < code_to_freq(c).unwrap());
+        }
+    }
+
+    #[test]
+    fn normalize_sums_to_scale_and_serialises() {
+        let mut counts = [0u64; 256];
+        for s in 100..140 {
+            counts[s] = ((s as u64 - 99) * 7919) % 100_000 + 1;
+        }
+        counts[120] = 10_000_000;
+        let t = FreqTable::normalize(&counts, None).unwrap();
+        assert_eq!(t.freq.iter().map(|&f| f as u32).sum::<u32>(), PROB_SCALE);
+        for s in 0..256 {
+            assert_eq!(t.freq[s] > 0, counts[s] > 0);
+        }
+        let mut buf = Vec::new();
+        t.write(&mut buf);
+        assert_eq!(buf.len(), t.serialized_len());
+        let (back, used) = FreqTable::parse(&buf).unwrap();
+        assert_eq!(used, buf.len());
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn normalize_handles_flat_and_single_and_forced() {
+        let flat = [1000u64; 256];
+        let t = FreqTable::normalize(&flat, None).unwrap();
+        assert!(t.freq.iter().all(|&f| f == 16));
+        let mut one = [0u64; 256];
+        one[7] = 5;
+        let t = FreqTable::normalize(&one, None).unwrap();
+        assert!(t.is_single());
+        assert_eq!(t.freq[7], 4096);
+        let mut forced = [false; 256];
+        forced[200] = true;
+        let t = FreqTable::normalize(&one, Some(&forced)).unwrap();
+        assert!(!t.is_single());
+        assert_eq!(t.freq[200], 1);
+        assert_eq!(t.freq[7], 4095);
+        // Many tiny symbols next to a huge one: the fix-up keeps the sum at 4096.
+        let mut skew = [1u64; 256];
+        skew[0] = u32::MAX as u64;
+        let t = FreqTable::normalize(&skew, None).unwrap();
+        assert_eq!(t.freq.iter().map(|&f| f as u32).sum::<u32>(), PROB_SCALE);
+        assert_eq!(t.freq[0], 4096 - 255);
+        assert!(FreqTable::normalize(&[0u64; 256], None).is_none());
+    }
+
+    #[test]
+    fn parse_rejects_bad_tables() {
+        assert!(FreqTable::parse(&[]).is_err());
+        assert!(FreqTable::parse(&[5]).is_err());
+        assert!(FreqTable::parse(&[5, 4, 255]).is_err()); // lo > hi
+        assert!(FreqTable::parse(&[5, 6, 255]).is_err()); // truncated
+        assert!(FreqTable::parse(&[5, 6, 10, 20]).is_err()); // no anchor
+        assert!(FreqTable::parse(&[5, 6, 255, 255]).is_err()); // two anchors
+        assert!(FreqTable::parse(&[5, 7, 255, 0, 0]).is_err()); // hi absent
+        assert!(FreqTable::parse(&[5, 6, 255, 208]).is_err()); // invalid code
+        assert!(FreqTable::parse(&[0, 1, 207, 207]).is_err()); // 3968 + anchor is fine, but
+        // two 3968s exceed the scale:
+        assert!(FreqTable::parse(&[0, 2, 207, 207, 255]).is_err());
+        assert!(FreqTable::parse(&[9, 9, 255]).unwrap().0.is_single());
+    }
+
+    #[test]
+    fn encoder_reciprocal_is_exact_division() {
+        let mut counts = [0u64; 256];
+        for (s, c) in counts.iter_mut().enumerate() {
+            *c = (s as u64 * 31 + 7) % 97 + 1;
+        }
+        let t = FreqTable::normalize(&counts, None).unwrap();
+        let e = t.encode_table();
+        let mut x = 1u32;
+        for s in 0..256 {
+            let f = t.freq[s] as u32;
+            let es = e[s];
+            for k in 0..2000u32 {
+                x = x.wrapping_mul(747_796_405).wrapping_add(2_891_336_453 ^ k);
+                let xs = [x, u32::MAX, (f << 20).wrapping_sub(1), 0, 1, f];
+                for &v in &xs {
+                    let q = ((v as u128 * es.rcp as u128) >> es.shift) as u32;
+                    assert_eq!(q, v / f, "v={v} f={f}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cost_uses_code_lengths() {
+        let mut counts = [0u64; 256];
+        counts[1] = 1;
+        counts[2] = 1;
+        let t = FreqTable::normalize(&counts, None).unwrap();
+        let mut h = [0u32; 256];
+        h[1] = 10;
+        assert_eq!(t.cost(&h), 10 << 16); // p = 1/2 -> 1 bit each
+        h[3] = 1;
+        assert!(t.cost(&h) >= CL_ABSENT);
+    }
+}

@@ -1,0 +1,220 @@
+//! The bit transform and the split of units into byte planes (and back).
+//!
+//! `split` turns `n` units of `unit_size` bytes into `unit_size` planes of `n` bytes; `merge` is its
+//! exact inverse. Both are plain loops over fixed-width integers that the compiler vectorises.
+
+use crate::dtype::Transform;
+
+/// Forward and inverse transform of a unit of `$bits` bits whose exponent has `e` bits.
+macro_rules! sign_below_exponent {
+    ($m:ident, $t:ty, $bits:expr) => {
+        mod $m {
+            #[inline(always)]
+            pub(super) fn fwd(u: $t, e: u32) -> $t {
+                let mant_bits = $bits - 1 - e;
+                let exp_old: $t = (((1 as $t) << e) - 1) << mant_bits;
+                let mant: $t = ((1 as $t) << mant_bits) - 1;
+                ((u << 1) & (exp_old << 1)) | ((u >> e) & ((1 as $t) << mant_bits)) | (u & mant)
+            }
+            #[inline(always)]
+            pub(super) fn inv(t: $t, e: u32) -> $t {
+                let mant_bits = $bits - 1 - e;
+                let exp_old: $t = (((1 as $t) << e) - 1) << mant_bits;
+                let mant: $t = ((1 as $t) << mant_bits) - 1;
+                ((t >> 1) & exp_old) | ((t << e) & ((1 as $t) << ($bits - 1))) | (t & mant)
+            }
+        }
+    };
+}
+
+sign_below_exponent!(w16, u16, 16u32);
+sign_below_exponent!(w32, u32, 32u32);
+sign_below_exponent!(w64, u64, 64u32);
+
+/// Transformed value of one unit given as little-endian bytes (test and reference helper).
+pub fn transform_unit(t: Transform, unit: &[u8]) -> Vec<u8> {
+    let e = match t {
+        Transform::Identity => return unit.to_vec(),
+        Transform::SignBelowExponent { exp_bits } => exp_bits,
+    };
+    match unit.len() {
+        2 => w16::fwd(u16::from_le_bytes([unit[0], unit[1]]), e).to_le_bytes().to_vec(),
+        4 => w32::fwd(u32::from_le_bytes(unit.try_into().unwrap()), e).to_le_bytes().to_vec(),
+        8 => w64::fwd(u64::from_le_bytes(unit.try_into().unwrap()), e).to_le_bytes().to_vec(),
+        _ => unit.to_vec(),
+    }
+}
+
+/// Splits `src` (whole units) into `planes.len()` byte planes after the transform.
+///
+/// Each plane must hold `src.len() / planes.len()` bytes.
+pub fn split(t: Transform, src: &[u8], planes: &mut [&mut [u8]]) {
+    let us = planes.len();
+    debug_assert!(us > 0 && src.len() % us == 0);
+    let n = src.len() / us;
+    let e = match t {
+        Transform::Identity => 0,
+        Transform::SignBelowExponent { exp_bits } => exp_bits,
+    };
+    match planes {
+        [p0] => p0[..n].copy_from_slice(&src[..n]),
+        [p0, p1] => {
+            let (p0, p1) = (&mut p0[..n], &mut p1[..n]);
+            for (i, c) in src.chunks_exact(2).enumerate() {
+                let mut u = u16::from_le_bytes([c[0], c[1]]);
+                if e != 0 {
+                    u = w16::fwd(u, e);
+                }
+                p0[i] = u as u8;
+                p1[i] = (u >> 8) as u8;
+            }
+        }
+        [p0, p1, p2, p3] => {
+            let (p0, p1, p2, p3) = (&mut p0[..n], &mut p1[..n], &mut p2[..n], &mut p3[..n]);
+            for (i, c) in src.chunks_exact(4).enumerate() {
+                let mut u = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                if e != 0 {
+                    u = w32::fwd(u, e);
+                }
+                p0[i] = u as u8;
+                p1[i] = (u >> 8) as u8;
+                p2[i] = (u >> 16) as u8;
+                p3[i] = (u >> 24) as u8;
+            }
+        }
+        _ => {
+            debug_assert_eq!(us, 8);
+            for (i, c) in src.chunks_exact(8).enumerate() {
+                let mut u = u64::from_le_bytes(c.try_into().unwrap());
+                if e != 0 {
+                    u = w64::fwd(u, e);
+                }
+                for (p, plane) in planes.iter_mut().enumerate() {
+                    plane[i] = (u >> (8 * p)) as u8;
+                }
+            }
+        }
+    }
+}
+
+/// Merges byte planes back into units and undoes the transform. Inverse of [`split`].
+pub fn merge(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
+    let us = planes.len();
+    debug_assert!(us > 0 && dst.len() % us == 0);
+    let n = dst.len() / us;
+    let e = match t {
+        Transform::Identity => 0,
+        Transform::SignBelowExponent { exp_bits } => exp_bits,
+    };
+    match planes {
+        [p0] => dst.copy_from_slice(&p0[..n]),
+        [p0, p1] => {
+            let (p0, p1) = (&p0[..n], &p1[..n]);
+            for (i, c) in dst.chunks_exact_mut(2).enumerate() {
+                let mut u = p0[i] as u16 | (p1[i] as u16) << 8;
+                if e != 0 {
+                    u = w16::inv(u, e);
+                }
+                c.copy_from_slice(&u.to_le_bytes());
+            }
+        }
+        [p0, p1, p2, p3] => {
+            let (p0, p1, p2, p3) = (&p0[..n], &p1[..n], &p2[..n], &p3[..n]);
+            for (i, c) in dst.chunks_exact_mut(4).enumerate() {
+                let mut u = p0[i] as u32 | (p1[i] as u32) << 8 | (p2[i] as u32) << 16 | (p3[i] as u32) << 24;
+                if e != 0 {
+                    u = w32::inv(u, e);
+                }
+                c.copy_from_slice(&u.to_le_bytes());
+            }
+        }
+        _ => {
+            debug_assert_eq!(us, 8);
+            for (i, c) in dst.chunks_exact_mut(8).enumerate() {
+                let mut u = 0u64;
+                for (p, plane) in planes.iter().enumerate() {
+                    u |= (plane[i] as u64) << (8 * p);
+                }
+                if e != 0 {
+                    u = w64::inv(u, e);
+                }
+                c.copy_from_slice(&u.to_le_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ZipNN 0.5.4's bf16 reordering (`reorder_float_bits_dtype16`, applied to one 16-bit half).
+    fn zipnn_bf16(u: u16) -> u16 {
+        let u = u as u32;
+        (((u >> 8) & 0x80) | ((u << 1) & 0xFF00) | (u & 0x7F)) as u16
+    }
+    /// ZipNN 0.5.4's fp32 reordering (`reorder_float_bits_dtype32`).
+    fn zipnn_f32(u: u32) -> u32 {
+        ((u >> 8) & 0x80_0000) | ((u << 1) & 0xFF00_0000) | (u & 0x7F_FFFF)
+    }
+
+    #[test]
+    fn matches_zipnn_bit_reordering_exactly() {
+        for u in 0..=u16::MAX {
+            assert_eq!(w16::fwd(u, 8), zipnn_bf16(u));
+            assert_eq!(w16::inv(w16::fwd(u, 8), 8), u);
+        }
+        let mut x = 0x1234_5678u32;
+        for _ in 0..100_000 {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            assert_eq!(w32::fwd(x, 8), zipnn_f32(x));
+            assert_eq!(w32::inv(w32::fwd(x, 8), 8), x);
+        }
+        for u in [0u32, u32::MAX, 0x8000_0000, 0x7F80_0000, 0x7FC0_0001] {
+            assert_eq!(w32::fwd(u, 8), zipnn_f32(u));
+        }
+    }
+
+    #[test]
+    fn f64_transform_puts_exponent_on_top() {
+        let v = -1.5f64; // sign 1, biased exponent 1023, mantissa 0x8000000000000
+        let t = w64::fwd(v.to_bits(), 11);
+        assert_eq!(t >> 53, 1023);
+        assert_eq!((t >> 52) & 1, 1);
+        assert_eq!(t & ((1 << 52) - 1), 0x8_0000_0000_0000);
+        let mut x = 99u64;
+        for _ in 0..100_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            assert_eq!(w64::inv(w64::fwd(x, 11), 11), x);
+        }
+    }
+
+    #[test]
+    fn split_merge_round_trip_all_widths() {
+        let src: Vec<u8> = (0..8 * 37).map(|i| (i * 97 + 13) as u8).collect();
+        for (us, t) in [
+            (1, Transform::Identity),
+            (2, Transform::Identity),
+            (2, Transform::SignBelowExponent { exp_bits: 8 }),
+            (4, Transform::Identity),
+            (4, Transform::SignBelowExponent { exp_bits: 8 }),
+            (8, Transform::Identity),
+            (8, Transform::SignBelowExponent { exp_bits: 11 }),
+        ] {
+            let n = src.len() / us;
+            let mut bufs = vec![vec![0u8; n]; us];
+            let mut planes: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            split(t, &src, &mut planes);
+            for i in 0..n {
+                let tu = transform_unit(t, &src[i * us..(i + 1) * us]);
+                for p in 0..us {
+                    assert_eq!(bufs[p][i], tu[p]);
+                }
+            }
+            let views: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+            let mut back = vec![0u8; src.len()];
+            merge(t, &views, &mut back);
+            assert_eq!(back, src);
+        }
+    }
+}
