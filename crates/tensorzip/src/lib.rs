@@ -31,6 +31,7 @@ pub mod model;
 pub mod options;
 pub mod rans;
 pub mod sample;
+pub mod stats;
 
 
 pub mod transform;

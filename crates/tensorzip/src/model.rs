@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use crate::blob::{BlobHeader, SEL_CONST, SEL_RAW};
 use crate::options::CompressOptions;
-use crate::rans::log2::{log2_small, FRAC_BITS};
+use crate::rans::log2::{code_len_table, log2_small, CL_ABSENT, FRAC_BITS};
 use crate::rans::table::{EncSymbol, FreqTable};
 use crate::transform;
 
@@ -145,8 +145,56 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     Model { planes: plane_models }
 }
 
+/// Code length (Q16 bits) of every symbol under a table; `CL_ABSENT` for symbols it lacks.
+fn code_lengths(t: &FreqTable) -> [u64; 256] {
+    let cl = code_len_table();
+    std::array::from_fn(|s| cl[t.freq[s] as usize])
+}
+
+/// [`choose`] with precomputed code lengths (same result).
+fn choose_cl(sp: &Sparse, len: usize, cls: &[[u64; 256]], threshold_q16: u64) -> (u8, u64) {
+    let mut best: Option<(usize, u64)> = None;
+    for (j, cl) in cls.iter().enumerate() {
+        let mut c = 0u64;
+        let mut covered = true;
+        for &(s, h) in sp {
+            let l = cl[s as usize];
+            covered &= l != CL_ABSENT;
+            c += h as u64 * l;
+        }
+        if covered && best.is_none_or(|(_, b)| c < b) {
+            best = Some((j, c));
+        }
+    }
+    let raw = raw_cost(len);
+    match best {
+        Some((j, c)) if (c as u128) << 16 < threshold_q16 as u128 * raw as u128 => (j as u8, c),
+        _ => (SEL_RAW, raw),
+    }
+}
+
+/// Normalised table of the summed counts of the blocks `members`, every symbol of `support` present.
+fn table_of(blocks: &[Sparse], members: impl Iterator<Item = usize>, support: &[bool; 256]) -> Option<FreqTable> {
+    let mut sum = [0u64; 256];
+    for b in members {
+        for &(s, c) in &blocks[b] {
+            sum[s as usize] += c as u64;
+        }
+    }
+    FreqTable::normalize(&sum, Some(support))
+}
+
 /// Chooses the tables of one plane from the non-constant sampled blocks `blocks` (`n_sampled` blocks
-/// were sampled in all, of `n_blocks` in the plane).
+/// were sampled in all, of `n_blocks` in the plane). Normative description: `docs/FORMAT.md`,
+/// "Encoder decisions".
+///
+/// Table 0 is the normalised sum of all sampled blocks. Further tables are grown one at a time, like
+/// k-means with deterministic k-means++ seeding: a seed block is picked with probability proportional
+/// to its *regret* (cost under its current table minus its own order-0 entropy) by a fixed
+/// low-discrepancy sequence; the candidate table is the seed's counts, refined by Lloyd iterations
+/// (tables 1.. become the normalised sums of the blocks that choose them; table 0 stays). A candidate is
+/// kept only if the saving it brings (scaled from the sample to the plane) exceeds the bytes it adds.
+/// Every table covers every symbol the sample contains, so any block can choose any table.
 pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usize, threshold: u64) -> Vec<FreqTable> {
     if blocks.is_empty() {
         return Vec::new();
@@ -157,66 +205,76 @@ pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usi
             total[s as usize] += c as u64;
         }
     }
+    let support: [bool; 256] = std::array::from_fn(|s| total[s] > 0);
     let lens: Vec<usize> = blocks.iter().map(|b| b.iter().map(|&(_, c)| c as usize).sum()).collect();
     let ideal: Vec<u64> = blocks.iter().map(ideal_cost).collect();
-    let assign = |tables: &[FreqTable]| -> Vec<(u8, u64)> {
-        blocks.iter().zip(&lens).map(|(b, &len)| choose(b, len, tables, threshold)).collect()
+    let assign = |cls: &[[u64; 256]]| -> Vec<(u8, u64)> {
+        blocks.iter().zip(&lens).map(|(b, &len)| choose_cl(b, len, cls, threshold)).collect()
     };
     let table_bytes = |tables: &[FreqTable]| -> u64 { tables.iter().map(|t| t.serialized_len() as u64).sum() };
+    let scale = |q16: u64| q16 as u128 * n_blocks as u128 / n_sampled as u128;
+
     let mut tables = vec![FreqTable::normalize(&total, None).expect("non-empty blocks")];
-    let mut choice = assign(&tables);
-    while tables.len() < max_tables {
-        // Seed: the block whose cost exceeds its own entropy the most (lowest index among ties).
-        let mut seed = None;
-        let mut worst = 0u64;
-        for (i, (&(_, c), &id)) in choice.iter().zip(&ideal).enumerate() {
-            let regret = c.saturating_sub(id);
-            if regret > worst {
-                worst = regret;
-                seed = Some(i);
-            }
-        }
-        let Some(seed) = seed else { break };
-        let mut counts = [0u64; 256];
-        for &(s, c) in &blocks[seed] {
-            counts[s as usize] = c as u64;
-        }
-        let mut trial = tables.clone();
-        trial.push(FreqTable::normalize(&counts, None).expect("seed block is non-empty"));
-        for _ in 0..LLOYD_ITERS {
-            let ch = assign(&trial);
-            for (j, t) in trial.iter_mut().enumerate().skip(1) {
-                let mut sum = [0u64; 256];
-                let mut any = false;
-                for (b, &(sel, _)) in blocks.iter().zip(&ch) {
-                    if sel as usize == j {
-                        any = true;
-                        for &(s, c) in b {
-                            sum[s as usize] += c as u64;
-                        }
-                    }
-                }
-                if any {
-                    *t = FreqTable::normalize(&sum, None).expect("members are non-empty");
-                }
-            }
-        }
-        let trial_choice = assign(&trial);
-        let before: u64 = choice.iter().map(|&(_, c)| c).sum();
-        let after: u64 = trial_choice.iter().map(|&(_, c)| c).sum();
-        let gain = before.saturating_sub(after) as u128 * n_blocks as u128 / n_sampled as u128;
-        let cost = ((table_bytes(&trial) - table_bytes(&tables)) as u128 * 8) << FRAC_BITS;
-        if gain <= cost {
+    let mut cls = vec![code_lengths(&tables[0])];
+    let mut choice = assign(&cls);
+    let mut attempt = 0u64;
+    while tables.len() < max_tables && attempt < 2 * max_tables as u64 {
+        attempt += 1;
+        let regrets: Vec<u64> = choice.iter().zip(&ideal).map(|(&(_, c), &id)| c.saturating_sub(id)).collect();
+        let sum: u128 = regrets.iter().map(|&r| r as u128).sum();
+        if sum == 0 {
             break;
         }
+        // frac(attempt * 0.6180339887) in Q32 picks a point of the cumulative regret.
+        let target = sum * ((attempt.wrapping_mul(0x9E37_79B9) & 0xFFFF_FFFF) as u128) >> 32;
+        let mut acc = 0u128;
+        let mut seed = regrets.len() - 1;
+        for (i, &r) in regrets.iter().enumerate() {
+            acc += r as u128;
+            if acc > target {
+                seed = i;
+                break;
+            }
+        }
+        let cand = table_of(blocks, std::iter::once(seed), &support).expect("seed block is non-empty");
+        // Cheap rejection: the candidate must at least improve its own seed block.
+        let cand_cl = code_lengths(&cand);
+        let (_, seed_cost) = choose_cl(&blocks[seed], lens[seed], std::slice::from_ref(&cand_cl), threshold);
+        if seed_cost >= choice[seed].1 {
+            continue;
+        }
+        let mut trial = tables.clone();
+        trial.push(cand);
+        let mut trial_cls = cls.clone();
+        trial_cls.push(cand_cl);
+        let mut trial_choice = assign(&trial_cls);
+        for _ in 0..LLOYD_ITERS {
+            for j in 1..trial.len() {
+                let members = trial_choice.iter().enumerate().filter(|(_, &(sel, _))| sel as usize == j).map(|(b, _)| b);
+                if let Some(t) = table_of(blocks, members, &support) {
+                    trial_cls[j] = code_lengths(&t);
+                    trial[j] = t;
+                }
+            }
+            trial_choice = assign(&trial_cls);
+        }
+        let before: u64 = choice.iter().map(|&(_, c)| c).sum();
+        let after: u64 = trial_choice.iter().map(|&(_, c)| c).sum();
+        let added = (((table_bytes(&trial) - table_bytes(&tables)) * 8) as u128) << FRAC_BITS;
+        if scale(before.saturating_sub(after)) <= added {
+            continue;
+        }
         tables = trial;
+        cls = trial_cls;
         choice = trial_choice;
     }
-    // Keep the first table (the fallback that covers every sampled symbol) and every table some sampled
-    // block chose; drop the plane's tables entirely if no sampled block is coded.
-    if choice.iter().all(|&(sel, _)| sel == SEL_RAW) {
+    // The plane's tables must pay for themselves: the coded blocks' saving over raw (scaled to the
+    // whole plane) has to exceed the tables' serialised size. Otherwise the plane has no tables.
+    let saving: u64 = choice.iter().zip(&lens).filter(|(&(sel, _), _)| sel != SEL_RAW).map(|(&(_, c), &len)| raw_cost(len) - c).sum();
+    if scale(saving) <= ((table_bytes(&tables) as u128 * 8) << FRAC_BITS) {
         return Vec::new();
     }
+    // Keep table 0 (the fallback) and every table some sampled block chose.
     let used: Vec<bool> = (0..tables.len()).map(|j| j == 0 || choice.iter().any(|&(sel, _)| sel as usize == j)).collect();
     tables.into_iter().zip(used).filter(|(_, u)| *u).map(|(t, _)| t).collect()
 }

@@ -1,0 +1,110 @@
+//! Where a blob's bytes go: per plane, how many units are coded, raw or constant, and how many bytes
+//! the header, tables, directory, selectors and rANS streams take. Used by `tensorzip info`.
+
+use crate::blob::{BlobView, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
+use crate::error::Result;
+
+/// Per-plane statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlaneStats {
+    /// Frequency tables of the plane.
+    pub tables: usize,
+    /// Bytes of those tables.
+    pub table_bytes: usize,
+    /// Units coded with a table (rANS).
+    pub coded_units: u64,
+    /// Units stored raw.
+    pub raw_units: u64,
+    /// Units in constant chunks or blocks.
+    pub const_units: u64,
+}
+
+impl PlaneStats {
+    /// A short mode summary such as `"coded 97% raw 3%"`.
+    pub fn summary(&self) -> String {
+        let total = (self.coded_units + self.raw_units + self.const_units).max(1) as f64;
+        let mut parts = Vec::new();
+        for (name, v) in [("coded", self.coded_units), ("raw", self.raw_units), ("const", self.const_units)] {
+            if v > 0 {
+                parts.push(format!("{name} {:.0}%", v as f64 / total * 100.0));
+            }
+        }
+        if parts.is_empty() {
+            "empty".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// Statistics of a whole blob.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlobStats {
+    pub stored: bool,
+    pub blob_bytes: usize,
+    pub original_bytes: u64,
+    /// Header, tables and directory.
+    pub overhead_bytes: usize,
+    pub selector_bytes: usize,
+    pub rans_bytes: usize,
+    pub raw_bytes: usize,
+    pub planes: Vec<PlaneStats>,
+}
+
+impl BlobStats {
+    /// Parses `blob` (validating its header and directory) and gathers the statistics.
+    pub fn of(blob: &[u8]) -> Result<BlobStats> {
+        let view = BlobView::parse(blob)?;
+        let h = &view.header;
+        let mut st = BlobStats {
+            stored: h.scheme == Scheme::Stored,
+            blob_bytes: blob.len(),
+            original_bytes: h.nbytes(),
+            overhead_bytes: view.overhead_len(),
+            ..Default::default()
+        };
+        if st.stored {
+            st.raw_bytes = h.nbytes() as usize;
+            return Ok(st);
+        }
+        let us = h.planes();
+        st.planes = (0..us)
+            .map(|p| PlaneStats {
+                tables: view.tables[p].len(),
+                table_bytes: view.tables[p].iter().map(|t| t.serialized_len()).sum(),
+                ..Default::default()
+            })
+            .collect();
+        let bu = h.block_units as usize;
+        for c in 0..h.n_chunks() as usize {
+            let e = view.entry(c)?;
+            let len = h.chunk_len(c as u64);
+            let nb = len.div_ceil(bu);
+            let payload = view.payload(c);
+            let mut cursor = 0;
+            for p in 0..us {
+                let ps = &mut st.planes[p];
+                match e.modes[p] {
+                    PlaneMode::Raw => ps.raw_units += len as u64,
+                    PlaneMode::Const(_) => ps.const_units += len as u64,
+                    PlaneMode::Blocks => {
+                        let sels = payload.get(cursor..cursor + nb).unwrap_or(&[]);
+                        cursor += nb;
+                        for (b, &s) in sels.iter().enumerate() {
+                            let bl = bu.min(len - b * bu) as u64;
+                            match s {
+                                SEL_RAW => ps.raw_units += bl,
+                                SEL_CONST => ps.const_units += bl,
+                                _ => ps.coded_units += bl,
+                            }
+                        }
+                    }
+                }
+            }
+            st.selector_bytes += cursor.min(payload.len());
+            st.rans_bytes += e.rans_len as usize;
+            st.raw_bytes += payload.len().saturating_sub(cursor + e.rans_len as usize);
+        }
+        Ok(st)
+    }
+}
