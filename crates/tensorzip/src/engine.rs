@@ -1,5 +1,7 @@
 //! The CPU engine: whole-tensor compress and decompress, multi-threaded over chunks with rayon.
 
+use std::io::{Seek, SeekFrom, Write};
+
 use rayon::prelude::*;
 
 use crate::blob::{BlobHeader, Scheme};
@@ -159,6 +161,129 @@ impl CpuEngine {
             )
         })?;
         Ok(h)
+    }
+}
+
+/// Bytes of original data handled per batch by the streaming paths (bounds their memory).
+pub const STREAM_BATCH_BYTES: usize = 32 << 20;
+
+impl CpuEngine {
+    fn batch_chunks(&self, chunk_bytes: usize) -> usize {
+        (STREAM_BATCH_BYTES / chunk_bytes.max(1)).max(2 * self.threads()).max(1)
+    }
+
+    /// Compresses a tensor straight into `w` (at its current position) with bounded memory: chunks are
+    /// coded in batches of [`STREAM_BATCH_BYTES`] and written as they come; the directory is written
+    /// last, in the space reserved for it. Writes the same bytes as [`CpuEngine::compress`] and returns
+    /// the blob's length. `progress` receives the number of original bytes handled so far.
+    ///
+    /// If the coded blob is not smaller than a stored one, the stored blob is written over it; the
+    /// caller truncates the file after its last write.
+    pub fn compress_to<W: Write + Seek>(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        let start = w.stream_position().map_err(io)?;
+        let enc = self.run(|| TensorEncoder::new(data, dtype, shape, opts))?;
+        let write_stored = |w: &mut W| -> Result<u64> {
+            w.seek(SeekFrom::Start(start)).map_err(io)?;
+            let h = stored_header(dtype, shape);
+            let mut head = Vec::new();
+            h.write(&mut head);
+            w.write_all(&head).map_err(io)?;
+            for piece in data.chunks(STREAM_BATCH_BYTES) {
+                w.write_all(piece).map_err(io)?;
+            }
+            progress(data.len() as u64);
+            Ok((head.len() + data.len()) as u64)
+        };
+        if enc.header().scheme == Scheme::Stored {
+            return write_stored(w);
+        }
+        let h = enc.header().clone();
+        let mut prefix = Vec::new();
+        enc.write_prefix(&mut prefix);
+        w.write_all(&prefix).map_err(io)?;
+        let n = h.n_chunks() as usize;
+        let entry_len = h.dir_entry_len();
+        let dir_pos = start + prefix.len() as u64;
+        w.seek(SeekFrom::Current((n * entry_len) as i64)).map_err(io)?;
+        let chunk_bytes = h.chunk_units as usize * h.planes();
+        let batch = self.batch_chunks(chunk_bytes);
+        let mut dir = Vec::with_capacity(n * entry_len);
+        let mut total = (prefix.len() + n * entry_len) as u64;
+        let mut c0 = 0;
+        while c0 < n {
+            let c1 = (c0 + batch).min(n);
+            let outs: Vec<ChunkOut> = self.run(|| {
+                (c0 as u64..c1 as u64).into_par_iter().map_init(ChunkScratch::default, |s, c| enc.encode_chunk(c, s)).collect()
+            });
+            for o in &outs {
+                o.entry.write(h.planes(), &mut dir);
+                w.write_all(&o.payload).map_err(io)?;
+                total += o.payload.len() as u64;
+            }
+            progress(((c1 * chunk_bytes) as u64).min(data.len() as u64));
+            c0 = c1;
+        }
+        let stored_len = (stored_header(dtype, shape).encoded_len() + data.len()) as u64;
+        if total >= stored_len {
+            return write_stored(w);
+        }
+        w.seek(SeekFrom::Start(dir_pos)).map_err(io)?;
+        w.write_all(&dir).map_err(io)?;
+        w.seek(SeekFrom::Start(start + total)).map_err(io)?;
+        Ok(total)
+    }
+
+    /// Decompresses a blob into `w` with bounded memory (batches of [`STREAM_BATCH_BYTES`]) and returns
+    /// the CRC-32 of the decoded bytes. `progress` receives the number of bytes written so far.
+    pub fn decompress_to<W: Write>(&self, blob: &[u8], w: &mut W, progress: &(dyn Fn(u64) + Sync)) -> Result<u32> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        let dec = TensorDecoder::new(blob)?;
+        let h = dec.header().clone();
+        let mut crc = crc32fast::Hasher::new();
+        match h.scheme {
+            Scheme::Stored => {
+                let data = dec.view().stored_data();
+                let mut done = 0;
+                for piece in data.chunks(STREAM_BATCH_BYTES) {
+                    crc.update(piece);
+                    w.write_all(piece).map_err(io)?;
+                    done += piece.len() as u64;
+                    progress(done);
+                }
+            }
+            Scheme::Planes => {
+                let cb = h.chunk_units as usize * h.planes();
+                let n = h.n_chunks() as usize;
+                let batch = self.batch_chunks(cb);
+                let total = h.nbytes() as usize;
+                let mut buf = vec![0u8; (batch * cb).min(total)];
+                let mut c0 = 0;
+                while c0 < n {
+                    let c1 = (c0 + batch).min(n);
+                    let len = (c1 * cb).min(total) - c0 * cb;
+                    let out = &mut buf[..len];
+                    self.run(|| {
+                        out.par_chunks_mut(cb)
+                            .enumerate()
+                            .try_for_each_init(DecodeScratch::default, |s, (i, o)| dec.decode_chunk(c0 + i, o, s))
+                    })?;
+                    crc.update(out);
+                    w.write_all(out).map_err(io)?;
+                    progress((c0 * cb + len) as u64);
+                    c0 = c1;
+                }
+            }
+        }
+        Ok(crc.finalize())
     }
 }
 

@@ -30,6 +30,12 @@ pub enum Error {
     /// The caller's output buffer has the wrong size.
     #[error("output buffer is {got} bytes, {expected} are needed")]
     OutputSize { expected: usize, got: usize },
+    /// Reading or writing a file failed.
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// The input is not a valid safetensors file.
+    #[error("not a safetensors file: {0}")]
+    NotSafetensors(String),
     /// A requested element range lies outside the tensor.
     #[error("element range {start}..{end} is outside a tensor of {numel} elements")]
     Range { start: u64, end: u64, numel: u64 },

@@ -19,6 +19,7 @@
 //! Decoding never panics on any input: truncated, corrupted or hostile bytes give an [`Error`].
 
 
+pub mod archive;
 pub mod blob;
 pub mod checksum;
 mod cpu;

@@ -1,0 +1,123 @@
+//! `tensorzip bench`: ratio and throughput on the tensors of .safetensors files, the figures the
+//! benchmark script (`scripts/bench_cpu.py`) sets side by side with ZipNN.
+//!
+//! For each file it prints one JSON object: total original and compressed bytes of the tensors (blob
+//! sizes, every header and table counted), the median over `--runs` of compress time, of decompress
+//! time into buffers the caller owns and has touched before ("warm"), and of decompress time into
+//! fresh allocations ("end-to-end"), plus the order-0 entropy bound of the byte planes with one table
+//! per tensor and with one table per 256 KiB chunk.
+
+use std::time::Instant;
+
+use tensorzip::{sample, transform, CpuEngine, DType};
+
+use crate::output::map_file;
+use crate::{Common, EncoderArgs};
+
+struct Item {
+    dtype: DType,
+    shape: Vec<u64>,
+    data: Vec<u8>,
+}
+
+fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
+    let file = map_file(path)?;
+    let (_, tensors) = tensorzip::archive::safetensors_layout(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut items = Vec::new();
+    for t in tensors {
+        let Some(dtype) = DType::from_safetensors_name(&t.dtype_name) else { continue };
+        let raw = &file[t.begin as usize..t.end as usize];
+        let (dtype, data) = match (dtype, cast) {
+            (DType::F32, "bf16") => (DType::BF16, f32s(raw).flat_map(|v| sample::f32_to_bf16(v).to_le_bytes()).collect()),
+            (DType::F32, "f16") => (DType::F16, f32s(raw).flat_map(|v| sample::f32_to_f16(v).to_le_bytes()).collect()),
+            (d, "none" | "bf16" | "f16") => (d, raw.to_vec()),
+            (_, other) => return Err(format!("--cast {other}: expected none, bf16 or f16")),
+        };
+        items.push(Item { dtype, shape: t.shape, data });
+    }
+    Ok(items)
+}
+
+fn f32s(raw: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Order-0 entropy (bytes) of the planes of a tensor, one table per `chunk_bytes` of data.
+fn bound(item: &Item, chunk_bytes: usize) -> f64 {
+    let us = item.dtype.unit_size();
+    let units = item.data.len() / us;
+    let cu = (chunk_bytes / us).max(1);
+    let mut total = 0.0;
+    let mut planes = vec![vec![0u8; cu.min(units)]; us];
+    for chunk in item.data.chunks(cu * us) {
+        let n = chunk.len() / us;
+        let mut views: Vec<&mut [u8]> = planes.iter_mut().map(|p| &mut p[..n]).collect();
+        transform::split(item.dtype.transform(), chunk, &mut views);
+        for p in &planes {
+            let mut h = [0u64; 256];
+            for &b in &p[..n] {
+                h[b as usize] += 1;
+            }
+            let bits: f64 = h.iter().filter(|&&c| c > 0).map(|&c| c as f64 * (n as f64 / c as f64).log2()).sum();
+            total += (bits / 8.0).min(n as f64);
+        }
+    }
+    total
+}
+
+pub fn run(files: &[std::path::PathBuf], cast: &str, runs: usize, enc: &EncoderArgs, common: &Common) -> Result<(), String> {
+    let eng = CpuEngine::new(common.threads).map_err(|e| e.to_string())?;
+    let opts = enc.options();
+    opts.validate().map_err(|e| e.to_string())?;
+    let runs = runs.max(1);
+    for path in files {
+        let items = load(path, cast)?;
+        let orig: u64 = items.iter().map(|i| i.data.len() as u64).sum();
+        let mut warm: Vec<Vec<u8>> = items.iter().map(|i| vec![1u8; i.data.len()]).collect();
+        let (mut tc, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new());
+        let mut comp = 0u64;
+        for _ in 0..runs {
+            let t = Instant::now();
+            let blobs: Vec<Vec<u8>> = items
+                .iter()
+                .map(|i| eng.compress(&i.data, i.dtype, &i.shape, &opts))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            tc.push(t.elapsed().as_secs_f64());
+            comp = blobs.iter().map(|b| b.len() as u64).sum();
+            let t = Instant::now();
+            for (b, out) in blobs.iter().zip(warm.iter_mut()) {
+                eng.decompress_into(b, out).map_err(|e| e.to_string())?;
+            }
+            tw.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for b in &blobs {
+                let out = eng.decompress(b).map_err(|e| e.to_string())?;
+                std::hint::black_box(&out);
+            }
+            te.push(t.elapsed().as_secs_f64());
+            for (i, out) in items.iter().zip(&warm) {
+                if &i.data != out {
+                    return Err(format!("{}: round trip is not exact", path.display()));
+                }
+            }
+        }
+        let b_tensor: f64 = items.iter().map(|i| bound(i, usize::MAX / 2)).sum();
+        let b_chunk: f64 = items.iter().map(|i| bound(i, 256 << 10)).sum();
+        let gb = |t: f64| orig as f64 / t / 1e9;
+        let doc = serde_json::json!({
+            "file": path.display().to_string(), "cast": cast, "threads": eng.threads(), "runs": runs,
+            "tensors": items.len(), "original_bytes": orig, "compressed_bytes": comp,
+            "ratio": comp as f64 / orig as f64,
+            "compress_gbps": gb(median(tc)), "decompress_warm_gbps": gb(median(tw)), "decompress_e2e_gbps": gb(median(te)),
+            "bound_per_tensor": b_tensor / orig as f64, "bound_per_256k_chunk": b_chunk / orig as f64,
+        });
+        crate::commands::print_out(&format!("{doc}\n"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! The file commands: compress, decompress, info, verify.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tensorzip::archive::{plan_safetensors, write_archive, Archive, ArchiveOptions, SegmentKind};
+use tensorzip::stats::BlobStats;
+use tensorzip::{blob::peek_header, CpuEngine};
+
+use crate::output::{map_file, progress_bar, SafeOutput};
+use crate::{Common, EncoderArgs};
+
+/// Extension of archives.
+pub const EXT: &str = "tz";
+
+fn engine(common: &Common) -> Result<CpuEngine, String> {
+    CpuEngine::new(common.threads).map_err(|e| e.to_string())
+}
+
+fn gb_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs.max(1e-9) / 1e9
+}
+
+pub fn compress(file: &Path, output: Option<PathBuf>, force: bool, piece: u32, enc: &EncoderArgs, common: &Common) -> Result<(), String> {
+    let opts = ArchiveOptions { compress: enc.options(), checksum_piece_bytes: piece };
+    opts.compress.validate().map_err(|e| e.to_string())?;
+    let eng = engine(common)?;
+    let src = map_file(file)?;
+    let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
+    let dest = output.unwrap_or_else(|| {
+        let mut s = file.as_os_str().to_owned();
+        s.push(format!(".{EXT}"));
+        PathBuf::from(s)
+    });
+    let mut out = SafeOutput::create(&dest, force)?;
+    let pb = progress_bar(src.len() as u64, "compress");
+    let t = Instant::now();
+    let len = write_archive(&eng, &src, &segments, &opts, out.file(), &|done| pb.set_position(done))
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let secs = t.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    out.commit()?;
+    let tensors = segments.iter().filter(|s| s.kind == SegmentKind::Tensor).count();
+    eprintln!(
+        "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s",
+        file.display(),
+        dest.display(),
+        tensors,
+        src.len(),
+        len,
+        len as f64 / src.len().max(1) as f64 * 100.0,
+        gb_s(src.len() as u64, secs)
+    );
+    Ok(())
+}
+
+fn open_archive(path: &Path) -> Result<memmap2::Mmap, String> {
+    let data = map_file(path)?;
+    Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(data)
+}
+
+pub fn decompress(path: &Path, output: Option<PathBuf>, force: bool, common: &Common) -> Result<(), String> {
+    let eng = engine(common)?;
+    let data = open_archive(path)?;
+    let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dest = match output {
+        Some(o) => o,
+        None => {
+            let s = path.to_string_lossy();
+            match s.strip_suffix(&format!(".{EXT}")) {
+                Some(stem) if !stem.is_empty() => PathBuf::from(stem),
+                _ => return Err(format!("{}: name does not end in .{EXT}; give the output with -o", path.display())),
+            }
+        }
+    };
+    let mut out = SafeOutput::create(&dest, force)?;
+    let pb = progress_bar(ar.original_len, "decompress");
+    let t = Instant::now();
+    {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
+        for i in 0..ar.segments.len() {
+            let base = ar.segments[i].orig_offset;
+            ar.decode_segment_to(&eng, i, &mut w, &|done| pb.set_position(base + done))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        w.flush().map_err(|e| format!("{}: {e}", dest.display()))?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    out.commit()?;
+    eprintln!("{} -> {}: {} bytes, {:.2} GB/s", path.display(), dest.display(), ar.original_len, gb_s(ar.original_len, secs));
+    Ok(())
+}
+
+pub fn info(path: &Path, json: bool, common: &Common) -> Result<(), String> {
+    let eng = engine(common)?;
+    let data = open_archive(path)?;
+    let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tensors = ar.tensors(&eng).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut rows = Vec::new();
+    for (t, i) in &tensors {
+        let blob = ar.blob(*i);
+        let st = BlobStats::of(blob).map_err(|e| format!("{}: tensor {:?}: {e}", path.display(), t.name))?;
+        let h = peek_header(blob).map_err(|e| format!("{}: tensor {:?}: {e}", path.display(), t.name))?;
+        let planes: Vec<String> = if st.stored { vec!["stored".into()] } else { st.planes.iter().map(|p| p.summary()).collect() };
+        rows.push((t.name.clone(), t.dtype_name.clone(), t.shape.clone(), ar.segments[*i].orig_len, blob.len() as u64, planes, h.dtype));
+    }
+    let total_orig = ar.original_len;
+    let mut text = String::new();
+    use std::fmt::Write as _;
+    let total_comp = data.len() as u64;
+    if json {
+        let out: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({"name": r.0, "dtype": r.1, "shape": r.2, "bytes": r.3, "compressed": r.4,
+                    "ratio": r.4 as f64 / r.3.max(1) as f64, "planes": r.5, "coded_as": r.6.torch_name()})
+            })
+            .collect();
+        let doc = serde_json::json!({"file": path.display().to_string(), "original_bytes": total_orig,
+            "archive_bytes": total_comp, "ratio": total_comp as f64 / total_orig.max(1) as f64, "tensors": out});
+        let _ = writeln!(text, "{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        return print_out(&text);
+    }
+    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
+    let _ = writeln!(text, "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>7}  planes (byte 0 first)", "name", "dtype", "shape", "bytes", "compressed", "ratio");
+    for r in &rows {
+        let _ = writeln!(
+            text,
+            "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>6.2}%  {}",
+            r.0,
+            r.1,
+            format!("{:?}", r.2),
+            r.3,
+            r.4,
+            r.4 as f64 / r.3.max(1) as f64 * 100.0,
+            r.5.join(" | ")
+        );
+    }
+    let _ = writeln!(
+        text,
+        "total: {} tensors, {} -> {} bytes ({:.3}%), archive format v{}",
+        rows.len(),
+        total_orig,
+        total_comp,
+        total_comp as f64 / total_orig.max(1) as f64 * 100.0,
+        tensorzip::archive::ARCHIVE_VERSION
+    );
+    print_out(&text)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) ends the output quietly.
+pub fn print_out(text: &str) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(format!("stdout: {e}")),
+    }
+}
+
+/// A writer that compares what it is given with an original file (or discards it).
+struct Compare<'a> {
+    original: Option<&'a [u8]>,
+    pos: usize,
+    mismatch: Option<usize>,
+}
+
+impl Write for Compare<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let (Some(o), None) = (self.original, self.mismatch) {
+            let end = self.pos + buf.len();
+            match o.get(self.pos..end) {
+                Some(want) if want == buf => {}
+                Some(want) => self.mismatch = Some(self.pos + want.iter().zip(buf).position(|(a, b)| a != b).unwrap_or(0)),
+                None => self.mismatch = Some(o.len().min(end)),
+            }
+        }
+        self.pos += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn verify(path: &Path, against: Option<&Path>, common: &Common) -> Result<(), String> {
+    let eng = engine(common)?;
+    let data = open_archive(path)?;
+    let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let original = against.map(map_file).transpose()?;
+    let mut cmp = Compare { original: original.as_deref(), pos: 0, mismatch: None };
+    let pb = progress_bar(ar.original_len, "verify");
+    let t = Instant::now();
+    for i in 0..ar.segments.len() {
+        let base = ar.segments[i].orig_offset;
+        ar.decode_segment_to(&eng, i, &mut cmp, &|done| pb.set_position(base + done))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    pb.finish_and_clear();
+    if let (Some(o), Some(p)) = (&original, against) {
+        if let Some(at) = cmp.mismatch {
+            return Err(format!("{}: differs from {} at byte {at}", path.display(), p.display()));
+        }
+        if o.len() as u64 != ar.original_len {
+            return Err(format!("{}: restores {} bytes but {} has {}", path.display(), ar.original_len, p.display(), o.len()));
+        }
+    }
+    eprintln!(
+        "{}: OK ({} segments, {} bytes, every checksum matches{}; {:.2} GB/s)",
+        path.display(),
+        ar.segments.len(),
+        ar.original_len,
+        if against.is_some() { ", identical to the original" } else { "" },
+        gb_s(ar.original_len, t.elapsed().as_secs_f64())
+    );
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `tensorzip`: compress, decompress, inspect and verify `.safetensors` files.
+
+mod bench;
+mod commands;
+mod demo;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tensorzip", version, about = "Lossless compression of neural-network tensors (.safetensors files)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options shared by the commands that do work.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Worker threads (0 = all cores).
+    #[arg(long, short = 't', default_value_t = 0)]
+    threads: usize,
+}
+
+/// Encoder options (meanings as in cuZipNN's `compress_tensor`).
+#[derive(Args, Clone)]
+pub struct EncoderArgs {
+    /// Bytes of original data per independently coded chunk (a multiple of 8, at most 16 MiB).
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().chunk_bytes)]
+    chunk_bytes: usize,
+    /// Units per table-selection block (a power of two, 32..=65536).
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().block_units)]
+    block_units: u32,
+    /// A block stays coded only below this fraction of its raw size, in (0, 1].
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().passthrough_threshold)]
+    passthrough_threshold: f64,
+    /// Tensors smaller than this many bytes are stored uncompressed.
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().min_compress_bytes)]
+    min_compress_bytes: usize,
+    /// Most frequency tables per byte plane (1..=64).
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().max_tables)]
+    max_tables: usize,
+}
+
+impl EncoderArgs {
+    pub fn options(&self) -> tensorzip::CompressOptions {
+        tensorzip::CompressOptions {
+            chunk_bytes: self.chunk_bytes,
+            block_units: self.block_units,
+            passthrough_threshold: self.passthrough_threshold,
+            min_compress_bytes: self.min_compress_bytes,
+            max_tables: self.max_tables,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compress a .safetensors file into a tensorzip archive (default output: FILE.tz).
+    Compress {
+        file: std::path::PathBuf,
+        /// Output path.
+        #[arg(short, long)]
+        output: Option<std::path::PathBuf>,
+        /// Overwrite the output if it exists.
+        #[arg(short, long)]
+        force: bool,
+        /// Store a CRC-32 of every N bytes of each blob (cuZipNN's checksum_chunk_bytes); 0 = one per blob.
+        #[arg(long, default_value_t = 0)]
+        checksum_chunk_bytes: u32,
+        #[command(flatten)]
+        enc: EncoderArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Restore the original .safetensors file, byte for byte (default output: ARCHIVE without .tz).
+    Decompress {
+        archive: std::path::PathBuf,
+        #[arg(short, long)]
+        output: Option<std::path::PathBuf>,
+        #[arg(short, long)]
+        force: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Per tensor: dtype, shape, size, compressed size, ratio and how each byte plane is coded.
+    Info {
+        archive: std::path::PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Check every checksum and decode everything (nothing is written).
+    Verify {
+        archive: std::path::PathBuf,
+        /// Also compare the decoded bytes with this original file.
+        #[arg(long)]
+        against: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Build the built-in sample model, compress, verify and decompress it; print ratio and speed.
+    Demo {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Measure ratio and speed on .safetensors files (tensor by tensor, median of runs); prints JSON lines.
+    Bench {
+        files: Vec<std::path::PathBuf>,
+        /// Cast f32 tensors to this dtype first: none, bf16 or f16.
+        #[arg(long, default_value = "none")]
+        cast: String,
+        /// Timed runs per measurement (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[command(flatten)]
+        enc: EncoderArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Compress { file, output, force, checksum_chunk_bytes, enc, common } => {
+            commands::compress(&file, output, force, checksum_chunk_bytes, &enc, &common)
+        }
+        Command::Decompress { archive, output, force, common } => commands::decompress(&archive, output, force, &common),
+        Command::Info { archive, json, common } => commands::info(&archive, json, &common),
+        Command::Verify { archive, against, common } => commands::verify(&archive, against.as_deref(), &common),
+        Command::Demo { common } => demo::run(&common),
+        Command::Bench { files, cast, runs, enc, common } => bench::run(&files, &cast, runs, &enc, &common),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("tensorzip: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

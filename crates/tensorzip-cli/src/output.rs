@@ -1,0 +1,92 @@
+//! Safe output files and progress bars.
+//!
+//! Output goes to a temporary file in the destination's directory and is renamed into place only once
+//! complete and synced, so no half-written output is ever left behind. Without `--force` an existing
+//! destination is never replaced (the final step is a hard link, which fails if the name exists).
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
+pub struct SafeOutput {
+    dest: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+    force: bool,
+}
+
+impl SafeOutput {
+    /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false.
+    pub fn create(dest: &Path, force: bool) -> Result<SafeOutput, String> {
+        if !force && dest.exists() {
+            return Err(format!("{}: already exists (use --force to overwrite)", dest.display()));
+        }
+        let dir = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = dest.file_name().ok_or_else(|| format!("{}: not a file name", dest.display()))?;
+        for attempt in 0..100u32 {
+            let tmp = dir.join(format!(".{}.tmp-{}-{attempt}", name.to_string_lossy(), std::process::id()));
+            match OpenOptions::new().read(true).write(true).create_new(true).open(&tmp) {
+                Ok(file) => return Ok(SafeOutput { dest: dest.to_path_buf(), tmp, file: Some(file), force }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(format!("{}: cannot create a temporary file: {e}", dir.display())),
+            }
+        }
+        Err(format!("{}: cannot create a temporary file", dir.display()))
+    }
+
+    /// The temporary file.
+    pub fn file(&mut self) -> &mut File {
+        self.file.as_mut().expect("file is open until commit")
+    }
+
+    /// Syncs the data and moves the file to its destination.
+    pub fn commit(mut self) -> Result<(), String> {
+        let file = self.file.take().expect("file is open until commit");
+        file.sync_all().map_err(|e| format!("{}: {e}", self.dest.display()))?;
+        drop(file);
+        if self.force {
+            std::fs::rename(&self.tmp, &self.dest).map_err(|e| format!("{}: {e}", self.dest.display()))?;
+        } else {
+            std::fs::hard_link(&self.tmp, &self.dest).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => format!("{}: already exists (use --force to overwrite)", self.dest.display()),
+                _ => format!("{}: {e}", self.dest.display()),
+            })?;
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SafeOutput {
+    fn drop(&mut self) {
+        if self.file.take().is_some() || self.tmp.exists() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// A byte-count progress bar on stderr, drawn only when stderr is a terminal.
+pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// Maps the input file into memory.
+pub fn map_file(path: &Path) -> Result<memmap2::Mmap, String> {
+    let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: the mapping is read-only; tensorzip treats its contents as untrusted bytes, and the
+    // documentation warns that a file changed by another process while it is read gives wrong output
+    // (caught by the checksums) — the usual caveat of memory-mapped input.
+    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))
+}

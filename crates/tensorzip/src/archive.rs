@@ -1,0 +1,499 @@
+//! The archive: a whole `.safetensors` file compressed, from which `decompress` restores the original
+//! file byte for byte (its header, metadata and any padding included).
+//!
+//! Every byte range of the original file becomes one blob: the safetensors header (the 8-byte length
+//! and the JSON), each tensor (coded with its dtype and shape), and any other bytes. The blobs follow
+//! each other in file order, then an index gives each range's offsets, the CRC-32 of its original
+//! bytes and the CRC-32s of its blob. Layout and validation: `docs/FORMAT.md`, "Archive".
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+
+use crate::blob::peek_header;
+use crate::checksum::crc32_pieces;
+use crate::dtype::DType;
+use crate::engine::CpuEngine;
+use crate::error::{corrupt, truncated, Error, Result};
+use crate::options::CompressOptions;
+
+/// First four bytes of an archive.
+pub const ARCHIVE_MAGIC: [u8; 4] = *b"TZAR";
+/// The archive version this build writes and reads.
+pub const ARCHIVE_VERSION: u16 = 1;
+/// Bytes of the fixed archive header.
+pub const ARCHIVE_HEADER_LEN: usize = 32;
+/// Bytes of one index entry before its blob checksums.
+const ENTRY_FIXED: usize = 1 + 8 * 4 + 4 + 4;
+
+/// What a byte range of the original file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SegmentKind {
+    /// The safetensors header: 8-byte length and JSON (coded as bytes).
+    Header = 0,
+    /// One tensor's data (coded with its dtype and shape).
+    Tensor = 1,
+    /// Any other bytes (coded as bytes).
+    Other = 2,
+}
+
+/// One byte range of the original file, as the compressor sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSegment {
+    pub kind: SegmentKind,
+    pub offset: u64,
+    pub len: u64,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Tensor name (empty for non-tensor segments).
+    pub name: String,
+}
+
+/// A safetensors tensor as listed in its file's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    pub name: String,
+    /// The safetensors dtype name (`"BF16"`, ...).
+    pub dtype_name: String,
+    pub shape: Vec<u64>,
+    /// Offsets in the file (not in the data section).
+    pub begin: u64,
+    pub end: u64,
+}
+
+/// Parses and validates a safetensors file's header (given the whole file, or at least its header and
+/// the file's total length) and lists its tensors in data order, plus the header's byte length.
+pub fn safetensors_layout(file: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
+    let (n, meta) = safetensors::SafeTensors::read_metadata(file).map_err(|e| Error::NotSafetensors(format!("{e:?}")))?;
+    let base = 8 + n as u64;
+    let mut tensors: Vec<TensorEntry> = meta
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| TensorEntry {
+            name,
+            dtype_name: format!("{:?}", info.dtype),
+            shape: info.shape.iter().map(|&d| d as u64).collect(),
+            begin: base + info.data_offsets.0 as u64,
+            end: base + info.data_offsets.1 as u64,
+        })
+        .collect();
+    tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
+    Ok((base, tensors))
+}
+
+/// Parses a safetensors header alone (the 8-byte length and the JSON) and lists its tensors in data
+/// order, with file offsets. Checks the JSON's structure but not the data section (which is absent).
+pub fn parse_header(head: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
+    let bad = |m: String| Error::NotSafetensors(m);
+    if head.len() < 8 {
+        return Err(bad("shorter than its 8-byte header length".into()));
+    }
+    let n = u64::from_le_bytes(head[..8].try_into().unwrap());
+    if n != head.len() as u64 - 8 {
+        return Err(bad(format!("header length {n} does not match {} header bytes", head.len() - 8)));
+    }
+    let json: serde_json::Value = serde_json::from_slice(&head[8..]).map_err(|e| bad(format!("header JSON: {e}")))?;
+    let obj = json.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let base = head.len() as u64;
+    let mut tensors = Vec::new();
+    for (name, v) in obj {
+        if name == "__metadata__" {
+            continue;
+        }
+        let field = |k: &str| v.get(k).ok_or_else(|| bad(format!("tensor {name:?} lacks {k}")));
+        let dtype_name = field("dtype")?.as_str().ok_or_else(|| bad(format!("tensor {name:?}: dtype")))?.to_string();
+        let nums = |k: &str| -> Result<Vec<u64>> {
+            field(k)?
+                .as_array()
+                .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
+                .ok_or_else(|| bad(format!("tensor {name:?}: {k}")))
+        };
+        let shape = nums("shape")?;
+        let off = nums("data_offsets")?;
+        if off.len() != 2 || off[0] > off[1] {
+            return Err(bad(format!("tensor {name:?}: data_offsets {off:?}")));
+        }
+        let begin = base.checked_add(off[0]).ok_or_else(|| bad("offsets overflow".into()))?;
+        let end = base.checked_add(off[1]).ok_or_else(|| bad("offsets overflow".into()))?;
+        tensors.push(TensorEntry { name: name.clone(), dtype_name, shape, begin, end });
+    }
+    tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
+    Ok((base, tensors))
+}
+
+/// Serialises tensors as a `.safetensors` file: `(name, safetensors dtype name, shape, bytes)` in the
+/// order given, optional `__metadata__`, the header padded with spaces to a multiple of 8 bytes.
+pub fn serialize_safetensors(tensors: &[(&str, &str, &[u64], &[u8])], metadata: Option<&[(String, String)]>) -> Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    if let Some(m) = metadata {
+        let obj: serde_json::Map<String, serde_json::Value> = m.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+        header.insert("__metadata__".into(), serde_json::Value::Object(obj));
+    }
+    let mut off = 0u64;
+    for (name, dtype, shape, data) in tensors {
+        if header.contains_key(*name) {
+            return Err(Error::InvalidInput(format!("tensor name {name:?} appears twice")));
+        }
+        let end = off + data.len() as u64;
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [off, end]}),
+        );
+        off = end;
+    }
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|e| Error::InvalidInput(e.to_string()))?;
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len() + off as usize);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    Ok(out)
+}
+
+/// Splits a safetensors file into the segments the archive codes.
+pub fn plan_safetensors(file: &[u8]) -> Result<Vec<SourceSegment>> {
+    let (base, tensors) = safetensors_layout(file)?;
+    let mut segs = vec![SourceSegment {
+        kind: SegmentKind::Header,
+        offset: 0,
+        len: base,
+        dtype: DType::U8,
+        shape: vec![base],
+        name: String::new(),
+    }];
+    let mut pos = base;
+    for t in tensors {
+        if t.begin < pos || t.end < t.begin || t.end > file.len() as u64 {
+            return Err(Error::NotSafetensors(format!("tensor {:?} overlaps another or lies outside the file", t.name)));
+        }
+        if t.begin > pos {
+            segs.push(other(pos, t.begin - pos));
+        }
+        let len = t.end - t.begin;
+        let dtype = DType::from_safetensors_name(&t.dtype_name);
+        let numel: Option<u64> = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let (dtype, shape) = match (dtype, numel) {
+            (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => (d, t.shape.clone()),
+            // Dtypes tensorzip does not model (F4, F8_E8M0, ...) are coded as bytes.
+            _ => (DType::U8, vec![len]),
+        };
+        segs.push(SourceSegment { kind: SegmentKind::Tensor, offset: t.begin, len, dtype, shape, name: t.name });
+        pos = t.end;
+    }
+    if pos < file.len() as u64 {
+        segs.push(other(pos, file.len() as u64 - pos));
+    }
+    Ok(segs)
+}
+
+fn other(offset: u64, len: u64) -> SourceSegment {
+    SourceSegment { kind: SegmentKind::Other, offset, len, dtype: DType::U8, shape: vec![len], name: String::new() }
+}
+
+/// Options of the archive writer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArchiveOptions {
+    pub compress: CompressOptions,
+    /// The blob checksums cover pieces of this many bytes (cuZipNN's `checksum_chunk_bytes`); 0 means
+    /// one checksum per blob.
+    pub checksum_piece_bytes: u32,
+}
+
+impl Default for ArchiveOptions {
+    fn default() -> Self {
+        ArchiveOptions { compress: CompressOptions::default(), checksum_piece_bytes: 0 }
+    }
+}
+
+/// One index entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub kind: SegmentKind,
+    pub orig_offset: u64,
+    pub orig_len: u64,
+    pub blob_offset: u64,
+    pub blob_len: u64,
+    /// CRC-32 of the original bytes.
+    pub orig_crc: u32,
+    /// CRC-32 of each piece of the blob.
+    pub blob_crcs: Vec<u32>,
+}
+
+/// Number of checksum pieces of a blob of `len` bytes.
+fn n_pieces(len: u64, piece: u32) -> u64 {
+    if piece == 0 {
+        1
+    } else {
+        len.div_ceil(piece as u64).max(1)
+    }
+}
+
+/// Compresses the segments of `src` into `out`, which is truncated and rewritten. Returns the archive's
+/// length. `progress` receives the original bytes handled so far.
+pub fn write_archive(
+    engine: &CpuEngine,
+    src: &[u8],
+    segments: &[SourceSegment],
+    opts: &ArchiveOptions,
+    out: &mut File,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u64> {
+    let io = |e: std::io::Error| Error::Io(e.to_string());
+    opts.compress.validate()?;
+    out.set_len(0).map_err(io)?;
+    out.seek(SeekFrom::Start(ARCHIVE_HEADER_LEN as u64)).map_err(io)?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *out);
+    let mut entries = Vec::with_capacity(segments.len());
+    let mut pos = ARCHIVE_HEADER_LEN as u64;
+    for s in segments {
+        let data = &src[s.offset as usize..(s.offset + s.len) as usize];
+        let base = s.offset;
+        let len = engine.compress_to(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| progress(base + done))?;
+        entries.push(Segment {
+            kind: s.kind,
+            orig_offset: s.offset,
+            orig_len: s.len,
+            blob_offset: pos,
+            blob_len: len,
+            orig_crc: crc32fast::hash(data),
+            blob_crcs: Vec::new(),
+        });
+        pos += len;
+        w.seek(SeekFrom::Start(pos)).map_err(io)?;
+    }
+    w.flush().map_err(io)?;
+    drop(w);
+    // Blob checksums, read back from the file (it is in the page cache).
+    let mut buf = Vec::new();
+    for e in &mut entries {
+        out.seek(SeekFrom::Start(e.blob_offset)).map_err(io)?;
+        buf.resize(e.blob_len as usize, 0);
+        out.read_exact(&mut buf).map_err(io)?;
+        e.blob_crcs = if opts.checksum_piece_bytes == 0 {
+            vec![crc32fast::hash(&buf)]
+        } else {
+            crc32_pieces(&buf, opts.checksum_piece_bytes as usize)?
+        };
+    }
+    let mut index = Vec::new();
+    index.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for e in &entries {
+        index.push(e.kind as u8);
+        for v in [e.orig_offset, e.orig_len, e.blob_offset, e.blob_len] {
+            index.extend_from_slice(&v.to_le_bytes());
+        }
+        index.extend_from_slice(&e.orig_crc.to_le_bytes());
+        index.extend_from_slice(&(e.blob_crcs.len() as u32).to_le_bytes());
+        for c in &e.blob_crcs {
+            index.extend_from_slice(&c.to_le_bytes());
+        }
+    }
+    let crc = crc32fast::hash(&index);
+    index.extend_from_slice(&crc.to_le_bytes());
+    out.seek(SeekFrom::Start(pos)).map_err(io)?;
+    out.write_all(&index).map_err(io)?;
+    let end = pos + index.len() as u64;
+    out.set_len(end).map_err(io)?;
+    let mut head = Vec::with_capacity(ARCHIVE_HEADER_LEN);
+    head.extend_from_slice(&ARCHIVE_MAGIC);
+    head.extend_from_slice(&ARCHIVE_VERSION.to_le_bytes());
+    head.extend_from_slice(&0u16.to_le_bytes());
+    head.extend_from_slice(&opts.checksum_piece_bytes.to_le_bytes());
+    head.extend_from_slice(&0u32.to_le_bytes());
+    let original_len = segments.last().map_or(0, |s| s.offset + s.len);
+    head.extend_from_slice(&original_len.to_le_bytes());
+    head.extend_from_slice(&pos.to_le_bytes());
+    out.seek(SeekFrom::Start(0)).map_err(io)?;
+    out.write_all(&head).map_err(io)?;
+    out.flush().map_err(io)?;
+    Ok(end)
+}
+
+/// A parsed and validated archive.
+pub struct Archive<'a> {
+    data: &'a [u8],
+    pub original_len: u64,
+    pub checksum_piece_bytes: u32,
+    pub segments: Vec<Segment>,
+}
+
+fn u64_at(d: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(d[at..at + 8].try_into().unwrap())
+}
+fn u32_at(d: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(d[at..at + 4].try_into().unwrap())
+}
+
+/// Whether `data` starts with the archive magic number.
+pub fn is_archive(data: &[u8]) -> bool {
+    data.len() >= 4 && data[..4] == ARCHIVE_MAGIC
+}
+
+impl<'a> Archive<'a> {
+    /// Parses the header and the index and checks that they describe a consistent archive: the index's
+    /// own CRC matches, the segments tile the original file in order, the blobs tile the space between
+    /// the header and the index in order.
+    pub fn parse(data: &'a [u8]) -> Result<Archive<'a>> {
+        if data.len() < 4 || data[..4] != ARCHIVE_MAGIC {
+            return Err(Error::BadMagic);
+        }
+        if data.len() < 6 {
+            return truncated("archive header");
+        }
+        let version = u16::from_le_bytes([data[4], data[5]]);
+        if version != ARCHIVE_VERSION {
+            return Err(Error::UnsupportedVersion { found: version, supported: ARCHIVE_VERSION });
+        }
+        if data.len() < ARCHIVE_HEADER_LEN {
+            return truncated("archive header");
+        }
+        if data[6..8] != [0, 0] || data[12..16] != [0; 4] {
+            return corrupt("reserved archive header bytes are not zero");
+        }
+        let piece = u32_at(data, 8);
+        let original_len = u64_at(data, 16);
+        let index_offset = u64_at(data, 24);
+        if index_offset < ARCHIVE_HEADER_LEN as u64 || index_offset > data.len() as u64 {
+            return truncated(format!("index at offset {index_offset} of a {}-byte archive", data.len()));
+        }
+        let idx = &data[index_offset as usize..];
+        if idx.len() < 8 {
+            return truncated("archive index");
+        }
+        let n = u32_at(idx, 0) as usize;
+        let mut at = 4;
+        let mut segments = Vec::new();
+        let mut orig = 0u64;
+        let mut blob = ARCHIVE_HEADER_LEN as u64;
+        for i in 0..n {
+            if idx.len() < at + ENTRY_FIXED {
+                return truncated(format!("archive index entry {i}"));
+            }
+            let kind = match idx[at] {
+                0 => SegmentKind::Header,
+                1 => SegmentKind::Tensor,
+                2 => SegmentKind::Other,
+                k => return corrupt(format!("segment {i} has unknown kind {k}")),
+            };
+            let e = Segment {
+                kind,
+                orig_offset: u64_at(idx, at + 1),
+                orig_len: u64_at(idx, at + 9),
+                blob_offset: u64_at(idx, at + 17),
+                blob_len: u64_at(idx, at + 25),
+                orig_crc: u32_at(idx, at + 33),
+                blob_crcs: Vec::new(),
+            };
+            let nc = u32_at(idx, at + 37) as u64;
+            at += ENTRY_FIXED;
+            if e.orig_offset != orig || e.blob_offset != blob {
+                return corrupt(format!("segment {i} is out of place"));
+            }
+            if (i == 0) != (kind == SegmentKind::Header) {
+                return corrupt("the first segment (and only it) must be the safetensors header");
+            }
+            if nc != n_pieces(e.blob_len, piece) {
+                return corrupt(format!("segment {i} has {nc} checksums"));
+            }
+            let Some(crc_end) = (nc as usize).checked_mul(4).and_then(|b| b.checked_add(at)).filter(|&x| x <= idx.len()) else {
+                return truncated(format!("checksums of segment {i}"));
+            };
+            let crcs = idx[at..crc_end].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            at = crc_end;
+            orig = orig.checked_add(e.orig_len).ok_or_else(|| Error::Corrupt("sizes overflow".into()))?;
+            blob = blob.checked_add(e.blob_len).ok_or_else(|| Error::Corrupt("sizes overflow".into()))?;
+            if blob > index_offset {
+                return corrupt(format!("blob of segment {i} runs into the index"));
+            }
+            segments.push(Segment { blob_crcs: crcs, ..e });
+        }
+        if idx.len() < at + 4 {
+            return truncated("archive index checksum");
+        }
+        if crc32fast::hash(&idx[..at]) != u32_at(idx, at) {
+            return Err(Error::Checksum("archive index".into()));
+        }
+        if idx.len() != at + 4 {
+            return corrupt(format!("{} bytes after the archive index", idx.len() - at - 4));
+        }
+        if blob != index_offset {
+            return corrupt("blobs do not end where the index starts");
+        }
+        if orig != original_len {
+            return corrupt(format!("segments cover {orig} of {original_len} original bytes"));
+        }
+        Ok(Archive { data, original_len, checksum_piece_bytes: piece, segments })
+    }
+
+    /// The blob of segment `i`.
+    pub fn blob(&self, i: usize) -> &'a [u8] {
+        let s = &self.segments[i];
+        &self.data[s.blob_offset as usize..(s.blob_offset + s.blob_len) as usize]
+    }
+
+    /// Checks segment `i`'s blob against its stored checksums.
+    pub fn check_blob(&self, i: usize) -> Result<()> {
+        let blob = self.blob(i);
+        let got = if self.checksum_piece_bytes == 0 {
+            vec![crc32fast::hash(blob)]
+        } else {
+            crc32_pieces(blob, self.checksum_piece_bytes as usize)?
+        };
+        match got.iter().zip(&self.segments[i].blob_crcs).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(p) => Err(Error::Checksum(format!("segment {i}: blob piece {p}"))),
+        }
+    }
+
+    /// Checks segment `i`'s blob, decodes it into `w`, and checks the CRC-32 of what it decoded.
+    pub fn decode_segment_to<W: Write>(&self, engine: &CpuEngine, i: usize, w: &mut W, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+        self.check_blob(i)?;
+        let s = &self.segments[i];
+        let h = peek_header(self.blob(i))?;
+        if h.nbytes() != s.orig_len {
+            return corrupt(format!("segment {i} decodes to {} bytes, not {}", h.nbytes(), s.orig_len));
+        }
+        let crc = engine.decompress_to(self.blob(i), w, progress)?;
+        if crc != s.orig_crc {
+            return Err(Error::Checksum(format!("segment {i}: decoded data")));
+        }
+        Ok(())
+    }
+
+    /// Decodes segment `i` into memory (checksums checked).
+    pub fn decode_segment(&self, engine: &CpuEngine, i: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.segments[i].orig_len as usize);
+        self.decode_segment_to(engine, i, &mut out, &|_| {})?;
+        Ok(out)
+    }
+
+    /// The original file's safetensors header (segment 0 decoded).
+    pub fn safetensors_header(&self, engine: &CpuEngine) -> Result<Vec<u8>> {
+        if self.segments.is_empty() {
+            return corrupt("archive has no segments");
+        }
+        self.decode_segment(engine, 0)
+    }
+
+    /// The tensors listed in the original header, each with the index of its segment.
+    pub fn tensors(&self, engine: &CpuEngine) -> Result<Vec<(TensorEntry, usize)>> {
+        let head = self.safetensors_header(engine)?;
+        let (_, tensors) = parse_header(&head).map_err(|e| Error::Corrupt(format!("stored header: {e}")))?;
+        let mut out = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let seg = self
+                .segments
+                .iter()
+                .position(|s| s.kind == SegmentKind::Tensor && s.orig_offset == t.begin && s.orig_len == t.end - t.begin);
+            match seg {
+                Some(i) => out.push((t, i)),
+                None => return corrupt(format!("tensor {:?} has no segment", t.name)),
+            }
+        }
+        Ok(out)
+    }
+}
