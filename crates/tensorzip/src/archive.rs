@@ -9,7 +9,6 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use crate::blob::peek_header;
 use crate::checksum::crc32_pieces;
 use crate::dtype::DType;
 use crate::engine::CpuEngine;
@@ -449,14 +448,22 @@ impl<'a> Archive<'a> {
         }
     }
 
-    /// Checks segment `i`'s blob, decodes it into `w`, and checks the CRC-32 of what it decoded.
-    pub fn decode_segment_to<W: Write>(&self, engine: &CpuEngine, i: usize, w: &mut W, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+    /// Checks segment `i`'s blob checksums and that its header agrees with the index on the length.
+    fn check_segment(&self, i: usize) -> Result<()> {
         self.check_blob(i)?;
         let s = &self.segments[i];
-        let h = peek_header(self.blob(i))?;
+        // A full parse (directory included) bounds the length by what the blob can hold.
+        let h = crate::blob::BlobView::parse(self.blob(i))?.header;
         if h.nbytes() != s.orig_len {
             return corrupt(format!("segment {i} decodes to {} bytes, not {}", h.nbytes(), s.orig_len));
         }
+        Ok(())
+    }
+
+    /// Checks segment `i`'s blob, decodes it into `w`, and checks the CRC-32 of what it decoded.
+    pub fn decode_segment_to<W: Write>(&self, engine: &CpuEngine, i: usize, w: &mut W, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+        self.check_segment(i)?;
+        let s = &self.segments[i];
         let crc = engine.decompress_to(self.blob(i), w, progress)?;
         if crc != s.orig_crc {
             return Err(Error::Checksum(format!("segment {i}: decoded data")));
@@ -466,6 +473,8 @@ impl<'a> Archive<'a> {
 
     /// Decodes segment `i` into memory (checksums checked).
     pub fn decode_segment(&self, engine: &CpuEngine, i: usize) -> Result<Vec<u8>> {
+        // Only a length the blob itself confirms is allocated.
+        self.check_segment(i)?;
         let mut out = Vec::with_capacity(self.segments[i].orig_len as usize);
         self.decode_segment_to(engine, i, &mut out, &|_| {})?;
         Ok(out)

@@ -34,3 +34,24 @@ pub fn refill_permutations() -> &'static [[u32; 8]; 256] {
         t
     })
 }
+
+/// For each 8-bit mask of lanes that emit a word (bit `i` = lane `i`), a byte shuffle that packs the
+/// 16-bit words of those lanes, given in descending lane order (lane 7 first), to the front.
+pub fn emit_shuffles() -> &'static [[u8; 16]; 256] {
+    static T: OnceLock<Box<[[u8; 16]; 256]>> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new([[0x80u8; 16]; 256]);
+        for (m, row) in t.iter_mut().enumerate() {
+            let mut k = 0;
+            for j in 0..8 {
+                // Word j of the input holds lane 7 - j.
+                if m & (1 << (7 - j)) != 0 {
+                    row[2 * k] = 2 * j as u8;
+                    row[2 * k + 1] = 2 * j as u8 + 1;
+                    k += 1;
+                }
+            }
+        }
+        t
+    })
+}

@@ -1,17 +1,20 @@
 //! The CPU decoder of one tensor. Chunks decode independently; within a chunk, each block's coded
 //! planes are decoded into small per-plane buffers and merged straight into the caller's output.
+//! Chunks are decoded in pairs where possible: the two rANS streams advance in one loop, so the
+//! latency of one stream's table lookups hides behind the other's.
 
 use std::sync::OnceLock;
 
-use crate::blob::{BlobHeader, BlobView, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
+use crate::blob::{BlobHeader, BlobView, ChunkEntry, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
 use crate::error::{corrupt, truncated, Error, Result};
 use crate::rans::decode::{DecodeSegment, DecodeTable, Decoder};
 use crate::transform;
 
-/// Per-thread scratch of the chunk decoder.
+/// Per-thread scratch of the chunk decoder (per-plane block buffers of two chunks).
 #[derive(Default)]
 pub struct DecodeScratch {
-    planes: Vec<u8>,
+    a: Vec<u8>,
+    b: Vec<u8>,
 }
 
 /// A validated blob, ready to decode any chunk.
@@ -19,6 +22,158 @@ pub struct TensorDecoder<'a> {
     view: BlobView<'a>,
     /// Decoder tables, built on first use (`None` inside for single-symbol tables).
     dec: Vec<Vec<OnceLock<Option<Box<DecodeTable>>>>>,
+}
+
+/// Decoding state of one chunk: its parsed layout, where each plane's raw bytes are, its stream.
+struct Cursor<'d, 'a> {
+    td: &'d TensorDecoder<'a>,
+    c: usize,
+    len: usize,
+    nb: usize,
+    entry: ChunkEntry,
+    sels: [&'a [u8]; 8],
+    raw: &'a [u8],
+    raw_pos: [usize; 8],
+    rans: Option<Decoder<'a>>,
+}
+
+impl<'d, 'a> Cursor<'d, 'a> {
+    /// Parses chunk `c`'s selectors and stream and checks that its raw area has exactly the size they
+    /// imply.
+    fn new(td: &'d TensorDecoder<'a>, c: usize) -> Result<Self> {
+        let h = &td.view.header;
+        let us = h.planes();
+        let len = h.chunk_len(c as u64);
+        let entry = td.view.entry(c)?;
+        let payload = td.view.payload(c);
+        let bu = h.block_units as usize;
+        let nb = len.div_ceil(bu);
+        let block_len = |b: usize| bu.min(len - b * bu);
+
+        let mut cursor = 0usize;
+        let mut sels: [&[u8]; 8] = [&[]; 8];
+        for p in 0..us {
+            if entry.modes[p] == PlaneMode::Blocks {
+                let Some(s) = payload.get(cursor..cursor + nb) else {
+                    return truncated(format!("block selectors of chunk {c}"));
+                };
+                let k = td.view.tables[p].len();
+                if let Some(&bad) = s.iter().find(|&&v| (v as usize) >= k && v != SEL_CONST && v != SEL_RAW) {
+                    return corrupt(format!("chunk {c} plane {p}: selector {bad} but {k} tables"));
+                }
+                sels[p] = s;
+                cursor += nb;
+            }
+        }
+        let rans_len = entry.rans_len as usize;
+        let Some(rans) = payload.get(cursor..cursor + rans_len) else {
+            return truncated(format!("rANS stream of chunk {c}"));
+        };
+        cursor += rans_len;
+        let raw = &payload[cursor..];
+
+        let mut raw_pos = [0usize; 8];
+        let mut raw_total = 0usize;
+        let mut need_rans = false;
+        for p in 0..us {
+            raw_pos[p] = raw_total;
+            raw_total += match entry.modes[p] {
+                PlaneMode::Raw => len,
+                PlaneMode::Const(_) => 0,
+                PlaneMode::Blocks => {
+                    let mut n = 0;
+                    for (b, &s) in sels[p].iter().enumerate() {
+                        n += match s {
+                            SEL_RAW => block_len(b),
+                            SEL_CONST => 1,
+                            j => {
+                                need_rans |= !td.view.tables[p][j as usize].is_single();
+                                0
+                            }
+                        };
+                    }
+                    n
+                }
+            };
+        }
+        if raw_total != raw.len() {
+            return corrupt(format!("chunk {c}: raw area holds {} bytes, selectors need {raw_total}", raw.len()));
+        }
+        if need_rans != (rans_len > 0) {
+            return corrupt(format!("chunk {c}: rANS stream of {rans_len} bytes where it is {}needed", if need_rans { "" } else { "not " }));
+        }
+        let rans = if need_rans { Some(Decoder::new(rans)?) } else { None };
+        Ok(Cursor { td, c, len, nb, entry, sels, raw, raw_pos, rans })
+    }
+
+    fn block_len(&self, b: usize) -> usize {
+        let bu = self.td.view.header.block_units as usize;
+        bu.min(self.len - b * bu)
+    }
+
+    /// Phase 1 of block `b`: fills constant planes into `scratch` (one `block_units` slice per plane)
+    /// and returns the coded segments, which decode into `scratch` too.
+    fn prepare<'s>(&self, b: usize, scratch: &'s mut [u8]) -> Vec<DecodeSegment<'d, 's>> {
+        let h = &self.td.view.header;
+        let bu = h.block_units as usize;
+        let blen = self.block_len(b);
+        let mut segs = Vec::new();
+        for (p, buf) in scratch.chunks_mut(bu).enumerate().take(h.planes()) {
+            let buf = &mut buf[..blen];
+            match self.entry.modes[p] {
+                PlaneMode::Raw => {}
+                PlaneMode::Const(v) => buf.fill(v),
+                PlaneMode::Blocks => match self.sels[p][b] {
+                    SEL_RAW => {}
+                    SEL_CONST => buf.fill(self.raw[self.raw_pos[p]]),
+                    j => match self.td.table(p, j as usize) {
+                        None => buf.fill(self.td.view.tables[p][j as usize].single_symbol()),
+                        Some(table) => segs.push(DecodeSegment { table, out: buf }),
+                    },
+                },
+            }
+        }
+        segs
+    }
+
+    /// Phase 2 of block `b`: gathers each plane's bytes and merges them into the chunk's output.
+    fn merge(&mut self, b: usize, scratch: &[u8], out: &mut [u8]) {
+        let h = &self.td.view.header;
+        let us = h.planes();
+        let bu = h.block_units as usize;
+        let blen = self.block_len(b);
+        let mut srcs: [&[u8]; 8] = [&[]; 8];
+        for (p, buf) in scratch.chunks(bu).enumerate().take(us) {
+            let from_raw = match self.entry.modes[p] {
+                PlaneMode::Raw => true,
+                PlaneMode::Blocks => self.sels[p][b] == SEL_RAW,
+                PlaneMode::Const(_) => false,
+            };
+            srcs[p] = if from_raw {
+                let s = &self.raw[self.raw_pos[p]..self.raw_pos[p] + blen];
+                self.raw_pos[p] += blen;
+                s
+            } else {
+                if self.entry.modes[p] == PlaneMode::Blocks && self.sels[p][b] == SEL_CONST {
+                    self.raw_pos[p] += 1;
+                }
+                &buf[..blen]
+            };
+        }
+        let start = b * bu * us;
+        transform::merge(h.dtype.transform(), &srcs[..us], &mut out[start..start + blen * us]);
+    }
+
+    /// Checks the end of the chunk's stream.
+    fn finish(self) -> Result<()> {
+        match self.rans {
+            None => Ok(()),
+            Some(d) => d.finish().map_err(|e| match e {
+                Error::Corrupt(m) => Error::Corrupt(format!("chunk {}: {m}", self.c)),
+                other => other,
+            }),
+        }
+    }
 }
 
 impl<'a> TensorDecoder<'a> {
@@ -48,129 +203,82 @@ impl<'a> TensorDecoder<'a> {
             .as_deref()
     }
 
+    fn scratch_len(&self) -> usize {
+        self.view.header.planes() * self.view.header.block_units as usize
+    }
+
     /// Decodes chunk `c` into `out`, which holds exactly that chunk's bytes.
     pub fn decode_chunk(&self, c: usize, out: &mut [u8], scratch: &mut DecodeScratch) -> Result<()> {
-        let h = &self.view.header;
-        debug_assert_eq!(h.scheme, Scheme::Planes);
-        let us = h.planes();
-        let len = h.chunk_len(c as u64);
-        debug_assert_eq!(out.len(), len * us);
-        let entry = self.view.entry(c)?;
-        let payload = self.view.payload(c);
-        let bu = h.block_units as usize;
-        let nb = len.div_ceil(bu);
-        let block_len = |b: usize| bu.min(len - b * bu);
-
-        let mut cursor = 0usize;
-        let mut sels: [&[u8]; 8] = [&[]; 8];
-        for p in 0..us {
-            if entry.modes[p] == PlaneMode::Blocks {
-                let Some(s) = payload.get(cursor..cursor + nb) else {
-                    return truncated(format!("block selectors of chunk {c}"));
-                };
-                let k = self.view.tables[p].len();
-                if let Some(&bad) = s.iter().find(|&&v| (v as usize) >= k && v != SEL_CONST && v != SEL_RAW) {
-                    return corrupt(format!("chunk {c} plane {p}: selector {bad} but {k} tables"));
-                }
-                sels[p] = s;
-                cursor += nb;
+        debug_assert_eq!(self.view.header.scheme, Scheme::Planes);
+        let mut cur = Cursor::new(self, c)?;
+        debug_assert_eq!(out.len(), cur.len * self.view.header.planes());
+        scratch.a.resize(self.scratch_len(), 0);
+        for b in 0..cur.nb {
+            let blen = cur.block_len(b);
+            let mut segs = cur.prepare(b, &mut scratch.a);
+            if !segs.is_empty() {
+                cur.rans.as_mut().expect("validated: coded blocks have a stream").decode_block(&mut segs, blen)?;
             }
+            drop(segs);
+            cur.merge(b, &scratch.a, out);
         }
-        let rans_len = entry.rans_len as usize;
-        let Some(rans) = payload.get(cursor..cursor + rans_len) else {
-            return truncated(format!("rANS stream of chunk {c}"));
-        };
-        cursor += rans_len;
-        let raw = &payload[cursor..];
+        cur.finish()
+    }
 
-        // Where each plane's raw bytes start, and whether any block needs the rANS stream.
-        let mut raw_pos = [0usize; 8];
-        let mut raw_total = 0usize;
-        let mut need_rans = false;
-        for p in 0..us {
-            raw_pos[p] = raw_total;
-            raw_total += match entry.modes[p] {
-                PlaneMode::Raw => len,
-                PlaneMode::Const(_) => 0,
-                PlaneMode::Blocks => {
-                    let mut n = 0;
-                    for (b, &s) in sels[p].iter().enumerate() {
-                        n += match s {
-                            SEL_RAW => block_len(b),
-                            SEL_CONST => 1,
-                            j => {
-                                need_rans |= !self.view.tables[p][j as usize].is_single();
-                                0
-                            }
-                        };
-                    }
-                    n
+    /// Decodes chunks `c` and `c + 1` into `out_a` and `out_b` together (same result as two
+    /// [`TensorDecoder::decode_chunk`] calls, faster).
+    pub fn decode_chunk_pair(&self, c: usize, out_a: &mut [u8], out_b: &mut [u8], scratch: &mut DecodeScratch) -> Result<()> {
+        let mut ca = Cursor::new(self, c)?;
+        let mut cb = Cursor::new(self, c + 1)?;
+        scratch.a.resize(self.scratch_len(), 0);
+        scratch.b.resize(self.scratch_len(), 0);
+        for b in 0..ca.nb.max(cb.nb) {
+            let (la, lb) = ((b < ca.nb).then(|| ca.block_len(b)), (b < cb.nb).then(|| cb.block_len(b)));
+            let mut sa = if la.is_some() { ca.prepare(b, &mut scratch.a) } else { Vec::new() };
+            let mut sb = if lb.is_some() { cb.prepare(b, &mut scratch.b) } else { Vec::new() };
+            match (la, lb) {
+                (Some(x), Some(y)) if x == y && !sa.is_empty() && sa.len() == sb.len() => {
+                    let (da, db) = (ca.rans.as_mut().expect("validated"), cb.rans.as_mut().expect("validated"));
+                    Decoder::decode_block_pair(da, &mut sa, db, &mut sb, x)?;
                 }
-            };
-        }
-        if raw_total != raw.len() {
-            return corrupt(format!("chunk {c}: raw area holds {} bytes, selectors need {raw_total}", raw.len()));
-        }
-        if need_rans != (rans_len > 0) {
-            return corrupt(format!("chunk {c}: rANS stream of {rans_len} bytes where it is {}needed", if need_rans { "" } else { "not " }));
-        }
-        let mut dec = if need_rans { Some(Decoder::new(rans)?) } else { None };
-
-        scratch.planes.resize(us * bu, 0);
-        let transform = h.dtype.transform();
-        for b in 0..nb {
-            let blen = block_len(b);
-            // Phase 1: fill constants and decode coded planes into the per-plane buffers.
-            {
-                let mut segs: Vec<DecodeSegment<'_, '_>> = Vec::with_capacity(us);
-                for (p, buf) in scratch.planes.chunks_mut(bu).enumerate().take(us) {
-                    let buf = &mut buf[..blen];
-                    match entry.modes[p] {
-                        PlaneMode::Raw => {}
-                        PlaneMode::Const(v) => buf.fill(v),
-                        PlaneMode::Blocks => match sels[p][b] {
-                            SEL_RAW => {}
-                            SEL_CONST => {
-                                buf.fill(raw[raw_pos[p]]);
-                            }
-                            j => match self.table(p, j as usize) {
-                                None => buf.fill(self.view.tables[p][j as usize].single_symbol()),
-                                Some(table) => segs.push(DecodeSegment { table, out: buf }),
-                            },
-                        },
+                _ => {
+                    if let (Some(x), false) = (la, sa.is_empty()) {
+                        ca.rans.as_mut().expect("validated").decode_block(&mut sa, x)?;
+                    }
+                    if let (Some(y), false) = (lb, sb.is_empty()) {
+                        cb.rans.as_mut().expect("validated").decode_block(&mut sb, y)?;
                     }
                 }
-                if !segs.is_empty() {
-                    dec.as_mut().expect("need_rans was checked").decode_block(&mut segs, blen)?;
-                }
             }
-            // Phase 2: gather each plane's source and merge into the output.
-            let mut srcs: [&[u8]; 8] = [&[]; 8];
-            for (p, buf) in scratch.planes.chunks(bu).enumerate().take(us) {
-                let from_raw = match entry.modes[p] {
-                    PlaneMode::Raw => true,
-                    PlaneMode::Blocks => sels[p][b] == SEL_RAW,
-                    PlaneMode::Const(_) => false,
-                };
-                srcs[p] = if from_raw {
-                    let s = &raw[raw_pos[p]..raw_pos[p] + blen];
-                    raw_pos[p] += blen;
-                    s
-                } else {
-                    if entry.modes[p] == PlaneMode::Blocks && sels[p][b] == SEL_CONST {
-                        raw_pos[p] += 1;
-                    }
-                    &buf[..blen]
-                };
+            drop((sa, sb));
+            if la.is_some() {
+                ca.merge(b, &scratch.a, out_a);
             }
-            let start = b * bu * us;
-            transform::merge(transform, &srcs[..us], &mut out[start..start + blen * us]);
+            if lb.is_some() {
+                cb.merge(b, &scratch.b, out_b);
+            }
         }
-        if let Some(d) = dec {
-            d.finish().map_err(|e| match e {
-                Error::Corrupt(m) => Error::Corrupt(format!("chunk {c}: {m}")),
-                other => other,
-            })?;
+        ca.finish()?;
+        cb.finish()
+    }
+
+    /// Decodes chunks `first..` into `out`, which holds their bytes back to back (pairs where possible).
+    pub fn decode_chunks(&self, first: usize, out: &mut [u8], scratch: &mut DecodeScratch) -> Result<()> {
+        let cb = self.view.header.chunk_units as usize * self.view.header.planes();
+        let mut c = first;
+        let mut rest = out;
+        while !rest.is_empty() {
+            if rest.len() > cb {
+                let (a, tail) = rest.split_at_mut(cb);
+                let nb = cb.min(tail.len());
+                let (b, tail) = tail.split_at_mut(nb);
+                self.decode_chunk_pair(c, a, b, scratch)?;
+                rest = tail;
+                c += 2;
+            } else {
+                self.decode_chunk(c, rest, scratch)?;
+                break;
+            }
         }
         Ok(())
     }

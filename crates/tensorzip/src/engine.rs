@@ -99,11 +99,12 @@ impl CpuEngine {
                 Ok(())
             }
             Scheme::Planes => {
+                // Tasks of two chunks each, decoded as a pair.
                 let cb = h.chunk_units as usize * h.planes();
                 self.run(|| {
-                    out.par_chunks_mut(cb)
+                    out.par_chunks_mut(2 * cb)
                         .enumerate()
-                        .try_for_each_init(DecodeScratch::default, |s, (c, o)| dec.decode_chunk(c, o, s))
+                        .try_for_each_init(DecodeScratch::default, |s, (i, o)| dec.decode_chunks(2 * i, o, s))
                 })
             }
         }
@@ -272,9 +273,9 @@ impl CpuEngine {
                     let len = (c1 * cb).min(total) - c0 * cb;
                     let out = &mut buf[..len];
                     self.run(|| {
-                        out.par_chunks_mut(cb)
+                        out.par_chunks_mut(2 * cb)
                             .enumerate()
-                            .try_for_each_init(DecodeScratch::default, |s, (i, o)| dec.decode_chunk(c0 + i, o, s))
+                            .try_for_each_init(DecodeScratch::default, |s, (i, o)| dec.decode_chunks(c0 + 2 * i, o, s))
                     })?;
                     crc.update(out);
                     w.write_all(out).map_err(io)?;

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use crate::blob::{BlobHeader, SEL_CONST, SEL_RAW};
 use crate::options::CompressOptions;
 use crate::rans::log2::{code_len_table, log2_small, CL_ABSENT, FRAC_BITS};
-use crate::rans::table::{EncSymbol, FreqTable};
+use crate::rans::table::{EncTable, FreqTable};
 use crate::transform;
 
 /// Lloyd iterations after each new table is seeded.
@@ -78,7 +78,7 @@ pub fn choose(sp: &Sparse, len: usize, tables: &[FreqTable], threshold_q16: u64)
 pub struct PlaneModel {
     pub tables: Vec<FreqTable>,
     /// Encoder constants of each multi-symbol table (`None` for single-symbol tables).
-    pub enc: Vec<Option<Box<[EncSymbol; 256]>>>,
+    pub enc: Vec<Option<Box<EncTable>>>,
 }
 
 /// The model of a whole tensor.

@@ -52,37 +52,17 @@ pub fn split(t: Transform, src: &[u8], planes: &mut [&mut [u8]]) {
     let us = planes.len();
     debug_assert!(us > 0 && src.len() % us == 0);
     let n = src.len() / us;
-    let e = match t {
-        Transform::Identity => 0,
-        Transform::SignBelowExponent { exp_bits } => exp_bits,
-    };
-    match planes {
-        [p0] => p0[..n].copy_from_slice(&src[..n]),
-        [p0, p1] => {
-            let (p0, p1) = (&mut p0[..n], &mut p1[..n]);
-            for (i, c) in src.chunks_exact(2).enumerate() {
-                let mut u = u16::from_le_bytes([c[0], c[1]]);
-                if e != 0 {
-                    u = w16::fwd(u, e);
-                }
-                p0[i] = u as u8;
-                p1[i] = (u >> 8) as u8;
-            }
-        }
-        [p0, p1, p2, p3] => {
-            let (p0, p1, p2, p3) = (&mut p0[..n], &mut p1[..n], &mut p2[..n], &mut p3[..n]);
-            for (i, c) in src.chunks_exact(4).enumerate() {
-                let mut u = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                if e != 0 {
-                    u = w32::fwd(u, e);
-                }
-                p0[i] = u as u8;
-                p1[i] = (u >> 8) as u8;
-                p2[i] = (u >> 16) as u8;
-                p3[i] = (u >> 24) as u8;
-            }
-        }
-        _ => {
+    match (planes, t) {
+        ([p0], _) => p0[..n].copy_from_slice(&src[..n]),
+        ([p0, p1], Transform::Identity) => split2::<0>(src, &mut p0[..n], &mut p1[..n]),
+        ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => split2::<8>(src, &mut p0[..n], &mut p1[..n]),
+        ([p0, p1, p2, p3], Transform::Identity) => split4::<0>(src, [p0, p1, p2, p3]),
+        ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => split4::<8>(src, [p0, p1, p2, p3]),
+        (planes, t) => {
+            let e = match t {
+                Transform::Identity => 0,
+                Transform::SignBelowExponent { exp_bits } => exp_bits,
+            };
             debug_assert_eq!(us, 8);
             for (i, c) in src.chunks_exact(8).enumerate() {
                 let mut u = u64::from_le_bytes(c.try_into().unwrap());
@@ -97,38 +77,107 @@ pub fn split(t: Transform, src: &[u8], planes: &mut [&mut [u8]]) {
     }
 }
 
+// Monomorphic loops (E = exponent bits, 0 = identity) written so that the compiler vectorises them.
+#[inline(always)]
+fn split2_impl<const E: u32>(src: &[u8], p0: &mut [u8], p1: &mut [u8]) {
+    let n = p0.len();
+    let (src, p1) = (&src[..2 * n], &mut p1[..n]);
+    for i in 0..n {
+        let mut u = src[2 * i] as u16 | (src[2 * i + 1] as u16) << 8;
+        if E != 0 {
+            u = w16::fwd(u, E);
+        }
+        p0[i] = u as u8;
+        p1[i] = (u >> 8) as u8;
+    }
+}
+
+#[inline(always)]
+fn split4_impl<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
+    let [p0, p1, p2, p3] = planes;
+    let n = src.len() / 4;
+    let (p0, p1, p2, p3) = (&mut p0[..n], &mut p1[..n], &mut p2[..n], &mut p3[..n]);
+    for i in 0..n {
+        let mut u = u32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]);
+        if E != 0 {
+            u = w32::fwd(u, E);
+        }
+        p0[i] = u as u8;
+        p1[i] = (u >> 8) as u8;
+        p2[i] = (u >> 16) as u8;
+        p3[i] = (u >> 24) as u8;
+    }
+}
+
+#[inline(always)]
+fn merge2_impl<const E: u32>(p0: &[u8], p1: &[u8], dst: &mut [u8]) {
+    let n = dst.len() / 2;
+    let (p0, p1) = (&p0[..n], &p1[..n]);
+    for i in 0..n {
+        let mut u = p0[i] as u16 | (p1[i] as u16) << 8;
+        if E != 0 {
+            u = w16::inv(u, E);
+        }
+        dst[2 * i] = u as u8;
+        dst[2 * i + 1] = (u >> 8) as u8;
+    }
+}
+
+#[inline(always)]
+fn merge4_impl<const E: u32>(p: [&[u8]; 4], dst: &mut [u8]) {
+    let n = dst.len() / 4;
+    let (p0, p1, p2, p3) = (&p[0][..n], &p[1][..n], &p[2][..n], &p[3][..n]);
+    for i in 0..n {
+        let mut u = p0[i] as u32 | (p1[i] as u32) << 8 | (p2[i] as u32) << 16 | (p3[i] as u32) << 24;
+        if E != 0 {
+            u = w32::inv(u, E);
+        }
+        dst[4 * i..4 * i + 4].copy_from_slice(&u.to_le_bytes());
+    }
+}
+
+/// Runs `$body` compiled for AVX2 when the CPU has it, else the baseline build of the same code.
+macro_rules! avx2_dispatch {
+    ($name:ident, $impl_:ident, ($($arg:ident : $ty:ty),*)) => {
+        #[inline(always)]
+        fn $name<const E: u32>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2<const E: u32>($($arg: $ty),*) {
+                    $impl_::<E>($($arg),*)
+                }
+                if crate::cpu::has_avx2() {
+                    // SAFETY: AVX2 support was checked at run time.
+                    return unsafe { avx2::<E>($($arg),*) };
+                }
+            }
+            $impl_::<E>($($arg),*)
+        }
+    };
+}
+
+avx2_dispatch!(split2, split2_impl, (src: &[u8], p0: &mut [u8], p1: &mut [u8]));
+avx2_dispatch!(split4, split4_impl, (src: &[u8], planes: [&mut &mut [u8]; 4]));
+avx2_dispatch!(merge2, merge2_impl, (p0: &[u8], p1: &[u8], dst: &mut [u8]));
+avx2_dispatch!(merge4, merge4_impl, (p: [&[u8]; 4], dst: &mut [u8]));
+
 /// Merges byte planes back into units and undoes the transform. Inverse of [`split`].
 pub fn merge(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
     let us = planes.len();
     debug_assert!(us > 0 && dst.len() % us == 0);
     let n = dst.len() / us;
-    let e = match t {
-        Transform::Identity => 0,
-        Transform::SignBelowExponent { exp_bits } => exp_bits,
-    };
-    match planes {
-        [p0] => dst.copy_from_slice(&p0[..n]),
-        [p0, p1] => {
-            let (p0, p1) = (&p0[..n], &p1[..n]);
-            for (i, c) in dst.chunks_exact_mut(2).enumerate() {
-                let mut u = p0[i] as u16 | (p1[i] as u16) << 8;
-                if e != 0 {
-                    u = w16::inv(u, e);
-                }
-                c.copy_from_slice(&u.to_le_bytes());
-            }
-        }
-        [p0, p1, p2, p3] => {
-            let (p0, p1, p2, p3) = (&p0[..n], &p1[..n], &p2[..n], &p3[..n]);
-            for (i, c) in dst.chunks_exact_mut(4).enumerate() {
-                let mut u = p0[i] as u32 | (p1[i] as u32) << 8 | (p2[i] as u32) << 16 | (p3[i] as u32) << 24;
-                if e != 0 {
-                    u = w32::inv(u, e);
-                }
-                c.copy_from_slice(&u.to_le_bytes());
-            }
-        }
-        _ => {
+    match (planes, t) {
+        ([p0], _) => dst.copy_from_slice(&p0[..n]),
+        ([p0, p1], Transform::Identity) => merge2::<0>(p0, p1, dst),
+        ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => merge2::<8>(p0, p1, dst),
+        ([p0, p1, p2, p3], Transform::Identity) => merge4::<0>([p0, p1, p2, p3], dst),
+        ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => merge4::<8>([p0, p1, p2, p3], dst),
+        (planes, t) => {
+            let e = match t {
+                Transform::Identity => 0,
+                Transform::SignBelowExponent { exp_bits } => exp_bits,
+            };
             debug_assert_eq!(us, 8);
             for (i, c) in dst.chunks_exact_mut(8).enumerate() {
                 let mut u = 0u64;

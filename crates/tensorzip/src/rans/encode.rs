@@ -1,13 +1,13 @@
 //! The interleaved rANS encoder (scalar; the encoder runs once per tensor, the decoder many times).
 
-use super::table::EncSymbol;
-use super::{LANES, STATE_LOWER};
+use super::table::{EncSymbol, EncTable};
+use super::{LANES, PROB_BITS, PROB_SCALE, STATE_LOWER};
 
 /// One coded segment: the symbols of one plane in one block, and the table that codes them.
 #[derive(Clone, Copy)]
 pub struct Segment<'a> {
     pub syms: &'a [u8],
-    pub table: &'a [EncSymbol; 256],
+    pub table: &'a EncTable,
 }
 
 /// Reusable encoder scratch.
@@ -28,38 +28,132 @@ pub fn encode_stream(blocks: &[Vec<Segment<'_>>], scratch: &mut EncoderScratch, 
     let total: usize = blocks.iter().flatten().map(|s| s.syms.len()).sum();
     let words = &mut scratch.words;
     words.clear();
-    words.resize(total + 1, 0);
+    // Full steps store 8 words per vector of 8 lanes even when fewer are kept: leave slack.
+    words.resize(total + 2 * LANES, 0);
+    let mut x = [STATE_LOWER; LANES];
     let mut pos = 0usize;
-    let mut x = [STATE_LOWER as u64; LANES];
     for block in blocks.iter().rev() {
         let Some(first) = block.first() else { continue };
         let len = first.syms.len();
-        let rounds = len.div_ceil(LANES);
-        for r in (0..rounds).rev() {
-            let base = r * LANES;
-            let active = LANES.min(len - base);
+        let full = len / LANES;
+        if len % LANES != 0 {
             for seg in block.iter().rev() {
-                debug_assert_eq!(seg.syms.len(), len);
-                let syms = &seg.syms[base..base + active];
-                for l in (0..active).rev() {
-                    let s = &seg.table[syms[l] as usize];
-                    debug_assert!(s.x_max != 0, "symbol {} absent from its table", syms[l]);
-                    let mut xl = x[l];
-                    let emit = xl >= s.x_max;
-                    words[pos] = xl as u16;
-                    pos += emit as usize;
-                    xl >>= 16 * emit as u32;
-                    let q = ((xl as u128 * s.rcp as u128) >> s.shift) as u64;
-                    x[l] = xl + s.cum as u64 + q * s.cmpl as u64;
-                }
+                pos = encode_partial(&mut x, &seg.syms[full * LANES..], &seg.table.syms, words, pos);
             }
         }
+        pos = encode_full_rounds(&mut x, block, full, words, pos);
     }
     out.reserve(LANES * 4 + 2 * pos);
     for xl in x {
-        out.extend_from_slice(&(xl as u32).to_le_bytes());
+        out.extend_from_slice(&xl.to_le_bytes());
     }
     for w in words[..pos].iter().rev() {
         out.extend_from_slice(&w.to_le_bytes());
     }
+}
+
+/// Steps `full-1` down to 0 of a block (all 32 lanes active).
+fn encode_full_rounds(x: &mut [u32; LANES], block: &[Segment<'_>], full: usize, words: &mut [u16], mut pos: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 support was checked at run time; `words` has room for every symbol plus
+            // 2 * 32 words of slack (each vector store writes 8 words).
+            return unsafe { avx2_full_rounds(x, block, full, words, pos) };
+        }
+    }
+    for r in (0..full).rev() {
+        for seg in block.iter().rev() {
+            pos = encode_partial(x, &seg.syms[r * LANES..(r + 1) * LANES], &seg.table.syms, words, pos);
+        }
+    }
+    pos
+}
+
+/// AVX2 encoding of full steps: four vectors of eight lanes, highest lanes first; words of the lanes
+/// that renormalise are compressed into the output with a shuffle table; the division by the
+/// frequency is a multiply by a 32-bit reciprocal and one correction.
+///
+/// # Safety
+/// AVX2 required; `words` must have room for `pos` plus every symbol of these steps plus 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_full_rounds(x: &mut [u32; LANES], block: &[Segment<'_>], full: usize, words: &mut [u16], mut pos: usize) -> usize {
+    use std::arch::x86_64::*;
+    let lut = crate::cpu::emit_shuffles();
+    // SAFETY: loads read 8 symbols of a full step (inside the segment), the packed table is indexed
+    // by a byte, and stores of 16 bytes at `pos` stay inside `words` (guaranteed by the caller).
+    unsafe {
+        let xp = x.as_mut_ptr() as *mut __m256i;
+        let mut xv = [_mm256_loadu_si256(xp), _mm256_loadu_si256(xp.add(1)), _mm256_loadu_si256(xp.add(2)), _mm256_loadu_si256(xp.add(3))];
+        let m12 = _mm256_set1_epi32(0xFFF);
+        let scale = _mm256_set1_epi32(PROB_SCALE as i32);
+        // Low 16 bits of each lane, lanes in descending order, in the low 8 bytes of each half.
+        let rev16 = _mm256_setr_epi8(
+            12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1, 12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1,
+        );
+        let wp = words.as_mut_ptr();
+        for r in (0..full).rev() {
+            for seg in block.iter().rev() {
+                let syms = seg.syms.as_ptr().add(r * LANES);
+                let packed = seg.table.packed.as_ptr();
+                for v in (0..4).rev() {
+                    let s = syms.add(8 * v);
+                    let mut t = [0u64; 8];
+                    for (i, ti) in t.iter_mut().enumerate() {
+                        *ti = *packed.add(*s.add(i) as usize);
+                    }
+                    let a = _mm256_loadu_si256(t.as_ptr() as *const __m256i);
+                    let b = _mm256_loadu_si256(t.as_ptr().add(4) as *const __m256i);
+                    let lo = _mm256_castps_si256(_mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b)));
+                    let hi = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b)));
+                    let fc = _mm256_permute4x64_epi64::<0b11_01_10_00>(lo);
+                    let rcp = _mm256_permute4x64_epi64::<0b11_01_10_00>(hi);
+                    let freq = _mm256_and_si256(fc, m12);
+                    let cum = _mm256_srli_epi32::<16>(fc);
+                    let x0 = xv[v];
+                    // Renormalise: lanes with x >= freq << 20 emit their low 16 bits.
+                    let xmax = _mm256_slli_epi32::<20>(freq);
+                    let emit = _mm256_cmpeq_epi32(_mm256_max_epu32(x0, xmax), x0);
+                    let m = _mm256_movemask_ps(_mm256_castsi256_ps(emit)) as usize;
+                    let w = _mm256_shuffle_epi8(x0, rev16);
+                    // Lanes 7..4 (high half) come before lanes 3..0.
+                    let w = _mm_unpacklo_epi64(_mm256_extracti128_si256::<1>(w), _mm256_castsi256_si128(w));
+                    let w = _mm_shuffle_epi8(w, _mm_loadu_si128(lut.as_ptr().add(m) as *const __m128i));
+                    _mm_storeu_si128(wp.add(pos) as *mut __m128i, w);
+                    pos += m.count_ones() as usize;
+                    let x1 = _mm256_blendv_epi8(x0, _mm256_srli_epi32::<16>(x0), emit);
+                    // q = x / freq: high half of x * R, then one correction.
+                    let even = _mm256_srli_epi64::<32>(_mm256_mul_epu32(x1, rcp));
+                    let odd = _mm256_mul_epu32(_mm256_srli_epi64::<32>(x1), _mm256_srli_epi64::<32>(rcp));
+                    let q = _mm256_blend_epi32::<0b1010_1010>(even, odd);
+                    let rem = _mm256_sub_epi32(x1, _mm256_mullo_epi32(q, freq));
+                    let fix = _mm256_cmpgt_epi32(rem, _mm256_sub_epi32(freq, _mm256_set1_epi32(1)));
+                    let q = _mm256_sub_epi32(q, fix);
+                    xv[v] = _mm256_add_epi32(_mm256_add_epi32(x1, cum), _mm256_mullo_epi32(q, _mm256_sub_epi32(scale, freq)));
+                }
+            }
+        }
+        for (v, vx) in xv.iter().enumerate() {
+            _mm256_storeu_si256(xp.add(v), *vx);
+        }
+    }
+    pos
+}
+
+/// Scalar encoding of the symbols `syms` of one step (lanes `syms.len()-1` down to 0).
+fn encode_partial(x: &mut [u32; LANES], syms: &[u8], table: &[EncSymbol; 256], words: &mut [u16], mut pos: usize) -> usize {
+    for (l, &sym) in syms.iter().enumerate().rev() {
+        let s = &table[sym as usize];
+        debug_assert!(s.freq != 0, "symbol {sym} absent from its table");
+        let mut xl = x[l];
+        let emit = xl as u64 >= (s.freq as u64) << (32 - PROB_BITS);
+        words[pos] = xl as u16;
+        pos += emit as usize;
+        if emit {
+            xl >>= 16;
+        }
+        x[l] = xl + s.cum + s.div(xl) * (PROB_SCALE - s.freq);
+    }
+    pos
 }

@@ -14,7 +14,7 @@
 //! symbol has frequency 4096 and costs nothing to code.
 
 use super::log2::code_len_table;
-use super::{PROB_BITS, PROB_SCALE};
+use super::PROB_SCALE;
 use crate::error::{corrupt, truncated, Result};
 
 const ANCHOR: u8 = 255;
@@ -263,44 +263,56 @@ impl FreqTable {
     }
 
     /// The encoder's per-symbol constants. Only for tables of two or more symbols.
-    pub fn encode_table(&self) -> Box<[EncSymbol; 256]> {
+    pub fn encode_table(&self) -> Box<EncTable> {
         let cum = self.cumulative();
-        let mut t = Box::new([EncSymbol::default(); 256]);
+        let mut t = Box::new(EncTable { syms: [EncSymbol::default(); 256], packed: [0; 256] });
         for s in 0..256 {
             let f = self.freq[s] as u32;
-            if f == 0 {
-                continue;
+            if f != 0 {
+                t.syms[s] = EncSymbol { inv: 1.0 / f as f64, freq: f, cum: cum[s] };
+                let r = if f == 1 { u32::MAX as u64 } else { (1u64 << 32) / f as u64 };
+                t.packed[s] = f as u64 | (cum[s] as u64) << 16 | r << 32;
             }
-            // Exact division by f for dividends below 2^32: q = (x * rcp) >> (32 + shift) with
-            // rcp = ceil(2^(32+shift) / f), shift = ceil(log2 f) (Granlund–Montgomery).
-            let shift = 32 - (f - 1).leading_zeros().min(32);
-            let shift = if f == 1 { 0 } else { shift };
-            let rcp = (((1u128 << (32 + shift)) + f as u128 - 1) / f as u128) as u64;
-            t[s] = EncSymbol {
-                x_max: (f as u64) << (32 - PROB_BITS),
-                rcp,
-                shift: 32 + shift,
-                cum: cum[s],
-                cmpl: PROB_SCALE - f,
-            };
         }
         t
     }
 }
 
+/// The encoder's view of a table: per symbol, scalar constants and a packed form for the SIMD path.
+#[derive(Clone, Debug)]
+pub struct EncTable {
+    pub syms: [EncSymbol; 256],
+    /// `freq | cum << 16 | R << 32` with `R = floor(2^32 / freq)` (`2^32 - 1` for `freq == 1`):
+    /// `(x * R) >> 32` is `x / freq` or one less, for any `x < 2^32`.
+    pub packed: [u64; 256],
+}
+
 /// Encoder constants of one symbol.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct EncSymbol {
-    /// States at or above this emit a word before coding the symbol (`freq << 20`).
-    pub x_max: u64,
-    /// Reciprocal of the frequency for exact division.
-    pub rcp: u64,
-    /// Total right shift after multiplying by `rcp`.
-    pub shift: u32,
+    /// `1 / freq`, rounded to the nearest double.
+    pub inv: f64,
+    /// Frequency (0 = absent).
+    pub freq: u32,
     /// Cumulative frequency.
     pub cum: u32,
-    /// `4096 - freq`.
-    pub cmpl: u32,
+}
+
+/// Offset that makes [`EncSymbol::div`] exact (see there).
+pub const DIV_BIAS: f64 = 1.0 / 65536.0;
+
+impl EncSymbol {
+    /// `floor(x / freq)` for `x < freq << 20` (the encoder's range), exactly.
+    ///
+    /// With `inv = RN(1/f)` the rounded product `x * inv` is within `2^-32` of `x / f` (relative error
+    /// below `2^-52` on a quotient below `2^20`), and the rounded sum adds at most `2^-33`.
+    /// The true quotient is `q + k/f` with `0 <= k < f <= 4095`, so adding `2^-16` lifts an exact
+    /// integer that rounded down back above `q`, and cannot push `q + (f-1)/f` past `q + 1` because
+    /// `1/f > 2^-16 + 2^-32`.
+    #[inline(always)]
+    pub fn div(&self, x: u32) -> u32 {
+        (x as f64 * self.inv + DIV_BIAS) as u32
+    }
 }
 
 #[cfg(test)]
@@ -399,13 +411,28 @@ mod tests {
         let mut x = 1u32;
         for s in 0..256 {
             let f = t.freq[s] as u32;
-            let es = e[s];
+            let es = e.syms[s];
+            let r = e.packed[s] >> 32;
+            let reciprocal_div = |v: u32| {
+                let q = ((v as u64 * r) >> 32) as u32;
+                if v - q * f >= f { q + 1 } else { q }
+            };
+            // Every multiple of f and its neighbours up to the top of the range, for this f.
+            for q in (0..(1u32 << 20)).step_by(97) {
+                for v in [q * f, (q * f).saturating_sub(1), q * f + f - 1] {
+                    if v < f << 20 {
+                        assert_eq!(es.div(v), v / f, "v={v} f={f}");
+                        assert_eq!(reciprocal_div(v), v / f, "v={v} f={f}");
+                    }
+                }
+            }
             for k in 0..2000u32 {
                 x = x.wrapping_mul(747_796_405).wrapping_add(2_891_336_453 ^ k);
-                let xs = [x, u32::MAX, (f << 20).wrapping_sub(1), 0, 1, f];
+                let top = (f << 20) - 1; // largest state the encoder divides
+                let xs = [x % (f << 20), top, top - 1, 0, 1, f, f - 1, f + 1, (top / f) * f, (top / f) * f - 1];
                 for &v in &xs {
-                    let q = ((v as u128 * es.rcp as u128) >> es.shift) as u32;
-                    assert_eq!(q, v / f, "v={v} f={f}");
+                    assert_eq!(es.div(v), v / f, "v={v} f={f}");
+                    assert_eq!(reciprocal_div(v), v / f, "v={v} f={f}");
                 }
             }
         }

@@ -1,0 +1,348 @@
+//! The command line, end to end: restores are byte-exact, outputs are never overwritten by accident,
+//! and every bad input gives a one-line error naming the file, a non-zero exit code, and no leftovers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tensorzip::archive::serialize_safetensors;
+use tensorzip::sample::{self, Rng};
+use tensorzip::DType;
+
+fn tz(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensorzip"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("TENSORZIP_NO_SIMD")
+        .output()
+        .expect("run the tensorzip binary")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(o.status.success(), "{what}: exit {:?}\nstderr: {}\nstdout: {}", o.status, stderr(o), String::from_utf8_lossy(&o.stdout));
+}
+
+/// A failure: exit code 1 (not a crash), one line on stderr that contains every one of `needles`.
+fn fails(o: &Output, what: &str, needles: &[&str]) -> String {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "{what}: expected exit code 1, got {:?}\nstderr: {err}", o.status);
+    let line = err.trim_end();
+    assert_eq!(line.lines().count(), 1, "{what}: stderr is not one line:\n{err}");
+    assert!(line.starts_with("tensorzip: error: "), "{what}: {line}");
+    for n in needles {
+        assert!(line.contains(n), "{what}: stderr does not mention {n:?}: {line}");
+    }
+    line.to_string()
+}
+
+/// No temporary output file (`.NAME.tmp-*`) is left in `dir`.
+fn no_temp_files(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!(name.starts_with('.') && name.contains(".tmp-")), "temporary file left behind: {name}");
+    }
+}
+
+fn model_bytes() -> Vec<u8> {
+    let w = sample::weights(32, 300, DType::BF16, 1);
+    let mut rng = Rng::new(2);
+    let norm: Vec<u8> = (0..300).flat_map(|_| ((1.0 + 0.05 * rng.normal()) as f32).to_le_bytes()).collect();
+    let ids: Vec<u8> = (0..100i64).flat_map(|i| i.to_le_bytes()).collect();
+    let f16 = sample::weights(10, 70, DType::F16, 3);
+    let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
+        ("layers.0.weight", "BF16", &[32u64, 300][..], &w[..]),
+        ("layers.0.norm", "F32", &[300u64][..], &norm[..]),
+        ("position_ids", "I64", &[1u64, 100][..], &ids[..]),
+        ("head", "F16", &[10u64, 70][..], &f16[..]),
+        ("empty", "F32", &[0u64, 4][..], &[][..]),
+    ];
+    let meta = vec![("format".to_string(), "pt".to_string()), ("note".to_string(), "tensorzip cli test".to_string())];
+    serialize_safetensors(&tensors, Some(&meta)).unwrap()
+}
+
+/// A temporary directory holding `model.safetensors` and its archive `model.safetensors.tz`.
+fn setup() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_bytes();
+    std::fs::write(dir.path().join("model.safetensors"), &model).unwrap();
+    // Small chunks, so the archive has several chunks per tensor.
+    ok(&tz(dir.path(), &["compress", "model.safetensors", "--chunk-bytes", "1024", "--block-units", "64", "-t", "2"]), "compress");
+    let archive = dir.path().join("model.safetensors.tz");
+    assert!(archive.exists());
+    (dir, archive, model)
+}
+
+#[test]
+fn compress_decompress_round_trip_is_byte_exact() {
+    let (dir, archive, model) = setup();
+    let d = dir.path();
+    let ar = std::fs::read(&archive).unwrap();
+    assert!(ar.len() < model.len(), "archive {} bytes for {} original", ar.len(), model.len());
+    ok(&tz(d, &["decompress", "model.safetensors.tz", "-o", "restored.safetensors"]), "decompress -o");
+    assert!(std::fs::read(d.join("restored.safetensors")).unwrap() == model, "restored file differs");
+    // Into a subdirectory, on one thread.
+    std::fs::create_dir(d.join("sub")).unwrap();
+    ok(&tz(d, &["decompress", "model.safetensors.tz", "-o", "sub/x.safetensors", "-t", "1"]), "decompress -o sub/");
+    assert!(std::fs::read(d.join("sub/x.safetensors")).unwrap() == model);
+    // Default options and one checksum per 256 bytes give the same restore.
+    ok(&tz(d, &["compress", "model.safetensors", "-o", "b.tz", "--checksum-chunk-bytes", "256"]), "compress default options");
+    ok(&tz(d, &["decompress", "b.tz", "-o", "b.safetensors"]), "decompress b.tz");
+    assert!(std::fs::read(d.join("b.safetensors")).unwrap() == model);
+    // Archives do not depend on the thread count.
+    ok(&tz(d, &["compress", "model.safetensors", "-o", "t1.tz", "--chunk-bytes", "1024", "--block-units", "64", "-t", "1"]), "compress -t 1");
+    assert!(std::fs::read(d.join("t1.tz")).unwrap() == ar, "archives differ between 1 and 2 threads");
+    no_temp_files(d);
+}
+
+#[test]
+fn decompress_to_the_default_name_refuses_to_overwrite() {
+    let (dir, _, model) = setup();
+    let d = dir.path();
+    // The default output (the name without .tz) is the original, which exists.
+    let o = tz(d, &["decompress", "model.safetensors.tz"]);
+    fails(&o, "decompress onto an existing file", &["model.safetensors", "already exists"]);
+    ok(&tz(d, &["decompress", "model.safetensors.tz", "-f"]), "decompress -f");
+    assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
+    // With the original gone, the default name is used.
+    std::fs::remove_file(d.join("model.safetensors")).unwrap();
+    ok(&tz(d, &["decompress", "model.safetensors.tz"]), "decompress to default name");
+    assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
+    no_temp_files(d);
+}
+
+#[test]
+fn verify_and_verify_against() {
+    let (dir, _, model) = setup();
+    let d = dir.path();
+    let o = tz(d, &["verify", "model.safetensors.tz"]);
+    ok(&o, "verify");
+    assert!(stderr(&o).contains("OK"), "{}", stderr(&o));
+    ok(&tz(d, &["verify", "model.safetensors.tz", "--against", "model.safetensors"]), "verify --against");
+    // Against a different file of the same size, and a shorter one.
+    let mut other = model.clone();
+    let at = other.len() - 10;
+    other[at] ^= 1;
+    std::fs::write(d.join("other.safetensors"), &other).unwrap();
+    let o = tz(d, &["verify", "model.safetensors.tz", "--against", "other.safetensors"]);
+    fails(&o, "verify against a different file", &["model.safetensors.tz", "other.safetensors", "differs"]);
+    std::fs::write(d.join("short.safetensors"), &model[..model.len() - 1]).unwrap();
+    let o = tz(d, &["verify", "model.safetensors.tz", "--against", "short.safetensors"]);
+    fails(&o, "verify against a shorter file", &["short.safetensors"]);
+    let o = tz(d, &["verify", "model.safetensors.tz", "--against", "missing.safetensors"]);
+    fails(&o, "verify against a missing file", &["missing.safetensors"]);
+}
+
+#[test]
+fn info_and_info_json() {
+    let (dir, _, model) = setup();
+    let d = dir.path();
+    let o = tz(d, &["info", "model.safetensors.tz"]);
+    ok(&o, "info");
+    let text = String::from_utf8(o.stdout).unwrap();
+    for name in ["layers.0.weight", "layers.0.norm", "position_ids", "head", "empty", "total: 5 tensors"] {
+        assert!(text.contains(name), "info lacks {name}:\n{text}");
+    }
+    let o = tz(d, &["info", "--json", "model.safetensors.tz"]);
+    ok(&o, "info --json");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json prints JSON");
+    assert_eq!(v["original_bytes"].as_u64(), Some(model.len() as u64));
+    let archive_len = std::fs::metadata(d.join("model.safetensors.tz")).unwrap().len();
+    assert_eq!(v["archive_bytes"].as_u64(), Some(archive_len));
+    let tensors = v["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 5);
+    let w = tensors.iter().find(|t| t["name"] == "layers.0.weight").expect("layers.0.weight listed");
+    assert_eq!(w["dtype"], "BF16");
+    assert_eq!(w["shape"], serde_json::json!([32, 300]));
+    assert_eq!(w["bytes"].as_u64(), Some(32 * 300 * 2));
+    assert!(w["compressed"].as_u64().unwrap() < 32 * 300 * 2);
+    assert_eq!(w["coded_as"], "bfloat16");
+    let e = tensors.iter().find(|t| t["name"] == "empty").unwrap();
+    assert_eq!(e["bytes"].as_u64(), Some(0));
+}
+
+#[test]
+fn compress_refuses_to_overwrite_without_force() {
+    let (dir, archive, model) = setup();
+    let d = dir.path();
+    let before = std::fs::read(&archive).unwrap();
+    let o = tz(d, &["compress", "model.safetensors"]);
+    fails(&o, "compress onto an existing archive", &["model.safetensors.tz", "already exists"]);
+    assert!(std::fs::read(&archive).unwrap() == before, "existing output was changed");
+    // Any existing file counts, also with -o.
+    std::fs::write(d.join("keep.tz"), b"precious").unwrap();
+    let o = tz(d, &["compress", "model.safetensors", "-o", "keep.tz"]);
+    fails(&o, "compress -o onto an existing file", &["keep.tz"]);
+    assert_eq!(std::fs::read(d.join("keep.tz")).unwrap(), b"precious");
+    no_temp_files(d);
+    // -f replaces it.
+    let o = tz(d, &["compress", "model.safetensors", "-o", "keep.tz", "-f"]);
+    ok(&o, "compress -f");
+    ok(&tz(d, &["decompress", "keep.tz", "-o", "k.safetensors"]), "decompress the forced archive");
+    assert!(std::fs::read(d.join("k.safetensors")).unwrap() == model);
+    ok(&tz(d, &["compress", "model.safetensors", "--force"]), "compress --force");
+    no_temp_files(d);
+}
+
+#[test]
+fn decompress_needs_a_tz_name_or_an_output() {
+    let (dir, archive, model) = setup();
+    let d = dir.path();
+    std::fs::copy(&archive, d.join("archive.bin")).unwrap();
+    std::fs::copy(&archive, d.join(".tz")).unwrap();
+    for name in ["archive.bin", ".tz"] {
+        let o = tz(d, &["decompress", name]);
+        let line = fails(&o, "decompress a name without .tz", &[name, "-o"]);
+        assert!(line.contains(".tz"), "{line}");
+    }
+    ok(&tz(d, &["decompress", "archive.bin", "-o", "x.safetensors"]), "decompress archive.bin -o");
+    assert!(std::fs::read(d.join("x.safetensors")).unwrap() == model);
+    no_temp_files(d);
+}
+
+#[test]
+fn not_a_safetensors_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut rng = Rng::new(5);
+    let junk: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
+    std::fs::write(d.join("junk.safetensors"), &junk).unwrap();
+    std::fs::write(d.join("empty.safetensors"), b"").unwrap();
+    // A header length that points past the end.
+    let mut lying = 1_000_000u64.to_le_bytes().to_vec();
+    lying.extend_from_slice(b"{}      ");
+    std::fs::write(d.join("lying.safetensors"), &lying).unwrap();
+    // A tensor that runs past the end of the file.
+    let mut model = model_bytes();
+    model.truncate(model.len() - 100);
+    std::fs::write(d.join("cut.safetensors"), &model).unwrap();
+    for name in ["junk.safetensors", "empty.safetensors", "lying.safetensors", "cut.safetensors"] {
+        let o = tz(d, &["compress", name]);
+        fails(&o, &format!("compress {name}"), &[name]);
+        assert!(!d.join(format!("{name}.tz")).exists(), "{name}: an output was left");
+    }
+    let o = tz(d, &["compress", "missing.safetensors"]);
+    fails(&o, "compress a missing file", &["missing.safetensors"]);
+    // Not an archive.
+    for args in [&["decompress", "junk.safetensors", "-o", "out"][..], &["verify", "junk.safetensors"], &["info", "junk.safetensors"]] {
+        let o = tz(d, args);
+        let line = fails(&o, &format!("{} junk", args[0]), &["junk.safetensors"]);
+        assert!(line.contains("magic"), "{line}");
+    }
+    assert!(!d.join("out").exists());
+    no_temp_files(d);
+}
+
+/// Runs decompress, verify and info on `name`; each must fail, naming the file, with every needle.
+fn all_readers_fail(d: &Path, name: &str, needles: &[&str]) {
+    let mut n = vec![name];
+    n.extend_from_slice(needles);
+    fails(&tz(d, &["decompress", name, "-o", "restored.safetensors"]), &format!("decompress {name}"), &n);
+    assert!(!d.join("restored.safetensors").exists(), "decompress {name} left an output");
+    fails(&tz(d, &["verify", name]), &format!("verify {name}"), &n);
+    fails(&tz(d, &["info", name]), &format!("info {name}"), &n);
+    fails(&tz(d, &["info", "--json", name]), &format!("info --json {name}"), &n);
+    no_temp_files(d);
+}
+
+#[test]
+fn truncated_archives_fail() {
+    let (dir, archive, _) = setup();
+    let d = dir.path();
+    let ar = std::fs::read(&archive).unwrap();
+    for (i, cut) in [0usize, 3, 10, 31, 32, ar.len() / 2, ar.len() - 5, ar.len() - 1].into_iter().enumerate() {
+        let name = format!("cut{i}.tz");
+        std::fs::write(d.join(&name), &ar[..cut]).unwrap();
+        all_readers_fail(d, &name, &[]);
+    }
+}
+
+#[test]
+fn corrupted_archives_fail_with_a_checksum_error() {
+    let (dir, archive, _) = setup();
+    let d = dir.path();
+    let ar = std::fs::read(&archive).unwrap();
+    // One byte flipped in the middle of the largest blob (after the 32-byte header).
+    let index_offset = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
+    for at in [40, index_offset / 2, index_offset - 3] {
+        let mut bad = ar.clone();
+        bad[at] ^= 0x10;
+        let name = format!("flip{at}.tz");
+        std::fs::write(d.join(&name), &bad).unwrap();
+        let line = fails(&tz(d, &["verify", &name]), "verify a corrupted archive", &[&name]);
+        assert!(line.contains("checksum"), "{line}");
+        let line = fails(&tz(d, &["decompress", &name, "-o", "r.safetensors"]), "decompress a corrupted archive", &[&name]);
+        assert!(line.contains("checksum"), "{line}");
+        assert!(!d.join("r.safetensors").exists(), "a partial output was left");
+        no_temp_files(d);
+    }
+    // A flipped byte in the index.
+    let mut bad = ar.clone();
+    bad[index_offset + 6] ^= 1;
+    std::fs::write(d.join("index.tz"), &bad).unwrap();
+    all_readers_fail(d, "index.tz", &[]);
+}
+
+#[test]
+fn unknown_archive_version_fails() {
+    let (dir, archive, _) = setup();
+    let d = dir.path();
+    let mut ar = std::fs::read(&archive).unwrap();
+    ar[4..6].copy_from_slice(&2u16.to_le_bytes());
+    std::fs::write(d.join("v2.tz"), &ar).unwrap();
+    all_readers_fail(d, "v2.tz", &["version 2"]);
+    ar[4..6].copy_from_slice(&0xFFFFu16.to_le_bytes());
+    std::fs::write(d.join("vmax.tz"), &ar).unwrap();
+    all_readers_fail(d, "vmax.tz", &["version 65535"]);
+}
+
+#[test]
+fn failed_runs_leave_no_partial_output() {
+    let (dir, archive, _) = setup();
+    let d = dir.path();
+    let mut ar = std::fs::read(&archive).unwrap();
+    // Corrupt the last blob: decompress writes the earlier segments, then fails.
+    let index_offset = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
+    ar[index_offset - 1] ^= 0xFF;
+    std::fs::write(d.join("late.tz"), &ar).unwrap();
+    fails(&tz(d, &["decompress", "late.tz", "-o", "out.safetensors"]), "decompress late failure", &["late.tz"]);
+    assert!(!d.join("out.safetensors").exists());
+    // Same with -f onto an existing file: the old file stays as it was.
+    std::fs::write(d.join("out.safetensors"), b"old").unwrap();
+    fails(&tz(d, &["decompress", "late.tz", "-o", "out.safetensors", "-f"]), "decompress -f late failure", &["late.tz"]);
+    assert_eq!(std::fs::read(d.join("out.safetensors")).unwrap(), b"old");
+    no_temp_files(d);
+}
+
+/// An archive whose index (with a correct CRC) claims a huge size for the safetensors header segment
+/// must be refused with an error, not by aborting on a huge allocation.
+#[test]
+fn hostile_index_sizes_fail_cleanly() {
+    let (dir, archive, _) = setup();
+    let d = dir.path();
+    let mut ar = std::fs::read(&archive).unwrap();
+    let io = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
+    let n = u32::from_le_bytes(ar[io..io + 4].try_into().unwrap()) as usize;
+    // Entry layout: kind, orig_offset, orig_len, blob_offset, blob_len (u64s), orig_crc, n_crcs, crcs.
+    let mut at = io + 4;
+    let extra = 1u64 << 46;
+    for i in 0..n {
+        let ncrc = u32::from_le_bytes(ar[at + 37..at + 41].try_into().unwrap()) as usize;
+        if i == 0 {
+            let len = u64::from_le_bytes(ar[at + 9..at + 17].try_into().unwrap()) + extra;
+            ar[at + 9..at + 17].copy_from_slice(&len.to_le_bytes());
+        } else {
+            let off = u64::from_le_bytes(ar[at + 1..at + 9].try_into().unwrap()) + extra;
+            ar[at + 1..at + 9].copy_from_slice(&off.to_le_bytes());
+        }
+        at += 41 + 4 * ncrc;
+    }
+    let total = u64::from_le_bytes(ar[16..24].try_into().unwrap()) + extra;
+    ar[16..24].copy_from_slice(&total.to_le_bytes());
+    let crc = tensorzip::crc32(&ar[io..at]);
+    ar[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(d.join("hostile.tz"), &ar).unwrap();
+    all_readers_fail(d, "hostile.tz", &[]);
+}

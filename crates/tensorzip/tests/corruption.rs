@@ -1,0 +1,1126 @@
+//! Decoding is safe on any input: truncated, bit-flipped and hand-crafted hostile blobs and archives give
+//! an `Err` (or, for blobs, which carry no checksum, possibly `Ok` with wrong data), never a panic, a
+//! hang or an allocation that the input's size does not justify.
+//!
+//! Hostile blobs are built by taking a real blob apart (`Layout`, after the layout in `blob.rs`: a
+//! 20-byte header and 8 bytes per dimension, per plane a table count and tables, one directory entry of
+//! `8 + 2 * planes` bytes per chunk, then the payloads) and patching single fields.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::LazyLock;
+
+use common::{make, small_opts, Dist};
+use tensorzip::archive::{serialize_safetensors, plan_safetensors, write_archive, Archive, ArchiveOptions, ARCHIVE_HEADER_LEN};
+use tensorzip::blob::{peek_header, BlobHeader, BLOB_MAGIC, SEL_CONST, SEL_RAW};
+use tensorzip::decoder::{DecodeScratch, TensorDecoder};
+use tensorzip::sample::Rng;
+use tensorzip::stats::BlobStats;
+use tensorzip::{crc32, CompressOptions, CpuEngine, DType, Error, Scheme, Tensor};
+
+// ---------------------------------------------------------------------------------------------------
+// Largest single allocation made by the current thread (to show that hostile sizes are rejected before
+// anything is allocated for them).
+
+struct Tracking;
+
+thread_local! {
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    let _ = LARGEST.try_with(|m| {
+        if size > m.get() {
+            m.set(size)
+        }
+    });
+}
+
+unsafe impl GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, l: AllocLayout) -> *mut u8 {
+        note(l.size());
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: AllocLayout) -> *mut u8 {
+        note(l.size());
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: AllocLayout, new: usize) -> *mut u8 {
+        note(new);
+        unsafe { System.realloc(p, l, new) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: AllocLayout) {
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Tracking = Tracking;
+
+/// Runs `f` and returns its result and the largest single allocation this thread made meanwhile.
+fn largest_alloc<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    LARGEST.with(|m| m.set(0));
+    let r = f();
+    (r, LARGEST.with(|m| m.get()))
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+static ONE: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(1).unwrap());
+static TWO: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(2).unwrap());
+
+/// Outputs larger than this are not decoded by these tests (no hostile input here should claim one).
+const DECODE_LIMIT: u64 = 64 << 20;
+
+/// What decoding a (possibly hostile) blob gave.
+#[derive(Debug)]
+enum Outcome {
+    Ok(Tensor),
+    Err(Error),
+    /// The blob passed validation but claims more than [`DECODE_LIMIT`] bytes; only its first chunk
+    /// and a short range were decoded.
+    TooLarge,
+}
+
+/// Decodes `blob` in every way the library offers and checks that they agree: either the whole-tensor
+/// decoders all fail, or they all succeed with the same bytes, and then every chunk and range decoded
+/// on its own matches those bytes. Panics (with `what` and the blob in hex) if anything panics.
+fn decode_everything(blob: &[u8], what: &str) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(|| decode_everything_inner(blob))) {
+        Ok(o) => o,
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            panic!("decoding panicked ({what}): {msg:?}\nblob ({} bytes): {}", blob.len(), hex(blob));
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn decode_everything_inner(blob: &[u8]) -> Outcome {
+    let _ = BlobStats::of(blob);
+    let header = peek_header(blob);
+    let dec = TensorDecoder::new(blob);
+    let h = match (&header, &dec) {
+        (Err(e), Err(_)) => {
+            assert!(tensorzip::decompress(blob).is_err());
+            return Outcome::Err(e.clone());
+        }
+        (Ok(_), Err(e)) => {
+            assert!(ONE.decompress(blob).is_err());
+            assert!(TWO.decompress_to(blob, &mut Vec::new(), &|_| {}).is_err());
+            return Outcome::Err(e.clone());
+        }
+        (Ok(h), Ok(_)) => h.clone(),
+        (Err(e), Ok(_)) => panic!("the decoder accepted a blob whose header fails to parse: {e}"),
+    };
+    let dec = dec.unwrap();
+    assert_eq!(dec.header(), &h);
+    if h.nbytes() > DECODE_LIMIT {
+        if h.scheme == Scheme::Planes {
+            let mut o = vec![0u8; h.chunk_len(0) * h.planes()];
+            let _ = dec.decode_chunk(0, &mut o, &mut DecodeScratch::default());
+        }
+        let mut o = vec![0u8; h.dtype.itemsize()];
+        let _ = ONE.decompress_range_into(blob, 0, 1, &mut o);
+        return Outcome::TooLarge;
+    }
+    let full = TWO.decompress(blob);
+    let one = ONE.decompress(blob);
+    let mut into = vec![0x77u8; h.nbytes() as usize];
+    let r_into = ONE.decompress_into(blob, &mut into);
+    let mut streamed = Vec::new();
+    let r_stream = TWO.decompress_to(blob, &mut streamed, &|_| {});
+    let t = match full {
+        Err(e) => {
+            assert!(one.is_err(), "2 threads: {e}; 1 thread: Ok");
+            assert!(r_into.is_err(), "decompress: {e}; decompress_into: Ok");
+            assert!(r_stream.is_err(), "decompress: {e}; decompress_to: Ok");
+            // Single chunks and ranges may still decode (they touch less); they must not panic.
+            if h.scheme == Scheme::Planes {
+                let mut s = DecodeScratch::default();
+                for c in 0..h.n_chunks() as usize {
+                    let mut o = vec![0u8; h.chunk_len(c as u64) * h.planes()];
+                    let _ = dec.decode_chunk(c, &mut o, &mut s);
+                }
+            }
+            let ne = h.numel();
+            for (a, b) in [(0, ne.min(1)), (ne / 2, ne), (ne.saturating_sub(3), ne)] {
+                let mut o = vec![0u8; ((b - a) * h.dtype.itemsize() as u64) as usize];
+                let _ = ONE.decompress_range_into(blob, a, b, &mut o);
+            }
+            return Outcome::Err(e);
+        }
+        Ok(t) => t,
+    };
+    assert_eq!(one.as_ref().ok(), Some(&t), "1 and 2 threads disagree");
+    assert!(r_into.is_ok() && into == t.data, "decompress_into disagrees: {r_into:?}");
+    assert_eq!(r_stream, Ok(crc32(&t.data)), "decompress_to disagrees");
+    assert!(streamed == t.data);
+    assert_eq!(t.shape, h.shape);
+    assert_eq!(t.dtype, h.dtype);
+    if h.scheme == Scheme::Planes {
+        let cb = h.chunk_units as usize * h.planes();
+        let mut s = DecodeScratch::default();
+        for c in 0..h.n_chunks() as usize {
+            let want = &t.data[c * cb..((c + 1) * cb).min(t.data.len())];
+            let mut o = vec![0u8; want.len()];
+            dec.decode_chunk(c, &mut o, &mut s).expect("a chunk failed alone but not in the whole tensor");
+            assert!(o == want, "chunk {c} decodes differently alone");
+        }
+    }
+    let ne = h.numel();
+    let isz = h.dtype.itemsize() as u64;
+    for (a, b) in [(0, ne), (0, ne.min(1)), (ne / 3, ne - ne / 3), (ne.saturating_sub(5), ne)] {
+        let mut o = vec![0u8; ((b - a) * isz) as usize];
+        ONE.decompress_range_into(blob, a, b, &mut o).expect("a range failed but not the whole tensor");
+        assert!(o == t.data[(a * isz) as usize..(b * isz) as usize], "range {a}..{b} disagrees");
+    }
+    Outcome::Ok(t)
+}
+
+fn expect_err(blob: &[u8], what: &str) -> Error {
+    match decode_everything(blob, what) {
+        Outcome::Err(e) => e,
+        Outcome::Ok(_) => panic!("{what}: decoded without error\nblob: {}", hex(blob)),
+        Outcome::TooLarge => panic!("{what}: passed validation claiming a huge tensor\nblob: {}", hex(blob)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// A blob taken apart.
+
+#[derive(Clone, Debug)]
+struct Layout {
+    header: Vec<u8>,
+    /// Raw bytes of each table, per plane.
+    tables: Vec<Vec<Vec<u8>>>,
+    /// Directory entries (`8 + 2 * planes` bytes each).
+    entries: Vec<Vec<u8>>,
+    payloads: Vec<Vec<u8>>,
+    planes: usize,
+    block_units: usize,
+    chunk_units: usize,
+    units: u64,
+}
+
+impl Layout {
+    fn parse(blob: &[u8]) -> Layout {
+        let (h, mut pos) = BlobHeader::parse(blob).unwrap();
+        assert_eq!(h.scheme, Scheme::Planes, "Layout needs a coded blob");
+        let planes = h.planes();
+        let mut tables = Vec::new();
+        for _ in 0..planes {
+            let k = blob[pos] as usize;
+            pos += 1;
+            let mut ts = Vec::new();
+            for _ in 0..k {
+                let (lo, hi) = (blob[pos], blob[pos + 1]);
+                let len = 2 + (hi - lo) as usize + 1;
+                ts.push(blob[pos..pos + len].to_vec());
+                pos += len;
+            }
+            tables.push(ts);
+        }
+        let e = h.dir_entry_len();
+        let n = h.n_chunks() as usize;
+        let entries: Vec<Vec<u8>> = (0..n).map(|c| blob[pos + c * e..pos + (c + 1) * e].to_vec()).collect();
+        pos += n * e;
+        let mut payloads = Vec::new();
+        for ent in &entries {
+            let len = u32::from_le_bytes(ent[0..4].try_into().unwrap()) as usize;
+            payloads.push(blob[pos..pos + len].to_vec());
+            pos += len;
+        }
+        assert_eq!(pos, blob.len());
+        let l = Layout {
+            header: blob[..h.encoded_len()].to_vec(),
+            tables,
+            entries,
+            payloads,
+            planes,
+            block_units: h.block_units as usize,
+            chunk_units: h.chunk_units as usize,
+            units: h.units(),
+        };
+        assert!(l.build() == blob, "Layout does not rebuild the blob");
+        l
+    }
+
+    fn build(&self) -> Vec<u8> {
+        let mut out = self.header.clone();
+        for ts in &self.tables {
+            out.push(ts.len() as u8);
+            for t in ts {
+                out.extend_from_slice(t);
+            }
+        }
+        for e in &self.entries {
+            out.extend_from_slice(e);
+        }
+        for p in &self.payloads {
+            out.extend_from_slice(p);
+        }
+        out
+    }
+
+    fn payload_len(&self, c: usize) -> u32 {
+        u32::from_le_bytes(self.entries[c][0..4].try_into().unwrap())
+    }
+    fn set_payload_len(&mut self, c: usize, v: u32) {
+        self.entries[c][0..4].copy_from_slice(&v.to_le_bytes());
+    }
+    fn rans_len(&self, c: usize) -> u32 {
+        u32::from_le_bytes(self.entries[c][4..8].try_into().unwrap())
+    }
+    fn set_rans_len(&mut self, c: usize, v: u32) {
+        self.entries[c][4..8].copy_from_slice(&v.to_le_bytes());
+    }
+    /// Makes every payload length match its payload.
+    fn sync_lens(&mut self) {
+        for c in 0..self.entries.len() {
+            let n = self.payloads[c].len() as u32;
+            self.set_payload_len(c, n);
+        }
+    }
+    fn mode(&self, c: usize, p: usize) -> (u8, u8) {
+        (self.entries[c][8 + 2 * p], self.entries[c][9 + 2 * p])
+    }
+    fn set_mode(&mut self, c: usize, p: usize, m: (u8, u8)) {
+        self.entries[c][8 + 2 * p] = m.0;
+        self.entries[c][9 + 2 * p] = m.1;
+    }
+    fn chunk_len(&self, c: usize) -> usize {
+        (self.units - (c * self.chunk_units) as u64).min(self.chunk_units as u64) as usize
+    }
+    /// Selector bytes of each Blocks-mode plane of chunk `c`: (plane, offset in the payload, count).
+    fn selectors(&self, c: usize) -> Vec<(usize, usize, usize)> {
+        let nb = self.chunk_len(c).div_ceil(self.block_units);
+        let mut at = 0;
+        let mut out = Vec::new();
+        for p in 0..self.planes {
+            if self.mode(c, p) == (2, 0) {
+                out.push((p, at, nb));
+                at += nb;
+            }
+        }
+        out
+    }
+    /// Offset of chunk `c`'s rANS stream in its payload.
+    fn rans_start(&self, c: usize) -> usize {
+        self.selectors(c).iter().map(|s| s.2).sum()
+    }
+    fn is_multi_table(&self, p: usize, j: usize) -> bool {
+        let t = &self.tables[p][j];
+        t[0] != t[1]
+    }
+    /// A chunk with a rANS stream and one of its planes whose selectors include a multi-symbol table:
+    /// (chunk, plane, selector offset, block).
+    fn coded_site(&self) -> (usize, usize, usize, usize) {
+        for c in 0..self.entries.len() {
+            if self.rans_len(c) == 0 {
+                continue;
+            }
+            for (p, at, nb) in self.selectors(c) {
+                for b in 0..nb {
+                    let s = self.payloads[c][at + b];
+                    if s != SEL_RAW && s != SEL_CONST && self.is_multi_table(p, s as usize) {
+                        return (c, p, at + b, b);
+                    }
+                }
+            }
+        }
+        panic!("no coded block in this blob");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Real blobs.
+
+/// A coded multi-chunk bf16 blob with rANS streams, several tables and every selector kind.
+fn coded_blob() -> Vec<u8> {
+    let mut data = Vec::new();
+    for b in 0..24u64 {
+        match b % 4 {
+            0 => data.extend(std::iter::repeat_n(0x3Fu8, 128)),
+            1 => data.extend(common::random_bytes(128, b)),
+            _ => data.extend(make(DType::BF16, 64, Dist::Weights, b)),
+        }
+    }
+    let n = data.len() as u64 / 2;
+    let blob = tensorzip::compress(&data, DType::BF16, &[n], &small_opts()).unwrap();
+    assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Planes);
+    assert!(Layout::parse(&blob).entries.len() >= 3);
+    blob
+}
+
+/// Small blobs of several kinds (all decode correctly).
+fn sample_blobs() -> Vec<(String, Vec<u8>)> {
+    let o = small_opts();
+    let mut v = vec![("bf16 mixed".to_string(), coded_blob())];
+    for (dtype, n, dist) in [
+        (DType::F32, 400, Dist::NanInf),
+        (DType::Complex64, 150, Dist::Weights),
+        (DType::F64, 90, Dist::Subnormal),
+        (DType::U8, 1500, Dist::Weights),
+        (DType::I16, 700, Dist::Outlier),
+        (DType::F16, 520, Dist::Constant),
+        (DType::U8, 100, Dist::Random),
+    ] {
+        let data = make(dtype, n, dist, n as u64);
+        let blob = tensorzip::compress(&data, dtype, &[n as u64], &o).unwrap();
+        v.push((format!("{dtype} {dist:?} x{n}"), blob));
+    }
+    v.push(("empty".into(), tensorzip::compress(&[], DType::F32, &[4, 0], &o).unwrap()));
+    v.push(("0-d".into(), tensorzip::compress(&[1, 2, 3, 4], DType::F32, &[], &o).unwrap()));
+    for (name, b) in &v {
+        match decode_everything(b, name) {
+            Outcome::Ok(_) => {}
+            o => panic!("{name}: a real blob fails to decode: {o:?}"),
+        }
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Truncation, trailing bytes, bit flips.
+
+#[test]
+fn every_truncation_of_a_blob_is_an_error() {
+    for (name, blob) in sample_blobs() {
+        let hlen = peek_header(&blob).unwrap().encoded_len();
+        for n in 0..blob.len() {
+            let cut = &blob[..n];
+            let e = expect_err(cut, &format!("{name} cut to {n} bytes"));
+            match (n, &e) {
+                (0..4, Error::Truncated(_)) => {}
+                (0..4, e) => panic!("{name} cut to {n}: {e:?}"),
+                _ if n < hlen => assert!(matches!(e, Error::Truncated(_)), "{name} cut to {n}: {e:?}"),
+                _ => assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_)), "{name} cut to {n}: {e:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_an_error() {
+    for (name, blob) in sample_blobs() {
+        for extra in [&[0u8][..], &[0xFF; 7], b"TZBL"] {
+            let mut b = blob.clone();
+            b.extend_from_slice(extra);
+            let e = expect_err(&b, &format!("{name} + {} bytes", extra.len()));
+            assert!(matches!(e, Error::Corrupt(_)), "{name} + {} bytes: {e:?}", extra.len());
+        }
+        // Two blobs back to back are not one blob.
+        let mut two = blob.clone();
+        two.extend_from_slice(&blob);
+        assert!(matches!(expect_err(&two, &format!("{name} twice")), Error::Corrupt(_)));
+    }
+}
+
+/// Runs `f` on another thread; fails the test if it has not finished after `secs` (a hang).
+fn with_watchdog(secs: u64, what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(()) => h.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p)
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {secs} s (a hang?)"),
+    }
+}
+
+#[test]
+fn random_bit_flips_never_panic() {
+    with_watchdog(600, "bit flips", || {
+        let mut rng = Rng::new(0xF11B);
+        let (mut errs, mut oks, mut wrong) = (0, 0, 0);
+        for (name, blob) in sample_blobs() {
+            let original = tensorzip::decompress(&blob).unwrap();
+            let prefix = match BlobHeader::parse(&blob).unwrap().0.scheme {
+                Scheme::Planes => {
+                    let l = Layout::parse(&blob);
+                    blob.len() - l.payloads.iter().map(|p| p.len()).sum::<usize>()
+                }
+                Scheme::Stored => peek_header(&blob).unwrap().encoded_len(),
+            };
+            // Every single-bit flip of the header, tables and directory; then random flips anywhere
+            // (1 to 4 bits at once) and random flips in the prefix.
+            let mut cases: Vec<Vec<usize>> = (0..prefix * 8).map(|bit| vec![bit]).collect();
+            for k in 0..600 {
+                let span = if k % 3 == 0 { prefix } else { blob.len() };
+                let nbits = 1 + (rng.next_u64() % 4) as usize;
+                cases.push((0..nbits).map(|_| (rng.next_u64() % (span as u64 * 8)) as usize).collect());
+            }
+            for bits in cases {
+                let mut b = blob.clone();
+                for &bit in &bits {
+                    b[bit / 8] ^= 1 << (bit % 8);
+                }
+                if b == blob {
+                    continue;
+                }
+                match decode_everything(&b, &format!("{name} with bits {bits:?} flipped")) {
+                    Outcome::Err(_) | Outcome::TooLarge => errs += 1,
+                    Outcome::Ok(t) => {
+                        oks += 1;
+                        wrong += (t != original) as usize;
+                    }
+                }
+            }
+        }
+        eprintln!("bit flips: {errs} errors, {oks} decoded ({wrong} of them to different data)");
+        assert!(errs > 1000, "only {errs} flips were detected");
+    });
+}
+
+#[test]
+fn random_byte_overwrites_of_fields_never_panic() {
+    // Overwrite whole little-endian fields with extreme or random values.
+    with_watchdog(600, "field overwrites", || {
+        let blob = coded_blob();
+        let mut rng = Rng::new(77);
+        let l = Layout::parse(&blob);
+        let dir_start = blob.len() - l.payloads.iter().map(|p| p.len()).sum::<usize>() - l.entries.len() * l.entries[0].len();
+        let mut fields: Vec<(usize, usize)> = vec![(4, 2), (6, 1), (7, 1), (8, 1), (12, 4), (16, 4), (20, 8)];
+        for c in 0..l.entries.len() {
+            let at = dir_start + c * l.entries[0].len();
+            fields.push((at, 4));
+            fields.push((at + 4, 4));
+            for p in 0..l.planes {
+                fields.push((at + 8 + 2 * p, 1));
+                fields.push((at + 9 + 2 * p, 1));
+            }
+        }
+        for &(at, w) in &fields {
+            let mut values: Vec<u64> = vec![0, 1, 2, 31, 32, 33, 127, 128, 253, 254, 255, 256, 4096, 65535, 65536, 1 << 24, 1 << 31, u32::MAX as u64, 1 << 40, u64::MAX];
+            values.extend((0..6).map(|_| rng.next_u64()));
+            for v in values {
+                let mut b = blob.clone();
+                b[at..at + w].copy_from_slice(&v.to_le_bytes()[..w]);
+                decode_everything(&b, &format!("field at {at} ({w} bytes) = {v}"));
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Lying headers.
+
+fn patched(blob: &[u8], at: usize, bytes: &[u8]) -> Vec<u8> {
+    let mut b = blob.to_vec();
+    b[at..at + bytes.len()].copy_from_slice(bytes);
+    b
+}
+
+fn assert_corrupt(blob: &[u8], what: &str) -> String {
+    match expect_err(blob, what) {
+        Error::Corrupt(m) => m,
+        e => panic!("{what}: expected Error::Corrupt, got {e:?}"),
+    }
+}
+
+fn assert_truncated(blob: &[u8], what: &str) -> String {
+    match expect_err(blob, what) {
+        Error::Truncated(m) => m,
+        e => panic!("{what}: expected Error::Truncated, got {e:?}"),
+    }
+}
+
+#[test]
+fn wrong_magic_is_bad_magic() {
+    let blob = coded_blob();
+    for magic in [*b"TZBX", *b"TZAR", *b"\0\0\0\0", *b"tzbl", *b"PK\x03\x04"] {
+        assert_eq!(expect_err(&patched(&blob, 0, &magic), "magic"), Error::BadMagic);
+    }
+    assert_eq!(expect_err(b"hello, world! this is not a blob", "text"), Error::BadMagic);
+    assert!(matches!(expect_err(b"", "empty"), Error::Truncated(_)));
+    assert!(matches!(expect_err(b"TZB", "3 bytes"), Error::Truncated(_)));
+    assert!(matches!(expect_err(b"TZBL", "magic only"), Error::Truncated(_)));
+    assert!(matches!(expect_err(b"TZBL\x01\x00", "magic and version"), Error::Truncated(_)));
+}
+
+#[test]
+fn other_versions_are_unsupported() {
+    let blob = coded_blob();
+    for v in [0u16, 2, 3, 0x100, u16::MAX] {
+        let e = expect_err(&patched(&blob, 4, &v.to_le_bytes()), "version");
+        assert_eq!(e, Error::UnsupportedVersion { found: v, supported: 1 });
+        // The version is checked before the rest of the header is needed.
+        let e = expect_err(&patched(&blob, 4, &v.to_le_bytes())[..6], "version, short");
+        assert_eq!(e, Error::UnsupportedVersion { found: v, supported: 1 });
+    }
+}
+
+#[test]
+fn bad_fixed_header_fields_are_corrupt() {
+    let blob = coded_blob();
+    // Scheme and dtype codes.
+    for s in [2u8, 3, 255] {
+        assert_corrupt(&patched(&blob, 6, &[s]), "scheme");
+    }
+    for d in [18u8, 19, 200, 255] {
+        assert_corrupt(&patched(&blob, 7, &[d]), "dtype");
+    }
+    // Flags and reserved bytes.
+    for at in 9..12 {
+        assert_corrupt(&patched(&blob, at, &[1]), "reserved");
+    }
+    // Rank over 64.
+    for r in [65u8, 100, 255] {
+        let m = assert_corrupt(&patched(&blob, 8, &[r]), "rank");
+        assert!(m.contains("rank"), "{m}");
+    }
+    // A rank that does not match the shape bytes.
+    for r in [0u8, 2, 3, 64] {
+        decode_everything(&patched(&blob, 8, &[r]), "rank mismatch");
+        assert!(tensorzip::decompress(&patched(&blob, 8, &[r])).is_err());
+    }
+    // Chunk size zero or over 16 MiB; stored blobs with chunk or block sizes.
+    assert_corrupt(&patched(&blob, 12, &0u32.to_le_bytes()), "chunk_units 0");
+    assert_corrupt(&patched(&blob, 12, &((8u32 << 20) + 1).to_le_bytes()), "chunk_units over 16 MiB");
+    assert_corrupt(&patched(&blob, 12, &u32::MAX.to_le_bytes()), "chunk_units max");
+    let stored = tensorzip::compress(&[7u8; 40], DType::U8, &[40], &CompressOptions::default()).unwrap();
+    assert_eq!(peek_header(&stored).unwrap().scheme, Scheme::Stored);
+    assert_corrupt(&patched(&stored, 12, &1u32.to_le_bytes()), "stored with chunk_units");
+    assert_corrupt(&patched(&stored, 16, &32u32.to_le_bytes()), "stored with block_units");
+    // Block size not a power of two, or outside 32..=65536.
+    for bu in [0u32, 1, 16, 31, 48, 96, 1000, 131072, 1 << 31, u32::MAX] {
+        let m = assert_corrupt(&patched(&blob, 16, &bu.to_le_bytes()), "block_units");
+        assert!(m.contains("block"), "{m}");
+    }
+}
+
+#[test]
+fn huge_shapes_are_rejected_before_allocating() {
+    let blob = coded_blob();
+    // Products that overflow or exceed 2^56 bytes.
+    for shape in [u64::MAX, 1 << 63, 1 << 56, (1 << 55) + 1] {
+        let b = patched(&blob, 20, &shape.to_le_bytes());
+        let (e, big) = largest_alloc(|| expect_err(&b, "huge shape"));
+        assert!(matches!(e, Error::Corrupt(_)), "{shape}: {e:?}");
+        assert!(big < 1 << 20, "shape {shape}: allocated {big} bytes");
+    }
+    // Large but allowed sizes: the directory (or the data) is not there.
+    for shape in [1u64 << 40, 1 << 32, 1 << 20, 1_000_000] {
+        let b = patched(&blob, 20, &shape.to_le_bytes());
+        let (e, big) = largest_alloc(|| expect_err(&b, "large shape"));
+        assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_)), "{shape}: {e:?}");
+        assert!(big < 1 << 20, "shape {shape}: allocated {big} bytes");
+    }
+    // A tiny blob claiming a gigantic tensor, stored or coded, with any chunk size.
+    for (scheme, chunk, block) in [(0u8, 0u32, 0u32), (1, 1024, 64), (1, 16 << 20, 65536), (1, 1, 32)] {
+        for dtype in [DType::U8, DType::F32, DType::Complex64] {
+            let mut b = Vec::new();
+            b.extend_from_slice(&BLOB_MAGIC);
+            b.extend_from_slice(&1u16.to_le_bytes());
+            b.extend_from_slice(&[scheme, dtype.code(), 1, 0, 0, 0]);
+            b.extend_from_slice(&(chunk / dtype.unit_size() as u32).max(chunk.min(1)).to_le_bytes());
+            b.extend_from_slice(&block.to_le_bytes());
+            b.extend_from_slice(&(1u64 << 40).to_le_bytes());
+            b.resize(40, 0); // table counts of zero, then nothing
+            let (r, big) = largest_alloc(|| (TensorDecoder::new(&b).err(), tensorzip::decompress(&b).err(), ONE.decompress_range_into(&b, 0, 1, &mut [0u8; 8][..dtype.itemsize()]).err()));
+            assert!(r.0.is_some() && r.1.is_some() && r.2.is_some(), "scheme {scheme} {dtype} chunk {chunk}: {r:?}");
+            assert!(big < 64 << 10, "scheme {scheme} {dtype} chunk {chunk}: allocated {big} bytes");
+            assert!(matches!(r.0, Some(Error::Truncated(_))), "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn table_sections_that_lie_are_errors() {
+    let blob = coded_blob();
+    let l = Layout::parse(&blob);
+    let at0 = l.header.len(); // plane 0's table count
+    // More tables than allowed.
+    for k in [65u8, 100, 255] {
+        let m = assert_corrupt(&patched(&blob, at0, &[k]), "table count");
+        assert!(m.contains("tables"), "{m}");
+    }
+    // Counts that disagree with the tables that follow.
+    for p in 0..l.planes {
+        for delta in [1i32, -1, 2] {
+            let mut m = l.clone();
+            let k = m.tables[p].len() as i32 + delta;
+            if !(0..=64).contains(&k) {
+                continue;
+            }
+            let mut b = m.build();
+            let at = l.header.len() + (0..p).map(|q| 1 + l.tables[q].iter().map(|t| t.len()).sum::<usize>()).sum::<usize>();
+            b[at] = k as u8;
+            expect_err(&b, &format!("plane {p} table count {delta:+}"));
+            // Removing a table that selectors use.
+            if delta == -1 && !m.tables[p].is_empty() {
+                m.tables[p].pop();
+                decode_everything(&m.build(), "table removed");
+            }
+        }
+    }
+    // Malformed tables.
+    let (tp, tj) = (0..l.planes)
+        .flat_map(|p| (0..l.tables[p].len()).map(move |j| (p, j)))
+        .find(|&(p, j)| l.is_multi_table(p, j) && l.tables[p][j].len() >= 5)
+        .expect("a table of 3 symbols or more");
+    let tl = l.tables[tp][tj].len();
+    let edits: Vec<(&str, Vec<(usize, u8)>)> = vec![
+        ("lo > hi", vec![(0, 200), (1, 100)]),
+        ("zero at lo", vec![(2, 0)]),
+        ("zero at hi", vec![(tl - 1, 0)]),
+        ("invalid code 208", vec![(2, 208)]),
+        ("invalid code 254", vec![(3, 254)]),
+        ("second anchor", vec![(2, 255), (3, 255)]),
+        ("no anchor", vec![(2, 1), (3, 1), (tl - 1, 1)]),
+    ];
+    for (what, edit) in edits {
+        let mut m = l.clone();
+        if what == "no anchor" {
+            for x in &mut m.tables[tp][tj][2..] {
+                *x = 1;
+            }
+        }
+        for (i, v) in edit {
+            m.tables[tp][tj][i] = v;
+        }
+        let msg = assert_corrupt(&m.build(), what);
+        assert!(msg.contains("table"), "{what}: {msg}");
+    }
+    // Frequencies at the largest code: they sum to more than 4096.
+    let mut m = l.clone();
+    for x in &mut m.tables[tp][tj][2..tl - 1] {
+        *x = 207;
+    }
+    m.tables[tp][tj][tl - 1] = 255;
+    let msg = assert_corrupt(&m.build(), "frequencies over 4096");
+    assert!(msg.contains("table"), "{msg}");
+}
+
+#[test]
+fn directories_that_lie_are_errors() {
+    let blob = coded_blob();
+    let l = Layout::parse(&blob);
+    let n = l.entries.len();
+    // Payload lengths that point past the end.
+    for c in 0..n {
+        for v in [l.payload_len(c) + 1, l.payload_len(c) + 1000, u32::MAX, 1 << 31] {
+            let mut m = l.clone();
+            m.set_payload_len(c, v);
+            let (msg, big) = largest_alloc(|| assert_truncated(&m.build(), &format!("chunk {c} payload of {v} bytes")));
+            assert!(msg.contains("payload"), "{msg}");
+            assert!(big < 1 << 20);
+        }
+        // Shorter: trailing bytes after the last payload.
+        if l.payload_len(c) > 0 {
+            let mut m = l.clone();
+            m.set_payload_len(c, l.payload_len(c) - 1);
+            assert_corrupt(&m.build(), "payload short");
+        }
+    }
+    // Lengths shifted between neighbours: the total is right, each chunk is not.
+    for c in 0..n - 1 {
+        for d in [1u32, 2, 64] {
+            let mut m = l.clone();
+            if m.payload_len(c) < d {
+                continue;
+            }
+            m.set_payload_len(c, l.payload_len(c) - d);
+            m.set_payload_len(c + 1, l.payload_len(c + 1) + d);
+            expect_err(&m.build(), &format!("{d} bytes moved from chunk {c} to {}", c + 1));
+        }
+    }
+    // A directory cut short (entries missing).
+    let mut m = l.clone();
+    m.entries.pop();
+    m.payloads.pop();
+    assert!(matches!(expect_err(&m.build(), "entry missing"), Error::Truncated(_) | Error::Corrupt(_)));
+    // Invalid plane modes.
+    for c in 0..n {
+        for p in 0..l.planes {
+            for mode in [(0u8, 1u8), (2, 1), (3, 0), (255, 255)] {
+                let mut m = l.clone();
+                m.set_mode(c, p, mode);
+                let msg = assert_corrupt(&m.build(), &format!("chunk {c} plane {p} mode {mode:?}"));
+                assert!(msg.contains("mode"), "{msg}");
+            }
+            // Valid modes that disagree with the payload.
+            for mode in [(0u8, 0u8), (1, 0x3F), (2, 0)] {
+                if l.mode(c, p) == mode {
+                    continue;
+                }
+                let mut m = l.clone();
+                m.set_mode(c, p, mode);
+                decode_everything(&m.build(), &format!("chunk {c} plane {p} mode {mode:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn selectors_out_of_range_are_corrupt() {
+    let blob = coded_blob();
+    let l = Layout::parse(&blob);
+    let (c, p, at, _) = l.coded_site();
+    let k = l.tables[p].len() as u8;
+    for s in [k, k + 1, 64, 200, 253] {
+        let mut m = l.clone();
+        m.payloads[c][at] = s;
+        let msg = assert_corrupt(&m.build(), &format!("selector {s}"));
+        assert!(msg.contains("selector"), "{msg}");
+    }
+    // Valid selectors of another kind: the raw area or the stream no longer fits.
+    for s in [SEL_RAW, SEL_CONST] {
+        let mut m = l.clone();
+        m.payloads[c][at] = s;
+        expect_err(&m.build(), &format!("selector {s}"));
+    }
+    // Every selector of every chunk set to every value: never a panic.
+    for c in 0..l.entries.len() {
+        for (_, at, nb) in l.selectors(c) {
+            for b in 0..nb {
+                for s in 0..=255u8 {
+                    let mut m = l.clone();
+                    m.payloads[c][at + b] = s;
+                    decode_everything(&m.build(), &format!("chunk {c} selector {b} = {s}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rans_streams_that_lie_are_corrupt() {
+    let blob = coded_blob();
+    let l = Layout::parse(&blob);
+    let (c, ..) = l.coded_site();
+    let rs = l.rans_start(c);
+    let rl = l.rans_len(c) as usize;
+    assert!(rl >= 128 + 2, "stream of {rl} bytes");
+
+    // Odd length: one byte of the stream removed.
+    let mut m = l.clone();
+    m.payloads[c].remove(rs + rl - 1);
+    m.set_rans_len(c, rl as u32 - 1);
+    m.sync_lens();
+    let msg = assert_corrupt(&m.build(), "odd stream");
+    assert!(msg.contains("rANS"), "{msg}");
+
+    // Shorter than the 128 bytes of lane states.
+    for keep in [0usize, 2, 64, 126, 127] {
+        let mut m = l.clone();
+        m.payloads[c].drain(rs + keep..rs + rl);
+        m.set_rans_len(c, keep as u32);
+        m.sync_lens();
+        let msg = assert_corrupt(&m.build(), &format!("stream of {keep} bytes"));
+        assert!(msg.contains("rANS"), "{keep}: {msg}");
+    }
+
+    // Exactly the states, no words; one word too few; one word too many.
+    for (what, edit) in [("states only", 0i32), ("word missing", -2), ("extra word", 2), ("two extra words", 4)] {
+        let mut m = l.clone();
+        let new_len = if what == "states only" { 128 } else { (rl as i32 + edit) as usize };
+        if new_len < rl {
+            m.payloads[c].drain(rs + new_len..rs + rl);
+        } else {
+            for _ in rl..new_len {
+                m.payloads[c].insert(rs + rl, 0xA5);
+            }
+        }
+        m.set_rans_len(c, new_len as u32);
+        m.sync_lens();
+        let msg = assert_corrupt(&m.build(), what);
+        assert!(msg.contains("rANS"), "{what}: {msg}");
+    }
+
+    // A lane state below 2^16.
+    for lane in [0usize, 17, 31] {
+        let mut m = l.clone();
+        m.payloads[c][rs + 4 * lane..rs + 4 * lane + 4].copy_from_slice(&0xFFFFu32.to_le_bytes());
+        let msg = assert_corrupt(&m.build(), "state below 2^16");
+        assert!(msg.contains("rANS"), "{msg}");
+    }
+
+    // No stream where one is needed; a stream where none is.
+    let mut m = l.clone();
+    m.payloads[c].drain(rs..rs + rl);
+    m.set_rans_len(c, 0);
+    m.sync_lens();
+    let msg = assert_corrupt(&m.build(), "stream missing");
+    assert!(msg.contains("rANS"), "{msg}");
+    if let Some(c2) = (0..l.entries.len()).find(|&c2| l.rans_len(c2) == 0) {
+        let mut m = l.clone();
+        let rs2 = m.rans_start(c2);
+        let stream: Vec<u8> = (0..32).flat_map(|_| 0x10000u32.to_le_bytes()).collect();
+        m.payloads[c2].splice(rs2..rs2, stream);
+        m.set_rans_len(c2, 128);
+        m.sync_lens();
+        assert_corrupt(&m.build(), "stream not needed");
+    }
+
+    // rANS length pointing past the payload.
+    for v in [l.payload_len(c), l.payload_len(c) + 2, u32::MAX - 1] {
+        let mut m = l.clone();
+        m.set_rans_len(c, v);
+        expect_err(&m.build(), &format!("rans_len {v}"));
+    }
+
+    // Every 2-byte word and every state byte of the stream replaced: never a panic.
+    let mut rng = Rng::new(3);
+    for i in 0..rl {
+        let mut m = l.clone();
+        m.payloads[c][rs + i] = rng.next_u64() as u8;
+        decode_everything(&m.build(), &format!("stream byte {i}"));
+    }
+}
+
+#[test]
+fn raw_areas_of_the_wrong_size_are_corrupt() {
+    let blob = coded_blob();
+    let l = Layout::parse(&blob);
+    for c in 0..l.entries.len() {
+        for delta in [-1i32, 1] {
+            let mut m = l.clone();
+            if delta < 0 {
+                if m.payloads[c].len() == m.rans_start(c) + m.rans_len(c) as usize {
+                    continue;
+                }
+                m.payloads[c].pop();
+            } else {
+                m.payloads[c].push(0);
+            }
+            m.sync_lens();
+            let msg = assert_corrupt(&m.build(), &format!("chunk {c} raw area {delta:+}"));
+            assert!(msg.contains("raw") || msg.contains("rANS"), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn stored_blobs_that_lie_are_errors() {
+    let data = common::random_bytes(301, 1);
+    let blob = tensorzip::compress(&data, DType::U8, &[301], &CompressOptions::default()).unwrap();
+    assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Stored);
+    for shape in [300u64, 302, 0, 1 << 40] {
+        let e = expect_err(&patched(&blob, 20, &shape.to_le_bytes()), "stored shape");
+        assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_)), "{shape}: {e:?}");
+    }
+    // A dtype whose size does not divide the data.
+    assert!(matches!(expect_err(&patched(&blob, 7, &[DType::F32.code()]), "stored dtype"), Error::Truncated(_) | Error::Corrupt(_)));
+    // Turned into a coded blob with valid sizes: the tables and directory are garbage.
+    let mut b = patched(&blob, 6, &[1]);
+    b[12..16].copy_from_slice(&1024u32.to_le_bytes());
+    b[16..20].copy_from_slice(&64u32.to_le_bytes());
+    decode_everything(&b, "stored as coded");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Archives.
+
+fn temp_path(tag: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("tensorzip-corruption-{}-{tag}-{n}", std::process::id()))
+}
+
+/// A small safetensors file and its archive.
+fn small_archive(piece: u32) -> (Vec<u8>, Vec<u8>) {
+    let w = make(DType::BF16, 700, Dist::Weights, 1);
+    let z = vec![0u8; 64];
+    let f = make(DType::F32, 50, Dist::NanInf, 2);
+    let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
+        ("w", "BF16", &[7u64, 100][..], &w[..]),
+        ("zeros", "I32", &[16u64][..], &z[..]),
+        ("f", "F32", &[50u64][..], &f[..]),
+        ("empty", "F32", &[0u64, 3][..], &[][..]),
+    ];
+    let meta = vec![("format".to_string(), "pt".to_string())];
+    let file = serialize_safetensors(&tensors, Some(&meta)).unwrap();
+    let segs = plan_safetensors(&file).unwrap();
+    let path = temp_path("archive");
+    let mut out = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+    let opts = ArchiveOptions { compress: CompressOptions { min_compress_bytes: 0, ..small_opts() }, checksum_piece_bytes: piece };
+    write_archive(&ONE, &file, &segs, &opts, &mut out, &|_| {}).unwrap();
+    drop(out);
+    let ar = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(restore(&ar).unwrap(), file);
+    (file, ar)
+}
+
+/// Everything a reader of an archive does: parse, list tensors, decode every segment (in memory and
+/// streamed). Returns the restored file. Panics only if decoding panics.
+fn restore(ar: &[u8]) -> Result<Vec<u8>, Error> {
+    let a = Archive::parse(ar)?;
+    let _ = a.tensors(&ONE);
+    for i in 0..a.segments.len() {
+        let _ = a.check_blob(i);
+    }
+    let mut streamed = Vec::new();
+    for i in 0..a.segments.len() {
+        a.decode_segment_to(&TWO, i, &mut streamed, &|_| {})?;
+    }
+    let mut out = Vec::new();
+    for i in 0..a.segments.len() {
+        out.extend(a.decode_segment(&ONE, i)?);
+    }
+    assert!(out == streamed, "in-memory and streamed decoding disagree");
+    assert_eq!(out.len() as u64, a.original_len);
+    Ok(out)
+}
+
+fn restore_guarded(ar: &[u8], what: &str) -> Result<Vec<u8>, Error> {
+    match catch_unwind(AssertUnwindSafe(|| restore(ar))) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            panic!("archive decoding panicked ({what}): {msg:?}\narchive ({} bytes): {}", ar.len(), hex(ar));
+        }
+    }
+}
+
+#[test]
+fn every_truncation_of_an_archive_is_an_error() {
+    for piece in [0u32, 64] {
+        let (_, ar) = small_archive(piece);
+        for n in 0..ar.len() {
+            let e = Archive::parse(&ar[..n]).err().unwrap_or_else(|| panic!("archive cut to {n} bytes parses"));
+            match n {
+                0..4 => assert_eq!(e, Error::BadMagic),
+                _ => assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_) | Error::Checksum(_)), "cut to {n}: {e:?}"),
+            }
+            assert!(restore_guarded(&ar[..n], &format!("cut to {n}")).is_err());
+        }
+        // Trailing bytes.
+        let mut b = ar.clone();
+        b.push(0);
+        assert!(restore_guarded(&b, "trailing byte").is_err());
+    }
+}
+
+#[test]
+fn archive_bit_flips_are_detected_or_harmless() {
+    with_watchdog(600, "archive flips", || {
+        for piece in [0u32, 64] {
+            let (file, ar) = small_archive(piece);
+            let mut rng = Rng::new(piece as u64 + 9);
+            let mut cases: Vec<Vec<usize>> = (0..ARCHIVE_HEADER_LEN * 8).map(|b| vec![b]).collect();
+            // Every bit of the index, then random flips anywhere.
+            let index_offset = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
+            cases.extend((index_offset * 8..ar.len() * 8).map(|b| vec![b]));
+            for _ in 0..1500 {
+                let nbits = 1 + (rng.next_u64() % 3) as usize;
+                cases.push((0..nbits).map(|_| (rng.next_u64() % (ar.len() as u64 * 8)) as usize).collect());
+            }
+            let mut undetected = 0;
+            for bits in cases {
+                let mut b = ar.clone();
+                for &bit in &bits {
+                    b[bit / 8] ^= 1 << (bit % 8);
+                }
+                if b == ar {
+                    continue;
+                }
+                // Checksums cover the index, every blob and every decoded segment: a flip is either
+                // caught or changes nothing that is restored.
+                if let Ok(out) = restore_guarded(&b, &format!("bits {bits:?}")) {
+                    assert!(out == file, "piece {piece}: bits {bits:?} flipped: restored a different file without an error");
+                    undetected += 1;
+                }
+            }
+            // Only the checksum piece size can change harmlessly (from 0 to a size above every blob).
+            assert!(undetected < 64, "{undetected} flips went unnoticed");
+        }
+    });
+}
+
+#[test]
+fn archive_headers_that_lie_are_errors() {
+    let (_, ar) = small_archive(0);
+    assert_eq!(Archive::parse(&patched(&ar, 0, b"TZBL")).err(), Some(Error::BadMagic));
+    for v in [0u16, 2, u16::MAX] {
+        assert_eq!(Archive::parse(&patched(&ar, 4, &v.to_le_bytes())).err(), Some(Error::UnsupportedVersion { found: v, supported: 1 }));
+    }
+    for at in [6usize, 7, 12, 15] {
+        assert!(matches!(Archive::parse(&patched(&ar, at, &[1])), Err(Error::Corrupt(_))));
+    }
+    for off in [0u64, 31, ar.len() as u64 + 1, u64::MAX] {
+        assert!(matches!(Archive::parse(&patched(&ar, 24, &off.to_le_bytes())), Err(Error::Truncated(_))), "index at {off}");
+    }
+    assert!(Archive::parse(&patched(&ar, 16, &1u64.to_le_bytes())).is_err());
+}
+
+/// Re-seals an archive's index after an edit (its CRC is not a defence against a hostile writer).
+fn reseal_index(ar: &mut [u8]) {
+    let io = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
+    let end = ar.len() - 4;
+    let crc = crc32(&ar[io..end]);
+    ar[end..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// An index whose CRC is right but whose sizes lie must give an error before anything is allocated
+/// for those sizes.
+#[test]
+fn hostile_archive_index_with_valid_crc() {
+    let (_, ar) = small_archive(0);
+    let a = Archive::parse(&ar).unwrap();
+    let n = a.segments.len();
+    let io = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
+    // Offset of each entry in the archive.
+    let mut at = io + 4;
+    let mut entry_at = Vec::new();
+    for s in &a.segments {
+        entry_at.push(at);
+        at += 41 + 4 * s.blob_crcs.len();
+    }
+    // A segment whose original length is 1 GiB more (the later offsets and the total agree).
+    for i in 0..n {
+        let mut b = ar.clone();
+        let old = a.segments[i].orig_len;
+        let new = old + (1 << 30);
+        b[entry_at[i] + 9..entry_at[i] + 17].copy_from_slice(&new.to_le_bytes());
+        for j in i + 1..n {
+            let off = a.segments[j].orig_offset + (1 << 30);
+            b[entry_at[j] + 1..entry_at[j] + 9].copy_from_slice(&off.to_le_bytes());
+        }
+        let total = a.original_len + (1 << 30);
+        b[16..24].copy_from_slice(&total.to_le_bytes());
+        reseal_index(&mut b);
+        let p = Archive::parse(&b).expect("sizes are consistent, the CRC is right");
+        let (r, big) = largest_alloc(|| p.decode_segment(&ONE, i));
+        assert!(r.is_err(), "segment {i}: decoded with a wrong length");
+        assert!(big < 64 << 20, "segment {i} claims {new} bytes: decode_segment allocated {big} bytes before failing ({r:?})");
+        let (r, big) = largest_alloc(|| p.tensors(&ONE));
+        assert!(r.is_err() || i != 0, "segment {i}");
+        assert!(big < 64 << 20, "tensors() with segment {i} claiming {new} bytes allocated {big} bytes before failing");
+        let (r, big) = largest_alloc(|| p.decode_segment_to(&ONE, i, &mut std::io::sink(), &|_| {}));
+        assert!(r.is_err());
+        assert!(big < 64 << 20, "decode_segment_to allocated {big} bytes");
+    }
+    // A wrong original CRC is caught after decoding.
+    let mut b = ar.clone();
+    b[entry_at[1] + 33] ^= 1;
+    reseal_index(&mut b);
+    let p = Archive::parse(&b).unwrap();
+    assert!(matches!(p.decode_segment(&ONE, 1), Err(Error::Checksum(_))));
+    // Many segments claimed, few present.
+    let mut b = ar.clone();
+    b[io..io + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    reseal_index(&mut b);
+    let (r, big) = largest_alloc(|| Archive::parse(&b).err());
+    assert!(r.is_some());
+    assert!(big < 1 << 20, "{big}");
+    // A checksum count that overflows.
+    let mut b = ar.clone();
+    b[entry_at[0] + 37..entry_at[0] + 41].copy_from_slice(&u32::MAX.to_le_bytes());
+    reseal_index(&mut b);
+    assert!(Archive::parse(&b).is_err());
+}

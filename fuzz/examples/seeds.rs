@@ -1,0 +1,104 @@
+//! Writes seed corpora of real blobs and archives for the fuzz targets:
+//! `cargo run --release --example seeds -- corpus` fills `corpus/decode_blob/` and
+//! `corpus/decode_archive/` (see `seeds.sh`). Everything is seeded, so the seeds are the same each run.
+
+use std::path::{Path, PathBuf};
+
+use tensorzip::archive::{plan_safetensors, serialize_safetensors, write_archive, ArchiveOptions};
+use tensorzip::sample::{self, Rng};
+use tensorzip::{CompressOptions, CpuEngine, DType};
+
+fn bytes_of(dtype: DType, n: usize, kind: u32, seed: u64) -> Vec<u8> {
+    let isz = dtype.itemsize();
+    let mut r = Rng::new(seed);
+    match kind {
+        // Weights (floats) or skewed small values (everything else).
+        0 => match dtype {
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => sample::weights(1, n, dtype, seed),
+            DType::Complex64 => sample::weights(1, 2 * n, DType::F32, seed),
+            _ => (0..n).flat_map(|_| ((r.normal() * 6.0).round() as i64).to_le_bytes()[..isz].to_vec()).collect(),
+        },
+        // Constant.
+        1 => vec![0x3C; n * isz],
+        // Uniformly random.
+        2 => (0..n * isz).map(|_| r.next_u64() as u8).collect(),
+        // Blocks that alternate between constant, random and skewed.
+        _ => (0..n * isz)
+            .map(|i| match (i / 64) % 3 {
+                0 => 7,
+                1 => r.next_u64() as u8,
+                _ => (r.normal().abs() * 3.0) as u8,
+            })
+            .collect(),
+    }
+}
+
+fn write(dir: &Path, name: &str, data: &[u8]) {
+    std::fs::write(dir.join(name), data).unwrap();
+}
+
+fn main() {
+    let root = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "corpus".into()));
+    let blobs = root.join("decode_blob");
+    let archives = root.join("decode_archive");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::create_dir_all(&archives).unwrap();
+    let eng = CpuEngine::new(1).unwrap();
+    let opts = [
+        CompressOptions { chunk_bytes: 1024, block_units: 64, min_compress_bytes: 0, ..Default::default() },
+        CompressOptions { chunk_bytes: 256, block_units: 32, min_compress_bytes: 0, max_tables: 2, ..Default::default() },
+        CompressOptions { chunk_bytes: 8, block_units: 32, min_compress_bytes: 0, ..Default::default() },
+        CompressOptions { chunk_bytes: 4096, block_units: 1024, min_compress_bytes: 0, passthrough_threshold: 1.0, ..Default::default() },
+    ];
+    let mut count = 0;
+    for (di, dtype) in DType::ALL.into_iter().enumerate() {
+        for kind in 0..4u32 {
+            let (o, n) = match (di + kind as usize) % 4 {
+                0 => (0, 1500 / dtype.itemsize()),
+                1 => (1, 700 / dtype.itemsize()),
+                2 => (2, 40 / dtype.itemsize()),
+                _ => (3, 3000 / dtype.itemsize()),
+            };
+            let data = bytes_of(dtype, n, kind, (di * 4 + kind as usize) as u64);
+            let blob = eng.compress(&data, dtype, &[n as u64], &opts[o]).unwrap();
+            write(&blobs, &format!("{}-{kind}", dtype.torch_name()), &blob);
+            count += 1;
+        }
+    }
+    // Odd shapes: empty, 0-d, rank 3.
+    for (name, dtype, shape, data) in [
+        ("empty", DType::F32, vec![3u64, 0], vec![]),
+        ("scalar", DType::F64, vec![], 1.5f64.to_le_bytes().to_vec()),
+        ("rank3", DType::BF16, vec![3, 5, 7], sample::weights(1, 105, DType::BF16, 9)),
+    ] {
+        let blob = eng.compress(&data, dtype, &shape, &opts[0]).unwrap();
+        write(&blobs, name, &blob);
+        count += 1;
+    }
+
+    // Archives: a small safetensors file with a few tensors, with and without checksum pieces.
+    let w = sample::weights(8, 96, DType::BF16, 1);
+    let f = bytes_of(DType::F32, 40, 0, 2);
+    let ids: Vec<u8> = (0..16i64).flat_map(|i| i.to_le_bytes()).collect();
+    let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
+        ("w", "BF16", &[8u64, 96][..], &w[..]),
+        ("f", "F32", &[40u64][..], &f[..]),
+        ("ids", "I64", &[16u64][..], &ids[..]),
+        ("e", "F16", &[0u64][..], &[][..]),
+    ];
+    let meta = vec![("format".to_string(), "pt".to_string())];
+    let file = serialize_safetensors(&tensors, Some(&meta)).unwrap();
+    let segs = plan_safetensors(&file).unwrap();
+    for (i, piece) in [0u32, 256].into_iter().enumerate() {
+        let tmp = std::env::temp_dir().join(format!("tensorzip-seed-{}-{i}", std::process::id()));
+        let mut out = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).unwrap();
+        let ao = ArchiveOptions { compress: opts[i].clone(), checksum_piece_bytes: piece };
+        write_archive(&eng, &file, &segs, &ao, &mut out, &|_| {}).unwrap();
+        drop(out);
+        let ar = std::fs::read(&tmp).unwrap();
+        std::fs::remove_file(&tmp).unwrap();
+        write(&archives, &format!("archive-{i}"), &ar);
+        count += 1;
+    }
+    eprintln!("wrote {count} seeds under {}", root.display());
+}
