@@ -27,6 +27,7 @@ fn main() {
             "thr" => opts.passthrough_threshold = v.parse().unwrap(),
             "min" => opts.min_compress_bytes = v.parse().unwrap(),
             "threads" => threads = v.parse().unwrap(),
+            "cond" => opts.condition = v == "1",
             _ => panic!("unknown {k}"),
         }
     }
@@ -72,6 +73,12 @@ fn main() {
         td += best;
         assert!(&out == data, "round trip differs");
         let st = tensorzip::stats::BlobStats::of(&blob).unwrap();
+        if std::env::var_os("CTX").is_some() {
+            if let Ok(v) = tensorzip::blob::BlobView::parse(&blob) {
+                let n: Vec<Vec<u8>> = v.cond.iter().map(|c| c.iter().map(|x| x.0).collect()).collect();
+                if n.iter().any(|x| !x.is_empty()) { println!("{_name}: contexts {:?}", n); }
+            }
+        }
         ov += st.overhead_bytes; sel += st.selector_bytes; rans += st.rans_bytes; raw += st.raw_bytes;
         for (i, p) in st.planes.iter().enumerate() { agg[i].0 += p.coded_units; agg[i].1 += p.raw_units; agg[i].2 += p.const_units; agg[i].3 += p.table_bytes; }
         if verbose { println!("{_name} {:?} {dt} ratio {:.2}% planes {:?}", shape, blob.len() as f64 / data.len() as f64 * 100.0, st.planes.iter().map(|p| format!("{} t{}", p.summary(), p.tables)).collect::<Vec<_>>()); }

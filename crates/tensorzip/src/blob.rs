@@ -23,7 +23,7 @@ pub const MIN_BLOCK_UNITS: u32 = 32;
 pub const MAX_BLOCK_UNITS: u32 = 65536;
 /// Most frequency tables one plane may have.
 pub const MAX_TABLES: usize = 64;
-/// Largest tensor, in bytes.
+/// Tensors must be smaller than this many bytes.
 pub const MAX_TENSOR_BYTES: u64 = 1 << 56;
 
 /// Block selector: the block is one repeated byte, stored once in the raw area.
@@ -50,6 +50,9 @@ pub enum PlaneMode {
     Const(u8),
     /// Per-block selectors decide.
     Blocks,
+    /// Conditioned on the plane's condition plane: the bytes of units whose condition byte equals the
+    /// plane's condition value are rANS-coded (one sub-segment per block), the others are raw.
+    Cond,
 }
 
 /// The fixed header of a blob.
@@ -161,8 +164,8 @@ impl BlobHeader {
         for &d in &shape {
             numel = numel.checked_mul(d).ok_or_else(|| Error::Corrupt("shape overflows".into()))?;
         }
-        if numel.checked_mul(dtype.itemsize() as u64).is_none_or(|b| b > MAX_TENSOR_BYTES) {
-            return corrupt("tensor larger than 2^56 bytes");
+        if numel.checked_mul(dtype.itemsize() as u64).is_none_or(|b| b >= MAX_TENSOR_BYTES) {
+            return corrupt("tensor of 2^56 bytes or more");
         }
         match scheme {
             Scheme::Stored => {
@@ -204,6 +207,7 @@ impl ChunkEntry {
                 PlaneMode::Raw => (0, 0),
                 PlaneMode::Const(v) => (1, v),
                 PlaneMode::Blocks => (2, 0),
+                PlaneMode::Cond => (3, 0),
             };
             out.push(a);
             out.push(b);
@@ -221,6 +225,7 @@ impl ChunkEntry {
                 (0, 0) => PlaneMode::Raw,
                 (1, v) => PlaneMode::Const(v),
                 (2, 0) => PlaneMode::Blocks,
+                (3, 0) => PlaneMode::Cond,
                 _ => return corrupt(format!("invalid plane mode ({a}, {b})")),
             };
         }
@@ -233,6 +238,9 @@ pub struct BlobView<'a> {
     pub header: BlobHeader,
     /// Frequency tables of each plane.
     pub tables: Vec<Vec<FreqTable>>,
+    /// The conditional table of each plane, if any: units whose condition byte equals the value are
+    /// coded with the table.
+    pub cond: Vec<Option<(u8, FreqTable)>>,
     dir: &'a [u8],
     /// Offset of each chunk's payload in `data`, plus the end (`n_chunks + 1` values).
     offsets: Vec<usize>,
@@ -255,11 +263,20 @@ impl<'a> BlobView<'a> {
                 if data.len() > end {
                     return corrupt(format!("{} bytes after the end of the blob", data.len() - end));
                 }
-                Ok(BlobView { header, tables: Vec::new(), dir: &[], offsets: Vec::new(), data, payload_start: pos })
+                Ok(BlobView {
+                    header,
+                    tables: Vec::new(),
+                    cond: Vec::new(),
+                    dir: &[],
+                    offsets: Vec::new(),
+                    data,
+                    payload_start: pos,
+                })
             }
             Scheme::Planes => {
                 let planes = header.planes();
                 let mut tables = Vec::with_capacity(planes);
+                let mut cond = Vec::with_capacity(planes);
                 for p in 0..planes {
                     let Some(&k) = data.get(pos) else { return truncated(format!("table count of plane {p}")) };
                     pos += 1;
@@ -273,6 +290,25 @@ impl<'a> BlobView<'a> {
                         list.push(t);
                     }
                     tables.push(list);
+                    let Some(&nc) = data.get(pos) else { return truncated(format!("conditional table flag of plane {p}")) };
+                    pos += 1;
+                    match nc {
+                        0 => cond.push(None),
+                        1 => {
+                            if header.dtype.conditioned_plane().map(|c| c.0) != Some(p) {
+                                return corrupt(format!("plane {p} of a {} tensor cannot be conditioned", header.dtype));
+                            }
+                            let Some(&v) = data.get(pos) else { return truncated(format!("condition byte of plane {p}")) };
+                            pos += 1;
+                            let (t, used) = FreqTable::parse(&data[pos..])?;
+                            pos += used;
+                            if t.is_single() {
+                                return corrupt(format!("plane {p}: conditional table of one symbol"));
+                            }
+                            cond.push(Some((v, t)));
+                        }
+                        n => return corrupt(format!("plane {p}: conditional table flag {n} (0 or 1)")),
+                    }
                 }
                 let n_chunks = header.n_chunks();
                 let entry = header.dir_entry_len() as u64;
@@ -296,7 +332,7 @@ impl<'a> BlobView<'a> {
                 if off != data.len() {
                     return corrupt(format!("{} bytes after the end of the blob", data.len() - off));
                 }
-                Ok(BlobView { header, tables, dir, offsets, data, payload_start: pos })
+                Ok(BlobView { header, tables, cond, dir, offsets, data, payload_start: pos })
             }
         }
     }
@@ -304,7 +340,13 @@ impl<'a> BlobView<'a> {
     /// The directory entry of chunk `c`.
     pub fn entry(&self, c: usize) -> Result<ChunkEntry> {
         let e = self.header.dir_entry_len();
-        ChunkEntry::parse(&self.dir[c * e..(c + 1) * e], self.header.planes())
+        let entry = ChunkEntry::parse(&self.dir[c * e..(c + 1) * e], self.header.planes())?;
+        for p in 0..self.header.planes() {
+            if entry.modes[p] == PlaneMode::Cond && self.cond[p].is_none() {
+                return corrupt(format!("chunk {c} plane {p} is conditioned but the plane has no conditional tables"));
+            }
+        }
+        Ok(entry)
     }
 
     /// The payload of chunk `c`.

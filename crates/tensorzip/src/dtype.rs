@@ -124,6 +124,18 @@ impl DType {
         }
     }
 
+    /// The plane that may be coded conditioned on another, and that condition plane: the byte just
+    /// below the exponent byte, conditioned on the exponent byte (for float dtypes whose exponent
+    /// fills the top byte after the transform), else `None`.
+    pub fn conditioned_plane(self) -> Option<(usize, usize)> {
+        match self {
+            DType::BF16 | DType::F16 => Some((0, 1)),
+            DType::F32 | DType::Complex64 => Some((2, 3)),
+            DType::F64 => Some((6, 7)),
+            _ => None,
+        }
+    }
+
     /// Name as used by safetensors (`"BF16"`, `"F32"`, ...).
     pub fn safetensors_name(self) -> &'static str {
         match self {

@@ -5,21 +5,29 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::model::{build_model, choose, const_selector, histogram, Model};
 use crate::options::CompressOptions;
-use crate::rans::encode::{encode_stream, EncoderScratch, Segment};
+use crate::rans::encode::{encode_stream, BlockJob, EncoderScratch, Seq};
 use crate::transform;
-
-/// One coded chunk: its directory entry and payload.
-pub struct ChunkOut {
-    pub entry: ChunkEntry,
-    pub payload: Vec<u8>,
-}
 
 /// Per-thread scratch of the chunk encoder.
 #[derive(Default)]
 pub struct ChunkScratch {
     planes: Vec<u8>,
     sels: Vec<u8>,
+    cond_syms: Vec<u8>,
+    cond_raw: Vec<u8>,
     rans: EncoderScratch,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<ChunkScratch> = std::cell::RefCell::new(ChunkScratch::default());
+}
+
+/// Runs `f` with this thread's encoder scratch (kept between calls, so no fresh memory per chunk).
+pub fn with_scratch<R>(f: impl FnOnce(&mut ChunkScratch) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut ChunkScratch::default()),
+    })
 }
 
 /// Encoder of one tensor.
@@ -43,8 +51,8 @@ pub fn check_input(data: &[u8], dtype: DType, shape: &[u64]) -> Result<()> {
     let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     let nbytes = numel.and_then(|n| n.checked_mul(dtype.itemsize() as u64));
     match nbytes {
-        Some(n) if n <= crate::blob::MAX_TENSOR_BYTES && n == data.len() as u64 => Ok(()),
-        Some(n) if n <= crate::blob::MAX_TENSOR_BYTES => Err(Error::InvalidInput(format!(
+        Some(n) if n < crate::blob::MAX_TENSOR_BYTES && n == data.len() as u64 => Ok(()),
+        Some(n) if n < crate::blob::MAX_TENSOR_BYTES => Err(Error::InvalidInput(format!(
             "{} bytes given for a {dtype} tensor of shape {shape:?} ({n} bytes)",
             data.len()
         ))),
@@ -91,6 +99,14 @@ impl<'a> TensorEncoder<'a> {
                 for t in &pm.tables {
                     t.write(out);
                 }
+                match &pm.cond {
+                    None => out.push(0),
+                    Some((v, t)) => {
+                        out.push(1);
+                        out.push(*v);
+                        t.write(out);
+                    }
+                }
             }
         }
     }
@@ -100,8 +116,8 @@ impl<'a> TensorEncoder<'a> {
         self.data
     }
 
-    /// Encodes chunk `c`.
-    pub fn encode_chunk(&self, c: u64, scratch: &mut ChunkScratch) -> ChunkOut {
+    /// Encodes chunk `c`: its payload replaces the contents of `payload`; returns its directory entry.
+    pub fn encode_chunk(&self, c: u64, scratch: &mut ChunkScratch, payload: &mut Vec<u8>) -> ChunkEntry {
         let model = self.model.as_ref().expect("encode_chunk on a Planes encoder");
         let h = &self.header;
         let us = h.planes();
@@ -110,6 +126,7 @@ impl<'a> TensorEncoder<'a> {
         let src = &self.data[start * us..(start + len) * us];
         let bu = h.block_units as usize;
         let nb = len.div_ceil(bu);
+        let block = |b: usize| b * bu..((b + 1) * bu).min(len);
 
         scratch.planes.resize(us * len, 0);
         {
@@ -124,12 +141,13 @@ impl<'a> TensorEncoder<'a> {
         let mut modes = [PlaneMode::Raw; 8];
         let mut hist = [0u32; 256];
         for p in 0..us {
-            let tables = &model.planes[p].tables;
+            let pm = &model.planes[p];
+            let tables = &pm.tables;
             let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
             let mut all_raw = true;
             let mut const_val: Option<Option<u8>> = None; // Some(Some(v)): every block so far is v
             for (b, sel) in sels.iter_mut().enumerate() {
-                let blk = &planes[p][b * bu..((b + 1) * bu).min(len)];
+                let blk = &planes[p][block(b)];
                 let first = blk[0];
                 let is_const;
                 if tables.is_empty() {
@@ -153,23 +171,39 @@ impl<'a> TensorEncoder<'a> {
             }
             modes[p] = match const_val {
                 Some(Some(v)) => PlaneMode::Const(v),
+                _ if pm.cond.is_some() => PlaneMode::Cond,
                 _ if all_raw => PlaneMode::Raw,
                 _ => PlaneMode::Blocks,
             };
         }
 
-        let mut payload = Vec::new();
+        // Conditioned plane: per block, the bytes (and contexts) of the units whose condition byte has
+        // a table, and the raw bytes of the others.
+        let cond = h.dtype.conditioned_plane().filter(|&(p, _)| modes[p] == PlaneMode::Cond);
+        scratch.cond_syms.clear();
+        scratch.cond_raw.clear();
+        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
+        if let Some((p, q)) = cond {
+            let v = model.planes[p].cond.as_ref().expect("a conditioned plane has a table").0;
+            for b in 0..nb {
+                let from = scratch.cond_syms.len();
+                crate::select::split(v, &planes[q][block(b)], &planes[p][block(b)], &mut scratch.cond_syms, &mut scratch.cond_raw);
+                cond_ranges.push(from..scratch.cond_syms.len());
+            }
+        }
+
+        payload.clear();
         for p in 0..us {
             if modes[p] == PlaneMode::Blocks {
                 payload.extend_from_slice(&scratch.sels[p * nb..(p + 1) * nb]);
             }
         }
-        // The rANS stream over every block coded with a multi-symbol table.
-        let mut blocks: Vec<Vec<Segment<'_>>> = Vec::with_capacity(nb);
+        // The rANS stream: per block, the blocks coded with a multi-symbol table, then the
+        // conditioned sub-segment.
+        let mut jobs: Vec<BlockJob<'_>> = Vec::with_capacity(nb);
         let mut any = false;
         for b in 0..nb {
-            let range = b * bu..((b + 1) * bu).min(len);
-            let mut segs = Vec::new();
+            let mut job = BlockJob::default();
             for p in 0..us {
                 if modes[p] != PlaneMode::Blocks {
                     continue;
@@ -179,24 +213,32 @@ impl<'a> TensorEncoder<'a> {
                     continue;
                 }
                 if let Some(enc) = &model.planes[p].enc[sel as usize] {
-                    segs.push(Segment { syms: &planes[p][range.clone()], table: enc });
-                    any = true;
+                    job.main.push(Seq { syms: &planes[p][block(b)], packed: &enc.packed, scalar: &enc.syms });
                 }
             }
-            blocks.push(segs);
+            if let Some((p, _)) = cond {
+                let r = cond_ranges[b].clone();
+                if !r.is_empty() {
+                    let ce = model.planes[p].cond_enc.as_ref().expect("a conditioned plane has a table");
+                    job.sub.push(Seq { syms: &scratch.cond_syms[r], packed: &ce.packed, scalar: &ce.syms });
+                }
+            }
+            any |= !job.main.is_empty() || !job.sub.is_empty();
+            jobs.push(job);
         }
         let sel_len = payload.len();
         if any {
-            encode_stream(&blocks, &mut scratch.rans, &mut payload);
+            encode_stream(&jobs, &mut scratch.rans, payload);
         }
         let rans_len = payload.len() - sel_len;
+        // Raw area: planes in ascending order, the conditioned plane last.
         for p in 0..us {
             match modes[p] {
                 PlaneMode::Raw => payload.extend_from_slice(planes[p]),
-                PlaneMode::Const(_) => {}
+                PlaneMode::Const(_) | PlaneMode::Cond => {}
                 PlaneMode::Blocks => {
                     for b in 0..nb {
-                        let blk = &planes[p][b * bu..((b + 1) * bu).min(len)];
+                        let blk = &planes[p][block(b)];
                         match scratch.sels[p * nb + b] {
                             SEL_RAW => payload.extend_from_slice(blk),
                             SEL_CONST => payload.push(blk[0]),
@@ -205,6 +247,9 @@ impl<'a> TensorEncoder<'a> {
                     }
                 }
             }
+        }
+        if cond.is_some() {
+            payload.extend_from_slice(&scratch.cond_raw);
         }
         // Coding must not expand a chunk: otherwise every non-constant plane is stored raw.
         if payload.len() >= len * us {
@@ -215,8 +260,8 @@ impl<'a> TensorEncoder<'a> {
                     payload.extend_from_slice(planes[p]);
                 }
             }
-            return ChunkOut { entry: ChunkEntry { payload_len: payload.len() as u32, rans_len: 0, modes }, payload };
+            return ChunkEntry { payload_len: payload.len() as u32, rans_len: 0, modes };
         }
-        ChunkOut { entry: ChunkEntry { payload_len: payload.len() as u32, rans_len: rans_len as u32, modes }, payload }
+        ChunkEntry { payload_len: payload.len() as u32, rans_len: rans_len as u32, modes }
     }
 }

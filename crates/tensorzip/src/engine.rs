@@ -5,9 +5,10 @@ use std::io::{Seek, SeekFrom, Write};
 use rayon::prelude::*;
 
 use crate::blob::{BlobHeader, Scheme};
-use crate::decoder::{DecodeScratch, TensorDecoder};
+use crate::blob::ChunkEntry;
+use crate::decoder::{with_scratch, TensorDecoder};
 use crate::dtype::DType;
-use crate::encoder::{stored_header, ChunkOut, ChunkScratch, TensorEncoder};
+use crate::encoder::{self, stored_header, TensorEncoder};
 use crate::error::{Error, Result};
 use crate::options::CompressOptions;
 
@@ -59,17 +60,19 @@ impl CpuEngine {
 
     /// Compresses the bytes of a tensor (row-major, little-endian) into a blob.
     pub fn compress(&self, data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions) -> Result<Vec<u8>> {
-        self.run(|| {
-            let enc = TensorEncoder::new(data, dtype, shape, opts)?;
-            if enc.header().scheme == Scheme::Stored {
-                return Ok(stored_blob(enc.header(), data));
-            }
-            let chunks: Vec<ChunkOut> = (0..enc.n_chunks())
-                .into_par_iter()
-                .map_init(ChunkScratch::default, |s, c| enc.encode_chunk(c, s))
-                .collect();
-            Ok(assemble(&enc, &chunks))
-        })
+        let mut out = Vec::new();
+        self.compress_into(data, dtype, shape, opts, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`CpuEngine::compress`], but replaces the contents of `out`, reusing its memory.
+    pub fn compress_into(&self, data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        let mut cur = std::io::Cursor::new(std::mem::take(out));
+        let len = self.compress_to(data, dtype, shape, opts, &mut cur, &|_| {});
+        *out = cur.into_inner();
+        out.truncate(len? as usize);
+        Ok(())
     }
 
     /// Decompresses a blob into a new buffer.
@@ -104,7 +107,7 @@ impl CpuEngine {
                 self.run(|| {
                     out.par_chunks_mut(2 * cb)
                         .enumerate()
-                        .try_for_each_init(DecodeScratch::default, |s, (i, o)| dec.decode_chunks(2 * i, o, s))
+                        .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunks(2 * i, o, s)))
                 })
             }
         }
@@ -145,11 +148,10 @@ impl CpuEngine {
             rest = tail;
         }
         self.run(|| {
-            pieces.into_par_iter().try_for_each_init(
-                || (DecodeScratch::default(), Vec::new()),
-                |(s, tmp), (c, piece)| {
-                    let chunk_bytes = h.chunk_len(c as u64) * h.planes();
-                    let lo = b0.max(c * cb) - c * cb;
+            pieces.into_par_iter().try_for_each_init(Vec::new, |tmp, (c, piece)| {
+                let chunk_bytes = h.chunk_len(c as u64) * h.planes();
+                let lo = b0.max(c * cb) - c * cb;
+                with_scratch(|s| {
                     if lo == 0 && piece.len() == chunk_bytes {
                         dec.decode_chunk(c, piece, s)
                     } else {
@@ -158,8 +160,8 @@ impl CpuEngine {
                         piece.copy_from_slice(&tmp[lo..lo + piece.len()]);
                         Ok(())
                     }
-                },
-            )
+                })
+            })
         })?;
         Ok(h)
     }
@@ -219,17 +221,24 @@ impl CpuEngine {
         let batch = self.batch_chunks(chunk_bytes);
         let mut dir = Vec::with_capacity(n * entry_len);
         let mut total = (prefix.len() + n * entry_len) as u64;
+        // Payload buffers are reused from batch to batch (fresh memory is slow to touch).
+        let mut pool: Vec<Vec<u8>> = Vec::new();
         let mut c0 = 0;
         while c0 < n {
             let c1 = (c0 + batch).min(n);
-            let outs: Vec<ChunkOut> = self.run(|| {
-                (c0 as u64..c1 as u64).into_par_iter().map_init(ChunkScratch::default, |s, c| enc.encode_chunk(c, s)).collect()
+            let mut bufs: Vec<Vec<u8>> = (c0..c1).map(|_| pool.pop().unwrap_or_default()).collect();
+            let entries: Vec<ChunkEntry> = self.run(|| {
+                bufs.par_iter_mut()
+                    .enumerate()
+                    .map(|(i, buf)| encoder::with_scratch(|s| enc.encode_chunk((c0 + i) as u64, s, buf)))
+                    .collect()
             });
-            for o in &outs {
-                o.entry.write(h.planes(), &mut dir);
-                w.write_all(&o.payload).map_err(io)?;
-                total += o.payload.len() as u64;
+            for (e, buf) in entries.iter().zip(&bufs) {
+                e.write(h.planes(), &mut dir);
+                w.write_all(buf).map_err(io)?;
+                total += buf.len() as u64;
             }
+            pool.extend(bufs);
             progress(((c1 * chunk_bytes) as u64).min(data.len() as u64));
             c0 = c1;
         }
@@ -275,7 +284,7 @@ impl CpuEngine {
                     self.run(|| {
                         out.par_chunks_mut(2 * cb)
                             .enumerate()
-                            .try_for_each_init(DecodeScratch::default, |s, (i, o)| dec.decode_chunks(c0 + 2 * i, o, s))
+                            .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunks(c0 + 2 * i, o, s)))
                     })?;
                     crc.update(out);
                     w.write_all(out).map_err(io)?;
@@ -293,27 +302,5 @@ pub fn stored_blob(header: &BlobHeader, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(header.encoded_len() + data.len());
     header.write(&mut out);
     out.extend_from_slice(data);
-    out
-}
-
-/// Concatenates prefix, directory and payloads; falls back to a stored blob when that is not smaller.
-fn assemble(enc: &TensorEncoder<'_>, chunks: &[ChunkOut]) -> Vec<u8> {
-    let mut prefix = Vec::new();
-    enc.write_prefix(&mut prefix);
-    let planes = enc.header().planes();
-    let dir_len = chunks.len() * enc.header().dir_entry_len();
-    let total = prefix.len() + dir_len + chunks.iter().map(|c| c.payload.len()).sum::<usize>();
-    let stored = stored_header(enc.header().dtype, &enc.header().shape);
-    if total >= stored.encoded_len() + enc.data().len() {
-        return stored_blob(&stored, enc.data());
-    }
-    let mut out = Vec::with_capacity(total);
-    out.extend_from_slice(&prefix);
-    for c in chunks {
-        c.entry.write(planes, &mut out);
-    }
-    for c in chunks {
-        out.extend_from_slice(&c.payload);
-    }
     out
 }

@@ -32,6 +32,7 @@ pub mod model;
 pub mod options;
 pub mod rans;
 pub mod sample;
+pub mod select;
 pub mod stats;
 
 

@@ -79,6 +79,48 @@ pub struct PlaneModel {
     pub tables: Vec<FreqTable>,
     /// Encoder constants of each multi-symbol table (`None` for single-symbol tables).
     pub enc: Vec<Option<Box<EncTable>>>,
+    /// The conditional table, if the plane is conditioned: units whose condition byte equals the
+    /// value are coded with it.
+    pub cond: Option<(u8, FreqTable)>,
+    /// Encoder constants of the conditional table.
+    pub cond_enc: Option<Box<EncTable>>,
+}
+
+/// A conditional table must save at least `1 / 2^COND_MIN_SAVING_SHIFT` of the raw size of the bytes it
+/// codes (1/64: decoding them costs a second rANS step, so small savings are not worth it).
+pub const COND_MIN_SAVING_SHIFT: u32 = 6;
+
+/// Chooses the conditional table of a plane from the joint counts `joint[e * 256 + m]` of condition
+/// byte `e` and plane byte `m` over the sampled blocks where the plane is not constant (`n_sampled`
+/// blocks were sampled of `n_blocks`). For each `e`, the
+/// candidate is the table of its counts with all 256 symbols present; it qualifies if it saves at
+/// least 1/64 of the raw size of those bytes and, scaled to the plane, more than its serialised size
+/// plus two bytes. The qualifying candidate with the largest net saving (lowest `e` among ties) wins.
+pub fn choose_conditional(joint: &[u32], n_sampled: u64, n_blocks: u64) -> Option<(u8, FreqTable)> {
+    let cl = code_len_table();
+    let all = [true; 256];
+    let mut best: Option<(u8, FreqTable, u128)> = None;
+    for e in 0..256usize {
+        let row = &joint[e * 256..(e + 1) * 256];
+        let n: u64 = row.iter().map(|&c| c as u64).sum();
+        if n == 0 {
+            continue;
+        }
+        let counts: [u64; 256] = std::array::from_fn(|m| row[m] as u64);
+        let t = FreqTable::normalize(&counts, Some(&all)).expect("n > 0");
+        let raw = (8 * n) << FRAC_BITS;
+        let cost: u64 = row.iter().enumerate().map(|(m, &c)| c as u64 * cl[t.freq[m] as usize]).sum();
+        let Some(saving) = raw.checked_sub(cost) else { continue };
+        let scaled = saving as u128 * n_blocks as u128 / n_sampled as u128;
+        let table_cost = ((2 + t.serialized_len()) as u128 * 8) << FRAC_BITS;
+        if (saving << COND_MIN_SAVING_SHIFT) >= raw && scaled > table_cost {
+            let net = scaled - table_cost;
+            if best.as_ref().is_none_or(|b| net > b.2) {
+                best = Some((e as u8, t, net));
+            }
+        }
+    }
+    best.map(|(e, t, _)| (e, t))
 }
 
 /// The model of a whole tensor.
@@ -133,15 +175,53 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         )
         .collect();
     let threshold = opts.threshold_q16();
-    let plane_models = (0..planes)
+    let mut plane_models: Vec<PlaneModel> = (0..planes)
         .into_par_iter()
         .map(|p| {
             let blocks: Vec<Sparse> = hists.iter().map(|h| sparse(&h[p])).filter(|s| s.len() > 1).collect();
             let tables = cluster(&blocks, picks.len() as u64, n_blocks, opts.max_tables, threshold);
             let enc = tables.iter().map(|t| (!t.is_single()).then(|| t.encode_table())).collect();
-            PlaneModel { tables, enc }
+            PlaneModel { tables, enc, cond: None, cond_enc: None }
         })
         .collect();
+    // Conditioning of the byte below the exponent, when the block model leaves that plane raw.
+    if let (true, Some((p, q))) = (opts.condition, header.dtype.conditioned_plane()) {
+        if plane_models[p].tables.is_empty() {
+            let joint = picks
+                .par_iter()
+                .fold(
+                    || (vec![0u32; 65536], vec![0u8; bu as usize * us]),
+                    |(mut joint, mut scratch), &g| {
+                        let (c, b) = (g / blocks_per_chunk, g % blocks_per_chunk);
+                        let start = c * cu + b * bu;
+                        let end = (start + bu).min(((c + 1) * cu).min(units));
+                        let len = (end - start) as usize;
+                        let src = &data[start as usize * us..end as usize * us];
+                        let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu as usize).take(us).map(|p| &mut p[..len]).collect();
+                        transform::split(transform, src, &mut views);
+                        // Blocks where the plane is one repeated byte cost nothing already.
+                        if views[p].iter().any(|&m| m != views[p][0]) {
+                            for (&e, &m) in views[q].iter().zip(views[p].iter()) {
+                                joint[(e as usize) << 8 | m as usize] += 1;
+                            }
+                        }
+                        (joint, scratch)
+                    },
+                )
+                .map(|(j, _)| j)
+                .reduce(
+                    || vec![0u32; 65536],
+                    |mut a, b| {
+                        a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                        a
+                    },
+                );
+            let cond = choose_conditional(&joint, picks.len() as u64, n_blocks);
+            let pm = &mut plane_models[p];
+            pm.cond_enc = cond.as_ref().map(|(_, t)| t.encode_table());
+            pm.cond = cond;
+        }
+    }
     Model { planes: plane_models }
 }
 

@@ -85,6 +85,8 @@ impl BlobStats {
             for p in 0..us {
                 let ps = &mut st.planes[p];
                 match e.modes[p] {
+                    // Conditioned planes mix coded and raw units; counted as coded here.
+                    PlaneMode::Cond => ps.coded_units += len as u64,
                     PlaneMode::Raw => ps.raw_units += len as u64,
                     PlaneMode::Const(_) => ps.const_units += len as u64,
                     PlaneMode::Blocks => {

@@ -4,7 +4,8 @@
 //!
 //! Hostile blobs are built by taking a real blob apart (`Layout`, after the layout in `blob.rs`: a
 //! 20-byte header and 8 bytes per dimension, per plane a table count and tables, one directory entry of
-//! `8 + 2 * planes` bytes per chunk, then the payloads) and patching single fields.
+//! `8 + 2 * planes` bytes per chunk, then the payloads; a chunk's payload is its block selectors, its
+//! rANS stream (32 lane states, then 16-bit words) and its raw bytes) and patching single fields.
 
 mod common;
 
@@ -198,8 +199,9 @@ fn expect_err(blob: &[u8], what: &str) -> Error {
 #[derive(Clone, Debug)]
 struct Layout {
     header: Vec<u8>,
-    /// Raw bytes of each table, per plane.
-    tables: Vec<Vec<Vec<u8>>>,
+    /// Everything between the header and the directory (per plane: a table count, the tables, and
+    /// whatever else the format keeps there), kept as it is.
+    tables: Vec<u8>,
     /// Directory entries (`8 + 2 * planes` bytes each).
     entries: Vec<Vec<u8>>,
     payloads: Vec<Vec<u8>>,
@@ -207,28 +209,19 @@ struct Layout {
     block_units: usize,
     chunk_units: usize,
     units: u64,
+    /// Whether table `j` of plane `p` has two symbols or more.
+    multi: Vec<Vec<bool>>,
 }
 
 impl Layout {
     fn parse(blob: &[u8]) -> Layout {
-        let (h, mut pos) = BlobHeader::parse(blob).unwrap();
+        let view = tensorzip::blob::BlobView::parse(blob).unwrap();
+        let h = view.header.clone();
         assert_eq!(h.scheme, Scheme::Planes, "Layout needs a coded blob");
-        let planes = h.planes();
-        let mut tables = Vec::new();
-        for _ in 0..planes {
-            let k = blob[pos] as usize;
-            pos += 1;
-            let mut ts = Vec::new();
-            for _ in 0..k {
-                let (lo, hi) = (blob[pos], blob[pos + 1]);
-                let len = 2 + (hi - lo) as usize + 1;
-                ts.push(blob[pos..pos + len].to_vec());
-                pos += len;
-            }
-            tables.push(ts);
-        }
         let e = h.dir_entry_len();
         let n = h.n_chunks() as usize;
+        let dir_start = view.overhead_len() - n * e;
+        let mut pos = dir_start;
         let entries: Vec<Vec<u8>> = (0..n).map(|c| blob[pos + c * e..pos + (c + 1) * e].to_vec()).collect();
         pos += n * e;
         let mut payloads = Vec::new();
@@ -240,13 +233,14 @@ impl Layout {
         assert_eq!(pos, blob.len());
         let l = Layout {
             header: blob[..h.encoded_len()].to_vec(),
-            tables,
+            tables: blob[h.encoded_len()..dir_start].to_vec(),
             entries,
             payloads,
-            planes,
+            planes: h.planes(),
             block_units: h.block_units as usize,
             chunk_units: h.chunk_units as usize,
             units: h.units(),
+            multi: view.tables.iter().map(|ts| ts.iter().map(|t| !t.is_single()).collect()).collect(),
         };
         assert!(l.build() == blob, "Layout does not rebuild the blob");
         l
@@ -254,17 +248,26 @@ impl Layout {
 
     fn build(&self) -> Vec<u8> {
         let mut out = self.header.clone();
-        for ts in &self.tables {
-            out.push(ts.len() as u8);
-            for t in ts {
-                out.extend_from_slice(t);
-            }
-        }
+        out.extend_from_slice(&self.tables);
         for e in &self.entries {
             out.extend_from_slice(e);
         }
         for p in &self.payloads {
             out.extend_from_slice(p);
+        }
+        out
+    }
+
+    /// The tables of plane 0 (the first in the table section): (offset in `tables`, length) of each.
+    fn plane0_tables(&self) -> Vec<(usize, usize)> {
+        let k = self.tables[0] as usize;
+        let mut at = 1;
+        let mut out = Vec::new();
+        for _ in 0..k {
+            let (lo, hi) = (self.tables[at], self.tables[at + 1]);
+            let len = 2 + (hi - lo) as usize + 1;
+            out.push((at, len));
+            at += len;
         }
         out
     }
@@ -295,11 +298,18 @@ impl Layout {
         self.entries[c][8 + 2 * p] = m.0;
         self.entries[c][9 + 2 * p] = m.1;
     }
+    /// Whether every plane of chunk `c` is raw (0, 0), constant (1, v) or block-selected (2, 0): the
+    /// payload is then selectors, rANS stream, raw area (the helpers below assume it).
+    fn is_simple(&self, c: usize) -> bool {
+        (0..self.planes).all(|p| matches!(self.mode(c, p), (0, 0) | (1, _) | (2, 0)))
+    }
     fn chunk_len(&self, c: usize) -> usize {
         (self.units - (c * self.chunk_units) as u64).min(self.chunk_units as u64) as usize
     }
-    /// Selector bytes of each Blocks-mode plane of chunk `c`: (plane, offset in the payload, count).
+    /// Selector bytes of each block-selected plane of a simple chunk `c`: (plane, offset in the
+    /// payload, count).
     fn selectors(&self, c: usize) -> Vec<(usize, usize, usize)> {
+        assert!(self.is_simple(c));
         let nb = self.chunk_len(c).div_ceil(self.block_units);
         let mut at = 0;
         let mut out = Vec::new();
@@ -311,25 +321,21 @@ impl Layout {
         }
         out
     }
-    /// Offset of chunk `c`'s rANS stream in its payload.
+    /// Offset of a simple chunk `c`'s rANS stream in its payload.
     fn rans_start(&self, c: usize) -> usize {
         self.selectors(c).iter().map(|s| s.2).sum()
     }
-    fn is_multi_table(&self, p: usize, j: usize) -> bool {
-        let t = &self.tables[p][j];
-        t[0] != t[1]
-    }
-    /// A chunk with a rANS stream and one of its planes whose selectors include a multi-symbol table:
-    /// (chunk, plane, selector offset, block).
+    /// A simple chunk with a rANS stream and one of its planes whose selectors include a
+    /// multi-symbol table: (chunk, plane, selector offset, block).
     fn coded_site(&self) -> (usize, usize, usize, usize) {
         for c in 0..self.entries.len() {
-            if self.rans_len(c) == 0 {
+            if self.rans_len(c) == 0 || !self.is_simple(c) {
                 continue;
             }
             for (p, at, nb) in self.selectors(c) {
                 for b in 0..nb {
                     let s = self.payloads[c][at + b];
-                    if s != SEL_RAW && s != SEL_CONST && self.is_multi_table(p, s as usize) {
+                    if s != SEL_RAW && s != SEL_CONST && self.multi[p][s as usize] {
                         return (c, p, at + b, b);
                     }
                 }
@@ -342,8 +348,33 @@ impl Layout {
 // ---------------------------------------------------------------------------------------------------
 // Real blobs.
 
-/// A coded multi-chunk bf16 blob with rANS streams, several tables and every selector kind.
+/// A coded multi-chunk u8 blob (one plane) with rANS streams, several tables and every selector kind:
+/// its blocks cycle through constant, random, and two unrelated skewed distributions.
 fn coded_blob() -> Vec<u8> {
+    let mut rng = Rng::new(21);
+    let mut data = Vec::new();
+    for b in 0..96u64 {
+        for _ in 0..64 {
+            let v = (rng.normal().abs() * 2.0) as u8;
+            data.push(match b % 4 {
+                0 => 0x3F,
+                1 => rng.next_u64() as u8,
+                2 => v,
+                _ => 100 + v,
+            });
+        }
+    }
+    let n = data.len() as u64;
+    let blob = tensorzip::compress(&data, DType::U8, &[n], &small_opts()).unwrap();
+    assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Planes);
+    let l = Layout::parse(&blob);
+    assert!(l.entries.len() >= 3);
+    assert!(l.multi[0].iter().filter(|&&m| m).count() >= 2, "want several tables: {:?}", l.multi);
+    blob
+}
+
+/// A coded multi-chunk bf16 blob (two planes).
+fn coded_bf16_blob() -> Vec<u8> {
     let mut data = Vec::new();
     for b in 0..24u64 {
         match b % 4 {
@@ -355,14 +386,13 @@ fn coded_blob() -> Vec<u8> {
     let n = data.len() as u64 / 2;
     let blob = tensorzip::compress(&data, DType::BF16, &[n], &small_opts()).unwrap();
     assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Planes);
-    assert!(Layout::parse(&blob).entries.len() >= 3);
     blob
 }
 
 /// Small blobs of several kinds (all decode correctly).
 fn sample_blobs() -> Vec<(String, Vec<u8>)> {
     let o = small_opts();
-    let mut v = vec![("bf16 mixed".to_string(), coded_blob())];
+    let mut v = vec![("u8 mixed".to_string(), coded_blob()), ("bf16 mixed".to_string(), coded_bf16_blob())];
     for (dtype, n, dist) in [
         (DType::F32, 400, Dist::NanInf),
         (DType::Complex64, 150, Dist::Weights),
@@ -448,20 +478,27 @@ fn random_bit_flips_never_panic() {
         let (mut errs, mut oks, mut wrong) = (0, 0, 0);
         for (name, blob) in sample_blobs() {
             let original = tensorzip::decompress(&blob).unwrap();
-            let prefix = match BlobHeader::parse(&blob).unwrap().0.scheme {
+            // Byte ranges of the header, the table section and the directory.
+            let (header, tables, dir) = match BlobHeader::parse(&blob).unwrap().0.scheme {
                 Scheme::Planes => {
                     let l = Layout::parse(&blob);
-                    blob.len() - l.payloads.iter().map(|p| p.len()).sum::<usize>()
+                    let h = l.header.len();
+                    let t = h + l.tables.len();
+                    (0..h, h..t, t..t + l.entries.iter().map(|e| e.len()).sum::<usize>())
                 }
-                Scheme::Stored => peek_header(&blob).unwrap().encoded_len(),
+                Scheme::Stored => (0..blob.len().min(peek_header(&blob).unwrap().encoded_len()), 0..0, 0..0),
             };
-            // Every single-bit flip of the header, tables and directory; then random flips anywhere
-            // (1 to 4 bits at once) and random flips in the prefix.
-            let mut cases: Vec<Vec<usize>> = (0..prefix * 8).map(|bit| vec![bit]).collect();
-            for k in 0..600 {
-                let span = if k % 3 == 0 { prefix } else { blob.len() };
+            // Every single-bit flip of the header and the directory; random flips in the table
+            // section; random flips anywhere (1 to 4 bits at once).
+            let mut cases: Vec<Vec<usize>> = header.chain(dir).flat_map(|byte| (0..8).map(move |b| vec![8 * byte + b])).collect();
+            if !tables.is_empty() {
+                for _ in 0..150 {
+                    cases.push(vec![8 * tables.start + (rng.next_u64() % (8 * tables.len() as u64)) as usize]);
+                }
+            }
+            for _ in 0..300 {
                 let nbits = 1 + (rng.next_u64() % 4) as usize;
-                cases.push((0..nbits).map(|_| (rng.next_u64() % (span as u64 * 8)) as usize).collect());
+                cases.push((0..nbits).map(|_| (rng.next_u64() % (blob.len() as u64 * 8)) as usize).collect());
             }
             for bits in cases {
                 let mut b = blob.clone();
@@ -602,15 +639,44 @@ fn bad_fixed_header_fields_are_corrupt() {
     }
 }
 
+/// A 40-byte (or longer, for rank > 1) blob: a header for a tensor of `shape`, with chunks of
+/// `chunk_bytes` (0 for a stored blob), then zeros (table counts of zero, and nothing else).
+fn tiny_blob(scheme: u8, dtype: DType, chunk_bytes: u32, block: u32, shape: &[u64]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&BLOB_MAGIC);
+    b.extend_from_slice(&1u16.to_le_bytes());
+    b.extend_from_slice(&[scheme, dtype.code(), shape.len() as u8, 0, 0, 0]);
+    b.extend_from_slice(&(chunk_bytes / dtype.unit_size() as u32).max(chunk_bytes.min(1)).to_le_bytes());
+    b.extend_from_slice(&block.to_le_bytes());
+    for d in shape {
+        b.extend_from_slice(&d.to_le_bytes());
+    }
+    b.resize(b.len().max(40), 0);
+    b
+}
+
 #[test]
 fn huge_shapes_are_rejected_before_allocating() {
     let blob = coded_blob();
-    // Products that overflow or exceed 2^56 bytes.
-    for shape in [u64::MAX, 1 << 63, 1 << 56, (1 << 55) + 1] {
+    assert_eq!(peek_header(&blob).unwrap().dtype.itemsize(), 1);
+    // More than 2^56 bytes.
+    for shape in [u64::MAX, 1 << 63, 1 << 57, (1 << 56) + 1] {
         let b = patched(&blob, 20, &shape.to_le_bytes());
         let (e, big) = largest_alloc(|| expect_err(&b, "huge shape"));
         assert!(matches!(e, Error::Corrupt(_)), "{shape}: {e:?}");
         assert!(big < 1 << 20, "shape {shape}: allocated {big} bytes");
+    }
+    // Products that overflow u64, or exceed 2^56 bytes only through the element size.
+    for (dtype, shape) in [
+        (DType::U8, vec![1u64 << 40, 1 << 40]),
+        (DType::U8, vec![u64::MAX, 2]),
+        (DType::F64, vec![1 << 54]),
+        (DType::Complex64, vec![1 << 30, 1 << 24]),
+    ] {
+        let b = tiny_blob(1, dtype, 1024, 64, &shape);
+        let (e, big) = largest_alloc(|| expect_err(&b, "overflowing shape"));
+        assert!(matches!(e, Error::Corrupt(_)), "{dtype} {shape:?}: {e:?}");
+        assert!(big < 1 << 16, "{dtype} {shape:?}: allocated {big} bytes");
     }
     // Large but allowed sizes: the directory (or the data) is not there.
     for shape in [1u64 << 40, 1 << 32, 1 << 20, 1_000_000] {
@@ -622,14 +688,8 @@ fn huge_shapes_are_rejected_before_allocating() {
     // A tiny blob claiming a gigantic tensor, stored or coded, with any chunk size.
     for (scheme, chunk, block) in [(0u8, 0u32, 0u32), (1, 1024, 64), (1, 16 << 20, 65536), (1, 1, 32)] {
         for dtype in [DType::U8, DType::F32, DType::Complex64] {
-            let mut b = Vec::new();
-            b.extend_from_slice(&BLOB_MAGIC);
-            b.extend_from_slice(&1u16.to_le_bytes());
-            b.extend_from_slice(&[scheme, dtype.code(), 1, 0, 0, 0]);
-            b.extend_from_slice(&(chunk / dtype.unit_size() as u32).max(chunk.min(1)).to_le_bytes());
-            b.extend_from_slice(&block.to_le_bytes());
-            b.extend_from_slice(&(1u64 << 40).to_le_bytes());
-            b.resize(40, 0); // table counts of zero, then nothing
+            let b = tiny_blob(scheme, dtype, chunk, block, &[1 << 40]);
+            assert_eq!(b.len(), 40);
             let (r, big) = largest_alloc(|| (TensorDecoder::new(&b).err(), tensorzip::decompress(&b).err(), ONE.decompress_range_into(&b, 0, 1, &mut [0u8; 8][..dtype.itemsize()]).err()));
             assert!(r.0.is_some() && r.1.is_some() && r.2.is_some(), "scheme {scheme} {dtype} chunk {chunk}: {r:?}");
             assert!(big < 64 << 10, "scheme {scheme} {dtype} chunk {chunk}: allocated {big} bytes");
@@ -649,60 +709,73 @@ fn table_sections_that_lie_are_errors() {
         assert!(m.contains("tables"), "{m}");
     }
     // Counts that disagree with the tables that follow.
-    for p in 0..l.planes {
-        for delta in [1i32, -1, 2] {
-            let mut m = l.clone();
-            let k = m.tables[p].len() as i32 + delta;
-            if !(0..=64).contains(&k) {
-                continue;
-            }
-            let mut b = m.build();
-            let at = l.header.len() + (0..p).map(|q| 1 + l.tables[q].iter().map(|t| t.len()).sum::<usize>()).sum::<usize>();
-            b[at] = k as u8;
-            expect_err(&b, &format!("plane {p} table count {delta:+}"));
-            // Removing a table that selectors use.
-            if delta == -1 && !m.tables[p].is_empty() {
-                m.tables[p].pop();
-                decode_everything(&m.build(), "table removed");
-            }
-        }
+    let k = l.tables[0];
+    for v in [k + 1, k + 2, k - 1, 0] {
+        expect_err(&patched(&blob, at0, &[v]), &format!("table count {v} instead of {k}"));
     }
-    // Malformed tables.
-    let (tp, tj) = (0..l.planes)
-        .flat_map(|p| (0..l.tables[p].len()).map(move |j| (p, j)))
-        .find(|&(p, j)| l.is_multi_table(p, j) && l.tables[p][j].len() >= 5)
-        .expect("a table of 3 symbols or more");
-    let tl = l.tables[tp][tj].len();
-    let edits: Vec<(&str, Vec<(usize, u8)>)> = vec![
-        ("lo > hi", vec![(0, 200), (1, 100)]),
-        ("zero at lo", vec![(2, 0)]),
-        ("zero at hi", vec![(tl - 1, 0)]),
-        ("invalid code 208", vec![(2, 208)]),
-        ("invalid code 254", vec![(3, 254)]),
-        ("second anchor", vec![(2, 255), (3, 255)]),
-        ("no anchor", vec![(2, 1), (3, 1), (tl - 1, 1)]),
-    ];
-    for (what, edit) in edits {
+    // A table removed (its bytes and the count).
+    let ts = l.plane0_tables();
+    for &(at, len) in &ts {
         let mut m = l.clone();
-        if what == "no anchor" {
-            for x in &mut m.tables[tp][tj][2..] {
-                *x = 1;
+        m.tables.drain(at..at + len);
+        m.tables[0] -= 1;
+        expect_err(&m.build(), "table removed");
+    }
+    // Malformed tables: each edit of each table of three symbols or more.
+    let mut edited = 0;
+    for &(at, tl) in ts.iter().filter(|&&(_, tl)| tl >= 5) {
+        let edits: Vec<(&str, Vec<(usize, u8)>)> = vec![
+            ("lo > hi", vec![(0, 200), (1, 100)]),
+            ("zero at lo", vec![(2, 0)]),
+            ("zero at hi", vec![(tl - 1, 0)]),
+            ("invalid code 208", vec![(2, 208)]),
+            ("invalid code 254", vec![(3, 254)]),
+            ("second anchor", vec![(2, 255), (3, 255)]),
+        ];
+        for (what, edit) in edits {
+            let mut m = l.clone();
+            for (i, v) in edit {
+                m.tables[at + i] = v;
             }
+            let msg = assert_corrupt(&m.build(), what);
+            assert!(msg.contains("table"), "{what}: {msg}");
         }
-        for (i, v) in edit {
-            m.tables[tp][tj][i] = v;
+        // No anchor.
+        let mut m = l.clone();
+        for x in &mut m.tables[at + 2..at + tl] {
+            *x = 1;
         }
-        let msg = assert_corrupt(&m.build(), what);
-        assert!(msg.contains("table"), "{what}: {msg}");
+        let msg = assert_corrupt(&m.build(), "no anchor");
+        assert!(msg.contains("table"), "{msg}");
+        // Frequencies at the largest code: they sum to more than 4096.
+        let mut m = l.clone();
+        for x in &mut m.tables[at + 2..at + tl - 1] {
+            *x = 207;
+        }
+        m.tables[at + tl - 1] = 255;
+        let msg = assert_corrupt(&m.build(), "frequencies over 4096");
+        assert!(msg.contains("table"), "{msg}");
+        edited += 1;
     }
-    // Frequencies at the largest code: they sum to more than 4096.
-    let mut m = l.clone();
-    for x in &mut m.tables[tp][tj][2..tl - 1] {
-        *x = 207;
+    assert!(edited >= 2, "the blob has {edited} tables of 3 symbols or more");
+    // Bytes of the table section (the count, the ends and some codes of every table of plane 0, and
+    // random others) replaced by interesting values: never a panic.
+    let mut rng = Rng::new(8);
+    let mut spots = vec![0usize, l.tables.len() - 1];
+    for &(at, len) in &ts {
+        spots.extend([at, at + 1, at + 2, at + 3, at + len / 2, at + len - 2, at + len - 1]);
     }
-    m.tables[tp][tj][tl - 1] = 255;
-    let msg = assert_corrupt(&m.build(), "frequencies over 4096");
-    assert!(msg.contains("table"), "{msg}");
+    spots.extend((0..24).map(|_| (rng.next_u64() % l.tables.len() as u64) as usize));
+    spots.sort_unstable();
+    spots.dedup();
+    for i in spots {
+        let old = l.tables[i];
+        for v in [0u8, 1, 2, 64, 65, 127, 128, 207, 208, 254, 255, old.wrapping_add(1), old.wrapping_sub(1), !old] {
+            let mut m = l.clone();
+            m.tables[i] = v;
+            decode_everything(&m.build(), &format!("table byte {i} = {v}"));
+        }
+    }
 }
 
 #[test]
@@ -746,7 +819,7 @@ fn directories_that_lie_are_errors() {
     // Invalid plane modes.
     for c in 0..n {
         for p in 0..l.planes {
-            for mode in [(0u8, 1u8), (2, 1), (3, 0), (255, 255)] {
+            for mode in [(0u8, 1u8), (2, 1), (200, 0), (255, 255)] {
                 let mut m = l.clone();
                 m.set_mode(c, p, mode);
                 let msg = assert_corrupt(&m.build(), &format!("chunk {c} plane {p} mode {mode:?}"));
@@ -770,7 +843,7 @@ fn selectors_out_of_range_are_corrupt() {
     let blob = coded_blob();
     let l = Layout::parse(&blob);
     let (c, p, at, _) = l.coded_site();
-    let k = l.tables[p].len() as u8;
+    let k = l.multi[p].len() as u8;
     for s in [k, k + 1, 64, 200, 253] {
         let mut m = l.clone();
         m.payloads[c][at] = s;
@@ -783,11 +856,18 @@ fn selectors_out_of_range_are_corrupt() {
         m.payloads[c][at] = s;
         expect_err(&m.build(), &format!("selector {s}"));
     }
-    // Every selector of every chunk set to every value: never a panic.
-    for c in 0..l.entries.len() {
-        for (_, at, nb) in l.selectors(c) {
+    // The coded site's selector set to every value, every other selector to every kind of value:
+    // never a panic.
+    for s in 0..=255u8 {
+        let mut m = l.clone();
+        m.payloads[c][at] = s;
+        decode_everything(&m.build(), &format!("chunk {c} selector at {at} = {s}"));
+    }
+    for c in (0..l.entries.len()).filter(|&c| l.is_simple(c)) {
+        for (p, at, nb) in l.selectors(c) {
+            let k = l.multi[p].len() as u8;
             for b in 0..nb {
-                for s in 0..=255u8 {
+                for s in (0..k + 2).chain([63, 64, 252, SEL_CONST, SEL_RAW]) {
                     let mut m = l.clone();
                     m.payloads[c][at + b] = s;
                     decode_everything(&m.build(), &format!("chunk {c} selector {b} = {s}"));
@@ -856,7 +936,7 @@ fn rans_streams_that_lie_are_corrupt() {
     m.sync_lens();
     let msg = assert_corrupt(&m.build(), "stream missing");
     assert!(msg.contains("rANS"), "{msg}");
-    if let Some(c2) = (0..l.entries.len()).find(|&c2| l.rans_len(c2) == 0) {
+    if let Some(c2) = (0..l.entries.len()).find(|&c2| l.rans_len(c2) == 0 && l.is_simple(c2)) {
         let mut m = l.clone();
         let rs2 = m.rans_start(c2);
         let stream: Vec<u8> = (0..32).flat_map(|_| 0x10000u32.to_le_bytes()).collect();
@@ -886,7 +966,7 @@ fn rans_streams_that_lie_are_corrupt() {
 fn raw_areas_of_the_wrong_size_are_corrupt() {
     let blob = coded_blob();
     let l = Layout::parse(&blob);
-    for c in 0..l.entries.len() {
+    for c in (0..l.entries.len()).filter(|&c| l.is_simple(c)) {
         for delta in [-1i32, 1] {
             let mut m = l.clone();
             if delta < 0 {

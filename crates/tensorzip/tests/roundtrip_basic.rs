@@ -20,12 +20,3 @@ fn f32_weights_round_trip_and_compress() {
     assert!(ratio < 0.86, "ratio {ratio}");
 }
 
-#[test]
-fn debug_small() {
-    let data = sample::weights(1, 384, DType::F32, 5);
-    let enc = tensorzip::encoder::TensorEncoder::new(&data, DType::F32, &[384], &CompressOptions::default()).unwrap();
-    let mut p = Vec::new();
-    enc.write_prefix(&mut p);
-    let c = enc.encode_chunk(0, &mut Default::default());
-    eprintln!("prefix {} entry {:?} payload {}", p.len(), c.entry, c.payload.len());
-}

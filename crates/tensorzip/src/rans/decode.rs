@@ -22,6 +22,8 @@ pub struct Decoder<'a> {
     x: [u32; LANES],
     words: &'a [u8],
     pos: usize,
+    /// Whether any symbol was decoded (a stream that codes nothing is invalid).
+    used: bool,
 }
 
 const MASK: u32 = PROB_SCALE - 1;
@@ -44,11 +46,12 @@ impl<'a> Decoder<'a> {
                 return corrupt("rANS initial state below 2^16");
             }
         }
-        Ok(Decoder { x, words: &stream[STATE_BYTES..], pos: 0 })
+        Ok(Decoder { x, words: &stream[STATE_BYTES..], pos: 0, used: false })
     }
 
     /// Decodes one block: `len` symbols of every segment (each `out` holds at least `len` bytes).
     pub fn decode_block(&mut self, segs: &mut [DecodeSegment<'_, '_>], len: usize) -> Result<()> {
+        self.used |= len > 0 && !segs.is_empty();
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
         {
@@ -70,6 +73,8 @@ impl<'a> Decoder<'a> {
         segs_b: &mut [DecodeSegment<'t, 'o>],
         len: usize,
     ) -> Result<()> {
+        a.used |= len > 0 && !segs_a.is_empty();
+        b.used |= len > 0 && !segs_b.is_empty();
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
         {
@@ -111,6 +116,9 @@ impl<'a> Decoder<'a> {
 
     /// Checks that the stream ended exactly: all states back at `2^16` and every word read.
     pub fn finish(self) -> Result<()> {
+        if !self.used {
+            return corrupt("rANS stream where no symbol is coded");
+        }
         if self.pos != self.words.len() {
             return corrupt(format!("rANS stream has {} unread bytes", self.words.len() - self.pos));
         }
@@ -138,7 +146,7 @@ unsafe fn lookup(table: &DecodeTable, slots: std::arch::x86_64::__m256i) -> std:
     let q1 = _mm_extract_epi64::<1>(lo) as u64;
     let q2 = _mm_cvtsi128_si64(hi) as u64;
     let q3 = _mm_extract_epi64::<1>(hi) as u64;
-    // SAFETY: the caller guarantees every slot is below 4096 = the table's length.
+    // SAFETY: the caller guarantees every slot is below the table's length.
     let t = |i: u64| unsafe { *table.get_unchecked((i & 0xFFFF_FFFF) as usize) as i32 };
     _mm256_setr_epi32(t(q0), t(q0 >> 32), t(q1), t(q1 >> 32), t(q2), t(q2 >> 32), t(q3), t(q3 >> 32))
 }
@@ -168,7 +176,7 @@ unsafe fn avx2_rounds<'w, 't, 'o, const N: usize>(
     let need_bytes = 64 * nseg;
     let mut r = 0;
     // SAFETY: every access below stays inside the decoder states, the segment outputs (which hold
-    // `len` bytes, and `r * 32 + 32 <= len` for full steps), the tables (index masked to 12 bits) and
+    // `len` bytes, and `r * 32 + 32 <= len` for full steps), the tables (slot masked to 12 bits) and
     // the word streams (a step runs only while `need_bytes` remain unread in every stream).
     unsafe {
         let mut x = [[_mm256_setzero_si256(); 4]; N];
@@ -193,9 +201,9 @@ unsafe fn avx2_rounds<'w, 't, 'o, const N: usize>(
             for k in 0..nseg {
                 for v in 0..4 {
                     for s in 0..N {
-                        let table = segs[s][k].table;
+                        let seg = &segs[s][k];
                         let xv = x[s][v];
-                        let e = lookup(table, _mm256_and_si256(xv, mask));
+                        let e = lookup(seg.table, _mm256_and_si256(xv, mask));
                         let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), fmask);
                         let nx = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(xv)), _mm256_srli_epi32::<20>(e));
                         // Symbols: the low byte of each entry; 8 bytes for these 8 lanes.

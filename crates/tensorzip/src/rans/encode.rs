@@ -1,13 +1,25 @@
-//! The interleaved rANS encoder (scalar; the encoder runs once per tensor, the decoder many times).
+//! The interleaved rANS encoder. It walks the decoder's order backwards; full steps of 32 symbols
+//! use AVX2 where the CPU has it (identical output to the scalar path).
 
-use super::table::{EncSymbol, EncTable};
+use super::table::EncSymbol;
 use super::{LANES, PROB_BITS, PROB_SCALE, STATE_LOWER};
 
-/// One coded segment: the symbols of one plane in one block, and the table that codes them.
+/// A sequence of symbols and the table that codes them.
 #[derive(Clone, Copy)]
-pub struct Segment<'a> {
+pub struct Seq<'a> {
     pub syms: &'a [u8],
-    pub table: &'a EncTable,
+    /// Packed entries (see [`super::table::EncTable::packed`]).
+    pub packed: &'a [u64; 256],
+    /// Scalar entries.
+    pub scalar: &'a [EncSymbol; 256],
+}
+
+/// The symbols one block contributes to its chunk's stream: the `main` sequences (all of one length,
+/// in ascending plane order) are decoded step by step together; then each `sub` sequence on its own.
+#[derive(Default)]
+pub struct BlockJob<'a> {
+    pub main: Vec<Seq<'a>>,
+    pub sub: Vec<Seq<'a>>,
 }
 
 /// Reusable encoder scratch.
@@ -16,16 +28,14 @@ pub struct EncoderScratch {
     words: Vec<u16>,
 }
 
-/// Encodes the segments of a chunk into one stream and appends it to `out` (32 states, then words).
+/// Encodes a chunk's blocks into one stream and appends it to `out` (32 states, then words).
 ///
-/// `blocks[b]` lists the coded segments of block `b` in ascending plane order; all segments of a block
-/// have the same length. The decoder reads symbols block by block, then 32-symbol step by step, then
-/// plane by plane, then lane by lane; the encoder walks that order backwards.
-///
-/// Every symbol must have a non-zero frequency in its table, and no table may be a single-symbol table
-/// (those blocks are not part of the stream).
-pub fn encode_stream(blocks: &[Vec<Segment<'_>>], scratch: &mut EncoderScratch, out: &mut Vec<u8>) {
-    let total: usize = blocks.iter().flatten().map(|s| s.syms.len()).sum();
+/// Decoding order: block by block; within a block the main sequences step by step (a step is 32
+/// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then each sub sequence,
+/// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
+/// in its table.
+pub fn encode_stream(blocks: &[BlockJob<'_>], scratch: &mut EncoderScratch, out: &mut Vec<u8>) {
+    let total: usize = blocks.iter().map(|b| b.main.iter().chain(&b.sub).map(|s| s.syms.len()).sum::<usize>()).sum();
     let words = &mut scratch.words;
     words.clear();
     // Full steps store 8 words per vector of 8 lanes even when fewer are kept: leave slack.
@@ -33,75 +43,98 @@ pub fn encode_stream(blocks: &[Vec<Segment<'_>>], scratch: &mut EncoderScratch, 
     let mut x = [STATE_LOWER; LANES];
     let mut pos = 0usize;
     for block in blocks.iter().rev() {
-        let Some(first) = block.first() else { continue };
-        let len = first.syms.len();
-        let full = len / LANES;
-        if len % LANES != 0 {
-            for seg in block.iter().rev() {
-                pos = encode_partial(&mut x, &seg.syms[full * LANES..], &seg.table.syms, words, pos);
-            }
+        for sub in block.sub.iter().rev() {
+            pos = encode_group(&mut x, std::slice::from_ref(sub), words, pos);
         }
-        pos = encode_full_rounds(&mut x, block, full, words, pos);
+        if !block.main.is_empty() {
+            pos = encode_group(&mut x, &block.main, words, pos);
+        }
     }
-    out.reserve(LANES * 4 + 2 * pos);
-    for xl in x {
-        out.extend_from_slice(&xl.to_le_bytes());
+    let start = out.len();
+    out.resize(start + LANES * 4 + 2 * pos, 0);
+    for (o, xl) in out[start..start + LANES * 4].chunks_exact_mut(4).zip(x) {
+        o.copy_from_slice(&xl.to_le_bytes());
     }
-    for w in words[..pos].iter().rev() {
-        out.extend_from_slice(&w.to_le_bytes());
+    // The words were emitted backwards: the stream holds them in reverse emission order.
+    for (o, w) in out[start + LANES * 4..].chunks_exact_mut(2).zip(words[..pos].iter().rev()) {
+        o.copy_from_slice(&w.to_le_bytes());
     }
 }
 
-/// Steps `full-1` down to 0 of a block (all 32 lanes active).
-fn encode_full_rounds(x: &mut [u32; LANES], block: &[Segment<'_>], full: usize, words: &mut [u16], mut pos: usize) -> usize {
+/// Encodes a group of equally long sequences decoded step by step together.
+fn encode_group(x: &mut [u32; LANES], group: &[Seq<'_>], words: &mut [u16], mut pos: usize) -> usize {
+    let len = group[0].syms.len();
+    let full = len / LANES;
+    if len % LANES != 0 {
+        for seq in group.iter().rev() {
+            pos = encode_scalar(x, seq, full * LANES, len, words, pos);
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx2() {
             // SAFETY: AVX2 support was checked at run time; `words` has room for every symbol plus
             // 2 * 32 words of slack (each vector store writes 8 words).
-            return unsafe { avx2_full_rounds(x, block, full, words, pos) };
+            return unsafe { avx2_full_rounds(x, group, full, words, pos) };
         }
     }
     for r in (0..full).rev() {
-        for seg in block.iter().rev() {
-            pos = encode_partial(x, &seg.syms[r * LANES..(r + 1) * LANES], &seg.table.syms, words, pos);
+        for seq in group.iter().rev() {
+            pos = encode_scalar(x, seq, r * LANES, (r + 1) * LANES, words, pos);
         }
     }
     pos
 }
 
-/// AVX2 encoding of full steps: four vectors of eight lanes, highest lanes first; words of the lanes
-/// that renormalise are compressed into the output with a shuffle table; the division by the
-/// frequency is a multiply by a 32-bit reciprocal and one correction.
+/// Scalar encoding of symbols `from..to` of one step of `seq` (lanes from high to low).
+fn encode_scalar(x: &mut [u32; LANES], seq: &Seq<'_>, from: usize, to: usize, words: &mut [u16], mut pos: usize) -> usize {
+    for k in (from..to).rev() {
+        let l = k - from;
+        let s = &seq.scalar[seq.syms[k] as usize];
+        debug_assert!(s.freq != 0, "symbol {} absent from its table", seq.syms[k]);
+        let mut xl = x[l];
+        let emit = xl as u64 >= (s.freq as u64) << (32 - PROB_BITS);
+        words[pos] = xl as u16;
+        pos += emit as usize;
+        if emit {
+            xl >>= 16;
+        }
+        x[l] = xl + s.cum + s.div(xl) * (PROB_SCALE - s.freq);
+    }
+    pos
+}
+
+/// AVX2 encoding of full steps `full-1` down to 0 of a group: four vectors of eight lanes, highest
+/// lanes first; words of the lanes that renormalise are packed into the output with a shuffle table;
+/// the division by the frequency is a multiply by a 32-bit reciprocal and one correction.
 ///
 /// # Safety
 /// AVX2 required; `words` must have room for `pos` plus every symbol of these steps plus 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn avx2_full_rounds(x: &mut [u32; LANES], block: &[Segment<'_>], full: usize, words: &mut [u16], mut pos: usize) -> usize {
+unsafe fn avx2_full_rounds(x: &mut [u32; LANES], group: &[Seq<'_>], full: usize, words: &mut [u16], mut pos: usize) -> usize {
     use std::arch::x86_64::*;
     let lut = crate::cpu::emit_shuffles();
-    // SAFETY: loads read 8 symbols of a full step (inside the segment), the packed table is indexed
-    // by a byte, and stores of 16 bytes at `pos` stay inside `words` (guaranteed by the caller).
+    // SAFETY: symbols are read inside full steps of the sequence (k0 + 8 <= full * 32 <= len), and
+    // stores of 16 bytes at `pos` stay inside `words` (guaranteed by the caller).
     unsafe {
         let xp = x.as_mut_ptr() as *mut __m256i;
         let mut xv = [_mm256_loadu_si256(xp), _mm256_loadu_si256(xp.add(1)), _mm256_loadu_si256(xp.add(2)), _mm256_loadu_si256(xp.add(3))];
         let m12 = _mm256_set1_epi32(0xFFF);
         let scale = _mm256_set1_epi32(PROB_SCALE as i32);
+        let one = _mm256_set1_epi32(1);
         // Low 16 bits of each lane, lanes in descending order, in the low 8 bytes of each half.
         let rev16 = _mm256_setr_epi8(
             12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1, 12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         let wp = words.as_mut_ptr();
         for r in (0..full).rev() {
-            for seg in block.iter().rev() {
-                let syms = seg.syms.as_ptr().add(r * LANES);
-                let packed = seg.table.packed.as_ptr();
+            for seq in group.iter().rev() {
                 for v in (0..4).rev() {
-                    let s = syms.add(8 * v);
+                    let k0 = r * LANES + 8 * v;
                     let mut t = [0u64; 8];
                     for (i, ti) in t.iter_mut().enumerate() {
-                        *ti = *packed.add(*s.add(i) as usize);
+                        *ti = seq.packed[*seq.syms.get_unchecked(k0 + i) as usize];
                     }
                     let a = _mm256_loadu_si256(t.as_ptr() as *const __m256i);
                     let b = _mm256_loadu_si256(t.as_ptr().add(4) as *const __m256i);
@@ -128,7 +161,7 @@ unsafe fn avx2_full_rounds(x: &mut [u32; LANES], block: &[Segment<'_>], full: us
                     let odd = _mm256_mul_epu32(_mm256_srli_epi64::<32>(x1), _mm256_srli_epi64::<32>(rcp));
                     let q = _mm256_blend_epi32::<0b1010_1010>(even, odd);
                     let rem = _mm256_sub_epi32(x1, _mm256_mullo_epi32(q, freq));
-                    let fix = _mm256_cmpgt_epi32(rem, _mm256_sub_epi32(freq, _mm256_set1_epi32(1)));
+                    let fix = _mm256_cmpgt_epi32(rem, _mm256_sub_epi32(freq, one));
                     let q = _mm256_sub_epi32(q, fix);
                     xv[v] = _mm256_add_epi32(_mm256_add_epi32(x1, cum), _mm256_mullo_epi32(q, _mm256_sub_epi32(scale, freq)));
                 }
@@ -137,23 +170,6 @@ unsafe fn avx2_full_rounds(x: &mut [u32; LANES], block: &[Segment<'_>], full: us
         for (v, vx) in xv.iter().enumerate() {
             _mm256_storeu_si256(xp.add(v), *vx);
         }
-    }
-    pos
-}
-
-/// Scalar encoding of the symbols `syms` of one step (lanes `syms.len()-1` down to 0).
-fn encode_partial(x: &mut [u32; LANES], syms: &[u8], table: &[EncSymbol; 256], words: &mut [u16], mut pos: usize) -> usize {
-    for (l, &sym) in syms.iter().enumerate().rev() {
-        let s = &table[sym as usize];
-        debug_assert!(s.freq != 0, "symbol {sym} absent from its table");
-        let mut xl = x[l];
-        let emit = xl as u64 >= (s.freq as u64) << (32 - PROB_BITS);
-        words[pos] = xl as u16;
-        pos += emit as usize;
-        if emit {
-            xl >>= 16;
-        }
-        x[l] = xl + s.cum + s.div(xl) * (PROB_SCALE - s.freq);
     }
     pos
 }

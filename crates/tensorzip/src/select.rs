@@ -1,0 +1,209 @@
+//! Splitting and merging the bytes of a conditioned plane by their condition byte.
+//!
+//! A conditioned plane's units whose condition byte equals the plane's condition value are coded (in
+//! their block's sub-segment of the stream), the others stored raw. These helpers move bytes between
+//! the plane and the (coded, raw) pair, eight units at a time with byte shuffles where the CPU has
+//! AVX2, with a scalar fallback producing the same bytes.
+
+/// Encoder side: splits `plane` by `cond == value` into the coded bytes (appended to `syms`) and the
+/// raw bytes (appended to `raw`), in unit order.
+pub fn split(value: u8, cond: &[u8], plane: &[u8], syms: &mut Vec<u8>, raw: &mut Vec<u8>) {
+    debug_assert_eq!(cond.len(), plane.len());
+    let n = cond.len();
+    let (s0, r0) = (syms.len(), raw.len());
+    // Room for whole 8-byte stores; truncated to the real lengths at the end.
+    syms.resize(s0 + n + 8, 0);
+    raw.resize(r0 + n + 8, 0);
+    let (mut i, mut t, mut r) = (0, 0, 0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 was checked; both outputs have room for n + 8 bytes past their start.
+            (i, t, r) = unsafe { split_simd(value, cond, plane, &mut syms[s0..], &mut raw[r0..]) };
+        }
+    }
+    for (&e, &m) in cond[i..].iter().zip(&plane[i..]) {
+        if e == value {
+            syms[s0 + t] = m;
+            t += 1;
+        } else {
+            raw[r0 + r] = m;
+            r += 1;
+        }
+    }
+    syms.truncate(s0 + t);
+    raw.truncate(r0 + r);
+}
+
+/// Decoder side, step 1: the mask of coded units (`cond == value`) of every 8 units (into `masks`,
+/// bit `i` = unit `8g + i`); returns how many units are coded.
+pub fn masks(value: u8, cond: &[u8], masks: &mut Vec<u8>) -> usize {
+    masks.clear();
+    masks.resize(cond.len().div_ceil(8) + 4, 0);
+    let mut i = 0;
+    let mut t = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 was checked; `masks` holds one byte per 8 units plus 4.
+            (i, t) = unsafe { masks_simd(value, cond, masks) };
+        }
+    }
+    for (j, &e) in cond.iter().enumerate().skip(i) {
+        masks[j / 8] |= ((e == value) as u8) << (j % 8);
+        t += (e == value) as usize;
+    }
+    masks.truncate(cond.len().div_ceil(8));
+    t
+}
+
+/// Decoder side, step 2: fills `out` with the coded bytes `sub` at the coded units and the raw bytes
+/// `raw` elsewhere, in unit order, following `masks` from [`masks`]. `sub` must hold exactly the
+/// coded units' bytes and `raw` exactly the others' (the caller counted them).
+pub fn scatter(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) {
+    let (mut i, mut k, mut r) = (0, 0, 0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 was checked; the loop reads 8 bytes of `sub` and `raw` and writes 8 of
+            // `out` only while 8 remain in each.
+            (i, k, r) = unsafe { scatter_simd(masks, sub, raw, out) };
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(i) {
+        if masks[j / 8] >> (j % 8) & 1 != 0 {
+            *o = sub[k];
+            k += 1;
+        } else {
+            *o = raw[r];
+            r += 1;
+        }
+    }
+}
+
+/// For each 8-bit mask: `[0..8]` the positions of its set bits packed to the front ("compress"), and
+/// `[8..16]` for each position the rank of that bit among the set bits, 0x80 where clear ("expand").
+fn shuffles() -> &'static [[u8; 16]; 256] {
+    static T: std::sync::OnceLock<Box<[[u8; 16]; 256]>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new([[0x80u8; 16]; 256]);
+        for (m, row) in t.iter_mut().enumerate() {
+            let mut k = 0u8;
+            for i in 0..8u8 {
+                if m & (1 << i) != 0 {
+                    row[k as usize] = i;
+                    row[8 + i as usize] = k;
+                    k += 1;
+                }
+            }
+        }
+        t
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn masks_simd(value: u8, cond: &[u8], masks: &mut [u8]) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    let (mut i, mut t) = (0, 0);
+    // SAFETY: 32 bytes are read at cond[i..] with i + 32 <= len; 4 mask bytes are written at
+    // masks[i / 8..], inside its len / 8 + 4 bytes.
+    unsafe {
+        let v = _mm256_set1_epi8(value as i8);
+        while i + 32 <= cond.len() {
+            let e = _mm256_loadu_si256(cond.as_ptr().add(i) as *const __m256i);
+            let m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(e, v)) as u32;
+            (masks.as_mut_ptr().add(i / 8) as *mut u32).write_unaligned(m.to_le());
+            t += m.count_ones() as usize;
+            i += 32;
+        }
+    }
+    (i, t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scatter_simd(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) -> (usize, usize, usize) {
+    use std::arch::x86_64::*;
+    let lut = shuffles();
+    let (mut i, mut k, mut r) = (0, 0, 0);
+    // SAFETY: 8 bytes are read at sub[k..] and raw[r..] and written at out[i..], each only while 8
+    // remain; masks[i / 8] exists while i + 8 <= out.len().
+    unsafe {
+        while i + 8 <= out.len() && k + 8 <= sub.len() && r + 8 <= raw.len() {
+            let m = masks[i / 8] as usize;
+            let s = _mm_loadl_epi64(sub.as_ptr().add(k) as *const __m128i);
+            let x = _mm_loadl_epi64(raw.as_ptr().add(r) as *const __m128i);
+            let es = _mm_loadl_epi64(lut[m].as_ptr().add(8) as *const __m128i);
+            let er = _mm_loadl_epi64(lut[!m & 0xFF].as_ptr().add(8) as *const __m128i);
+            let v = _mm_or_si128(_mm_shuffle_epi8(s, es), _mm_shuffle_epi8(x, er));
+            _mm_storel_epi64(out.as_mut_ptr().add(i) as *mut __m128i, v);
+            let n = m.count_ones() as usize;
+            k += n;
+            r += 8 - n;
+            i += 8;
+        }
+    }
+    (i, k, r)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn split_simd(value: u8, cond: &[u8], plane: &[u8], syms: &mut [u8], raw: &mut [u8]) -> (usize, usize, usize) {
+    use std::arch::x86_64::*;
+    let lut = shuffles();
+    let (mut i, mut t, mut r) = (0, 0, 0);
+    // SAFETY: 32 bytes are read at cond[i..] with i + 32 <= len and 8 at plane[i + 8g..]; 8-byte
+    // stores at syms[t..] and raw[r..] stay within len + 8 (t + r = i).
+    unsafe {
+        let v = _mm256_set1_epi8(value as i8);
+        while i + 32 <= cond.len() {
+            let e = _mm256_loadu_si256(cond.as_ptr().add(i) as *const __m256i);
+            let m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(e, v)) as u32;
+            for g in 0..4 {
+                let mg = ((m >> (8 * g)) & 0xFF) as usize;
+                let pv = _mm_loadl_epi64(plane.as_ptr().add(i + 8 * g) as *const __m128i);
+                let sel = _mm_loadl_epi64(lut[mg].as_ptr() as *const __m128i);
+                let rej = _mm_loadl_epi64(lut[!mg & 0xFF].as_ptr() as *const __m128i);
+                _mm_storel_epi64(syms.as_mut_ptr().add(t) as *mut __m128i, _mm_shuffle_epi8(pv, sel));
+                _mm_storel_epi64(raw.as_mut_ptr().add(r) as *mut __m128i, _mm_shuffle_epi8(pv, rej));
+                let n = mg.count_ones() as usize;
+                t += n;
+                r += 8 - n;
+            }
+            i += 32;
+        }
+    }
+    (i, t, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_masks_scatter_round_trip() {
+        let mut x = 12345u32;
+        for len in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100, 1000, 4096] {
+            let cond: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                    [120u8, 123, 123, 124, 127, 140, 0, 255][(x >> 16) as usize % 8]
+                })
+                .collect();
+            let plane: Vec<u8> = (0..len).map(|i| (i * 37 % 251) as u8).collect();
+            let (mut syms, mut raw) = (vec![9u8], vec![7u8]);
+            split(123, &cond, &plane, &mut syms, &mut raw);
+            assert_eq!(syms[0], 9);
+            assert_eq!(raw[0], 7);
+            let want: Vec<u8> = cond.iter().zip(&plane).filter(|(&e, _)| e == 123).map(|(_, &m)| m).collect();
+            assert_eq!(&syms[1..], &want[..]);
+            let mut mk = Vec::new();
+            assert_eq!(masks(123, &cond, &mut mk), want.len());
+            assert_eq!(mk.len(), len.div_ceil(8));
+            let mut out = vec![0u8; len];
+            scatter(&mk, &syms[1..], &raw[1..], &mut out);
+            assert_eq!(out, plane);
+        }
+    }
+}
