@@ -9,6 +9,7 @@ use crate::blob::{BlobHeader, BlobView, ChunkEntry, PlaneMode, Scheme, SEL_CONST
 use crate::select;
 use crate::error::{corrupt, truncated, Error, Result};
 use crate::rans::decode::{DecodeSegment, DecodeTable, Decoder};
+use crate::rans::MAX_STASH;
 use crate::transform;
 
 /// Per-thread scratch of the chunk decoder (per-plane block buffers of two chunks, and the
@@ -17,8 +18,7 @@ use crate::transform;
 pub struct DecodeScratch {
     a: Vec<u8>,
     b: Vec<u8>,
-    sub: Vec<u8>,
-    masks: Vec<u8>,
+    bufs: BlockBufs,
 }
 
 thread_local! {
@@ -42,7 +42,8 @@ pub struct TensorDecoder<'a> {
     cond_dec: Vec<OnceLock<Box<DecodeTable>>>,
 }
 
-/// Decoding state of one chunk: its parsed layout, where each plane's raw bytes are, its stream.
+/// Decoding state of one chunk: its parsed layout, where the current block's raw bytes start, its
+/// stream.
 struct Cursor<'d, 'a> {
     td: &'d TensorDecoder<'a>,
     c: usize,
@@ -50,38 +51,54 @@ struct Cursor<'d, 'a> {
     nb: usize,
     entry: ChunkEntry,
     sels: [&'a [u8]; 8],
+    /// The raw area (block by block; without the stash).
     raw: &'a [u8],
-    raw_pos: [usize; 8],
-    /// The conditioned plane, its condition plane, and where its raw bytes end.
-    cond: Option<(usize, usize, usize)>,
+    /// Offset in `raw` of the current block's raw bytes.
+    raw_off: usize,
+    /// The conditioned plane and its condition plane.
+    cond: Option<(usize, usize)>,
     rans: Option<Decoder<'a>>,
 }
 
 impl<'d, 'a> Cursor<'d, 'a> {
-    /// Parses chunk `c`'s selectors and stream and checks that its raw area has the size they imply.
+    /// Parses chunk `c`'s selectors and locates its stream and raw area.
     fn new(td: &'d TensorDecoder<'a>, c: usize) -> Result<Self> {
         let h = &td.view.header;
         let us = h.planes();
         let len = h.chunk_len(c as u64);
         let entry = td.view.entry(c)?;
         let payload = td.view.payload(c);
-        let bu = h.block_units as usize;
-        let nb = len.div_ceil(bu);
-        let block_len = |b: usize| bu.min(len - b * bu);
+        let nb = len.div_ceil(h.block_units as usize);
 
         let mut cursor = 0usize;
         let mut sels: [&[u8]; 8] = [&[]; 8];
+        let mut need_rans = false;
+        let mut cond = None;
         for p in 0..us {
-            if entry.modes[p] == PlaneMode::Blocks {
-                let Some(s) = payload.get(cursor..cursor + nb) else {
-                    return truncated(format!("block selectors of chunk {c}"));
-                };
-                let k = td.view.tables[p].len();
-                if let Some(&bad) = s.iter().find(|&&v| (v as usize) >= k && v != SEL_CONST && v != SEL_RAW) {
-                    return corrupt(format!("chunk {c} plane {p}: selector {bad} but {k} tables"));
+            match entry.modes[p] {
+                PlaneMode::Blocks => {
+                    let Some(s) = payload.get(cursor..cursor + nb) else {
+                        return truncated(format!("block selectors of chunk {c}"));
+                    };
+                    let k = td.view.tables[p].len();
+                    for &v in s {
+                        if v == SEL_RAW || v == SEL_CONST {
+                            continue;
+                        }
+                        match td.view.tables[p].get(v as usize) {
+                            Some(t) => need_rans |= !t.is_single(),
+                            None => return corrupt(format!("chunk {c} plane {p}: selector {v} but {k} tables")),
+                        }
+                    }
+                    sels[p] = s;
+                    cursor += nb;
                 }
-                sels[p] = s;
-                cursor += nb;
+                PlaneMode::Cond => {
+                    // BlobView::entry checked that this plane has a conditional table, so it is the
+                    // dtype's conditioned plane.
+                    cond = h.dtype.conditioned_plane();
+                }
+                PlaneMode::Raw | PlaneMode::Const(_) => {}
             }
         }
         let rans_len = entry.rans_len as usize;
@@ -89,55 +106,12 @@ impl<'d, 'a> Cursor<'d, 'a> {
             return truncated(format!("rANS stream of chunk {c}"));
         };
         cursor += rans_len;
-        let raw = &payload[cursor..];
-
-        // Raw bytes: planes in ascending order, the conditioned plane last (its share is the rest).
-        let mut raw_pos = [0usize; 8];
-        let mut raw_total = 0usize;
-        let mut need_rans = false;
-        let mut cond = None;
-        for p in 0..us {
-            raw_pos[p] = raw_total;
-            raw_total += match entry.modes[p] {
-                PlaneMode::Raw => len,
-                PlaneMode::Const(_) => 0,
-                PlaneMode::Cond => {
-                    // blob.rs checked that this plane has conditional tables, so it is the dtype's
-                    // conditioned plane.
-                    let (cp, q) = h.dtype.conditioned_plane().expect("validated by BlobView::entry");
-                    debug_assert_eq!(cp, p);
-                    cond = Some((p, q, 0));
-                    0
-                }
-                PlaneMode::Blocks => {
-                    let mut n = 0;
-                    for (b, &s) in sels[p].iter().enumerate() {
-                        n += match s {
-                            SEL_RAW => block_len(b),
-                            SEL_CONST => 1,
-                            j => {
-                                need_rans |= !td.view.tables[p][j as usize].is_single();
-                                0
-                            }
-                        };
-                    }
-                    n
-                }
-            };
-        }
-        if raw_total > raw.len() || (cond.is_none() && raw_total != raw.len()) {
-            return corrupt(format!("chunk {c}: raw area holds {} bytes, selectors need {raw_total}", raw.len()));
-        }
-        if let Some((p, q, _)) = cond {
-            raw_pos[p] = raw_total;
-            cond = Some((p, q, raw.len()));
-        }
         // With a conditioned plane, whether the stream is needed is known only while decoding.
         if need_rans && rans_len == 0 || cond.is_none() && !need_rans && rans_len > 0 {
             return corrupt(format!("chunk {c}: rANS stream of {rans_len} bytes where it is {}needed", if need_rans { "" } else { "not " }));
         }
         let rans = if rans_len > 0 { Some(Decoder::new(rans)?) } else { None };
-        Ok(Cursor { td, c, len, nb, entry, sels, raw, raw_pos, cond, rans })
+        Ok(Cursor { td, c, len, nb, entry, sels, raw: &payload[cursor..], raw_off: 0, cond, rans })
     }
 
     fn block_len(&self, b: usize) -> usize {
@@ -145,8 +119,29 @@ impl<'d, 'a> Cursor<'d, 'a> {
         bu.min(self.len - b * bu)
     }
 
-    /// Phase 1 of block `b`: fills constant planes into `scratch` (one `block_units` slice per plane)
-    /// and returns the coded segments, which decode into `scratch` too.
+    /// Raw bytes of each plane in block `b`, but for the conditioned plane (known only once its
+    /// condition is decoded), and their offsets within the block's raw bytes.
+    fn layout(&self, b: usize) -> ([usize; 8], [usize; 8], usize) {
+        let blen = self.block_len(b);
+        let (mut off, mut size, mut total) = ([0usize; 8], [0usize; 8], 0);
+        for p in 0..self.td.view.header.planes() {
+            off[p] = total;
+            size[p] = match self.entry.modes[p] {
+                PlaneMode::Raw => blen,
+                PlaneMode::Blocks => match self.sels[p][b] {
+                    SEL_RAW => blen,
+                    SEL_CONST => 1,
+                    _ => 0,
+                },
+                PlaneMode::Const(_) | PlaneMode::Cond => 0,
+            };
+            total += size[p];
+        }
+        (off, size, total)
+    }
+
+    /// Phase 1 of block `b`: fills planes of a constant or single-symbol table into `scratch` (one
+    /// `block_units` slice per plane) and returns the coded segments, which decode into `scratch` too.
     fn prepare<'s>(&self, b: usize, scratch: &'s mut [u8]) -> Vec<DecodeSegment<'d, 's>> {
         let h = &self.td.view.header;
         let bu = h.block_units as usize;
@@ -158,8 +153,8 @@ impl<'d, 'a> Cursor<'d, 'a> {
                 PlaneMode::Raw | PlaneMode::Cond => {}
                 PlaneMode::Const(v) => buf.fill(v),
                 PlaneMode::Blocks => match self.sels[p][b] {
-                    SEL_RAW => {}
-                    SEL_CONST => buf.fill(self.raw[self.raw_pos[p]]),
+                    // The bytes of raw and constant blocks are taken from the raw area in phase 2.
+                    SEL_RAW | SEL_CONST => {}
                     j => match self.td.table(p, j as usize) {
                         None => buf.fill(self.td.view.tables[p][j as usize].single_symbol()),
                         Some(table) => segs.push(DecodeSegment { table, out: buf }),
@@ -175,85 +170,98 @@ impl<'d, 'a> Cursor<'d, 'a> {
         self.rans.as_mut().ok_or_else(|| Error::Corrupt(format!("chunk {c}: coded symbols but no rANS stream")))
     }
 
-    /// Whether block `b` of plane `p` is read from the raw area (rather than `scratch`).
-    fn from_raw(&self, p: usize, b: usize) -> bool {
-        match self.entry.modes[p] {
-            PlaneMode::Raw => true,
-            PlaneMode::Blocks => self.sels[p][b] == SEL_RAW,
-            PlaneMode::Const(_) | PlaneMode::Cond => false,
-        }
-    }
-
-    /// Phase 1b of block `b` (after the main segments): the conditioned plane — contexts from the
-    /// condition plane, the coded bytes from the stream, the others from the raw area.
-    fn decode_cond(&mut self, b: usize, scratch: &mut [u8], sub: &mut Vec<u8>, masks: &mut Vec<u8>) -> Result<()> {
-        let Some((p, q, raw_end)) = self.cond else { return Ok(()) };
-        let bu = self.td.view.header.block_units as usize;
-        let blen = self.block_len(b);
-        let value = self.td.view.cond[p].as_ref().expect("a conditioned plane has a table").0;
-        let (pbuf, qbuf) = if p < q {
-            let (lo, hi) = scratch.split_at_mut(q * bu);
-            (&mut lo[p * bu..p * bu + blen], &hi[..blen])
-        } else {
-            let (lo, hi) = scratch.split_at_mut(p * bu);
-            (&mut hi[..blen], &lo[q * bu..q * bu + blen])
-        };
-        let condition: &[u8] = if self.from_raw(q, b) { &self.raw[self.raw_pos[q]..self.raw_pos[q] + blen] } else { qbuf };
-        let t = select::masks(value, condition, masks);
-        let nraw = blen - t;
-        let start = self.raw_pos[p];
-        if start + nraw > raw_end {
-            return corrupt(format!("chunk {}: raw bytes of the conditioned plane run out", self.c));
-        }
-        sub.resize(t, 0);
-        if t > 0 {
-            let table = self.td.cond_table(p);
-            let mut seg = [DecodeSegment { table, out: &mut sub[..] }];
-            self.rans()?.decode_block(&mut seg, t)?;
-        }
-        select::scatter(masks, sub, &self.raw[start..start + nraw], pbuf);
-        self.raw_pos[p] = start + nraw;
-        Ok(())
-    }
-
-    /// Phase 2 of block `b`: gathers each plane's bytes and merges them into the chunk's output.
-    fn merge(&mut self, b: usize, scratch: &[u8], out: &mut [u8]) {
+    /// Phase 2 of block `b` (after its main segments): the conditioned plane (its condition, its coded
+    /// bytes, its raw bytes), the stash at the last block, and the merge into `out`.
+    fn finish_block(&mut self, b: usize, scratch: &mut [u8], bufs: &mut BlockBufs, out: &mut [u8]) -> Result<()> {
         let h = &self.td.view.header;
         let us = h.planes();
         let bu = h.block_units as usize;
         let blen = self.block_len(b);
+        let (off, size, fixed) = self.layout(b);
+        let avail = self.raw.len() - self.raw_off;
+        let area = &self.raw[self.raw_off..];
+        // The conditioned plane: which units are coded, from the condition plane's bytes.
+        let mut coded = 0;
+        if let Some((p, q)) = self.cond {
+            let value = self.td.view.cond[p].as_ref().expect("a conditioned plane has a table").0;
+            let qbuf = &mut scratch[q * bu..q * bu + blen];
+            match self.entry.modes[q] {
+                PlaneMode::Raw | PlaneMode::Blocks if size[q] > 0 => {
+                    let Some(bytes) = area.get(off[q]..off[q] + size[q]) else {
+                        return corrupt(format!("chunk {}: raw area ends early", self.c));
+                    };
+                    if size[q] == 1 {
+                        qbuf.fill(bytes[0]);
+                    } else {
+                        qbuf.copy_from_slice(bytes);
+                    }
+                }
+                _ => {}
+            }
+            coded = select::masks(value, qbuf, &mut bufs.masks);
+        }
+        let cond_raw = if self.cond.is_some() { blen - coded } else { 0 };
+        let total = fixed + cond_raw;
+        let last = b + 1 == self.nb;
+        let stash_len = if last && self.rans.is_some() {
+            (if self.cond.is_some() { cond_raw } else { total }).min(MAX_STASH)
+        } else {
+            0
+        };
+        let from_area = total - stash_len;
+        if from_area > avail || (last && from_area != avail) {
+            return corrupt(format!("chunk {}: raw area holds {avail} bytes for the rest, {from_area} needed", self.c));
+        }
+        if coded > 0 {
+            let (p, _) = self.cond.expect("coded units only with a conditioned plane");
+            bufs.sub.resize(coded, 0);
+            let table = self.td.cond_table(p);
+            let mut seg = [DecodeSegment { table, out: &mut bufs.sub[..] }];
+            self.rans()?.decode_block(&mut seg, coded)?;
+        }
+        // The block's raw bytes: from the area, plus the stash at the end of the chunk.
+        let seg: &[u8] = if last && self.rans.is_some() {
+            let c = self.c;
+            let stash = self.rans.take().expect("checked").finish(stash_len).map_err(|e| match e {
+                Error::Corrupt(m) => Error::Corrupt(format!("chunk {c}: {m}")),
+                other => other,
+            })?;
+            bufs.tail.clear();
+            bufs.tail.extend_from_slice(&area[..from_area]);
+            bufs.tail.extend_from_slice(&stash[..stash_len]);
+            &bufs.tail
+        } else {
+            &area[..total]
+        };
+        if let Some((p, _)) = self.cond {
+            select::scatter(&bufs.masks, &bufs.sub[..coded], &seg[fixed..], &mut scratch[p * bu..p * bu + blen]);
+        }
         let mut srcs: [&[u8]; 8] = [&[]; 8];
-        for (p, buf) in scratch.chunks(bu).enumerate().take(us) {
-            srcs[p] = if self.from_raw(p, b) {
-                let s = &self.raw[self.raw_pos[p]..self.raw_pos[p] + blen];
-                self.raw_pos[p] += blen;
-                s
+        for (p, buf) in scratch.chunks_mut(bu).enumerate().take(us) {
+            let raw_block = matches!(self.entry.modes[p], PlaneMode::Raw)
+                || matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_RAW);
+            srcs[p] = if raw_block {
+                &seg[off[p]..off[p] + blen]
             } else {
-                if self.entry.modes[p] == PlaneMode::Blocks && self.sels[p][b] == SEL_CONST {
-                    self.raw_pos[p] += 1;
+                if matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST) {
+                    buf[..blen].fill(seg[off[p]]);
                 }
                 &buf[..blen]
             };
         }
         let start = b * bu * us;
         transform::merge(h.dtype.transform(), &srcs[..us], &mut out[start..start + blen * us]);
+        self.raw_off += from_area;
+        Ok(())
     }
+}
 
-    /// Checks the end of the chunk: the stream ended exactly, the raw area was used up.
-    fn finish(self) -> Result<()> {
-        if let Some((p, _, end)) = self.cond {
-            if self.raw_pos[p] != end {
-                return corrupt(format!("chunk {}: {} raw bytes left over", self.c, end - self.raw_pos[p]));
-            }
-        }
-        match self.rans {
-            None => Ok(()),
-            Some(d) => d.finish().map_err(|e| match e {
-                Error::Corrupt(m) => Error::Corrupt(format!("chunk {}: {m}", self.c)),
-                other => other,
-            }),
-        }
-    }
+/// Per-thread buffers of phase 2.
+#[derive(Default)]
+struct BlockBufs {
+    sub: Vec<u8>,
+    masks: Vec<u8>,
+    tail: Vec<u8>,
 }
 
 impl<'a> TensorDecoder<'a> {
@@ -305,10 +313,9 @@ impl<'a> TensorDecoder<'a> {
                 cur.rans()?.decode_block(&mut segs, blen)?;
             }
             drop(segs);
-            cur.decode_cond(b, &mut scratch.a, &mut scratch.sub, &mut scratch.masks)?;
-            cur.merge(b, &scratch.a, out);
+            cur.finish_block(b, &mut scratch.a, &mut scratch.bufs, out)?;
         }
-        cur.finish()
+        Ok(())
     }
 
     /// Decodes chunks `c` and `c + 1` into `out_a` and `out_b` together (same result as two
@@ -340,16 +347,13 @@ impl<'a> TensorDecoder<'a> {
             }
             drop((sa, sb));
             if la.is_some() {
-                ca.decode_cond(b, &mut scratch.a, &mut scratch.sub, &mut scratch.masks)?;
-                ca.merge(b, &scratch.a, out_a);
+                ca.finish_block(b, &mut scratch.a, &mut scratch.bufs, out_a)?;
             }
             if lb.is_some() {
-                cb.decode_cond(b, &mut scratch.b, &mut scratch.sub, &mut scratch.masks)?;
-                cb.merge(b, &scratch.b, out_b);
+                cb.finish_block(b, &mut scratch.b, &mut scratch.bufs, out_b)?;
             }
         }
-        ca.finish()?;
-        cb.finish()
+        Ok(())
     }
 
     /// Decodes chunks `first..` into `out`, which holds their bytes back to back (pairs where possible).

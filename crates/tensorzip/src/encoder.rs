@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::model::{build_model, choose, const_selector, histogram, Model};
 use crate::options::CompressOptions;
 use crate::rans::encode::{encode_stream, BlockJob, EncoderScratch, Seq};
+use crate::rans::MAX_STASH;
 use crate::transform;
 
 /// Per-thread scratch of the chunk encoder.
@@ -15,6 +16,7 @@ pub struct ChunkScratch {
     sels: Vec<u8>,
     cond_syms: Vec<u8>,
     cond_raw: Vec<u8>,
+    raw_area: Vec<u8>,
     rans: EncoderScratch,
 }
 
@@ -226,38 +228,61 @@ impl<'a> TensorEncoder<'a> {
             any |= !job.main.is_empty() || !job.sub.is_empty();
             jobs.push(job);
         }
-        let sel_len = payload.len();
-        if any {
-            encode_stream(&jobs, &mut scratch.rans, payload);
-        }
-        let rans_len = payload.len() - sel_len;
-        // Raw area: planes in ascending order, the conditioned plane last.
-        for p in 0..us {
-            match modes[p] {
-                PlaneMode::Raw => payload.extend_from_slice(planes[p]),
-                PlaneMode::Const(_) | PlaneMode::Cond => {}
-                PlaneMode::Blocks => {
-                    for b in 0..nb {
-                        let blk = &planes[p][block(b)];
-                        match scratch.sels[p * nb + b] {
-                            SEL_RAW => payload.extend_from_slice(blk),
-                            SEL_CONST => payload.push(blk[0]),
-                            _ => {}
-                        }
-                    }
+        // Raw area, block by block: each block's raw bytes in plane order, the conditioned plane last.
+        let area = &mut scratch.raw_area;
+        area.clear();
+        let mut last_block_start = 0;
+        let mut last_cond_raw = 0;
+        let mut cond_raw_pos = 0;
+        for b in 0..nb {
+            last_block_start = area.len();
+            for p in 0..us {
+                let blk = &planes[p][block(b)];
+                match modes[p] {
+                    PlaneMode::Raw => area.extend_from_slice(blk),
+                    PlaneMode::Const(_) | PlaneMode::Cond => {}
+                    PlaneMode::Blocks => match scratch.sels[p * nb + b] {
+                        SEL_RAW => area.extend_from_slice(blk),
+                        SEL_CONST => area.push(blk[0]),
+                        _ => {}
+                    },
                 }
             }
+            if cond.is_some() {
+                let n_raw = block(b).len() - cond_ranges[b].len();
+                area.extend_from_slice(&scratch.cond_raw[cond_raw_pos..cond_raw_pos + n_raw]);
+                cond_raw_pos += n_raw;
+                last_cond_raw = n_raw;
+            }
         }
-        if cond.is_some() {
-            payload.extend_from_slice(&scratch.cond_raw);
+        // The stash: the last raw bytes of the last block travel in the stream's initial states.
+        let stash_len = if !any {
+            0
+        } else if cond.is_some() {
+            last_cond_raw.min(MAX_STASH)
+        } else {
+            (area.len() - last_block_start).min(MAX_STASH)
+        };
+        let kept = area.len() - stash_len;
+        let sel_len = payload.len();
+        if any {
+            encode_stream(&jobs, &area[kept..], &mut scratch.rans, payload);
         }
+        let rans_len = payload.len() - sel_len;
+        payload.extend_from_slice(&area[..kept]);
         // Coding must not expand a chunk: otherwise every non-constant plane is stored raw.
         if payload.len() >= len * us {
             payload.clear();
             for p in 0..us {
                 if !matches!(modes[p], PlaneMode::Const(_)) {
                     modes[p] = PlaneMode::Raw;
-                    payload.extend_from_slice(planes[p]);
+                }
+            }
+            for b in 0..nb {
+                for p in 0..us {
+                    if modes[p] == PlaneMode::Raw {
+                        payload.extend_from_slice(&planes[p][block(b)]);
+                    }
                 }
             }
             return ChunkEntry { payload_len: payload.len() as u32, rans_len: 0, modes };

@@ -196,6 +196,14 @@ fn expect_err(blob: &[u8], what: &str) -> Error {
 // ---------------------------------------------------------------------------------------------------
 // A blob taken apart.
 
+/// Where one plane's part of the table section lies (offsets in `Layout::tables`).
+#[derive(Clone, Debug)]
+struct PlaneSection {
+    flag_at: usize,
+    /// (value, table, table length).
+    cond: Option<(usize, usize, usize)>,
+}
+
 #[derive(Clone, Debug)]
 struct Layout {
     header: Vec<u8>,
@@ -255,6 +263,48 @@ impl Layout {
         for p in &self.payloads {
             out.extend_from_slice(p);
         }
+        out
+    }
+
+    /// Keeps only the first `k` chunks of a rank-1 tensor (whose chunks hold whole elements) and
+    /// shrinks its shape to match: a small valid blob that keeps the tables of a large one.
+    fn first_chunks(&self, k: usize) -> Layout {
+        let mut l = self.clone();
+        l.entries.truncate(k);
+        l.payloads.truncate(k);
+        let units = (k * self.chunk_units) as u64;
+        let dtype = DType::from_code(self.header[7]).unwrap();
+        assert_eq!(self.header[8], 1, "rank 1");
+        let numel = units / dtype.units_per_element() as u64;
+        l.header[20..28].copy_from_slice(&numel.to_le_bytes());
+        l.units = units;
+        l
+    }
+
+    /// The table section walked after the current format (per plane: a table count, the tables, a
+    /// conditional-table flag, and for a flag of 1 a condition value and the conditional table): for
+    /// each plane, the offset of its flag and of its condition value, conditional table and length.
+    fn sections(&self) -> Vec<PlaneSection> {
+        let t = &self.tables;
+        let table_len = |at: usize| 2 + (t[at + 1] - t[at]) as usize + 1;
+        let mut at = 0;
+        let mut out = Vec::new();
+        for _ in 0..self.planes {
+            let count_at = at;
+            at += 1;
+            for _ in 0..t[count_at] {
+                at += table_len(at);
+            }
+            let flag_at = at;
+            at += 1;
+            let cond = (t[flag_at] == 1).then(|| {
+                let c = (at, at + 1, table_len(at + 1));
+                at += 1 + c.2;
+                c
+            });
+            out.push(PlaneSection { flag_at, cond });
+        }
+        assert_eq!(at, t.len(), "the table section does not follow the expected layout");
         out
     }
 
@@ -389,10 +439,41 @@ fn coded_bf16_blob() -> Vec<u8> {
     blob
 }
 
+/// A small blob whose chunks code a plane conditioned on the exponent (`PlaneMode::Cond`): the first
+/// three chunks of a large tensor (conditioning pays only for large tensors), with its tables.
+fn cond_blob(dtype: DType) -> Vec<u8> {
+    static BLOBS: LazyLock<std::sync::Mutex<std::collections::HashMap<u8, Vec<u8>>>> = LazyLock::new(Default::default);
+    let mut cache = BLOBS.lock().unwrap();
+    cache
+        .entry(dtype.code())
+        .or_insert_with(|| {
+            let n = 256_000 / dtype.itemsize();
+            let data = make(dtype, n, Dist::Weights, 5);
+            let opts = CompressOptions { chunk_bytes: 1024, block_units: 64, min_compress_bytes: 0, ..Default::default() };
+            let big = tensorzip::compress(&data, dtype, &[n as u64], &opts).unwrap();
+            let small = Layout::parse(&big).first_chunks(3).build();
+            let l = Layout::parse(&small);
+            let (cp, _) = dtype.conditioned_plane().unwrap();
+            assert!(l.sections()[cp].cond.is_some(), "{dtype}: no conditional table");
+            assert!((0..3).all(|c| l.mode(c, cp) == (3, 0)), "{dtype}: chunks not conditioned");
+            match decode_everything(&small, "conditioned blob") {
+                Outcome::Ok(t) => assert!(t.data == data[..t.data.len()]),
+                o => panic!("{dtype}: the first chunks of a real blob fail to decode: {o:?}"),
+            }
+            small
+        })
+        .clone()
+}
+
 /// Small blobs of several kinds (all decode correctly).
 fn sample_blobs() -> Vec<(String, Vec<u8>)> {
     let o = small_opts();
-    let mut v = vec![("u8 mixed".to_string(), coded_blob()), ("bf16 mixed".to_string(), coded_bf16_blob())];
+    let mut v = vec![
+        ("u8 mixed".to_string(), coded_blob()),
+        ("bf16 mixed".to_string(), coded_bf16_blob()),
+        ("bf16 conditioned".to_string(), cond_blob(DType::BF16)),
+        ("f32 conditioned".to_string(), cond_blob(DType::F32)),
+    ];
     for (dtype, n, dist) in [
         (DType::F32, 400, Dist::NanInf),
         (DType::Complex64, 150, Dist::Weights),
@@ -1203,4 +1284,132 @@ fn hostile_archive_index_with_valid_crc() {
     b[entry_at[0] + 37..entry_at[0] + 41].copy_from_slice(&u32::MAX.to_le_bytes());
     reseal_index(&mut b);
     assert!(Archive::parse(&b).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Conditioned planes.
+
+#[test]
+fn conditional_tables_that_lie_are_errors() {
+    for dtype in [DType::BF16, DType::F32] {
+        let blob = cond_blob(dtype);
+        let l = Layout::parse(&blob);
+        let secs = l.sections();
+        let (cp, _) = dtype.conditioned_plane().unwrap();
+        let (value_at, table_at, table_len) = secs[cp].cond.unwrap();
+        let edit = |f: &dyn Fn(&mut Layout)| {
+            let mut m = l.clone();
+            f(&mut m);
+            m.build()
+        };
+        // Flags other than 0 and 1.
+        for v in [2u8, 3, 128, 255] {
+            let msg = assert_corrupt(&edit(&|m| m.tables[secs[cp].flag_at] = v), &format!("{dtype}: flag {v}"));
+            assert!(msg.contains("flag"), "{msg}");
+        }
+        // A conditional table on a plane that cannot have one: the flag of another plane set (its
+        // value and table are then read from what follows, so any error will do), or the table moved.
+        for p in (0..l.planes).filter(|&p| p != cp) {
+            expect_err(&edit(&|m| m.tables[secs[p].flag_at] = 1), &format!("{dtype}: flag on plane {p}"));
+        }
+        // The conditional table removed: the chunks that use it are corrupt.
+        let b = edit(&|m| {
+            m.tables.drain(value_at..table_at + table_len);
+            m.tables[secs[cp].flag_at] = 0;
+        });
+        let msg = assert_corrupt(&b, &format!("{dtype}: conditional table removed"));
+        assert!(msg.contains("condition"), "{msg}");
+        // A conditional table of one symbol.
+        let b = edit(&|m| {
+            m.tables.splice(table_at..table_at + table_len, [7u8, 7, 255]);
+        });
+        let msg = assert_corrupt(&b, &format!("{dtype}: single-symbol conditional table"));
+        assert!(msg.contains("one symbol"), "{msg}");
+        // Malformed conditional tables.
+        for (what, i, v) in [("lo > hi", 0usize, 255u8), ("zero at lo", 2, 0), ("invalid code", 2, 208), ("zero at hi", table_len - 1, 0)] {
+            let b = edit(&|m| m.tables[table_at + i] = v);
+            let msg = assert_corrupt(&b, &format!("{dtype}: conditional table {what}"));
+            assert!(msg.contains("table"), "{what}: {msg}");
+        }
+        // Truncated inside the conditional table.
+        let cut = l.header.len() + table_at + table_len / 2;
+        assert!(matches!(expect_err(&blob[..cut], "cut in the conditional table"), Error::Truncated(_)));
+        // Every condition value, and every byte of the conditional table with a few values: never a
+        // panic (a different condition value decodes different bytes or fails).
+        for v in 0..=255u8 {
+            decode_everything(&edit(&|m| m.tables[value_at] = v), &format!("{dtype}: condition value {v}"));
+        }
+        let mut rng = Rng::new(31);
+        let spots: Vec<usize> = [0, 1, 2, 3, table_len - 2, table_len - 1].into_iter().chain((0..16).map(|_| (rng.next_u64() % table_len as u64) as usize)).collect();
+        for i in spots {
+            for v in [0u8, 1, 100, 207, 208, 255] {
+                decode_everything(&edit(&|m| m.tables[table_at + i] = v), &format!("{dtype}: conditional table byte {i} = {v}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn conditioned_chunks_that_lie_are_errors() {
+    for dtype in [DType::BF16, DType::F32] {
+        let blob = cond_blob(dtype);
+        let l = Layout::parse(&blob);
+        let (cp, q) = dtype.conditioned_plane().unwrap();
+        let c = 1;
+        assert_eq!(l.mode(c, cp), (3, 0));
+        // Conditioned mode on a plane without a conditional table.
+        for p in (0..l.planes).filter(|&p| p != cp) {
+            let mut m = l.clone();
+            m.set_mode(c, p, (3, 0));
+            let msg = assert_corrupt(&m.build(), &format!("{dtype}: plane {p} conditioned"));
+            assert!(msg.contains("condition"), "{msg}");
+        }
+        // The conditioned plane in another mode, and its condition plane in every mode.
+        for mode in [(0u8, 0u8), (1, 0), (2, 0)] {
+            let mut m = l.clone();
+            m.set_mode(c, cp, mode);
+            expect_err(&m.build(), &format!("{dtype}: conditioned plane in mode {mode:?}"));
+            let mut m = l.clone();
+            m.set_mode(c, q, mode);
+            decode_everything(&m.build(), &format!("{dtype}: condition plane in mode {mode:?}"));
+        }
+        // The raw area one byte short or long: the conditioned plane's raw bytes run out or are left.
+        for delta in [-1i32, 1] {
+            let mut m = l.clone();
+            if delta < 0 {
+                m.payloads[c].pop();
+            } else {
+                m.payloads[c].push(0);
+            }
+            m.sync_lens();
+            let msg = assert_corrupt(&m.build(), &format!("{dtype}: raw area {delta:+}"));
+            assert!(msg.contains("raw") || msg.contains("rANS"), "{msg}");
+        }
+        // No rANS stream: everything after the selectors is taken as raw bytes.
+        let nb = l.chunk_len(c).div_ceil(l.block_units);
+        let sel_len = nb * (0..l.planes).filter(|&p| l.mode(c, p) == (2, 0)).count();
+        let mut m = l.clone();
+        let rl = m.rans_len(c) as usize;
+        m.payloads[c].drain(sel_len..sel_len + rl);
+        m.set_rans_len(c, 0);
+        m.sync_lens();
+        expect_err(&m.build(), &format!("{dtype}: stream removed"));
+        // Bytes of the chunk's payload replaced (random ones, and all of the first 300: selectors
+        // and stream states): never a panic, and the other chunks still decode alone.
+        let mut rng = Rng::new(dtype.code() as u64);
+        let len = l.payloads[c].len();
+        let spots: Vec<usize> = (0..len.min(300)).chain((0..300).map(|_| (rng.next_u64() % len as u64) as usize)).collect();
+        for i in spots {
+            let mut m = l.clone();
+            m.payloads[c][i] = rng.next_u64() as u8;
+            let b = m.build();
+            decode_everything(&b, &format!("{dtype}: chunk {c} byte {i}"));
+            if i % 64 == 0 {
+                let dec = TensorDecoder::new(&b).unwrap();
+                let cb = l.chunk_units * l.planes;
+                let mut o = vec![0u8; cb];
+                dec.decode_chunk(0, &mut o, &mut DecodeScratch::default()).expect("an untouched chunk decodes");
+            }
+        }
+    }
 }

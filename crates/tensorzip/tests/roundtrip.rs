@@ -161,6 +161,8 @@ struct Coverage {
     sel_const: bool,
     rans: bool,
     multi_table: bool,
+    /// A plane coded conditioned on the exponent plane.
+    cond_plane: bool,
 }
 
 impl Coverage {
@@ -184,6 +186,7 @@ impl Coverage {
                 let m = e.modes[p];
                 self.raw_plane |= m == PlaneMode::Raw;
                 self.const_plane |= matches!(m, PlaneMode::Const(_));
+                self.cond_plane |= m == PlaneMode::Cond;
                 if m == PlaneMode::Blocks {
                     self.block_plane = true;
                     for &s in &v.payload(c)[cursor..cursor + nb] {
@@ -303,7 +306,7 @@ fn every_decode_path_is_reached() {
     }
     let n = data.len() as u64;
     all.add(&check(&data, DType::U8, &[n], &opts, 5));
-    let Coverage { stored, planes, raw_plane, const_plane, block_plane, sel_table, sel_raw, sel_const, rans, multi_table } = all;
+    let Coverage { stored, planes, raw_plane, const_plane, block_plane, sel_table, sel_raw, sel_const, rans, multi_table, .. } = all;
     assert!(stored && planes && raw_plane && const_plane && block_plane && sel_table && sel_raw && sel_const && rans && multi_table, "{all:?}");
 }
 
@@ -344,14 +347,18 @@ fn odd_shapes_every_dtype() {
 #[test]
 fn default_options_multi_chunk_identical_across_threads() {
     let opts = CompressOptions::default();
+    let mut cov = Coverage::default();
     for (dtype, rows, cols) in [(DType::BF16, 160, 1000), (DType::F32, 70, 1001), (DType::F16, 129, 1024)] {
         let data = common::weights(dtype, rows * cols, rows as u64);
         let blob = check(&data, dtype, &[rows as u64, cols as u64], &opts, 6);
+        cov.add(&blob);
         let h = peek_header(&blob).unwrap();
         assert_eq!(h.scheme, Scheme::Planes);
         assert!(h.n_chunks() >= 2, "{dtype}: {} chunks", h.n_chunks());
         assert!(blob.len() < data.len() * 9 / 10, "{dtype}: {} -> {}", data.len(), blob.len());
     }
+    // Large float tensors code the byte below the exponent conditioned on the exponent.
+    assert!(cov.cond_plane && cov.rans && cov.block_plane, "{cov:?}");
 }
 
 /// A constant tensor costs its header, a few bytes of tables per plane and its directory: no payload.

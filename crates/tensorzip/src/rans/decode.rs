@@ -5,7 +5,7 @@
 //! read), and the end-of-stream checks (all states back at `2^16`, all words read) reject streams that
 //! do not decode to exactly what an encoder wrote.
 
-use super::{LANES, PROB_BITS, PROB_SCALE, STATE_BYTES, STATE_LOWER};
+use super::{LANES, MAX_STASH, PROB_BITS, PROB_SCALE, STATE_BYTES, STATE_LOWER};
 use crate::error::{corrupt, Result};
 
 /// Decoder slot table of one frequency table (see [`super::table::FreqTable::decode_table`]).
@@ -43,7 +43,7 @@ impl<'a> Decoder<'a> {
         for (l, xl) in x.iter_mut().enumerate() {
             *xl = u32::from_le_bytes(stream[4 * l..4 * l + 4].try_into().unwrap());
             if *xl < STATE_LOWER {
-                return corrupt("rANS initial state below 2^16");
+                return corrupt("rANS state below 2^16");
             }
         }
         Ok(Decoder { x, words: &stream[STATE_BYTES..], pos: 0, used: false })
@@ -114,18 +114,26 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
-    /// Checks that the stream ended exactly: all states back at `2^16` and every word read.
-    pub fn finish(self) -> Result<()> {
+    /// Checks that the stream ended exactly — every word read, every lane back at its initial state —
+    /// and returns the `stash_len` stash bytes those states carry.
+    pub fn finish(self, stash_len: usize) -> Result<[u8; MAX_STASH]> {
         if !self.used {
             return corrupt("rANS stream where no symbol is coded");
         }
         if self.pos != self.words.len() {
             return corrupt(format!("rANS stream has {} unread bytes", self.words.len() - self.pos));
         }
-        if self.x.iter().any(|&x| x != STATE_LOWER) {
-            return corrupt("rANS final state mismatch");
+        let mut stash = [0u8; MAX_STASH];
+        for (l, &x) in self.x.iter().enumerate() {
+            let carried = stash_len.saturating_sub(2 * l).min(2);
+            let v = x.wrapping_sub(STATE_LOWER);
+            if x < STATE_LOWER || v >= 1 << (8 * carried) {
+                return corrupt("rANS final state mismatch");
+            }
+            stash[2 * l] = v as u8;
+            stash[2 * l + 1] = (v >> 8) as u8;
         }
-        Ok(())
+        Ok(stash)
     }
 }
 

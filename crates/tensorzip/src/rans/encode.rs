@@ -2,7 +2,7 @@
 //! use AVX2 where the CPU has it (identical output to the scalar path).
 
 use super::table::EncSymbol;
-use super::{LANES, PROB_BITS, PROB_SCALE, STATE_LOWER};
+use super::{stash_states, LANES, PROB_BITS, PROB_SCALE};
 
 /// A sequence of symbols and the table that codes them.
 #[derive(Clone, Copy)]
@@ -28,19 +28,20 @@ pub struct EncoderScratch {
     words: Vec<u16>,
 }
 
-/// Encodes a chunk's blocks into one stream and appends it to `out` (32 states, then words).
+/// Encodes a chunk's blocks into one stream and appends it to `out` (32 states, then words); the
+/// initial states carry `stash` (at most 64 bytes, see [`super::stash_states`]).
 ///
 /// Decoding order: block by block; within a block the main sequences step by step (a step is 32
 /// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then each sub sequence,
 /// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
 /// in its table.
-pub fn encode_stream(blocks: &[BlockJob<'_>], scratch: &mut EncoderScratch, out: &mut Vec<u8>) {
+pub fn encode_stream(blocks: &[BlockJob<'_>], stash: &[u8], scratch: &mut EncoderScratch, out: &mut Vec<u8>) {
     let total: usize = blocks.iter().map(|b| b.main.iter().chain(&b.sub).map(|s| s.syms.len()).sum::<usize>()).sum();
     let words = &mut scratch.words;
     words.clear();
     // Full steps store 8 words per vector of 8 lanes even when fewer are kept: leave slack.
     words.resize(total + 2 * LANES, 0);
-    let mut x = [STATE_LOWER; LANES];
+    let mut x = stash_states(stash);
     let mut pos = 0usize;
     for block in blocks.iter().rev() {
         for sub in block.sub.iter().rev() {

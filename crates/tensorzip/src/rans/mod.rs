@@ -10,8 +10,9 @@
 //!   order, and after each step the lanes whose state fell below `2^16` read one word each, in
 //!   ascending lane order, from a single forward stream.
 //! * A stream starts with the 32 final encoder states (little-endian `u32`), then the words.
-//!   After the last symbol every lane's state is exactly `2^16` and every word has been read; decoders
-//!   check both.
+//!   The encoder starts lane `l` at `2^16 + v_l`, where the `v_l` carry up to 64 bytes of the chunk
+//!   (the "stash", two bytes a lane); after the last symbol every lane's state is back at its start
+//!   and every word has been read. Decoders check both and read the stash from the final states.
 //!
 //! `docs/FORMAT.md` ("The rANS stream") is the normative description.
 
@@ -30,3 +31,17 @@ pub const PROB_SCALE: u32 = 1 << PROB_BITS;
 pub const STATE_LOWER: u32 = 1 << 16;
 /// Bytes of the state header at the start of every stream.
 pub const STATE_BYTES: usize = LANES * 4;
+/// Most bytes a stream's initial states carry (two per lane; see [`stash_states`]).
+pub const MAX_STASH: usize = 2 * LANES;
+
+/// The encoder's initial states carrying the stash bytes `stash` (at most 64): lane `l` starts at
+/// `2^16 + stash[2l] + 256 * stash[2l + 1]` (missing bytes are 0), lanes past the stash at `2^16`.
+/// The decoder ends in exactly these states and reads the bytes back.
+pub fn stash_states(stash: &[u8]) -> [u32; LANES] {
+    debug_assert!(stash.len() <= MAX_STASH);
+    std::array::from_fn(|l| {
+        let lo = stash.get(2 * l).copied().unwrap_or(0) as u32;
+        let hi = stash.get(2 * l + 1).copied().unwrap_or(0) as u32;
+        STATE_LOWER + lo + (hi << 8)
+    })
+}
