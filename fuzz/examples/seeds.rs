@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use tensorzip::blob::BlobView;
 use tensorzip::archive::{plan_safetensors, serialize_safetensors, write_archive, ArchiveOptions};
 use tensorzip::sample::{self, Rng};
 use tensorzip::{CompressOptions, CpuEngine, DType};
@@ -31,6 +32,23 @@ fn bytes_of(dtype: DType, n: usize, kind: u32, seed: u64) -> Vec<u8> {
             })
             .collect(),
     }
+}
+
+/// The first `k` chunks of a rank-1 blob, with its shape shrunk to match: a small valid blob that
+/// keeps the tables (and the coding modes) of a large one.
+fn first_chunks(blob: &[u8], k: usize) -> Vec<u8> {
+    let v = BlobView::parse(blob).unwrap();
+    let h = &v.header;
+    assert_eq!(h.shape.len(), 1);
+    let e = h.dir_entry_len();
+    let dir_start = v.overhead_len() - h.n_chunks() as usize * e;
+    let mut out = blob[..dir_start + k * e].to_vec();
+    for c in 0..k {
+        out.extend_from_slice(v.payload(c));
+    }
+    let numel = (k as u64 * h.chunk_units as u64) / h.dtype.units_per_element() as u64;
+    out[20..28].copy_from_slice(&numel.to_le_bytes());
+    out
 }
 
 fn write(dir: &Path, name: &str, data: &[u8]) {
@@ -73,6 +91,18 @@ fn main() {
     ] {
         let blob = eng.compress(&data, dtype, &shape, &opts[0]).unwrap();
         write(&blobs, name, &blob);
+        count += 1;
+    }
+
+    // Large float tensors code the byte below the exponent conditioned on the exponent; their first
+    // chunks make small seeds with conditioned planes.
+    for dtype in [DType::BF16, DType::F32, DType::F64, DType::Complex64, DType::F16] {
+        let n = 512_000 / dtype.itemsize();
+        let data = bytes_of(dtype, n, 0, 77);
+        let blob = eng.compress(&data, dtype, &[n as u64], &opts[0]).unwrap();
+        let small = first_chunks(&blob, 2);
+        assert_eq!(tensorzip::decompress(&small).unwrap().data, data[..2 * 1024]);
+        write(&blobs, &format!("{}-cond", dtype.torch_name()), &small);
         count += 1;
     }
 

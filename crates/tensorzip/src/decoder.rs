@@ -212,11 +212,12 @@ impl<'d, 'a> Cursor<'d, 'a> {
         if from_area > avail || (last && from_area != avail) {
             return corrupt(format!("chunk {}: raw area holds {avail} bytes for the rest, {from_area} needed", self.c));
         }
+        // Eight spare bytes let the scatter read whole groups of eight to the end.
+        bufs.sub.resize(coded + 8, 0);
         if coded > 0 {
             let (p, _) = self.cond.expect("coded units only with a conditioned plane");
-            bufs.sub.resize(coded, 0);
             let table = self.td.cond_table(p);
-            let mut seg = [DecodeSegment { table, out: &mut bufs.sub[..] }];
+            let mut seg = [DecodeSegment { table, out: &mut bufs.sub[..coded] }];
             self.rans()?.decode_block(&mut seg, coded)?;
         }
         // The block's raw bytes: from the area, plus the stash at the end of the chunk.
@@ -234,7 +235,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             &area[..total]
         };
         if let Some((p, _)) = self.cond {
-            select::scatter(&bufs.masks, &bufs.sub[..coded], &seg[fixed..], &mut scratch[p * bu..p * bu + blen]);
+            select::scatter(&bufs.masks, &bufs.sub, &seg[fixed..], &mut scratch[p * bu..p * bu + blen]);
         }
         let mut srcs: [&[u8]; 8] = [&[]; 8];
         for (p, buf) in scratch.chunks_mut(bu).enumerate().take(us) {

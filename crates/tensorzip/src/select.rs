@@ -58,8 +58,9 @@ pub fn masks(value: u8, cond: &[u8], masks: &mut Vec<u8>) -> usize {
 }
 
 /// Decoder side, step 2: fills `out` with the coded bytes `sub` at the coded units and the raw bytes
-/// `raw` elsewhere, in unit order, following `masks` from [`masks`]. `sub` must hold exactly the
-/// coded units' bytes and `raw` exactly the others' (the caller counted them).
+/// `raw` elsewhere, in unit order, following `masks` from [`masks`]. `sub` must hold at least the
+/// coded units' bytes (extra bytes are ignored; eight spare ones keep the vector loop going to the
+/// end) and `raw` at least the others'.
 pub fn scatter(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) {
     let (mut i, mut k, mut r) = (0, 0, 0);
     #[cfg(target_arch = "x86_64")]
