@@ -22,24 +22,42 @@ struct Item {
 
 fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
     let file = map_file(path)?;
-    let (_, tensors) = tensorzip::archive::safetensors_layout(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (_, tensors) = tensorzip::archive::safetensors_layout(&file)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut items = Vec::new();
     for t in tensors {
-        let Some(dtype) = DType::from_safetensors_name(&t.dtype_name) else { continue };
+        let Some(dtype) = DType::from_safetensors_name(&t.dtype_name) else {
+            continue;
+        };
         let raw = &file[t.begin as usize..t.end as usize];
         let (dtype, data) = match (dtype, cast) {
-            (DType::F32, "bf16") => (DType::BF16, f32s(raw).flat_map(|v| sample::f32_to_bf16(v).to_le_bytes()).collect()),
-            (DType::F32, "f16") => (DType::F16, f32s(raw).flat_map(|v| sample::f32_to_f16(v).to_le_bytes()).collect()),
+            (DType::F32, "bf16") => (
+                DType::BF16,
+                f32s(raw)
+                    .flat_map(|v| sample::f32_to_bf16(v).to_le_bytes())
+                    .collect(),
+            ),
+            (DType::F32, "f16") => (
+                DType::F16,
+                f32s(raw)
+                    .flat_map(|v| sample::f32_to_f16(v).to_le_bytes())
+                    .collect(),
+            ),
             (d, "none" | "bf16" | "f16") => (d, raw.to_vec()),
             (_, other) => return Err(format!("--cast {other}: expected none, bf16 or f16")),
         };
-        items.push(Item { dtype, shape: t.shape, data });
+        items.push(Item {
+            dtype,
+            shape: t.shape,
+            data,
+        });
     }
     Ok(items)
 }
 
 fn f32s(raw: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -63,14 +81,24 @@ fn bound(item: &Item, chunk_bytes: usize) -> f64 {
             for &b in &p[..n] {
                 h[b as usize] += 1;
             }
-            let bits: f64 = h.iter().filter(|&&c| c > 0).map(|&c| c as f64 * (n as f64 / c as f64).log2()).sum();
+            let bits: f64 = h
+                .iter()
+                .filter(|&&c| c > 0)
+                .map(|&c| c as f64 * (n as f64 / c as f64).log2())
+                .sum();
             total += (bits / 8.0).min(n as f64);
         }
     }
     total
 }
 
-pub fn run(files: &[std::path::PathBuf], cast: &str, runs: usize, enc: &EncoderArgs, common: &Common) -> Result<(), String> {
+pub fn run(
+    files: &[std::path::PathBuf],
+    cast: &str,
+    runs: usize,
+    enc: &EncoderArgs,
+    common: &Common,
+) -> Result<(), String> {
     let eng = CpuEngine::new(common.threads).map_err(|e| e.to_string())?;
     let opts = enc.options();
     opts.validate().map_err(|e| e.to_string())?;

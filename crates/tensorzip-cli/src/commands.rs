@@ -22,8 +22,18 @@ fn gb_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / 1e9
 }
 
-pub fn compress(file: &Path, output: Option<PathBuf>, force: bool, piece: u32, enc: &EncoderArgs, common: &Common) -> Result<(), String> {
-    let opts = ArchiveOptions { compress: enc.options(), checksum_piece_bytes: piece };
+pub fn compress(
+    file: &Path,
+    output: Option<PathBuf>,
+    force: bool,
+    piece: u32,
+    enc: &EncoderArgs,
+    common: &Common,
+) -> Result<(), String> {
+    let opts = ArchiveOptions {
+        compress: enc.options(),
+        checksum_piece_bytes: piece,
+    };
     opts.compress.validate().map_err(|e| e.to_string())?;
     let eng = engine(common)?;
     let src = map_file(file)?;
@@ -36,12 +46,17 @@ pub fn compress(file: &Path, output: Option<PathBuf>, force: bool, piece: u32, e
     let mut out = SafeOutput::create(&dest, force)?;
     let pb = progress_bar(src.len() as u64, "compress");
     let t = Instant::now();
-    let len = write_archive(&eng, &src, &segments, &opts, out.file(), &|done| pb.set_position(done))
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let len = write_archive(&eng, &src, &segments, &opts, out.file(), &|done| {
+        pb.set_position(done)
+    })
+    .map_err(|e| format!("{}: {e}", file.display()))?;
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
     out.commit()?;
-    let tensors = segments.iter().filter(|s| s.kind == SegmentKind::Tensor).count();
+    let tensors = segments
+        .iter()
+        .filter(|s| s.kind == SegmentKind::Tensor)
+        .count();
     eprintln!(
         "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s",
         file.display(),
@@ -61,7 +76,12 @@ fn open_archive(path: &Path) -> Result<memmap2::Mmap, String> {
     Ok(data)
 }
 
-pub fn decompress(path: &Path, output: Option<PathBuf>, force: bool, common: &Common) -> Result<(), String> {
+pub fn decompress(
+    path: &Path,
+    output: Option<PathBuf>,
+    force: bool,
+    common: &Common,
+) -> Result<(), String> {
     let eng = engine(common)?;
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -71,7 +91,12 @@ pub fn decompress(path: &Path, output: Option<PathBuf>, force: bool, common: &Co
             let s = path.to_string_lossy();
             match s.strip_suffix(&format!(".{EXT}")) {
                 Some(stem) if !stem.is_empty() => PathBuf::from(stem),
-                _ => return Err(format!("{}: name does not end in .{EXT}; give the output with -o", path.display())),
+                _ => {
+                    return Err(format!(
+                        "{}: name does not end in .{EXT}; give the output with -o",
+                        path.display()
+                    ))
+                }
             }
         }
     };
@@ -90,7 +115,13 @@ pub fn decompress(path: &Path, output: Option<PathBuf>, force: bool, common: &Co
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
     out.commit()?;
-    eprintln!("{} -> {}: {} bytes, {:.2} GB/s", path.display(), dest.display(), ar.original_len, gb_s(ar.original_len, secs));
+    eprintln!(
+        "{} -> {}: {} bytes, {:.2} GB/s",
+        path.display(),
+        dest.display(),
+        ar.original_len,
+        gb_s(ar.original_len, secs)
+    );
     Ok(())
 }
 
@@ -98,14 +129,30 @@ pub fn info(path: &Path, json: bool, common: &Common) -> Result<(), String> {
     let eng = engine(common)?;
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
-    let tensors = ar.tensors(&eng).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tensors = ar
+        .tensors(&eng)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut rows = Vec::new();
     for (t, i) in &tensors {
         let blob = ar.blob(*i);
-        let st = BlobStats::of(blob).map_err(|e| format!("{}: tensor {:?}: {e}", path.display(), t.name))?;
-        let h = peek_header(blob).map_err(|e| format!("{}: tensor {:?}: {e}", path.display(), t.name))?;
-        let planes: Vec<String> = if st.stored { vec!["stored".into()] } else { st.planes.iter().map(|p| p.summary()).collect() };
-        rows.push((t.name.clone(), t.dtype_name.clone(), t.shape.clone(), ar.segments[*i].orig_len, blob.len() as u64, planes, h.dtype));
+        let st = BlobStats::of(blob)
+            .map_err(|e| format!("{}: tensor {:?}: {e}", path.display(), t.name))?;
+        let h = peek_header(blob)
+            .map_err(|e| format!("{}: tensor {:?}: {e}", path.display(), t.name))?;
+        let planes: Vec<String> = if st.stored {
+            vec!["stored".into()]
+        } else {
+            st.planes.iter().map(|p| p.summary()).collect()
+        };
+        rows.push((
+            t.name.clone(),
+            t.dtype_name.clone(),
+            t.shape.clone(),
+            ar.segments[*i].orig_len,
+            blob.len() as u64,
+            planes,
+            h.dtype,
+        ));
     }
     let total_orig = ar.original_len;
     let mut text = String::new();
@@ -121,11 +168,19 @@ pub fn info(path: &Path, json: bool, common: &Common) -> Result<(), String> {
             .collect();
         let doc = serde_json::json!({"file": path.display().to_string(), "original_bytes": total_orig,
             "archive_bytes": total_comp, "ratio": total_comp as f64 / total_orig.max(1) as f64, "tensors": out});
-        let _ = writeln!(text, "{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        let _ = writeln!(
+            text,
+            "{}",
+            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+        );
         return print_out(&text);
     }
     let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
-    let _ = writeln!(text, "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>7}  planes (byte 0 first)", "name", "dtype", "shape", "bytes", "compressed", "ratio");
+    let _ = writeln!(
+        text,
+        "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>7}  planes (byte 0 first)",
+        "name", "dtype", "shape", "bytes", "compressed", "ratio"
+    );
     for r in &rows {
         let _ = writeln!(
             text,
@@ -174,7 +229,10 @@ impl Write for Compare<'_> {
             let end = self.pos + buf.len();
             match o.get(self.pos..end) {
                 Some(want) if want == buf => {}
-                Some(want) => self.mismatch = Some(self.pos + want.iter().zip(buf).position(|(a, b)| a != b).unwrap_or(0)),
+                Some(want) => {
+                    self.mismatch =
+                        Some(self.pos + want.iter().zip(buf).position(|(a, b)| a != b).unwrap_or(0))
+                }
                 None => self.mismatch = Some(o.len().min(end)),
             }
         }
@@ -191,7 +249,11 @@ pub fn verify(path: &Path, against: Option<&Path>, common: &Common) -> Result<()
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let original = against.map(map_file).transpose()?;
-    let mut cmp = Compare { original: original.as_deref(), pos: 0, mismatch: None };
+    let mut cmp = Compare {
+        original: original.as_deref(),
+        pos: 0,
+        mismatch: None,
+    };
     let pb = progress_bar(ar.original_len, "verify");
     let t = Instant::now();
     for i in 0..ar.segments.len() {
@@ -202,10 +264,20 @@ pub fn verify(path: &Path, against: Option<&Path>, common: &Common) -> Result<()
     pb.finish_and_clear();
     if let (Some(o), Some(p)) = (&original, against) {
         if let Some(at) = cmp.mismatch {
-            return Err(format!("{}: differs from {} at byte {at}", path.display(), p.display()));
+            return Err(format!(
+                "{}: differs from {} at byte {at}",
+                path.display(),
+                p.display()
+            ));
         }
         if o.len() as u64 != ar.original_len {
-            return Err(format!("{}: restores {} bytes but {} has {}", path.display(), ar.original_len, p.display(), o.len()));
+            return Err(format!(
+                "{}: restores {} bytes but {} has {}",
+                path.display(),
+                ar.original_len,
+                p.display(),
+                o.len()
+            ));
         }
     }
     eprintln!(
@@ -213,7 +285,11 @@ pub fn verify(path: &Path, against: Option<&Path>, common: &Common) -> Result<()
         path.display(),
         ar.segments.len(),
         ar.original_len,
-        if against.is_some() { ", identical to the original" } else { "" },
+        if against.is_some() {
+            ", identical to the original"
+        } else {
+            ""
+        },
         gb_s(ar.original_len, t.elapsed().as_secs_f64())
     );
     Ok(())

@@ -4,7 +4,9 @@
 
 use std::time::Instant;
 
-use tensorzip::archive::{plan_safetensors, serialize_safetensors, write_archive, Archive, ArchiveOptions};
+use tensorzip::archive::{
+    plan_safetensors, serialize_safetensors, write_archive, Archive, ArchiveOptions,
+};
 use tensorzip::{sample, CpuEngine};
 
 use crate::Common;
@@ -12,9 +14,19 @@ use crate::Common;
 pub fn run(common: &Common) -> Result<(), String> {
     let eng = CpuEngine::new(common.threads).map_err(|e| e.to_string())?;
     let model = sample::sample_model(2026);
-    let views: Vec<(&str, &str, &[u64], &[u8])> =
-        model.iter().map(|t| (t.name.as_str(), t.dtype.safetensors_name(), t.shape.as_slice(), t.data.as_slice())).collect();
-    let file = serialize_safetensors(&views, Some(&[("format".into(), "pt".into())])).map_err(|e| e.to_string())?;
+    let views: Vec<(&str, &str, &[u64], &[u8])> = model
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                t.dtype.safetensors_name(),
+                t.shape.as_slice(),
+                t.data.as_slice(),
+            )
+        })
+        .collect();
+    let file = serialize_safetensors(&views, Some(&[("format".into(), "pt".into())]))
+        .map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!("tensorzip-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = (|| {
@@ -30,7 +42,15 @@ pub fn run(common: &Common) -> Result<(), String> {
             .open(&ar_path)
             .map_err(|e| format!("{}: {e}", ar_path.display()))?;
         let t = Instant::now();
-        let len = write_archive(&eng, &file, &segments, &ArchiveOptions::default(), &mut out, &|_| {}).map_err(|e| e.to_string())?;
+        let len = write_archive(
+            &eng,
+            &file,
+            &segments,
+            &ArchiveOptions::default(),
+            &mut out,
+            &|_| {},
+        )
+        .map_err(|e| e.to_string())?;
         let t_c = t.elapsed().as_secs_f64();
         drop(out);
         let archive = std::fs::read(&ar_path).map_err(|e| format!("{}: {e}", ar_path.display()))?;
@@ -39,7 +59,8 @@ pub fn run(common: &Common) -> Result<(), String> {
         let mut restored = Vec::with_capacity(file.len());
         let t = Instant::now();
         for i in 0..ar.segments.len() {
-            ar.decode_segment_to(&eng, i, &mut restored, &|_| {}).map_err(|e| e.to_string())?;
+            ar.decode_segment_to(&eng, i, &mut restored, &|_| {})
+                .map_err(|e| e.to_string())?;
         }
         let t_d = t.elapsed().as_secs_f64();
         if restored != file {

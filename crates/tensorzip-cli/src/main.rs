@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tensorzip", version, about = "Lossless compression of neural-network tensors (.safetensors files)")]
+#[command(
+    name = "tensorzip",
+    version,
+    about = "Lossless compression of neural-network tensors (.safetensors files)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -128,14 +132,38 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Compress { file, output, force, checksum_chunk_bytes, enc, common } => {
-            commands::compress(&file, output, force, checksum_chunk_bytes, &enc, &common)
-        }
-        Command::Decompress { archive, output, force, common } => commands::decompress(&archive, output, force, &common),
-        Command::Info { archive, json, common } => commands::info(&archive, json, &common),
-        Command::Verify { archive, against, common } => commands::verify(&archive, against.as_deref(), &common),
+        Command::Compress {
+            file,
+            output,
+            force,
+            checksum_chunk_bytes,
+            enc,
+            common,
+        } => commands::compress(&file, output, force, checksum_chunk_bytes, &enc, &common),
+        Command::Decompress {
+            archive,
+            output,
+            force,
+            common,
+        } => commands::decompress(&archive, output, force, &common),
+        Command::Info {
+            archive,
+            json,
+            common,
+        } => commands::info(&archive, json, &common),
+        Command::Verify {
+            archive,
+            against,
+            common,
+        } => commands::verify(&archive, against.as_deref(), &common),
         Command::Demo { common } => demo::run(&common),
-        Command::Bench { files, cast, runs, enc, common } => bench::run(&files, &cast, runs, &enc, &common),
+        Command::Bench {
+            files,
+            cast,
+            runs,
+            enc,
+            common,
+        } => bench::run(&files, &cast, runs, &enc, &common),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

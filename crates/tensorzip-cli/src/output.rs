@@ -21,19 +21,45 @@ impl SafeOutput {
     /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false.
     pub fn create(dest: &Path, force: bool) -> Result<SafeOutput, String> {
         if !force && dest.exists() {
-            return Err(format!("{}: already exists (use --force to overwrite)", dest.display()));
+            return Err(format!(
+                "{}: already exists (use --force to overwrite)",
+                dest.display()
+            ));
         }
         let dir = match dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let name = dest.file_name().ok_or_else(|| format!("{}: not a file name", dest.display()))?;
+        let name = dest
+            .file_name()
+            .ok_or_else(|| format!("{}: not a file name", dest.display()))?;
         for attempt in 0..100u32 {
-            let tmp = dir.join(format!(".{}.tmp-{}-{attempt}", name.to_string_lossy(), std::process::id()));
-            match OpenOptions::new().read(true).write(true).create_new(true).open(&tmp) {
-                Ok(file) => return Ok(SafeOutput { dest: dest.to_path_buf(), tmp, file: Some(file), force }),
+            let tmp = dir.join(format!(
+                ".{}.tmp-{}-{attempt}",
+                name.to_string_lossy(),
+                std::process::id()
+            ));
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+            {
+                Ok(file) => {
+                    return Ok(SafeOutput {
+                        dest: dest.to_path_buf(),
+                        tmp,
+                        file: Some(file),
+                        force,
+                    })
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(format!("{}: cannot create a temporary file: {e}", dir.display())),
+                Err(e) => {
+                    return Err(format!(
+                        "{}: cannot create a temporary file: {e}",
+                        dir.display()
+                    ))
+                }
             }
         }
         Err(format!("{}: cannot create a temporary file", dir.display()))
@@ -47,13 +73,18 @@ impl SafeOutput {
     /// Syncs the data and moves the file to its destination.
     pub fn commit(mut self) -> Result<(), String> {
         let file = self.file.take().expect("file is open until commit");
-        file.sync_all().map_err(|e| format!("{}: {e}", self.dest.display()))?;
+        file.sync_all()
+            .map_err(|e| format!("{}: {e}", self.dest.display()))?;
         drop(file);
         if self.force {
-            std::fs::rename(&self.tmp, &self.dest).map_err(|e| format!("{}: {e}", self.dest.display()))?;
+            std::fs::rename(&self.tmp, &self.dest)
+                .map_err(|e| format!("{}: {e}", self.dest.display()))?;
         } else {
             std::fs::hard_link(&self.tmp, &self.dest).map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => format!("{}: already exists (use --force to overwrite)", self.dest.display()),
+                std::io::ErrorKind::AlreadyExists => format!(
+                    "{}: already exists (use --force to overwrite)",
+                    self.dest.display()
+                ),
                 _ => format!("{}: {e}", self.dest.display()),
             })?;
             let _ = std::fs::remove_file(&self.tmp);
@@ -74,9 +105,11 @@ impl Drop for SafeOutput {
 pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     pb.set_message(what.to_string());
     pb

@@ -22,18 +22,36 @@ fn stderr(o: &Output) -> String {
 }
 
 fn ok(o: &Output, what: &str) {
-    assert!(o.status.success(), "{what}: exit {:?}\nstderr: {}\nstdout: {}", o.status, stderr(o), String::from_utf8_lossy(&o.stdout));
+    assert!(
+        o.status.success(),
+        "{what}: exit {:?}\nstderr: {}\nstdout: {}",
+        o.status,
+        stderr(o),
+        String::from_utf8_lossy(&o.stdout)
+    );
 }
 
 /// A failure: exit code 1 (not a crash), one line on stderr that contains every one of `needles`.
 fn fails(o: &Output, what: &str, needles: &[&str]) -> String {
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "{what}: expected exit code 1, got {:?}\nstderr: {err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{what}: expected exit code 1, got {:?}\nstderr: {err}",
+        o.status
+    );
     let line = err.trim_end();
-    assert_eq!(line.lines().count(), 1, "{what}: stderr is not one line:\n{err}");
+    assert_eq!(
+        line.lines().count(),
+        1,
+        "{what}: stderr is not one line:\n{err}"
+    );
     assert!(line.starts_with("tensorzip: error: "), "{what}: {line}");
     for n in needles {
-        assert!(line.contains(n), "{what}: stderr does not mention {n:?}: {line}");
+        assert!(
+            line.contains(n),
+            "{what}: stderr does not mention {n:?}: {line}"
+        );
     }
     line.to_string()
 }
@@ -42,14 +60,19 @@ fn fails(o: &Output, what: &str, needles: &[&str]) -> String {
 fn no_temp_files(dir: &Path) {
     for e in std::fs::read_dir(dir).unwrap() {
         let name = e.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(!(name.starts_with('.') && name.contains(".tmp-")), "temporary file left behind: {name}");
+        assert!(
+            !(name.starts_with('.') && name.contains(".tmp-")),
+            "temporary file left behind: {name}"
+        );
     }
 }
 
 fn model_bytes() -> Vec<u8> {
     let w = sample::weights(32, 300, DType::BF16, 1);
     let mut rng = Rng::new(2);
-    let norm: Vec<u8> = (0..300).flat_map(|_| ((1.0 + 0.05 * rng.normal()) as f32).to_le_bytes()).collect();
+    let norm: Vec<u8> = (0..300)
+        .flat_map(|_| ((1.0 + 0.05 * rng.normal()) as f32).to_le_bytes())
+        .collect();
     let ids: Vec<u8> = (0..100i64).flat_map(|i| i.to_le_bytes()).collect();
     let f16 = sample::weights(10, 70, DType::F16, 3);
     let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
@@ -59,7 +82,10 @@ fn model_bytes() -> Vec<u8> {
         ("head", "F16", &[10u64, 70][..], &f16[..]),
         ("empty", "F32", &[0u64, 4][..], &[][..]),
     ];
-    let meta = vec![("format".to_string(), "pt".to_string()), ("note".to_string(), "tensorzip cli test".to_string())];
+    let meta = vec![
+        ("format".to_string(), "pt".to_string()),
+        ("note".to_string(), "tensorzip cli test".to_string()),
+    ];
     serialize_safetensors(&tensors, Some(&meta)).unwrap()
 }
 
@@ -69,7 +95,22 @@ fn setup() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
     let model = model_bytes();
     std::fs::write(dir.path().join("model.safetensors"), &model).unwrap();
     // Small chunks, so the archive has several chunks per tensor.
-    ok(&tz(dir.path(), &["compress", "model.safetensors", "--chunk-bytes", "1024", "--block-units", "64", "-t", "2"]), "compress");
+    ok(
+        &tz(
+            dir.path(),
+            &[
+                "compress",
+                "model.safetensors",
+                "--chunk-bytes",
+                "1024",
+                "--block-units",
+                "64",
+                "-t",
+                "2",
+            ],
+        ),
+        "compress",
+    );
     let archive = dir.path().join("model.safetensors.tz");
     assert!(archive.exists());
     (dir, archive, model)
@@ -80,20 +121,88 @@ fn compress_decompress_round_trip_is_byte_exact() {
     let (dir, archive, model) = setup();
     let d = dir.path();
     let ar = std::fs::read(&archive).unwrap();
-    assert!(ar.len() < model.len(), "archive {} bytes for {} original", ar.len(), model.len());
-    ok(&tz(d, &["decompress", "model.safetensors.tz", "-o", "restored.safetensors"]), "decompress -o");
-    assert!(std::fs::read(d.join("restored.safetensors")).unwrap() == model, "restored file differs");
+    assert!(
+        ar.len() < model.len(),
+        "archive {} bytes for {} original",
+        ar.len(),
+        model.len()
+    );
+    ok(
+        &tz(
+            d,
+            &[
+                "decompress",
+                "model.safetensors.tz",
+                "-o",
+                "restored.safetensors",
+            ],
+        ),
+        "decompress -o",
+    );
+    assert!(
+        std::fs::read(d.join("restored.safetensors")).unwrap() == model,
+        "restored file differs"
+    );
     // Into a subdirectory, on one thread.
     std::fs::create_dir(d.join("sub")).unwrap();
-    ok(&tz(d, &["decompress", "model.safetensors.tz", "-o", "sub/x.safetensors", "-t", "1"]), "decompress -o sub/");
+    ok(
+        &tz(
+            d,
+            &[
+                "decompress",
+                "model.safetensors.tz",
+                "-o",
+                "sub/x.safetensors",
+                "-t",
+                "1",
+            ],
+        ),
+        "decompress -o sub/",
+    );
     assert!(std::fs::read(d.join("sub/x.safetensors")).unwrap() == model);
     // Default options and one checksum per 256 bytes give the same restore.
-    ok(&tz(d, &["compress", "model.safetensors", "-o", "b.tz", "--checksum-chunk-bytes", "256"]), "compress default options");
-    ok(&tz(d, &["decompress", "b.tz", "-o", "b.safetensors"]), "decompress b.tz");
+    ok(
+        &tz(
+            d,
+            &[
+                "compress",
+                "model.safetensors",
+                "-o",
+                "b.tz",
+                "--checksum-chunk-bytes",
+                "256",
+            ],
+        ),
+        "compress default options",
+    );
+    ok(
+        &tz(d, &["decompress", "b.tz", "-o", "b.safetensors"]),
+        "decompress b.tz",
+    );
     assert!(std::fs::read(d.join("b.safetensors")).unwrap() == model);
     // Archives do not depend on the thread count.
-    ok(&tz(d, &["compress", "model.safetensors", "-o", "t1.tz", "--chunk-bytes", "1024", "--block-units", "64", "-t", "1"]), "compress -t 1");
-    assert!(std::fs::read(d.join("t1.tz")).unwrap() == ar, "archives differ between 1 and 2 threads");
+    ok(
+        &tz(
+            d,
+            &[
+                "compress",
+                "model.safetensors",
+                "-o",
+                "t1.tz",
+                "--chunk-bytes",
+                "1024",
+                "--block-units",
+                "64",
+                "-t",
+                "1",
+            ],
+        ),
+        "compress -t 1",
+    );
+    assert!(
+        std::fs::read(d.join("t1.tz")).unwrap() == ar,
+        "archives differ between 1 and 2 threads"
+    );
     no_temp_files(d);
 }
 
@@ -103,12 +212,22 @@ fn decompress_to_the_default_name_refuses_to_overwrite() {
     let d = dir.path();
     // The default output (the name without .tz) is the original, which exists.
     let o = tz(d, &["decompress", "model.safetensors.tz"]);
-    fails(&o, "decompress onto an existing file", &["model.safetensors", "already exists"]);
-    ok(&tz(d, &["decompress", "model.safetensors.tz", "-f"]), "decompress -f");
+    fails(
+        &o,
+        "decompress onto an existing file",
+        &["model.safetensors", "already exists"],
+    );
+    ok(
+        &tz(d, &["decompress", "model.safetensors.tz", "-f"]),
+        "decompress -f",
+    );
     assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
     // With the original gone, the default name is used.
     std::fs::remove_file(d.join("model.safetensors")).unwrap();
-    ok(&tz(d, &["decompress", "model.safetensors.tz"]), "decompress to default name");
+    ok(
+        &tz(d, &["decompress", "model.safetensors.tz"]),
+        "decompress to default name",
+    );
     assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
     no_temp_files(d);
 }
@@ -120,19 +239,62 @@ fn verify_and_verify_against() {
     let o = tz(d, &["verify", "model.safetensors.tz"]);
     ok(&o, "verify");
     assert!(stderr(&o).contains("OK"), "{}", stderr(&o));
-    ok(&tz(d, &["verify", "model.safetensors.tz", "--against", "model.safetensors"]), "verify --against");
+    ok(
+        &tz(
+            d,
+            &[
+                "verify",
+                "model.safetensors.tz",
+                "--against",
+                "model.safetensors",
+            ],
+        ),
+        "verify --against",
+    );
     // Against a different file of the same size, and a shorter one.
     let mut other = model.clone();
     let at = other.len() - 10;
     other[at] ^= 1;
     std::fs::write(d.join("other.safetensors"), &other).unwrap();
-    let o = tz(d, &["verify", "model.safetensors.tz", "--against", "other.safetensors"]);
-    fails(&o, "verify against a different file", &["model.safetensors.tz", "other.safetensors", "differs"]);
+    let o = tz(
+        d,
+        &[
+            "verify",
+            "model.safetensors.tz",
+            "--against",
+            "other.safetensors",
+        ],
+    );
+    fails(
+        &o,
+        "verify against a different file",
+        &["model.safetensors.tz", "other.safetensors", "differs"],
+    );
     std::fs::write(d.join("short.safetensors"), &model[..model.len() - 1]).unwrap();
-    let o = tz(d, &["verify", "model.safetensors.tz", "--against", "short.safetensors"]);
+    let o = tz(
+        d,
+        &[
+            "verify",
+            "model.safetensors.tz",
+            "--against",
+            "short.safetensors",
+        ],
+    );
     fails(&o, "verify against a shorter file", &["short.safetensors"]);
-    let o = tz(d, &["verify", "model.safetensors.tz", "--against", "missing.safetensors"]);
-    fails(&o, "verify against a missing file", &["missing.safetensors"]);
+    let o = tz(
+        d,
+        &[
+            "verify",
+            "model.safetensors.tz",
+            "--against",
+            "missing.safetensors",
+        ],
+    );
+    fails(
+        &o,
+        "verify against a missing file",
+        &["missing.safetensors"],
+    );
 }
 
 #[test]
@@ -142,18 +304,30 @@ fn info_and_info_json() {
     let o = tz(d, &["info", "model.safetensors.tz"]);
     ok(&o, "info");
     let text = String::from_utf8(o.stdout).unwrap();
-    for name in ["layers.0.weight", "layers.0.norm", "position_ids", "head", "empty", "total: 5 tensors"] {
+    for name in [
+        "layers.0.weight",
+        "layers.0.norm",
+        "position_ids",
+        "head",
+        "empty",
+        "total: 5 tensors",
+    ] {
         assert!(text.contains(name), "info lacks {name}:\n{text}");
     }
     let o = tz(d, &["info", "--json", "model.safetensors.tz"]);
     ok(&o, "info --json");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json prints JSON");
     assert_eq!(v["original_bytes"].as_u64(), Some(model.len() as u64));
-    let archive_len = std::fs::metadata(d.join("model.safetensors.tz")).unwrap().len();
+    let archive_len = std::fs::metadata(d.join("model.safetensors.tz"))
+        .unwrap()
+        .len();
     assert_eq!(v["archive_bytes"].as_u64(), Some(archive_len));
     let tensors = v["tensors"].as_array().unwrap();
     assert_eq!(tensors.len(), 5);
-    let w = tensors.iter().find(|t| t["name"] == "layers.0.weight").expect("layers.0.weight listed");
+    let w = tensors
+        .iter()
+        .find(|t| t["name"] == "layers.0.weight")
+        .expect("layers.0.weight listed");
     assert_eq!(w["dtype"], "BF16");
     assert_eq!(w["shape"], serde_json::json!([32, 300]));
     assert_eq!(w["bytes"].as_u64(), Some(32 * 300 * 2));
@@ -169,8 +343,15 @@ fn compress_refuses_to_overwrite_without_force() {
     let d = dir.path();
     let before = std::fs::read(&archive).unwrap();
     let o = tz(d, &["compress", "model.safetensors"]);
-    fails(&o, "compress onto an existing archive", &["model.safetensors.tz", "already exists"]);
-    assert!(std::fs::read(&archive).unwrap() == before, "existing output was changed");
+    fails(
+        &o,
+        "compress onto an existing archive",
+        &["model.safetensors.tz", "already exists"],
+    );
+    assert!(
+        std::fs::read(&archive).unwrap() == before,
+        "existing output was changed"
+    );
     // Any existing file counts, also with -o.
     std::fs::write(d.join("keep.tz"), b"precious").unwrap();
     let o = tz(d, &["compress", "model.safetensors", "-o", "keep.tz"]);
@@ -180,9 +361,15 @@ fn compress_refuses_to_overwrite_without_force() {
     // -f replaces it.
     let o = tz(d, &["compress", "model.safetensors", "-o", "keep.tz", "-f"]);
     ok(&o, "compress -f");
-    ok(&tz(d, &["decompress", "keep.tz", "-o", "k.safetensors"]), "decompress the forced archive");
+    ok(
+        &tz(d, &["decompress", "keep.tz", "-o", "k.safetensors"]),
+        "decompress the forced archive",
+    );
     assert!(std::fs::read(d.join("k.safetensors")).unwrap() == model);
-    ok(&tz(d, &["compress", "model.safetensors", "--force"]), "compress --force");
+    ok(
+        &tz(d, &["compress", "model.safetensors", "--force"]),
+        "compress --force",
+    );
     no_temp_files(d);
 }
 
@@ -197,7 +384,10 @@ fn decompress_needs_a_tz_name_or_an_output() {
         let line = fails(&o, "decompress a name without .tz", &[name, "-o"]);
         assert!(line.contains(".tz"), "{line}");
     }
-    ok(&tz(d, &["decompress", "archive.bin", "-o", "x.safetensors"]), "decompress archive.bin -o");
+    ok(
+        &tz(d, &["decompress", "archive.bin", "-o", "x.safetensors"]),
+        "decompress archive.bin -o",
+    );
     assert!(std::fs::read(d.join("x.safetensors")).unwrap() == model);
     no_temp_files(d);
 }
@@ -218,15 +408,27 @@ fn not_a_safetensors_file() {
     let mut model = model_bytes();
     model.truncate(model.len() - 100);
     std::fs::write(d.join("cut.safetensors"), &model).unwrap();
-    for name in ["junk.safetensors", "empty.safetensors", "lying.safetensors", "cut.safetensors"] {
+    for name in [
+        "junk.safetensors",
+        "empty.safetensors",
+        "lying.safetensors",
+        "cut.safetensors",
+    ] {
         let o = tz(d, &["compress", name]);
         fails(&o, &format!("compress {name}"), &[name]);
-        assert!(!d.join(format!("{name}.tz")).exists(), "{name}: an output was left");
+        assert!(
+            !d.join(format!("{name}.tz")).exists(),
+            "{name}: an output was left"
+        );
     }
     let o = tz(d, &["compress", "missing.safetensors"]);
     fails(&o, "compress a missing file", &["missing.safetensors"]);
     // Not an archive.
-    for args in [&["decompress", "junk.safetensors", "-o", "out"][..], &["verify", "junk.safetensors"], &["info", "junk.safetensors"]] {
+    for args in [
+        &["decompress", "junk.safetensors", "-o", "out"][..],
+        &["verify", "junk.safetensors"],
+        &["info", "junk.safetensors"],
+    ] {
         let o = tz(d, args);
         let line = fails(&o, &format!("{} junk", args[0]), &["junk.safetensors"]);
         assert!(line.contains("magic"), "{line}");
@@ -239,11 +441,22 @@ fn not_a_safetensors_file() {
 fn all_readers_fail(d: &Path, name: &str, needles: &[&str]) {
     let mut n = vec![name];
     n.extend_from_slice(needles);
-    fails(&tz(d, &["decompress", name, "-o", "restored.safetensors"]), &format!("decompress {name}"), &n);
-    assert!(!d.join("restored.safetensors").exists(), "decompress {name} left an output");
+    fails(
+        &tz(d, &["decompress", name, "-o", "restored.safetensors"]),
+        &format!("decompress {name}"),
+        &n,
+    );
+    assert!(
+        !d.join("restored.safetensors").exists(),
+        "decompress {name} left an output"
+    );
     fails(&tz(d, &["verify", name]), &format!("verify {name}"), &n);
     fails(&tz(d, &["info", name]), &format!("info {name}"), &n);
-    fails(&tz(d, &["info", "--json", name]), &format!("info --json {name}"), &n);
+    fails(
+        &tz(d, &["info", "--json", name]),
+        &format!("info --json {name}"),
+        &n,
+    );
     no_temp_files(d);
 }
 
@@ -252,7 +465,19 @@ fn truncated_archives_fail() {
     let (dir, archive, _) = setup();
     let d = dir.path();
     let ar = std::fs::read(&archive).unwrap();
-    for (i, cut) in [0usize, 3, 10, 31, 32, ar.len() / 2, ar.len() - 5, ar.len() - 1].into_iter().enumerate() {
+    for (i, cut) in [
+        0usize,
+        3,
+        10,
+        31,
+        32,
+        ar.len() / 2,
+        ar.len() - 5,
+        ar.len() - 1,
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let name = format!("cut{i}.tz");
         std::fs::write(d.join(&name), &ar[..cut]).unwrap();
         all_readers_fail(d, &name, &[]);
@@ -271,11 +496,22 @@ fn corrupted_archives_fail_with_a_checksum_error() {
         bad[at] ^= 0x10;
         let name = format!("flip{at}.tz");
         std::fs::write(d.join(&name), &bad).unwrap();
-        let line = fails(&tz(d, &["verify", &name]), "verify a corrupted archive", &[&name]);
+        let line = fails(
+            &tz(d, &["verify", &name]),
+            "verify a corrupted archive",
+            &[&name],
+        );
         assert!(line.contains("checksum"), "{line}");
-        let line = fails(&tz(d, &["decompress", &name, "-o", "r.safetensors"]), "decompress a corrupted archive", &[&name]);
+        let line = fails(
+            &tz(d, &["decompress", &name, "-o", "r.safetensors"]),
+            "decompress a corrupted archive",
+            &[&name],
+        );
         assert!(line.contains("checksum"), "{line}");
-        assert!(!d.join("r.safetensors").exists(), "a partial output was left");
+        assert!(
+            !d.join("r.safetensors").exists(),
+            "a partial output was left"
+        );
         no_temp_files(d);
     }
     // A flipped byte in the index.
@@ -307,11 +543,19 @@ fn failed_runs_leave_no_partial_output() {
     let index_offset = u64::from_le_bytes(ar[24..32].try_into().unwrap()) as usize;
     ar[index_offset - 1] ^= 0xFF;
     std::fs::write(d.join("late.tz"), &ar).unwrap();
-    fails(&tz(d, &["decompress", "late.tz", "-o", "out.safetensors"]), "decompress late failure", &["late.tz"]);
+    fails(
+        &tz(d, &["decompress", "late.tz", "-o", "out.safetensors"]),
+        "decompress late failure",
+        &["late.tz"],
+    );
     assert!(!d.join("out.safetensors").exists());
     // Same with -f onto an existing file: the old file stays as it was.
     std::fs::write(d.join("out.safetensors"), b"old").unwrap();
-    fails(&tz(d, &["decompress", "late.tz", "-o", "out.safetensors", "-f"]), "decompress -f late failure", &["late.tz"]);
+    fails(
+        &tz(d, &["decompress", "late.tz", "-o", "out.safetensors", "-f"]),
+        "decompress -f late failure",
+        &["late.tz"],
+    );
     assert_eq!(std::fs::read(d.join("out.safetensors")).unwrap(), b"old");
     no_temp_files(d);
 }

@@ -63,7 +63,8 @@ pub struct TensorEntry {
 /// Parses and validates a safetensors file's header (given the whole file, or at least its header and
 /// the file's total length) and lists its tensors in data order, plus the header's byte length.
 pub fn safetensors_layout(file: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
-    let (n, meta) = safetensors::SafeTensors::read_metadata(file).map_err(|e| Error::NotSafetensors(format!("{e:?}")))?;
+    let (n, meta) = safetensors::SafeTensors::read_metadata(file)
+        .map_err(|e| Error::NotSafetensors(format!("{e:?}")))?;
     let base = 8 + n as u64;
     let mut tensors: Vec<TensorEntry> = meta
         .tensors()
@@ -89,18 +90,30 @@ pub fn parse_header(head: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
     }
     let n = u64::from_le_bytes(head[..8].try_into().unwrap());
     if n != head.len() as u64 - 8 {
-        return Err(bad(format!("header length {n} does not match {} header bytes", head.len() - 8)));
+        return Err(bad(format!(
+            "header length {n} does not match {} header bytes",
+            head.len() - 8
+        )));
     }
-    let json: serde_json::Value = serde_json::from_slice(&head[8..]).map_err(|e| bad(format!("header JSON: {e}")))?;
-    let obj = json.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&head[8..]).map_err(|e| bad(format!("header JSON: {e}")))?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| bad("header is not a JSON object".into()))?;
     let base = head.len() as u64;
     let mut tensors = Vec::new();
     for (name, v) in obj {
         if name == "__metadata__" {
             continue;
         }
-        let field = |k: &str| v.get(k).ok_or_else(|| bad(format!("tensor {name:?} lacks {k}")));
-        let dtype_name = field("dtype")?.as_str().ok_or_else(|| bad(format!("tensor {name:?}: dtype")))?.to_string();
+        let field = |k: &str| {
+            v.get(k)
+                .ok_or_else(|| bad(format!("tensor {name:?} lacks {k}")))
+        };
+        let dtype_name = field("dtype")?
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor {name:?}: dtype")))?
+            .to_string();
         let nums = |k: &str| -> Result<Vec<u64>> {
             field(k)?
                 .as_array()
@@ -112,9 +125,19 @@ pub fn parse_header(head: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
         if off.len() != 2 || off[0] > off[1] {
             return Err(bad(format!("tensor {name:?}: data_offsets {off:?}")));
         }
-        let begin = base.checked_add(off[0]).ok_or_else(|| bad("offsets overflow".into()))?;
-        let end = base.checked_add(off[1]).ok_or_else(|| bad("offsets overflow".into()))?;
-        tensors.push(TensorEntry { name: name.clone(), dtype_name, shape, begin, end });
+        let begin = base
+            .checked_add(off[0])
+            .ok_or_else(|| bad("offsets overflow".into()))?;
+        let end = base
+            .checked_add(off[1])
+            .ok_or_else(|| bad("offsets overflow".into()))?;
+        tensors.push(TensorEntry {
+            name: name.clone(),
+            dtype_name,
+            shape,
+            begin,
+            end,
+        });
     }
     tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
     Ok((base, tensors))
@@ -122,16 +145,24 @@ pub fn parse_header(head: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
 
 /// Serialises tensors as a `.safetensors` file: `(name, safetensors dtype name, shape, bytes)` in the
 /// order given, optional `__metadata__`, the header padded with spaces to a multiple of 8 bytes.
-pub fn serialize_safetensors(tensors: &[(&str, &str, &[u64], &[u8])], metadata: Option<&[(String, String)]>) -> Result<Vec<u8>> {
+pub fn serialize_safetensors(
+    tensors: &[(&str, &str, &[u64], &[u8])],
+    metadata: Option<&[(String, String)]>,
+) -> Result<Vec<u8>> {
     let mut header = serde_json::Map::new();
     if let Some(m) = metadata {
-        let obj: serde_json::Map<String, serde_json::Value> = m.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+        let obj: serde_json::Map<String, serde_json::Value> = m
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
         header.insert("__metadata__".into(), serde_json::Value::Object(obj));
     }
     let mut off = 0u64;
     for (name, dtype, shape, data) in tensors {
         if header.contains_key(*name) {
-            return Err(Error::InvalidInput(format!("tensor name {name:?} appears twice")));
+            return Err(Error::InvalidInput(format!(
+                "tensor name {name:?} appears twice"
+            )));
         }
         let end = off + data.len() as u64;
         header.insert(
@@ -140,7 +171,8 @@ pub fn serialize_safetensors(tensors: &[(&str, &str, &[u64], &[u8])], metadata: 
         );
         off = end;
     }
-    let mut json = serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(header))
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
     while json.len() % 8 != 0 {
         json.push(b' ');
     }
@@ -167,7 +199,10 @@ pub fn plan_safetensors(file: &[u8]) -> Result<Vec<SourceSegment>> {
     let mut pos = base;
     for t in tensors {
         if t.begin < pos || t.end < t.begin || t.end > file.len() as u64 {
-            return Err(Error::NotSafetensors(format!("tensor {:?} overlaps another or lies outside the file", t.name)));
+            return Err(Error::NotSafetensors(format!(
+                "tensor {:?} overlaps another or lies outside the file",
+                t.name
+            )));
         }
         if t.begin > pos {
             segs.push(other(pos, t.begin - pos));
@@ -176,11 +211,20 @@ pub fn plan_safetensors(file: &[u8]) -> Result<Vec<SourceSegment>> {
         let dtype = DType::from_safetensors_name(&t.dtype_name);
         let numel: Option<u64> = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let (dtype, shape) = match (dtype, numel) {
-            (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => (d, t.shape.clone()),
+            (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => {
+                (d, t.shape.clone())
+            }
             // Dtypes tensorzip does not model (F4, F8_E8M0, ...) are coded as bytes.
             _ => (DType::U8, vec![len]),
         };
-        segs.push(SourceSegment { kind: SegmentKind::Tensor, offset: t.begin, len, dtype, shape, name: t.name });
+        segs.push(SourceSegment {
+            kind: SegmentKind::Tensor,
+            offset: t.begin,
+            len,
+            dtype,
+            shape,
+            name: t.name,
+        });
         pos = t.end;
     }
     if pos < file.len() as u64 {
@@ -190,22 +234,23 @@ pub fn plan_safetensors(file: &[u8]) -> Result<Vec<SourceSegment>> {
 }
 
 fn other(offset: u64, len: u64) -> SourceSegment {
-    SourceSegment { kind: SegmentKind::Other, offset, len, dtype: DType::U8, shape: vec![len], name: String::new() }
+    SourceSegment {
+        kind: SegmentKind::Other,
+        offset,
+        len,
+        dtype: DType::U8,
+        shape: vec![len],
+        name: String::new(),
+    }
 }
 
 /// Options of the archive writer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ArchiveOptions {
     pub compress: CompressOptions,
     /// The blob checksums cover pieces of this many bytes (cuZipNN's `checksum_chunk_bytes`); 0 means
     /// one checksum per blob.
     pub checksum_piece_bytes: u32,
-}
-
-impl Default for ArchiveOptions {
-    fn default() -> Self {
-        ArchiveOptions { compress: CompressOptions::default(), checksum_piece_bytes: 0 }
-    }
 }
 
 /// One index entry.
@@ -244,14 +289,17 @@ pub fn write_archive(
     let io = |e: std::io::Error| Error::Io(e.to_string());
     opts.compress.validate()?;
     out.set_len(0).map_err(io)?;
-    out.seek(SeekFrom::Start(ARCHIVE_HEADER_LEN as u64)).map_err(io)?;
+    out.seek(SeekFrom::Start(ARCHIVE_HEADER_LEN as u64))
+        .map_err(io)?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *out);
     let mut entries = Vec::with_capacity(segments.len());
     let mut pos = ARCHIVE_HEADER_LEN as u64;
     for s in segments {
         let data = &src[s.offset as usize..(s.offset + s.len) as usize];
         let base = s.offset;
-        let len = engine.compress_to(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| progress(base + done))?;
+        let len = engine.compress_to(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| {
+            progress(base + done)
+        })?;
         entries.push(Segment {
             kind: s.kind,
             orig_offset: s.offset,
@@ -345,7 +393,10 @@ impl<'a> Archive<'a> {
         }
         let version = u16::from_le_bytes([data[4], data[5]]);
         if version != ARCHIVE_VERSION {
-            return Err(Error::UnsupportedVersion { found: version, supported: ARCHIVE_VERSION });
+            return Err(Error::UnsupportedVersion {
+                found: version,
+                supported: ARCHIVE_VERSION,
+            });
         }
         if data.len() < ARCHIVE_HEADER_LEN {
             return truncated("archive header");
@@ -357,7 +408,10 @@ impl<'a> Archive<'a> {
         let original_len = u64_at(data, 16);
         let index_offset = u64_at(data, 24);
         if index_offset < ARCHIVE_HEADER_LEN as u64 || index_offset > data.len() as u64 {
-            return truncated(format!("index at offset {index_offset} of a {}-byte archive", data.len()));
+            return truncated(format!(
+                "index at offset {index_offset} of a {}-byte archive",
+                data.len()
+            ));
         }
         let idx = &data[index_offset as usize..];
         if idx.len() < 8 {
@@ -398,17 +452,31 @@ impl<'a> Archive<'a> {
             if nc != n_pieces(e.blob_len, piece) {
                 return corrupt(format!("segment {i} has {nc} checksums"));
             }
-            let Some(crc_end) = (nc as usize).checked_mul(4).and_then(|b| b.checked_add(at)).filter(|&x| x <= idx.len()) else {
+            let Some(crc_end) = (nc as usize)
+                .checked_mul(4)
+                .and_then(|b| b.checked_add(at))
+                .filter(|&x| x <= idx.len())
+            else {
                 return truncated(format!("checksums of segment {i}"));
             };
-            let crcs = idx[at..crc_end].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let crcs = idx[at..crc_end]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
             at = crc_end;
-            orig = orig.checked_add(e.orig_len).ok_or_else(|| Error::Corrupt("sizes overflow".into()))?;
-            blob = blob.checked_add(e.blob_len).ok_or_else(|| Error::Corrupt("sizes overflow".into()))?;
+            orig = orig
+                .checked_add(e.orig_len)
+                .ok_or_else(|| Error::Corrupt("sizes overflow".into()))?;
+            blob = blob
+                .checked_add(e.blob_len)
+                .ok_or_else(|| Error::Corrupt("sizes overflow".into()))?;
             if blob > index_offset {
                 return corrupt(format!("blob of segment {i} runs into the index"));
             }
-            segments.push(Segment { blob_crcs: crcs, ..e });
+            segments.push(Segment {
+                blob_crcs: crcs,
+                ..e
+            });
         }
         if idx.len() < at + 4 {
             return truncated("archive index checksum");
@@ -417,15 +485,25 @@ impl<'a> Archive<'a> {
             return Err(Error::Checksum("archive index".into()));
         }
         if idx.len() != at + 4 {
-            return corrupt(format!("{} bytes after the archive index", idx.len() - at - 4));
+            return corrupt(format!(
+                "{} bytes after the archive index",
+                idx.len() - at - 4
+            ));
         }
         if blob != index_offset {
             return corrupt("blobs do not end where the index starts");
         }
         if orig != original_len {
-            return corrupt(format!("segments cover {orig} of {original_len} original bytes"));
+            return corrupt(format!(
+                "segments cover {orig} of {original_len} original bytes"
+            ));
         }
-        Ok(Archive { data, original_len, checksum_piece_bytes: piece, segments })
+        Ok(Archive {
+            data,
+            original_len,
+            checksum_piece_bytes: piece,
+            segments,
+        })
     }
 
     /// The blob of segment `i`.
@@ -442,7 +520,11 @@ impl<'a> Archive<'a> {
         } else {
             crc32_pieces(blob, self.checksum_piece_bytes as usize)?
         };
-        match got.iter().zip(&self.segments[i].blob_crcs).position(|(a, b)| a != b) {
+        match got
+            .iter()
+            .zip(&self.segments[i].blob_crcs)
+            .position(|(a, b)| a != b)
+        {
             None => Ok(()),
             Some(p) => Err(Error::Checksum(format!("segment {i}: blob piece {p}"))),
         }
@@ -455,13 +537,23 @@ impl<'a> Archive<'a> {
         // A full parse (directory included) bounds the length by what the blob can hold.
         let h = crate::blob::BlobView::parse(self.blob(i))?.header;
         if h.nbytes() != s.orig_len {
-            return corrupt(format!("segment {i} decodes to {} bytes, not {}", h.nbytes(), s.orig_len));
+            return corrupt(format!(
+                "segment {i} decodes to {} bytes, not {}",
+                h.nbytes(),
+                s.orig_len
+            ));
         }
         Ok(())
     }
 
     /// Checks segment `i`'s blob, decodes it into `w`, and checks the CRC-32 of what it decoded.
-    pub fn decode_segment_to<W: Write>(&self, engine: &CpuEngine, i: usize, w: &mut W, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+    pub fn decode_segment_to<W: Write>(
+        &self,
+        engine: &CpuEngine,
+        i: usize,
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
         self.check_segment(i)?;
         let s = &self.segments[i];
         let crc = engine.decompress_to(self.blob(i), w, progress)?;
@@ -491,13 +583,15 @@ impl<'a> Archive<'a> {
     /// The tensors listed in the original header, each with the index of its segment.
     pub fn tensors(&self, engine: &CpuEngine) -> Result<Vec<(TensorEntry, usize)>> {
         let head = self.safetensors_header(engine)?;
-        let (_, tensors) = parse_header(&head).map_err(|e| Error::Corrupt(format!("stored header: {e}")))?;
+        let (_, tensors) =
+            parse_header(&head).map_err(|e| Error::Corrupt(format!("stored header: {e}")))?;
         let mut out = Vec::with_capacity(tensors.len());
         for t in tensors {
-            let seg = self
-                .segments
-                .iter()
-                .position(|s| s.kind == SegmentKind::Tensor && s.orig_offset == t.begin && s.orig_len == t.end - t.begin);
+            let seg = self.segments.iter().position(|s| {
+                s.kind == SegmentKind::Tensor
+                    && s.orig_offset == t.begin
+                    && s.orig_len == t.end - t.begin
+            });
             match seg {
                 Some(i) => out.push((t, i)),
                 None => return corrupt(format!("tensor {:?} has no segment", t.name)),

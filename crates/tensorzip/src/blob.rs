@@ -124,7 +124,10 @@ impl BlobHeader {
     /// Parses and validates a header; returns it and its length.
     pub fn parse(data: &[u8]) -> Result<(BlobHeader, usize)> {
         if data.len() < 4 {
-            return truncated(format!("blob of {} bytes is shorter than its magic number", data.len()));
+            return truncated(format!(
+                "blob of {} bytes is shorter than its magic number",
+                data.len()
+            ));
         }
         if data[..4] != BLOB_MAGIC {
             return Err(Error::BadMagic);
@@ -134,7 +137,10 @@ impl BlobHeader {
         }
         let version = u16::from_le_bytes([data[4], data[5]]);
         if version != BLOB_VERSION {
-            return Err(Error::UnsupportedVersion { found: version, supported: BLOB_VERSION });
+            return Err(Error::UnsupportedVersion {
+                found: version,
+                supported: BLOB_VERSION,
+            });
         }
         if data.len() < HEADER_FIXED {
             return truncated("blob header");
@@ -158,13 +164,25 @@ impl BlobHeader {
         if data.len() < len {
             return truncated("blob shape");
         }
-        let shape: Vec<u64> =
-            (0..rank).map(|i| u64::from_le_bytes(data[HEADER_FIXED + 8 * i..HEADER_FIXED + 8 * i + 8].try_into().unwrap())).collect();
+        let shape: Vec<u64> = (0..rank)
+            .map(|i| {
+                u64::from_le_bytes(
+                    data[HEADER_FIXED + 8 * i..HEADER_FIXED + 8 * i + 8]
+                        .try_into()
+                        .unwrap(),
+                )
+            })
+            .collect();
         let mut numel = 1u64;
         for &d in &shape {
-            numel = numel.checked_mul(d).ok_or_else(|| Error::Corrupt("shape overflows".into()))?;
+            numel = numel
+                .checked_mul(d)
+                .ok_or_else(|| Error::Corrupt("shape overflows".into()))?;
         }
-        if numel.checked_mul(dtype.itemsize() as u64).is_none_or(|b| b >= MAX_TENSOR_BYTES) {
+        if numel
+            .checked_mul(dtype.itemsize() as u64)
+            .is_none_or(|b| b >= MAX_TENSOR_BYTES)
+        {
             return corrupt("tensor of 2^56 bytes or more");
         }
         match scheme {
@@ -175,14 +193,29 @@ impl BlobHeader {
             }
             Scheme::Planes => {
                 if chunk_units == 0 || chunk_units as usize * dtype.unit_size() > MAX_CHUNK_BYTES {
-                    return corrupt(format!("chunk of {chunk_units} units is outside 1..=16 MiB"));
+                    return corrupt(format!(
+                        "chunk of {chunk_units} units is outside 1..=16 MiB"
+                    ));
                 }
-                if !block_units.is_power_of_two() || !(MIN_BLOCK_UNITS..=MAX_BLOCK_UNITS).contains(&block_units) {
-                    return corrupt(format!("block of {block_units} units is not a power of two in 32..=65536"));
+                if !block_units.is_power_of_two()
+                    || !(MIN_BLOCK_UNITS..=MAX_BLOCK_UNITS).contains(&block_units)
+                {
+                    return corrupt(format!(
+                        "block of {block_units} units is not a power of two in 32..=65536"
+                    ));
                 }
             }
         }
-        Ok((BlobHeader { scheme, dtype, shape, chunk_units, block_units }, len))
+        Ok((
+            BlobHeader {
+                scheme,
+                dtype,
+                shape,
+                chunk_units,
+                block_units,
+            },
+            len,
+        ))
     }
 }
 
@@ -229,7 +262,11 @@ impl ChunkEntry {
                 _ => return corrupt(format!("invalid plane mode ({a}, {b})")),
             };
         }
-        Ok(ChunkEntry { payload_len, rans_len, modes })
+        Ok(ChunkEntry {
+            payload_len,
+            rans_len,
+            modes,
+        })
     }
 }
 
@@ -256,12 +293,21 @@ impl<'a> BlobView<'a> {
         let nbytes = header.nbytes() as usize;
         match header.scheme {
             Scheme::Stored => {
-                let end = pos.checked_add(nbytes).ok_or_else(|| Error::Corrupt("size overflows".into()))?;
+                let end = pos
+                    .checked_add(nbytes)
+                    .ok_or_else(|| Error::Corrupt("size overflows".into()))?;
                 if data.len() < end {
-                    return truncated(format!("stored blob holds {} of {} data bytes", data.len() - pos, nbytes));
+                    return truncated(format!(
+                        "stored blob holds {} of {} data bytes",
+                        data.len() - pos,
+                        nbytes
+                    ));
                 }
                 if data.len() > end {
-                    return corrupt(format!("{} bytes after the end of the blob", data.len() - end));
+                    return corrupt(format!(
+                        "{} bytes after the end of the blob",
+                        data.len() - end
+                    ));
                 }
                 Ok(BlobView {
                     header,
@@ -278,10 +324,14 @@ impl<'a> BlobView<'a> {
                 let mut tables = Vec::with_capacity(planes);
                 let mut cond = Vec::with_capacity(planes);
                 for p in 0..planes {
-                    let Some(&k) = data.get(pos) else { return truncated(format!("table count of plane {p}")) };
+                    let Some(&k) = data.get(pos) else {
+                        return truncated(format!("table count of plane {p}"));
+                    };
                     pos += 1;
                     if k as usize > MAX_TABLES {
-                        return corrupt(format!("plane {p} declares {k} tables (at most {MAX_TABLES})"));
+                        return corrupt(format!(
+                            "plane {p} declares {k} tables (at most {MAX_TABLES})"
+                        ));
                     }
                     let mut list = Vec::with_capacity(k as usize);
                     for _ in 0..k {
@@ -290,29 +340,44 @@ impl<'a> BlobView<'a> {
                         list.push(t);
                     }
                     tables.push(list);
-                    let Some(&nc) = data.get(pos) else { return truncated(format!("conditional table flag of plane {p}")) };
+                    let Some(&nc) = data.get(pos) else {
+                        return truncated(format!("conditional table flag of plane {p}"));
+                    };
                     pos += 1;
                     match nc {
                         0 => cond.push(None),
                         1 => {
                             if header.dtype.conditioned_plane().map(|c| c.0) != Some(p) {
-                                return corrupt(format!("plane {p} of a {} tensor cannot be conditioned", header.dtype));
+                                return corrupt(format!(
+                                    "plane {p} of a {} tensor cannot be conditioned",
+                                    header.dtype
+                                ));
                             }
-                            let Some(&v) = data.get(pos) else { return truncated(format!("condition byte of plane {p}")) };
+                            let Some(&v) = data.get(pos) else {
+                                return truncated(format!("condition byte of plane {p}"));
+                            };
                             pos += 1;
                             let (t, used) = FreqTable::parse(&data[pos..])?;
                             pos += used;
                             if t.is_single() {
-                                return corrupt(format!("plane {p}: conditional table of one symbol"));
+                                return corrupt(format!(
+                                    "plane {p}: conditional table of one symbol"
+                                ));
                             }
                             cond.push(Some((v, t)));
                         }
-                        n => return corrupt(format!("plane {p}: conditional table flag {n} (0 or 1)")),
+                        n => {
+                            return corrupt(format!(
+                                "plane {p}: conditional table flag {n} (0 or 1)"
+                            ))
+                        }
                     }
                 }
                 let n_chunks = header.n_chunks();
                 let entry = header.dir_entry_len() as u64;
-                let dir_len = n_chunks.checked_mul(entry).filter(|&l| l <= (data.len() - pos) as u64);
+                let dir_len = n_chunks
+                    .checked_mul(entry)
+                    .filter(|&l| l <= (data.len() - pos) as u64);
                 let Some(dir_len) = dir_len else {
                     return truncated(format!("chunk directory of {n_chunks} chunks"));
                 };
@@ -322,7 +387,11 @@ impl<'a> BlobView<'a> {
                 let mut off = pos;
                 offsets.push(off);
                 for c in 0..n_chunks as usize {
-                    let len = u32::from_le_bytes(dir[c * entry as usize..c * entry as usize + 4].try_into().unwrap());
+                    let len = u32::from_le_bytes(
+                        dir[c * entry as usize..c * entry as usize + 4]
+                            .try_into()
+                            .unwrap(),
+                    );
                     off = off
                         .checked_add(len as usize)
                         .filter(|&o| o <= data.len())
@@ -330,9 +399,20 @@ impl<'a> BlobView<'a> {
                     offsets.push(off);
                 }
                 if off != data.len() {
-                    return corrupt(format!("{} bytes after the end of the blob", data.len() - off));
+                    return corrupt(format!(
+                        "{} bytes after the end of the blob",
+                        data.len() - off
+                    ));
                 }
-                Ok(BlobView { header, tables, cond, dir, offsets, data, payload_start: pos })
+                Ok(BlobView {
+                    header,
+                    tables,
+                    cond,
+                    dir,
+                    offsets,
+                    data,
+                    payload_start: pos,
+                })
             }
         }
     }
@@ -343,7 +423,9 @@ impl<'a> BlobView<'a> {
         let entry = ChunkEntry::parse(&self.dir[c * e..(c + 1) * e], self.header.planes())?;
         for p in 0..self.header.planes() {
             if entry.modes[p] == PlaneMode::Cond && self.cond[p].is_none() {
-                return corrupt(format!("chunk {c} plane {p} is conditioned but the plane has no conditional tables"));
+                return corrupt(format!(
+                    "chunk {c} plane {p} is conditioned but the plane has no conditional tables"
+                ));
             }
         }
         Ok(entry)

@@ -11,7 +11,9 @@ pub const DEFAULT_CHECKSUM_CHUNK_BYTES: usize = 16384;
 /// CRC-32 of each `piece`-byte piece of `data` (an empty input has no pieces).
 pub fn crc32_pieces(data: &[u8], piece: usize) -> Result<Vec<u32>> {
     if piece == 0 {
-        return Err(Error::InvalidOption("checksum_chunk_bytes must be positive".into()));
+        return Err(Error::InvalidOption(
+            "checksum_chunk_bytes must be positive".into(),
+        ));
     }
     Ok(data.par_chunks(piece).map(crc32fast::hash).collect())
 }
@@ -25,11 +27,18 @@ pub fn crc32(data: &[u8]) -> u32 {
 pub fn verify_pieces(data: &[u8], piece: usize, expected: &[u32]) -> Result<()> {
     let got = crc32_pieces(data, piece)?;
     if got.len() != expected.len() {
-        return Err(Error::Checksum(format!("{} checksums for {} pieces", expected.len(), got.len())));
+        return Err(Error::Checksum(format!(
+            "{} checksums for {} pieces",
+            expected.len(),
+            got.len()
+        )));
     }
     match got.iter().zip(expected).position(|(a, b)| a != b) {
         None => Ok(()),
-        Some(i) => Err(Error::Checksum(format!("piece {i} (bytes {}..) differs", i * piece))),
+        Some(i) => Err(Error::Checksum(format!(
+            "piece {i} (bytes {}..) differs",
+            i * piece
+        ))),
     }
 }
 
@@ -41,7 +50,10 @@ mod tests {
     fn matches_zlib_check_values() {
         // zlib.crc32(b"123456789") == 0xCBF43926
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32_pieces(b"123456789", 4).unwrap(), vec![crc32(b"1234"), crc32(b"5678"), crc32(b"9")]);
+        assert_eq!(
+            crc32_pieces(b"123456789", 4).unwrap(),
+            vec![crc32(b"1234"), crc32(b"5678"), crc32(b"9")]
+        );
         assert!(crc32_pieces(b"", 4).unwrap().is_empty());
         assert!(crc32_pieces(b"x", 0).is_err());
         let c = crc32_pieces(b"abcdef", 2).unwrap();

@@ -6,10 +6,10 @@
 use std::sync::OnceLock;
 
 use crate::blob::{BlobHeader, BlobView, ChunkEntry, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
-use crate::select;
 use crate::error::{corrupt, truncated, Error, Result};
 use crate::rans::decode::{DecodeSegment, DecodeTable, Decoder};
 use crate::rans::MAX_STASH;
+use crate::select;
 use crate::transform;
 
 /// Per-thread scratch of the chunk decoder (per-plane block buffers of two chunks, and the
@@ -87,7 +87,11 @@ impl<'d, 'a> Cursor<'d, 'a> {
                         }
                         match td.view.tables[p].get(v as usize) {
                             Some(t) => need_rans |= !t.is_single(),
-                            None => return corrupt(format!("chunk {c} plane {p}: selector {v} but {k} tables")),
+                            None => {
+                                return corrupt(format!(
+                                    "chunk {c} plane {p}: selector {v} but {k} tables"
+                                ))
+                            }
                         }
                     }
                     sels[p] = s;
@@ -108,10 +112,28 @@ impl<'d, 'a> Cursor<'d, 'a> {
         cursor += rans_len;
         // With a conditioned plane, whether the stream is needed is known only while decoding.
         if need_rans && rans_len == 0 || cond.is_none() && !need_rans && rans_len > 0 {
-            return corrupt(format!("chunk {c}: rANS stream of {rans_len} bytes where it is {}needed", if need_rans { "" } else { "not " }));
+            return corrupt(format!(
+                "chunk {c}: rANS stream of {rans_len} bytes where it is {}needed",
+                if need_rans { "" } else { "not " }
+            ));
         }
-        let rans = if rans_len > 0 { Some(Decoder::new(rans)?) } else { None };
-        Ok(Cursor { td, c, len, nb, entry, sels, raw: &payload[cursor..], raw_off: 0, cond, rans })
+        let rans = if rans_len > 0 {
+            Some(Decoder::new(rans)?)
+        } else {
+            None
+        };
+        Ok(Cursor {
+            td,
+            c,
+            len,
+            nb,
+            entry,
+            sels,
+            raw: &payload[cursor..],
+            raw_off: 0,
+            cond,
+            rans,
+        })
     }
 
     fn block_len(&self, b: usize) -> usize {
@@ -167,12 +189,20 @@ impl<'d, 'a> Cursor<'d, 'a> {
 
     fn rans(&mut self) -> Result<&mut Decoder<'a>> {
         let c = self.c;
-        self.rans.as_mut().ok_or_else(|| Error::Corrupt(format!("chunk {c}: coded symbols but no rANS stream")))
+        self.rans
+            .as_mut()
+            .ok_or_else(|| Error::Corrupt(format!("chunk {c}: coded symbols but no rANS stream")))
     }
 
     /// Phase 2 of block `b` (after its main segments): the conditioned plane (its condition, its coded
     /// bytes, its raw bytes), the stash at the last block, and the merge into `out`.
-    fn finish_block(&mut self, b: usize, scratch: &mut [u8], bufs: &mut BlockBufs, out: &mut [u8]) -> Result<()> {
+    fn finish_block(
+        &mut self,
+        b: usize,
+        scratch: &mut [u8],
+        bufs: &mut BlockBufs,
+        out: &mut [u8],
+    ) -> Result<()> {
         let h = &self.td.view.header;
         let us = h.planes();
         let bu = h.block_units as usize;
@@ -183,7 +213,10 @@ impl<'d, 'a> Cursor<'d, 'a> {
         // The conditioned plane: which units are coded, from the condition plane's bytes.
         let mut coded = 0;
         if let Some((p, q)) = self.cond {
-            let value = self.td.view.cond[p].as_ref().expect("a conditioned plane has a table").0;
+            let value = self.td.view.cond[p]
+                .as_ref()
+                .expect("a conditioned plane has a table")
+                .0;
             let qbuf = &mut scratch[q * bu..q * bu + blen];
             match self.entry.modes[q] {
                 PlaneMode::Raw | PlaneMode::Blocks if size[q] > 0 => {
@@ -210,23 +243,36 @@ impl<'d, 'a> Cursor<'d, 'a> {
         };
         let from_area = total - stash_len;
         if from_area > avail || (last && from_area != avail) {
-            return corrupt(format!("chunk {}: raw area holds {avail} bytes for the rest, {from_area} needed", self.c));
+            return corrupt(format!(
+                "chunk {}: raw area holds {avail} bytes for the rest, {from_area} needed",
+                self.c
+            ));
         }
         // Eight spare bytes let the scatter read whole groups of eight to the end.
         bufs.sub.resize(coded + 8, 0);
         if coded > 0 {
-            let (p, _) = self.cond.expect("coded units only with a conditioned plane");
+            let (p, _) = self
+                .cond
+                .expect("coded units only with a conditioned plane");
             let table = self.td.cond_table(p);
-            let mut seg = [DecodeSegment { table, out: &mut bufs.sub[..coded] }];
+            let mut seg = [DecodeSegment {
+                table,
+                out: &mut bufs.sub[..coded],
+            }];
             self.rans()?.decode_block(&mut seg, coded)?;
         }
         // The block's raw bytes: from the area, plus the stash at the end of the chunk.
         let seg: &[u8] = if last && self.rans.is_some() {
             let c = self.c;
-            let stash = self.rans.take().expect("checked").finish(stash_len).map_err(|e| match e {
-                Error::Corrupt(m) => Error::Corrupt(format!("chunk {c}: {m}")),
-                other => other,
-            })?;
+            let stash = self
+                .rans
+                .take()
+                .expect("checked")
+                .finish(stash_len)
+                .map_err(|e| match e {
+                    Error::Corrupt(m) => Error::Corrupt(format!("chunk {c}: {m}")),
+                    other => other,
+                })?;
             bufs.tail.clear();
             bufs.tail.extend_from_slice(&area[..from_area]);
             bufs.tail.extend_from_slice(&stash[..stash_len]);
@@ -235,7 +281,12 @@ impl<'d, 'a> Cursor<'d, 'a> {
             &area[..total]
         };
         if let Some((p, _)) = self.cond {
-            select::scatter(&bufs.masks, &bufs.sub, &seg[fixed..], &mut scratch[p * bu..p * bu + blen]);
+            select::scatter(
+                &bufs.masks,
+                &bufs.sub,
+                &seg[fixed..],
+                &mut scratch[p * bu..p * bu + blen],
+            );
         }
         let mut srcs: [&[u8]; 8] = [&[]; 8];
         for (p, buf) in scratch.chunks_mut(bu).enumerate().take(us) {
@@ -244,14 +295,19 @@ impl<'d, 'a> Cursor<'d, 'a> {
             srcs[p] = if raw_block {
                 &seg[off[p]..off[p] + blen]
             } else {
-                if matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST) {
+                if matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST)
+                {
                     buf[..blen].fill(seg[off[p]]);
                 }
                 &buf[..blen]
             };
         }
         let start = b * bu * us;
-        transform::merge(h.dtype.transform(), &srcs[..us], &mut out[start..start + blen * us]);
+        transform::merge(
+            h.dtype.transform(),
+            &srcs[..us],
+            &mut out[start..start + blen * us],
+        );
         self.raw_off += from_area;
         Ok(())
     }
@@ -269,9 +325,17 @@ impl<'a> TensorDecoder<'a> {
     /// Parses and validates `blob`.
     pub fn new(blob: &'a [u8]) -> Result<Self> {
         let view = BlobView::parse(blob)?;
-        let dec = view.tables.iter().map(|ts| ts.iter().map(|_| OnceLock::new()).collect()).collect();
+        let dec = view
+            .tables
+            .iter()
+            .map(|ts| ts.iter().map(|_| OnceLock::new()).collect())
+            .collect();
         let cond_dec = view.cond.iter().map(|_| OnceLock::new()).collect();
-        Ok(TensorDecoder { view, dec, cond_dec })
+        Ok(TensorDecoder {
+            view,
+            dec,
+            cond_dec,
+        })
     }
 
     /// The blob's header.
@@ -294,7 +358,13 @@ impl<'a> TensorDecoder<'a> {
     }
 
     fn cond_table(&self, p: usize) -> &DecodeTable {
-        self.cond_dec[p].get_or_init(|| self.view.cond[p].as_ref().expect("a conditioned plane has a table").1.decode_table())
+        self.cond_dec[p].get_or_init(|| {
+            self.view.cond[p]
+                .as_ref()
+                .expect("a conditioned plane has a table")
+                .1
+                .decode_table()
+        })
     }
 
     fn scratch_len(&self) -> usize {
@@ -302,7 +372,12 @@ impl<'a> TensorDecoder<'a> {
     }
 
     /// Decodes chunk `c` into `out`, which holds exactly that chunk's bytes.
-    pub fn decode_chunk(&self, c: usize, out: &mut [u8], scratch: &mut DecodeScratch) -> Result<()> {
+    pub fn decode_chunk(
+        &self,
+        c: usize,
+        out: &mut [u8],
+        scratch: &mut DecodeScratch,
+    ) -> Result<()> {
         debug_assert_eq!(self.view.header.scheme, Scheme::Planes);
         let mut cur = Cursor::new(self, c)?;
         debug_assert_eq!(out.len(), cur.len * self.view.header.planes());
@@ -321,19 +396,39 @@ impl<'a> TensorDecoder<'a> {
 
     /// Decodes chunks `c` and `c + 1` into `out_a` and `out_b` together (same result as two
     /// [`TensorDecoder::decode_chunk`] calls, faster).
-    pub fn decode_chunk_pair(&self, c: usize, out_a: &mut [u8], out_b: &mut [u8], scratch: &mut DecodeScratch) -> Result<()> {
+    pub fn decode_chunk_pair(
+        &self,
+        c: usize,
+        out_a: &mut [u8],
+        out_b: &mut [u8],
+        scratch: &mut DecodeScratch,
+    ) -> Result<()> {
         let mut ca = Cursor::new(self, c)?;
         let mut cb = Cursor::new(self, c + 1)?;
         scratch.a.resize(self.scratch_len(), 0);
         scratch.b.resize(self.scratch_len(), 0);
         for b in 0..ca.nb.max(cb.nb) {
-            let (la, lb) = ((b < ca.nb).then(|| ca.block_len(b)), (b < cb.nb).then(|| cb.block_len(b)));
-            let mut sa = if la.is_some() { ca.prepare(b, &mut scratch.a) } else { Vec::new() };
-            let mut sb = if lb.is_some() { cb.prepare(b, &mut scratch.b) } else { Vec::new() };
+            let (la, lb) = (
+                (b < ca.nb).then(|| ca.block_len(b)),
+                (b < cb.nb).then(|| cb.block_len(b)),
+            );
+            let mut sa = if la.is_some() {
+                ca.prepare(b, &mut scratch.a)
+            } else {
+                Vec::new()
+            };
+            let mut sb = if lb.is_some() {
+                cb.prepare(b, &mut scratch.b)
+            } else {
+                Vec::new()
+            };
             match (la, lb) {
                 (Some(x), Some(y)) if x == y && !sa.is_empty() && sa.len() == sb.len() => {
                     let (Some(da), Some(db)) = (ca.rans.as_mut(), cb.rans.as_mut()) else {
-                        return corrupt(format!("chunk {c} or {}: coded symbols but no rANS stream", c + 1));
+                        return corrupt(format!(
+                            "chunk {c} or {}: coded symbols but no rANS stream",
+                            c + 1
+                        ));
                     };
                     Decoder::decode_block_pair(da, &mut sa, db, &mut sb, x)?;
                 }
@@ -358,7 +453,12 @@ impl<'a> TensorDecoder<'a> {
     }
 
     /// Decodes chunks `first..` into `out`, which holds their bytes back to back (pairs where possible).
-    pub fn decode_chunks(&self, first: usize, out: &mut [u8], scratch: &mut DecodeScratch) -> Result<()> {
+    pub fn decode_chunks(
+        &self,
+        first: usize,
+        out: &mut [u8],
+        scratch: &mut DecodeScratch,
+    ) -> Result<()> {
         let cb = self.view.header.chunk_units as usize * self.view.header.planes();
         let mut c = first;
         let mut rest = out;

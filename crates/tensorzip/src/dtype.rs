@@ -118,7 +118,9 @@ impl DType {
     /// The transform format version 1 applies to this dtype.
     pub fn transform(self) -> Transform {
         match self {
-            DType::BF16 | DType::F32 | DType::Complex64 => Transform::SignBelowExponent { exp_bits: 8 },
+            DType::BF16 | DType::F32 | DType::Complex64 => {
+                Transform::SignBelowExponent { exp_bits: 8 }
+            }
             DType::F64 => Transform::SignBelowExponent { exp_bits: 11 },
             _ => Transform::Identity,
         }
@@ -162,7 +164,10 @@ impl DType {
 
     /// The dtype of a safetensors dtype name, if tensorzip codes it.
     pub fn from_safetensors_name(name: &str) -> Option<DType> {
-        DType::ALL.iter().copied().find(|d| d.safetensors_name() == name)
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.safetensors_name() == name)
     }
 
     /// Lower-case name as used by PyTorch (`"bfloat16"`, `"float8_e4m3fn"`, ...).

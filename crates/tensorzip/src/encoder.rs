@@ -42,13 +42,23 @@ pub struct TensorEncoder<'a> {
 
 /// The header of a stored (uncompressed) blob of this tensor.
 pub fn stored_header(dtype: DType, shape: &[u64]) -> BlobHeader {
-    BlobHeader { scheme: Scheme::Stored, dtype, shape: shape.to_vec(), chunk_units: 0, block_units: 0 }
+    BlobHeader {
+        scheme: Scheme::Stored,
+        dtype,
+        shape: shape.to_vec(),
+        chunk_units: 0,
+        block_units: 0,
+    }
 }
 
 /// Checks that `data` holds exactly the bytes of a tensor of `dtype` and `shape`.
 pub fn check_input(data: &[u8], dtype: DType, shape: &[u64]) -> Result<()> {
     if shape.len() > crate::blob::MAX_RANK {
-        return Err(Error::InvalidInput(format!("rank {} exceeds {}", shape.len(), crate::blob::MAX_RANK)));
+        return Err(Error::InvalidInput(format!(
+            "rank {} exceeds {}",
+            shape.len(),
+            crate::blob::MAX_RANK
+        )));
     }
     let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     let nbytes = numel.and_then(|n| n.checked_mul(dtype.itemsize() as u64));
@@ -64,12 +74,22 @@ pub fn check_input(data: &[u8], dtype: DType, shape: &[u64]) -> Result<()> {
 
 impl<'a> TensorEncoder<'a> {
     /// Validates the input and options and builds the model (pass 1).
-    pub fn new(data: &'a [u8], dtype: DType, shape: &[u64], opts: &CompressOptions) -> Result<Self> {
+    pub fn new(
+        data: &'a [u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+    ) -> Result<Self> {
         opts.validate()?;
         check_input(data, dtype, shape)?;
         let us = dtype.unit_size();
         if data.is_empty() || data.len() < opts.min_compress_bytes {
-            return Ok(TensorEncoder { data, header: stored_header(dtype, shape), model: None, threshold: 0 });
+            return Ok(TensorEncoder {
+                data,
+                header: stored_header(dtype, shape),
+                model: None,
+                threshold: 0,
+            });
         }
         let header = BlobHeader {
             scheme: Scheme::Planes,
@@ -79,7 +99,12 @@ impl<'a> TensorEncoder<'a> {
             block_units: opts.block_units,
         };
         let model = build_model(data, &header, opts);
-        Ok(TensorEncoder { data, header, model: Some(model), threshold: opts.threshold_q16() })
+        Ok(TensorEncoder {
+            data,
+            header,
+            model: Some(model),
+            threshold: opts.threshold_q16(),
+        })
     }
 
     /// The header this encoder writes.
@@ -119,8 +144,16 @@ impl<'a> TensorEncoder<'a> {
     }
 
     /// Encodes chunk `c`: its payload replaces the contents of `payload`; returns its directory entry.
-    pub fn encode_chunk(&self, c: u64, scratch: &mut ChunkScratch, payload: &mut Vec<u8>) -> ChunkEntry {
-        let model = self.model.as_ref().expect("encode_chunk on a Planes encoder");
+    pub fn encode_chunk(
+        &self,
+        c: u64,
+        scratch: &mut ChunkScratch,
+        payload: &mut Vec<u8>,
+    ) -> ChunkEntry {
+        let model = self
+            .model
+            .as_ref()
+            .expect("encode_chunk on a Planes encoder");
         let h = &self.header;
         let us = h.planes();
         let len = h.chunk_len(c);
@@ -161,7 +194,13 @@ impl<'a> TensorEncoder<'a> {
                     *sel = if is_const {
                         const_selector(first, tables)
                     } else {
-                        choose(&crate::model::sparse(&hist), blk.len(), tables, self.threshold).0
+                        choose(
+                            &crate::model::sparse(&hist),
+                            blk.len(),
+                            tables,
+                            self.threshold,
+                        )
+                        .0
                     };
                 }
                 all_raw &= *sel == SEL_RAW;
@@ -181,15 +220,28 @@ impl<'a> TensorEncoder<'a> {
 
         // Conditioned plane: per block, the bytes (and contexts) of the units whose condition byte has
         // a table, and the raw bytes of the others.
-        let cond = h.dtype.conditioned_plane().filter(|&(p, _)| modes[p] == PlaneMode::Cond);
+        let cond = h
+            .dtype
+            .conditioned_plane()
+            .filter(|&(p, _)| modes[p] == PlaneMode::Cond);
         scratch.cond_syms.clear();
         scratch.cond_raw.clear();
         let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
         if let Some((p, q)) = cond {
-            let v = model.planes[p].cond.as_ref().expect("a conditioned plane has a table").0;
+            let v = model.planes[p]
+                .cond
+                .as_ref()
+                .expect("a conditioned plane has a table")
+                .0;
             for b in 0..nb {
                 let from = scratch.cond_syms.len();
-                crate::select::split(v, &planes[q][block(b)], &planes[p][block(b)], &mut scratch.cond_syms, &mut scratch.cond_raw);
+                crate::select::split(
+                    v,
+                    &planes[q][block(b)],
+                    &planes[p][block(b)],
+                    &mut scratch.cond_syms,
+                    &mut scratch.cond_raw,
+                );
                 cond_ranges.push(from..scratch.cond_syms.len());
             }
         }
@@ -215,14 +267,25 @@ impl<'a> TensorEncoder<'a> {
                     continue;
                 }
                 if let Some(enc) = &model.planes[p].enc[sel as usize] {
-                    job.main.push(Seq { syms: &planes[p][block(b)], packed: &enc.packed, scalar: &enc.syms });
+                    job.main.push(Seq {
+                        syms: &planes[p][block(b)],
+                        packed: &enc.packed,
+                        scalar: &enc.syms,
+                    });
                 }
             }
             if let Some((p, _)) = cond {
                 let r = cond_ranges[b].clone();
                 if !r.is_empty() {
-                    let ce = model.planes[p].cond_enc.as_ref().expect("a conditioned plane has a table");
-                    job.sub.push(Seq { syms: &scratch.cond_syms[r], packed: &ce.packed, scalar: &ce.syms });
+                    let ce = model.planes[p]
+                        .cond_enc
+                        .as_ref()
+                        .expect("a conditioned plane has a table");
+                    job.sub.push(Seq {
+                        syms: &scratch.cond_syms[r],
+                        packed: &ce.packed,
+                        scalar: &ce.syms,
+                    });
                 }
             }
             any |= !job.main.is_empty() || !job.sub.is_empty();
@@ -285,8 +348,16 @@ impl<'a> TensorEncoder<'a> {
                     }
                 }
             }
-            return ChunkEntry { payload_len: payload.len() as u32, rans_len: 0, modes };
+            return ChunkEntry {
+                payload_len: payload.len() as u32,
+                rans_len: 0,
+                modes,
+            };
         }
-        ChunkEntry { payload_len: payload.len() as u32, rans_len: rans_len as u32, modes }
+        ChunkEntry {
+            payload_len: payload.len() as u32,
+            rans_len: rans_len as u32,
+            modes,
+        }
     }
 }

@@ -4,8 +4,8 @@ use std::io::{Seek, SeekFrom, Write};
 
 use rayon::prelude::*;
 
-use crate::blob::{BlobHeader, Scheme};
 use crate::blob::ChunkEntry;
+use crate::blob::{BlobHeader, Scheme};
 use crate::decoder::{with_scratch, TensorDecoder};
 use crate::dtype::DType;
 use crate::encoder::{self, stored_header, TensorEncoder};
@@ -22,14 +22,9 @@ pub struct Tensor {
 
 /// The CPU engine. `threads == 0` uses rayon's global pool (all cores); any other count gets a pool
 /// of its own. Output bytes never depend on the thread count.
+#[derive(Default)]
 pub struct CpuEngine {
     pool: Option<rayon::ThreadPool>,
-}
-
-impl Default for CpuEngine {
-    fn default() -> Self {
-        CpuEngine { pool: None }
-    }
 }
 
 impl CpuEngine {
@@ -48,7 +43,9 @@ impl CpuEngine {
 
     /// Number of worker threads.
     pub fn threads(&self) -> usize {
-        self.pool.as_ref().map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+        self.pool
+            .as_ref()
+            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -59,14 +56,27 @@ impl CpuEngine {
     }
 
     /// Compresses the bytes of a tensor (row-major, little-endian) into a blob.
-    pub fn compress(&self, data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions) -> Result<Vec<u8>> {
+    pub fn compress(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+    ) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         self.compress_into(data, dtype, shape, opts, &mut out)?;
         Ok(out)
     }
 
     /// Like [`CpuEngine::compress`], but replaces the contents of `out`, reusing its memory.
-    pub fn compress_into(&self, data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, out: &mut Vec<u8>) -> Result<()> {
+    pub fn compress_into(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         out.clear();
         let mut cur = std::io::Cursor::new(std::mem::take(out));
         let len = self.compress_to(data, dtype, shape, opts, &mut cur, &|_| {});
@@ -81,7 +91,11 @@ impl CpuEngine {
         let h = dec.header().clone();
         let mut data = vec![0u8; h.nbytes() as usize];
         self.decode_all(&dec, &mut data)?;
-        Ok(Tensor { dtype: h.dtype, shape: h.shape, data })
+        Ok(Tensor {
+            dtype: h.dtype,
+            shape: h.shape,
+            data,
+        })
     }
 
     /// Decompresses a blob into `out`, which must hold exactly the tensor's bytes.
@@ -94,7 +108,10 @@ impl CpuEngine {
     fn decode_all(&self, dec: &TensorDecoder<'_>, out: &mut [u8]) -> Result<()> {
         let h = dec.header();
         if out.len() as u64 != h.nbytes() {
-            return Err(Error::OutputSize { expected: h.nbytes() as usize, got: out.len() });
+            return Err(Error::OutputSize {
+                expected: h.nbytes() as usize,
+                got: out.len(),
+            });
         }
         match h.scheme {
             Scheme::Stored => {
@@ -115,7 +132,13 @@ impl CpuEngine {
 
     /// Decodes elements `start..end` (row-major order) into `out` (exactly their bytes), touching only
     /// the chunks that hold them.
-    pub fn decompress_range_into(&self, blob: &[u8], start: u64, end: u64, out: &mut [u8]) -> Result<BlobHeader> {
+    pub fn decompress_range_into(
+        &self,
+        blob: &[u8],
+        start: u64,
+        end: u64,
+        out: &mut [u8],
+    ) -> Result<BlobHeader> {
         let dec = TensorDecoder::new(blob)?;
         let h = dec.header().clone();
         let numel = h.numel();
@@ -125,7 +148,10 @@ impl CpuEngine {
         let isz = h.dtype.itemsize() as u64;
         let expected = ((end - start) * isz) as usize;
         if out.len() != expected {
-            return Err(Error::OutputSize { expected, got: out.len() });
+            return Err(Error::OutputSize {
+                expected,
+                got: out.len(),
+            });
         }
         if start == end {
             return Ok(h);
@@ -148,20 +174,22 @@ impl CpuEngine {
             rest = tail;
         }
         self.run(|| {
-            pieces.into_par_iter().try_for_each_init(Vec::new, |tmp, (c, piece)| {
-                let chunk_bytes = h.chunk_len(c as u64) * h.planes();
-                let lo = b0.max(c * cb) - c * cb;
-                with_scratch(|s| {
-                    if lo == 0 && piece.len() == chunk_bytes {
-                        dec.decode_chunk(c, piece, s)
-                    } else {
-                        tmp.resize(chunk_bytes, 0);
-                        dec.decode_chunk(c, tmp, s)?;
-                        piece.copy_from_slice(&tmp[lo..lo + piece.len()]);
-                        Ok(())
-                    }
+            pieces
+                .into_par_iter()
+                .try_for_each_init(Vec::new, |tmp, (c, piece)| {
+                    let chunk_bytes = h.chunk_len(c as u64) * h.planes();
+                    let lo = b0.max(c * cb) - c * cb;
+                    with_scratch(|s| {
+                        if lo == 0 && piece.len() == chunk_bytes {
+                            dec.decode_chunk(c, piece, s)
+                        } else {
+                            tmp.resize(chunk_bytes, 0);
+                            dec.decode_chunk(c, tmp, s)?;
+                            piece.copy_from_slice(&tmp[lo..lo + piece.len()]);
+                            Ok(())
+                        }
+                    })
                 })
-            })
         })?;
         Ok(h)
     }
@@ -172,7 +200,9 @@ pub const STREAM_BATCH_BYTES: usize = 32 << 20;
 
 impl CpuEngine {
     fn batch_chunks(&self, chunk_bytes: usize) -> usize {
-        (STREAM_BATCH_BYTES / chunk_bytes.max(1)).max(2 * self.threads()).max(1)
+        (STREAM_BATCH_BYTES / chunk_bytes.max(1))
+            .max(2 * self.threads())
+            .max(1)
     }
 
     /// Compresses a tensor straight into `w` (at its current position) with bounded memory: chunks are
@@ -216,7 +246,8 @@ impl CpuEngine {
         let n = h.n_chunks() as usize;
         let entry_len = h.dir_entry_len();
         let dir_pos = start + prefix.len() as u64;
-        w.seek(SeekFrom::Current((n * entry_len) as i64)).map_err(io)?;
+        w.seek(SeekFrom::Current((n * entry_len) as i64))
+            .map_err(io)?;
         let chunk_bytes = h.chunk_units as usize * h.planes();
         let batch = self.batch_chunks(chunk_bytes);
         let mut dir = Vec::with_capacity(n * entry_len);
@@ -230,7 +261,9 @@ impl CpuEngine {
             let entries: Vec<ChunkEntry> = self.run(|| {
                 bufs.par_iter_mut()
                     .enumerate()
-                    .map(|(i, buf)| encoder::with_scratch(|s| enc.encode_chunk((c0 + i) as u64, s, buf)))
+                    .map(|(i, buf)| {
+                        encoder::with_scratch(|s| enc.encode_chunk((c0 + i) as u64, s, buf))
+                    })
                     .collect()
             });
             for (e, buf) in entries.iter().zip(&bufs) {
@@ -254,7 +287,12 @@ impl CpuEngine {
 
     /// Decompresses a blob into `w` with bounded memory (batches of [`STREAM_BATCH_BYTES`]) and returns
     /// the CRC-32 of the decoded bytes. `progress` receives the number of bytes written so far.
-    pub fn decompress_to<W: Write>(&self, blob: &[u8], w: &mut W, progress: &(dyn Fn(u64) + Sync)) -> Result<u32> {
+    pub fn decompress_to<W: Write>(
+        &self,
+        blob: &[u8],
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u32> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
         let dec = TensorDecoder::new(blob)?;
         let h = dec.header().clone();
@@ -284,7 +322,9 @@ impl CpuEngine {
                     self.run(|| {
                         out.par_chunks_mut(2 * cb)
                             .enumerate()
-                            .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunks(c0 + 2 * i, o, s)))
+                            .try_for_each(|(i, o)| {
+                                with_scratch(|s| dec.decode_chunks(c0 + 2 * i, o, s))
+                            })
                     })?;
                     crc.update(out);
                     w.write_all(out).map_err(io)?;

@@ -38,7 +38,11 @@ pub fn histogram(bytes: &[u8], hist: &mut [u32; 256]) {
 
 /// The sparse form of a histogram.
 pub fn sparse(hist: &[u32; 256]) -> Sparse {
-    hist.iter().enumerate().filter(|(_, &c)| c != 0).map(|(s, &c)| (s as u8, c)).collect()
+    hist.iter()
+        .enumerate()
+        .filter(|(_, &c)| c != 0)
+        .map(|(s, &c)| (s as u8, c))
+        .collect()
 }
 
 /// `sum h * (log2 n - log2 h)` in Q16 bits: the order-0 entropy of a block (its best possible cost).
@@ -46,7 +50,9 @@ fn ideal_cost(sp: &Sparse) -> u64 {
     let lg = log2_small();
     let n: u32 = sp.iter().map(|&(_, c)| c).sum();
     let ln = lg[n as usize] as u64;
-    sp.iter().map(|&(_, c)| c as u64 * (ln - lg[c as usize] as u64)).sum()
+    sp.iter()
+        .map(|&(_, c)| c as u64 * (ln - lg[c as usize] as u64))
+        .sum()
 }
 
 /// Raw cost of a block of `len` bytes, in Q16 bits.
@@ -109,8 +115,14 @@ pub fn choose_conditional(joint: &[u32], n_sampled: u64, n_blocks: u64) -> Optio
         let counts: [u64; 256] = std::array::from_fn(|m| row[m] as u64);
         let t = FreqTable::normalize(&counts, Some(&all)).expect("n > 0");
         let raw = (8 * n) << FRAC_BITS;
-        let cost: u64 = row.iter().enumerate().map(|(m, &c)| c as u64 * cl[t.freq[m] as usize]).sum();
-        let Some(saving) = raw.checked_sub(cost) else { continue };
+        let cost: u64 = row
+            .iter()
+            .enumerate()
+            .map(|(m, &c)| c as u64 * cl[t.freq[m] as usize])
+            .sum();
+        let Some(saving) = raw.checked_sub(cost) else {
+            continue;
+        };
         let scaled = saving as u128 * n_blocks as u128 / n_sampled as u128;
         let table_cost = ((2 + t.serialized_len()) as u128 * 8) << FRAC_BITS;
         if (saving << COND_MIN_SAVING_SHIFT) >= raw && scaled > table_cost {
@@ -133,7 +145,9 @@ fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
     if n_blocks <= s as u64 {
         (0..n_blocks).collect()
     } else {
-        (0..s as u64).map(|i| (i as u128 * n_blocks as u128 / s as u128) as u64).collect()
+        (0..s as u64)
+            .map(|i| (i as u128 * n_blocks as u128 / s as u128) as u64)
+            .collect()
     }
 }
 
@@ -161,7 +175,11 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
                 let end = (start + bu).min(((c + 1) * cu).min(units));
                 let len = (end - start) as usize;
                 let src = &data[start as usize * us..end as usize * us];
-                let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu as usize).take(us).map(|p| &mut p[..len]).collect();
+                let mut views: Vec<&mut [u8]> = scratch
+                    .chunks_mut(bu as usize)
+                    .take(us)
+                    .map(|p| &mut p[..len])
+                    .collect();
                 transform::split(transform, src, &mut views);
                 views
                     .iter()
@@ -178,10 +196,28 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     let mut plane_models: Vec<PlaneModel> = (0..planes)
         .into_par_iter()
         .map(|p| {
-            let blocks: Vec<Sparse> = hists.iter().map(|h| sparse(&h[p])).filter(|s| s.len() > 1).collect();
-            let tables = cluster(&blocks, picks.len() as u64, n_blocks, opts.max_tables, threshold);
-            let enc = tables.iter().map(|t| (!t.is_single()).then(|| t.encode_table())).collect();
-            PlaneModel { tables, enc, cond: None, cond_enc: None }
+            let blocks: Vec<Sparse> = hists
+                .iter()
+                .map(|h| sparse(&h[p]))
+                .filter(|s| s.len() > 1)
+                .collect();
+            let tables = cluster(
+                &blocks,
+                picks.len() as u64,
+                n_blocks,
+                opts.max_tables,
+                threshold,
+            );
+            let enc = tables
+                .iter()
+                .map(|t| (!t.is_single()).then(|| t.encode_table()))
+                .collect();
+            PlaneModel {
+                tables,
+                enc,
+                cond: None,
+                cond_enc: None,
+            }
         })
         .collect();
     // Conditioning of the byte below the exponent, when the block model leaves that plane raw.
@@ -197,7 +233,11 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
                         let end = (start + bu).min(((c + 1) * cu).min(units));
                         let len = (end - start) as usize;
                         let src = &data[start as usize * us..end as usize * us];
-                        let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu as usize).take(us).map(|p| &mut p[..len]).collect();
+                        let mut views: Vec<&mut [u8]> = scratch
+                            .chunks_mut(bu as usize)
+                            .take(us)
+                            .map(|p| &mut p[..len])
+                            .collect();
                         transform::split(transform, src, &mut views);
                         // Blocks where the plane is one repeated byte cost nothing already.
                         if views[p].iter().any(|&m| m != views[p][0]) {
@@ -222,7 +262,9 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
             pm.cond = cond;
         }
     }
-    Model { planes: plane_models }
+    Model {
+        planes: plane_models,
+    }
 }
 
 /// Code length (Q16 bits) of every symbol under a table; `CL_ABSENT` for symbols it lacks.
@@ -254,7 +296,11 @@ fn choose_cl(sp: &Sparse, len: usize, cls: &[[u64; 256]], threshold_q16: u64) ->
 }
 
 /// Normalised table of the summed counts of the blocks `members`, every symbol of `support` present.
-fn table_of(blocks: &[Sparse], members: impl Iterator<Item = usize>, support: &[bool; 256]) -> Option<FreqTable> {
+fn table_of(
+    blocks: &[Sparse],
+    members: impl Iterator<Item = usize>,
+    support: &[bool; 256],
+) -> Option<FreqTable> {
     let mut sum = [0u64; 256];
     for b in members {
         for &(s, c) in &blocks[b] {
@@ -275,7 +321,13 @@ fn table_of(blocks: &[Sparse], members: impl Iterator<Item = usize>, support: &[
 /// (tables 1.. become the normalised sums of the blocks that choose them; table 0 stays). A candidate is
 /// kept only if the saving it brings (scaled from the sample to the plane) exceeds the bytes it adds.
 /// Every table covers every symbol the sample contains, so any block can choose any table.
-pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usize, threshold: u64) -> Vec<FreqTable> {
+pub fn cluster(
+    blocks: &[Sparse],
+    n_sampled: u64,
+    n_blocks: u64,
+    max_tables: usize,
+    threshold: u64,
+) -> Vec<FreqTable> {
     if blocks.is_empty() {
         return Vec::new();
     }
@@ -286,12 +338,20 @@ pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usi
         }
     }
     let support: [bool; 256] = std::array::from_fn(|s| total[s] > 0);
-    let lens: Vec<usize> = blocks.iter().map(|b| b.iter().map(|&(_, c)| c as usize).sum()).collect();
+    let lens: Vec<usize> = blocks
+        .iter()
+        .map(|b| b.iter().map(|&(_, c)| c as usize).sum())
+        .collect();
     let ideal: Vec<u64> = blocks.iter().map(ideal_cost).collect();
     let assign = |cls: &[[u64; 256]]| -> Vec<(u8, u64)> {
-        blocks.iter().zip(&lens).map(|(b, &len)| choose_cl(b, len, cls, threshold)).collect()
+        blocks
+            .iter()
+            .zip(&lens)
+            .map(|(b, &len)| choose_cl(b, len, cls, threshold))
+            .collect()
     };
-    let table_bytes = |tables: &[FreqTable]| -> u64 { tables.iter().map(|t| t.serialized_len() as u64).sum() };
+    let table_bytes =
+        |tables: &[FreqTable]| -> u64 { tables.iter().map(|t| t.serialized_len() as u64).sum() };
     let scale = |q16: u64| q16 as u128 * n_blocks as u128 / n_sampled as u128;
 
     let mut tables = vec![FreqTable::normalize(&total, None).expect("non-empty blocks")];
@@ -300,13 +360,17 @@ pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usi
     let mut attempt = 0u64;
     while tables.len() < max_tables && attempt < 2 * max_tables as u64 {
         attempt += 1;
-        let regrets: Vec<u64> = choice.iter().zip(&ideal).map(|(&(_, c), &id)| c.saturating_sub(id)).collect();
+        let regrets: Vec<u64> = choice
+            .iter()
+            .zip(&ideal)
+            .map(|(&(_, c), &id)| c.saturating_sub(id))
+            .collect();
         let sum: u128 = regrets.iter().map(|&r| r as u128).sum();
         if sum == 0 {
             break;
         }
         // frac(attempt * 0.6180339887) in Q32 picks a point of the cumulative regret.
-        let target = sum * ((attempt.wrapping_mul(0x9E37_79B9) & 0xFFFF_FFFF) as u128) >> 32;
+        let target = (sum * ((attempt.wrapping_mul(0x9E37_79B9) & 0xFFFF_FFFF) as u128)) >> 32;
         let mut acc = 0u128;
         let mut seed = regrets.len() - 1;
         for (i, &r) in regrets.iter().enumerate() {
@@ -316,10 +380,16 @@ pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usi
                 break;
             }
         }
-        let cand = table_of(blocks, std::iter::once(seed), &support).expect("seed block is non-empty");
+        let cand =
+            table_of(blocks, std::iter::once(seed), &support).expect("seed block is non-empty");
         // Cheap rejection: the candidate must at least improve its own seed block.
         let cand_cl = code_lengths(&cand);
-        let (_, seed_cost) = choose_cl(&blocks[seed], lens[seed], std::slice::from_ref(&cand_cl), threshold);
+        let (_, seed_cost) = choose_cl(
+            &blocks[seed],
+            lens[seed],
+            std::slice::from_ref(&cand_cl),
+            threshold,
+        );
         if seed_cost >= choice[seed].1 {
             continue;
         }
@@ -330,7 +400,11 @@ pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usi
         let mut trial_choice = assign(&trial_cls);
         for _ in 0..LLOYD_ITERS {
             for j in 1..trial.len() {
-                let members = trial_choice.iter().enumerate().filter(|(_, &(sel, _))| sel as usize == j).map(|(b, _)| b);
+                let members = trial_choice
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &(sel, _))| sel as usize == j)
+                    .map(|(b, _)| b);
                 if let Some(t) = table_of(blocks, members, &support) {
                     trial_cls[j] = code_lengths(&t);
                     trial[j] = t;
@@ -350,17 +424,32 @@ pub fn cluster(blocks: &[Sparse], n_sampled: u64, n_blocks: u64, max_tables: usi
     }
     // The plane's tables must pay for themselves: the coded blocks' saving over raw (scaled to the
     // whole plane) has to exceed the tables' serialised size. Otherwise the plane has no tables.
-    let saving: u64 = choice.iter().zip(&lens).filter(|(&(sel, _), _)| sel != SEL_RAW).map(|(&(_, c), &len)| raw_cost(len) - c).sum();
+    let saving: u64 = choice
+        .iter()
+        .zip(&lens)
+        .filter(|(&(sel, _), _)| sel != SEL_RAW)
+        .map(|(&(_, c), &len)| raw_cost(len) - c)
+        .sum();
     if scale(saving) <= ((table_bytes(&tables) as u128 * 8) << FRAC_BITS) {
         return Vec::new();
     }
     // Keep table 0 (the fallback) and every table some sampled block chose.
-    let used: Vec<bool> = (0..tables.len()).map(|j| j == 0 || choice.iter().any(|&(sel, _)| sel as usize == j)).collect();
-    tables.into_iter().zip(used).filter(|(_, u)| *u).map(|(t, _)| t).collect()
+    let used: Vec<bool> = (0..tables.len())
+        .map(|j| j == 0 || choice.iter().any(|&(sel, _)| sel as usize == j))
+        .collect();
+    tables
+        .into_iter()
+        .zip(used)
+        .filter(|(_, u)| *u)
+        .map(|(t, _)| t)
+        .collect()
 }
 
 /// Selector of a block whose plane bytes are all `v` (a single-symbol table of `v` if the plane has
 /// one — it costs nothing — else the constant selector).
 pub fn const_selector(v: u8, tables: &[FreqTable]) -> u8 {
-    tables.iter().position(|t| t.is_single() && t.single_symbol() == v).map_or(SEL_CONST, |j| j as u8)
+    tables
+        .iter()
+        .position(|t| t.is_single() && t.single_symbol() == v)
+        .map_or(SEL_CONST, |j| j as u8)
 }

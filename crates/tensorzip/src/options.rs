@@ -44,17 +44,32 @@ impl CompressOptions {
     /// Checks every field; the error names the field and the accepted range.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidOption(m));
-        if self.chunk_bytes == 0 || self.chunk_bytes % 8 != 0 || self.chunk_bytes > MAX_CHUNK_BYTES {
-            return bad(format!("chunk_bytes = {} must be a positive multiple of 8, at most {MAX_CHUNK_BYTES}", self.chunk_bytes));
+        if self.chunk_bytes == 0 || self.chunk_bytes % 8 != 0 || self.chunk_bytes > MAX_CHUNK_BYTES
+        {
+            return bad(format!(
+                "chunk_bytes = {} must be a positive multiple of 8, at most {MAX_CHUNK_BYTES}",
+                self.chunk_bytes
+            ));
         }
-        if !self.block_units.is_power_of_two() || !(MIN_BLOCK_UNITS..=MAX_BLOCK_UNITS).contains(&self.block_units) {
-            return bad(format!("block_units = {} must be a power of two in 32..=65536", self.block_units));
+        if !self.block_units.is_power_of_two()
+            || !(MIN_BLOCK_UNITS..=MAX_BLOCK_UNITS).contains(&self.block_units)
+        {
+            return bad(format!(
+                "block_units = {} must be a power of two in 32..=65536",
+                self.block_units
+            ));
         }
         if !(self.passthrough_threshold > 0.0 && self.passthrough_threshold <= 1.0) {
-            return bad(format!("passthrough_threshold = {} must be in (0, 1]", self.passthrough_threshold));
+            return bad(format!(
+                "passthrough_threshold = {} must be in (0, 1]",
+                self.passthrough_threshold
+            ));
         }
         if self.max_tables == 0 || self.max_tables > MAX_TABLES {
-            return bad(format!("max_tables = {} must be in 1..={MAX_TABLES}", self.max_tables));
+            return bad(format!(
+                "max_tables = {} must be in 1..={MAX_TABLES}",
+                self.max_tables
+            ));
         }
         if self.sample_blocks == 0 {
             return bad("sample_blocks must be at least 1".into());

@@ -112,20 +112,49 @@ pub fn sample_model(seed: u64) -> Vec<SampleTensor> {
     let mut out = Vec::new();
     let mut s = seed;
     let mut push = |name: String, dtype: DType, shape: Vec<u64>, data: Vec<u8>| {
-        out.push(SampleTensor { name, dtype, shape, data });
+        out.push(SampleTensor {
+            name,
+            dtype,
+            shape,
+            data,
+        });
     };
     s += 1;
-    push("embed_tokens.weight".into(), DType::BF16, vec![vocab as u64, d as u64], weights(vocab, d, DType::BF16, s));
+    push(
+        "embed_tokens.weight".into(),
+        DType::BF16,
+        vec![vocab as u64, d as u64],
+        weights(vocab, d, DType::BF16, s),
+    );
     for l in 0..layers {
-        for (n, r, c) in [("q_proj", d, d), ("k_proj", d, d), ("v_proj", d, d), ("o_proj", d, d), ("up_proj", ff, d), ("down_proj", d, ff)] {
+        for (n, r, c) in [
+            ("q_proj", d, d),
+            ("k_proj", d, d),
+            ("v_proj", d, d),
+            ("o_proj", d, d),
+            ("up_proj", ff, d),
+            ("down_proj", d, ff),
+        ] {
             s += 1;
-            push(format!("layers.{l}.{n}.weight"), DType::BF16, vec![r as u64, c as u64], weights(r, c, DType::BF16, s));
+            push(
+                format!("layers.{l}.{n}.weight"),
+                DType::BF16,
+                vec![r as u64, c as u64],
+                weights(r, c, DType::BF16, s),
+            );
         }
         for n in ["input_norm", "post_norm"] {
             let mut rng = Rng::new(s);
             s += 1;
-            let data = (0..d).flat_map(|_| ((1.0 + 0.05 * rng.normal()) as f32).to_le_bytes()).collect();
-            push(format!("layers.{l}.{n}.weight"), DType::F32, vec![d as u64], data);
+            let data = (0..d)
+                .flat_map(|_| ((1.0 + 0.05 * rng.normal()) as f32).to_le_bytes())
+                .collect();
+            push(
+                format!("layers.{l}.{n}.weight"),
+                DType::F32,
+                vec![d as u64],
+                data,
+            );
         }
     }
     let ids = (0..512i64).flat_map(|i| i.to_le_bytes()).collect();

@@ -124,7 +124,12 @@ unsafe fn masks_simd(value: u8, cond: &[u8], masks: &mut [u8]) -> (usize, usize)
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scatter_simd(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) -> (usize, usize, usize) {
+unsafe fn scatter_simd(
+    masks: &[u8],
+    sub: &[u8],
+    raw: &[u8],
+    out: &mut [u8],
+) -> (usize, usize, usize) {
     use std::arch::x86_64::*;
     let lut = shuffles();
     let (mut i, mut k, mut r) = (0, 0, 0);
@@ -150,7 +155,13 @@ unsafe fn scatter_simd(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) -> 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn split_simd(value: u8, cond: &[u8], plane: &[u8], syms: &mut [u8], raw: &mut [u8]) -> (usize, usize, usize) {
+unsafe fn split_simd(
+    value: u8,
+    cond: &[u8],
+    plane: &[u8],
+    syms: &mut [u8],
+    raw: &mut [u8],
+) -> (usize, usize, usize) {
     use std::arch::x86_64::*;
     let lut = shuffles();
     let (mut i, mut t, mut r) = (0, 0, 0);
@@ -166,8 +177,14 @@ unsafe fn split_simd(value: u8, cond: &[u8], plane: &[u8], syms: &mut [u8], raw:
                 let pv = _mm_loadl_epi64(plane.as_ptr().add(i + 8 * g) as *const __m128i);
                 let sel = _mm_loadl_epi64(lut[mg].as_ptr() as *const __m128i);
                 let rej = _mm_loadl_epi64(lut[!mg & 0xFF].as_ptr() as *const __m128i);
-                _mm_storel_epi64(syms.as_mut_ptr().add(t) as *mut __m128i, _mm_shuffle_epi8(pv, sel));
-                _mm_storel_epi64(raw.as_mut_ptr().add(r) as *mut __m128i, _mm_shuffle_epi8(pv, rej));
+                _mm_storel_epi64(
+                    syms.as_mut_ptr().add(t) as *mut __m128i,
+                    _mm_shuffle_epi8(pv, sel),
+                );
+                _mm_storel_epi64(
+                    raw.as_mut_ptr().add(r) as *mut __m128i,
+                    _mm_shuffle_epi8(pv, rej),
+                );
                 let n = mg.count_ones() as usize;
                 t += n;
                 r += 8 - n;
@@ -197,7 +214,12 @@ mod tests {
             split(123, &cond, &plane, &mut syms, &mut raw);
             assert_eq!(syms[0], 9);
             assert_eq!(raw[0], 7);
-            let want: Vec<u8> = cond.iter().zip(&plane).filter(|(&e, _)| e == 123).map(|(_, &m)| m).collect();
+            let want: Vec<u8> = cond
+                .iter()
+                .zip(&plane)
+                .filter(|(&e, _)| e == 123)
+                .map(|(_, &m)| m)
+                .collect();
             assert_eq!(&syms[1..], &want[..]);
             let mut mk = Vec::new();
             assert_eq!(masks(123, &cond, &mut mk), want.len());

@@ -24,7 +24,11 @@ impl PlaneStats {
     pub fn summary(&self) -> String {
         let total = (self.coded_units + self.raw_units + self.const_units).max(1) as f64;
         let mut parts = Vec::new();
-        for (name, v) in [("coded", self.coded_units), ("raw", self.raw_units), ("const", self.const_units)] {
+        for (name, v) in [
+            ("coded", self.coded_units),
+            ("raw", self.raw_units),
+            ("const", self.const_units),
+        ] {
             if v > 0 {
                 parts.push(format!("{name} {:.0}%", v as f64 / total * 100.0));
             }

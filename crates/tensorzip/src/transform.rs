@@ -38,9 +38,15 @@ pub fn transform_unit(t: Transform, unit: &[u8]) -> Vec<u8> {
         Transform::SignBelowExponent { exp_bits } => exp_bits,
     };
     match unit.len() {
-        2 => w16::fwd(u16::from_le_bytes([unit[0], unit[1]]), e).to_le_bytes().to_vec(),
-        4 => w32::fwd(u32::from_le_bytes(unit.try_into().unwrap()), e).to_le_bytes().to_vec(),
-        8 => w64::fwd(u64::from_le_bytes(unit.try_into().unwrap()), e).to_le_bytes().to_vec(),
+        2 => w16::fwd(u16::from_le_bytes([unit[0], unit[1]]), e)
+            .to_le_bytes()
+            .to_vec(),
+        4 => w32::fwd(u32::from_le_bytes(unit.try_into().unwrap()), e)
+            .to_le_bytes()
+            .to_vec(),
+        8 => w64::fwd(u64::from_le_bytes(unit.try_into().unwrap()), e)
+            .to_le_bytes()
+            .to_vec(),
         _ => unit.to_vec(),
     }
 }
@@ -55,9 +61,13 @@ pub fn split(t: Transform, src: &[u8], planes: &mut [&mut [u8]]) {
     match (planes, t) {
         ([p0], _) => p0[..n].copy_from_slice(&src[..n]),
         ([p0, p1], Transform::Identity) => split2::<0>(src, &mut p0[..n], &mut p1[..n]),
-        ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => split2::<8>(src, &mut p0[..n], &mut p1[..n]),
+        ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => {
+            split2::<8>(src, &mut p0[..n], &mut p1[..n])
+        }
         ([p0, p1, p2, p3], Transform::Identity) => split4::<0>(src, [p0, p1, p2, p3]),
-        ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => split4::<8>(src, [p0, p1, p2, p3]),
+        ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => {
+            split4::<8>(src, [p0, p1, p2, p3])
+        }
         (planes, t) => {
             let e = match t {
                 Transform::Identity => 0,
@@ -98,7 +108,8 @@ fn split4_impl<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
     let n = src.len() / 4;
     let (p0, p1, p2, p3) = (&mut p0[..n], &mut p1[..n], &mut p2[..n], &mut p3[..n]);
     for i in 0..n {
-        let mut u = u32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]);
+        let mut u =
+            u32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]);
         if E != 0 {
             u = w32::fwd(u, E);
         }
@@ -128,7 +139,8 @@ fn merge4_impl<const E: u32>(p: [&[u8]; 4], dst: &mut [u8]) {
     let n = dst.len() / 4;
     let (p0, p1, p2, p3) = (&p[0][..n], &p[1][..n], &p[2][..n], &p[3][..n]);
     for i in 0..n {
-        let mut u = p0[i] as u32 | (p1[i] as u32) << 8 | (p2[i] as u32) << 16 | (p3[i] as u32) << 24;
+        let mut u =
+            p0[i] as u32 | (p1[i] as u32) << 8 | (p2[i] as u32) << 16 | (p3[i] as u32) << 24;
         if E != 0 {
             u = w32::inv(u, E);
         }
@@ -172,7 +184,9 @@ pub fn merge(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
         ([p0, p1], Transform::Identity) => merge2::<0>(p0, p1, dst),
         ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => merge2::<8>(p0, p1, dst),
         ([p0, p1, p2, p3], Transform::Identity) => merge4::<0>([p0, p1, p2, p3], dst),
-        ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => merge4::<8>([p0, p1, p2, p3], dst),
+        ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => {
+            merge4::<8>([p0, p1, p2, p3], dst)
+        }
         (planes, t) => {
             let e = match t {
                 Transform::Identity => 0,
@@ -233,7 +247,9 @@ mod tests {
         assert_eq!(t & ((1 << 52) - 1), 0x8_0000_0000_0000);
         let mut x = 99u64;
         for _ in 0..100_000 {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
             assert_eq!(w64::inv(w64::fwd(x, 11), 11), x);
         }
     }

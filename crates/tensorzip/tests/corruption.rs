@@ -15,7 +15,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::LazyLock;
 
 use common::{make, small_opts, Dist};
-use tensorzip::archive::{serialize_safetensors, plan_safetensors, write_archive, Archive, ArchiveOptions, ARCHIVE_HEADER_LEN};
+use tensorzip::archive::{
+    plan_safetensors, serialize_safetensors, write_archive, Archive, ArchiveOptions,
+    ARCHIVE_HEADER_LEN,
+};
 use tensorzip::blob::{peek_header, BlobHeader, BLOB_MAGIC, SEL_CONST, SEL_RAW};
 use tensorzip::decoder::{DecodeScratch, TensorDecoder};
 use tensorzip::sample::Rng;
@@ -93,8 +96,15 @@ fn decode_everything(blob: &[u8], what: &str) -> Outcome {
     match catch_unwind(AssertUnwindSafe(|| decode_everything_inner(blob))) {
         Ok(o) => o,
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            panic!("decoding panicked ({what}): {msg:?}\nblob ({} bytes): {}", blob.len(), hex(blob));
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            panic!(
+                "decoding panicked ({what}): {msg:?}\nblob ({} bytes): {}",
+                blob.len(),
+                hex(blob)
+            );
         }
     }
 }
@@ -160,7 +170,10 @@ fn decode_everything_inner(blob: &[u8]) -> Outcome {
         Ok(t) => t,
     };
     assert_eq!(one.as_ref().ok(), Some(&t), "1 and 2 threads disagree");
-    assert!(r_into.is_ok() && into == t.data, "decompress_into disagrees: {r_into:?}");
+    assert!(
+        r_into.is_ok() && into == t.data,
+        "decompress_into disagrees: {r_into:?}"
+    );
     assert_eq!(r_stream, Ok(crc32(&t.data)), "decompress_to disagrees");
     assert!(streamed == t.data);
     assert_eq!(t.shape, h.shape);
@@ -171,16 +184,26 @@ fn decode_everything_inner(blob: &[u8]) -> Outcome {
         for c in 0..h.n_chunks() as usize {
             let want = &t.data[c * cb..((c + 1) * cb).min(t.data.len())];
             let mut o = vec![0u8; want.len()];
-            dec.decode_chunk(c, &mut o, &mut s).expect("a chunk failed alone but not in the whole tensor");
+            dec.decode_chunk(c, &mut o, &mut s)
+                .expect("a chunk failed alone but not in the whole tensor");
             assert!(o == want, "chunk {c} decodes differently alone");
         }
     }
     let ne = h.numel();
     let isz = h.dtype.itemsize() as u64;
-    for (a, b) in [(0, ne), (0, ne.min(1)), (ne / 3, ne - ne / 3), (ne.saturating_sub(5), ne)] {
+    for (a, b) in [
+        (0, ne),
+        (0, ne.min(1)),
+        (ne / 3, ne - ne / 3),
+        (ne.saturating_sub(5), ne),
+    ] {
         let mut o = vec![0u8; ((b - a) * isz) as usize];
-        ONE.decompress_range_into(blob, a, b, &mut o).expect("a range failed but not the whole tensor");
-        assert!(o == t.data[(a * isz) as usize..(b * isz) as usize], "range {a}..{b} disagrees");
+        ONE.decompress_range_into(blob, a, b, &mut o)
+            .expect("a range failed but not the whole tensor");
+        assert!(
+            o == t.data[(a * isz) as usize..(b * isz) as usize],
+            "range {a}..{b} disagrees"
+        );
     }
     Outcome::Ok(t)
 }
@@ -189,7 +212,10 @@ fn expect_err(blob: &[u8], what: &str) -> Error {
     match decode_everything(blob, what) {
         Outcome::Err(e) => e,
         Outcome::Ok(_) => panic!("{what}: decoded without error\nblob: {}", hex(blob)),
-        Outcome::TooLarge => panic!("{what}: passed validation claiming a huge tensor\nblob: {}", hex(blob)),
+        Outcome::TooLarge => panic!(
+            "{what}: passed validation claiming a huge tensor\nblob: {}",
+            hex(blob)
+        ),
     }
 }
 
@@ -230,7 +256,9 @@ impl Layout {
         let n = h.n_chunks() as usize;
         let dir_start = view.overhead_len() - n * e;
         let mut pos = dir_start;
-        let entries: Vec<Vec<u8>> = (0..n).map(|c| blob[pos + c * e..pos + (c + 1) * e].to_vec()).collect();
+        let entries: Vec<Vec<u8>> = (0..n)
+            .map(|c| blob[pos + c * e..pos + (c + 1) * e].to_vec())
+            .collect();
         pos += n * e;
         let mut payloads = Vec::new();
         for ent in &entries {
@@ -248,7 +276,11 @@ impl Layout {
             block_units: h.block_units as usize,
             chunk_units: h.chunk_units as usize,
             units: h.units(),
-            multi: view.tables.iter().map(|ts| ts.iter().map(|t| !t.is_single()).collect()).collect(),
+            multi: view
+                .tables
+                .iter()
+                .map(|ts| ts.iter().map(|t| !t.is_single()).collect())
+                .collect(),
         };
         assert!(l.build() == blob, "Layout does not rebuild the blob");
         l
@@ -304,7 +336,11 @@ impl Layout {
             });
             out.push(PlaneSection { flag_at, cond });
         }
-        assert_eq!(at, t.len(), "the table section does not follow the expected layout");
+        assert_eq!(
+            at,
+            t.len(),
+            "the table section does not follow the expected layout"
+        );
         out
     }
 
@@ -419,7 +455,11 @@ fn coded_blob() -> Vec<u8> {
     assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Planes);
     let l = Layout::parse(&blob);
     assert!(l.entries.len() >= 3);
-    assert!(l.multi[0].iter().filter(|&&m| m).count() >= 2, "want several tables: {:?}", l.multi);
+    assert!(
+        l.multi[0].iter().filter(|&&m| m).count() >= 2,
+        "want several tables: {:?}",
+        l.multi
+    );
     blob
 }
 
@@ -442,20 +482,32 @@ fn coded_bf16_blob() -> Vec<u8> {
 /// A small blob whose chunks code a plane conditioned on the exponent (`PlaneMode::Cond`): the first
 /// three chunks of a large tensor (conditioning pays only for large tensors), with its tables.
 fn cond_blob(dtype: DType) -> Vec<u8> {
-    static BLOBS: LazyLock<std::sync::Mutex<std::collections::HashMap<u8, Vec<u8>>>> = LazyLock::new(Default::default);
+    static BLOBS: LazyLock<std::sync::Mutex<std::collections::HashMap<u8, Vec<u8>>>> =
+        LazyLock::new(Default::default);
     let mut cache = BLOBS.lock().unwrap();
     cache
         .entry(dtype.code())
         .or_insert_with(|| {
             let n = 256_000 / dtype.itemsize();
             let data = make(dtype, n, Dist::Weights, 5);
-            let opts = CompressOptions { chunk_bytes: 1024, block_units: 64, min_compress_bytes: 0, ..Default::default() };
+            let opts = CompressOptions {
+                chunk_bytes: 1024,
+                block_units: 64,
+                min_compress_bytes: 0,
+                ..Default::default()
+            };
             let big = tensorzip::compress(&data, dtype, &[n as u64], &opts).unwrap();
             let small = Layout::parse(&big).first_chunks(3).build();
             let l = Layout::parse(&small);
             let (cp, _) = dtype.conditioned_plane().unwrap();
-            assert!(l.sections()[cp].cond.is_some(), "{dtype}: no conditional table");
-            assert!((0..3).all(|c| l.mode(c, cp) == (3, 0)), "{dtype}: chunks not conditioned");
+            assert!(
+                l.sections()[cp].cond.is_some(),
+                "{dtype}: no conditional table"
+            );
+            assert!(
+                (0..3).all(|c| l.mode(c, cp) == (3, 0)),
+                "{dtype}: chunks not conditioned"
+            );
             match decode_everything(&small, "conditioned blob") {
                 Outcome::Ok(t) => assert!(t.data == data[..t.data.len()]),
                 o => panic!("{dtype}: the first chunks of a real blob fail to decode: {o:?}"),
@@ -487,8 +539,14 @@ fn sample_blobs() -> Vec<(String, Vec<u8>)> {
         let blob = tensorzip::compress(&data, dtype, &[n as u64], &o).unwrap();
         v.push((format!("{dtype} {dist:?} x{n}"), blob));
     }
-    v.push(("empty".into(), tensorzip::compress(&[], DType::F32, &[4, 0], &o).unwrap()));
-    v.push(("0-d".into(), tensorzip::compress(&[1, 2, 3, 4], DType::F32, &[], &o).unwrap()));
+    v.push((
+        "empty".into(),
+        tensorzip::compress(&[], DType::F32, &[4, 0], &o).unwrap(),
+    ));
+    v.push((
+        "0-d".into(),
+        tensorzip::compress(&[1, 2, 3, 4], DType::F32, &[], &o).unwrap(),
+    ));
     for (name, b) in &v {
         match decode_everything(b, name) {
             Outcome::Ok(_) => {}
@@ -511,8 +569,13 @@ fn every_truncation_of_a_blob_is_an_error() {
             match (n, &e) {
                 (0..4, Error::Truncated(_)) => {}
                 (0..4, e) => panic!("{name} cut to {n}: {e:?}"),
-                _ if n < hlen => assert!(matches!(e, Error::Truncated(_)), "{name} cut to {n}: {e:?}"),
-                _ => assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_)), "{name} cut to {n}: {e:?}"),
+                _ if n < hlen => {
+                    assert!(matches!(e, Error::Truncated(_)), "{name} cut to {n}: {e:?}")
+                }
+                _ => assert!(
+                    matches!(e, Error::Truncated(_) | Error::Corrupt(_)),
+                    "{name} cut to {n}: {e:?}"
+                ),
             }
         }
     }
@@ -525,12 +588,19 @@ fn trailing_bytes_are_an_error() {
             let mut b = blob.clone();
             b.extend_from_slice(extra);
             let e = expect_err(&b, &format!("{name} + {} bytes", extra.len()));
-            assert!(matches!(e, Error::Corrupt(_)), "{name} + {} bytes: {e:?}", extra.len());
+            assert!(
+                matches!(e, Error::Corrupt(_)),
+                "{name} + {} bytes: {e:?}",
+                extra.len()
+            );
         }
         // Two blobs back to back are not one blob.
         let mut two = blob.clone();
         two.extend_from_slice(&blob);
-        assert!(matches!(expect_err(&two, &format!("{name} twice")), Error::Corrupt(_)));
+        assert!(matches!(
+            expect_err(&two, &format!("{name} twice")),
+            Error::Corrupt(_)
+        ));
     }
 }
 
@@ -548,7 +618,9 @@ fn with_watchdog(secs: u64, what: &str, f: impl FnOnce() + Send + 'static) {
                 std::panic::resume_unwind(p)
             }
         }
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {secs} s (a hang?)"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: still running after {secs} s (a hang?)")
+        }
     }
 }
 
@@ -565,21 +637,38 @@ fn random_bit_flips_never_panic() {
                     let l = Layout::parse(&blob);
                     let h = l.header.len();
                     let t = h + l.tables.len();
-                    (0..h, h..t, t..t + l.entries.iter().map(|e| e.len()).sum::<usize>())
+                    (
+                        0..h,
+                        h..t,
+                        t..t + l.entries.iter().map(|e| e.len()).sum::<usize>(),
+                    )
                 }
-                Scheme::Stored => (0..blob.len().min(peek_header(&blob).unwrap().encoded_len()), 0..0, 0..0),
+                Scheme::Stored => (
+                    0..blob.len().min(peek_header(&blob).unwrap().encoded_len()),
+                    0..0,
+                    0..0,
+                ),
             };
             // Every single-bit flip of the header and the directory; random flips in the table
             // section; random flips anywhere (1 to 4 bits at once).
-            let mut cases: Vec<Vec<usize>> = header.chain(dir).flat_map(|byte| (0..8).map(move |b| vec![8 * byte + b])).collect();
+            let mut cases: Vec<Vec<usize>> = header
+                .chain(dir)
+                .flat_map(|byte| (0..8).map(move |b| vec![8 * byte + b]))
+                .collect();
             if !tables.is_empty() {
                 for _ in 0..150 {
-                    cases.push(vec![8 * tables.start + (rng.next_u64() % (8 * tables.len() as u64)) as usize]);
+                    cases.push(vec![
+                        8 * tables.start + (rng.next_u64() % (8 * tables.len() as u64)) as usize,
+                    ]);
                 }
             }
             for _ in 0..300 {
                 let nbits = 1 + (rng.next_u64() % 4) as usize;
-                cases.push((0..nbits).map(|_| (rng.next_u64() % (blob.len() as u64 * 8)) as usize).collect());
+                cases.push(
+                    (0..nbits)
+                        .map(|_| (rng.next_u64() % (blob.len() as u64 * 8)) as usize)
+                        .collect(),
+                );
             }
             for bits in cases {
                 let mut b = blob.clone();
@@ -610,8 +699,11 @@ fn random_byte_overwrites_of_fields_never_panic() {
         let blob = coded_blob();
         let mut rng = Rng::new(77);
         let l = Layout::parse(&blob);
-        let dir_start = blob.len() - l.payloads.iter().map(|p| p.len()).sum::<usize>() - l.entries.len() * l.entries[0].len();
-        let mut fields: Vec<(usize, usize)> = vec![(4, 2), (6, 1), (7, 1), (8, 1), (12, 4), (16, 4), (20, 8)];
+        let dir_start = blob.len()
+            - l.payloads.iter().map(|p| p.len()).sum::<usize>()
+            - l.entries.len() * l.entries[0].len();
+        let mut fields: Vec<(usize, usize)> =
+            vec![(4, 2), (6, 1), (7, 1), (8, 1), (12, 4), (16, 4), (20, 8)];
         for c in 0..l.entries.len() {
             let at = dir_start + c * l.entries[0].len();
             fields.push((at, 4));
@@ -622,7 +714,28 @@ fn random_byte_overwrites_of_fields_never_panic() {
             }
         }
         for &(at, w) in &fields {
-            let mut values: Vec<u64> = vec![0, 1, 2, 31, 32, 33, 127, 128, 253, 254, 255, 256, 4096, 65535, 65536, 1 << 24, 1 << 31, u32::MAX as u64, 1 << 40, u64::MAX];
+            let mut values: Vec<u64> = vec![
+                0,
+                1,
+                2,
+                31,
+                32,
+                33,
+                127,
+                128,
+                253,
+                254,
+                255,
+                256,
+                4096,
+                65535,
+                65536,
+                1 << 24,
+                1 << 31,
+                u32::MAX as u64,
+                1 << 40,
+                u64::MAX,
+            ];
             values.extend((0..6).map(|_| rng.next_u64()));
             for v in values {
                 let mut b = blob.clone();
@@ -660,13 +773,25 @@ fn assert_truncated(blob: &[u8], what: &str) -> String {
 fn wrong_magic_is_bad_magic() {
     let blob = coded_blob();
     for magic in [*b"TZBX", *b"TZAR", *b"\0\0\0\0", *b"tzbl", *b"PK\x03\x04"] {
-        assert_eq!(expect_err(&patched(&blob, 0, &magic), "magic"), Error::BadMagic);
+        assert_eq!(
+            expect_err(&patched(&blob, 0, &magic), "magic"),
+            Error::BadMagic
+        );
     }
-    assert_eq!(expect_err(b"hello, world! this is not a blob", "text"), Error::BadMagic);
+    assert_eq!(
+        expect_err(b"hello, world! this is not a blob", "text"),
+        Error::BadMagic
+    );
     assert!(matches!(expect_err(b"", "empty"), Error::Truncated(_)));
     assert!(matches!(expect_err(b"TZB", "3 bytes"), Error::Truncated(_)));
-    assert!(matches!(expect_err(b"TZBL", "magic only"), Error::Truncated(_)));
-    assert!(matches!(expect_err(b"TZBL\x01\x00", "magic and version"), Error::Truncated(_)));
+    assert!(matches!(
+        expect_err(b"TZBL", "magic only"),
+        Error::Truncated(_)
+    ));
+    assert!(matches!(
+        expect_err(b"TZBL\x01\x00", "magic and version"),
+        Error::Truncated(_)
+    ));
 }
 
 #[test]
@@ -674,10 +799,22 @@ fn other_versions_are_unsupported() {
     let blob = coded_blob();
     for v in [0u16, 2, 3, 0x100, u16::MAX] {
         let e = expect_err(&patched(&blob, 4, &v.to_le_bytes()), "version");
-        assert_eq!(e, Error::UnsupportedVersion { found: v, supported: 1 });
+        assert_eq!(
+            e,
+            Error::UnsupportedVersion {
+                found: v,
+                supported: 1
+            }
+        );
         // The version is checked before the rest of the header is needed.
         let e = expect_err(&patched(&blob, 4, &v.to_le_bytes())[..6], "version, short");
-        assert_eq!(e, Error::UnsupportedVersion { found: v, supported: 1 });
+        assert_eq!(
+            e,
+            Error::UnsupportedVersion {
+                found: v,
+                supported: 1
+            }
+        );
     }
 }
 
@@ -707,12 +844,25 @@ fn bad_fixed_header_fields_are_corrupt() {
     }
     // Chunk size zero or over 16 MiB; stored blobs with chunk or block sizes.
     assert_corrupt(&patched(&blob, 12, &0u32.to_le_bytes()), "chunk_units 0");
-    assert_corrupt(&patched(&blob, 12, &((8u32 << 20) + 1).to_le_bytes()), "chunk_units over 16 MiB");
-    assert_corrupt(&patched(&blob, 12, &u32::MAX.to_le_bytes()), "chunk_units max");
-    let stored = tensorzip::compress(&[7u8; 40], DType::U8, &[40], &CompressOptions::default()).unwrap();
+    assert_corrupt(
+        &patched(&blob, 12, &((8u32 << 20) + 1).to_le_bytes()),
+        "chunk_units over 16 MiB",
+    );
+    assert_corrupt(
+        &patched(&blob, 12, &u32::MAX.to_le_bytes()),
+        "chunk_units max",
+    );
+    let stored =
+        tensorzip::compress(&[7u8; 40], DType::U8, &[40], &CompressOptions::default()).unwrap();
     assert_eq!(peek_header(&stored).unwrap().scheme, Scheme::Stored);
-    assert_corrupt(&patched(&stored, 12, &1u32.to_le_bytes()), "stored with chunk_units");
-    assert_corrupt(&patched(&stored, 16, &32u32.to_le_bytes()), "stored with block_units");
+    assert_corrupt(
+        &patched(&stored, 12, &1u32.to_le_bytes()),
+        "stored with chunk_units",
+    );
+    assert_corrupt(
+        &patched(&stored, 16, &32u32.to_le_bytes()),
+        "stored with block_units",
+    );
     // Block size not a power of two, or outside 32..=65536.
     for bu in [0u32, 1, 16, 31, 48, 96, 1000, 131072, 1 << 31, u32::MAX] {
         let m = assert_corrupt(&patched(&blob, 16, &bu.to_le_bytes()), "block_units");
@@ -727,7 +877,11 @@ fn tiny_blob(scheme: u8, dtype: DType, chunk_bytes: u32, block: u32, shape: &[u6
     b.extend_from_slice(&BLOB_MAGIC);
     b.extend_from_slice(&1u16.to_le_bytes());
     b.extend_from_slice(&[scheme, dtype.code(), shape.len() as u8, 0, 0, 0]);
-    b.extend_from_slice(&(chunk_bytes / dtype.unit_size() as u32).max(chunk_bytes.min(1)).to_le_bytes());
+    b.extend_from_slice(
+        &(chunk_bytes / dtype.unit_size() as u32)
+            .max(chunk_bytes.min(1))
+            .to_le_bytes(),
+    );
     b.extend_from_slice(&block.to_le_bytes());
     for d in shape {
         b.extend_from_slice(&d.to_le_bytes());
@@ -763,17 +917,38 @@ fn huge_shapes_are_rejected_before_allocating() {
     for shape in [1u64 << 40, 1 << 32, 1 << 20, 1_000_000] {
         let b = patched(&blob, 20, &shape.to_le_bytes());
         let (e, big) = largest_alloc(|| expect_err(&b, "large shape"));
-        assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_)), "{shape}: {e:?}");
+        assert!(
+            matches!(e, Error::Truncated(_) | Error::Corrupt(_)),
+            "{shape}: {e:?}"
+        );
         assert!(big < 1 << 20, "shape {shape}: allocated {big} bytes");
     }
     // A tiny blob claiming a gigantic tensor, stored or coded, with any chunk size.
-    for (scheme, chunk, block) in [(0u8, 0u32, 0u32), (1, 1024, 64), (1, 16 << 20, 65536), (1, 1, 32)] {
+    for (scheme, chunk, block) in [
+        (0u8, 0u32, 0u32),
+        (1, 1024, 64),
+        (1, 16 << 20, 65536),
+        (1, 1, 32),
+    ] {
         for dtype in [DType::U8, DType::F32, DType::Complex64] {
             let b = tiny_blob(scheme, dtype, chunk, block, &[1 << 40]);
             assert_eq!(b.len(), 40);
-            let (r, big) = largest_alloc(|| (TensorDecoder::new(&b).err(), tensorzip::decompress(&b).err(), ONE.decompress_range_into(&b, 0, 1, &mut [0u8; 8][..dtype.itemsize()]).err()));
-            assert!(r.0.is_some() && r.1.is_some() && r.2.is_some(), "scheme {scheme} {dtype} chunk {chunk}: {r:?}");
-            assert!(big < 64 << 10, "scheme {scheme} {dtype} chunk {chunk}: allocated {big} bytes");
+            let (r, big) = largest_alloc(|| {
+                (
+                    TensorDecoder::new(&b).err(),
+                    tensorzip::decompress(&b).err(),
+                    ONE.decompress_range_into(&b, 0, 1, &mut [0u8; 8][..dtype.itemsize()])
+                        .err(),
+                )
+            });
+            assert!(
+                r.0.is_some() && r.1.is_some() && r.2.is_some(),
+                "scheme {scheme} {dtype} chunk {chunk}: {r:?}"
+            );
+            assert!(
+                big < 64 << 10,
+                "scheme {scheme} {dtype} chunk {chunk}: allocated {big} bytes"
+            );
             assert!(matches!(r.0, Some(Error::Truncated(_))), "{r:?}");
         }
     }
@@ -784,7 +959,7 @@ fn table_sections_that_lie_are_errors() {
     let blob = coded_blob();
     let l = Layout::parse(&blob);
     let at0 = l.header.len(); // plane 0's table count
-    // More tables than allowed.
+                              // More tables than allowed.
     for k in [65u8, 100, 255] {
         let m = assert_corrupt(&patched(&blob, at0, &[k]), "table count");
         assert!(m.contains("tables"), "{m}");
@@ -792,7 +967,10 @@ fn table_sections_that_lie_are_errors() {
     // Counts that disagree with the tables that follow.
     let k = l.tables[0];
     for v in [k + 1, k + 2, k - 1, 0] {
-        expect_err(&patched(&blob, at0, &[v]), &format!("table count {v} instead of {k}"));
+        expect_err(
+            &patched(&blob, at0, &[v]),
+            &format!("table count {v} instead of {k}"),
+        );
     }
     // A table removed (its bytes and the count).
     let ts = l.plane0_tables();
@@ -838,20 +1016,46 @@ fn table_sections_that_lie_are_errors() {
         assert!(msg.contains("table"), "{msg}");
         edited += 1;
     }
-    assert!(edited >= 2, "the blob has {edited} tables of 3 symbols or more");
+    assert!(
+        edited >= 2,
+        "the blob has {edited} tables of 3 symbols or more"
+    );
     // Bytes of the table section (the count, the ends and some codes of every table of plane 0, and
     // random others) replaced by interesting values: never a panic.
     let mut rng = Rng::new(8);
     let mut spots = vec![0usize, l.tables.len() - 1];
     for &(at, len) in &ts {
-        spots.extend([at, at + 1, at + 2, at + 3, at + len / 2, at + len - 2, at + len - 1]);
+        spots.extend([
+            at,
+            at + 1,
+            at + 2,
+            at + 3,
+            at + len / 2,
+            at + len - 2,
+            at + len - 1,
+        ]);
     }
     spots.extend((0..24).map(|_| (rng.next_u64() % l.tables.len() as u64) as usize));
     spots.sort_unstable();
     spots.dedup();
     for i in spots {
         let old = l.tables[i];
-        for v in [0u8, 1, 2, 64, 65, 127, 128, 207, 208, 254, 255, old.wrapping_add(1), old.wrapping_sub(1), !old] {
+        for v in [
+            0u8,
+            1,
+            2,
+            64,
+            65,
+            127,
+            128,
+            207,
+            208,
+            254,
+            255,
+            old.wrapping_add(1),
+            old.wrapping_sub(1),
+            !old,
+        ] {
             let mut m = l.clone();
             m.tables[i] = v;
             decode_everything(&m.build(), &format!("table byte {i} = {v}"));
@@ -866,10 +1070,17 @@ fn directories_that_lie_are_errors() {
     let n = l.entries.len();
     // Payload lengths that point past the end.
     for c in 0..n {
-        for v in [l.payload_len(c) + 1, l.payload_len(c) + 1000, u32::MAX, 1 << 31] {
+        for v in [
+            l.payload_len(c) + 1,
+            l.payload_len(c) + 1000,
+            u32::MAX,
+            1 << 31,
+        ] {
             let mut m = l.clone();
             m.set_payload_len(c, v);
-            let (msg, big) = largest_alloc(|| assert_truncated(&m.build(), &format!("chunk {c} payload of {v} bytes")));
+            let (msg, big) = largest_alloc(|| {
+                assert_truncated(&m.build(), &format!("chunk {c} payload of {v} bytes"))
+            });
             assert!(msg.contains("payload"), "{msg}");
             assert!(big < 1 << 20);
         }
@@ -889,14 +1100,20 @@ fn directories_that_lie_are_errors() {
             }
             m.set_payload_len(c, l.payload_len(c) - d);
             m.set_payload_len(c + 1, l.payload_len(c + 1) + d);
-            expect_err(&m.build(), &format!("{d} bytes moved from chunk {c} to {}", c + 1));
+            expect_err(
+                &m.build(),
+                &format!("{d} bytes moved from chunk {c} to {}", c + 1),
+            );
         }
     }
     // A directory cut short (entries missing).
     let mut m = l.clone();
     m.entries.pop();
     m.payloads.pop();
-    assert!(matches!(expect_err(&m.build(), "entry missing"), Error::Truncated(_) | Error::Corrupt(_)));
+    assert!(matches!(
+        expect_err(&m.build(), "entry missing"),
+        Error::Truncated(_) | Error::Corrupt(_)
+    ));
     // Invalid plane modes.
     for c in 0..n {
         for p in 0..l.planes {
@@ -986,9 +1203,18 @@ fn rans_streams_that_lie_are_corrupt() {
     }
 
     // Exactly the states, no words; one word too few; one word too many.
-    for (what, edit) in [("states only", 0i32), ("word missing", -2), ("extra word", 2), ("two extra words", 4)] {
+    for (what, edit) in [
+        ("states only", 0i32),
+        ("word missing", -2),
+        ("extra word", 2),
+        ("two extra words", 4),
+    ] {
         let mut m = l.clone();
-        let new_len = if what == "states only" { 128 } else { (rl as i32 + edit) as usize };
+        let new_len = if what == "states only" {
+            128
+        } else {
+            (rl as i32 + edit) as usize
+        };
         if new_len < rl {
             m.payloads[c].drain(rs + new_len..rs + rl);
         } else {
@@ -1072,10 +1298,16 @@ fn stored_blobs_that_lie_are_errors() {
     assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Stored);
     for shape in [300u64, 302, 0, 1 << 40] {
         let e = expect_err(&patched(&blob, 20, &shape.to_le_bytes()), "stored shape");
-        assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_)), "{shape}: {e:?}");
+        assert!(
+            matches!(e, Error::Truncated(_) | Error::Corrupt(_)),
+            "{shape}: {e:?}"
+        );
     }
     // A dtype whose size does not divide the data.
-    assert!(matches!(expect_err(&patched(&blob, 7, &[DType::F32.code()]), "stored dtype"), Error::Truncated(_) | Error::Corrupt(_)));
+    assert!(matches!(
+        expect_err(&patched(&blob, 7, &[DType::F32.code()]), "stored dtype"),
+        Error::Truncated(_) | Error::Corrupt(_)
+    ));
     // Turned into a coded blob with valid sizes: the tables and directory are garbage.
     let mut b = patched(&blob, 6, &[1]);
     b[12..16].copy_from_slice(&1024u32.to_le_bytes());
@@ -1089,7 +1321,10 @@ fn stored_blobs_that_lie_are_errors() {
 fn temp_path(tag: &str) -> std::path::PathBuf {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("tensorzip-corruption-{}-{tag}-{n}", std::process::id()))
+    std::env::temp_dir().join(format!(
+        "tensorzip-corruption-{}-{tag}-{n}",
+        std::process::id()
+    ))
 }
 
 /// A small safetensors file and its archive.
@@ -1107,8 +1342,19 @@ fn small_archive(piece: u32) -> (Vec<u8>, Vec<u8>) {
     let file = serialize_safetensors(&tensors, Some(&meta)).unwrap();
     let segs = plan_safetensors(&file).unwrap();
     let path = temp_path("archive");
-    let mut out = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
-    let opts = ArchiveOptions { compress: CompressOptions { min_compress_bytes: 0, ..small_opts() }, checksum_piece_bytes: piece };
+    let mut out = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let opts = ArchiveOptions {
+        compress: CompressOptions {
+            min_compress_bytes: 0,
+            ..small_opts()
+        },
+        checksum_piece_bytes: piece,
+    };
     write_archive(&ONE, &file, &segs, &opts, &mut out, &|_| {}).unwrap();
     drop(out);
     let ar = std::fs::read(&path).unwrap();
@@ -1142,8 +1388,15 @@ fn restore_guarded(ar: &[u8], what: &str) -> Result<Vec<u8>, Error> {
     match catch_unwind(AssertUnwindSafe(|| restore(ar))) {
         Ok(r) => r,
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            panic!("archive decoding panicked ({what}): {msg:?}\narchive ({} bytes): {}", ar.len(), hex(ar));
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            panic!(
+                "archive decoding panicked ({what}): {msg:?}\narchive ({} bytes): {}",
+                ar.len(),
+                hex(ar)
+            );
         }
     }
 }
@@ -1153,10 +1406,18 @@ fn every_truncation_of_an_archive_is_an_error() {
     for piece in [0u32, 64] {
         let (_, ar) = small_archive(piece);
         for n in 0..ar.len() {
-            let e = Archive::parse(&ar[..n]).err().unwrap_or_else(|| panic!("archive cut to {n} bytes parses"));
+            let e = Archive::parse(&ar[..n])
+                .err()
+                .unwrap_or_else(|| panic!("archive cut to {n} bytes parses"));
             match n {
                 0..4 => assert_eq!(e, Error::BadMagic),
-                _ => assert!(matches!(e, Error::Truncated(_) | Error::Corrupt(_) | Error::Checksum(_)), "cut to {n}: {e:?}"),
+                _ => assert!(
+                    matches!(
+                        e,
+                        Error::Truncated(_) | Error::Corrupt(_) | Error::Checksum(_)
+                    ),
+                    "cut to {n}: {e:?}"
+                ),
             }
             assert!(restore_guarded(&ar[..n], &format!("cut to {n}")).is_err());
         }
@@ -1179,7 +1440,11 @@ fn archive_bit_flips_are_detected_or_harmless() {
             cases.extend((index_offset * 8..ar.len() * 8).map(|b| vec![b]));
             for _ in 0..1500 {
                 let nbits = 1 + (rng.next_u64() % 3) as usize;
-                cases.push((0..nbits).map(|_| (rng.next_u64() % (ar.len() as u64 * 8)) as usize).collect());
+                cases.push(
+                    (0..nbits)
+                        .map(|_| (rng.next_u64() % (ar.len() as u64 * 8)) as usize)
+                        .collect(),
+                );
             }
             let mut undetected = 0;
             for bits in cases {
@@ -1206,15 +1471,33 @@ fn archive_bit_flips_are_detected_or_harmless() {
 #[test]
 fn archive_headers_that_lie_are_errors() {
     let (_, ar) = small_archive(0);
-    assert_eq!(Archive::parse(&patched(&ar, 0, b"TZBL")).err(), Some(Error::BadMagic));
+    assert_eq!(
+        Archive::parse(&patched(&ar, 0, b"TZBL")).err(),
+        Some(Error::BadMagic)
+    );
     for v in [0u16, 2, u16::MAX] {
-        assert_eq!(Archive::parse(&patched(&ar, 4, &v.to_le_bytes())).err(), Some(Error::UnsupportedVersion { found: v, supported: 1 }));
+        assert_eq!(
+            Archive::parse(&patched(&ar, 4, &v.to_le_bytes())).err(),
+            Some(Error::UnsupportedVersion {
+                found: v,
+                supported: 1
+            })
+        );
     }
     for at in [6usize, 7, 12, 15] {
-        assert!(matches!(Archive::parse(&patched(&ar, at, &[1])), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            Archive::parse(&patched(&ar, at, &[1])),
+            Err(Error::Corrupt(_))
+        ));
     }
     for off in [0u64, 31, ar.len() as u64 + 1, u64::MAX] {
-        assert!(matches!(Archive::parse(&patched(&ar, 24, &off.to_le_bytes())), Err(Error::Truncated(_))), "index at {off}");
+        assert!(
+            matches!(
+                Archive::parse(&patched(&ar, 24, &off.to_le_bytes())),
+                Err(Error::Truncated(_))
+            ),
+            "index at {off}"
+        );
     }
     assert!(Archive::parse(&patched(&ar, 16, &1u64.to_le_bytes())).is_err());
 }
@@ -1261,8 +1544,12 @@ fn hostile_archive_index_with_valid_crc() {
         assert!(big < 64 << 20, "segment {i} claims {new} bytes: decode_segment allocated {big} bytes before failing ({r:?})");
         let (r, big) = largest_alloc(|| p.tensors(&ONE));
         assert!(r.is_err() || i != 0, "segment {i}");
-        assert!(big < 64 << 20, "tensors() with segment {i} claiming {new} bytes allocated {big} bytes before failing");
-        let (r, big) = largest_alloc(|| p.decode_segment_to(&ONE, i, &mut std::io::sink(), &|_| {}));
+        assert!(
+            big < 64 << 20,
+            "tensors() with segment {i} claiming {new} bytes allocated {big} bytes before failing"
+        );
+        let (r, big) =
+            largest_alloc(|| p.decode_segment_to(&ONE, i, &mut std::io::sink(), &|_| {}));
         assert!(r.is_err());
         assert!(big < 64 << 20, "decode_segment_to allocated {big} bytes");
     }
@@ -1304,13 +1591,19 @@ fn conditional_tables_that_lie_are_errors() {
         };
         // Flags other than 0 and 1.
         for v in [2u8, 3, 128, 255] {
-            let msg = assert_corrupt(&edit(&|m| m.tables[secs[cp].flag_at] = v), &format!("{dtype}: flag {v}"));
+            let msg = assert_corrupt(
+                &edit(&|m| m.tables[secs[cp].flag_at] = v),
+                &format!("{dtype}: flag {v}"),
+            );
             assert!(msg.contains("flag"), "{msg}");
         }
         // A conditional table on a plane that cannot have one: the flag of another plane set (its
         // value and table are then read from what follows, so any error will do), or the table moved.
         for p in (0..l.planes).filter(|&p| p != cp) {
-            expect_err(&edit(&|m| m.tables[secs[p].flag_at] = 1), &format!("{dtype}: flag on plane {p}"));
+            expect_err(
+                &edit(&|m| m.tables[secs[p].flag_at] = 1),
+                &format!("{dtype}: flag on plane {p}"),
+            );
         }
         // The conditional table removed: the chunks that use it are corrupt.
         let b = edit(&|m| {
@@ -1321,29 +1614,47 @@ fn conditional_tables_that_lie_are_errors() {
         assert!(msg.contains("condition"), "{msg}");
         // A conditional table of one symbol.
         let b = edit(&|m| {
-            m.tables.splice(table_at..table_at + table_len, [7u8, 7, 255]);
+            m.tables
+                .splice(table_at..table_at + table_len, [7u8, 7, 255]);
         });
         let msg = assert_corrupt(&b, &format!("{dtype}: single-symbol conditional table"));
         assert!(msg.contains("one symbol"), "{msg}");
         // Malformed conditional tables.
-        for (what, i, v) in [("lo > hi", 0usize, 255u8), ("zero at lo", 2, 0), ("invalid code", 2, 208), ("zero at hi", table_len - 1, 0)] {
+        for (what, i, v) in [
+            ("lo > hi", 0usize, 255u8),
+            ("zero at lo", 2, 0),
+            ("invalid code", 2, 208),
+            ("zero at hi", table_len - 1, 0),
+        ] {
             let b = edit(&|m| m.tables[table_at + i] = v);
             let msg = assert_corrupt(&b, &format!("{dtype}: conditional table {what}"));
             assert!(msg.contains("table"), "{what}: {msg}");
         }
         // Truncated inside the conditional table.
         let cut = l.header.len() + table_at + table_len / 2;
-        assert!(matches!(expect_err(&blob[..cut], "cut in the conditional table"), Error::Truncated(_)));
+        assert!(matches!(
+            expect_err(&blob[..cut], "cut in the conditional table"),
+            Error::Truncated(_)
+        ));
         // Every condition value, and every byte of the conditional table with a few values: never a
         // panic (a different condition value decodes different bytes or fails).
         for v in 0..=255u8 {
-            decode_everything(&edit(&|m| m.tables[value_at] = v), &format!("{dtype}: condition value {v}"));
+            decode_everything(
+                &edit(&|m| m.tables[value_at] = v),
+                &format!("{dtype}: condition value {v}"),
+            );
         }
         let mut rng = Rng::new(31);
-        let spots: Vec<usize> = [0, 1, 2, 3, table_len - 2, table_len - 1].into_iter().chain((0..16).map(|_| (rng.next_u64() % table_len as u64) as usize)).collect();
+        let spots: Vec<usize> = [0, 1, 2, 3, table_len - 2, table_len - 1]
+            .into_iter()
+            .chain((0..16).map(|_| (rng.next_u64() % table_len as u64) as usize))
+            .collect();
         for i in spots {
             for v in [0u8, 1, 100, 207, 208, 255] {
-                decode_everything(&edit(&|m| m.tables[table_at + i] = v), &format!("{dtype}: conditional table byte {i} = {v}"));
+                decode_everything(
+                    &edit(&|m| m.tables[table_at + i] = v),
+                    &format!("{dtype}: conditional table byte {i} = {v}"),
+                );
             }
         }
     }
@@ -1368,10 +1679,16 @@ fn conditioned_chunks_that_lie_are_errors() {
         for mode in [(0u8, 0u8), (1, 0), (2, 0)] {
             let mut m = l.clone();
             m.set_mode(c, cp, mode);
-            expect_err(&m.build(), &format!("{dtype}: conditioned plane in mode {mode:?}"));
+            expect_err(
+                &m.build(),
+                &format!("{dtype}: conditioned plane in mode {mode:?}"),
+            );
             let mut m = l.clone();
             m.set_mode(c, q, mode);
-            decode_everything(&m.build(), &format!("{dtype}: condition plane in mode {mode:?}"));
+            decode_everything(
+                &m.build(),
+                &format!("{dtype}: condition plane in mode {mode:?}"),
+            );
         }
         // The raw area one byte short or long: the conditioned plane's raw bytes run out or are left.
         for delta in [-1i32, 1] {
@@ -1398,7 +1715,9 @@ fn conditioned_chunks_that_lie_are_errors() {
         // and stream states): never a panic, and the other chunks still decode alone.
         let mut rng = Rng::new(dtype.code() as u64);
         let len = l.payloads[c].len();
-        let spots: Vec<usize> = (0..len.min(300)).chain((0..300).map(|_| (rng.next_u64() % len as u64) as usize)).collect();
+        let spots: Vec<usize> = (0..len.min(300))
+            .chain((0..300).map(|_| (rng.next_u64() % len as u64) as usize))
+            .collect();
         for i in spots {
             let mut m = l.clone();
             m.payloads[c][i] = rng.next_u64() as u8;
@@ -1408,7 +1727,8 @@ fn conditioned_chunks_that_lie_are_errors() {
                 let dec = TensorDecoder::new(&b).unwrap();
                 let cb = l.chunk_units * l.planes;
                 let mut o = vec![0u8; cb];
-                dec.decode_chunk(0, &mut o, &mut DecodeScratch::default()).expect("an untouched chunk decodes");
+                dec.decode_chunk(0, &mut o, &mut DecodeScratch::default())
+                    .expect("an untouched chunk decodes");
             }
         }
     }

@@ -30,21 +30,44 @@ fn numel(shape: &[u64]) -> u64 {
 fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed: u64) -> Vec<u8> {
     let ctx = format!("{dtype} shape {shape:?} opts {opts:?} seed {seed}");
     let isz = dtype.itemsize();
-    assert_eq!(data.len() as u64, numel(shape) * isz as u64, "{ctx}: test data size");
+    assert_eq!(
+        data.len() as u64,
+        numel(shape) * isz as u64,
+        "{ctx}: test data size"
+    );
 
     // Same bytes on 1 thread, 2 threads, all cores, and through the streaming writer.
-    let blob = ONE.compress(data, dtype, shape, opts).unwrap_or_else(|e| panic!("{ctx}: compress: {e}"));
+    let blob = ONE
+        .compress(data, dtype, shape, opts)
+        .unwrap_or_else(|e| panic!("{ctx}: compress: {e}"));
     let blob2 = TWO.compress(data, dtype, shape, opts).unwrap();
-    assert!(blob == blob2, "{ctx}: 1 and 2 threads wrote different blobs");
+    assert!(
+        blob == blob2,
+        "{ctx}: 1 and 2 threads wrote different blobs"
+    );
     let blob_all = tensorzip::compress(data, dtype, shape, opts).unwrap();
-    assert!(blob == blob_all, "{ctx}: all-core engine wrote a different blob");
+    assert!(
+        blob == blob_all,
+        "{ctx}: all-core engine wrote a different blob"
+    );
     let mut cur = Cursor::new(vec![0xEEu8; 3]); // the blob starts where the writer stands
     cur.set_position(3);
-    let n = TWO.compress_to(data, dtype, shape, opts, &mut cur, &|_| {}).unwrap();
+    let n = TWO
+        .compress_to(data, dtype, shape, opts, &mut cur, &|_| {})
+        .unwrap();
     let mut streamed = cur.into_inner();
-    assert_eq!(&streamed[..3], &[0xEE; 3], "{ctx}: compress_to wrote before its start");
+    assert_eq!(
+        &streamed[..3],
+        &[0xEE; 3],
+        "{ctx}: compress_to wrote before its start"
+    );
     streamed.truncate(3 + n as usize);
-    assert!(streamed[3..] == blob[..], "{ctx}: compress_to wrote a different blob ({} vs {} bytes)", n, blob.len());
+    assert!(
+        streamed[3..] == blob[..],
+        "{ctx}: compress_to wrote a different blob ({} vs {} bytes)",
+        n,
+        blob.len()
+    );
 
     // Header.
     let h = peek_header(&blob).unwrap();
@@ -52,32 +75,63 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
     assert_eq!(h.shape, shape, "{ctx}");
     assert_eq!(h.nbytes(), data.len() as u64, "{ctx}");
     if h.scheme == Scheme::Stored {
-        assert_eq!(blob.len(), h.encoded_len() + data.len(), "{ctx}: stored blob size");
+        assert_eq!(
+            blob.len(),
+            h.encoded_len() + data.len(),
+            "{ctx}: stored blob size"
+        );
     } else {
-        assert!(blob.len() < h.encoded_len() + data.len(), "{ctx}: coded blob not smaller than stored");
+        assert!(
+            blob.len() < h.encoded_len() + data.len(),
+            "{ctx}: coded blob not smaller than stored"
+        );
     }
 
     // Whole-blob decoding, on 1 and 2 threads and all cores.
-    for (name, t) in [("1 thread", ONE.decompress(&blob)), ("2 threads", TWO.decompress(&blob)), ("all", tensorzip::decompress(&blob))] {
+    for (name, t) in [
+        ("1 thread", ONE.decompress(&blob)),
+        ("2 threads", TWO.decompress(&blob)),
+        ("all", tensorzip::decompress(&blob)),
+    ] {
         let t = t.unwrap_or_else(|e| panic!("{ctx}: decompress ({name}): {e}"));
         assert_eq!(t.dtype, dtype, "{ctx}");
         assert_eq!(t.shape, shape, "{ctx}");
-        assert!(t.data == data, "{ctx}: decompress ({name}) differs at byte {:?}", first_diff(&t.data, data));
+        assert!(
+            t.data == data,
+            "{ctx}: decompress ({name}) differs at byte {:?}",
+            first_diff(&t.data, data)
+        );
     }
 
     // Into a caller buffer (pre-filled with garbage), and wrong sizes.
     let mut out = vec![0xA5u8; data.len()];
     let hh = TWO.decompress_into(&blob, &mut out).unwrap();
     assert_eq!(hh, h, "{ctx}");
-    assert!(out == data, "{ctx}: decompress_into differs at byte {:?}", first_diff(&out, data));
+    assert!(
+        out == data,
+        "{ctx}: decompress_into differs at byte {:?}",
+        first_diff(&out, data)
+    );
     let mut out = vec![0x5Au8; data.len()];
     tensorzip::decompress_into(&blob, &mut out).unwrap();
     assert!(out == data, "{ctx}: decompress_into (all cores) differs");
     let mut big = vec![0u8; data.len() + 1];
-    assert!(matches!(ONE.decompress_into(&blob, &mut big), Err(Error::OutputSize { .. })), "{ctx}");
+    assert!(
+        matches!(
+            ONE.decompress_into(&blob, &mut big),
+            Err(Error::OutputSize { .. })
+        ),
+        "{ctx}"
+    );
     if !data.is_empty() {
         let mut small = vec![0u8; data.len() - 1];
-        assert!(matches!(ONE.decompress_into(&blob, &mut small), Err(Error::OutputSize { .. })), "{ctx}");
+        assert!(
+            matches!(
+                ONE.decompress_into(&blob, &mut small),
+                Err(Error::OutputSize { .. })
+            ),
+            "{ctx}"
+        );
     }
 
     // Streaming decoder: same bytes, CRC of the original.
@@ -96,8 +150,13 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
         for c in (0..n_chunks).rev() {
             let want = &data[c * cb..((c + 1) * cb).min(data.len())];
             let mut got = vec![0xC3u8; want.len()];
-            dec.decode_chunk(c, &mut got, &mut scratch).unwrap_or_else(|e| panic!("{ctx}: chunk {c}: {e}"));
-            assert!(got == want, "{ctx}: chunk {c} differs at byte {:?}", first_diff(&got, want));
+            dec.decode_chunk(c, &mut got, &mut scratch)
+                .unwrap_or_else(|e| panic!("{ctx}: chunk {c}: {e}"));
+            assert!(
+                got == want,
+                "{ctx}: chunk {c} differs at byte {:?}",
+                first_diff(&got, want)
+            );
         }
     }
 
@@ -108,7 +167,10 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
         let per_chunk = (h.chunk_units as u64 * h.planes() as u64) / isz as u64;
         let n_bounds = (ne - 1) / per_chunk; // chunk boundaries strictly inside the tensor
         let step = n_bounds.div_ceil(12).max(1); // at most about a dozen of them
-        for k in (1..=n_bounds).step_by(step as usize).chain([n_bounds].into_iter().filter(|&k| k > 0)) {
+        for k in (1..=n_bounds)
+            .step_by(step as usize)
+            .chain([n_bounds].into_iter().filter(|&k| k > 0))
+        {
             let b = k * per_chunk;
             ranges.push((b - 1, b + 1));
             ranges.push((b, (b + per_chunk).min(ne)));
@@ -129,23 +191,50 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
         let want = &data[s as usize * isz..e as usize * isz];
         let mut got = vec![0x3Cu8; want.len()];
         let eng: &CpuEngine = if s % 2 == 0 { &ONE } else { &TWO };
-        let hr = eng.decompress_range_into(&blob, s, e, &mut got).unwrap_or_else(|err| panic!("{ctx}: range {s}..{e}: {err}"));
+        let hr = eng
+            .decompress_range_into(&blob, s, e, &mut got)
+            .unwrap_or_else(|err| panic!("{ctx}: range {s}..{e}: {err}"));
         assert_eq!(hr, h, "{ctx}");
-        assert!(got == want, "{ctx}: range {s}..{e} differs at byte {:?}", first_diff(&got, want));
+        assert!(
+            got == want,
+            "{ctx}: range {s}..{e} differs at byte {:?}",
+            first_diff(&got, want)
+        );
     }
     let mut buf = vec![0u8; isz];
-    assert!(matches!(ONE.decompress_range_into(&blob, ne, ne + 1, &mut buf), Err(Error::Range { .. })), "{ctx}");
+    assert!(
+        matches!(
+            ONE.decompress_range_into(&blob, ne, ne + 1, &mut buf),
+            Err(Error::Range { .. })
+        ),
+        "{ctx}"
+    );
     if ne >= 2 {
         let mut none: Vec<u8> = Vec::new();
-        assert!(matches!(ONE.decompress_range_into(&blob, 2, 1, &mut none), Err(Error::Range { .. })), "{ctx}");
+        assert!(
+            matches!(
+                ONE.decompress_range_into(&blob, 2, 1, &mut none),
+                Err(Error::Range { .. })
+            ),
+            "{ctx}"
+        );
         let mut wrong = vec![0u8; isz + 1];
-        assert!(matches!(ONE.decompress_range_into(&blob, 0, 1, &mut wrong), Err(Error::OutputSize { .. })), "{ctx}");
+        assert!(
+            matches!(
+                ONE.decompress_range_into(&blob, 0, 1, &mut wrong),
+                Err(Error::OutputSize { .. })
+            ),
+            "{ctx}"
+        );
     }
     blob
 }
 
 fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
-    a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then(|| a.len().min(b.len())))
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
 }
 
 /// Which plane modes and block selectors a blob uses (to show that the tests reach every decode path).
@@ -214,7 +303,11 @@ fn all_distributions_at_boundaries(dtype: DType) -> Coverage {
             cov.add(&blob);
             // Constant data of a few hundred bytes or more must actually be coded.
             if matches!(dist, Dist::Zero | Dist::Constant) && data.len() >= 256 {
-                assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Planes, "{dtype} {dist:?} n={n} was stored");
+                assert_eq!(
+                    peek_header(&blob).unwrap().scheme,
+                    Scheme::Planes,
+                    "{dtype} {dist:?} n={n} was stored"
+                );
             }
         }
     }
@@ -301,21 +394,49 @@ fn every_decode_path_is_reached() {
     for b in 0..64u64 {
         for _ in 0..64 {
             let v = (rng.normal().abs() * 3.0) as u8;
-            data.push(if b % 2 == 0 { v } else { 200u8.wrapping_sub(v.wrapping_mul(7)) });
+            data.push(if b % 2 == 0 {
+                v
+            } else {
+                200u8.wrapping_sub(v.wrapping_mul(7))
+            });
         }
     }
     let n = data.len() as u64;
     all.add(&check(&data, DType::U8, &[n], &opts, 5));
-    let Coverage { stored, planes, raw_plane, const_plane, block_plane, sel_table, sel_raw, sel_const, rans, multi_table, .. } = all;
-    assert!(stored && planes && raw_plane && const_plane && block_plane && sel_table && sel_raw && sel_const && rans && multi_table, "{all:?}");
+    let Coverage {
+        stored,
+        planes,
+        raw_plane,
+        const_plane,
+        block_plane,
+        sel_table,
+        sel_raw,
+        sel_const,
+        rans,
+        multi_table,
+        ..
+    } = all;
+    assert!(
+        stored
+            && planes
+            && raw_plane
+            && const_plane
+            && block_plane
+            && sel_table
+            && sel_raw
+            && sel_const
+            && rans
+            && multi_table,
+        "{all:?}"
+    );
 }
 
 #[test]
 fn odd_shapes_every_dtype() {
     let mut shapes: Vec<Vec<u64>> = vec![
-        vec![],         // 0-d: one element
-        vec![0],        // empty
-        vec![3, 0, 5],  // empty, rank 3
+        vec![],        // 0-d: one element
+        vec![0],       // empty
+        vec![3, 0, 5], // empty, rank 3
         vec![0, 0],
         vec![1],
         vec![1, 1, 1],
@@ -330,7 +451,11 @@ fn odd_shapes_every_dtype() {
     for dtype in DType::ALL {
         for shape in &shapes {
             let n = numel(shape) as usize;
-            for (opts, dist) in [(small_opts(), Dist::Weights), (CompressOptions::default(), Dist::Weights), (small_opts(), Dist::Zero)] {
+            for (opts, dist) in [
+                (small_opts(), Dist::Weights),
+                (CompressOptions::default(), Dist::Weights),
+                (small_opts(), Dist::Zero),
+            ] {
                 let data = make(dtype, n, dist, n as u64);
                 let blob = check(&data, dtype, shape, &opts, 5);
                 if n == 0 {
@@ -348,14 +473,23 @@ fn odd_shapes_every_dtype() {
 fn default_options_multi_chunk_identical_across_threads() {
     let opts = CompressOptions::default();
     let mut cov = Coverage::default();
-    for (dtype, rows, cols) in [(DType::BF16, 160, 1000), (DType::F32, 70, 1001), (DType::F16, 129, 1024)] {
+    for (dtype, rows, cols) in [
+        (DType::BF16, 160, 1000),
+        (DType::F32, 70, 1001),
+        (DType::F16, 129, 1024),
+    ] {
         let data = common::weights(dtype, rows * cols, rows as u64);
         let blob = check(&data, dtype, &[rows as u64, cols as u64], &opts, 6);
         cov.add(&blob);
         let h = peek_header(&blob).unwrap();
         assert_eq!(h.scheme, Scheme::Planes);
         assert!(h.n_chunks() >= 2, "{dtype}: {} chunks", h.n_chunks());
-        assert!(blob.len() < data.len() * 9 / 10, "{dtype}: {} -> {}", data.len(), blob.len());
+        assert!(
+            blob.len() < data.len() * 9 / 10,
+            "{dtype}: {} -> {}",
+            data.len(),
+            blob.len()
+        );
     }
     // Large float tensors code the byte below the exponent conditioned on the exponent.
     assert!(cov.cond_plane && cov.rans && cov.block_plane, "{cov:?}");
@@ -366,7 +500,13 @@ fn default_options_multi_chunk_identical_across_threads() {
 fn constant_tensors_cost_only_their_structure() {
     for dtype in DType::ALL {
         for dist in [Dist::Zero, Dist::Constant] {
-            for opts in [small_opts(), CompressOptions { min_compress_bytes: 0, ..CompressOptions::default() }] {
+            for opts in [
+                small_opts(),
+                CompressOptions {
+                    min_compress_bytes: 0,
+                    ..CompressOptions::default()
+                },
+            ] {
                 let n = 4 * 1024 / dtype.itemsize() + 1; // five chunks under small_opts
                 let data = make(dtype, n, dist, 12);
                 let blob = check(&data, dtype, &[n as u64], &opts, 12);
@@ -392,7 +532,10 @@ fn constant_tensors_cost_only_their_structure() {
 /// A tensor whose size is below `min_compress_bytes` is stored; one just above is coded.
 #[test]
 fn min_compress_bytes_is_honoured() {
-    let opts = CompressOptions { min_compress_bytes: 2048, ..small_opts() };
+    let opts = CompressOptions {
+        min_compress_bytes: 2048,
+        ..small_opts()
+    };
     let data = vec![0u8; 2046];
     let blob = check(&data, DType::BF16, &[1023], &opts, 7);
     assert_eq!(peek_header(&blob).unwrap().scheme, Scheme::Stored);
@@ -405,7 +548,8 @@ fn min_compress_bytes_is_honoured() {
 fn invalid_inputs_and_options_are_rejected() {
     let data = vec![0u8; 64];
     let ok = small_opts();
-    let bad_input = |r: tensorzip::Result<Vec<u8>>| assert!(matches!(r, Err(Error::InvalidInput(_))), "{r:?}");
+    let bad_input =
+        |r: tensorzip::Result<Vec<u8>>| assert!(matches!(r, Err(Error::InvalidInput(_))), "{r:?}");
     bad_input(tensorzip::compress(&data, DType::F32, &[15], &ok));
     bad_input(tensorzip::compress(&data, DType::F32, &[17], &ok));
     bad_input(tensorzip::compress(&data, DType::U8, &[u64::MAX, 2], &ok));
@@ -415,18 +559,54 @@ fn invalid_inputs_and_options_are_rejected() {
         let r = tensorzip::compress(&data, DType::U8, &[64], &o);
         assert!(matches!(r, Err(Error::InvalidOption(_))), "{o:?}: {r:?}");
     };
-    bad_opt(CompressOptions { chunk_bytes: 0, ..ok.clone() });
-    bad_opt(CompressOptions { chunk_bytes: 1020, ..ok.clone() });
-    bad_opt(CompressOptions { chunk_bytes: (16 << 20) + 8, ..ok.clone() });
-    bad_opt(CompressOptions { block_units: 16, ..ok.clone() });
-    bad_opt(CompressOptions { block_units: 96, ..ok.clone() });
-    bad_opt(CompressOptions { block_units: 131072, ..ok.clone() });
-    bad_opt(CompressOptions { passthrough_threshold: 0.0, ..ok.clone() });
-    bad_opt(CompressOptions { passthrough_threshold: 1.01, ..ok.clone() });
-    bad_opt(CompressOptions { passthrough_threshold: f64::NAN, ..ok.clone() });
-    bad_opt(CompressOptions { max_tables: 0, ..ok.clone() });
-    bad_opt(CompressOptions { max_tables: 65, ..ok.clone() });
-    bad_opt(CompressOptions { sample_blocks: 0, ..ok.clone() });
+    bad_opt(CompressOptions {
+        chunk_bytes: 0,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        chunk_bytes: 1020,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        chunk_bytes: (16 << 20) + 8,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        block_units: 16,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        block_units: 96,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        block_units: 131072,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        passthrough_threshold: 0.0,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        passthrough_threshold: 1.01,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        passthrough_threshold: f64::NAN,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        max_tables: 0,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        max_tables: 65,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        sample_blocks: 0,
+        ..ok.clone()
+    });
 }
 
 /// Re-runs some of these tests in a child process with `TENSORZIP_NO_SIMD=1`, so the portable decoder
@@ -439,12 +619,25 @@ fn scalar_decoder_agrees() {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
         .env("TENSORZIP_NO_SIMD", "1")
-        .args(["--test-threads", "2", "boundaries_bf16", "boundaries_f32", "default_options_multi_chunk"])
+        .args([
+            "--test-threads",
+            "2",
+            "boundaries_bf16",
+            "boundaries_f32",
+            "default_options_multi_chunk",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "scalar run failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("3 passed"), "expected 3 tests to run in the child:\n{stdout}");
+    assert!(
+        out.status.success(),
+        "scalar run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("3 passed"),
+        "expected 3 tests to run in the child:\n{stdout}"
+    );
 }
 
 // ---- property-based ----
@@ -468,17 +661,26 @@ fn shape_strategy() -> impl Strategy<Value = Vec<u64>> {
 }
 
 fn opts_strategy() -> impl Strategy<Value = CompressOptions> {
-    (1usize..=512, 5u32..=10, 1u32..=1000, 1usize..=8, prop_oneof![Just(0usize), 0usize..4096], 1usize..=64, any::<bool>()).prop_map(
-        |(c8, bu_log, thr, tables, min, samples, condition)| CompressOptions {
-            chunk_bytes: 8 * c8,
-            block_units: 1 << bu_log,
-            passthrough_threshold: thr as f64 / 1000.0,
-            max_tables: tables,
-            min_compress_bytes: min,
-            sample_blocks: samples,
-            condition,
-        },
+    (
+        1usize..=512,
+        5u32..=10,
+        1u32..=1000,
+        1usize..=8,
+        prop_oneof![Just(0usize), 0usize..4096],
+        1usize..=64,
+        any::<bool>(),
     )
+        .prop_map(
+            |(c8, bu_log, thr, tables, min, samples, condition)| CompressOptions {
+                chunk_bytes: 8 * c8,
+                block_units: 1 << bu_log,
+                passthrough_threshold: thr as f64 / 1000.0,
+                max_tables: tables,
+                min_compress_bytes: min,
+                sample_blocks: samples,
+                condition,
+            },
+        )
 }
 
 proptest! {

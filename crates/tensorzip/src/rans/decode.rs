@@ -37,7 +37,10 @@ impl<'a> Decoder<'a> {
     /// Starts decoding `stream` (states, then words).
     pub fn new(stream: &'a [u8]) -> Result<Self> {
         if stream.len() < STATE_BYTES || (stream.len() - STATE_BYTES) % 2 != 0 {
-            return corrupt(format!("rANS stream of {} bytes (need 128 + an even number)", stream.len()));
+            return corrupt(format!(
+                "rANS stream of {} bytes (need 128 + an even number)",
+                stream.len()
+            ));
         }
         let mut x = [0u32; LANES];
         for (l, xl) in x.iter_mut().enumerate() {
@@ -46,7 +49,12 @@ impl<'a> Decoder<'a> {
                 return corrupt("rANS state below 2^16");
             }
         }
-        Ok(Decoder { x, words: &stream[STATE_BYTES..], pos: 0, used: false })
+        Ok(Decoder {
+            x,
+            words: &stream[STATE_BYTES..],
+            pos: 0,
+            used: false,
+        })
     }
 
     /// Decodes one block: `len` symbols of every segment (each `out` holds at least `len` bytes).
@@ -80,7 +88,9 @@ impl<'a> Decoder<'a> {
         {
             if crate::cpu::has_avx2() && segs_a.len() == segs_b.len() {
                 // SAFETY: AVX2 support was checked at run time just above.
-                done = unsafe { avx2_rounds::<2>([&mut *a, &mut *b], [&mut *segs_a, &mut *segs_b], len) };
+                done = unsafe {
+                    avx2_rounds::<2>([&mut *a, &mut *b], [&mut *segs_a, &mut *segs_b], len)
+                };
             }
         }
         a.decode_block_scalar(segs_a, len, done)?;
@@ -88,7 +98,12 @@ impl<'a> Decoder<'a> {
     }
 
     /// Portable decoder, from step `first_round` on.
-    fn decode_block_scalar(&mut self, segs: &mut [DecodeSegment<'_, '_>], len: usize, first_round: usize) -> Result<()> {
+    fn decode_block_scalar(
+        &mut self,
+        segs: &mut [DecodeSegment<'_, '_>],
+        len: usize,
+        first_round: usize,
+    ) -> Result<()> {
         let rounds = len.div_ceil(LANES);
         for r in first_round..rounds {
             let base = r * LANES;
@@ -121,7 +136,10 @@ impl<'a> Decoder<'a> {
             return corrupt("rANS stream where no symbol is coded");
         }
         if self.pos != self.words.len() {
-            return corrupt(format!("rANS stream has {} unread bytes", self.words.len() - self.pos));
+            return corrupt(format!(
+                "rANS stream has {} unread bytes",
+                self.words.len() - self.pos
+            ));
         }
         let mut stash = [0u8; MAX_STASH];
         for (l, &x) in self.x.iter().enumerate() {
@@ -146,7 +164,10 @@ impl<'a> Decoder<'a> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn lookup(table: &DecodeTable, slots: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+unsafe fn lookup(
+    table: &DecodeTable,
+    slots: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
     let lo = _mm256_castsi256_si128(slots);
     let hi = _mm256_extracti128_si256::<1>(slots);
@@ -156,7 +177,16 @@ unsafe fn lookup(table: &DecodeTable, slots: std::arch::x86_64::__m256i) -> std:
     let q3 = _mm_extract_epi64::<1>(hi) as u64;
     // SAFETY: the caller guarantees every slot is below the table's length.
     let t = |i: u64| unsafe { *table.get_unchecked((i & 0xFFFF_FFFF) as usize) as i32 };
-    _mm256_setr_epi32(t(q0), t(q0 >> 32), t(q1), t(q1 >> 32), t(q2), t(q2 >> 32), t(q3), t(q3 >> 32))
+    _mm256_setr_epi32(
+        t(q0),
+        t(q0 >> 32),
+        t(q1),
+        t(q1 >> 32),
+        t(q2),
+        t(q2 >> 32),
+        t(q3),
+        t(q3 >> 32),
+    )
 }
 
 /// AVX2 decoding of the full steps of a block for `N` independent streams at once: 32 lanes per stream
@@ -201,8 +231,8 @@ unsafe fn avx2_rounds<'w, 't, 'o, const N: usize>(
         let fmask = _mm256_set1_epi32(0xFFF);
         let zero = _mm256_setzero_si256();
         let bytesel = _mm256_setr_epi8(
-            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-            -1, -1, -1,
+            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1,
+            -1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
         while r < full_rounds && (0..N).all(|s| wlen[s] - pos[s] >= need_bytes) {
@@ -213,7 +243,10 @@ unsafe fn avx2_rounds<'w, 't, 'o, const N: usize>(
                         let xv = x[s][v];
                         let e = lookup(seg.table, _mm256_and_si256(xv, mask));
                         let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), fmask);
-                        let nx = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(xv)), _mm256_srli_epi32::<20>(e));
+                        let nx = _mm256_add_epi32(
+                            _mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(xv)),
+                            _mm256_srli_epi32::<20>(e),
+                        );
                         // Symbols: the low byte of each entry; 8 bytes for these 8 lanes.
                         let sy = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, bytesel), join);
                         let out = segs[s][k].out.as_mut_ptr().add(r * LANES + 8 * v);
@@ -221,7 +254,9 @@ unsafe fn avx2_rounds<'w, 't, 'o, const N: usize>(
                         // Lanes whose state fell below 2^16 read one word each, in lane order.
                         let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(nx), zero);
                         let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-                        let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(words[s].add(pos[s]) as *const __m128i));
+                        let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                            words[s].add(pos[s]) as *const __m128i
+                        ));
                         let idx = _mm256_loadu_si256(perm.as_ptr().add(m) as *const __m256i);
                         let w = _mm256_permutevar8x32_epi32(w, idx);
                         let refilled = _mm256_or_si256(_mm256_slli_epi32::<16>(nx), w);

@@ -35,8 +35,22 @@ pub struct EncoderScratch {
 /// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then each sub sequence,
 /// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
 /// in its table.
-pub fn encode_stream(blocks: &[BlockJob<'_>], stash: &[u8], scratch: &mut EncoderScratch, out: &mut Vec<u8>) {
-    let total: usize = blocks.iter().map(|b| b.main.iter().chain(&b.sub).map(|s| s.syms.len()).sum::<usize>()).sum();
+pub fn encode_stream(
+    blocks: &[BlockJob<'_>],
+    stash: &[u8],
+    scratch: &mut EncoderScratch,
+    out: &mut Vec<u8>,
+) {
+    let total: usize = blocks
+        .iter()
+        .map(|b| {
+            b.main
+                .iter()
+                .chain(&b.sub)
+                .map(|s| s.syms.len())
+                .sum::<usize>()
+        })
+        .sum();
     let words = &mut scratch.words;
     words.clear();
     // Full steps store 8 words per vector of 8 lanes even when fewer are kept: leave slack.
@@ -57,13 +71,21 @@ pub fn encode_stream(blocks: &[BlockJob<'_>], stash: &[u8], scratch: &mut Encode
         o.copy_from_slice(&xl.to_le_bytes());
     }
     // The words were emitted backwards: the stream holds them in reverse emission order.
-    for (o, w) in out[start + LANES * 4..].chunks_exact_mut(2).zip(words[..pos].iter().rev()) {
+    for (o, w) in out[start + LANES * 4..]
+        .chunks_exact_mut(2)
+        .zip(words[..pos].iter().rev())
+    {
         o.copy_from_slice(&w.to_le_bytes());
     }
 }
 
 /// Encodes a group of equally long sequences decoded step by step together.
-fn encode_group(x: &mut [u32; LANES], group: &[Seq<'_>], words: &mut [u16], mut pos: usize) -> usize {
+fn encode_group(
+    x: &mut [u32; LANES],
+    group: &[Seq<'_>],
+    words: &mut [u16],
+    mut pos: usize,
+) -> usize {
     let len = group[0].syms.len();
     let full = len / LANES;
     if len % LANES != 0 {
@@ -88,7 +110,14 @@ fn encode_group(x: &mut [u32; LANES], group: &[Seq<'_>], words: &mut [u16], mut 
 }
 
 /// Scalar encoding of symbols `from..to` of one step of `seq` (lanes from high to low).
-fn encode_scalar(x: &mut [u32; LANES], seq: &Seq<'_>, from: usize, to: usize, words: &mut [u16], mut pos: usize) -> usize {
+fn encode_scalar(
+    x: &mut [u32; LANES],
+    seq: &Seq<'_>,
+    from: usize,
+    to: usize,
+    words: &mut [u16],
+    mut pos: usize,
+) -> usize {
     for k in (from..to).rev() {
         let l = k - from;
         let s = &seq.scalar[seq.syms[k] as usize];
@@ -113,20 +142,32 @@ fn encode_scalar(x: &mut [u32; LANES], seq: &Seq<'_>, from: usize, to: usize, wo
 /// AVX2 required; `words` must have room for `pos` plus every symbol of these steps plus 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn avx2_full_rounds(x: &mut [u32; LANES], group: &[Seq<'_>], full: usize, words: &mut [u16], mut pos: usize) -> usize {
+unsafe fn avx2_full_rounds(
+    x: &mut [u32; LANES],
+    group: &[Seq<'_>],
+    full: usize,
+    words: &mut [u16],
+    mut pos: usize,
+) -> usize {
     use std::arch::x86_64::*;
     let lut = crate::cpu::emit_shuffles();
     // SAFETY: symbols are read inside full steps of the sequence (k0 + 8 <= full * 32 <= len), and
     // stores of 16 bytes at `pos` stay inside `words` (guaranteed by the caller).
     unsafe {
         let xp = x.as_mut_ptr() as *mut __m256i;
-        let mut xv = [_mm256_loadu_si256(xp), _mm256_loadu_si256(xp.add(1)), _mm256_loadu_si256(xp.add(2)), _mm256_loadu_si256(xp.add(3))];
+        let mut xv = [
+            _mm256_loadu_si256(xp),
+            _mm256_loadu_si256(xp.add(1)),
+            _mm256_loadu_si256(xp.add(2)),
+            _mm256_loadu_si256(xp.add(3)),
+        ];
         let m12 = _mm256_set1_epi32(0xFFF);
         let scale = _mm256_set1_epi32(PROB_SCALE as i32);
         let one = _mm256_set1_epi32(1);
         // Low 16 bits of each lane, lanes in descending order, in the low 8 bytes of each half.
         let rev16 = _mm256_setr_epi8(
-            12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1, 12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1,
+            12, 13, 8, 9, 4, 5, 0, 1, -1, -1, -1, -1, -1, -1, -1, -1, 12, 13, 8, 9, 4, 5, 0, 1, -1,
+            -1, -1, -1, -1, -1, -1, -1,
         );
         let wp = words.as_mut_ptr();
         for r in (0..full).rev() {
@@ -139,8 +180,14 @@ unsafe fn avx2_full_rounds(x: &mut [u32; LANES], group: &[Seq<'_>], full: usize,
                     }
                     let a = _mm256_loadu_si256(t.as_ptr() as *const __m256i);
                     let b = _mm256_loadu_si256(t.as_ptr().add(4) as *const __m256i);
-                    let lo = _mm256_castps_si256(_mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b)));
-                    let hi = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b)));
+                    let lo = _mm256_castps_si256(_mm256_shuffle_ps::<0b10_00_10_00>(
+                        _mm256_castsi256_ps(a),
+                        _mm256_castsi256_ps(b),
+                    ));
+                    let hi = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(
+                        _mm256_castsi256_ps(a),
+                        _mm256_castsi256_ps(b),
+                    ));
                     let fc = _mm256_permute4x64_epi64::<0b11_01_10_00>(lo);
                     let rcp = _mm256_permute4x64_epi64::<0b11_01_10_00>(hi);
                     let freq = _mm256_and_si256(fc, m12);
@@ -152,19 +199,27 @@ unsafe fn avx2_full_rounds(x: &mut [u32; LANES], group: &[Seq<'_>], full: usize,
                     let m = _mm256_movemask_ps(_mm256_castsi256_ps(emit)) as usize;
                     let w = _mm256_shuffle_epi8(x0, rev16);
                     // Lanes 7..4 (high half) come before lanes 3..0.
-                    let w = _mm_unpacklo_epi64(_mm256_extracti128_si256::<1>(w), _mm256_castsi256_si128(w));
-                    let w = _mm_shuffle_epi8(w, _mm_loadu_si128(lut.as_ptr().add(m) as *const __m128i));
+                    let w = _mm_unpacklo_epi64(
+                        _mm256_extracti128_si256::<1>(w),
+                        _mm256_castsi256_si128(w),
+                    );
+                    let w =
+                        _mm_shuffle_epi8(w, _mm_loadu_si128(lut.as_ptr().add(m) as *const __m128i));
                     _mm_storeu_si128(wp.add(pos) as *mut __m128i, w);
                     pos += m.count_ones() as usize;
                     let x1 = _mm256_blendv_epi8(x0, _mm256_srli_epi32::<16>(x0), emit);
                     // q = x / freq: high half of x * R, then one correction.
                     let even = _mm256_srli_epi64::<32>(_mm256_mul_epu32(x1, rcp));
-                    let odd = _mm256_mul_epu32(_mm256_srli_epi64::<32>(x1), _mm256_srli_epi64::<32>(rcp));
+                    let odd =
+                        _mm256_mul_epu32(_mm256_srli_epi64::<32>(x1), _mm256_srli_epi64::<32>(rcp));
                     let q = _mm256_blend_epi32::<0b1010_1010>(even, odd);
                     let rem = _mm256_sub_epi32(x1, _mm256_mullo_epi32(q, freq));
                     let fix = _mm256_cmpgt_epi32(rem, _mm256_sub_epi32(freq, one));
                     let q = _mm256_sub_epi32(q, fix);
-                    xv[v] = _mm256_add_epi32(_mm256_add_epi32(x1, cum), _mm256_mullo_epi32(q, _mm256_sub_epi32(scale, freq)));
+                    xv[v] = _mm256_add_epi32(
+                        _mm256_add_epi32(x1, cum),
+                        _mm256_mullo_epi32(q, _mm256_sub_epi32(scale, freq)),
+                    );
                 }
             }
         }

@@ -18,7 +18,11 @@ pub fn log2_q16(v: u64) -> u64 {
     debug_assert!(v >= 1);
     let ip = 63 - v.leading_zeros() as u64;
     // Mantissa in [2^62, 2^63) stands for [1, 2).
-    let mut m: u128 = if ip <= 62 { (v as u128) << (62 - ip) } else { (v as u128) >> 1 };
+    let mut m: u128 = if ip <= 62 {
+        (v as u128) << (62 - ip)
+    } else {
+        (v as u128) >> 1
+    };
     let mut frac = 0u64;
     for i in (0..FRAC_BITS).rev() {
         m = (m * m) >> 62;
@@ -67,7 +71,10 @@ mod tests {
         for v in [3u64, 5, 7, 1000, 4095, 65535, 123_456_789, u64::MAX] {
             let exact = (v as f64).log2() * 65536.0;
             let got = log2_q16(v) as f64;
-            assert!(got <= exact + 1e-6 && exact - got < 2.0, "v={v} got={got} exact={exact}");
+            assert!(
+                got <= exact + 1e-6 && exact - got < 2.0,
+                "v={v} got={got} exact={exact}"
+            );
         }
         let cl = code_len_table();
         assert_eq!(cl[4096], 0);

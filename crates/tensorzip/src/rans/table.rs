@@ -70,7 +70,10 @@ pub struct FreqTable {
 
 impl std::fmt::Debug for FreqTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let nz: Vec<(u8, u16)> = (0..256).filter(|&s| self.freq[s] > 0).map(|s| (s as u8, self.freq[s])).collect();
+        let nz: Vec<(u8, u16)> = (0..256)
+            .filter(|&s| self.freq[s] > 0)
+            .map(|s| (s as u8, self.freq[s]))
+            .collect();
         f.debug_struct("FreqTable").field("freq", &nz).finish()
     }
 }
@@ -161,7 +164,12 @@ impl FreqTable {
             return None;
         }
         freq[a] = (PROB_SCALE - sum) as u16;
-        Some(FreqTable { freq, codes, lo, hi })
+        Some(FreqTable {
+            freq,
+            codes,
+            lo,
+            hi,
+        })
     }
 
     /// Bytes of the serialised table.
@@ -197,7 +205,9 @@ impl FreqTable {
         codes[lo as usize..=hi as usize].copy_from_slice(body);
         match Self::from_codes(codes) {
             Some(t) => Ok((t, len)),
-            None => corrupt("frequency table has invalid codes, no single anchor, or frequencies over 4096"),
+            None => corrupt(
+                "frequency table has invalid codes, no single anchor, or frequencies over 4096",
+            ),
         }
     }
 
@@ -227,7 +237,10 @@ impl FreqTable {
     /// Like [`FreqTable::cost`] over a sparse histogram (symbol, count).
     pub fn cost_sparse(&self, sparse: &[(u8, u32)]) -> u64 {
         let cl = code_len_table();
-        sparse.iter().map(|&(s, h)| h as u64 * cl[self.freq[s as usize] as usize]).sum()
+        sparse
+            .iter()
+            .map(|&(s, h)| h as u64 * cl[self.freq[s as usize] as usize])
+            .sum()
     }
 
     /// Whether every symbol with a non-zero count has a non-zero frequency.
@@ -265,12 +278,23 @@ impl FreqTable {
     /// The encoder's per-symbol constants. Only for tables of two or more symbols.
     pub fn encode_table(&self) -> Box<EncTable> {
         let cum = self.cumulative();
-        let mut t = Box::new(EncTable { syms: [EncSymbol::default(); 256], packed: [0; 256] });
+        let mut t = Box::new(EncTable {
+            syms: [EncSymbol::default(); 256],
+            packed: [0; 256],
+        });
         for s in 0..256 {
             let f = self.freq[s] as u32;
             if f != 0 {
-                t.syms[s] = EncSymbol { inv: 1.0 / f as f64, freq: f, cum: cum[s] };
-                let r = if f == 1 { u32::MAX as u64 } else { (1u64 << 32) / f as u64 };
+                t.syms[s] = EncSymbol {
+                    inv: 1.0 / f as f64,
+                    freq: f,
+                    cum: cum[s],
+                };
+                let r = if f == 1 {
+                    u32::MAX as u64
+                } else {
+                    (1u64 << 32) / f as u64
+                };
                 t.packed[s] = f as u64 | (cum[s] as u64) << 16 | r << 32;
             }
         }
@@ -330,7 +354,11 @@ mod tests {
         for q in 1..PROB_SCALE {
             let c = nearest_code(q);
             let f = code_to_freq(c).unwrap();
-            let best = values.iter().map(|&v| (v as i64 - q as i64).abs()).min().unwrap();
+            let best = values
+                .iter()
+                .map(|&v| (v as i64 - q as i64).abs())
+                .min()
+                .unwrap();
             assert_eq!((f as i64 - q as i64).abs(), best, "q={q}");
         }
         // Codes are monotone, so stepping a code down lowers the frequency.
@@ -395,7 +423,7 @@ mod tests {
         assert!(FreqTable::parse(&[5, 7, 255, 0, 0]).is_err()); // hi absent
         assert!(FreqTable::parse(&[5, 6, 255, 208]).is_err()); // invalid code
         assert!(FreqTable::parse(&[0, 1, 207, 207]).is_err()); // 3968 + anchor is fine, but
-        // two 3968s exceed the scale:
+                                                               // two 3968s exceed the scale:
         assert!(FreqTable::parse(&[0, 2, 207, 207, 255]).is_err());
         assert!(FreqTable::parse(&[9, 9, 255]).unwrap().0.is_single());
     }
@@ -415,7 +443,11 @@ mod tests {
             let r = e.packed[s] >> 32;
             let reciprocal_div = |v: u32| {
                 let q = ((v as u64 * r) >> 32) as u32;
-                if v - q * f >= f { q + 1 } else { q }
+                if v - q * f >= f {
+                    q + 1
+                } else {
+                    q
+                }
             };
             // Every multiple of f and its neighbours up to the top of the range, for this f.
             for q in (0..(1u32 << 20)).step_by(97) {
@@ -429,7 +461,18 @@ mod tests {
             for k in 0..2000u32 {
                 x = x.wrapping_mul(747_796_405).wrapping_add(2_891_336_453 ^ k);
                 let top = (f << 20) - 1; // largest state the encoder divides
-                let xs = [x % (f << 20), top, top - 1, 0, 1, f, f - 1, f + 1, (top / f) * f, (top / f) * f - 1];
+                let xs = [
+                    x % (f << 20),
+                    top,
+                    top - 1,
+                    0,
+                    1,
+                    f,
+                    f - 1,
+                    f + 1,
+                    (top / f) * f,
+                    (top / f) * f - 1,
+                ];
                 for &v in &xs {
                     assert_eq!(es.div(v), v / f, "v={v} f={f}");
                     assert_eq!(reciprocal_div(v), v / f, "v={v} f={f}");

@@ -6,7 +6,12 @@ use tensorzip::{CompressOptions, DType};
 
 /// Small options under which chunk and block boundaries are cheap to hit.
 pub fn small_opts() -> CompressOptions {
-    CompressOptions { chunk_bytes: 1024, block_units: 64, min_compress_bytes: 0, ..Default::default() }
+    CompressOptions {
+        chunk_bytes: 1024,
+        block_units: 64,
+        min_compress_bytes: 0,
+        ..Default::default()
+    }
 }
 
 /// How the values of a test tensor are drawn.
@@ -29,7 +34,15 @@ pub enum Dist {
 }
 
 impl Dist {
-    pub const ALL: [Dist; 7] = [Dist::Weights, Dist::Constant, Dist::Zero, Dist::Random, Dist::Outlier, Dist::NanInf, Dist::Subnormal];
+    pub const ALL: [Dist; 7] = [
+        Dist::Weights,
+        Dist::Constant,
+        Dist::Zero,
+        Dist::Random,
+        Dist::Outlier,
+        Dist::NanInf,
+        Dist::Subnormal,
+    ];
 }
 
 /// Gaussian-ish weights of `n` elements of `dtype`, as little-endian bytes.
@@ -75,7 +88,15 @@ fn specials(dtype: DType) -> Vec<Vec<u8>> {
     let v: Vec<u64> = match dtype {
         DType::F16 => vec![0x7E00, 0x7C01, 0xFE00, 0x7C00, 0xFC00, 0x8000, 0x7BFF],
         DType::BF16 => vec![0x7FC0, 0x7F81, 0xFFC0, 0x7F80, 0xFF80, 0x8000, 0x7F7F],
-        DType::F32 | DType::Complex64 => vec![0x7FC0_0000, 0x7F80_0001, 0xFFC0_0000, 0x7F80_0000, 0xFF80_0000, 0x8000_0000, 0x7F7F_FFFF],
+        DType::F32 | DType::Complex64 => vec![
+            0x7FC0_0000,
+            0x7F80_0001,
+            0xFFC0_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x8000_0000,
+            0x7F7F_FFFF,
+        ],
         DType::F64 => vec![
             0x7FF8_0000_0000_0000,
             0x7FF0_0000_0000_0001,
@@ -92,12 +113,18 @@ fn specials(dtype: DType) -> Vec<Vec<u8>> {
         // Integers: min, max, -1, 0.
         _ => {
             let bits = 8 * dtype.itemsize() as u32;
-            let max = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            let max = if bits == 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            };
             vec![1u64 << (bits - 1), max >> 1, max, 0]
         }
     };
     let usz = dtype.unit_size();
-    v.into_iter().map(|x| x.to_le_bytes()[..usz].to_vec()).collect()
+    v.into_iter()
+        .map(|x| x.to_le_bytes()[..usz].to_vec())
+        .collect()
 }
 
 /// A subnormal (or tiny) random unit of `dtype`.
@@ -114,7 +141,17 @@ fn subnormal_unit(dtype: DType, r: &mut Rng) -> Vec<u8> {
         other => (0x8000_0000_0000_0007, other.itemsize()),
     };
     let mut v = x & mask;
-    if matches!(dtype, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::U32 | DType::I32 | DType::U64 | DType::I64) {
+    if matches!(
+        dtype,
+        DType::U8
+            | DType::I8
+            | DType::U16
+            | DType::I16
+            | DType::U32
+            | DType::I32
+            | DType::U64
+            | DType::I64
+    ) {
         v &= 7; // tiny integers
     }
     v.to_le_bytes()[..usz].to_vec()
@@ -181,7 +218,20 @@ pub fn make(dtype: DType, n: usize, dist: Dist, seed: u64) -> Vec<u8> {
 /// non-multiples of the 32 lanes and of the 64-unit blocks, one chunk +-1 element, several chunks.
 pub fn boundary_counts(dtype: DType) -> Vec<usize> {
     let per_chunk = 1024 / dtype.itemsize();
-    let mut v = vec![1, 2, 31, 33, 63, 65, 97, per_chunk - 1, per_chunk, per_chunk + 1, 2 * per_chunk - 1, 2 * per_chunk + 1];
+    let mut v = vec![
+        1,
+        2,
+        31,
+        33,
+        63,
+        65,
+        97,
+        per_chunk - 1,
+        per_chunk,
+        per_chunk + 1,
+        2 * per_chunk - 1,
+        2 * per_chunk + 1,
+    ];
     v.push(5 * per_chunk + per_chunk / 2 + 3);
     v.sort_unstable();
     v.dedup();
