@@ -535,7 +535,7 @@ impl<'a> Archive<'a> {
         self.check_blob(i)?;
         let s = &self.segments[i];
         // A full parse (directory included) bounds the length by what the blob can hold.
-        let h = crate::blob::BlobView::parse(self.blob(i))?.header;
+        let h = crate::blob::BlobView::parse(self.blob(i))?.layout.header;
         if h.nbytes() != s.orig_len {
             return corrupt(format!(
                 "segment {i} decodes to {} bytes, not {}",

@@ -270,25 +270,32 @@ impl ChunkEntry {
     }
 }
 
-/// A validated view of a blob.
-pub struct BlobView<'a> {
+/// The validated layout of a blob: header, tables and directory, parsed from the blob's prefix and
+/// its total length (the payloads themselves may live elsewhere, e.g. in GPU memory).
+#[derive(Debug, Clone)]
+pub struct BlobLayout {
     pub header: BlobHeader,
     /// Frequency tables of each plane.
     pub tables: Vec<Vec<FreqTable>>,
     /// The conditional table of each plane, if any: units whose condition byte equals the value are
     /// coded with the table.
     pub cond: Vec<Option<(u8, FreqTable)>>,
-    dir: &'a [u8],
-    /// Offset of each chunk's payload in `data`, plus the end (`n_chunks + 1` values).
-    offsets: Vec<usize>,
-    data: &'a [u8],
+    /// The directory (validated entry by entry).
+    pub entries: Vec<ChunkEntry>,
+    /// Offset of each chunk's payload in the blob, plus the end (`n_chunks + 1` values).
+    pub offsets: Vec<usize>,
     /// Offset of the first payload byte (Stored: of the raw data).
-    payload_start: usize,
+    pub payload_start: usize,
+    /// Bytes of the whole blob.
+    pub total_len: usize,
 }
 
-impl<'a> BlobView<'a> {
-    /// Parses and validates the header, tables and directory of `data`, which must be exactly one blob.
-    pub fn parse(data: &'a [u8]) -> Result<BlobView<'a>> {
+impl BlobLayout {
+    /// Parses and validates the header, tables and directory from `prefix`, the first bytes of a blob
+    /// of `total_len` bytes. `Error::Truncated` if `prefix` ends before the directory does (when it is
+    /// shorter than `total_len`, a longer prefix may succeed).
+    pub fn parse(prefix: &[u8], total_len: usize) -> Result<BlobLayout> {
+        let data = &prefix[..prefix.len().min(total_len)];
         let (header, mut pos) = BlobHeader::parse(data)?;
         let nbytes = header.nbytes() as usize;
         match header.scheme {
@@ -296,27 +303,27 @@ impl<'a> BlobView<'a> {
                 let end = pos
                     .checked_add(nbytes)
                     .ok_or_else(|| Error::Corrupt("size overflows".into()))?;
-                if data.len() < end {
+                if total_len < end {
                     return truncated(format!(
                         "stored blob holds {} of {} data bytes",
-                        data.len() - pos,
+                        total_len - pos,
                         nbytes
                     ));
                 }
-                if data.len() > end {
+                if total_len > end {
                     return corrupt(format!(
                         "{} bytes after the end of the blob",
-                        data.len() - end
+                        total_len - end
                     ));
                 }
-                Ok(BlobView {
+                Ok(BlobLayout {
                     header,
                     tables: Vec::new(),
                     cond: Vec::new(),
-                    dir: &[],
+                    entries: Vec::new(),
                     offsets: Vec::new(),
-                    data,
                     payload_start: pos,
+                    total_len,
                 })
             }
             Scheme::Planes => {
@@ -375,43 +382,59 @@ impl<'a> BlobView<'a> {
                 }
                 let n_chunks = header.n_chunks();
                 let entry = header.dir_entry_len() as u64;
+                // The directory must fit in the blob (this bounds every allocation by its length)...
                 let dir_len = n_chunks
                     .checked_mul(entry)
-                    .filter(|&l| l <= (data.len() - pos) as u64);
+                    .filter(|&l| l <= (total_len - pos.min(total_len)) as u64);
                 let Some(dir_len) = dir_len else {
                     return truncated(format!("chunk directory of {n_chunks} chunks"));
                 };
-                let dir = &data[pos..pos + dir_len as usize];
+                // ... and be in the prefix.
+                let Some(dir) = data.get(pos..pos + dir_len as usize) else {
+                    return truncated(format!(
+                        "chunk directory of {n_chunks} chunks (prefix of {} bytes)",
+                        data.len()
+                    ));
+                };
                 pos += dir_len as usize;
+                let mut entries = Vec::with_capacity(n_chunks as usize);
                 let mut offsets = Vec::with_capacity(n_chunks as usize + 1);
                 let mut off = pos;
                 offsets.push(off);
-                for c in 0..n_chunks as usize {
-                    let len = u32::from_le_bytes(
-                        dir[c * entry as usize..c * entry as usize + 4]
-                            .try_into()
-                            .unwrap(),
-                    );
+                for (c, raw) in dir.chunks_exact(entry as usize).enumerate() {
+                    let e = ChunkEntry::parse(raw, planes)?;
+                    for p in 0..planes {
+                        if e.modes[p] == PlaneMode::Cond && cond[p].is_none() {
+                            return corrupt(format!("chunk {c} plane {p} is conditioned but the plane has no conditional table"));
+                        }
+                    }
+                    if e.rans_len != 0 && (e.rans_len < 128 || e.rans_len % 2 != 0) {
+                        return corrupt(format!(
+                            "chunk {c}: rANS stream of {} bytes (need 0, or 128 + an even number)",
+                            e.rans_len
+                        ));
+                    }
                     off = off
-                        .checked_add(len as usize)
-                        .filter(|&o| o <= data.len())
+                        .checked_add(e.payload_len as usize)
+                        .filter(|&o| o <= total_len)
                         .ok_or_else(|| Error::Truncated(format!("payload of chunk {c}")))?;
                     offsets.push(off);
+                    entries.push(e);
                 }
-                if off != data.len() {
+                if off != total_len {
                     return corrupt(format!(
                         "{} bytes after the end of the blob",
-                        data.len() - off
+                        total_len - off
                     ));
                 }
-                Ok(BlobView {
+                Ok(BlobLayout {
                     header,
                     tables,
                     cond,
-                    dir,
+                    entries,
                     offsets,
-                    data,
                     payload_start: pos,
+                    total_len,
                 })
             }
         }
@@ -419,26 +442,50 @@ impl<'a> BlobView<'a> {
 
     /// The directory entry of chunk `c`.
     pub fn entry(&self, c: usize) -> Result<ChunkEntry> {
-        let e = self.header.dir_entry_len();
-        let entry = ChunkEntry::parse(&self.dir[c * e..(c + 1) * e], self.header.planes())?;
-        for p in 0..self.header.planes() {
-            if entry.modes[p] == PlaneMode::Cond && self.cond[p].is_none() {
-                return corrupt(format!(
-                    "chunk {c} plane {p} is conditioned but the plane has no conditional tables"
-                ));
-            }
-        }
-        Ok(entry)
+        Ok(self.entries[c])
+    }
+
+    /// The byte range of chunk `c`'s payload in the blob.
+    pub fn payload_range(&self, c: usize) -> std::ops::Range<usize> {
+        self.offsets[c]..self.offsets[c + 1]
+    }
+
+    /// Bytes of the header, tables and directory (everything but payloads).
+    pub fn overhead_len(&self) -> usize {
+        self.payload_start
+    }
+}
+
+/// A validated blob: its layout and its bytes.
+pub struct BlobView<'a> {
+    pub layout: BlobLayout,
+    data: &'a [u8],
+}
+
+impl std::ops::Deref for BlobView<'_> {
+    type Target = BlobLayout;
+    fn deref(&self) -> &BlobLayout {
+        &self.layout
+    }
+}
+
+impl<'a> BlobView<'a> {
+    /// Parses and validates the header, tables and directory of `data`, which must be exactly one blob.
+    pub fn parse(data: &'a [u8]) -> Result<BlobView<'a>> {
+        Ok(BlobView {
+            layout: BlobLayout::parse(data, data.len())?,
+            data,
+        })
     }
 
     /// The payload of chunk `c`.
     pub fn payload(&self, c: usize) -> &'a [u8] {
-        &self.data[self.offsets[c]..self.offsets[c + 1]]
+        &self.data[self.layout.payload_range(c)]
     }
 
     /// The raw data of a stored blob.
     pub fn stored_data(&self) -> &'a [u8] {
-        &self.data[self.payload_start..]
+        &self.data[self.layout.payload_start..]
     }
 
     /// Bytes of the whole blob.
@@ -449,11 +496,6 @@ impl<'a> BlobView<'a> {
     /// Whether the blob is empty (never: a blob has at least a header).
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
-    }
-
-    /// Bytes of the header, tables and directory (everything but payloads).
-    pub fn overhead_len(&self) -> usize {
-        self.payload_start
     }
 }
 
