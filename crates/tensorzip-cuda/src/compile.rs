@@ -1,0 +1,126 @@
+//! Kernels are `.cu` sources compiled at run time with NVRTC, straight to a cubin for the device's
+//! architecture (sm_90 on Hopper), once per process, and cached on disk keyed by the source, the
+//! architecture and the driver and NVRTC versions.
+
+use std::path::PathBuf;
+
+use cudarc::driver::CudaContext;
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use crate::error::{Error, Result};
+
+/// FNV-1a, 64 bits: a stable hash for cache keys.
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Where compiled kernels are kept: `$TENSORZIP_CACHE_DIR`, else `$XDG_CACHE_HOME/tensorzip`, else
+/// `~/.cache/tensorzip`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("TENSORZIP_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("tensorzip"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tensorzip"))
+}
+
+fn versions() -> (i32, i32, i32) {
+    let mut driver = 0;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: plain FFI calls writing into local integers; both libraries were checked present.
+    unsafe {
+        let _ = cudarc::driver::sys::cuDriverGetVersion(&mut driver);
+        let _ = nvrtc_sys::nvrtcVersion(&mut major, &mut minor);
+    }
+    (driver, major, minor)
+}
+
+/// The cubin of `src` for `ctx`'s device: from the disk cache, or compiled now (and cached).
+pub fn cubin(ctx: &CudaContext, name: &str, src: &str) -> Result<Vec<u8>> {
+    let (maj, min) = ctx.compute_capability()?;
+    let arch = format!("sm_{maj}{min}");
+    let (driver, nv_major, nv_minor) = versions();
+    let key = fnv(&[
+        src.as_bytes(),
+        arch.as_bytes(),
+        &driver.to_le_bytes(),
+        &nv_major.to_le_bytes(),
+        &nv_minor.to_le_bytes(),
+    ]);
+    let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key:016x}.cubin")));
+    if let Some(p) = &path {
+        if let Ok(bytes) = std::fs::read(p) {
+            if !bytes.is_empty() {
+                return Ok(bytes);
+            }
+        }
+    }
+    let bin = compile(name, src, &arch)?;
+    if let Some(p) = &path {
+        // Best effort: a cache that cannot be written only costs a compile next time.
+        if let Some(dir) = p.parent() {
+            if std::fs::create_dir_all(dir).is_ok() {
+                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &bin).is_ok() {
+                    let _ = std::fs::rename(&tmp, p);
+                }
+            }
+        }
+    }
+    Ok(bin)
+}
+
+fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
+    let csrc = std::ffi::CString::new(src).map_err(|e| Error::Compile(e.to_string()))?;
+    let cname =
+        std::ffi::CString::new(format!("{name}.cu")).map_err(|e| Error::Compile(e.to_string()))?;
+    let prog = nvrtc::create_program(&csrc, Some(&cname))?;
+    let opts = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "-lineinfo".to_string(),
+    ];
+    // SAFETY: `prog` was just created and is destroyed below, once.
+    let res = unsafe { nvrtc::compile_program(prog, &opts) };
+    let out = match res {
+        Err(e) => {
+            // SAFETY: as above.
+            let log = unsafe { nvrtc::get_program_log(prog) }
+                .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>())
+                .unwrap_or_default();
+            Err(Error::Compile(format!("{e}: {log}")))
+        }
+        Ok(()) => {
+            let mut size = 0usize;
+            // SAFETY: `prog` compiled; the buffer has the size NVRTC reports.
+            unsafe {
+                nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+                if size == 0 {
+                    Err(Error::Compile(format!(
+                        "NVRTC produced an empty cubin for {arch}"
+                    )))
+                } else {
+                    let mut buf = vec![0u8; size];
+                    nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _).result()?;
+                    Ok(buf)
+                }
+            }
+        }
+    };
+    // SAFETY: `prog` is not used after this.
+    unsafe {
+        let _ = nvrtc::destroy_program(prog);
+    }
+    out
+}

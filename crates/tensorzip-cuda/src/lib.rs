@@ -1,0 +1,39 @@
+//! # tensorzip-cuda
+//!
+//! The GPU engine of tensorzip: it reads (and writes) exactly the format of the core crate
+//! (`docs/FORMAT.md`), with CUDA kernels that are `.cu` sources compiled at run time by NVRTC for the
+//! device's architecture and cached on disk. CUDA is loaded dynamically, so this crate builds, and its
+//! tests skip with a visible reason, on machines without CUDA.
+
+mod compile;
+pub mod engine;
+pub mod error;
+pub mod plan;
+
+use std::sync::OnceLock;
+
+pub use engine::GpuEngine;
+pub use error::{Error, Result};
+
+/// Whether CUDA can be used here: the driver and NVRTC libraries load and a device exists. Checked
+/// once per process (cudarc panics when a library is missing, so this must run first).
+pub fn available() -> std::result::Result<(), String> {
+    static CHECK: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    CHECK
+        .get_or_init(|| {
+            // SAFETY: these only try to open the shared libraries.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                return Err("the CUDA driver library (libcuda) was not found".into());
+            }
+            // SAFETY: as above.
+            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                return Err("the NVRTC library (libnvrtc) was not found".into());
+            }
+            match cudarc::driver::CudaContext::device_count() {
+                Ok(n) if n > 0 => Ok(()),
+                Ok(_) => Err("no CUDA device".into()),
+                Err(e) => Err(format!("CUDA driver: {e}")),
+            }
+        })
+        .clone()
+}

@@ -1,0 +1,185 @@
+//! Host-side planning of a decode launch: blobs validated by the core's parser become per-chunk and
+//! per-tensor descriptors, plus every decode table in one array. Everything the kernel indexes with
+//! is checked here; what needs the payload bytes is checked by the kernel with bounded reads.
+
+use cudarc::driver::DeviceRepr;
+use tensorzip::blob::{BlobLayout, PlaneMode, Scheme};
+use tensorzip::dtype::Transform;
+
+use crate::error::Result;
+
+/// Units per block that fit the per-warp shared-memory buffers; larger blocks use global scratch.
+pub const SMEM_BLOCK_UNITS: u32 = 4096;
+/// Words in the per-warp ring of stream words (as in `kernels/decode.cu`).
+const RING_WORDS: u32 = 512;
+
+/// One chunk, as the kernel sees it (layout shared with `struct ChunkDesc` in decode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ChunkDesc {
+    pub payload: u64,
+    pub out: u64,
+    pub payload_len: u32,
+    pub rans_len: u32,
+    pub sel_len: u32,
+    pub len: u32,
+    pub tensor: u32,
+    pub pad: u32,
+    pub modes: [u8; 8],
+    pub values: [u8; 8],
+}
+
+/// One tensor, as the kernel sees it (layout shared with `struct TensorDesc` in decode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct TensorDesc {
+    pub block_units: u32,
+    pub unit_size: u32,
+    pub exp_bits: u32,
+    pub cond_plane: u32,
+    pub cond_src: u32,
+    pub cond_value: u32,
+    pub cond_table: u32,
+    pub pad: u32,
+    pub table_base: [u32; 8],
+    pub n_tables: [u32; 8],
+}
+
+// SAFETY: plain `repr(C)` structs of integers, with the same layout as their CUDA counterparts.
+unsafe impl DeviceRepr for ChunkDesc {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for TensorDesc {}
+
+/// A stored (uncompressed) blob: its bytes are copied as they are.
+#[derive(Clone, Copy, Debug)]
+pub struct Copy {
+    pub from: u64,
+    pub to: u64,
+    pub len: u64,
+}
+
+/// Everything one decode launch needs.
+#[derive(Default)]
+pub struct Plan {
+    pub chunks: Vec<ChunkDesc>,
+    pub tensors: Vec<TensorDesc>,
+    /// Decode tables, 4096 entries each.
+    pub tables: Vec<u32>,
+    /// Per table: bit 31 set for a single-symbol table, whose symbol is in the low byte.
+    pub table_info: Vec<u32>,
+    pub copies: Vec<Copy>,
+    /// Bytes of per-warp buffers.
+    pub per_warp: u32,
+    /// Whether those buffers must live in global memory (blocks over `SMEM_BLOCK_UNITS` units).
+    pub global_scratch: bool,
+}
+
+/// One blob of a batch: its validated layout, where its bytes start in the device buffer, and where
+/// its decoded bytes go in the output buffer.
+pub struct Job<'a> {
+    pub layout: &'a BlobLayout,
+    pub data_offset: u64,
+    pub out_offset: u64,
+}
+
+impl Plan {
+    /// Plans the decoding of `jobs`.
+    pub fn new(jobs: &[Job<'_>]) -> Result<Plan> {
+        let mut plan = Plan::default();
+        let mut max_units = 1u32;
+        let mut max_bu = 32u32;
+        for job in jobs {
+            let l = job.layout;
+            let h = &l.header;
+            if h.scheme == Scheme::Stored {
+                plan.copies.push(Copy {
+                    from: job.data_offset + l.payload_start as u64,
+                    to: job.out_offset,
+                    len: h.nbytes(),
+                });
+                continue;
+            }
+            let us = h.planes();
+            max_units = max_units.max(us as u32);
+            max_bu = max_bu.max(h.block_units);
+            let mut td = TensorDesc {
+                block_units: h.block_units,
+                unit_size: us as u32,
+                exp_bits: match h.dtype.transform() {
+                    Transform::Identity => 0,
+                    Transform::SignBelowExponent { exp_bits } => exp_bits,
+                },
+                cond_plane: 255,
+                ..Default::default()
+            };
+            for p in 0..us {
+                td.table_base[p] = (plan.table_info.len()) as u32;
+                td.n_tables[p] = l.tables[p].len() as u32;
+                for t in &l.tables[p] {
+                    plan.push_table(t);
+                }
+            }
+            if let Some((p, q)) = h.dtype.conditioned_plane() {
+                if let Some((v, t)) = &l.cond[p] {
+                    td.cond_plane = p as u32;
+                    td.cond_src = q as u32;
+                    td.cond_value = *v as u32;
+                    td.cond_table = plan.table_info.len() as u32;
+                    plan.push_table(t);
+                }
+            }
+            let tensor = plan.tensors.len() as u32;
+            plan.tensors.push(td);
+            let cu = h.chunk_units as u64;
+            for (c, e) in l.entries.iter().enumerate() {
+                let len = h.chunk_len(c as u64);
+                let nb = len.div_ceil(h.block_units as usize) as u32;
+                let blocks_planes =
+                    (0..us).filter(|&p| e.modes[p] == PlaneMode::Blocks).count() as u32;
+                let sel_len = nb * blocks_planes;
+                if (e.payload_len as u64) < sel_len as u64 + e.rans_len as u64 {
+                    return Err(tensorzip::Error::Corrupt(format!(
+                        "chunk {c}: payload shorter than its selectors and stream"
+                    ))
+                    .into());
+                }
+                let mut d = ChunkDesc {
+                    payload: job.data_offset + l.offsets[c] as u64,
+                    out: job.out_offset + c as u64 * cu * us as u64,
+                    payload_len: e.payload_len,
+                    rans_len: e.rans_len,
+                    sel_len,
+                    len: len as u32,
+                    tensor,
+                    ..Default::default()
+                };
+                for p in 0..us {
+                    let (m, v) = match e.modes[p] {
+                        PlaneMode::Raw => (0, 0),
+                        PlaneMode::Const(v) => (1, v),
+                        PlaneMode::Blocks => (2, 0),
+                        PlaneMode::Cond => (3, 0),
+                    };
+                    d.modes[p] = m;
+                    d.values[p] = v;
+                }
+                plan.chunks.push(d);
+            }
+        }
+        // Per warp: the block's planes, the sub-segment (+8), the word ring, the stash (64).
+        let per = max_units * max_bu + max_bu + 8 + 2 * RING_WORDS + 64;
+        plan.per_warp = per.div_ceil(16) * 16;
+        plan.global_scratch = max_bu > SMEM_BLOCK_UNITS;
+        Ok(plan)
+    }
+
+    fn push_table(&mut self, t: &tensorzip::rans::table::FreqTable) {
+        if t.is_single() {
+            self.table_info.push(1 << 31 | t.single_symbol() as u32);
+            self.tables.extend(std::iter::repeat_n(0u32, 4096));
+        } else {
+            self.table_info.push(0);
+            self.tables.extend_from_slice(&t.decode_table()[..]);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! GPU engine tests. They need a CUDA device, so they are `#[ignore]`d (CI shows them as ignored, with
+//! the reason); `scripts/gpu_run.sh` runs them on the device machine with `--include-ignored`.
+
+use tensorzip::{compress, sample, CompressOptions, DType};
+use tensorzip_cuda::GpuEngine;
+
+const NEEDS_GPU: &str = "needs a CUDA GPU: run with --include-ignored on the device machine";
+
+fn engine() -> GpuEngine {
+    GpuEngine::new(0).expect("CUDA device")
+}
+
+/// Deterministic test data of every flavour for a dtype.
+fn cases(dtype: DType, n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
+    let isz = dtype.itemsize();
+    let mut rng = sample::Rng::new(seed);
+    let mut out = Vec::new();
+    let float = matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::F64);
+    if float {
+        out.push(("weights".into(), sample::weights(1, n, dtype, seed)));
+    }
+    out.push((
+        "random".into(),
+        (0..n * isz).map(|_| rng.next_u64() as u8).collect(),
+    ));
+    out.push(("zeros".into(), vec![0u8; n * isz]));
+    out.push((
+        "constant".into(),
+        (0..n * isz).map(|i| (i % isz) as u8 + 3).collect(),
+    ));
+    let mut outlier = if float {
+        sample::weights(1, n, dtype, seed + 1)
+    } else {
+        vec![1u8; n * isz]
+    };
+    if n > 0 {
+        let at = (n / 2) * isz;
+        for b in &mut outlier[at..at + isz] {
+            *b = 0x7F;
+        }
+    }
+    out.push(("outlier".into(), outlier));
+    out
+}
+
+fn all_option_sets() -> Vec<CompressOptions> {
+    vec![
+        CompressOptions::default(),
+        CompressOptions {
+            chunk_bytes: 1024,
+            block_units: 64,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
+        CompressOptions {
+            chunk_bytes: 4096 + 8,
+            block_units: 32,
+            min_compress_bytes: 0,
+            max_tables: 3,
+            ..Default::default()
+        },
+        CompressOptions {
+            chunk_bytes: 1 << 20,
+            block_units: 8192,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
+        CompressOptions {
+            condition: false,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
+    ]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_decodes_cpu_blobs_of_every_dtype_and_shape() {
+    let _ = NEEDS_GPU;
+    let eng = engine();
+    for &dtype in DType::ALL.iter() {
+        for n in [0usize, 1, 31, 32, 33, 1000, 4097, 70_001] {
+            for (name, data) in cases(dtype, n, n as u64 + dtype.code() as u64) {
+                let numel = n;
+                for (k, opts) in all_option_sets().iter().enumerate() {
+                    let blob = compress(&data, dtype, &[numel as u64], opts).unwrap();
+                    let out = eng
+                        .decompress_host(&[&blob])
+                        .unwrap_or_else(|e| panic!("{dtype} {name} n={n} opts#{k}: {e}"));
+                    assert_eq!(out[0].data, data, "{dtype} {name} n={n} opts#{k}");
+                    assert_eq!(out[0].dtype, dtype);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_batch_decodes_a_whole_model_in_one_launch() {
+    let eng = engine();
+    let model = sample::sample_model(7);
+    let blobs: Vec<Vec<u8>> = model
+        .iter()
+        .map(|t| compress(&t.data, t.dtype, &t.shape, &CompressOptions::default()).unwrap())
+        .collect();
+    let refs: Vec<&[u8]> = blobs.iter().map(|b| b.as_slice()).collect();
+    let out = eng.decompress_host(&refs).unwrap();
+    for (t, o) in model.iter().zip(&out) {
+        assert_eq!(o.data, t.data, "{}", t.name);
+        assert_eq!(o.shape, t.shape);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_rejects_corrupted_blobs_without_faulting() {
+    let eng = engine();
+    let data = sample::weights(64, 1000, DType::BF16, 3);
+    let opts = CompressOptions {
+        chunk_bytes: 4096,
+        block_units: 256,
+        ..Default::default()
+    };
+    let blob = compress(&data, DType::BF16, &[64, 1000], &opts).unwrap();
+    let mut rng = sample::Rng::new(99);
+    let mut errors = 0;
+    let mut wrong = 0;
+    for i in 0..2000 {
+        let mut b = blob.clone();
+        let flips = 1 + (i % 4);
+        for _ in 0..flips {
+            let at = (rng.next_u64() % b.len() as u64) as usize;
+            b[at] ^= 1 << (rng.next_u64() % 8);
+        }
+        match eng.decompress_host(&[&b]) {
+            Err(_) => errors += 1,
+            Ok(t) if t[0].data != data => wrong += 1,
+            Ok(_) => {}
+        }
+        // Truncations.
+        let cut = (rng.next_u64() % blob.len() as u64) as usize;
+        assert!(
+            eng.decompress_host(&[&blob[..cut]]).is_err(),
+            "truncated to {cut}"
+        );
+    }
+    assert!(
+        errors > 1000,
+        "{errors} errors, {wrong} silently wrong of 2000"
+    );
+    // The engine still works afterwards.
+    assert_eq!(eng.decompress_host(&[&blob]).unwrap()[0].data, data);
+}
