@@ -4,6 +4,15 @@
 // without reading the payloads (selectors, stream words, raw-area sizes) is checked here with bounded
 // reads, and a failure is reported through `err` (the output is then garbage and the host returns an
 // error). Nothing is read outside the chunk's payload or written outside the chunk's output.
+//
+// Per block of a chunk:
+//   A. the main group's steps: each coded plane's symbols go to a per-warp shared-memory slot; the
+//      units whose condition byte selects the conditional table are counted on the way;
+//   B. the conditioned sub-segment is decoded into shared memory; at the chunk's last block the
+//      stream's end is checked and the stash read from the lane states;
+//   C. the merge: each lane completes 16 consecutive units per group of 512, with the raw bytes of a
+//      group loaded together (one 16-byte run per plane and lane) and the units stored wide.
+// One kernel per unit size (1, 2, 4, 8 bytes), so that each gets its own register allocation.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -13,6 +22,7 @@ typedef unsigned long long u64;
 #define LANES 32
 #define STATE_LOWER 65536u
 #define RING 512          // words in the per-warp ring buffer of stream words
+#define GROUP 16          // units per lane in the merge
 #define SEL_CONST 254
 #define SEL_RAW 255
 #define MODE_RAW 0
@@ -20,16 +30,21 @@ typedef unsigned long long u64;
 #define MODE_BLOCKS 2
 #define MODE_COND 3
 
-// Error codes (first error wins): 1 selector, 2 stream short, 3 state, 4 raw area, 5 stream end,
-// 6 stream presence.
+// Source of a plane's bytes within a block.
+#define SRC_AREA 0        // raw area, one byte per unit
+#define SRC_VALUE 1       // one value (constant plane, single-symbol table)
+#define SRC_AREA1 2       // raw area, one byte for the block (constant block)
+#define SRC_CODED 3       // decoded from the stream (into a slot)
+#define SRC_COND 4        // conditioned plane
+
 struct ChunkDesc {
-    u64 payload;          // offset of the payload in `data`
-    u64 out;              // offset of the chunk's bytes in `out`
+    u64 payload;
+    u64 out;
     u32 payload_len;
     u32 rans_len;
-    u32 sel_len;          // bytes of selectors
-    u32 len;              // units
-    u32 tensor;           // index of its TensorDesc
+    u32 sel_len;
+    u32 len;
+    u32 tensor;
     u32 pad;
     u8 modes[8];
     u8 values[8];
@@ -37,15 +52,16 @@ struct ChunkDesc {
 
 struct TensorDesc {
     u32 block_units;
-    u32 unit_size;        // planes
-    u32 exp_bits;         // transform: 0 identity, else sign below an exponent of this many bits
+    u32 unit_size;
+    u32 exp_bits;
     u32 cond_plane;       // 255 = none
     u32 cond_src;
     u32 cond_value;
-    u32 cond_table;       // global table index
+    u32 cond_table;
     u32 pad;
-    u32 table_base[8];    // global index of each plane's table 0
+    u32 table_base[8];
     u32 n_tables[8];
+    u32 slot[8];          // shared-memory slot of each plane that has tables (255 = none)
 };
 
 __device__ __forceinline__ u32 lanemask_lt() {
@@ -59,21 +75,18 @@ __device__ __forceinline__ void fail(u32* err, u32 code, u32 chunk) {
     atomicCAS(err + 1, 0xFFFFFFFFu, chunk);
 }
 
-// Stream state of a warp: lane states and the ring of words.
 struct Stream {
-    const u8* words;      // stream words in global memory (may be unaligned)
+    const u8* words;
     u32 n_words;
-    u32 fetched;          // words copied into the ring so far
-    u32 pos;              // words consumed
+    u32 fetched;
+    u32 pos;
     u16* ring;
-    u32 x;                // this lane's state
+    u32 x;
     bool bad;
 };
 
-// Makes sure at least 32 unconsumed words are in the ring (or all that remain).
 __device__ __forceinline__ void refill(Stream& s, int lane) {
     if (s.fetched - s.pos >= LANES || s.fetched >= s.n_words) return;
-    // 256 words: 8 per lane, read bytewise (the stream may be unaligned).
     u32 base = s.fetched;
     #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -86,15 +99,29 @@ __device__ __forceinline__ void refill(Stream& s, int lane) {
     s.fetched = min(base + 256u, s.n_words);
 }
 
-// Decodes one symbol in each active lane with table `t`; returns the symbol.
-__device__ __forceinline__ u32 step(Stream& s, const u32* __restrict__ t, bool active, int lane) {
+// A decode table: in the block's shared-memory cache (compact: symbol of each slot, frequency and
+// cumulative frequency of each symbol) or, if not cached, its 4096 entries in global memory.
+struct Table {
+    const u8* sym;        // shared: 4096 symbols, or null
+    const u32* fc;        // shared: 256 x (freq | cum << 16)
+    const u32* full;      // global: 4096 x (sym | freq << 8 | bias << 20)
+};
+
+__device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int lane) {
     refill(s, lane);
     u32 sym = 0;
     bool need = false;
     if (active) {
-        u32 e = __ldg(t + (s.x & 4095u));
-        sym = e & 0xFFu;
-        s.x = ((e >> 8) & 0xFFFu) * (s.x >> 12) + (e >> 20);
+        u32 slot = s.x & 4095u;
+        if (t.sym) {
+            sym = t.sym[slot];
+            u32 e = t.fc[sym];
+            s.x = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
+        } else {
+            u32 e = __ldg(t.full + slot);
+            sym = e & 0xFFu;
+            s.x = ((e >> 8) & 0xFFFu) * (s.x >> 12) + (e >> 20);
+        }
         need = s.x < STATE_LOWER;
     }
     u32 mask = __ballot_sync(0xFFFFFFFFu, need);
@@ -108,140 +135,292 @@ __device__ __forceinline__ u32 step(Stream& s, const u32* __restrict__ t, bool a
     return sym;
 }
 
-__device__ __forceinline__ u64 inverse_transform(u64 t, u32 bits, u32 e) {
-    if (e == 0) return t;
-    u32 mant_bits = bits - 1 - e;
-    u64 exp_old = ((1ull << e) - 1) << mant_bits;
-    u64 mant = (1ull << mant_bits) - 1;
-    u64 sign = 1ull << (bits - 1);
-    return ((t >> 1) & exp_old) | ((t << e) & sign) | (t & mant);
+// The block's table cache: `ids[k]` is the global index of cached table `k`.
+#define MAX_CACHED 10
+struct Cache {
+    u32 n;
+    u32 ids[MAX_CACHED];
+    u8* sym;              // n x 4096
+    u32* fc;              // n x 256
+};
+
+__device__ __forceinline__ Table table_of(const Cache& cache, const u32* tables, u32 g) {
+    Table t;
+    t.sym = 0;
+    t.fc = 0;
+    t.full = tables + (u64)g * 4096;
+    for (u32 k = 0; k < cache.n; k++) {
+        if (cache.ids[k] == g) {
+            t.sym = cache.sym + k * 4096;
+            t.fc = cache.fc + k * 256;
+        }
+    }
+    return t;
 }
 
-extern "C" __global__ void tz_decode(const u8* __restrict__ data, const ChunkDesc* __restrict__ chunks, u32 n_chunks,
-                                     const TensorDesc* __restrict__ tensors, const u32* __restrict__ tables,
-                                     const u32* __restrict__ table_info, u8* __restrict__ out, u32* err,
-                                     u8* __restrict__ scratch, u32 scratch_per_warp, u32 warps_per_block) {
-    extern __shared__ u8 smem[];
-    const int lane = threadIdx.x & 31;
-    const u32 warp = threadIdx.x >> 5;
-    const u32 c = blockIdx.x * warps_per_block + warp;
-    if (c >= n_chunks) return;
-    const ChunkDesc cd = chunks[c];
-    const TensorDesc td = tensors[cd.tensor];
-    const u32 U = td.unit_size;
-    const u32 bu = td.block_units;
-    const u32 nb = (cd.len + bu - 1) / bu;
-    // Per-warp buffers: U planes of a block, the conditioned sub-segment, the word ring, the stash.
-    u8* buf = scratch ? scratch + (u64)c * scratch_per_warp : smem + warp * scratch_per_warp;
-    u8* sub = buf + U * bu;
-    u16* ring = (u16*)(sub + bu + 8);
-    u8* stash = (u8*)(ring + RING);
-    const u8* payload = data + cd.payload;
-    const u8* sels = payload;
-    const u8* raw = payload + cd.sel_len + cd.rans_len;
-    const u32 raw_len = cd.payload_len - cd.sel_len - cd.rans_len;
-    u32 sel_off[8];
+template <int U, int E>
+__device__ __forceinline__ u64 inverse_transform(u64 t) {
+    if (E == 0) return t;
+    const u32 bits = 8 * U;
+    const u32 mant_bits = bits - 1 - E;
+    const u64 exp_old = ((1ull << E) - 1) << mant_bits;
+    const u64 mant = (1ull << mant_bits) - 1;
+    const u64 sign = 1ull << (bits - 1);
+    return ((t >> 1) & exp_old) | ((t << E) & sign) | (t & mant);
+}
+
+// The inverse transform of two 16-bit units packed in a word (E = 8: bf16).
+template <int E>
+__device__ __forceinline__ u32 inverse2(u32 w) {
+    if (E == 0) return w;
+    return ((w >> 1) & 0x7F807F80u) | ((w << 8) & 0x80008000u) | (w & 0x007F007Fu);
+}
+
+// 16 bytes of the raw area from byte `j` (relative to `area`) as four little-endian words, those at
+// or past `from_area` taken from the stash; `n` of them are needed (the rest are 0). Reads stay
+// inside [area, lim).
+__device__ __forceinline__ void load16(u32 (&w)[4], const u8* area, const u8* lim, u32 j, u32 n, u32 from_area, const u8* stash) {
+    const u64 a = (u64)(area + j);
+    const u32* wp = (const u32*)(a & ~3ull);
+    if (n == GROUP && j + GROUP <= from_area && (const u8*)(wp + 5) <= lim) {
+        const u32 sh = (u32)(a & 3) * 8;
+        u32 x[5];
+        #pragma unroll
+        for (int k = 0; k < 5; k++) x[k] = __ldg(wp + k);
+        #pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = __funnelshift_r(x[k], x[k + 1], sh);
+        return;
+    }
+    #pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = 0;
+    for (u32 k = 0; k < n; k++) {
+        u32 x = j + k;
+        u32 v = x < from_area ? area[x] : stash[x - from_area];
+        w[k / 4] |= v << (8 * (k % 4));
+    }
+}
+
+// Bit k set where byte k of the 16 bytes in `w` equals `v`.
+__device__ __forceinline__ u32 match16(const u32 (&w)[4], u32 v) {
+    const u32 v4 = v * 0x01010101u;
+    u32 m = 0;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 e = __vcmpeq4(w[k], v4) & 0x80808080u;
+        m |= ((e * 0x00204081u) >> 28) << (4 * k);
+    }
+    return m;
+}
+
+// Stores the 16 units assembled from the plane words `w` at `o`.
+template <int U, int E>
+__device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
+    if (U == 1) {
+        if (n == GROUP && (((u64)o) & 15) == 0) {
+            *(uint4*)o = make_uint4(w[0][0], w[0][1], w[0][2], w[0][3]);
+        } else {
+            for (u32 k = 0; k < n; k++) o[k] = (u8)(w[0][k / 4] >> (8 * (k % 4)));
+        }
+    } else if (U == 2) {
+        u32 r[8];
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            r[2 * k] = inverse2<E>(__byte_perm(w[0][k], w[1][k], 0x5140));
+            r[2 * k + 1] = inverse2<E>(__byte_perm(w[0][k], w[1][k], 0x7362));
+        }
+        if (n == GROUP && (((u64)o) & 15) == 0) {
+            ((uint4*)o)[0] = make_uint4(r[0], r[1], r[2], r[3]);
+            ((uint4*)o)[1] = make_uint4(r[4], r[5], r[6], r[7]);
+        } else {
+            for (u32 k = 0; k < n; k++) {
+                const u32 h = r[k / 2] >> (16 * (k % 2));
+                o[2 * k] = (u8)h;
+                o[2 * k + 1] = (u8)(h >> 8);
+            }
+        }
+    } else if (U == 4) {
+        u32 r[16];
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 a = __byte_perm(w[0][k], w[1][k], 0x5140);
+            u32 b = __byte_perm(w[0][k], w[1][k], 0x7362);
+            u32 c = __byte_perm(w[2][k], w[3][k], 0x5140);
+            u32 d = __byte_perm(w[2][k], w[3][k], 0x7362);
+            r[4 * k] = (u32)inverse_transform<4, E>(__byte_perm(a, c, 0x5410));
+            r[4 * k + 1] = (u32)inverse_transform<4, E>(__byte_perm(a, c, 0x7632));
+            r[4 * k + 2] = (u32)inverse_transform<4, E>(__byte_perm(b, d, 0x5410));
+            r[4 * k + 3] = (u32)inverse_transform<4, E>(__byte_perm(b, d, 0x7632));
+        }
+        if (n == GROUP && (((u64)o) & 15) == 0) {
+            #pragma unroll
+            for (int v = 0; v < 4; v++) ((uint4*)o)[v] = make_uint4(r[4 * v], r[4 * v + 1], r[4 * v + 2], r[4 * v + 3]);
+        } else {
+            for (u32 k = 0; k < n; k++) {
+                #pragma unroll
+                for (int p = 0; p < 4; p++) o[4 * k + p] = (u8)(r[k] >> (8 * p));
+            }
+        }
+    } else {
+        for (u32 k = 0; k < GROUP; k++) {
+            if (k >= n) break;
+            u64 t = 0;
+            #pragma unroll
+            for (int p = 0; p < U; p++) t |= (u64)((w[p][k / 4] >> (8 * (k % 4))) & 0xFFu) << (8 * p);
+            u64 uv = inverse_transform<U, E>(t);
+            if ((((u64)o) & 7) == 0) {
+                ((u64*)o)[k] = uv;
+            } else {
+                #pragma unroll
+                for (int p = 0; p < U; p++) o[U * k + p] = (u8)(uv >> (8 * p));
+            }
+        }
+    }
+}
+
+template <int U, int E>
+__device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
+                             const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
+                             u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u16* ring, u8* stash,
+                             const Cache& cache) {
+    const u32 bu = tdp->block_units;
+    const u32 len = cdp->len;
+    const u32 nb = (len + bu - 1) / bu;
+    const u32 payload_len = cdp->payload_len, sel_len = cdp->sel_len, rans_len = cdp->rans_len;
+    const u8* payload = data + cdp->payload;
+    const u8* raw = payload + sel_len + rans_len;
+    const u32 raw_len = payload_len - sel_len - rans_len;
+    u8* chunk_out = out + cdp->out;
+    const u32 cp = tdp->cond_plane;
+    const u32 cq = tdp->cond_src;
+    const u32 cvalue = tdp->cond_value;
+    u32 mode[U], cval[U], sel_off[U], slot[U];
     {
         u32 o = 0;
-        for (u32 p = 0; p < U; p++) {
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            mode[p] = cdp->modes[p];
+            cval[p] = cdp->values[p];
+            slot[p] = tdp->slot[p];
             sel_off[p] = o;
-            if (cd.modes[p] == MODE_BLOCKS) o += nb;
+            if (mode[p] == MODE_BLOCKS) o += nb;
         }
     }
     Stream s;
-    s.words = payload + cd.sel_len + 128;
-    s.n_words = cd.rans_len ? (cd.rans_len - 128) / 2 : 0;
+    s.words = payload + sel_len + 128;
+    s.n_words = rans_len ? (rans_len - 128) / 2 : 0;
     s.fetched = 0;
     s.pos = 0;
     s.ring = ring;
     s.bad = false;
     s.x = 0;
-    if (cd.rans_len) {
-        const u8* st = payload + cd.sel_len + 4 * lane;
+    if (rans_len) {
+        const u8* st = payload + sel_len + 4 * lane;
         s.x = (u32)st[0] | ((u32)st[1] << 8) | ((u32)st[2] << 16) | ((u32)st[3] << 24);
         if (__any_sync(0xFFFFFFFFu, s.x < STATE_LOWER)) { if (lane == 0) fail(err, 3, c); return; }
     }
+    const bool cond_chunk = cp < (u32)U && mode[cp] == MODE_COND;
     bool used = false;
-    bool has_cond = td.cond_plane < 8 && cd.modes[td.cond_plane] == MODE_COND;
     u32 raw_off = 0;
     for (u32 b = 0; b < nb; b++) {
-        const u32 blen = min(bu, cd.len - b * bu);
-        // Selectors of this block, validated; the block's raw layout (but for the conditioned plane).
-        u32 off[8], size[8], fixed = 0;
-        u32 sel[8];
-        for (u32 p = 0; p < U; p++) {
-            u32 m = cd.modes[p];
-            sel[p] = SEL_RAW;
-            size[p] = 0;
-            if (m == MODE_RAW) size[p] = blen;
-            if (m == MODE_BLOCKS) {
-                u32 v = sels[sel_off[p] + b];
-                if (v != SEL_RAW && v != SEL_CONST && v >= td.n_tables[p]) { if (lane == 0) fail(err, 1, c); return; }
-                sel[p] = v;
-                size[p] = v == SEL_RAW ? blen : (v == SEL_CONST ? 1 : 0);
+        const u32 blen = min(bu, len - b * bu);
+        const bool last = b + 1 == nb;
+        u32 src[U], off[U], val[U], tab[U];
+        u32 fixed = 0;
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            u32 size = 0;
+            val[p] = 0;
+            tab[p] = 0;
+            if (mode[p] == MODE_RAW) {
+                src[p] = SRC_AREA;
+                size = blen;
+            } else if (mode[p] == MODE_CONST) {
+                src[p] = SRC_VALUE;
+                val[p] = cval[p];
+            } else if (mode[p] == MODE_COND) {
+                src[p] = SRC_COND;
+            } else {
+                u32 v = payload[sel_off[p] + b];
+                if (v == SEL_RAW) {
+                    src[p] = SRC_AREA;
+                    size = blen;
+                } else if (v == SEL_CONST) {
+                    src[p] = SRC_AREA1;
+                    size = 1;
+                } else if (v >= tdp->n_tables[p] || slot[p] == 255) {
+                    if (lane == 0) fail(err, 1, c);
+                    return;
+                } else {
+                    u32 g = tdp->table_base[p] + v;
+                    u32 info = table_info[g];
+                    if (info >> 31) {
+                        src[p] = SRC_VALUE;
+                        val[p] = info & 0xFFu;
+                    } else {
+                        src[p] = SRC_CODED;
+                        tab[p] = g;
+                    }
+                }
             }
             off[p] = fixed;
-            fixed += size[p];
+            fixed += size;
         }
-        // Main group: coded planes, step by step.
+        const u8* area = raw + raw_off;
+        const u8* lim = raw + raw_len;
+        Table tt[U];
+        #pragma unroll
+        for (int p = 0; p < U; p++) tt[p] = table_of(cache, tables, tab[p]);
+        // A. Main group, step by step; count the conditioned units.
+        u32 coded = 0;
         for (u32 r = 0; r * LANES < blen; r++) {
             u32 i = r * LANES + lane;
-            for (u32 p = 0; p < U; p++) {
-                if (cd.modes[p] != MODE_BLOCKS || sel[p] >= SEL_CONST) continue;
-                u32 g = td.table_base[p] + sel[p];
-                if (table_info[g] >> 31) continue;  // single-symbol table: nothing in the stream
-                if (!cd.rans_len) { if (lane == 0) fail(err, 6, c); return; }
+            bool in = i < blen;
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                if (src[p] != SRC_CODED) continue;
+                if (!rans_len) { if (lane == 0) fail(err, 6, c); return; }
                 used = true;
-                u32 sym = step(s, tables + (u64)g * 4096, i < blen, lane);
+                u32 v = step(s, tt[p], in, lane);
                 if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
-                if (i < blen) buf[p * bu + i] = (u8)sym;
+                if (in) slots[slot[p] * su + i] = (u8)v;
             }
         }
         __syncwarp();
-        // The block's bytes of every plane that is not read from the raw area at merge time.
-        for (u32 p = 0; p < U; p++) {
-            u32 m = cd.modes[p];
-            u8 fillv = 0;
-            bool fill = false;
-            if (m == MODE_CONST) { fill = true; fillv = cd.values[p]; }
-            if (m == MODE_BLOCKS && sel[p] < SEL_CONST && (table_info[td.table_base[p] + sel[p]] >> 31)) {
-                fill = true;
-                fillv = (u8)table_info[td.table_base[p] + sel[p]];
+        if (cond_chunk && src[cq] == SRC_CODED) {
+            // Count the conditioned units from the condition plane's slot, four bytes at a time.
+            const u8* qs = slots + slot[cq] * su;
+            const u32 v4 = cvalue * 0x01010101u;
+            u32 cnt = 0;
+            for (u32 j = 4 * lane; j < blen; j += 4 * LANES) {
+                u32 w = *(const u32*)(qs + j);
+                u32 e = __vcmpeq4(w, v4);
+                if (j + 4 > blen) e &= 0xFFFFFFFFu >> (8 * (j + 4 - blen));
+                cnt += __popc(e) / 8;
             }
-            if (m == MODE_BLOCKS && sel[p] == SEL_CONST) { fill = true; fillv = 0; }  // placed at merge
-            if (fill && !(m == MODE_BLOCKS && sel[p] == SEL_CONST))
-                for (u32 i = lane; i < blen; i += LANES) buf[p * bu + i] = fillv;
+            #pragma unroll
+            for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xFFFFFFFFu, cnt, d);
+            coded = cnt;
         }
-        // Conditioned plane: coded units are those whose condition byte equals the value.
-        u32 coded = 0;
-        if (has_cond) {
-            u32 q = td.cond_src;
-            bool q_raw = cd.modes[q] == MODE_RAW || (cd.modes[q] == MODE_BLOCKS && sel[q] == SEL_RAW);
-            bool q_const_blk = cd.modes[q] == MODE_BLOCKS && sel[q] == SEL_CONST;
-            // The condition bytes are never in the stash (it holds only the conditioned plane's).
-            if (raw_off + off[q] + size[q] > raw_len) { if (lane == 0) fail(err, 4, c); return; }
+        if (cond_chunk && src[cq] != SRC_CODED) {
+            // Condition bytes not from the stream: raw (never in the stash) or one value.
+            if ((src[cq] == SRC_AREA || src[cq] == SRC_AREA1) && raw_off + fixed > raw_len) { if (lane == 0) fail(err, 4, c); return; }
             for (u32 r = 0; r * LANES < blen; r++) {
                 u32 i = r * LANES + lane;
-                bool hit = false;
-                if (i < blen) {
-                    u8 e = q_raw ? raw[raw_off + off[q] + i] : (q_const_blk ? raw[raw_off + off[q]] : buf[q * bu + i]);
-                    hit = e == (u8)td.cond_value;
-                }
-                coded += __popc(__ballot_sync(0xFFFFFFFFu, hit));
+                u32 e = src[cq] == SRC_AREA ? (i < blen ? area[off[cq] + i] : 0u) : (src[cq] == SRC_AREA1 ? area[off[cq]] : val[cq]);
+                coded += __popc(__ballot_sync(0xFFFFFFFFu, i < blen && e == cvalue));
             }
         }
-        const u32 cond_raw = has_cond ? blen - coded : 0;
+        const u32 cond_raw = cond_chunk ? blen - coded : 0;
         const u32 total = fixed + cond_raw;
-        const bool last = b + 1 == nb;
         u32 stash_len = 0;
-        if (last && cd.rans_len) stash_len = min(has_cond ? cond_raw : total, 64u);
+        if (last && rans_len) stash_len = min(cond_chunk ? cond_raw : total, 64u);
         const u32 from_area = total - stash_len;
         if (raw_off + from_area > raw_len || (last && raw_off + from_area != raw_len)) { if (lane == 0) fail(err, 4, c); return; }
-        // Sub-segment of the conditioned plane.
+        // B. Conditioned sub-segment; end of the stream at the last block.
         if (coded) {
-            if (!cd.rans_len) { if (lane == 0) fail(err, 6, c); return; }
+            if (!rans_len) { if (lane == 0) fail(err, 6, c); return; }
             used = true;
-            const u32* t = tables + (u64)td.cond_table * 4096;
+            const Table t = table_of(cache, tables, tdp->cond_table);
             for (u32 r = 0; r * LANES < coded; r++) {
                 u32 k = r * LANES + lane;
                 u32 sym = step(s, t, k < coded, lane);
@@ -249,8 +428,7 @@ extern "C" __global__ void tz_decode(const u8* __restrict__ data, const ChunkDes
                 if (k < coded) sub[k] = (u8)sym;
             }
         }
-        // End of the stream at the last block: every word read, states back at 2^16 + stash.
-        if (last && cd.rans_len) {
+        if (last && rans_len) {
             u32 carried = stash_len > 2 * (u32)lane ? min(stash_len - 2 * lane, 2u) : 0u;
             u32 v = s.x - STATE_LOWER;
             bool ok = s.x >= STATE_LOWER && v < (1u << (8 * carried)) && s.pos == s.n_words && used;
@@ -259,56 +437,147 @@ extern "C" __global__ void tz_decode(const u8* __restrict__ data, const ChunkDes
             stash[2 * lane + 1] = (u8)(v >> 8);
         }
         __syncwarp();
-        // Merge: each lane builds units lane, lane + 32, ...
+        // C. Merge, 16 consecutive units per lane.
+        u8* blk_out = chunk_out + (u64)b * bu * U;
         u32 base_c = 0, base_r = 0;
-        const u8* area = raw + raw_off;
-        for (u32 r = 0; r * LANES < blen; r++) {
-            u32 i = r * LANES + lane;
-            bool in = i < blen;
-            bool hit = false;
-            if (has_cond && in) {
-                u32 q = td.cond_src;
-                bool q_raw = cd.modes[q] == MODE_RAW || (cd.modes[q] == MODE_BLOCKS && sel[q] == SEL_RAW);
-                bool q_const_blk = cd.modes[q] == MODE_BLOCKS && sel[q] == SEL_CONST;
-                u8 e = q_raw ? area[off[q] + i] : (q_const_blk ? area[off[q]] : buf[q * bu + i]);
-                hit = e == (u8)td.cond_value;
-            }
-            u32 mask = has_cond ? __ballot_sync(0xFFFFFFFFu, hit) : 0u;
-            u32 below = __popc(mask & lanemask_lt());
-            if (in) {
-                u64 t = 0;
-                for (u32 p = 0; p < U; p++) {
-                    u32 m = cd.modes[p];
-                    u32 v;
-                    if (m == MODE_RAW || (m == MODE_BLOCKS && sel[p] == SEL_RAW)) {
-                        u32 j = off[p] + i;
-                        v = j < from_area ? area[j] : stash[j - from_area];
-                    } else if (m == MODE_BLOCKS && sel[p] == SEL_CONST) {
+        for (u32 g0 = 0; g0 < blen; g0 += LANES * GROUP) {
+            const u32 i0 = g0 + lane * GROUP;
+            const u32 n = i0 < blen ? min((u32)GROUP, blen - i0) : 0u;
+            u32 w[U][4];
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                if (src[p] == SRC_AREA) {
+                    load16(w[p], area, lim, off[p] + i0, n, from_area, stash);
+                } else if (src[p] == SRC_CODED) {
+                    const uint4 v = *(const uint4*)(slots + slot[p] * su + i0);
+                    w[p][0] = v.x;
+                    w[p][1] = v.y;
+                    w[p][2] = v.z;
+                    w[p][3] = v.w;
+                } else {
+                    u32 v = val[p];
+                    if (src[p] == SRC_AREA1) {
                         u32 j = off[p];
                         v = j < from_area ? area[j] : stash[j - from_area];
-                    } else if (m == MODE_COND) {
-                        if (hit) {
-                            v = sub[base_c + below];
-                        } else {
-                            u32 j = fixed + base_r + (i - r * LANES - below);
-                            v = j < from_area ? area[j] : stash[j - from_area];
-                        }
-                    } else {
-                        v = buf[p * bu + i];
                     }
-                    t |= (u64)v << (8 * p);
+                    #pragma unroll
+                    for (int k = 0; k < 4; k++) w[p][k] = v * 0x01010101u;
                 }
-                u64 u = inverse_transform(t, 8 * U, td.exp_bits);
-                u8* o = out + cd.out + (u64)(b * bu + i) * U;
-                for (u32 p = 0; p < U; p++) o[p] = (u8)(u >> (8 * p));
             }
-            u32 n = __popc(mask);
-            u32 active = min(32u, blen - r * LANES);
-            base_c += n;
-            base_r += active - n;
+            if (cond_chunk) {
+                u32 cw[4];
+                #pragma unroll
+                for (int p = 0; p < U; p++) {
+                    if (p == (int)cq) {
+                        #pragma unroll
+                        for (int k = 0; k < 4; k++) cw[k] = w[p][k];
+                    }
+                }
+                const u32 hits = match16(cw, cvalue) & (n >= GROUP ? 0xFFFFu : ((1u << n) - 1u));
+                const u32 mine = __popc(hits);
+                u32 incl = mine;
+                #pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    u32 o = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+                    if (lane >= d) incl += o;
+                }
+                const u32 total_c = __shfl_sync(0xFFFFFFFFu, incl, 31);
+                const u32 kc = base_c + incl - mine;
+                const u32 kr = fixed + base_r + (min(i0, blen) - g0) - (incl - mine);
+                u32 cb[4] = {0, 0, 0, 0};
+                for (u32 k = 0; k < n; k++) {
+                    const u32 below = __popc(hits & ((1u << k) - 1u));
+                    u32 v;
+                    if ((hits >> k) & 1u) {
+                        v = sub[kc + below];
+                    } else {
+                        const u32 x = kr + k - below;
+                        v = x < from_area ? area[x] : stash[x - from_area];
+                    }
+                    cb[k / 4] |= v << (8 * (k % 4));
+                }
+                #pragma unroll
+                for (int p = 0; p < U; p++) {
+                    if (p == (int)cp) {
+                        #pragma unroll
+                        for (int k = 0; k < 4; k++) w[p][k] = cb[k];
+                    }
+                }
+                const u32 group_units = min(blen - g0, (u32)(LANES * GROUP));
+                base_c += total_c;
+                base_r += group_units - total_c;
+            }
+            if (n) store16<U, E>(blk_out + (u64)i0 * U, w, n);
         }
         __syncwarp();
         raw_off += from_area;
     }
-    if (cd.rans_len && !used) { if (lane == 0) fail(err, 6, c); }
+    if (rans_len && !used) { if (lane == 0) fail(err, 6, c); }
 }
+
+template <int U, int E>
+__device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* chunks, u32 n_chunks, const TensorDesc* tensors,
+                                             const u32* tables, const u32* table_info, u8* out, u32* err, u8* scratch,
+                                             u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) {
+    extern __shared__ uint4 smem4[];
+    u8* smem = (u8*)smem4;
+    const int lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 first = blockIdx.x * warps_per_block;
+    if (first >= n_chunks) return;
+    // The block's table cache: the multi-symbol tables of the tensor of its first chunk, compacted.
+    __shared__ Cache cache;
+    u8* cache_mem = smem + warps_per_block * (scratch ? 0 : per_warp);
+    if (threadIdx.x == 0) {
+        const TensorDesc* td = tensors + chunks[first].tensor;
+        cache.n = 0;
+        cache.sym = cache_mem;
+        cache.fc = (u32*)(cache_mem + cache_tables * 4096);
+        for (u32 p = 0; p < td->unit_size; p++) {
+            for (u32 j = 0; j < td->n_tables[p]; j++) {
+                u32 g = td->table_base[p] + j;
+                if (cache.n < cache_tables && !(table_info[g] >> 31)) cache.ids[cache.n++] = g;
+            }
+        }
+        if (td->cond_plane < 8 && cache.n < cache_tables) cache.ids[cache.n++] = td->cond_table;
+    }
+    __syncthreads();
+    for (u32 k = 0; k < cache.n; k++) {
+        const u32* full = tables + (u64)cache.ids[k] * 4096;
+        for (u32 slot = threadIdx.x; slot < 4096; slot += blockDim.x) {
+            u32 e = __ldg(full + slot);
+            u32 sym = e & 0xFFu;
+            cache.sym[k * 4096 + slot] = (u8)sym;
+            if ((e >> 20) == 0) cache.fc[k * 256 + sym] = ((e >> 8) & 0xFFFu) | (slot << 16);
+        }
+    }
+    __syncthreads();
+    const u32 c = first + warp;
+    if (c >= n_chunks) return;
+    const ChunkDesc* cd = chunks + c;
+    const TensorDesc* td = tensors + cd->tensor;
+    // Per-warp buffers: slots of `su` units, the sub-segment (su + 16), the word ring, the stash.
+    u8* buf = scratch ? scratch + (u64)c * per_warp : smem + warp * per_warp;
+    u8* sub = buf + n_slots * su;
+    u16* ring = (u16*)(sub + su + 16);
+    u8* stash = (u8*)(ring + RING);
+    decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, c, lane, buf, su, sub, ring, stash, cache);
+}
+
+#define ENTRY(NAME, U, E)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(512) NAME(                                                   \
+        const u8* __restrict__ data, const ChunkDesc* __restrict__ chunks, u32 n_chunks,                     \
+        const TensorDesc* __restrict__ tensors, const u32* __restrict__ tables,                              \
+        const u32* __restrict__ table_info, u8* __restrict__ out, u32* err, u8* __restrict__ scratch,         \
+        u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) {                          \
+        decode_entry<U, E>(data, chunks, n_chunks, tensors, tables, table_info, out, err, scratch, per_warp,  \
+                           warps_per_block, n_slots, su, cache_tables);                                      \
+    }
+// One kernel per unit size and transform.
+ENTRY(tz_decode_1, 1, 0)
+ENTRY(tz_decode_2, 2, 0)
+ENTRY(tz_decode_2e8, 2, 8)
+ENTRY(tz_decode_4, 4, 0)
+ENTRY(tz_decode_4e8, 4, 8)
+ENTRY(tz_decode_8, 8, 0)
+ENTRY(tz_decode_8e11, 8, 11)

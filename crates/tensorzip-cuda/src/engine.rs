@@ -11,19 +11,45 @@ use tensorzip::blob::BlobLayout;
 use tensorzip::Tensor;
 
 use crate::error::{Error, Result};
-use crate::plan::{Job, Plan};
+use crate::plan::{ChunkDesc, Job, Plan, TensorDesc, KERNELS};
 
 /// Source of the decoder kernel.
 pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
 
 /// Shared memory one block of the decoder may use (the H200 allows 227 KiB).
-const MAX_SMEM: u32 = 200 * 1024;
+const MAX_SMEM: u32 = 220 * 1024;
+/// Tables a block caches in shared memory (compact form: 4096 + 1024 bytes each).
+const CACHE_TABLES: u32 = 10;
+const CACHE_BYTES: u32 = CACHE_TABLES * (4096 + 1024);
+
+/// A plan in device memory, ready to launch (again and again).
+pub struct DevicePlan {
+    groups: Vec<DeviceGroup>,
+    tensors: CudaSlice<TensorDesc>,
+    tables: CudaSlice<u32>,
+    info: CudaSlice<u32>,
+    err: CudaSlice<u32>,
+    copies: Vec<crate::plan::Copy>,
+}
+
+struct DeviceGroup {
+    kernel: usize,
+    chunks: CudaSlice<ChunkDesc>,
+    scratch: Option<CudaSlice<u8>>,
+    n: u32,
+    warps: u32,
+    smem: u32,
+    per_warp: u32,
+    n_slots: u32,
+    slot_units: u32,
+}
 
 /// The GPU engine of one device.
 pub struct GpuEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    decode: CudaFunction,
+    /// The decoder kernels, indexed as [`KERNELS`].
+    decode: Vec<CudaFunction>,
 }
 
 impl GpuEngine {
@@ -36,7 +62,10 @@ impl GpuEngine {
             "tz_decode",
             DECODE_SRC,
         )?))?;
-        let decode = module.load_function("tz_decode")?;
+        let decode = KERNELS
+            .iter()
+            .map(|(name, _, _)| module.load_function(name))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let stream = ctx.default_stream();
         Ok(GpuEngine {
             ctx,
@@ -55,17 +84,62 @@ impl GpuEngine {
         &self.stream
     }
 
-    /// Launches the decoding of `plan`: blob bytes at device address `data`, output at `out`.
-    /// Asynchronous on the engine's stream; returns the error flags to check after synchronising.
+    /// Uploads a plan's descriptors and tables (and allocates its scratch).
+    pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
+        let s = &self.stream;
+        let one = |v: &[u32]| if v.is_empty() { vec![0u32] } else { v.to_vec() };
+        let no_tensor = [TensorDesc::default()];
+        let mut groups = Vec::with_capacity(plan.groups.len());
+        for g in &plan.groups {
+            let n = g.chunks.len() as u32;
+            let (warps, smem, scratch) = if g.global_scratch || g.per_warp + CACHE_BYTES > MAX_SMEM
+            {
+                (
+                    8u32,
+                    CACHE_BYTES,
+                    Some(s.alloc_zeros::<u8>(n as usize * g.per_warp as usize)?),
+                )
+            } else {
+                let warps = ((MAX_SMEM - CACHE_BYTES) / g.per_warp).clamp(1, 16);
+                (warps, warps * g.per_warp + CACHE_BYTES, None)
+            };
+            groups.push(DeviceGroup {
+                kernel: g.kernel,
+                chunks: s.clone_htod(&g.chunks)?,
+                scratch,
+                n,
+                warps,
+                smem,
+                per_warp: g.per_warp,
+                n_slots: g.n_slots,
+                slot_units: g.slot_units,
+            });
+        }
+        Ok(DevicePlan {
+            groups,
+            tensors: s.clone_htod(if plan.tensors.is_empty() {
+                &no_tensor[..]
+            } else {
+                &plan.tensors
+            })?,
+            tables: s.clone_htod(&one(&plan.tables))?,
+            info: s.clone_htod(&one(&plan.table_info))?,
+            err: s.clone_htod(&[0u32, u32::MAX])?,
+            copies: plan.copies.clone(),
+        })
+    }
+
+    /// Launches the decoding of an uploaded plan: blob bytes at device address `data`, output at
+    /// `out`. Asynchronous on the engine's stream; [`GpuEngine::check`] waits and reports errors.
     ///
     /// # Safety
-    /// `data` and `out` must be valid device addresses covering every offset in `plan` (the plan
-    /// was built from layouts whose offsets lie inside the blobs at `data`, and whose outputs lie in
-    /// `out`), and must stay alive until the stream has run the launch.
-    pub unsafe fn launch_decode(&self, plan: &Plan, data: u64, out: u64) -> Result<CudaSlice<u32>> {
+    /// `data` and `out` must be valid device addresses covering every offset of the plan (it was
+    /// built from layouts of the blobs at `data`, with outputs inside `out`), and must stay alive
+    /// until the stream has run the launch.
+    pub unsafe fn launch(&self, dp: &mut DevicePlan, data: u64, out: u64) -> Result<()> {
         let s = &self.stream;
-        let mut err = s.clone_htod(&[0u32, u32::MAX])?;
-        for c in &plan.copies {
+        s.memcpy_htod(&[0u32, u32::MAX], &mut dp.err)?;
+        for c in &dp.copies {
             if c.len > 0 {
                 // SAFETY: the caller guarantees both ranges are valid device memory.
                 unsafe {
@@ -78,72 +152,43 @@ impl GpuEngine {
                 }
             }
         }
-        if plan.chunks.is_empty() {
-            return Ok(err);
+        for g in &dp.groups {
+            let f = &self.decode[g.kernel];
+            f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
+            let cfg = LaunchConfig {
+                grid_dim: (g.n.div_ceil(g.warps), 1, 1),
+                block_dim: (32 * g.warps, 1, 1),
+                shared_mem_bytes: g.smem,
+            };
+            let scratch_ptr = match &g.scratch {
+                Some(b) => b.device_ptr(s).0,
+                None => 0u64,
+            };
+            let mut b = s.launch_builder(f);
+            b.arg(&data)
+                .arg(&g.chunks)
+                .arg(&g.n)
+                .arg(&dp.tensors)
+                .arg(&dp.tables)
+                .arg(&dp.info)
+                .arg(&out)
+                .arg(&mut dp.err);
+            b.arg(&scratch_ptr)
+                .arg(&g.per_warp)
+                .arg(&g.warps)
+                .arg(&g.n_slots)
+                .arg(&g.slot_units)
+                .arg(&CACHE_TABLES);
+            // SAFETY: the arguments match the kernel's signature; every pointer is valid for the
+            // sizes the plan describes (guaranteed by the caller for `data` and `out`).
+            unsafe { b.launch(cfg) }?;
         }
-        let chunks = s.clone_htod(&plan.chunks)?;
-        let tensors = s.clone_htod(&plan.tensors)?;
-        let tables = s.clone_htod(if plan.tables.is_empty() {
-            &[0u32][..]
-        } else {
-            &plan.tables
-        })?;
-        let info = s.clone_htod(if plan.table_info.is_empty() {
-            &[0u32][..]
-        } else {
-            &plan.table_info
-        })?;
-        let n = plan.chunks.len() as u32;
-        let (warps, smem, scratch) = if plan.global_scratch {
-            (
-                4u32,
-                0u32,
-                Some(s.alloc_zeros::<u8>(n as usize * plan.per_warp as usize)?),
-            )
-        } else {
-            let warps = (MAX_SMEM / plan.per_warp).clamp(1, 8);
-            (warps, warps * plan.per_warp, None)
-        };
-        self.decode.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(warps), 1, 1),
-            block_dim: (32 * warps, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        let (scratch_ptr, _g) = match &scratch {
-            Some(b) => {
-                let (p, g) = b.device_ptr(s);
-                (p, Some(g))
-            }
-            None => (0u64, None),
-        };
-        let per_warp = plan.per_warp;
-        let mut b = s.launch_builder(&self.decode);
-        b.arg(&data)
-            .arg(&chunks)
-            .arg(&n)
-            .arg(&tensors)
-            .arg(&tables)
-            .arg(&info)
-            .arg(&out)
-            .arg(&mut err);
-        b.arg(&scratch_ptr).arg(&per_warp).arg(&warps);
-        // SAFETY: the arguments match the kernel's signature; every pointer is valid for the sizes
-        // the plan describes (guaranteed by the caller for `data` and `out`).
-        unsafe { b.launch(cfg) }?;
-        drop(_g);
-        // Keep the descriptors alive until the launch has run.
-        s.synchronize()?;
-        drop((chunks, tensors, tables, info, scratch));
-        Ok(err)
+        Ok(())
     }
 
-    /// Reads the error flags of a launch (synchronises the stream).
-    pub fn check(&self, err: &CudaSlice<u32>) -> Result<()> {
-        let e = self.stream.clone_dtoh(err)?;
+    /// Waits for the stream and reports the error flags of the last launch of `dp`.
+    pub fn check(&self, dp: &DevicePlan) -> Result<()> {
+        let e = self.stream.clone_dtoh(&dp.err)?;
         if e[0] != 0 {
             let what = match e[0] {
                 1 => "block selector names no table",
@@ -187,6 +232,7 @@ impl GpuEngine {
             out_len += n.div_ceil(16) * 16;
         }
         let plan = Plan::new(&jobs)?;
+        let mut dplan = self.upload(&plan)?;
         let s = &self.stream;
         let dev_data = s.clone_htod(if data.is_empty() { &[0u8][..] } else { &data })?;
         let mut dev_out = s.alloc_zeros::<u8>(out_len.max(1) as usize)?;
@@ -194,10 +240,10 @@ impl GpuEngine {
             let (dp, _g1) = dev_data.device_ptr(s);
             let (op, _g2) = dev_out.device_ptr_mut(s);
             // SAFETY: the plan's offsets lie inside `dev_data` (layouts were parsed from these
-            // bytes) and its outputs inside `dev_out` (sized above); both outlive the launch,
-            // which `launch_decode` waits for.
-            let err = unsafe { self.launch_decode(&plan, dp, op)? };
-            self.check(&err)?;
+            // bytes) and its outputs inside `dev_out` (sized above); both outlive the launch, which
+            // `check` waits for.
+            unsafe { self.launch(&mut dplan, dp, op)? };
+            self.check(&dplan)?;
         }
         let host = s.clone_dtoh(&dev_out)?;
         Ok(layouts

@@ -14,6 +14,9 @@ pub enum Error {
     /// NVRTC could not compile the kernels (the log follows).
     #[error("kernel compilation failed: {0}")]
     Compile(String),
+    /// A valid blob this GPU engine has no kernel for (the CPU engine decodes it).
+    #[error("not supported on the GPU: {0}")]
+    Unsupported(String),
     /// The blob or the options are invalid (as the CPU engine would say).
     #[error(transparent)]
     Format(#[from] tensorzip::Error),

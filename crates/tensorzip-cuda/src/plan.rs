@@ -43,6 +43,8 @@ pub struct TensorDesc {
     pub pad: u32,
     pub table_base: [u32; 8],
     pub n_tables: [u32; 8],
+    /// Shared-memory slot of each plane that has block tables (255 = none).
+    pub slot: [u32; 8],
 }
 
 // SAFETY: plain `repr(C)` structs of integers, with the same layout as their CUDA counterparts.
@@ -58,20 +60,46 @@ pub struct Copy {
     pub len: u64,
 }
 
-/// Everything one decode launch needs.
+/// The decoder kernels of `kernels/decode.cu`: name, bytes per unit, exponent bits of the
+/// transform (0: identity). Each is compiled for its own unit size and transform so that the
+/// merge's loops unroll and each gets its own register allocation.
+pub const KERNELS: [(&str, u32, u32); 7] = [
+    ("tz_decode_1", 1, 0),
+    ("tz_decode_2", 2, 0),
+    ("tz_decode_2e8", 2, 8),
+    ("tz_decode_4", 4, 0),
+    ("tz_decode_4e8", 4, 8),
+    ("tz_decode_8", 8, 0),
+    ("tz_decode_8e11", 8, 11),
+];
+
+/// The chunks of one kernel (unit size and transform): one launch.
+#[derive(Default, Clone)]
+pub struct Group {
+    /// Index into [`KERNELS`].
+    pub kernel: usize,
+    /// Bytes per unit (1, 2, 4 or 8).
+    pub unit_size: u32,
+    pub chunks: Vec<ChunkDesc>,
+    /// Shared-memory slots per warp (planes with block tables), each `slot_units` bytes.
+    pub n_slots: u32,
+    pub slot_units: u32,
+    /// Bytes of per-warp buffers.
+    pub per_warp: u32,
+    /// Whether those buffers must live in global memory (blocks over `SMEM_BLOCK_UNITS` units).
+    pub global_scratch: bool,
+}
+
+/// Everything one decode needs: a launch per unit size, the tensors' descriptors and every table.
 #[derive(Default)]
 pub struct Plan {
-    pub chunks: Vec<ChunkDesc>,
+    pub groups: Vec<Group>,
     pub tensors: Vec<TensorDesc>,
     /// Decode tables, 4096 entries each.
     pub tables: Vec<u32>,
     /// Per table: bit 31 set for a single-symbol table, whose symbol is in the low byte.
     pub table_info: Vec<u32>,
     pub copies: Vec<Copy>,
-    /// Bytes of per-warp buffers.
-    pub per_warp: u32,
-    /// Whether those buffers must live in global memory (blocks over `SMEM_BLOCK_UNITS` units).
-    pub global_scratch: bool,
 }
 
 /// One blob of a batch: its validated layout, where its bytes start in the device buffer, and where
@@ -86,8 +114,12 @@ impl Plan {
     /// Plans the decoding of `jobs`.
     pub fn new(jobs: &[Job<'_>]) -> Result<Plan> {
         let mut plan = Plan::default();
-        let mut max_units = 1u32;
-        let mut max_bu = 32u32;
+        let mut groups: [Group; KERNELS.len()] = Default::default();
+        for (k, g) in groups.iter_mut().enumerate() {
+            g.kernel = k;
+            g.unit_size = KERNELS[k].1;
+            g.slot_units = 32;
+        }
         for job in jobs {
             let l = job.layout;
             let h = &l.header;
@@ -100,25 +132,41 @@ impl Plan {
                 continue;
             }
             let us = h.planes();
-            max_units = max_units.max(us as u32);
-            max_bu = max_bu.max(h.block_units);
+            let exp_bits = match h.dtype.transform() {
+                Transform::Identity => 0,
+                Transform::SignBelowExponent { exp_bits } => exp_bits,
+            };
+            let Some(k) = KERNELS
+                .iter()
+                .position(|&(_, u, e)| u == us as u32 && e == exp_bits)
+            else {
+                return Err(crate::error::Error::Unsupported(format!(
+                    "no decoder kernel for {us}-byte units with a {exp_bits}-bit exponent transform"
+                )));
+            };
+            let group = &mut groups[k];
+            group.slot_units = group.slot_units.max(h.block_units);
             let mut td = TensorDesc {
                 block_units: h.block_units,
                 unit_size: us as u32,
-                exp_bits: match h.dtype.transform() {
-                    Transform::Identity => 0,
-                    Transform::SignBelowExponent { exp_bits } => exp_bits,
-                },
+                exp_bits,
                 cond_plane: 255,
+                slot: [255; 8],
                 ..Default::default()
             };
+            let mut n_slots = 0;
             for p in 0..us {
-                td.table_base[p] = (plan.table_info.len()) as u32;
+                td.table_base[p] = plan.table_info.len() as u32;
                 td.n_tables[p] = l.tables[p].len() as u32;
+                if !l.tables[p].is_empty() {
+                    td.slot[p] = n_slots;
+                    n_slots += 1;
+                }
                 for t in &l.tables[p] {
                     plan.push_table(t);
                 }
             }
+            group.n_slots = group.n_slots.max(n_slots);
             if let Some((p, q)) = h.dtype.conditioned_plane() {
                 if let Some((v, t)) = &l.cond[p] {
                     td.cond_plane = p as u32;
@@ -163,13 +211,19 @@ impl Plan {
                     d.modes[p] = m;
                     d.values[p] = v;
                 }
-                plan.chunks.push(d);
+                group.chunks.push(d);
             }
         }
-        // Per warp: the block's planes, the sub-segment (+8), the word ring, the stash (64).
-        let per = max_units * max_bu + max_bu + 8 + 2 * RING_WORDS + 64;
-        plan.per_warp = per.div_ceil(16) * 16;
-        plan.global_scratch = max_bu > SMEM_BLOCK_UNITS;
+        for mut g in groups {
+            if g.chunks.is_empty() {
+                continue;
+            }
+            // Per warp: the slots, the sub-segment (+16), the word ring, the stash (64).
+            let per = g.n_slots * g.slot_units + g.slot_units + 16 + 2 * RING_WORDS + 64;
+            g.per_warp = per.div_ceil(16) * 16;
+            g.global_scratch = g.slot_units > SMEM_BLOCK_UNITS;
+            plan.groups.push(g);
+        }
         Ok(plan)
     }
 

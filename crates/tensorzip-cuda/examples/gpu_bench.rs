@@ -1,0 +1,242 @@
+//! GPU decode benchmark (run on the device machine by `scripts/gpu_run.sh`).
+//!
+//! `gpu_bench synth <bf16|fp32> <tensors> <runs>`: tensors of 8192 x 8192 with
+//! `randn * 0.02 * exp(0.3 * randn(rows, 1))`; `gpu_bench file <path.safetensors> <none|bf16|f16> <runs>`.
+//! The tensors are compressed by the CPU engine; the blobs are uploaded once; then the median over
+//! `runs` of: the decode kernel alone (CUDA events, blobs and output in device memory), the
+//! device-resident decode including planning and descriptor upload, and the pinned host round trip
+//! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
+
+use std::time::Instant;
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use rayon::prelude::*;
+use tensorzip::blob::BlobLayout;
+use tensorzip::{sample, CompressOptions, CpuEngine, DType};
+use tensorzip_cuda::plan::{Job, Plan};
+use tensorzip_cuda::GpuEngine;
+
+fn weights(rows: usize, cols: usize, dtype: DType, seed: u64) -> Vec<u8> {
+    let isz = dtype.itemsize();
+    let mut out = vec![0u8; rows * cols * isz];
+    out.par_chunks_mut(cols * isz)
+        .enumerate()
+        .for_each(|(r, row)| {
+            row.copy_from_slice(&sample::weights(
+                1,
+                cols,
+                dtype,
+                seed.wrapping_mul(1_000_003).wrapping_add(r as u64),
+            ));
+        });
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let runs: usize = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(10);
+    let (name, tensors): (String, Vec<(DType, Vec<u64>, Vec<u8>)>) = match args[1].as_str() {
+        "synth" => {
+            let dtype = if args[2] == "bf16" {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            let n: usize = args[3].parse().unwrap();
+            (
+                format!("synthetic {} {}x8192x8192", args[2], n),
+                (0..n)
+                    .map(|i| {
+                        (
+                            dtype,
+                            vec![8192, 8192],
+                            weights(8192, 8192, dtype, i as u64 + 1),
+                        )
+                    })
+                    .collect(),
+            )
+        }
+        "file" => {
+            let bytes = std::fs::read(&args[2]).unwrap();
+            let (_, list) = tensorzip::archive::safetensors_layout(&bytes).unwrap();
+            let cast = args[3].as_str();
+            let ts = list
+                .iter()
+                .filter_map(|t| {
+                    let d = DType::from_safetensors_name(&t.dtype_name)?;
+                    let raw = &bytes[t.begin as usize..t.end as usize];
+                    let f32s = || {
+                        raw.chunks_exact(4)
+                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    };
+                    Some(match (d, cast) {
+                        (DType::F32, "bf16") => (
+                            DType::BF16,
+                            t.shape.clone(),
+                            f32s()
+                                .flat_map(|v| sample::f32_to_bf16(v).to_le_bytes())
+                                .collect(),
+                        ),
+                        (DType::F32, "f16") => (
+                            DType::F16,
+                            t.shape.clone(),
+                            f32s()
+                                .flat_map(|v| sample::f32_to_f16(v).to_le_bytes())
+                                .collect(),
+                        ),
+                        _ => (d, t.shape.clone(), raw.to_vec()),
+                    })
+                })
+                .collect();
+            (format!("{} ({cast}), whole model", args[2]), ts)
+        }
+        _ => panic!(
+            "usage: gpu_bench synth <bf16|fp32> <n> <runs> | file <path> <none|bf16|f16> <runs>"
+        ),
+    };
+    let orig: usize = tensors.iter().map(|t| t.2.len()).sum();
+    let cpu = CpuEngine::default();
+    let t = Instant::now();
+    let opts = CompressOptions {
+        condition: std::env::var_os("NO_COND").is_none(),
+        ..Default::default()
+    };
+    let blobs: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(d, s, data)| cpu.compress(data, *d, s, &opts).unwrap())
+        .collect();
+    let cpu_compress_s = t.elapsed().as_secs_f64();
+    let comp: usize = blobs.iter().map(|b| b.len()).sum();
+
+    let eng = GpuEngine::new(0).unwrap();
+    let s = eng.stream().clone();
+    let mut host = Vec::with_capacity(comp);
+    let mut offsets = Vec::new();
+    for b in &blobs {
+        offsets.push(host.len() as u64);
+        host.extend_from_slice(b);
+    }
+    let build_plan = |host: &[u8]| {
+        let layouts: Vec<BlobLayout> = blobs
+            .iter()
+            .zip(&offsets)
+            .map(|(b, &o)| {
+                BlobLayout::parse(&host[o as usize..o as usize + b.len()], b.len()).unwrap()
+            })
+            .collect();
+        let mut out_off = 0u64;
+        let mut outs = Vec::new();
+        for l in &layouts {
+            outs.push(out_off);
+            out_off += l.header.nbytes().div_ceil(256) * 256;
+        }
+        let jobs: Vec<Job<'_>> = layouts
+            .iter()
+            .zip(&offsets)
+            .zip(&outs)
+            .map(|((l, &d), &o)| Job {
+                layout: l,
+                data_offset: d,
+                out_offset: o,
+            })
+            .collect();
+        (Plan::new(&jobs).unwrap(), outs, out_off)
+    };
+    let (plan, outs, out_len) = build_plan(&host);
+    let dev_data = s.clone_htod(&host).unwrap();
+    let mut dev_out = s.alloc_zeros::<u8>(out_len as usize).unwrap();
+    let mut dplan = eng.upload(&plan).unwrap();
+    let (dp, _g1) = dev_data.device_ptr(&s);
+    let (op, _g2) = dev_out.device_ptr_mut(&s);
+    let dp = dp;
+    let op = op;
+    drop((_g1, _g2));
+    // Warm up and check once.
+    // SAFETY: the plan was built from these blobs at these offsets; the output buffer holds every
+    // tensor at its offset; both live until the end of main.
+    unsafe { eng.launch(&mut dplan, dp, op).unwrap() };
+    eng.check(&dplan).unwrap();
+    let back = s.clone_dtoh(&dev_out).unwrap();
+    for (t, &o) in tensors.iter().zip(&outs) {
+        assert!(
+            back[o as usize..o as usize + t.2.len()] == t.2[..],
+            "GPU decode differs"
+        );
+    }
+    // Kernel alone.
+    let mut kernel = Vec::new();
+    for _ in 0..runs {
+        let e0 = s
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        // SAFETY: as above.
+        unsafe { eng.launch(&mut dplan, dp, op).unwrap() };
+        let e1 = s
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        eng.check(&dplan).unwrap();
+        kernel.push(e0.elapsed_ms(&e1).unwrap() as f64 / 1e3);
+    }
+    // Device-resident decode with planning: the blob prefixes are read back from the device.
+    let mut resident = Vec::new();
+    for _ in 0..runs {
+        s.synchronize().unwrap();
+        let t = Instant::now();
+        let mut prefixes = vec![0u8; host.len()];
+        // Only the prefixes are needed; reading all keeps this simple and is an upper bound.
+        let mut pre = Vec::new();
+        for (b, &o) in blobs.iter().zip(&offsets) {
+            let l = BlobLayout::parse(b, b.len()).unwrap();
+            pre.push((o as usize, l.overhead_len()));
+        }
+        for &(o, n) in &pre {
+            let v = dev_data.slice(o..o + n);
+            s.memcpy_dtoh(&v, &mut prefixes[o..o + n]).unwrap();
+        }
+        let (plan2, _, _) = build_plan(&prefixes);
+        let mut dplan2 = eng.upload(&plan2).unwrap();
+        // SAFETY: as above.
+        unsafe { eng.launch(&mut dplan2, dp, op).unwrap() };
+        eng.check(&dplan2).unwrap();
+        resident.push(t.elapsed().as_secs_f64());
+    }
+    // Pinned host round trip: blob host -> device, decode, tensors device -> host.
+    let ctx = eng.context().clone();
+    // SAFETY: pinned host buffers of plain bytes, written before being read.
+    let mut pin_in = unsafe { ctx.alloc_pinned::<u8>(host.len()).unwrap() };
+    pin_in.as_mut_slice().unwrap().copy_from_slice(&host);
+    // SAFETY: as above.
+    let mut pin_out = unsafe { ctx.alloc_pinned::<u8>(out_len as usize).unwrap() };
+    let mut dev_in = s.alloc_zeros::<u8>(host.len()).unwrap();
+    let mut round = Vec::new();
+    for _ in 0..runs {
+        s.synchronize().unwrap();
+        let t = Instant::now();
+        s.memcpy_htod(&pin_in, &mut dev_in).unwrap();
+        let (ip, _g) = dev_in.device_ptr(&s);
+        // SAFETY: `dev_in` holds the same blobs as `dev_data`, at the same offsets.
+        unsafe { eng.launch(&mut dplan, ip, op).unwrap() };
+        drop(_g);
+        s.memcpy_dtoh(&dev_out, &mut pin_out).unwrap();
+        eng.check(&dplan).unwrap();
+        round.push(t.elapsed().as_secs_f64());
+    }
+    let gb = |t: f64| orig as f64 / t / 1e9;
+    let k = median(kernel);
+    println!(
+        "{}",
+        serde_json::json!({
+            "dataset": name, "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
+            "ratio": comp as f64 / orig as f64, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
+            "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
+            "decode_resident_with_planning_gbps": gb(median(resident)),
+            "pinned_round_trip_decode_gbps": gb(median(round)),
+            "cpu_compress_gbps_16_threads": orig as f64 / cpu_compress_s / 1e9,
+        })
+    );
+}

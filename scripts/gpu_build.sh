@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds, on this (CPU) machine, what scripts/gpu_run.sh runs on the GPU machine, which has no Rust
+# toolchain: the GPU test binary, the GPU benchmark and the CLI, into gpu-bin/ (ignored by git;
+# carry it with the device run). The kernels themselves are compiled on the device by NVRTC.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p gpu-bin
+test_bin=$(cargo test --release -p tensorzip-cuda --test gpu --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
+        print(m["executable"])')
+cp "$test_bin" gpu-bin/gpu-tests
+cargo build --release -p tensorzip-cuda --example gpu_bench
+cp target/release/examples/gpu_bench gpu-bin/gpu_bench
+cargo build --release -p tensorzip-cli
+cp target/release/tensorzip gpu-bin/tensorzip
+ls -la gpu-bin
