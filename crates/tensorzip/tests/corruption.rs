@@ -1330,7 +1330,7 @@ fn temp_path(tag: &str) -> std::path::PathBuf {
 /// A small safetensors file and its archive.
 fn small_archive(piece: u32) -> (Vec<u8>, Vec<u8>) {
     let w = make(DType::BF16, 700, Dist::Weights, 1);
-    let z = vec![0u8; 64];
+    let z = [0u8; 64];
     let f = make(DType::F32, 50, Dist::NanInf, 2);
     let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
         ("w", "BF16", &[7u64, 100][..], &w[..]),

@@ -166,7 +166,7 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
     if h.scheme == Scheme::Planes {
         let per_chunk = (h.chunk_units as u64 * h.planes() as u64) / isz as u64;
         let n_bounds = (ne - 1) / per_chunk; // chunk boundaries strictly inside the tensor
-        let step = n_bounds.div_ceil(12).max(1); // at most about a dozen of them
+        let step = n_bounds.div_ceil(6).max(1); // at most about half a dozen of them
         for k in (1..=n_bounds)
             .step_by(step as usize)
             .chain([n_bounds].into_iter().filter(|&k| k > 0))
