@@ -9,7 +9,7 @@ use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
 
 use crate::output::{map_file, progress_bar, SafeOutput};
-use crate::{Common, EncoderArgs};
+use crate::{Common, DecodeArgs, EncoderArgs};
 
 /// Extension of archives.
 pub const EXT: &str = "tz";
@@ -76,13 +76,36 @@ fn open_archive(path: &Path) -> Result<memmap2::Mmap, String> {
     Ok(data)
 }
 
+/// Decodes every segment of `ar` into `w`, on the GPU or the CPU.
+fn decode_all<W: Write>(
+    ar: &Archive<'_>,
+    dec: &DecodeArgs,
+    common: &Common,
+    w: &mut W,
+    pb: &indicatif::ProgressBar,
+) -> Result<(), String> {
+    if dec.gpu {
+        let gpu = tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))?;
+        tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, &|done| pb.set_position(done))
+            .map_err(|e| e.to_string())
+    } else {
+        let eng = engine(common)?;
+        for i in 0..ar.segments.len() {
+            let base = ar.segments[i].orig_offset;
+            ar.decode_segment_to(&eng, i, w, &|done| pb.set_position(base + done))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 pub fn decompress(
     path: &Path,
     output: Option<PathBuf>,
     force: bool,
+    dec: &DecodeArgs,
     common: &Common,
 ) -> Result<(), String> {
-    let eng = engine(common)?;
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let dest = match output {
@@ -105,11 +128,8 @@ pub fn decompress(
     let t = Instant::now();
     {
         let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
-        for i in 0..ar.segments.len() {
-            let base = ar.segments[i].orig_offset;
-            ar.decode_segment_to(&eng, i, &mut w, &|done| pb.set_position(base + done))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-        }
+        decode_all(&ar, dec, common, &mut w, &pb)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         w.flush().map_err(|e| format!("{}: {e}", dest.display()))?;
     }
     let secs = t.elapsed().as_secs_f64();
@@ -244,8 +264,12 @@ impl Write for Compare<'_> {
     }
 }
 
-pub fn verify(path: &Path, against: Option<&Path>, common: &Common) -> Result<(), String> {
-    let eng = engine(common)?;
+pub fn verify(
+    path: &Path,
+    against: Option<&Path>,
+    dec: &DecodeArgs,
+    common: &Common,
+) -> Result<(), String> {
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let original = against.map(map_file).transpose()?;
@@ -256,11 +280,7 @@ pub fn verify(path: &Path, against: Option<&Path>, common: &Common) -> Result<()
     };
     let pb = progress_bar(ar.original_len, "verify");
     let t = Instant::now();
-    for i in 0..ar.segments.len() {
-        let base = ar.segments[i].orig_offset;
-        ar.decode_segment_to(&eng, i, &mut cmp, &|done| pb.set_position(base + done))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+    decode_all(&ar, dec, common, &mut cmp, &pb).map_err(|e| format!("{}: {e}", path.display()))?;
     pb.finish_and_clear();
     if let (Some(o), Some(p)) = (&original, against) {
         if let Some(at) = cmp.mismatch {

@@ -32,6 +32,9 @@ fn weights(rows: usize, cols: usize, dtype: DType, seed: u64) -> Vec<u8> {
     out
 }
 
+/// A tensor to compress: dtype, shape, bytes.
+type Input = (DType, Vec<u64>, Vec<u8>);
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -40,7 +43,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let runs: usize = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(10);
-    let (name, tensors): (String, Vec<(DType, Vec<u64>, Vec<u8>)>) = match args[1].as_str() {
+    let (name, tensors): (String, Vec<Input>) = match args[1].as_str() {
         "synth" => {
             let dtype = if args[2] == "bf16" {
                 DType::BF16
@@ -153,8 +156,6 @@ fn main() {
     let mut dplan = eng.upload(&plan).unwrap();
     let (dp, _g1) = dev_data.device_ptr(&s);
     let (op, _g2) = dev_out.device_ptr_mut(&s);
-    let dp = dp;
-    let op = op;
     drop((_g1, _g2));
     // Warm up and check once.
     // SAFETY: the plan was built from these blobs at these offsets; the output buffer holds every

@@ -211,6 +211,20 @@ impl GpuEngine {
     /// Decodes blobs held on the host: uploads them, decodes them on the GPU in one launch, and
     /// downloads the tensors.
     pub fn decompress_host(&self, blobs: &[&[u8]]) -> Result<Vec<Tensor>> {
+        let batch = self.decode_host_batch(blobs)?;
+        Ok(batch
+            .tensors
+            .iter()
+            .map(|&(dtype, ref shape, o, n)| Tensor {
+                dtype,
+                shape: shape.clone(),
+                data: batch.data[o as usize..(o + n) as usize].to_vec(),
+            })
+            .collect())
+    }
+
+    /// Decodes blobs held on the host in one launch into one host buffer (no per-tensor copies).
+    pub fn decode_host_batch(&self, blobs: &[&[u8]]) -> Result<HostBatch> {
         let layouts: Vec<BlobLayout> = blobs
             .iter()
             .map(|b| BlobLayout::parse(b, b.len()))
@@ -218,7 +232,7 @@ impl GpuEngine {
         let mut data = Vec::with_capacity(blobs.iter().map(|b| b.len()).sum());
         let mut jobs = Vec::with_capacity(blobs.len());
         let mut out_len = 0u64;
-        let mut outs = Vec::with_capacity(blobs.len());
+        let mut tensors = Vec::with_capacity(blobs.len());
         for (b, l) in blobs.iter().zip(&layouts) {
             jobs.push(Job {
                 layout: l,
@@ -227,7 +241,7 @@ impl GpuEngine {
             });
             data.extend_from_slice(b);
             let n = l.header.nbytes();
-            outs.push((out_len, n));
+            tensors.push((l.header.dtype, l.header.shape.clone(), out_len, n));
             // Keep every tensor aligned to 16 bytes.
             out_len += n.div_ceil(16) * 16;
         }
@@ -235,6 +249,7 @@ impl GpuEngine {
         let mut dplan = self.upload(&plan)?;
         let s = &self.stream;
         let dev_data = s.clone_htod(if data.is_empty() { &[0u8][..] } else { &data })?;
+        drop(data);
         let mut dev_out = s.alloc_zeros::<u8>(out_len.max(1) as usize)?;
         {
             let (dp, _g1) = dev_data.device_ptr(s);
@@ -245,15 +260,14 @@ impl GpuEngine {
             unsafe { self.launch(&mut dplan, dp, op)? };
             self.check(&dplan)?;
         }
-        let host = s.clone_dtoh(&dev_out)?;
-        Ok(layouts
-            .iter()
-            .zip(outs)
-            .map(|(l, (o, n))| Tensor {
-                dtype: l.header.dtype,
-                shape: l.header.shape.clone(),
-                data: host[o as usize..(o + n) as usize].to_vec(),
-            })
-            .collect())
+        let data = s.clone_dtoh(&dev_out)?;
+        Ok(HostBatch { data, tensors })
     }
+}
+
+/// Tensors decoded by [`GpuEngine::decode_host_batch`]: one buffer, and per blob its dtype, shape,
+/// offset and length in it.
+pub struct HostBatch {
+    pub data: Vec<u8>,
+    pub tensors: Vec<(tensorzip::DType, Vec<u64>, u64, u64)>,
 }

@@ -5,6 +5,7 @@
 //! device's architecture and cached on disk. CUDA is loaded dynamically, so this crate builds, and its
 //! tests skip with a visible reason, on machines without CUDA.
 
+pub mod archive;
 mod compile;
 pub mod engine;
 pub mod error;
@@ -12,7 +13,7 @@ pub mod plan;
 
 use std::sync::OnceLock;
 
-pub use engine::GpuEngine;
+pub use engine::{GpuEngine, HostBatch};
 pub use error::{Error, Result};
 
 /// Whether CUDA can be used here: the driver and NVRTC libraries load and a device exists. Checked

@@ -531,7 +531,7 @@ impl<'a> Archive<'a> {
     }
 
     /// Checks segment `i`'s blob checksums and that its header agrees with the index on the length.
-    fn check_segment(&self, i: usize) -> Result<()> {
+    pub fn check_segment(&self, i: usize) -> Result<()> {
         self.check_blob(i)?;
         let s = &self.segments[i];
         // A full parse (directory included) bounds the length by what the blob can hold.
