@@ -292,22 +292,29 @@ def foreign_load(before, after):
 LOAD_THRESHOLD = 0.25  # cores busy with other processes above which a measurement counts as disturbed
 
 
-def wait_quiet(max_wait, threshold=LOAD_THRESHOLD, window=2.0):
-    """Waits (at most max_wait seconds) until other processes use less than `threshold` cores."""
+def wait_quiet(max_wait, threshold=LOAD_THRESHOLD, quiet_for=10.0, window=2.0):
+    """Waits (at most max_wait seconds) until other processes have used less than `threshold` cores for
+    `quiet_for` seconds in a row."""
     deadline = time.monotonic() + max_wait
     said = False
+    quiet_since = None
     while True:
         a = cpu_counters()
         time.sleep(window)
         load = foreign_load(a, cpu_counters())
+        now = time.monotonic()
         if load < threshold:
-            if said:
-                print("[run]   machine quiet again", flush=True)
+            quiet_since = quiet_since if quiet_since is not None else now - window
+            if now - quiet_since >= quiet_for:
+                if said:
+                    print("[run]   machine quiet again", flush=True)
+                return load
+        else:
+            quiet_since = None
+        if now >= deadline:
+            print(f"[run]   *** other processes still busy ({load:.2f} cores); measuring anyway ***", flush=True)
             return load
-        if time.monotonic() >= deadline:
-            print(f"[run]   *** still {load:.2f} cores busy with other processes; measuring anyway ***", flush=True)
-            return load
-        if not said:
+        if not said and quiet_since is None:
             print(f"[run]   other processes keep {load:.2f} cores busy; waiting up to {max_wait:.0f} s for quiet ...",
                   flush=True)
             said = True

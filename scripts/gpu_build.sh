@@ -17,3 +17,14 @@ cp target/release/examples/gpu_bench gpu-bin/gpu_bench
 cargo build --release -p tensorzip-cli
 cp target/release/tensorzip gpu-bin/tensorzip
 ls -la gpu-bin
+# The anchors' wheels (cuZipNN needs nvCOMP), for scripts/gpu_run.sh bench.
+anchors=../shared/anchor-wheels
+if [[ -d $anchors ]]; then
+    mkdir -p gpu-wheels
+    cp "$anchors"/cuzipnn-*.whl "$anchors"/entropack-*.whl "$anchors"/nvidia_libnvcomp_cu13-*.whl gpu-wheels/
+fi
+# EntroPack's DFloat11 encoder imports dahuffman (pure Python; not among the anchor wheels).
+if [[ -d gpu-wheels && ! -f gpu-wheels/dahuffman-0.4.2-py3-none-any.whl ]]; then
+    python3 -m pip download -q --no-deps -d gpu-wheels dahuffman==0.4.2 ||
+        echo "dahuffman not downloadable: the DFloat11 anchor will report its encoder failure"
+fi

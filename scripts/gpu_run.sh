@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (after scripts/gpu_build.sh here, with gpu-bin/ carried):
-#   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, corruption)
+# Runs on the GPU machine, after scripts/gpu_build.sh on this one, with gpu-bin/ carried (and, for
+# the anchors, gpu-wheels/: the anchor wheels copied by gpu_build.sh):
+#   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, CPU == GPU on corrupted blobs)
 #   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases)
-#   scripts/gpu_run.sh bench      decode throughput, synthetic bf16/fp32 (JSON lines)
-#   scripts/gpu_run.sh all        all three
-# Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default: under $OUT when set, so one run
-# compiles once).
+#   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
+#                                 and the anchors on the same bytes; a markdown table at the end
+#   scripts/gpu_run.sh model F    whole-model batch decode of the safetensors file F (and its bf16
+#                                 and fp16 casts)
+#   scripts/gpu_run.sh all        tests, sanitize and bench
+# Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TENSORZIP_CACHE_DIR=${TENSORZIP_CACHE_DIR:-/tmp/tensorzip-cache}
 what=${1:-all}
 rc=0
+chmod +x gpu-bin/* 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 if [[ $what == tests || $what == all ]]; then
     echo "== GPU tests"
@@ -20,16 +24,34 @@ if [[ $what == sanitize || $what == all ]]; then
     echo "== compute-sanitizer memcheck"
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [[ -n $san ]]; then
-        TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests --include-ignored --test-threads=1 || rc=1
+        TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
+            --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs || rc=1
     else
         echo "compute-sanitizer not found"; rc=1
     fi
 fi
+results=${OUT:-/tmp}/gpu-results.jsonl
 if [[ $what == bench || $what == all ]]; then
-    echo "== decode benchmark"
-    for dt in bf16 fp32; do
-        ./gpu-bin/gpu_bench synth "$dt" 8 10 || rc=1
-        NO_COND=1 ./gpu-bin/gpu_bench synth "$dt" 8 10 || rc=1
+    echo "== benchmark (results in $results)"
+    data=/tmp/tzbench
+    python3 scripts/gpu_anchors.py gen "$data" || rc=1
+    for f in "$data"/synth-bf16.safetensors "$data"/synth-f32.safetensors; do
+        ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
+        NO_COND=1 ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
+    done
+    if ls gpu-wheels/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site gpu-wheels/*.whl || rc=1
+        PYTHONPATH=/tmp/site python3 scripts/gpu_anchors.py run "$data"/synth-bf16.safetensors \
+            "$data"/synth-f32.safetensors | tee -a "$results" || rc=1
+    else
+        echo "gpu-wheels/ not carried: no anchors"
+    fi
+fi
+if [[ $what == model ]]; then
+    f=$2
+    for cast in none bf16 f16; do
+        ./gpu-bin/gpu_bench file "$f" "$cast" 20 | tee -a "$results" || rc=1
     done
 fi
+[[ -f $results ]] && python3 scripts/gpu_anchors.py table "$results"
 exit $rc

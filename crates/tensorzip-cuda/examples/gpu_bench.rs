@@ -96,7 +96,16 @@ fn main() {
                     })
                 })
                 .collect();
-            (format!("{} ({cast}), whole model", args[2]), ts)
+            let base = std::path::Path::new(&args[2])
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let label = if cast == "none" {
+                base
+            } else {
+                format!("{base} cast to {cast}")
+            };
+            (label, ts)
         }
         _ => panic!(
             "usage: gpu_bench synth <bf16|fp32> <n> <runs> | file <path> <none|bf16|f16> <runs>"
@@ -232,12 +241,13 @@ fn main() {
     println!(
         "{}",
         serde_json::json!({
+            "tool": if opts.condition { "tensorzip" } else { "tensorzip (condition off)" },
             "dataset": name, "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
             "ratio": comp as f64 / orig as f64, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
             "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
             "decode_resident_with_planning_gbps": gb(median(resident)),
             "pinned_round_trip_decode_gbps": gb(median(round)),
-            "cpu_compress_gbps_16_threads": orig as f64 / cpu_compress_s / 1e9,
+            "cpu_compress_gbps": orig as f64 / cpu_compress_s / 1e9, "cpu_threads": rayon::current_num_threads(),
         })
     );
 }

@@ -45,7 +45,7 @@ struct ChunkDesc {
     u32 sel_len;
     u32 len;
     u32 tensor;
-    u32 pad;
+    u32 index;            // position in the batch, for error reports (padding chunks: len 0)
     u8 modes[8];
     u8 values[8];
 };
@@ -525,7 +525,8 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     const u32 warp = threadIdx.x >> 5;
     const u32 first = blockIdx.x * warps_per_block;
     if (first >= n_chunks) return;
-    // The block's table cache: the multi-symbol tables of the tensor of its first chunk, compacted.
+    // The block's table cache: the multi-symbol tables of its tensor, compacted (the host gives
+    // each block the chunks of one tensor only, padding with empty chunks).
     __shared__ Cache cache;
     u8* cache_mem = smem + warps_per_block * (scratch ? 0 : per_warp);
     if (threadIdx.x == 0) {
@@ -561,7 +562,7 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     u8* sub = buf + n_slots * su;
     u16* ring = (u16*)(sub + su + 16);
     u8* stash = (u8*)(ring + RING);
-    decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, c, lane, buf, su, sub, ring, stash, cache);
+    decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, ring, stash, cache);
 }
 
 #define ENTRY(NAME, U, E)                                                                                     \

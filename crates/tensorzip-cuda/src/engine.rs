@@ -44,6 +44,29 @@ struct DeviceGroup {
     slot_units: u32,
 }
 
+/// The chunks laid out in blocks of `warps` that each hold chunks of one tensor only (empty
+/// chunks fill the gaps; the kernel skips them).
+fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
+    let mut out = Vec::with_capacity(chunks.len() + chunks.len() / 4);
+    for c in chunks {
+        let fill = out.len() % warps;
+        if fill != 0 && out.last().is_some_and(|p: &ChunkDesc| p.tensor != c.tensor) {
+            let last = *out.last().unwrap_or(c);
+            for _ in fill..warps {
+                out.push(ChunkDesc {
+                    len: 0,
+                    payload_len: 0,
+                    rans_len: 0,
+                    sel_len: 0,
+                    ..last
+                });
+            }
+        }
+        out.push(*c);
+    }
+    out
+}
+
 /// The GPU engine of one device.
 pub struct GpuEngine {
     ctx: Arc<CudaContext>,
@@ -91,21 +114,34 @@ impl GpuEngine {
         let no_tensor = [TensorDesc::default()];
         let mut groups = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
-            let n = g.chunks.len() as u32;
-            let (warps, smem, scratch) = if g.global_scratch || g.per_warp + CACHE_BYTES > MAX_SMEM
-            {
+            let global = g.global_scratch || g.per_warp + CACHE_BYTES > MAX_SMEM;
+            let most = if global {
+                8
+            } else {
+                ((MAX_SMEM - CACHE_BYTES) / g.per_warp).clamp(1, 16)
+            };
+            // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
+            // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
+            // blocks (several per SM) rather than wide blocks padded with empty chunks.
+            let tensors = 1 + g
+                .chunks
+                .windows(2)
+                .filter(|w| w[0].tensor != w[1].tensor)
+                .count();
+            let warps = (g.chunks.len().div_ceil(tensors) as u32).clamp(1, most);
+            let chunks = pad_to_blocks(&g.chunks, warps as usize);
+            let n = chunks.len() as u32;
+            let (smem, scratch) = if global {
                 (
-                    8u32,
                     CACHE_BYTES,
                     Some(s.alloc_zeros::<u8>(n as usize * g.per_warp as usize)?),
                 )
             } else {
-                let warps = ((MAX_SMEM - CACHE_BYTES) / g.per_warp).clamp(1, 16);
-                (warps, warps * g.per_warp + CACHE_BYTES, None)
+                (warps * g.per_warp + CACHE_BYTES, None)
             };
             groups.push(DeviceGroup {
                 kernel: g.kernel,
-                chunks: s.clone_htod(&g.chunks)?,
+                chunks: s.clone_htod(&chunks)?,
                 scratch,
                 n,
                 warps,
@@ -270,4 +306,42 @@ impl GpuEngine {
 pub struct HostBatch {
     pub data: Vec<u8>,
     pub tensors: Vec<(tensorzip::DType, Vec<u64>, u64, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(tensor: u32, index: u32) -> ChunkDesc {
+        ChunkDesc {
+            tensor,
+            index,
+            len: 100,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn blocks_hold_chunks_of_one_tensor() {
+        let chunks: Vec<ChunkDesc> = [0, 0, 0, 1, 2, 2, 2, 2, 2]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| chunk(t, i as u32))
+            .collect();
+        let out = pad_to_blocks(&chunks, 4);
+        // Every real chunk is there once, in order.
+        let real: Vec<u32> = out.iter().filter(|c| c.len > 0).map(|c| c.index).collect();
+        assert_eq!(real, (0..9).collect::<Vec<_>>());
+        // Each block of 4 has one tensor.
+        for b in out.chunks(4) {
+            assert!(b.iter().all(|c| c.tensor == b[0].tensor), "{b:?}");
+        }
+        // Padding is empty: nothing to read or write.
+        assert!(out
+            .iter()
+            .filter(|c| c.len == 0)
+            .all(|c| c.payload_len == 0 && c.rans_len == 0 && c.sel_len == 0));
+        assert_eq!(out.len(), 4 + 4 + 5);
+        assert_eq!(pad_to_blocks(&chunks, 1).len(), 9);
+    }
 }

@@ -24,7 +24,8 @@ pub struct ChunkDesc {
     pub sel_len: u32,
     pub len: u32,
     pub tensor: u32,
-    pub pad: u32,
+    /// Position of the chunk in the batch (reported by errors).
+    pub index: u32,
     pub modes: [u8; 8],
     pub values: [u8; 8],
 }
@@ -120,6 +121,7 @@ impl Plan {
             g.unit_size = KERNELS[k].1;
             g.slot_units = 32;
         }
+        let mut n_chunks = 0u32;
         for job in jobs {
             let l = job.layout;
             let h = &l.header;
@@ -199,8 +201,10 @@ impl Plan {
                     sel_len,
                     len: len as u32,
                     tensor,
+                    index: n_chunks,
                     ..Default::default()
                 };
+                n_chunks += 1;
                 for p in 0..us {
                     let (m, v) = match e.modes[p] {
                         PlaneMode::Raw => (0, 0),
