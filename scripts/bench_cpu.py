@@ -203,7 +203,11 @@ def cmd_prepare(args):
 
 
 def bench_zipnn(tensors, threads, runs):
-    from zipnn import ZipNN
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit deprecation noise from zipnn's import of torch
+        from zipnn import ZipNN
 
     zs = {}
     plan = []
@@ -501,10 +505,11 @@ def cmd_run(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default=os.path.join(ROOT, "bench-data"))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=os.path.join(ROOT, "bench-data"))
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("prepare", help="fetch and write the datasets that are missing")
-    rp = sub.add_parser("run", help="benchmark both tools and print the table")
+    sub.add_parser("prepare", parents=[common], help="fetch and write the datasets that are missing")
+    rp = sub.add_parser("run", parents=[common], help="benchmark both tools and print the table")
     rp.add_argument("--runs", type=int, default=5, help="timed runs per measurement; the median is reported")
     rp.add_argument("--threads", default="1,all", help="comma-separated thread counts; 'all' = every core")
     rp.add_argument("--datasets", default="", help="comma-separated subset of: " + ", ".join(d[0] for d in DATASETS))

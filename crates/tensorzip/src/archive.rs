@@ -567,7 +567,7 @@ impl<'a> Archive<'a> {
     pub fn decode_segment(&self, engine: &CpuEngine, i: usize) -> Result<Vec<u8>> {
         // Only a length the blob itself confirms is allocated.
         self.check_segment(i)?;
-        let mut out = Vec::with_capacity(self.segments[i].orig_len as usize);
+        let mut out = crate::fresh::with_capacity(self.segments[i].orig_len as usize);
         self.decode_segment_to(engine, i, &mut out, &|_| {})?;
         Ok(out)
     }

@@ -63,7 +63,9 @@ impl CpuEngine {
         shape: &[u64],
         opts: &CompressOptions,
     ) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
+        // A blob is at most a stored blob (data plus a header); reserving that once avoids
+        // regrowing, and pages never written cost nothing.
+        let mut out = crate::fresh::with_capacity(data.len() + 64 * 1024);
         self.compress_into(data, dtype, shape, opts, &mut out)?;
         Ok(out)
     }
@@ -89,7 +91,7 @@ impl CpuEngine {
     pub fn decompress(&self, blob: &[u8]) -> Result<Tensor> {
         let dec = TensorDecoder::new(blob)?;
         let h = dec.header().clone();
-        let mut data = vec![0u8; h.nbytes() as usize];
+        let mut data = crate::fresh::zeroed(h.nbytes() as usize);
         self.decode_all(&dec, &mut data)?;
         Ok(Tensor {
             dtype: h.dtype,
@@ -339,7 +341,7 @@ impl CpuEngine {
 
 /// The bytes of a stored blob.
 pub fn stored_blob(header: &BlobHeader, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(header.encoded_len() + data.len());
+    let mut out = crate::fresh::with_capacity(header.encoded_len() + data.len());
     header.write(&mut out);
     out.extend_from_slice(data);
     out

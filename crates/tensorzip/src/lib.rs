@@ -31,6 +31,7 @@ pub mod dtype;
 pub mod encoder;
 pub mod engine;
 pub mod error;
+mod fresh;
 pub mod model;
 pub mod options;
 pub mod rans;
