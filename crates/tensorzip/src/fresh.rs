@@ -6,6 +6,7 @@
 //! faults 2 MiB at a time: 4-6 GB/s measured on the same machine (docs/BENCHMARKS.md). Large
 //! buffers from the allocator are fresh `mmap`s, so advising their 2 MiB-aligned interior before the
 //! first write is enough; the advice changes no contents and is a no-op where THP is off.
+//! `TENSORZIP_NO_HUGEPAGES=1` turns the advice off (for comparisons, or where compaction stalls).
 
 /// Buffers below this size are left alone (the allocator's heap, already touched, serves them).
 const MIN_ADVISE: usize = 4 << 20;
@@ -27,7 +28,7 @@ pub fn with_capacity(n: usize) -> Vec<u8> {
 
 #[cfg(target_os = "linux")]
 fn advise(ptr: *mut u8, len: usize) {
-    if len < MIN_ADVISE {
+    if len < MIN_ADVISE || std::env::var_os("TENSORZIP_NO_HUGEPAGES").is_some() {
         return;
     }
     let start = (ptr as usize).next_multiple_of(HUGE);
