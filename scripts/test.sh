@@ -4,7 +4,7 @@
 # machines without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rustup component add rustfmt clippy >/dev/null 2>&1 || true
+source scripts/ensure-rust.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release

@@ -1,7 +1,8 @@
 //! GPU decode benchmark (run on the device machine by `scripts/gpu_run.sh`).
 //!
 //! `gpu_bench synth <bf16|fp32> <tensors> <runs>`: tensors of 8192 x 8192 with
-//! `randn * 0.02 * exp(0.3 * randn(rows, 1))`; `gpu_bench file <path.safetensors> <none|bf16|f16> <runs>`.
+//! `randn * 0.02 * exp(0.3 * randn(rows, 1))`; `gpu_bench file <path.safetensors> <none|bf16|f16> <runs>`;
+//! `gpu_bench model - - <runs>`: the built-in sample model (many small tensors, like a real model).
 //! The tensors are compressed by the CPU engine; the blobs are uploaded once; then the median over
 //! `runs` of: the decode kernel alone (CUDA events, blobs and output in device memory), the
 //! device-resident decode including planning and descriptor upload, and the pinned host round trip
@@ -44,6 +45,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let runs: usize = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(10);
     let (name, tensors): (String, Vec<Input>) = match args[1].as_str() {
+        "model" => (
+            "built-in sample model (34 tensors, 32 MiB)".into(),
+            sample::sample_model(7)
+                .into_iter()
+                .map(|t| (t.dtype, t.shape, t.data))
+                .collect(),
+        ),
         "synth" => {
             let dtype = if args[2] == "bf16" {
                 DType::BF16

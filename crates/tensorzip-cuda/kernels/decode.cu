@@ -75,28 +75,49 @@ __device__ __forceinline__ void fail(u32* err, u32 code, u32 chunk) {
     atomicCAS(err + 1, 0xFFFFFFFFu, chunk);
 }
 
+// The stream's words pass through a per-warp ring of RING words in shared memory. Loads are issued
+// one block of 256 words ahead, into registers (`pend`), as soon as the ring has room for them, and
+// written to the ring only when the decoder needs them: a lone warp (a small model has few chunks)
+// then does not wait for global memory at every refill.
 struct Stream {
     const u8* words;
     u32 n_words;
-    u32 fetched;
-    u32 pos;
+    u32 fetched;          // words [0, fetched) are in the ring
+    u32 pos;              // words [0, pos) are consumed
     u16* ring;
     u32 x;
+    u32 pend[4];          // this lane's 8 words of the block [fetched, fetched + 256)
+    bool pending;
     bool bad;
 };
 
-__device__ __forceinline__ void refill(Stream& s, int lane) {
-    if (s.fetched - s.pos >= LANES || s.fetched >= s.n_words) return;
-    u32 base = s.fetched;
+__device__ __forceinline__ void issue(Stream& s, int lane) {
     #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        u32 w = base + lane * 8 + k;
-        u16 v = 0;
-        if (w < s.n_words) v = (u16)s.words[2 * w] | ((u16)s.words[2 * w + 1] << 8);
-        s.ring[w % RING] = v;
+    for (int k = 0; k < 4; k++) {
+        u32 w = s.fetched + lane * 8 + 2 * k;
+        u32 v = 0;
+        if (w < s.n_words) v = (u32)__ldg(s.words + 2 * w) | ((u32)__ldg(s.words + 2 * w + 1) << 8);
+        if (w + 1 < s.n_words) v |= ((u32)__ldg(s.words + 2 * w + 2) << 16) | ((u32)__ldg(s.words + 2 * w + 3) << 24);
+        s.pend[k] = v;
     }
-    __syncwarp();
-    s.fetched = min(base + 256u, s.n_words);
+    s.pending = true;
+}
+
+__device__ __forceinline__ void refill(Stream& s, int lane) {
+    // Everything here depends only on warp-uniform values. The next block's ring slots are free
+    // once at most RING - 256 words are buffered.
+    if (!s.pending && s.fetched < s.n_words && s.fetched - s.pos <= RING - 256) issue(s, lane);
+    if (s.pending && s.fetched - s.pos < LANES) {
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 w = s.fetched + lane * 8 + 2 * k;
+            s.ring[w % RING] = (u16)s.pend[k];
+            s.ring[(w + 1) % RING] = (u16)(s.pend[k] >> 16);
+        }
+        __syncwarp();
+        s.fetched = min(s.fetched + 256u, s.n_words);
+        s.pending = false;
+    }
 }
 
 // A decode table: in the block's shared-memory cache (compact: symbol of each slot, frequency and
@@ -182,7 +203,8 @@ __device__ __forceinline__ u32 inverse2(u32 w) {
 __device__ __forceinline__ void load16(u32 (&w)[4], const u8* area, const u8* lim, u32 j, u32 n, u32 from_area, const u8* stash) {
     const u64 a = (u64)(area + j);
     const u32* wp = (const u32*)(a & ~3ull);
-    if (n == GROUP && j + GROUP <= from_area && (const u8*)(wp + 5) <= lim) {
+    // Bytes past the `n` needed are read too (and ignored) when they lie in the area.
+    if (n && j + GROUP <= from_area && (const u8*)(wp + 5) <= lim) {
         const u32 sh = (u32)(a & 3) * 8;
         u32 x[5];
         #pragma unroll
@@ -193,10 +215,13 @@ __device__ __forceinline__ void load16(u32 (&w)[4], const u8* area, const u8* li
     }
     #pragma unroll
     for (int k = 0; k < 4; k++) w[k] = 0;
-    for (u32 k = 0; k < n; k++) {
-        u32 x = j + k;
-        u32 v = x < from_area ? area[x] : stash[x - from_area];
-        w[k / 4] |= v << (8 * (k % 4));
+    #pragma unroll
+    for (u32 k = 0; k < GROUP; k++) {
+        if (k < n) {
+            u32 x = j + k;
+            u32 v = x < from_area ? area[x] : stash[x - from_area];
+            w[k / 4] |= v << (8 * (k % 4));
+        }
     }
 }
 
@@ -312,6 +337,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
     s.pos = 0;
     s.ring = ring;
     s.bad = false;
+    s.pending = false;
     s.x = 0;
     if (rans_len) {
         const u8* st = payload + sel_len + 4 * lane;
@@ -484,17 +510,28 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
                 const u32 total_c = __shfl_sync(0xFFFFFFFFu, incl, 31);
                 const u32 kc = base_c + incl - mine;
                 const u32 kr = fixed + base_r + (min(i0, blen) - g0) - (incl - mine);
+                // The lane's raw condition bytes are consecutive in the area: one 16-byte window,
+                // consumed from its low end; its coded ones come from the sub-segment in order.
+                u32 rw[4];
+                load16(rw, area, lim, kr, n - mine, from_area, stash);
+                u64 rlo = (u64)rw[0] | ((u64)rw[1] << 32), rhi = (u64)rw[2] | ((u64)rw[3] << 32);
+                const u8* sp = sub + kc;
+                u32 nh = 0;
                 u32 cb[4] = {0, 0, 0, 0};
-                for (u32 k = 0; k < n; k++) {
-                    const u32 below = __popc(hits & ((1u << k) - 1u));
-                    u32 v;
-                    if ((hits >> k) & 1u) {
-                        v = sub[kc + below];
-                    } else {
-                        const u32 x = kr + k - below;
-                        v = x < from_area ? area[x] : stash[x - from_area];
+                #pragma unroll
+                for (u32 k = 0; k < GROUP; k++) {
+                    if (k < n) {
+                        u32 v;
+                        if ((hits >> k) & 1u) {
+                            v = sp[nh];
+                            nh++;
+                        } else {
+                            v = (u32)rlo & 0xFFu;
+                            rlo = (rlo >> 8) | (rhi << 56);
+                            rhi >>= 8;
+                        }
+                        cb[k / 4] |= v << (8 * (k % 4));
                     }
-                    cb[k / 4] |= v << (8 * (k % 4));
                 }
                 #pragma unroll
                 for (int p = 0; p < U; p++) {
