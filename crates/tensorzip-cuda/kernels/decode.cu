@@ -22,6 +22,7 @@ typedef unsigned long long u64;
 #define LANES 32
 #define STATE_LOWER 65536u
 #define RING 512          // words in the per-warp ring buffer of stream words
+#define RING_STASH 1088   // per-warp shared bytes of the ring (2 * RING) and the stash (64)
 #define GROUP 16          // units per lane in the merge
 #define SEL_CONST 254
 #define SEL_RAW 255
@@ -70,6 +71,32 @@ __device__ __forceinline__ u32 lanemask_lt() {
     return m;
 }
 
+// Shared-memory accesses by 32-bit shared address: the hot loop's table and ring reads compile to
+// LDS instead of generic 64-bit loads. `volatile` keeps them ordered with the barriers.
+__device__ __forceinline__ u32 shared_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ u32 lds8(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 lds32(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 lds16(u32 a) {
+    u16 v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sts16(u32 a, u32 v) {
+    asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "h"((u16)v) : "memory");
+}
+
 __device__ __forceinline__ void fail(u32* err, u32 code, u32 chunk) {
     atomicCAS(err, 0u, code);
     atomicCAS(err + 1, 0xFFFFFFFFu, chunk);
@@ -84,7 +111,7 @@ struct Stream {
     u32 n_words;
     u32 fetched;          // words [0, fetched) are in the ring
     u32 pos;              // words [0, pos) are consumed
-    u16* ring;
+    u32 ring;             // shared address of the ring
     u32 x;
     u32 pend[4];          // this lane's 8 words of the block [fetched, fetched + 256)
     bool pending;
@@ -111,8 +138,8 @@ __device__ __forceinline__ void refill(Stream& s, int lane) {
         #pragma unroll
         for (int k = 0; k < 4; k++) {
             u32 w = s.fetched + lane * 8 + 2 * k;
-            s.ring[w % RING] = (u16)s.pend[k];
-            s.ring[(w + 1) % RING] = (u16)(s.pend[k] >> 16);
+            sts16(s.ring + 2 * (w % RING), s.pend[k]);
+            sts16(s.ring + 2 * ((w + 1) % RING), s.pend[k] >> 16);
         }
         __syncwarp();
         s.fetched = min(s.fetched + 256u, s.n_words);
@@ -121,39 +148,46 @@ __device__ __forceinline__ void refill(Stream& s, int lane) {
 }
 
 // A decode table: in the block's shared-memory cache (compact: symbol of each slot, frequency and
-// cumulative frequency of each symbol) or, if not cached, its 4096 entries in global memory.
+// cumulative frequency of each symbol, at shared addresses `sym` and `fc`) or, if not cached
+// (`sym == NOT_CACHED`), its 4096 entries in global memory.
+#define NOT_CACHED 0xFFFFFFFFu
 struct Table {
-    const u8* sym;        // shared: 4096 symbols, or null
-    const u32* fc;        // shared: 256 x (freq | cum << 16)
+    u32 sym;              // shared: 4096 symbols
+    u32 fc;               // shared: 256 x (freq | cum << 16)
     const u32* full;      // global: 4096 x (sym | freq << 8 | bias << 20)
 };
 
+// One rANS step of the warp: every active lane decodes a symbol; lanes whose state fell below 2^16
+// read one word each, in lane order. Inactive lanes keep their state. `CACHED` is warp-uniform.
+template <bool CACHED>
 __device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int lane) {
     refill(s, lane);
-    u32 sym = 0;
-    bool need = false;
-    if (active) {
-        u32 slot = s.x & 4095u;
-        if (t.sym) {
-            sym = t.sym[slot];
-            u32 e = t.fc[sym];
-            s.x = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
-        } else {
-            u32 e = __ldg(t.full + slot);
-            sym = e & 0xFFu;
-            s.x = ((e >> 8) & 0xFFFu) * (s.x >> 12) + (e >> 20);
-        }
-        need = s.x < STATE_LOWER;
+    const u32 slot = s.x & 4095u;
+    u32 sym, nx;
+    if (CACHED) {
+        sym = lds8(t.sym + slot);
+        const u32 e = lds32(t.fc + 4 * sym);
+        nx = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
+    } else {
+        const u32 e = __ldg(t.full + slot);
+        sym = e & 0xFFu;
+        nx = ((e >> 8) & 0xFFFu) * (s.x >> 12) + (e >> 20);
     }
-    u32 mask = __ballot_sync(0xFFFFFFFFu, need);
-    u32 n = __popc(mask);
+    const bool need = active && nx < STATE_LOWER;
+    if (active) s.x = nx;
+    const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 n = __popc(mask);
     if (s.pos + n > s.fetched) {
         s.bad = true;
         return sym;
     }
-    if (need) s.x = (s.x << 16) | s.ring[(s.pos + __popc(mask & lanemask_lt())) % RING];
+    if (need) s.x = (nx << 16) | lds16(s.ring + 2 * ((s.pos + __popc(mask & lanemask_lt())) % RING));
     s.pos += n;
     return sym;
+}
+
+__device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, int lane) {
+    return t.sym != NOT_CACHED ? step<true>(s, t, active, lane) : step<false>(s, t, active, lane);
 }
 
 // The block's table cache: `ids[k]` is the global index of cached table `k`.
@@ -161,19 +195,19 @@ __device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int 
 struct Cache {
     u32 n;
     u32 ids[MAX_CACHED];
-    u8* sym;              // n x 4096
-    u32* fc;              // n x 256
+    u32 sym;              // shared address: n x 4096 symbols
+    u32 fc;               // shared address: n x 256 words
 };
 
 __device__ __forceinline__ Table table_of(const Cache& cache, const u32* tables, u32 g) {
     Table t;
-    t.sym = 0;
+    t.sym = NOT_CACHED;
     t.fc = 0;
     t.full = tables + (u64)g * 4096;
     for (u32 k = 0; k < cache.n; k++) {
         if (cache.ids[k] == g) {
             t.sym = cache.sym + k * 4096;
-            t.fc = cache.fc + k * 256;
+            t.fc = cache.fc + k * 1024;
         }
     }
     return t;
@@ -305,7 +339,7 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
 template <int U, int E>
 __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
-                             u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u16* ring, u8* stash,
+                             u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u32 ring, u8* stash,
                              const Cache& cache) {
     const u32 bu = tdp->block_units;
     const u32 len = cdp->len;
@@ -406,7 +440,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
                 if (src[p] != SRC_CODED) continue;
                 if (!rans_len) { if (lane == 0) fail(err, 6, c); return; }
                 used = true;
-                u32 v = step(s, tt[p], in, lane);
+                u32 v = step_any(s, tt[p], in, lane);
                 if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
                 if (in) slots[slot[p] * su + i] = (u8)v;
             }
@@ -449,7 +483,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             const Table t = table_of(cache, tables, tdp->cond_table);
             for (u32 r = 0; r * LANES < coded; r++) {
                 u32 k = r * LANES + lane;
-                u32 sym = step(s, t, k < coded, lane);
+                u32 sym = step_any(s, t, k < coded, lane);
                 if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
                 if (k < coded) sub[k] = (u8)sym;
             }
@@ -564,13 +598,18 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     if (first >= n_chunks) return;
     // The block's table cache: the multi-symbol tables of its tensor, compacted (the host gives
     // each block the chunks of one tensor only, padding with empty chunks).
+    // Shared memory: per warp the word ring and the stash (RING_STASH bytes); per warp the slots
+    // and the sub-segment (`per_warp` bytes) unless they are in global scratch; the table cache.
     __shared__ Cache cache;
-    u8* cache_mem = smem + warps_per_block * (scratch ? 0 : per_warp);
+    u8* bufs = smem + warps_per_block * RING_STASH;
+    u8* cache_mem = bufs + warps_per_block * (scratch ? 0 : per_warp);
+    u8* cache_sym = cache_mem;
+    u32* cache_fc = (u32*)(cache_mem + cache_tables * 4096);
     if (threadIdx.x == 0) {
         const TensorDesc* td = tensors + chunks[first].tensor;
         cache.n = 0;
-        cache.sym = cache_mem;
-        cache.fc = (u32*)(cache_mem + cache_tables * 4096);
+        cache.sym = shared_addr(cache_sym);
+        cache.fc = shared_addr(cache_fc);
         for (u32 p = 0; p < td->unit_size; p++) {
             for (u32 j = 0; j < td->n_tables[p]; j++) {
                 u32 g = td->table_base[p] + j;
@@ -585,8 +624,8 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
         for (u32 slot = threadIdx.x; slot < 4096; slot += blockDim.x) {
             u32 e = __ldg(full + slot);
             u32 sym = e & 0xFFu;
-            cache.sym[k * 4096 + slot] = (u8)sym;
-            if ((e >> 20) == 0) cache.fc[k * 256 + sym] = ((e >> 8) & 0xFFFu) | (slot << 16);
+            cache_sym[k * 4096 + slot] = (u8)sym;
+            if ((e >> 20) == 0) cache_fc[k * 256 + sym] = ((e >> 8) & 0xFFFu) | (slot << 16);
         }
     }
     __syncthreads();
@@ -594,12 +633,13 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     if (c >= n_chunks) return;
     const ChunkDesc* cd = chunks + c;
     const TensorDesc* td = tensors + cd->tensor;
-    // Per-warp buffers: slots of `su` units, the sub-segment (su + 16), the word ring, the stash.
-    u8* buf = scratch ? scratch + (u64)c * per_warp : smem + warp * per_warp;
+    // Per-warp buffers: slots of `su` units and the sub-segment (su + 16); the ring and the stash.
+    u8* buf = scratch ? scratch + (u64)c * per_warp : bufs + warp * per_warp;
     u8* sub = buf + n_slots * su;
-    u16* ring = (u16*)(sub + su + 16);
-    u8* stash = (u8*)(ring + RING);
-    decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, ring, stash, cache);
+    u8* ring = smem + warp * RING_STASH;
+    u8* stash = ring + 2 * RING;
+    decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
+                       cache);
 }
 
 #define ENTRY(NAME, U, E)                                                                                     \

@@ -11,7 +11,7 @@ use tensorzip::blob::BlobLayout;
 use tensorzip::Tensor;
 
 use crate::error::{Error, Result};
-use crate::plan::{ChunkDesc, Job, Plan, TensorDesc, KERNELS};
+use crate::plan::{ChunkDesc, Job, Plan, TensorDesc, KERNELS, RING_STASH_BYTES};
 
 /// Source of the decoder kernel.
 pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
@@ -114,11 +114,11 @@ impl GpuEngine {
         let no_tensor = [TensorDesc::default()];
         let mut groups = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
-            let global = g.global_scratch || g.per_warp + CACHE_BYTES > MAX_SMEM;
+            let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + CACHE_BYTES > MAX_SMEM;
             let most = if global {
                 8
             } else {
-                ((MAX_SMEM - CACHE_BYTES) / g.per_warp).clamp(1, 16)
+                ((MAX_SMEM - CACHE_BYTES) / (g.per_warp + RING_STASH_BYTES)).clamp(1, 16)
             };
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
@@ -133,11 +133,11 @@ impl GpuEngine {
             let n = chunks.len() as u32;
             let (smem, scratch) = if global {
                 (
-                    CACHE_BYTES,
+                    warps * RING_STASH_BYTES + CACHE_BYTES,
                     Some(s.alloc_zeros::<u8>(n as usize * g.per_warp as usize)?),
                 )
             } else {
-                (warps * g.per_warp + CACHE_BYTES, None)
+                (warps * (g.per_warp + RING_STASH_BYTES) + CACHE_BYTES, None)
             };
             groups.push(DeviceGroup {
                 kernel: g.kernel,

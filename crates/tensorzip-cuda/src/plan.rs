@@ -10,8 +10,9 @@ use crate::error::Result;
 
 /// Units per block that fit the per-warp shared-memory buffers; larger blocks use global scratch.
 pub const SMEM_BLOCK_UNITS: u32 = 4096;
-/// Words in the per-warp ring of stream words (as in `kernels/decode.cu`).
-const RING_WORDS: u32 = 512;
+/// Shared-memory bytes per warp for the ring of stream words and the stash (`RING_STASH` in
+/// `kernels/decode.cu`).
+pub const RING_STASH_BYTES: u32 = 1088;
 
 /// One chunk, as the kernel sees it (layout shared with `struct ChunkDesc` in decode.cu).
 #[repr(C)]
@@ -85,7 +86,7 @@ pub struct Group {
     /// Shared-memory slots per warp (planes with block tables), each `slot_units` bytes.
     pub n_slots: u32,
     pub slot_units: u32,
-    /// Bytes of per-warp buffers.
+    /// Bytes of per-warp slot and sub-segment buffers.
     pub per_warp: u32,
     /// Whether those buffers must live in global memory (blocks over `SMEM_BLOCK_UNITS` units).
     pub global_scratch: bool,
@@ -222,8 +223,9 @@ impl Plan {
             if g.chunks.is_empty() {
                 continue;
             }
-            // Per warp: the slots, the sub-segment (+16), the word ring, the stash (64).
-            let per = g.n_slots * g.slot_units + g.slot_units + 16 + 2 * RING_WORDS + 64;
+            // Per warp: the slots and the sub-segment (+16); the word ring and the stash are
+            // always in shared memory (`RING_STASH_BYTES`).
+            let per = g.n_slots * g.slot_units + g.slot_units + 16;
             g.per_warp = per.div_ceil(16) * 16;
             g.global_scratch = g.slot_units > SMEM_BLOCK_UNITS;
             plan.groups.push(g);
