@@ -164,28 +164,34 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     let n_blocks = (n_chunks - 1) * blocks_per_chunk + last_len.div_ceil(bu);
     let picks = sample_indices(n_blocks, opts.sample_blocks);
     let transform = header.dtype.transform();
+    // The byte planes of sampled block `g` (global block index), split into `scratch`.
+    let split_block = |g: u64, scratch: &mut [u8]| -> usize {
+        let (c, b) = (g / blocks_per_chunk, g % blocks_per_chunk);
+        let start = c * cu + b * bu;
+        let end = (start + bu).min(((c + 1) * cu).min(units));
+        let len = (end - start) as usize;
+        let src = &data[start as usize * us..end as usize * us];
+        let mut views: Vec<&mut [u8]> = scratch
+            .chunks_mut(bu as usize)
+            .take(us)
+            .map(|p| &mut p[..len])
+            .collect();
+        transform::split(transform, src, &mut views);
+        len
+    };
+    // Where plane `p` of a split block of `len` units lies in the scratch.
+    let plane = |p: usize, len: usize| p * bu as usize..p * bu as usize + len;
     // Histograms of every sampled block, per plane.
     let hists: Vec<Vec<[u32; 256]>> = picks
         .par_iter()
         .map_init(
             || vec![0u8; bu as usize * us],
             |scratch, &g| {
-                let (c, b) = (g / blocks_per_chunk, g % blocks_per_chunk);
-                let start = c * cu + b * bu;
-                let end = (start + bu).min(((c + 1) * cu).min(units));
-                let len = (end - start) as usize;
-                let src = &data[start as usize * us..end as usize * us];
-                let mut views: Vec<&mut [u8]> = scratch
-                    .chunks_mut(bu as usize)
-                    .take(us)
-                    .map(|p| &mut p[..len])
-                    .collect();
-                transform::split(transform, src, &mut views);
-                views
-                    .iter()
+                let len = split_block(g, scratch);
+                (0..us)
                     .map(|p| {
                         let mut h = [0u32; 256];
-                        histogram(p, &mut h);
+                        histogram(&scratch[plane(p, len)], &mut h);
                         h
                     })
                     .collect()
@@ -228,20 +234,11 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
                 .fold(
                     || (vec![0u32; 65536], vec![0u8; bu as usize * us]),
                     |(mut joint, mut scratch), &g| {
-                        let (c, b) = (g / blocks_per_chunk, g % blocks_per_chunk);
-                        let start = c * cu + b * bu;
-                        let end = (start + bu).min(((c + 1) * cu).min(units));
-                        let len = (end - start) as usize;
-                        let src = &data[start as usize * us..end as usize * us];
-                        let mut views: Vec<&mut [u8]> = scratch
-                            .chunks_mut(bu as usize)
-                            .take(us)
-                            .map(|p| &mut p[..len])
-                            .collect();
-                        transform::split(transform, src, &mut views);
+                        let len = split_block(g, &mut scratch);
+                        let (mp, eq) = (&scratch[plane(p, len)], &scratch[plane(q, len)]);
                         // Blocks where the plane is one repeated byte cost nothing already.
-                        if views[p].iter().any(|&m| m != views[p][0]) {
-                            for (&e, &m) in views[q].iter().zip(views[p].iter()) {
+                        if mp.iter().any(|&m| m != mp[0]) {
+                            for (&e, &m) in eq.iter().zip(mp) {
                                 joint[(e as usize) << 8 | m as usize] += 1;
                             }
                         }
