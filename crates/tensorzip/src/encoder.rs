@@ -138,11 +138,6 @@ impl<'a> TensorEncoder<'a> {
         }
     }
 
-    /// The tensor's bytes (for stored blobs and fallbacks).
-    pub fn data(&self) -> &'a [u8] {
-        self.data
-    }
-
     /// Encodes chunk `c`: its payload replaces the contents of `payload`; returns its directory entry.
     pub fn encode_chunk(
         &self,

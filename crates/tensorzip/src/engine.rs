@@ -120,16 +120,25 @@ impl CpuEngine {
                 out.copy_from_slice(dec.view().stored_data());
                 Ok(())
             }
-            Scheme::Planes => {
-                // Tasks of two chunks each, decoded as a pair.
-                let cb = h.chunk_units as usize * h.planes();
-                self.run(|| {
-                    out.par_chunks_mut(2 * cb)
-                        .enumerate()
-                        .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunks(2 * i, o, s)))
-                })
-            }
+            Scheme::Planes => self.decode_chunks_par(dec, 0, out),
         }
+    }
+
+    /// Decodes chunks `first..` into `out` (their bytes back to back) in parallel, in tasks of two
+    /// chunks decoded as a pair.
+    fn decode_chunks_par(
+        &self,
+        dec: &TensorDecoder<'_>,
+        first: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let h = dec.header();
+        let cb = h.chunk_units as usize * h.planes();
+        self.run(|| {
+            out.par_chunks_mut(2 * cb)
+                .enumerate()
+                .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunks(first + 2 * i, o, s)))
+        })
     }
 
     /// Decodes elements `start..end` (row-major order) into `out` (exactly their bytes), touching only
@@ -321,13 +330,7 @@ impl CpuEngine {
                     let c1 = (c0 + batch).min(n);
                     let len = (c1 * cb).min(total) - c0 * cb;
                     let out = &mut buf[..len];
-                    self.run(|| {
-                        out.par_chunks_mut(2 * cb)
-                            .enumerate()
-                            .try_for_each(|(i, o)| {
-                                with_scratch(|s| dec.decode_chunks(c0 + 2 * i, o, s))
-                            })
-                    })?;
+                    self.decode_chunks_par(&dec, c0, out)?;
                     crc.update(out);
                     w.write_all(out).map_err(io)?;
                     progress((c0 * cb + len) as u64);
@@ -337,12 +340,4 @@ impl CpuEngine {
         }
         Ok(crc.finalize())
     }
-}
-
-/// The bytes of a stored blob.
-pub fn stored_blob(header: &BlobHeader, data: &[u8]) -> Vec<u8> {
-    let mut out = crate::fresh::with_capacity(header.encoded_len() + data.len());
-    header.write(&mut out);
-    out.extend_from_slice(data);
-    out
 }
