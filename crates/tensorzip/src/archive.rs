@@ -9,7 +9,7 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use crate::checksum::crc32_pieces;
+use crate::checksum::{crc32_pieces, PieceHasher};
 use crate::dtype::DType;
 use crate::engine::CpuEngine;
 use crate::error::{corrupt, truncated, Error, Result};
@@ -314,17 +314,20 @@ pub fn write_archive(
     }
     w.flush().map_err(io)?;
     drop(w);
-    // Blob checksums, read back from the file (it is in the page cache).
-    let mut buf = Vec::new();
+    // Blob checksums, read back from the file (it is in the page cache) 1 MiB at a time, so that
+    // a large blob does not cost its size in memory.
+    let mut buf = vec![0u8; 1 << 20];
     for e in &mut entries {
         out.seek(SeekFrom::Start(e.blob_offset)).map_err(io)?;
-        buf.resize(e.blob_len as usize, 0);
-        out.read_exact(&mut buf).map_err(io)?;
-        e.blob_crcs = if opts.checksum_piece_bytes == 0 {
-            vec![crc32fast::hash(&buf)]
-        } else {
-            crc32_pieces(&buf, opts.checksum_piece_bytes as usize)?
-        };
+        let mut h = PieceHasher::new(opts.checksum_piece_bytes as u64);
+        let mut left = e.blob_len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            out.read_exact(&mut buf[..n]).map_err(io)?;
+            h.update(&buf[..n]);
+            left -= n as u64;
+        }
+        e.blob_crcs = h.finish();
     }
     let mut index = Vec::new();
     index.extend_from_slice(&(entries.len() as u32).to_le_bytes());

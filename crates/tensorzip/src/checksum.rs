@@ -18,6 +18,51 @@ pub fn crc32_pieces(data: &[u8], piece: usize) -> Result<Vec<u32>> {
     Ok(data.par_chunks(piece).map(crc32fast::hash).collect())
 }
 
+/// The streaming form of [`crc32_pieces`]: the same checksums from the bytes given in any number of
+/// calls, with bounded memory. `piece == 0` means one CRC-32 of everything (also of nothing).
+pub struct PieceHasher {
+    piece: u64,
+    done: u64,
+    cur: crc32fast::Hasher,
+    out: Vec<u32>,
+}
+
+impl PieceHasher {
+    pub fn new(piece: u64) -> Self {
+        PieceHasher {
+            piece,
+            done: 0,
+            cur: crc32fast::Hasher::new(),
+            out: Vec::new(),
+        }
+    }
+
+    pub fn update(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let room = if self.piece == 0 {
+                data.len()
+            } else {
+                ((self.piece - self.done) as usize).min(data.len())
+            };
+            self.cur.update(&data[..room]);
+            self.done += room as u64;
+            data = &data[room..];
+            if self.done == self.piece {
+                let full = std::mem::replace(&mut self.cur, crc32fast::Hasher::new());
+                self.out.push(full.finalize());
+                self.done = 0;
+            }
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<u32> {
+        if self.piece == 0 || self.done > 0 {
+            self.out.push(self.cur.finalize());
+        }
+        self.out
+    }
+}
+
 /// CRC-32 of the whole of `data` (equal to `zlib.crc32(data)`).
 pub fn crc32(data: &[u8]) -> u32 {
     crc32fast::hash(data)
@@ -59,5 +104,26 @@ mod tests {
         let c = crc32_pieces(b"abcdef", 2).unwrap();
         assert!(verify_pieces(b"abcdef", 2, &c).is_ok());
         assert!(verify_pieces(b"abcdeX", 2, &c).is_err());
+    }
+
+    #[test]
+    fn streamed_pieces_equal_crc32_pieces() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        for piece in [1usize, 3, 4096, 9_999, 10_000, 10_001] {
+            for step in [1usize, 7, 4096, 10_000] {
+                let mut h = PieceHasher::new(piece as u64);
+                data.chunks(step).for_each(|c| h.update(c));
+                assert_eq!(
+                    h.finish(),
+                    crc32_pieces(&data, piece).unwrap(),
+                    "{piece} {step}"
+                );
+            }
+        }
+        let mut h = PieceHasher::new(0);
+        data.chunks(333).for_each(|c| h.update(c));
+        assert_eq!(h.finish(), vec![crc32(&data)]);
+        assert_eq!(PieceHasher::new(0).finish(), vec![crc32(b"")]);
+        assert!(PieceHasher::new(4).finish().is_empty());
     }
 }
