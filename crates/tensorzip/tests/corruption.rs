@@ -93,7 +93,13 @@ enum Outcome {
 /// decoders all fail, or they all succeed with the same bytes, and then every chunk and range decoded
 /// on its own matches those bytes. Panics (with `what` and the blob in hex) if anything panics.
 fn decode_everything(blob: &[u8], what: &str) -> Outcome {
-    match catch_unwind(AssertUnwindSafe(|| decode_everything_inner(blob))) {
+    guarded("blob", blob, what, || decode_everything_inner(blob))
+}
+
+/// Runs `f`, which decodes `input` (a blob or an archive); if it panics, panics again with `what`
+/// and the input in hex, so that a failing case can be replayed.
+fn guarded<T>(kind: &str, input: &[u8], what: &str, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
         Ok(o) => o,
         Err(p) => {
             let msg = p
@@ -101,9 +107,9 @@ fn decode_everything(blob: &[u8], what: &str) -> Outcome {
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
             panic!(
-                "decoding panicked ({what}): {msg:?}\nblob ({} bytes): {}",
-                blob.len(),
-                hex(blob)
+                "decoding panicked ({what}): {msg:?}\n{kind} ({} bytes): {}",
+                input.len(),
+                hex(input)
             );
         }
     }
@@ -1385,20 +1391,7 @@ fn restore(ar: &[u8]) -> Result<Vec<u8>, Error> {
 }
 
 fn restore_guarded(ar: &[u8], what: &str) -> Result<Vec<u8>, Error> {
-    match catch_unwind(AssertUnwindSafe(|| restore(ar))) {
-        Ok(r) => r,
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            panic!(
-                "archive decoding panicked ({what}): {msg:?}\narchive ({} bytes): {}",
-                ar.len(),
-                hex(ar)
-            );
-        }
-    }
+    guarded("archive", ar, what, || restore(ar))
 }
 
 #[test]

@@ -1,0 +1,40 @@
+//! The checks shared by the archive fuzz targets (included by each with `#[path]`).
+
+use std::sync::OnceLock;
+
+use tensorzip::archive::Archive;
+use tensorzip::blob::peek_header;
+use tensorzip::CpuEngine;
+
+/// Segments that decode to more than this are only checked, not decoded (see decode_blob.rs).
+const SEGMENT_LIMIT: u64 = 16 << 20;
+
+fn engine() -> &'static CpuEngine {
+    static E: OnceLock<CpuEngine> = OnceLock::new();
+    E.get_or_init(|| CpuEngine::new(1).expect("one thread"))
+}
+
+/// Parses `data` as an archive, lists its tensors and decodes every segment both streamed and in
+/// memory: each must return `Ok` or `Err` (never panic), and the two must agree.
+pub fn check_archive(data: &[u8]) {
+    let eng = engine();
+    let Ok(ar) = Archive::parse(data) else { return };
+    // Lists the tensors: decodes segment 0 (the safetensors header) in memory.
+    let _ = ar.tensors(eng);
+    for i in 0..ar.segments.len() {
+        let _ = ar.check_blob(i);
+        let claimed = peek_header(ar.blob(i)).map(|h| h.nbytes()).unwrap_or(0);
+        if claimed > SEGMENT_LIMIT {
+            continue;
+        }
+        let mut streamed = Vec::new();
+        let r = ar.decode_segment_to(eng, i, &mut streamed, &|_| {});
+        // In memory, whatever length the index claims.
+        let m = ar.decode_segment(eng, i);
+        assert_eq!(r.is_ok(), m.is_ok(), "segment {i}: streamed and in-memory decoding disagree");
+        if let Ok(m) = m {
+            assert!(m == streamed, "segment {i}: streamed and in-memory bytes differ");
+            assert_eq!(m.len() as u64, ar.segments[i].orig_len);
+        }
+    }
+}
