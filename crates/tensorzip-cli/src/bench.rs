@@ -30,21 +30,18 @@ fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
             continue;
         };
         let raw = &file[t.begin as usize..t.end as usize];
-        let (dtype, data) = match (dtype, cast) {
-            (DType::F32, "bf16") => (
-                DType::BF16,
-                f32s(raw)
-                    .flat_map(|v| sample::f32_to_bf16(v).to_le_bytes())
-                    .collect(),
-            ),
-            (DType::F32, "f16") => (
-                DType::F16,
-                f32s(raw)
-                    .flat_map(|v| sample::f32_to_f16(v).to_le_bytes())
-                    .collect(),
-            ),
-            (d, "none" | "bf16" | "f16") => (d, raw.to_vec()),
-            (_, other) => return Err(format!("--cast {other}: expected none, bf16 or f16")),
+        let to = match cast {
+            "none" => dtype,
+            "bf16" => DType::BF16,
+            "f16" => DType::F16,
+            other => return Err(format!("--cast {other}: expected none, bf16 or f16")),
+        };
+        let cast = (dtype == DType::F32)
+            .then(|| sample::cast_f32_bytes(raw, to))
+            .flatten();
+        let (dtype, data) = match cast {
+            Some(c) => (to, c),
+            None => (dtype, raw.to_vec()),
         };
         items.push(Item {
             dtype,
@@ -53,11 +50,6 @@ fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
         });
     }
     Ok(items)
-}
-
-fn f32s(raw: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    raw.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

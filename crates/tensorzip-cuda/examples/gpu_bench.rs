@@ -81,26 +81,17 @@ fn main() {
                 .filter_map(|t| {
                     let d = DType::from_safetensors_name(&t.dtype_name)?;
                     let raw = &bytes[t.begin as usize..t.end as usize];
-                    let f32s = || {
-                        raw.chunks_exact(4)
-                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    let to = match cast {
+                        "bf16" => DType::BF16,
+                        "f16" => DType::F16,
+                        _ => d,
                     };
-                    Some(match (d, cast) {
-                        (DType::F32, "bf16") => (
-                            DType::BF16,
-                            t.shape.clone(),
-                            f32s()
-                                .flat_map(|v| sample::f32_to_bf16(v).to_le_bytes())
-                                .collect(),
-                        ),
-                        (DType::F32, "f16") => (
-                            DType::F16,
-                            t.shape.clone(),
-                            f32s()
-                                .flat_map(|v| sample::f32_to_f16(v).to_le_bytes())
-                                .collect(),
-                        ),
-                        _ => (d, t.shape.clone(), raw.to_vec()),
+                    let cast = (d == DType::F32)
+                        .then(|| sample::cast_f32_bytes(raw, to))
+                        .flatten();
+                    Some(match cast {
+                        Some(c) => (to, t.shape.clone(), c),
+                        None => (d, t.shape.clone(), raw.to_vec()),
                     })
                 })
                 .collect();

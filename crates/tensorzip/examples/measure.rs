@@ -65,24 +65,17 @@ fn main() {
         let dt = DType::from_safetensors_name(&format!("{:?}", view.dtype())).unwrap();
         let shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
         let data = view.data().to_vec();
-        let (dt, data) = match (dt, cast.as_str()) {
-            (DType::F32, "bf16") => (
-                DType::BF16,
-                data.chunks(4)
-                    .flat_map(|c| {
-                        sample::f32_to_bf16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-                    })
-                    .collect(),
-            ),
-            (DType::F32, "fp16") => (
-                DType::F16,
-                data.chunks(4)
-                    .flat_map(|c| {
-                        sample::f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-                    })
-                    .collect(),
-            ),
-            _ => (dt, data),
+        let to = match cast.as_str() {
+            "bf16" => DType::BF16,
+            "fp16" => DType::F16,
+            _ => dt,
+        };
+        let cast = (dt == DType::F32)
+            .then(|| sample::cast_f32_bytes(&data, to))
+            .flatten();
+        let (dt, data) = match cast {
+            Some(c) => (to, c),
+            None => (dt, data),
         };
         tensors.push((name, dt, shape, data));
     }

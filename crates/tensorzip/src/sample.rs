@@ -32,6 +32,19 @@ impl Rng {
     }
 }
 
+/// The bytes of an f32 tensor (`raw`, little-endian) cast to `to` with round to nearest even:
+/// `Some` for bf16 and f16, `None` for any other target dtype.
+pub fn cast_f32_bytes(raw: &[u8], to: DType) -> Option<Vec<u8>> {
+    let f32s = raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    match to {
+        DType::BF16 => Some(f32s.flat_map(|v| f32_to_bf16(v).to_le_bytes()).collect()),
+        DType::F16 => Some(f32s.flat_map(|v| f32_to_f16(v).to_le_bytes()).collect()),
+        _ => None,
+    }
+}
+
 /// `f32` to bfloat16 bits, round to nearest even (NaN stays NaN).
 pub fn f32_to_bf16(v: f32) -> u16 {
     let u = v.to_bits();
