@@ -2,7 +2,9 @@
 //! architecture (sm_90 on Hopper), once per process, and cached on disk keyed by the source, the
 //! architecture and the driver and NVRTC versions.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::CudaContext;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -46,8 +48,13 @@ fn versions() -> (i32, i32, i32) {
     (driver, major, minor)
 }
 
-/// The cubin of `src` for `ctx`'s device: from the disk cache, or compiled now (and cached).
-pub fn cubin(ctx: &CudaContext, name: &str, src: &str) -> Result<Vec<u8>> {
+/// Cubins built or read in this process, by cache file name (source, architecture and versions).
+static BUILT: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+
+/// The cubin of `src` for `ctx`'s device: from this process's memory, from the disk cache, or
+/// compiled now (and cached in both). `rebuild` skips both caches (a cached cubin that the driver
+/// refused) and replaces their entries.
+pub fn cubin(ctx: &CudaContext, name: &str, src: &str, rebuild: bool) -> Result<Vec<u8>> {
     let (maj, min) = ctx.compute_capability()?;
     let arch = format!("sm_{maj}{min}");
     let (driver, nv_major, nv_minor) = versions();
@@ -58,15 +65,29 @@ pub fn cubin(ctx: &CudaContext, name: &str, src: &str) -> Result<Vec<u8>> {
         &nv_major.to_le_bytes(),
         &nv_minor.to_le_bytes(),
     ]);
-    let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key:016x}.cubin")));
-    if let Some(p) = &path {
+    let file = format!("{name}-{arch}-{key:016x}.cubin");
+    let built = BUILT.get_or_init(Default::default);
+    let remember = |bin: &Vec<u8>| {
+        if let Ok(mut m) = built.lock() {
+            m.insert(file.clone(), bin.clone());
+        }
+    };
+    if !rebuild {
+        if let Some(bin) = built.lock().ok().and_then(|m| m.get(&file).cloned()) {
+            return Ok(bin);
+        }
+    }
+    let path = cache_dir().map(|d| d.join(&file));
+    if let (Some(p), false) = (&path, rebuild) {
         if let Ok(bytes) = std::fs::read(p) {
             if !bytes.is_empty() {
+                remember(&bytes);
                 return Ok(bytes);
             }
         }
     }
     let bin = compile(name, src, &arch)?;
+    remember(&bin);
     if let Some(p) = &path {
         // Best effort: a cache that cannot be written only costs a compile next time.
         if let Some(dir) = p.parent() {

@@ -80,11 +80,15 @@ impl GpuEngine {
     pub fn new(ordinal: usize) -> Result<GpuEngine> {
         crate::available().map_err(Error::Unavailable)?;
         let ctx = CudaContext::new(ordinal)?;
-        let module = ctx.load_module(Ptx::from_binary(crate::compile::cubin(
-            &ctx,
-            "tz_decode",
-            DECODE_SRC,
-        )?))?;
+        let load = |rebuild| -> Result<_> {
+            let bin = crate::compile::cubin(&ctx, "tz_decode", DECODE_SRC, rebuild)?;
+            Ok(ctx.load_module(Ptx::from_binary(bin))?)
+        };
+        // A cached cubin the driver refuses (damaged on disk) is compiled again.
+        let module = match load(false) {
+            Ok(m) => m,
+            Err(_) => load(true)?,
+        };
         let decode = KERNELS
             .iter()
             .map(|(name, _, _)| module.load_function(name))
