@@ -121,20 +121,7 @@ impl<'a> TensorEncoder<'a> {
     pub fn write_prefix(&self, out: &mut Vec<u8>) {
         self.header.write(out);
         if let Some(model) = &self.model {
-            for pm in &model.planes {
-                out.push(pm.tables.len() as u8);
-                for t in &pm.tables {
-                    t.write(out);
-                }
-                match &pm.cond {
-                    None => out.push(0),
-                    Some((v, t)) => {
-                        out.push(1);
-                        out.push(*v);
-                        t.write(out);
-                    }
-                }
-            }
+            model.write_tables(out);
         }
     }
 

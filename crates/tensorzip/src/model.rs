@@ -141,7 +141,7 @@ pub struct Model {
 }
 
 /// Sampled blocks: global block indices `floor(i * NB / S)` for `i < S`, or all when `NB <= S`.
-fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
+pub fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
     if n_blocks <= s as u64 {
         (0..n_blocks).collect()
     } else {
@@ -151,28 +151,62 @@ fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
     }
 }
 
+/// Where the sampled blocks of a tensor lie (`docs/FORMAT.md`, "Sampling"). Every engine counts the
+/// same blocks, so that [`model_from_counts`] gives the same tables.
+#[derive(Debug, Clone)]
+pub struct Sampling {
+    /// Global indices of the sampled blocks, ascending.
+    pub picks: Vec<u64>,
+    /// Blocks of the whole tensor (per plane).
+    pub n_blocks: u64,
+    pub blocks_per_chunk: u64,
+    pub chunk_units: u64,
+    pub block_units: u64,
+    pub units: u64,
+}
+
+impl Sampling {
+    /// The sampled blocks of a tensor with Planes header `header`.
+    pub fn new(header: &BlobHeader, opts: &CompressOptions) -> Sampling {
+        let units = header.units();
+        let cu = header.chunk_units as u64;
+        let bu = header.block_units as u64;
+        let blocks_per_chunk = cu.div_ceil(bu);
+        let n_chunks = header.n_chunks();
+        let last_len = units - (n_chunks - 1) * cu;
+        let n_blocks = (n_chunks - 1) * blocks_per_chunk + last_len.div_ceil(bu);
+        Sampling {
+            picks: sample_indices(n_blocks, opts.sample_blocks),
+            n_blocks,
+            blocks_per_chunk,
+            chunk_units: cu,
+            block_units: bu,
+            units,
+        }
+    }
+
+    /// Units `start..end` of global block `g`.
+    pub fn block_range(&self, g: u64) -> std::ops::Range<u64> {
+        let (c, b) = (g / self.blocks_per_chunk, g % self.blocks_per_chunk);
+        let start = c * self.chunk_units + b * self.block_units;
+        let end = (start + self.block_units).min(((c + 1) * self.chunk_units).min(self.units));
+        start..end
+    }
+}
+
 /// Builds the model of a tensor (`data` is the whole tensor, `header` its Planes header).
 pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> Model {
-    let planes = header.planes();
-    let us = planes;
-    let units = header.units();
-    let cu = header.chunk_units as u64;
-    let bu = header.block_units as u64;
-    let blocks_per_chunk = cu.div_ceil(bu);
-    let n_chunks = header.n_chunks();
-    let last_len = units - (n_chunks - 1) * cu;
-    let n_blocks = (n_chunks - 1) * blocks_per_chunk + last_len.div_ceil(bu);
-    let picks = sample_indices(n_blocks, opts.sample_blocks);
+    let us = header.planes();
+    let sampling = Sampling::new(header, opts);
+    let bu = sampling.block_units as usize;
     let transform = header.dtype.transform();
     // The byte planes of sampled block `g` (global block index), split into `scratch`.
     let split_block = |g: u64, scratch: &mut [u8]| -> usize {
-        let (c, b) = (g / blocks_per_chunk, g % blocks_per_chunk);
-        let start = c * cu + b * bu;
-        let end = (start + bu).min(((c + 1) * cu).min(units));
-        let len = (end - start) as usize;
-        let src = &data[start as usize * us..end as usize * us];
+        let r = sampling.block_range(g);
+        let len = (r.end - r.start) as usize;
+        let src = &data[r.start as usize * us..r.end as usize * us];
         let mut views: Vec<&mut [u8]> = scratch
-            .chunks_mut(bu as usize)
+            .chunks_mut(bu)
             .take(us)
             .map(|p| &mut p[..len])
             .collect();
@@ -180,12 +214,13 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         len
     };
     // Where plane `p` of a split block of `len` units lies in the scratch.
-    let plane = |p: usize, len: usize| p * bu as usize..p * bu as usize + len;
+    let plane = |p: usize, len: usize| p * bu..p * bu + len;
     // Histograms of every sampled block, per plane.
-    let hists: Vec<Vec<[u32; 256]>> = picks
+    let hists: Vec<[u32; 256]> = sampling
+        .picks
         .par_iter()
         .map_init(
-            || vec![0u8; bu as usize * us],
+            || vec![0u8; bu * us],
             |scratch, &g| {
                 let len = split_block(g, scratch);
                 (0..us)
@@ -194,23 +229,70 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
                         histogram(&scratch[plane(p, len)], &mut h);
                         h
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             },
         )
+        .flatten_iter()
         .collect();
+    let joint = |p: usize, q: usize| -> Vec<u32> {
+        sampling
+            .picks
+            .par_iter()
+            .fold(
+                || (vec![0u32; 65536], vec![0u8; bu * us]),
+                |(mut joint, mut scratch), &g| {
+                    let len = split_block(g, &mut scratch);
+                    let (mp, eq) = (&scratch[plane(p, len)], &scratch[plane(q, len)]);
+                    // Blocks where the plane is one repeated byte cost nothing already.
+                    if mp.iter().any(|&m| m != mp[0]) {
+                        for (&e, &m) in eq.iter().zip(mp) {
+                            joint[(e as usize) << 8 | m as usize] += 1;
+                        }
+                    }
+                    (joint, scratch)
+                },
+            )
+            .map(|(j, _)| j)
+            .reduce(
+                || vec![0u32; 65536],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            )
+    };
+    model_from_counts(header, opts, &sampling, &hists, joint)
+}
+
+/// The model of a tensor from the counts of its sampled blocks: `hists[i * U + p]` is the histogram
+/// of plane `p` of sampled block `i`; `joint(p, q)` returns the joint counts `J[e * 256 + m]` of
+/// condition plane `q` and plane `p` over the sampled blocks whose plane `p` is not one repeated byte
+/// (called only when the conditional table is considered). The CPU and GPU engines count on their
+/// own and share this, so their tables are identical.
+pub fn model_from_counts(
+    header: &BlobHeader,
+    opts: &CompressOptions,
+    sampling: &Sampling,
+    hists: &[[u32; 256]],
+    joint: impl FnOnce(usize, usize) -> Vec<u32>,
+) -> Model {
+    let us = header.planes();
+    let n_sampled = sampling.picks.len() as u64;
     let threshold = opts.threshold_q16();
-    let mut plane_models: Vec<PlaneModel> = (0..planes)
+    let mut plane_models: Vec<PlaneModel> = (0..us)
         .into_par_iter()
         .map(|p| {
             let blocks: Vec<Sparse> = hists
                 .iter()
-                .map(|h| sparse(&h[p]))
+                .skip(p)
+                .step_by(us)
+                .map(sparse)
                 .filter(|s| s.len() > 1)
                 .collect();
             let tables = cluster(
                 &blocks,
-                picks.len() as u64,
-                n_blocks,
+                n_sampled,
+                sampling.n_blocks,
                 opts.max_tables,
                 threshold,
             );
@@ -229,31 +311,8 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // Conditioning of the byte below the exponent, when the block model leaves that plane raw.
     if let (true, Some((p, q))) = (opts.condition, header.dtype.conditioned_plane()) {
         if plane_models[p].tables.is_empty() {
-            let joint = picks
-                .par_iter()
-                .fold(
-                    || (vec![0u32; 65536], vec![0u8; bu as usize * us]),
-                    |(mut joint, mut scratch), &g| {
-                        let len = split_block(g, &mut scratch);
-                        let (mp, eq) = (&scratch[plane(p, len)], &scratch[plane(q, len)]);
-                        // Blocks where the plane is one repeated byte cost nothing already.
-                        if mp.iter().any(|&m| m != mp[0]) {
-                            for (&e, &m) in eq.iter().zip(mp) {
-                                joint[(e as usize) << 8 | m as usize] += 1;
-                            }
-                        }
-                        (joint, scratch)
-                    },
-                )
-                .map(|(j, _)| j)
-                .reduce(
-                    || vec![0u32; 65536],
-                    |mut a, b| {
-                        a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                        a
-                    },
-                );
-            let cond = choose_conditional(&joint, picks.len() as u64, n_blocks);
+            let joint = joint(p, q);
+            let cond = choose_conditional(&joint, n_sampled, sampling.n_blocks);
             let pm = &mut plane_models[p];
             pm.cond_enc = cond.as_ref().map(|(_, t)| t.encode_table());
             pm.cond = cond;
@@ -261,6 +320,26 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     }
     Model {
         planes: plane_models,
+    }
+}
+
+impl Model {
+    /// Appends the tables section of a Planes blob (`docs/FORMAT.md`, 3.3).
+    pub fn write_tables(&self, out: &mut Vec<u8>) {
+        for pm in &self.planes {
+            out.push(pm.tables.len() as u8);
+            for t in &pm.tables {
+                t.write(out);
+            }
+            match &pm.cond {
+                None => out.push(0),
+                Some((v, t)) => {
+                    out.push(1);
+                    out.push(*v);
+                    t.write(out);
+                }
+            }
+        }
     }
 }
 
