@@ -4,7 +4,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tensorzip::archive::{plan_safetensors, write_archive, Archive, ArchiveOptions, SegmentKind};
+use tensorzip::archive::{
+    plan_safetensors, write_archive, Archive, ArchiveOptions, BlobEncoder, SegmentKind,
+};
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
 
@@ -27,6 +29,7 @@ pub fn compress(
     output: Option<PathBuf>,
     force: bool,
     piece: u32,
+    gpu: bool,
     enc: &EncoderArgs,
     common: &Common,
 ) -> Result<(), String> {
@@ -35,7 +38,11 @@ pub fn compress(
         checksum_piece_bytes: piece,
     };
     opts.compress.validate().map_err(|e| e.to_string())?;
-    let eng = engine(common)?;
+    let eng: Box<dyn BlobEncoder> = if gpu {
+        Box::new(tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))?)
+    } else {
+        Box::new(engine(common)?)
+    };
     let src = map_file(file)?;
     let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
     let dest = output.unwrap_or_else(|| {
@@ -46,7 +53,7 @@ pub fn compress(
     let mut out = SafeOutput::create(&dest, force)?;
     let pb = progress_bar(src.len() as u64, "compress");
     let t = Instant::now();
-    let len = write_archive(&eng, &src, &segments, &opts, out.file(), &|done| {
+    let len = write_archive(eng.as_ref(), &src, &segments, &opts, out.file(), &|done| {
         pb.set_position(done)
     })
     .map_err(|e| format!("{}: {e}", file.display()))?;

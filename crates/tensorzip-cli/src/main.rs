@@ -88,6 +88,9 @@ enum Command {
         /// Store a CRC-32 of every N bytes of each blob (cuZipNN's checksum_chunk_bytes); 0 = one per blob.
         #[arg(long, default_value_t = 0)]
         checksum_chunk_bytes: u32,
+        /// Encode on the first CUDA GPU (the same bytes as the CPU engine writes).
+        #[arg(long)]
+        gpu: bool,
         #[command(flatten)]
         enc: EncoderArgs,
         #[command(flatten)]
@@ -154,9 +157,18 @@ fn main() -> ExitCode {
             output,
             force,
             checksum_chunk_bytes,
+            gpu,
             enc,
             common,
-        } => commands::compress(&file, output, force, checksum_chunk_bytes, &enc, &common),
+        } => commands::compress(
+            &file,
+            output,
+            force,
+            checksum_chunk_bytes,
+            gpu,
+            &enc,
+            &common,
+        ),
         Command::Decompress {
             archive,
             output,

@@ -235,6 +235,73 @@ fn main() {
         eng.check(&dplan).unwrap();
         round.push(t.elapsed().as_secs_f64());
     }
+    drop((dev_data, dev_out, dev_in, dplan));
+    // GPU encode, device-resident: tensors in device memory -> blobs in device memory.
+    let dev_tensors: Vec<_> = tensors
+        .iter()
+        .map(|t| {
+            s.clone_htod(if t.2.is_empty() { &[0u8][..] } else { &t.2 })
+                .unwrap()
+        })
+        .collect();
+    let encode_all = || -> Vec<tensorzip_cuda::DeviceBlob> {
+        tensors
+            .iter()
+            .zip(&dev_tensors)
+            .map(|(t, d)| {
+                let (p, _g) = d.device_ptr(&s);
+                // SAFETY: `d` holds the tensor's bytes and lives until the end of main.
+                unsafe { eng.compress_device(p, t.2.len(), t.0, &t.1, &opts).unwrap() }
+            })
+            .collect()
+    };
+    let first = encode_all();
+    let encode_equal_cpu = first
+        .iter()
+        .zip(&blobs)
+        .all(|(g, c)| s.clone_dtoh(&g.buf.slice(0..g.len)).unwrap() == *c);
+    drop(first);
+    let mut enc = Vec::new();
+    for _ in 0..runs {
+        s.synchronize().unwrap();
+        let t = Instant::now();
+        let out = encode_all();
+        s.synchronize().unwrap();
+        enc.push(t.elapsed().as_secs_f64());
+        drop(out);
+    }
+    // Pinned host round trip of the encoder: tensor host -> device, encode, blob -> host.
+    let mut pin_t = Vec::new();
+    for t in &tensors {
+        // SAFETY: pinned host buffers of plain bytes, written before being read.
+        let mut b = unsafe { ctx.alloc_pinned::<u8>(t.2.len().max(1)).unwrap() };
+        b.as_mut_slice().unwrap()[..t.2.len()].copy_from_slice(&t.2);
+        pin_t.push(b);
+    }
+    // SAFETY: as above.
+    let mut pin_blob = unsafe { ctx.alloc_pinned::<u8>(comp + 4096 * blobs.len()).unwrap() };
+    let mut dev_t: Vec<_> = tensors
+        .iter()
+        .map(|t| s.alloc_zeros::<u8>(t.2.len().max(1)).unwrap())
+        .collect();
+    let mut enc_round = Vec::new();
+    for _ in 0..runs {
+        s.synchronize().unwrap();
+        let t0 = Instant::now();
+        let mut at = 0usize;
+        for ((t, pin), dt) in tensors.iter().zip(&pin_t).zip(&mut dev_t) {
+            s.memcpy_htod(pin, dt).unwrap();
+            let (p, _g) = dt.device_ptr(&s);
+            // SAFETY: `dt` holds the tensor's bytes and lives until the end of main.
+            let b = unsafe { eng.compress_device(p, t.2.len(), t.0, &t.1, &opts).unwrap() };
+            drop(_g);
+            let dst = &mut pin_blob.as_mut_slice().unwrap()[at..at + b.len];
+            s.memcpy_dtoh(&b.buf.slice(0..b.len), dst).unwrap();
+            at += b.len;
+        }
+        s.synchronize().unwrap();
+        enc_round.push(t0.elapsed().as_secs_f64());
+    }
     let gb = |t: f64| orig as f64 / t / 1e9;
     let k = median(kernel);
     println!(
@@ -246,6 +313,8 @@ fn main() {
             "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
             "decode_resident_with_planning_gbps": gb(median(resident)),
             "pinned_round_trip_decode_gbps": gb(median(round)),
+            "encode_resident_gbps": gb(median(enc)), "encode_equal_cpu": encode_equal_cpu,
+            "pinned_round_trip_encode_gbps": gb(median(enc_round)),
             "cpu_compress_gbps": orig as f64 / cpu_compress_s / 1e9, "cpu_threads": rayon::current_num_threads(),
         })
     );

@@ -51,3 +51,25 @@ pub fn decode_archive_to<W: Write>(
     }
     Ok(())
 }
+
+/// The GPU engine as the archive writer's blob encoder: each tensor is uploaded, encoded on the GPU
+/// and the blob downloaded and written (the same bytes as the CPU engine's).
+impl tensorzip::archive::BlobEncoder for GpuEngine {
+    fn encode_blob(
+        &self,
+        data: &[u8],
+        dtype: tensorzip::DType,
+        shape: &[u64],
+        opts: &tensorzip::CompressOptions,
+        w: &mut dyn tensorzip::archive::SeekWrite,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> tensorzip::Result<u64> {
+        let blob = self
+            .compress_host(data, dtype, shape, opts)
+            .map_err(crate::error::Error::into_core)?;
+        w.write_all(&blob)
+            .map_err(|e| tensorzip::Error::Io(e.to_string()))?;
+        progress(data.len() as u64);
+        Ok(blob.len() as u64)
+    }
+}

@@ -73,6 +73,8 @@ pub struct GpuEngine {
     stream: Arc<CudaStream>,
     /// The decoder kernels, indexed as [`KERNELS`].
     decode: Vec<CudaFunction>,
+    /// The encoder kernels, compiled (or read from the cache) on first use.
+    encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
 }
 
 impl GpuEngine {
@@ -98,7 +100,17 @@ impl GpuEngine {
             ctx,
             stream,
             decode,
+            encode: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The encoder kernels (loaded on the first call).
+    pub(crate) fn encode_kernels(&self) -> Result<&crate::encode::EncodeKernels> {
+        if let Some(k) = self.encode.get() {
+            return Ok(k);
+        }
+        let k = crate::encode::EncodeKernels::load(self)?;
+        Ok(self.encode.get_or_init(|| k))
     }
 
     /// The CUDA context.

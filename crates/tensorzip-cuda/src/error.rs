@@ -34,5 +34,16 @@ impl From<cudarc::nvrtc::result::NvrtcError> for Error {
     }
 }
 
+impl Error {
+    /// The core crate's error for this one: format errors as they are, the others as
+    /// [`tensorzip::Error::Engine`].
+    pub fn into_core(self) -> tensorzip::Error {
+        match self {
+            Error::Format(e) => e,
+            e => tensorzip::Error::Engine(format!("GPU: {e}")),
+        }
+    }
+}
+
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, Error>;

@@ -6,13 +6,16 @@
 //! tests skip with a visible reason, on machines without CUDA.
 
 pub mod archive;
+pub mod checksum;
 mod compile;
+pub mod encode;
 pub mod engine;
 pub mod error;
 pub mod plan;
 
 use std::sync::OnceLock;
 
+pub use encode::DeviceBlob;
 pub use engine::{GpuEngine, HostBatch};
 pub use error::{Error, Result};
 

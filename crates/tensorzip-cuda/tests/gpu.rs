@@ -1,6 +1,7 @@
 //! GPU engine tests. They need a CUDA device, so they are `#[ignore]`d (CI shows them as ignored, with
 //! the reason); `scripts/gpu_run.sh` runs them on the device machine with `--include-ignored`.
 
+use cudarc::driver::DevicePtr;
 use tensorzip::{compress, sample, CompressOptions, DType};
 use tensorzip_cuda::GpuEngine;
 
@@ -192,4 +193,116 @@ fn gpu_rejects_corrupted_blobs_without_faulting() {
     );
     // The engine still works afterwards.
     assert_eq!(eng.decompress_host(&[&blob]).unwrap()[0].data, data);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_the_cpu_engines_bytes_for_every_dtype_and_shape() {
+    let eng = engine();
+    let dtypes: &[DType] = if quick() {
+        &[
+            DType::U8,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::F32,
+            DType::I64,
+            DType::F64,
+        ]
+    } else {
+        &DType::ALL
+    };
+    let mut sets = all_option_sets();
+    if quick() {
+        sets = vec![sets[0].clone(), sets[1].clone(), sets[4].clone()];
+    }
+    let mut failures = Vec::new();
+    for &dtype in dtypes {
+        let sizes: &[usize] = if quick() {
+            &[1, 70_001]
+        } else {
+            &[0, 1, 31, 32, 33, 1000, 4097, 70_001]
+        };
+        for &n in sizes {
+            for (name, data) in cases(dtype, n, n as u64 + dtype.code() as u64) {
+                // Shapes: 1-d, and 0-d for single elements.
+                let shapes: Vec<Vec<u64>> = if n == 1 {
+                    vec![vec![1], vec![]]
+                } else {
+                    vec![vec![n as u64]]
+                };
+                for shape in shapes {
+                    for (k, opts) in sets.iter().enumerate() {
+                        let cpu = compress(&data, dtype, &shape, opts).unwrap();
+                        let gpu = eng
+                            .compress_host(&data, dtype, &shape, opts)
+                            .unwrap_or_else(|e| panic!("{dtype} {name} n={n} opts#{k}: {e}"));
+                        if gpu != cpu {
+                            let at = gpu.iter().zip(&cpu).position(|(a, b)| a != b);
+                            failures.push(format!(
+                                "{dtype} {name} n={n} {shape:?} opts#{k}: gpu {} bytes, cpu {}, first difference at {at:?}",
+                                gpu.len(),
+                                cpu.len()
+                            ));
+                            continue;
+                        }
+                        // The GPU decodes its own blob too.
+                        let back = eng.decompress_host(&[&gpu]).unwrap();
+                        assert_eq!(back[0].data, data, "{dtype} {name} n={n} opts#{k}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} GPU blobs differ from the CPU's: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_a_sample_model_like_the_cpu() {
+    let eng = engine();
+    for t in sample::sample_model(11) {
+        let opts = CompressOptions::default();
+        let cpu = compress(&t.data, t.dtype, &t.shape, &opts).unwrap();
+        let gpu = eng
+            .compress_host(&t.data, t.dtype, &t.shape, &opts)
+            .unwrap();
+        assert!(gpu == cpu, "{}: GPU blob differs", t.name);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_crc32_equals_zlib() {
+    let eng = engine();
+    let mut rng = sample::Rng::new(5);
+    let data: Vec<u8> = (0..300_007).map(|_| rng.next_u64() as u8).collect();
+    let s = eng.stream();
+    let dev = s.clone_htod(&data).unwrap();
+    for &(start, len) in &[
+        (0usize, 0usize),
+        (0, 1),
+        (3, 5),
+        (1, 100_000),
+        (0, 300_007),
+        (7, 65_536),
+    ] {
+        let view = dev.slice(start..start + len);
+        let (p, _g) = view.device_ptr(s);
+        for piece in [0u64, 1, 3, 4, 100, 4096, 16384, 1 << 20] {
+            // SAFETY: the view holds `len` bytes of a live allocation.
+            let got = unsafe { eng.crc32_pieces_device(p, len as u64, piece) }.unwrap();
+            let want = if piece == 0 {
+                vec![tensorzip::crc32(&data[start..start + len])]
+            } else {
+                tensorzip::crc32_pieces(&data[start..start + len], piece as usize).unwrap()
+            };
+            assert_eq!(got, want, "start {start} len {len} piece {piece}");
+        }
+    }
 }

@@ -276,10 +276,44 @@ fn n_pieces(len: u64, piece: u32) -> u64 {
     }
 }
 
+/// A writer the blob encoders can seek in (blobs reserve their directory and fill it in last).
+pub trait SeekWrite: Write + Seek {}
+impl<T: Write + Seek> SeekWrite for T {}
+
+/// An engine that writes blobs into an archive: the CPU engine, or the GPU engine of
+/// `tensorzip-cuda`. Every engine writes the same bytes.
+pub trait BlobEncoder {
+    /// Compresses a tensor into `w` at its current position (as [`CpuEngine::compress_to`]) and
+    /// returns the blob's length; `progress` gets the original bytes handled so far.
+    fn encode_blob(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        w: &mut dyn SeekWrite,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64>;
+}
+
+impl BlobEncoder for CpuEngine {
+    fn encode_blob(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        w: &mut dyn SeekWrite,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
+        self.compress_to(data, dtype, shape, opts, &mut &mut *w, progress)
+    }
+}
+
 /// Compresses the segments of `src` into `out`, which is truncated and rewritten. Returns the archive's
 /// length. `progress` receives the original bytes handled so far.
 pub fn write_archive(
-    engine: &CpuEngine,
+    engine: &dyn BlobEncoder,
     src: &[u8],
     segments: &[SourceSegment],
     opts: &ArchiveOptions,
@@ -297,7 +331,7 @@ pub fn write_archive(
     for s in segments {
         let data = &src[s.offset as usize..(s.offset + s.len) as usize];
         let base = s.offset;
-        let len = engine.compress_to(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| {
+        let len = engine.encode_blob(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| {
             progress(base + done)
         })?;
         entries.push(Segment {

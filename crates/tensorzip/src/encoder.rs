@@ -53,6 +53,12 @@ pub fn stored_header(dtype: DType, shape: &[u64]) -> BlobHeader {
 
 /// Checks that `data` holds exactly the bytes of a tensor of `dtype` and `shape`.
 pub fn check_input(data: &[u8], dtype: DType, shape: &[u64]) -> Result<()> {
+    check_len(data.len() as u64, dtype, shape)
+}
+
+/// Checks that `len` bytes are exactly a tensor of `dtype` and `shape` (rank and size within the
+/// format's limits).
+pub fn check_len(len: u64, dtype: DType, shape: &[u64]) -> Result<()> {
     if shape.len() > crate::blob::MAX_RANK {
         return Err(Error::InvalidInput(format!(
             "rank {} exceeds {}",
@@ -63,10 +69,9 @@ pub fn check_input(data: &[u8], dtype: DType, shape: &[u64]) -> Result<()> {
     let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     let nbytes = numel.and_then(|n| n.checked_mul(dtype.itemsize() as u64));
     match nbytes {
-        Some(n) if n < crate::blob::MAX_TENSOR_BYTES && n == data.len() as u64 => Ok(()),
+        Some(n) if n < crate::blob::MAX_TENSOR_BYTES && n == len => Ok(()),
         Some(n) if n < crate::blob::MAX_TENSOR_BYTES => Err(Error::InvalidInput(format!(
-            "{} bytes given for a {dtype} tensor of shape {shape:?} ({n} bytes)",
-            data.len()
+            "{len} bytes given for a {dtype} tensor of shape {shape:?} ({n} bytes)"
         ))),
         _ => Err(Error::InvalidInput(format!("shape {shape:?} is too large"))),
     }

@@ -36,6 +36,9 @@ pub enum Error {
     /// The input is not a valid safetensors file.
     #[error("not a safetensors file: {0}")]
     NotSafetensors(String),
+    /// Another engine (the GPU's) failed for a reason of its own (driver, kernel compilation).
+    #[error("engine: {0}")]
+    Engine(String),
     /// A requested element range lies outside the tensor.
     #[error("element range {start}..{end} is outside a tensor of {numel} elements")]
     Range { start: u64, end: u64, numel: u64 },

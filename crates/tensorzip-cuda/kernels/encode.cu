@@ -1,0 +1,592 @@
+// tensorzip GPU encoder (docs/FORMAT.md, sections 3-5 and 7 "Encoder decisions").
+//
+// The bytes written are exactly the CPU engine's: every decision below is the integer algorithm of
+// FORMAT.md section 7, and the tables come from the same host code (model::model_from_counts), fed
+// with the sampled blocks' histograms counted here.
+//
+// Kernels:
+//   tz_hist_*     one thread block per sampled block: per-plane histograms (and the joint counts of
+//                 the conditioned plane with its condition plane) for the model;
+//   tz_encode_*   one warp per chunk: block selectors, plane modes, raw area, conditioned split and
+//                 the 32-lane rANS stream, into a per-chunk scratch slot; reports the chunk's sizes;
+//   tz_compact    one thread block per chunk: copies the slot's pieces to the chunk's place in the
+//                 blob (offsets from a host prefix sum over the reported sizes);
+//   tz_crc32      one warp per piece: CRC-32 (zlib) of each piece of a buffer.
+//
+// Inputs are the tensor's bytes (aligned to the unit size; the host checks) and tables the host
+// built. The encoder reads only units of its own chunk and writes only its own slot.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL 0xFFFFFFFFu
+#define SEL_CONST 254u
+#define SEL_RAW 255u
+#define MODE_RAW 0u
+#define MODE_CONST 1u
+#define MODE_BLOCKS 2u
+#define MODE_COND 3u
+#define CL_ABSENT 0xFFFFFFFFu
+#define ENC_WARPS 4
+
+// Shared with `EncParams` in src/encode.rs.
+struct EncParams {
+    u64 units;            // units of the tensor
+    u64 blocks_per_chunk;
+    u32 chunk_units;
+    u32 block_units;
+    u32 threshold;        // passthrough threshold, Q16
+    u32 cond_plane;       // plane with a conditional table (255 = none)
+    u32 cond_src;         // its condition plane
+    u32 cond_value;
+    u32 cond_table;       // global index of the conditional table
+    u32 joint_plane;      // tz_hist: plane whose joint counts are wanted (255 = none)
+    u32 joint_src;
+    u32 cap_words;        // words a slot holds
+    u64 slot_bytes;
+    u64 off_sels;         // slot layout (bytes from the slot's start)
+    u64 off_coff;
+    u64 off_states;
+    u64 off_area;
+    u64 off_csyms;
+    u64 off_words;
+    u32 table_base[8];
+    u32 n_tables[8];
+};
+
+// Shared with `ChunkOut` in src/encode.rs.
+struct ChunkOut {
+    u32 payload_len;
+    u32 rans_len;
+    u32 sel_len;
+    u32 kept;             // raw-area bytes in the payload
+    u32 n_words;
+    u32 nb;
+    u32 pad[2];
+    u8 modes[8];
+    u8 values[8];
+};
+
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+__device__ __forceinline__ u32 lanemask_gt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_gt;" : "=r"(m));
+    return m;
+}
+
+// The forward transform of a unit of U bytes (FORMAT.md section 2); E = 0 is the identity.
+template <int U, int E>
+__device__ __forceinline__ u64 fwd(u64 u) {
+    if constexpr (E == 0) {
+        return u;
+    } else {
+        constexpr u32 M = 8 * U - 1 - E;
+        return ((u << 1) & (((1ull << E) - 1) << (M + 1))) | ((u >> E) & (1ull << M)) | (u & ((1ull << M) - 1));
+    }
+}
+
+// Transformed unit `i` (the input is aligned to U bytes).
+template <int U, int E>
+__device__ __forceinline__ u64 unit(const u8* __restrict__ src, u64 i) {
+    u64 u;
+    if (U == 1) u = __ldg(src + i);
+    else if (U == 2) u = __ldg((const u16*)src + i);
+    else if (U == 4) u = __ldg((const u32*)src + i);
+    else u = __ldg((const unsigned long long*)src + i);
+    return fwd<U, E>(u);
+}
+
+__device__ __forceinline__ u32 byte_of(u64 t, u32 p) { return (u32)(t >> (8 * p)) & 0xFFu; }
+
+// ---------------------------------------------------------------------------------------------
+// Sampled-block histograms.
+
+template <int U, int E>
+__device__ void hist_entry(const u8* __restrict__ data, const EncParams* __restrict__ P, const u64* __restrict__ picks,
+                           u32* __restrict__ hists, u32* __restrict__ joint) {
+    __shared__ u32 h[U * 256];
+    const u64 g = picks[blockIdx.x];
+    const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
+    const u64 start = c * P->chunk_units + b * P->block_units;
+    const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
+    const u64 end = min(start + P->block_units, chunk_end);
+    const u32 len = (u32)(end - start);
+    for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) h[k] = 0;
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
+        const u64 t = unit<U, E>(data, start + i);
+        #pragma unroll
+        for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t, p)], 1u);
+    }
+    __syncthreads();
+    u32* out = hists + (u64)blockIdx.x * U * 256;
+    for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) out[k] = h[k];
+    const u32 jp = P->joint_plane, jq = P->joint_src;
+    if (jp < (u32)U) {
+        // Blocks where the plane is one repeated byte take no part.
+        const u32 first = byte_of(unit<U, E>(data, start), jp);
+        if (h[jp * 256 + first] != len) {
+            for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
+                const u64 t = unit<U, E>(data, start + i);
+                atomicAdd(&joint[(byte_of(t, jq) << 8) | byte_of(t, jp)], 1u);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk encoder.
+
+__device__ __forceinline__ u64 warp_sum64(u64 v) {
+    #pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(FULL, v, d);
+    return v;
+}
+
+// FORMAT.md section 7, *choose*: the covering table of least cost (lowest index among ties) if its
+// cost is below the threshold's fraction of the raw cost, else raw. `h` is the block's histogram of
+// the plane (shared memory).
+__device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane) {
+    u32 hv[8];
+    #pragma unroll
+    for (int k = 0; k < 8; k++) hv[k] = h[lane * 8 + k];
+    u64 best = 0;
+    u32 bj = SEL_RAW;
+    for (u32 j = 0; j < nt; j++) {
+        const u32* cl = cls + (u64)(base + j) * 256 + lane * 8;
+        u64 cost = 0;
+        bool ok = true;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (hv[k]) {
+                const u32 l = __ldg(cl + k);
+                ok &= l != CL_ABSENT;
+                cost += (u64)hv[k] * l;
+            }
+        }
+        ok = __all_sync(FULL, ok);
+        cost = warp_sum64(cost);
+        if (ok && (bj == SEL_RAW || cost < best)) {
+            best = cost;
+            bj = j;
+        }
+    }
+    const u64 raw = (u64)(8 * blen) << 16;
+    if (bj != SEL_RAW && (best << 16) < (u64)threshold * raw) return bj;
+    return SEL_RAW;
+}
+
+// One rANS encoder step of the warp (FORMAT.md 5.3, backwards): active lanes push one symbol; the
+// lanes that renormalise emit a word each, highest lane first. Word `k` of the emission goes to
+// `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`.
+__device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, const u32* __restrict__ fc, u16* words, u32 cap) {
+    const u32 e = active ? __ldg(fc + sym) : 0u;
+    const u32 f = e & 0xFFFFu, c = e >> 16;
+    const bool emit = active && x >= (f << 20);
+    const u32 m = __ballot_sync(FULL, emit);
+    if (emit) {
+        const u32 k = pos + __popc(m & lanemask_gt());
+        if (k < cap) words[cap - 1 - k] = (u16)x;
+        x >>= 16;
+    }
+    pos += __popc(m);
+    if (active && f) {
+        const u32 q = x / f;
+        x = (q << 12) + (x - q * f) + c;
+    }
+}
+
+template <int U, int E>
+__device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, const u32* __restrict__ fcs,
+                             const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,
+                             u8* __restrict__ slot, ChunkOut* __restrict__ out, u64 c, int lane, u32* hist) {
+    const u64 start = c * P.chunk_units;
+    const u32 len = (u32)min((u64)P.chunk_units, P.units - start);
+    const u32 bu = P.block_units;
+    const u32 nb = (len + bu - 1) / bu;
+    const u8* src = data + start * U;
+    u8* sels = slot + P.off_sels;
+    u32* coff = (u32*)(slot + P.off_coff);
+    u8* states = slot + P.off_states;
+    u8* area = slot + P.off_area;
+    u8* csyms = slot + P.off_csyms;
+    u16* words = (u16*)(slot + P.off_words);
+    const u32 cap = P.cap_words;
+    const u32 cp = P.cond_plane, cq = P.cond_src, cvalue = P.cond_value;
+
+    // 1. Per block and plane: histogram, constant test, selector; per plane: its mode.
+    u32 cstate[U], cval[U];
+    bool allraw[U];
+    #pragma unroll
+    for (int p = 0; p < U; p++) {
+        cstate[p] = 0;  // 0: no block yet, 1: every block is the byte cval, 2: otherwise
+        cval[p] = 0;
+        allraw[p] = true;
+    }
+    for (u32 b = 0; b < nb; b++) {
+        const u32 bl = b * bu, blen = min(bu, len - bl);
+        __syncwarp();
+        for (u32 k = lane; k < U * 256; k += 32) hist[k] = 0;
+        __syncwarp();
+        for (u32 i = lane; i < blen; i += 32) {
+            const u64 t = unit<U, E>(src, bl + i);
+            #pragma unroll
+            for (int p = 0; p < U; p++) atomicAdd(&hist[p * 256 + byte_of(t, p)], 1u);
+        }
+        __syncwarp();
+        const u64 t0 = unit<U, E>(src, bl);
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            const u32 first = byte_of(t0, p);
+            const bool is_const = hist[p * 256 + first] == blen;
+            const u32 nt = P.n_tables[p];
+            u32 sel;
+            if (nt == 0) sel = is_const ? SEL_CONST : SEL_RAW;
+            else if (is_const) sel = const_sel[p * 256 + first];
+            else sel = choose(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane);
+            if (lane == 0) sels[p * nb + b] = (u8)sel;
+            allraw[p] &= sel == SEL_RAW;
+            if (b == 0) {
+                cstate[p] = is_const ? 1u : 2u;
+                cval[p] = first;
+            } else if (cstate[p] == 1 && !(is_const && first == cval[p])) {
+                cstate[p] = 2;
+            }
+        }
+    }
+    __syncwarp();
+    u32 mode[U];
+    #pragma unroll
+    for (int p = 0; p < U; p++) {
+        if (cstate[p] == 1) mode[p] = MODE_CONST;
+        else if ((u32)p == cp) mode[p] = MODE_COND;
+        else if (allraw[p]) mode[p] = MODE_RAW;
+        else mode[p] = MODE_BLOCKS;
+    }
+    bool condc = false;
+    #pragma unroll
+    for (int p = 0; p < U; p++) condc |= (u32)p == cp && mode[p] == MODE_COND;
+
+    // 2. The raw area (block-major) and the conditioned plane's split.
+    u32 aoff = 0, ctot = 0, last_start = 0, last_craw = 0;
+    bool any = false;
+    for (u32 b = 0; b < nb; b++) {
+        const u32 bl = b * bu, blen = min(bu, len - bl);
+        last_start = aoff;
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            const u32 sel = mode[p] == MODE_BLOCKS ? (u32)sels[p * nb + b] : 0u;
+            if (mode[p] == MODE_RAW || (mode[p] == MODE_BLOCKS && sel == SEL_RAW)) {
+                for (u32 i = lane; i < blen; i += 32) area[aoff + i] = (u8)byte_of(unit<U, E>(src, bl + i), p);
+                aoff += blen;
+            } else if (mode[p] == MODE_BLOCKS && sel == SEL_CONST) {
+                if (lane == 0) area[aoff] = (u8)byte_of(unit<U, E>(src, bl), p);
+                aoff += 1;
+            } else if (mode[p] == MODE_BLOCKS && !(__ldg(tinfo + P.table_base[p] + sel) >> 31)) {
+                any = true;
+            }
+        }
+        if (condc) {
+            if (lane == 0) coff[b] = ctot;
+            const u32 c0 = ctot;
+            u32 craw = 0;
+            for (u32 r = 0; r * 32 < blen; r++) {
+                const u32 i = r * 32 + lane;
+                const bool in = i < blen;
+                const u64 t = in ? unit<U, E>(src, bl + i) : 0ull;
+                const bool hit = in && byte_of(t, cq) == cvalue;
+                const u32 hm = __ballot_sync(FULL, hit), rm = __ballot_sync(FULL, in && !hit);
+                if (hit) csyms[ctot + __popc(hm & lanemask_lt())] = (u8)byte_of(t, cp);
+                else if (in) area[aoff + __popc(rm & lanemask_lt())] = (u8)byte_of(t, cp);
+                ctot += __popc(hm);
+                aoff += __popc(rm);
+                craw += __popc(rm);
+            }
+            any |= ctot > c0;
+            last_craw = craw;
+        }
+    }
+    if (condc && lane == 0) coff[nb] = ctot;
+    // The stash: the last raw bytes of the last block travel in the initial states.
+    const u32 stash = !any ? 0u : min(condc ? last_craw : aoff - last_start, 64u);
+    const u32 kept = aoff - stash;
+    __syncwarp();
+
+    // 3. The rANS stream, walking the decoder's order backwards.
+    u32 pos = 0;
+    if (any) {
+        u32 x;
+        {
+            const u32 lo = 2u * lane < stash ? (u32)area[kept + 2 * lane] : 0u;
+            const u32 hi = 2u * lane + 1 < stash ? (u32)area[kept + 2 * lane + 1] : 0u;
+            x = 65536u + lo + (hi << 8);
+        }
+        for (u32 b = nb; b-- > 0;) {
+            const u32 bl = b * bu, blen = min(bu, len - bl);
+            if (condc) {
+                const u32 o = coff[b], T = coff[b + 1] - o;
+                if (T) {
+                    const u32* fc = fcs + (u64)P.cond_table * 256;
+                    const u32 full = T / 32, rem = T % 32;
+                    if (rem) {
+                        const bool act = (u32)lane < rem;
+                        put(x, pos, act, act ? (u32)csyms[o + full * 32 + lane] : 0u, fc, words, cap);
+                    }
+                    for (u32 r = full; r-- > 0;) put(x, pos, true, csyms[o + r * 32 + lane], fc, words, cap);
+                }
+            }
+            const u32* fc[U];
+            bool in_main[U];
+            bool some = false;
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                const u32 sel = mode[p] == MODE_BLOCKS ? (u32)sels[p * nb + b] : SEL_RAW;
+                in_main[p] = sel < SEL_CONST && !(__ldg(tinfo + P.table_base[p] + sel) >> 31);
+                fc[p] = fcs + (u64)(P.table_base[p] + (in_main[p] ? sel : 0u)) * 256;
+                some |= in_main[p];
+            }
+            if (!some) continue;
+            const u32 full = blen / 32, rem = blen % 32;
+            if (rem) {
+                const bool act = (u32)lane < rem;
+                const u64 t = act ? unit<U, E>(src, bl + full * 32 + lane) : 0ull;
+                #pragma unroll
+                for (int p = U - 1; p >= 0; p--)
+                    if (in_main[p]) put(x, pos, act, byte_of(t, p), fc[p], words, cap);
+            }
+            for (u32 r = full; r-- > 0;) {
+                const u64 t = unit<U, E>(src, bl + r * 32 + lane);
+                #pragma unroll
+                for (int p = U - 1; p >= 0; p--)
+                    if (in_main[p]) put(x, pos, true, byte_of(t, p), fc[p], words, cap);
+            }
+        }
+        #pragma unroll
+        for (int k = 0; k < 4; k++) states[4 * lane + k] = (u8)(x >> (8 * k));
+    }
+
+    // 4. Sizes; a chunk whose coding does not make it smaller is stored with its planes raw.
+    u32 n_blocks_planes = 0;
+    #pragma unroll
+    for (int p = 0; p < U; p++) n_blocks_planes += mode[p] == MODE_BLOCKS;
+    u32 sel_len = nb * n_blocks_planes;
+    u32 rans_len = any ? 128u + 2u * pos : 0u;
+    u64 payload = (u64)sel_len + rans_len + kept;
+    u32 out_kept = kept;
+    if (pos > cap || payload >= (u64)len * U) {
+        #pragma unroll
+        for (int p = 0; p < U; p++)
+            if (mode[p] != MODE_CONST) mode[p] = MODE_RAW;
+        __syncwarp();
+        u32 o = 0;
+        for (u32 b = 0; b < nb; b++) {
+            const u32 bl = b * bu, blen = min(bu, len - bl);
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                if (mode[p] != MODE_RAW) continue;
+                for (u32 i = lane; i < blen; i += 32) area[o + i] = (u8)byte_of(unit<U, E>(src, bl + i), p);
+                o += blen;
+            }
+        }
+        sel_len = 0;
+        rans_len = 0;
+        pos = 0;
+        out_kept = o;
+        payload = o;
+    }
+    if (lane == 0) {
+        ChunkOut co;
+        co.payload_len = (u32)payload;
+        co.rans_len = rans_len;
+        co.sel_len = sel_len;
+        co.kept = out_kept;
+        co.n_words = pos;
+        co.nb = nb;
+        co.pad[0] = co.pad[1] = 0;
+        #pragma unroll
+        for (int p = 0; p < 8; p++) {
+            co.modes[p] = p < U ? (u8)mode[p] : 0;
+            co.values[p] = p < U && mode[p] == MODE_CONST ? (u8)cval[p] : 0;
+        }
+        *out = co;
+    }
+}
+
+template <int U, int E>
+__device__ __forceinline__ void encode_entry(const u8* data, const EncParams* __restrict__ params, const u32* fcs,
+                                             const u32* cls, const u32* tinfo, const u8* const_sel, u8* scratch,
+                                             ChunkOut* outs, u64 c0, u32 n) {
+    __shared__ u32 hist[ENC_WARPS][U * 256];
+    const int lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 k = blockIdx.x * ENC_WARPS + warp;
+    if (k >= n) return;
+    const EncParams P = *params;
+    encode_chunk<U, E>(data, P, fcs, cls, tinfo, const_sel, scratch + (u64)k * P.slot_bytes, outs + k, c0 + k, lane,
+                       hist[warp]);
+}
+
+#define ENTRIES(SUFFIX, U, E)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) tz_hist_##SUFFIX(                                      \
+        const u8* __restrict__ data, const EncParams* __restrict__ P, const u64* __restrict__ picks,        \
+        u32* __restrict__ hists, u32* __restrict__ joint) {                                                 \
+        hist_entry<U, E>(data, P, picks, hists, joint);                                                     \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * ENC_WARPS) tz_encode_##SUFFIX(                        \
+        const u8* __restrict__ data, const EncParams* __restrict__ P, const u32* __restrict__ fcs,          \
+        const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,       \
+        u8* __restrict__ scratch, ChunkOut* __restrict__ outs, u64 c0, u32 n) {                             \
+        encode_entry<U, E>(data, P, fcs, cls, tinfo, const_sel, scratch, outs, c0, n);                     \
+    }
+ENTRIES(1, 1, 0)
+ENTRIES(2, 2, 0)
+ENTRIES(2e8, 2, 8)
+ENTRIES(4, 4, 0)
+ENTRIES(4e8, 4, 8)
+ENTRIES(8, 8, 0)
+ENTRIES(8e11, 8, 11)
+
+// ---------------------------------------------------------------------------------------------
+// Compaction: the pieces of each chunk's payload, from its slot to its place in the blob.
+
+__device__ __forceinline__ void copy_bytes(u8* __restrict__ dst, const u8* __restrict__ src, u32 n) {
+    // 16-byte copies where both sides line up, bytes otherwise.
+    const u32 head = (u32)((16 - ((u64)dst & 15)) & 15);
+    if ((((u64)dst - (u64)src) & 15) == 0 && n > head + 16) {
+        for (u32 i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+        const u32 nv = (n - head) / 16;
+        const uint4* s4 = (const uint4*)(src + head);
+        uint4* d4 = (uint4*)(dst + head);
+        for (u32 i = threadIdx.x; i < nv; i += blockDim.x) d4[i] = s4[i];
+        for (u32 i = head + nv * 16 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    } else {
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncParams* __restrict__ params,
+                                      const ChunkOut* __restrict__ outs, const u64* __restrict__ offsets,
+                                      u8* __restrict__ blob, u32 n) {
+    const u32 k = blockIdx.x;
+    if (k >= n) return;
+    const EncParams P = *params;
+    const ChunkOut o = outs[k];
+    const u8* slot = scratch + (u64)k * P.slot_bytes;
+    u8* dst = blob + offsets[k];
+    u32 w = 0;
+    if (o.sel_len) {
+        for (int p = 0; p < 8; p++) {
+            if (o.modes[p] != MODE_BLOCKS) continue;
+            copy_bytes(dst + w, slot + P.off_sels + (u64)p * o.nb, o.nb);
+            w += o.nb;
+        }
+    }
+    if (o.rans_len) {
+        copy_bytes(dst + w, slot + P.off_states, 128);
+        w += 128;
+        copy_bytes(dst + w, slot + P.off_words + 2ull * (P.cap_words - o.n_words), 2 * o.n_words);
+        w += 2 * o.n_words;
+    }
+    copy_bytes(dst + w, slot + P.off_area, o.kept);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CRC-32 (zlib: reflected 0xEDB88320, initial and final XOR 0xFFFFFFFF) of each `piece` bytes.
+//
+// Each lane of a warp takes a 4-byte-aligned segment of its piece and computes the CRC register of
+// that segment from 0 (slicing by 4); the register is linear, so the piece's register is the XOR of
+// each lane's register shifted past the bytes that follow it (multiplication by x^(8n) mod P), plus
+// the initial value shifted past the whole piece.
+
+#define CRC_POLY 0xEDB88320u
+
+// a * b mod P, in the reflected representation (bit 31 = x^0).
+__device__ u32 multmodp(u32 a, u32 b) {
+    if (a == 0) return 0;
+    u32 m = 1u << 31, p = 0;
+    for (;;) {
+        if (a & m) {
+            p ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = b & 1 ? (b >> 1) ^ CRC_POLY : b >> 1;
+    }
+    return p;
+}
+
+// x^(8 n) mod P, from the table of x^(2^k) mod P.
+__device__ u32 x8n(u64 n, const u32* x2n) {
+    u32 p = 1u << 31;
+    u32 k = 3;
+    while (n) {
+        if (n & 1) p = multmodp(x2n[k & 31], p);
+        n >>= 1;
+        k++;
+    }
+    return p;
+}
+
+extern "C" __global__ void tz_crc32(const u8* __restrict__ data, u64 len, u64 piece, u32* __restrict__ out, u64 n_pieces) {
+    __shared__ u32 T[4][256];
+    __shared__ u32 x2n[32];
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x) {
+        u32 c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ CRC_POLY : c >> 1;
+        T[0][i] = c;
+    }
+    if (threadIdx.x == 0) {
+        u32 p = 1u << 30;  // x^1
+        for (int k = 0; k < 32; k++) {
+            x2n[k] = p;
+            p = multmodp(p, p);
+        }
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x) {
+        u32 c = T[0][i];
+        for (int s = 1; s < 4; s++) {
+            c = (c >> 8) ^ T[0][c & 0xFFu];
+            T[s][i] = c;
+        }
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 pc = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; pc < n_pieces; pc += warps) {
+        const u64 p0 = pc * piece;
+        const u64 plen = min(piece, len - p0);
+        const u64 seg = ((plen + 31) / 32 + 3) & ~3ull;
+        const u64 s0 = min(plen, (u64)lane * seg), s1 = min(plen, s0 + seg);
+        const u8* q = data + p0 + s0;
+        u64 n = s1 - s0;
+        u32 crc = 0;
+        while (n && ((u64)q & 3)) {
+            crc = T[0][(crc ^ *q) & 0xFFu] ^ (crc >> 8);
+            q++;
+            n--;
+        }
+        while (n >= 4) {
+            crc ^= *(const u32*)q;
+            crc = T[3][crc & 0xFFu] ^ T[2][(crc >> 8) & 0xFFu] ^ T[1][(crc >> 16) & 0xFFu] ^ T[0][crc >> 24];
+            q += 4;
+            n -= 4;
+        }
+        while (n) {
+            crc = T[0][(crc ^ *q) & 0xFFu] ^ (crc >> 8);
+            q++;
+            n--;
+        }
+        u32 r = s1 > s0 ? multmodp(x8n(plen - s1, x2n), crc) : 0u;
+        if (lane == 0) r ^= multmodp(x8n(plen, x2n), 0xFFFFFFFFu);
+        #pragma unroll
+        for (int d = 16; d > 0; d >>= 1) r ^= __shfl_xor_sync(FULL, r, d);
+        if (lane == 0) out[pc] = ~r;
+    }
+}
