@@ -244,16 +244,20 @@ fn main() {
                 .unwrap()
         })
         .collect();
+    let dev_list: Vec<tensorzip_cuda::encode::DeviceTensor> = tensors
+        .iter()
+        .zip(&dev_tensors)
+        .map(|(t, d)| tensorzip_cuda::encode::DeviceTensor {
+            ptr: d.device_ptr(&s).0,
+            nbytes: t.2.len(),
+            dtype: t.0,
+            shape: t.1.clone(),
+        })
+        .collect();
+    // One batch call for all tensors (one encoder launch per unit size).
     let encode_all = || -> Vec<tensorzip_cuda::DeviceBlob> {
-        tensors
-            .iter()
-            .zip(&dev_tensors)
-            .map(|(t, d)| {
-                let (p, _g) = d.device_ptr(&s);
-                // SAFETY: `d` holds the tensor's bytes and lives until the end of main.
-                unsafe { eng.compress_device(p, t.2.len(), t.0, &t.1, &opts).unwrap() }
-            })
-            .collect()
+        // SAFETY: every tensor's buffer lives until the end of main.
+        unsafe { eng.compress_batch_device(&dev_list, &opts).unwrap() }
     };
     let first = encode_all();
     let encode_equal_cpu = first
@@ -284,17 +288,27 @@ fn main() {
         .iter()
         .map(|t| s.alloc_zeros::<u8>(t.2.len().max(1)).unwrap())
         .collect();
+    let round_list: Vec<tensorzip_cuda::encode::DeviceTensor> = tensors
+        .iter()
+        .zip(&dev_t)
+        .map(|(t, d)| tensorzip_cuda::encode::DeviceTensor {
+            ptr: d.device_ptr(&s).0,
+            nbytes: t.2.len(),
+            dtype: t.0,
+            shape: t.1.clone(),
+        })
+        .collect();
     let mut enc_round = Vec::new();
     for _ in 0..runs {
         s.synchronize().unwrap();
         let t0 = Instant::now();
-        let mut at = 0usize;
-        for ((t, pin), dt) in tensors.iter().zip(&pin_t).zip(&mut dev_t) {
+        for (pin, dt) in pin_t.iter().zip(&mut dev_t) {
             s.memcpy_htod(pin, dt).unwrap();
-            let (p, _g) = dt.device_ptr(&s);
-            // SAFETY: `dt` holds the tensor's bytes and lives until the end of main.
-            let b = unsafe { eng.compress_device(p, t.2.len(), t.0, &t.1, &opts).unwrap() };
-            drop(_g);
+        }
+        // SAFETY: the device buffers live until the end of main.
+        let out = unsafe { eng.compress_batch_device(&round_list, &opts).unwrap() };
+        let mut at = 0usize;
+        for b in &out {
             let dst = &mut pin_blob.as_mut_slice().unwrap()[at..at + b.len];
             s.memcpy_dtoh(&b.buf.slice(0..b.len), dst).unwrap();
             at += b.len;

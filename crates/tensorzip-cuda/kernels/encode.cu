@@ -29,9 +29,8 @@ typedef unsigned long long u64;
 #define MODE_BLOCKS 2u
 #define MODE_COND 3u
 #define CL_ABSENT 0xFFFFFFFFu
-#define ENC_WARPS 4
 
-// Shared with `EncParams` in src/encode.rs.
+// One tensor of a batch (shared with `EncParams` in src/encode.rs).
 struct EncParams {
     u64 units;            // units of the tensor
     u64 blocks_per_chunk;
@@ -45,18 +44,28 @@ struct EncParams {
     u32 joint_plane;      // tz_hist: plane whose joint counts are wanted (255 = none)
     u32 joint_src;
     u32 cap_words;        // words a slot holds
-    u64 slot_bytes;
     u64 off_sels;         // slot layout (bytes from the slot's start)
     u64 off_coff;
     u64 off_states;
     u64 off_area;
     u64 off_csyms;
     u64 off_words;
+    u64 off_stage;        // the block's planes, when they do not fit in shared memory
     u32 table_base[8];
     u32 n_tables[8];
 };
 
-// Shared with `ChunkOut` in src/encode.rs.
+// One chunk of a batch: one warp (shared with `EncJob` in src/encode.rs).
+struct EncJob {
+    u64 data;             // device address of the tensor (aligned to 16 bytes)
+    u64 chunk;            // chunk index in the tensor
+    u64 slot;             // byte offset of the chunk's slot in the scratch
+    u64 dst;              // tz_compact: device address of the chunk's payload in its blob
+    u32 tensor;           // index of its EncParams
+    u32 pad;
+};
+
+// What the encoder reports per chunk (shared with `ChunkOut` in src/encode.rs).
 struct ChunkOut {
     u32 payload_len;
     u32 rans_len;
@@ -105,37 +114,78 @@ __device__ __forceinline__ u64 unit(const u8* __restrict__ src, u64 i) {
 __device__ __forceinline__ u32 byte_of(u64 t, u32 p) { return (u32)(t >> (8 * p)) & 0xFFu; }
 
 // ---------------------------------------------------------------------------------------------
-// Sampled-block histograms.
+// Sampled-block histograms, for every tensor of a batch in one launch. A thread block takes up to
+// PICKS_PER_BLOCK sampled blocks of one tensor (`HistJob`): the histograms of each go out as they
+// are; the joint counts of the tensor's conditioned plane are gathered over all of them in shared
+// memory as 16-bit counters (65536 x 2 bytes; sampled blocks of at most 4096 units, so the counts
+// stay below 2^15) and added to the tensor's global counts once; with larger blocks they go to
+// global memory directly.
+
+#define PICKS_PER_BLOCK 8
+
+// Shared with `HistJob` in src/encode.rs.
+struct HistJob {
+    u64 data;             // the tensor (aligned to its unit size)
+    u64 first;            // index of its first pick in `picks` and `hists`
+    u32 n;                // picks of this job
+    u32 tensor;           // index of its EncParams
+    u64 joint;            // offset of its joint counts in `joint` (u32 units)
+};
 
 template <int U, int E>
-__device__ void hist_entry(const u8* __restrict__ data, const EncParams* __restrict__ P, const u64* __restrict__ picks,
-                           u32* __restrict__ hists, u32* __restrict__ joint) {
+__device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __restrict__ params,
+                           const u64* __restrict__ picks, u32* __restrict__ hists, u32* __restrict__ joint_all,
+                           u32 joint_smem) {
     __shared__ u32 h[U * 256];
-    const u64 g = picks[blockIdx.x];
-    const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
-    const u64 start = c * P->chunk_units + b * P->block_units;
-    const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
-    const u64 end = min(start + P->block_units, chunk_end);
-    const u32 len = (u32)(end - start);
-    for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) h[k] = 0;
-    __syncthreads();
-    for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
-        const u64 t = unit<U, E>(data, start + i);
-        #pragma unroll
-        for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t, p)], 1u);
+    __shared__ u32 any_joint;
+    extern __shared__ uint4 dyn4[];
+    u32* sj4 = (u32*)dyn4;
+    const HistJob job = jobs[blockIdx.x];
+    const EncParams* P = params + job.tensor;
+    const u8* data = (const u8*)job.data;
+    const u32 jp = P->joint_plane, jq = P->joint_src;
+    u32* joint = joint_all + job.joint;
+    const bool use_smem = joint_smem && jp < (u32)U;
+    if (use_smem) {
+        for (u32 k = threadIdx.x; k < 32768; k += blockDim.x) sj4[k] = 0;
+    }
+    if (threadIdx.x == 0) any_joint = 0;
+    for (u32 q = 0; q < job.n; q++) {
+        const u64 g = picks[job.first + q];
+        const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
+        const u64 start = c * P->chunk_units + b * P->block_units;
+        const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
+        const u64 end = min(start + P->block_units, chunk_end);
+        const u32 len = (u32)(end - start);
+        for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) h[k] = 0;
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
+            const u64 t = unit<U, E>(data, start + i);
+            #pragma unroll
+            for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t, p)], 1u);
+        }
+        __syncthreads();
+        u32* out = hists + (job.first + q) * U * 256;
+        for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) out[k] = h[k];
+        // Joint counts only where the plane is not one repeated byte.
+        const bool want = jp < (u32)U && h[jp * 256 + byte_of(unit<U, E>(data, start), jp)] != len;
+        __syncthreads();
+        if (!want) continue;
+        if (threadIdx.x == 0) any_joint = 1;
+        for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
+            const u64 t = unit<U, E>(data, start + i);
+            const u32 k = (byte_of(t, jq) << 8) | byte_of(t, jp);
+            // 16-bit counter k inside a 32-bit word: no carry crosses into the other counter.
+            if (use_smem) atomicAdd(&sj4[k >> 1], 1u << (16 * (k & 1)));
+            else atomicAdd(&joint[k], 1u);
+        }
     }
     __syncthreads();
-    u32* out = hists + (u64)blockIdx.x * U * 256;
-    for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) out[k] = h[k];
-    const u32 jp = P->joint_plane, jq = P->joint_src;
-    if (jp < (u32)U) {
-        // Blocks where the plane is one repeated byte take no part.
-        const u32 first = byte_of(unit<U, E>(data, start), jp);
-        if (h[jp * 256 + first] != len) {
-            for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
-                const u64 t = unit<U, E>(data, start + i);
-                atomicAdd(&joint[(byte_of(t, jq) << 8) | byte_of(t, jp)], 1u);
-            }
+    if (use_smem && any_joint) {
+        for (u32 k = threadIdx.x; k < 32768; k += blockDim.x) {
+            const u32 w = sj4[k];
+            if (w & 0xFFFFu) atomicAdd(&joint[2 * k], w & 0xFFFFu);
+            if (w >> 16) atomicAdd(&joint[2 * k + 1], w >> 16);
         }
     }
 }
@@ -184,10 +234,13 @@ __device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 b
 
 // One rANS encoder step of the warp (FORMAT.md 5.3, backwards): active lanes push one symbol; the
 // lanes that renormalise emit a word each, highest lane first. Word `k` of the emission goes to
-// `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`.
-__device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, const u32* __restrict__ fc, u16* words, u32 cap) {
-    const u32 e = active ? __ldg(fc + sym) : 0u;
-    const u32 f = e & 0xFFFFu, c = e >> 16;
+// `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`. `fc` holds per
+// symbol (frequency | cumulative << 16, floor(2^32 / frequency)); the division is a multiply by that
+// reciprocal and one correction.
+__device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, const uint2* __restrict__ fc, u16* words,
+                                    u32 cap) {
+    const uint2 e = active ? __ldg(fc + sym) : make_uint2(0u, 0u);
+    const u32 f = e.x & 0xFFFFu, c = e.x >> 16;
     const bool emit = active && x >= (f << 20);
     const u32 m = __ballot_sync(FULL, emit);
     if (emit) {
@@ -197,20 +250,136 @@ __device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, cons
     }
     pos += __popc(m);
     if (active && f) {
-        const u32 q = x / f;
-        x = (q << 12) + (x - q * f) + c;
+        u32 q = __umulhi(x, e.y);
+        u32 r = x - q * f;
+        if (r >= f) {
+            q++;
+            r -= f;
+        }
+        x = (q << 12) + r + c;
+    }
+}
+
+// Loads the units bl .. bl + blen of the chunk at `src` into `planes`, transformed
+// and split: byte p of unit i at planes[p * bu + i]. 16-byte loads, four in flight per lane.
+template <int U, int E>
+__device__ __forceinline__ void stage(const u8* __restrict__ src, u32 bl, u32 blen, u8* planes, u32 bu, int lane) {
+    constexpr u32 PER = 16 / U;  // units per 16-byte vector
+    const uint4* v = (const uint4*)(src + (u64)bl * U);
+    // Chunks of a size that is not a multiple of 16 bytes may start unaligned: units one by one.
+    const u32 nv = ((u64)v & 15) == 0 ? blen / PER : 0u;
+    for (u32 j0 = 0; j0 < nv; j0 += 4 * 32) {
+        uint4 w[4];
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 j = j0 + k * 32 + lane;
+            w[k] = j < nv ? __ldg(v + j) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 j = j0 + k * 32 + lane;
+            if (j >= nv) continue;
+            const u32 i0 = j * PER;
+            if (U == 1) {
+                *(uint4*)(planes + i0) = w[k];
+            } else {
+                u64 lo = (u64)w[k].x | ((u64)w[k].y << 32), hi = (u64)w[k].z | ((u64)w[k].w << 32);
+                u64 pb[U];
+                #pragma unroll
+                for (int p = 0; p < U; p++) pb[p] = 0;
+                #pragma unroll
+                for (u32 u = 0; u < PER; u++) {
+                    const u32 bit = u * U * 8;
+                    u64 raw;
+                    if (U == 8) raw = u == 0 ? lo : hi;
+                    else raw = bit < 64 ? (lo >> bit) : (hi >> (bit - 64));
+                    const u64 t = fwd<U, E>(U == 8 ? raw : raw & ((1ull << (8 * U)) - 1));
+                    #pragma unroll
+                    for (int p = 0; p < U; p++) pb[p] |= (u64)byte_of(t, p) << (8 * u);
+                }
+                #pragma unroll
+                for (int p = 0; p < U; p++) {
+                    u8* d = planes + (u64)p * bu + i0;
+                    if (U == 2) *(u64*)d = pb[p];
+                    else if (U == 4) *(u32*)d = (u32)pb[p];
+                    else *(u16*)d = (u16)pb[p];
+                }
+            }
+        }
+    }
+    for (u32 i = nv * PER + lane; i < blen; i += 32) {
+        const u64 t = unit<U, E>(src, bl + i);
+        #pragma unroll
+        for (int p = 0; p < U; p++) planes[(u64)p * bu + i] = (u8)byte_of(t, p);
+    }
+    __syncwarp();
+}
+
+// Appends `n` bytes from `from` (shared or global) to `to` (global), lanes striding.
+__device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lane) {
+    for (u32 i = lane; i < n; i += 32) to[i] = from[i];
+}
+
+// The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
+// coded bytes (`csyms`, with per-block offsets `coff`) and raw bytes; block `b`'s planes are staged
+// by `stage_b(b)` unless `staged` (one block only, already staged). Returns the area's length and
+// sets `any` (a symbol is coded), `last_start` and `last_craw` (for the stash).
+template <int U>
+struct AreaState {
+    u32 aoff, ctot, last_start, last_craw;
+    bool any;
+};
+
+template <int U>
+__device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u32 bu, u32 b, u32 blen, const u32 (&mode)[U],
+                                           const u8* sels, u32 nb, const u32* __restrict__ tinfo, const EncParams& P,
+                                           bool condc, u8* area, u8* csyms, u32* coff, int lane) {
+    st.last_start = st.aoff;
+    #pragma unroll
+    for (int p = 0; p < U; p++) {
+        const u32 sel = mode[p] == MODE_BLOCKS ? (u32)sels[p * nb + b] : 0u;
+        if (mode[p] == MODE_RAW || (mode[p] == MODE_BLOCKS && sel == SEL_RAW)) {
+            put_bytes(area + st.aoff, planes + (u64)p * bu, blen, lane);
+            st.aoff += blen;
+        } else if (mode[p] == MODE_BLOCKS && sel == SEL_CONST) {
+            if (lane == 0) area[st.aoff] = planes[(u64)p * bu];
+            st.aoff += 1;
+        } else if (mode[p] == MODE_BLOCKS && !(__ldg(tinfo + P.table_base[p] + sel) >> 31)) {
+            st.any = true;
+        }
+    }
+    if (condc) {
+        const u8* ep = planes + (u64)P.cond_src * bu;
+        const u8* mp = planes + (u64)P.cond_plane * bu;
+        if (lane == 0) coff[b] = st.ctot;
+        const u32 c0 = st.ctot;
+        u32 craw = 0;
+        for (u32 r = 0; r * 32 < blen; r++) {
+            const u32 i = r * 32 + lane;
+            const bool in = i < blen;
+            const u32 e = in ? ep[i] : 0u, m = in ? mp[i] : 0u;
+            const bool hit = in && e == P.cond_value;
+            const u32 hm = __ballot_sync(FULL, hit), rm = __ballot_sync(FULL, in && !hit);
+            if (hit) csyms[st.ctot + __popc(hm & lanemask_lt())] = (u8)m;
+            else if (in) area[st.aoff + __popc(rm & lanemask_lt())] = (u8)m;
+            st.ctot += __popc(hm);
+            st.aoff += __popc(rm);
+            craw += __popc(rm);
+        }
+        st.any |= st.ctot > c0;
+        st.last_craw = craw;
     }
 }
 
 template <int U, int E>
-__device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, const u32* __restrict__ fcs,
+__device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2* __restrict__ fcs,
                              const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,
-                             u8* __restrict__ slot, ChunkOut* __restrict__ out, u64 c, int lane, u32* hist) {
-    const u64 start = c * P.chunk_units;
+                             u8* __restrict__ slot, ChunkOut* __restrict__ out, int lane, u32* hist, u8* planes) {
+    const u64 start = job.chunk * P.chunk_units;
     const u32 len = (u32)min((u64)P.chunk_units, P.units - start);
     const u32 bu = P.block_units;
     const u32 nb = (len + bu - 1) / bu;
-    const u8* src = data + start * U;
+    const u8* src = (const u8*)job.data + start * U;
     u8* sels = slot + P.off_sels;
     u32* coff = (u32*)(slot + P.off_coff);
     u8* states = slot + P.off_states;
@@ -218,32 +387,47 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
     u8* csyms = slot + P.off_csyms;
     u16* words = (u16*)(slot + P.off_words);
     const u32 cap = P.cap_words;
-    const u32 cp = P.cond_plane, cq = P.cond_src, cvalue = P.cond_value;
+    const u32 cp = P.cond_plane;
 
-    // 1. Per block and plane: histogram, constant test, selector; per plane: its mode.
+    // 1. Per block (staged): histograms, constant test, selectors; and, assuming no plane of the
+    //    chunk turns out constant (then it is redone below), the raw area and the conditioned split.
     u32 cstate[U], cval[U];
     bool allraw[U];
+    u32 smode[U];  // the assumed modes: Cond for the conditioned plane, Blocks for the others
     #pragma unroll
     for (int p = 0; p < U; p++) {
         cstate[p] = 0;  // 0: no block yet, 1: every block is the byte cval, 2: otherwise
         cval[p] = 0;
         allraw[p] = true;
+        smode[p] = (u32)p == cp ? MODE_COND : MODE_BLOCKS;
     }
+    const bool scond = cp < (u32)U;
+    AreaState<U> st = {0, 0, 0, 0, false};
     for (u32 b = 0; b < nb; b++) {
         const u32 bl = b * bu, blen = min(bu, len - bl);
-        __syncwarp();
+        stage<U, E>(src, bl, blen, planes, bu, lane);
         for (u32 k = lane; k < U * 256; k += 32) hist[k] = 0;
         __syncwarp();
-        for (u32 i = lane; i < blen; i += 32) {
-            const u64 t = unit<U, E>(src, bl + i);
-            #pragma unroll
-            for (int p = 0; p < U; p++) atomicAdd(&hist[p * 256 + byte_of(t, p)], 1u);
-        }
-        __syncwarp();
-        const u64 t0 = unit<U, E>(src, bl);
         #pragma unroll
         for (int p = 0; p < U; p++) {
-            const u32 first = byte_of(t0, p);
+            const u8* pp = planes + (u64)p * bu;
+            u32* hp = hist + p * 256;
+            for (u32 i = 4 * lane; i < blen; i += 128) {
+                if (i + 4 <= blen) {
+                    const u32 w = *(const u32*)(pp + i);
+                    atomicAdd(&hp[w & 0xFFu], 1u);
+                    atomicAdd(&hp[(w >> 8) & 0xFFu], 1u);
+                    atomicAdd(&hp[(w >> 16) & 0xFFu], 1u);
+                    atomicAdd(&hp[w >> 24], 1u);
+                } else {
+                    for (u32 k = i; k < blen; k++) atomicAdd(&hp[pp[k]], 1u);
+                }
+            }
+        }
+        __syncwarp();
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            const u32 first = planes[(u64)p * bu];
             const bool is_const = hist[p * 256 + first] == blen;
             const u32 nt = P.n_tables[p];
             u32 sel;
@@ -259,62 +443,39 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
                 cstate[p] = 2;
             }
         }
+        __syncwarp();
+        area_block<U>(st, planes, bu, b, blen, smode, sels, nb, tinfo, P, scond, area, csyms, coff, lane);
+        __syncwarp();
     }
-    __syncwarp();
     u32 mode[U];
+    bool some_const = false;
     #pragma unroll
     for (int p = 0; p < U; p++) {
         if (cstate[p] == 1) mode[p] = MODE_CONST;
         else if ((u32)p == cp) mode[p] = MODE_COND;
         else if (allraw[p]) mode[p] = MODE_RAW;
         else mode[p] = MODE_BLOCKS;
+        some_const |= mode[p] == MODE_CONST;
     }
     bool condc = false;
     #pragma unroll
     for (int p = 0; p < U; p++) condc |= (u32)p == cp && mode[p] == MODE_COND;
 
-    // 2. The raw area (block-major) and the conditioned plane's split.
-    u32 aoff = 0, ctot = 0, last_start = 0, last_craw = 0;
-    bool any = false;
-    for (u32 b = 0; b < nb; b++) {
-        const u32 bl = b * bu, blen = min(bu, len - bl);
-        last_start = aoff;
-        #pragma unroll
-        for (int p = 0; p < U; p++) {
-            const u32 sel = mode[p] == MODE_BLOCKS ? (u32)sels[p * nb + b] : 0u;
-            if (mode[p] == MODE_RAW || (mode[p] == MODE_BLOCKS && sel == SEL_RAW)) {
-                for (u32 i = lane; i < blen; i += 32) area[aoff + i] = (u8)byte_of(unit<U, E>(src, bl + i), p);
-                aoff += blen;
-            } else if (mode[p] == MODE_BLOCKS && sel == SEL_CONST) {
-                if (lane == 0) area[aoff] = (u8)byte_of(unit<U, E>(src, bl), p);
-                aoff += 1;
-            } else if (mode[p] == MODE_BLOCKS && !(__ldg(tinfo + P.table_base[p] + sel) >> 31)) {
-                any = true;
-            }
-        }
-        if (condc) {
-            if (lane == 0) coff[b] = ctot;
-            const u32 c0 = ctot;
-            u32 craw = 0;
-            for (u32 r = 0; r * 32 < blen; r++) {
-                const u32 i = r * 32 + lane;
-                const bool in = i < blen;
-                const u64 t = in ? unit<U, E>(src, bl + i) : 0ull;
-                const bool hit = in && byte_of(t, cq) == cvalue;
-                const u32 hm = __ballot_sync(FULL, hit), rm = __ballot_sync(FULL, in && !hit);
-                if (hit) csyms[ctot + __popc(hm & lanemask_lt())] = (u8)byte_of(t, cp);
-                else if (in) area[aoff + __popc(rm & lanemask_lt())] = (u8)byte_of(t, cp);
-                ctot += __popc(hm);
-                aoff += __popc(rm);
-                craw += __popc(rm);
-            }
-            any |= ctot > c0;
-            last_craw = craw;
+    // 2. A constant plane contributes nothing to the raw area: build it again with the real modes.
+    if (some_const) {
+        st = {0, 0, 0, 0, false};
+        for (u32 b = 0; b < nb; b++) {
+            const u32 bl = b * bu, blen = min(bu, len - bl);
+            stage<U, E>(src, bl, blen, planes, bu, lane);
+            area_block<U>(st, planes, bu, b, blen, mode, sels, nb, tinfo, P, condc, area, csyms, coff, lane);
+            __syncwarp();
         }
     }
-    if (condc && lane == 0) coff[nb] = ctot;
+    if (condc && lane == 0) coff[nb] = st.ctot;
+    const u32 aoff = st.aoff;
+    const bool any = st.any;
     // The stash: the last raw bytes of the last block travel in the initial states.
-    const u32 stash = !any ? 0u : min(condc ? last_craw : aoff - last_start, 64u);
+    const u32 stash = !any ? 0u : min(condc ? st.last_craw : aoff - st.last_start, 64u);
     const u32 kept = aoff - stash;
     __syncwarp();
 
@@ -332,7 +493,7 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
             if (condc) {
                 const u32 o = coff[b], T = coff[b + 1] - o;
                 if (T) {
-                    const u32* fc = fcs + (u64)P.cond_table * 256;
+                    const uint2* fc = fcs + (u64)P.cond_table * 256;
                     const u32 full = T / 32, rem = T % 32;
                     if (rem) {
                         const bool act = (u32)lane < rem;
@@ -341,7 +502,7 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
                     for (u32 r = full; r-- > 0;) put(x, pos, true, csyms[o + r * 32 + lane], fc, words, cap);
                 }
             }
-            const u32* fc[U];
+            const uint2* fc[U];
             bool in_main[U];
             bool some = false;
             #pragma unroll
@@ -352,20 +513,22 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
                 some |= in_main[p];
             }
             if (!some) continue;
+            stage<U, E>(src, bl, blen, planes, bu, lane);
             const u32 full = blen / 32, rem = blen % 32;
             if (rem) {
                 const bool act = (u32)lane < rem;
-                const u64 t = act ? unit<U, E>(src, bl + full * 32 + lane) : 0ull;
+                const u32 i = full * 32 + lane;
                 #pragma unroll
                 for (int p = U - 1; p >= 0; p--)
-                    if (in_main[p]) put(x, pos, act, byte_of(t, p), fc[p], words, cap);
+                    if (in_main[p]) put(x, pos, act, act ? (u32)planes[(u64)p * bu + i] : 0u, fc[p], words, cap);
             }
             for (u32 r = full; r-- > 0;) {
-                const u64 t = unit<U, E>(src, bl + r * 32 + lane);
+                const u32 i = r * 32 + lane;
                 #pragma unroll
                 for (int p = U - 1; p >= 0; p--)
-                    if (in_main[p]) put(x, pos, true, byte_of(t, p), fc[p], words, cap);
+                    if (in_main[p]) put(x, pos, true, planes[(u64)p * bu + i], fc[p], words, cap);
             }
+            __syncwarp();
         }
         #pragma unroll
         for (int k = 0; k < 4; k++) states[4 * lane + k] = (u8)(x >> (8 * k));
@@ -387,12 +550,14 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
         u32 o = 0;
         for (u32 b = 0; b < nb; b++) {
             const u32 bl = b * bu, blen = min(bu, len - bl);
+            stage<U, E>(src, bl, blen, planes, bu, lane);
             #pragma unroll
             for (int p = 0; p < U; p++) {
                 if (mode[p] != MODE_RAW) continue;
-                for (u32 i = lane; i < blen; i += 32) area[o + i] = (u8)byte_of(unit<U, E>(src, bl + i), p);
+                put_bytes(area + o, planes + (u64)p * bu, blen, lane);
                 o += blen;
             }
+            __syncwarp();
         }
         sel_len = 0;
         rans_len = 0;
@@ -418,31 +583,39 @@ __device__ void encode_chunk(const u8* __restrict__ data, const EncParams& P, co
     }
 }
 
+// Per warp: `hist_bytes` of histograms, then (when `stage_bytes` > 0) its block's planes in shared
+// memory; with `stage_bytes` == 0 the planes live in the chunk's slot (blocks too large).
 template <int U, int E>
-__device__ __forceinline__ void encode_entry(const u8* data, const EncParams* __restrict__ params, const u32* fcs,
-                                             const u32* cls, const u32* tinfo, const u8* const_sel, u8* scratch,
-                                             ChunkOut* outs, u64 c0, u32 n) {
-    __shared__ u32 hist[ENC_WARPS][U * 256];
+__device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,
+                                             const uint2* fcs, const u32* cls, const u32* tinfo, const u8* const_sel,
+                                             u8* scratch, ChunkOut* outs, u32 stage_bytes, u32 warps) {
+    extern __shared__ uint4 smem4[];
     const int lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;
-    const u32 k = blockIdx.x * ENC_WARPS + warp;
-    if (k >= n) return;
-    const EncParams P = *params;
-    encode_chunk<U, E>(data, P, fcs, cls, tinfo, const_sel, scratch + (u64)k * P.slot_bytes, outs + k, c0 + k, lane,
-                       hist[warp]);
+    const u32 k = blockIdx.x * warps + warp;
+    if (k >= n_jobs) return;
+    const EncJob job = jobs[k];
+    const EncParams P = params[job.tensor];
+    u8* mine = (u8*)smem4 + (u64)warp * (U * 1024 + stage_bytes);
+    u8* slot = scratch + job.slot;
+    u8* planes = stage_bytes ? mine + U * 1024 : slot + P.off_stage;
+    encode_chunk<U, E>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k, lane, (u32*)mine,
+                       planes);
 }
 
 #define ENTRIES(SUFFIX, U, E)                                                                               \
-    extern "C" __global__ void __launch_bounds__(256) tz_hist_##SUFFIX(                                      \
-        const u8* __restrict__ data, const EncParams* __restrict__ P, const u64* __restrict__ picks,        \
-        u32* __restrict__ hists, u32* __restrict__ joint) {                                                 \
-        hist_entry<U, E>(data, P, picks, hists, joint);                                                     \
+    extern "C" __global__ void __launch_bounds__(1024) tz_hist_##SUFFIX(                                     \
+        const HistJob* __restrict__ jobs, const EncParams* __restrict__ params, const u64* __restrict__ picks, \
+        u32* __restrict__ hists, u32* __restrict__ joint, u32 joint_smem) {                                 \
+        hist_entry<U, E>(jobs, params, picks, hists, joint, joint_smem);                                    \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * ENC_WARPS) tz_encode_##SUFFIX(                        \
-        const u8* __restrict__ data, const EncParams* __restrict__ P, const u32* __restrict__ fcs,          \
-        const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,       \
-        u8* __restrict__ scratch, ChunkOut* __restrict__ outs, u64 c0, u32 n) {                             \
-        encode_entry<U, E>(data, P, fcs, cls, tinfo, const_sel, scratch, outs, c0, n);                     \
+    extern "C" __global__ void __launch_bounds__(256) tz_encode_##SUFFIX(                                   \
+        const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,                  \
+        const uint2* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
+        const u8* __restrict__ const_sel, u8* __restrict__ scratch, ChunkOut* __restrict__ outs,            \
+        u32 stage_bytes, u32 warps) {                                                                       \
+        encode_entry<U, E>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, stage_bytes,    \
+                           warps);                                                                          \
     }
 ENTRIES(1, 1, 0)
 ENTRIES(2, 2, 0)
@@ -453,32 +626,36 @@ ENTRIES(8, 8, 0)
 ENTRIES(8e11, 8, 11)
 
 // ---------------------------------------------------------------------------------------------
-// Compaction: the pieces of each chunk's payload, from its slot to its place in the blob.
+// Compaction: the pieces of each chunk's payload, from its slot to its place in its blob.
 
+// Bytes up to the destination's next 4-byte boundary, then whole 32-bit words, each assembled from
+// two aligned source words (a funnel shift; this reads up to 3 bytes past the source, which the
+// scratch's padding allows), then the tail.
 __device__ __forceinline__ void copy_bytes(u8* __restrict__ dst, const u8* __restrict__ src, u32 n) {
-    // 16-byte copies where both sides line up, bytes otherwise.
-    const u32 head = (u32)((16 - ((u64)dst & 15)) & 15);
-    if ((((u64)dst - (u64)src) & 15) == 0 && n > head + 16) {
-        for (u32 i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
-        const u32 nv = (n - head) / 16;
-        const uint4* s4 = (const uint4*)(src + head);
-        uint4* d4 = (uint4*)(dst + head);
-        for (u32 i = threadIdx.x; i < nv; i += blockDim.x) d4[i] = s4[i];
-        for (u32 i = head + nv * 16 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    const u32 head = min(n, (u32)((4 - ((u64)dst & 3)) & 3));
+    for (u32 i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+    const u32 nw = (n - head) / 4;
+    const u8* s = src + head;
+    u32* d = (u32*)(dst + head);
+    const u32 sh = (u32)((u64)s & 3) * 8;
+    const u32* sw = (const u32*)((u64)s & ~3ull);
+    if (sh == 0) {
+        for (u32 i = threadIdx.x; i < nw; i += blockDim.x) d[i] = sw[i];
     } else {
-        for (u32 i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+        for (u32 i = threadIdx.x; i < nw; i += blockDim.x) d[i] = __funnelshift_r(sw[i], sw[i + 1], sh);
     }
+    for (u32 i = head + nw * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncParams* __restrict__ params,
-                                      const ChunkOut* __restrict__ outs, const u64* __restrict__ offsets,
-                                      u8* __restrict__ blob, u32 n) {
+extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJob* __restrict__ jobs,
+                                      const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n) {
     const u32 k = blockIdx.x;
     if (k >= n) return;
-    const EncParams P = *params;
+    const EncJob job = jobs[k];
+    const EncParams P = params[job.tensor];
     const ChunkOut o = outs[k];
-    const u8* slot = scratch + (u64)k * P.slot_bytes;
-    u8* dst = blob + offsets[k];
+    const u8* slot = scratch + job.slot;
+    u8* dst = (u8*)job.dst;
     u32 w = 0;
     if (o.sel_len) {
         for (int p = 0; p < 8; p++) {

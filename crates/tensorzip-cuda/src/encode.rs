@@ -1,19 +1,24 @@
-//! The GPU encoder: a tensor in device memory becomes a blob in device memory, byte for byte the
-//! blob the CPU engine writes (`docs/GPU.md`, "Encoder").
+//! The GPU encoder: tensors in device memory become blobs in device memory, byte for byte the blobs
+//! the CPU engine writes (`docs/GPU.md`, "Encoder"). Many tensors (a whole model) are encoded
+//! together, with one encoder launch per unit size and transform.
 //!
 //! Steps, all on the engine's stream:
-//! 1. `tz_hist_*` counts the sampled blocks' planes (and the joint counts of the conditioned plane).
-//! 2. The host downloads those counts (a few MiB at most: `sample_blocks` x planes x 1 KiB) and runs
-//!    the core's `model_from_counts`, the same code the CPU engine runs, so the tables are identical.
-//!    Table choice is a sequential search over at most `sample_blocks` histograms; it stays on the host.
+//! 1. `tz_hist_*` counts each tensor's sampled blocks per plane (and the joint counts of the
+//!    conditioned plane).
+//! 2. The host downloads those counts (`sample_blocks` x planes x 1 KiB at most per tensor) and runs
+//!    the core's `model_from_counts` (the same code as the CPU engine, so the tables are identical),
+//!    for all tensors in parallel. Table choice is a sequential search over the sampled histograms;
+//!    it stays on the host.
 //! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes.
-//! 4. The host turns the sizes into offsets and the directory; `tz_compact` moves the payloads to
-//!    their places in the blob, and the header, tables and directory are uploaded in front.
+//! 4. The host turns the sizes into offsets and directories; `tz_compact` moves the payloads to
+//!    their places in the blobs, and each blob's header, tables and directory are uploaded in front.
 //!
 //! Host synchronisations: one after step 1, one per wave of chunks after step 3 (a wave is as many
-//! chunks as [`SCRATCH_BYTES`] of scratch holds; 1 GiB of bf16 is one wave). None per chunk.
+//! chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is one wave). None per chunk.
 
 use std::sync::Arc;
+
+use rayon::prelude::*;
 
 use cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
@@ -36,10 +41,7 @@ pub const ENCODE_SRC: &str = include_str!("../kernels/encode.cu");
 /// Most scratch memory one wave of chunks may use.
 pub const SCRATCH_BYTES: u64 = 1 << 30;
 
-/// Warps (chunks) per thread block of `tz_encode_*` (`ENC_WARPS` in encode.cu).
-const ENC_WARPS: u32 = 4;
-
-/// Parameters of an encode (layout shared with `struct EncParams` in encode.cu).
+/// One tensor of a batch (layout shared with `struct EncParams` in encode.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 struct EncParams {
@@ -55,15 +57,27 @@ struct EncParams {
     joint_plane: u32,
     joint_src: u32,
     cap_words: u32,
-    slot_bytes: u64,
     off_sels: u64,
     off_coff: u64,
     off_states: u64,
     off_area: u64,
     off_csyms: u64,
     off_words: u64,
+    off_stage: u64,
     table_base: [u32; 8],
     n_tables: [u32; 8],
+}
+
+/// One chunk of a batch (layout shared with `struct EncJob` in encode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct EncJob {
+    data: u64,
+    chunk: u64,
+    slot: u64,
+    dst: u64,
+    tensor: u32,
+    pad: u32,
 }
 
 /// What the encoder reports per chunk (layout shared with `struct ChunkOut` in encode.cu).
@@ -83,6 +97,8 @@ struct ChunkOut {
 
 // SAFETY: plain `repr(C)` structs of integers, laid out as their CUDA counterparts.
 unsafe impl DeviceRepr for EncParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for EncJob {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for ChunkOut {}
 // SAFETY: all-zero bytes are a valid value of every field.
@@ -142,8 +158,20 @@ pub struct DeviceBlob {
     pub len: usize,
 }
 
-/// The encoder's view of the model: every table as (frequency | cumulative << 16) and code lengths
-/// per symbol, and per plane where its tables start.
+/// A tensor in device memory, to be compressed.
+#[derive(Debug, Clone)]
+pub struct DeviceTensor {
+    /// Device address of its bytes (row-major, little-endian), in the engine's context.
+    pub ptr: u64,
+    pub nbytes: usize,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+}
+
+/// Every table of a batch in the encoder kernel's form: per symbol (frequency | cumulative << 16,
+/// floor(2^32 / frequency)) and the code length; per table whether it has one symbol; per tensor and
+/// plane the selector of a constant block of each byte value.
+#[derive(Default)]
 struct DeviceTables {
     fcs: Vec<u32>,
     cls: Vec<u32>,
@@ -157,7 +185,14 @@ impl DeviceTables {
         let cum = t.cumulative();
         for (&f, &c) in t.freq.iter().zip(&cum) {
             let f = f as u32;
+            // The reciprocal of the CPU's packed encoder table: x / f is (x * r) >> 32 or one more.
+            let r = match f {
+                0 => 0,
+                1 => u32::MAX,
+                _ => ((1u64 << 32) / f as u64) as u32,
+            };
             self.fcs.push(f | c << 16);
+            self.fcs.push(r);
             // Code lengths are below 12 << 16; absent symbols are marked u32::MAX.
             self.cls.push(if f == 0 {
                 u32::MAX
@@ -171,6 +206,29 @@ impl DeviceTables {
             0
         });
     }
+
+    /// Appends a tensor's tables; fills the table fields of `p`.
+    fn add(&mut self, model: &Model, dtype: DType, p: &mut EncParams) {
+        let at = self.const_sel.len();
+        self.const_sel.resize(at + 8 * 256, SEL_CONST);
+        for (q, pm) in model.planes.iter().enumerate() {
+            p.table_base[q] = self.info.len() as u32;
+            p.n_tables[q] = pm.tables.len() as u32;
+            for tab in &pm.tables {
+                self.push(tab);
+            }
+            for v in 0..256 {
+                self.const_sel[at + q * 256 + v] = const_selector(v as u8, &pm.tables);
+            }
+            if let (Some((value, tab)), Some((_, src))) = (&pm.cond, dtype.conditioned_plane()) {
+                p.cond_plane = q as u32;
+                p.cond_src = src as u32;
+                p.cond_value = *value as u32;
+                p.cond_table = self.info.len() as u32;
+                self.push(tab);
+            }
+        }
+    }
 }
 
 fn variant(dtype: DType) -> Result<usize> {
@@ -183,6 +241,45 @@ fn variant(dtype: DType) -> Result<usize> {
         .iter()
         .position(|&(u, x, _)| u == us && x == e)
         .ok_or_else(|| Error::Unsupported(format!("no encoder kernel for {dtype}")))
+}
+
+/// A block's planes are staged in shared memory up to this size (else in the chunk's slot).
+const STAGE_SMEM_MAX: u64 = 32 << 10;
+/// Shared memory one encoder thread block may use.
+const ENC_SMEM: u64 = 96 << 10;
+
+/// Sampled blocks per thread block of `tz_hist_*` (`PICKS_PER_BLOCK` in encode.cu).
+const PICKS_PER_BLOCK: u64 = 8;
+
+/// Sampled blocks of one tensor for one thread block of `tz_hist_*` (layout shared with
+/// `struct HistJob` in encode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct HistJob {
+    data: u64,
+    first: u64,
+    n: u32,
+    tensor: u32,
+    joint: u64,
+}
+
+// SAFETY: a plain `repr(C)` struct of integers, laid out as its CUDA counterpart.
+unsafe impl DeviceRepr for HistJob {}
+
+/// A tensor of the batch being coded with planes.
+struct Coded {
+    index: usize,
+    data: u64,
+    nbytes: usize,
+    header: BlobHeader,
+    variant: usize,
+    params: EncParams,
+    prefix: Vec<u8>,
+    slot_bytes: u64,
+    smem_stage: bool,
+    blob: CudaSlice<u8>,
+    dir: Vec<u8>,
+    total: u64,
 }
 
 impl GpuEngine {
@@ -207,11 +304,10 @@ impl GpuEngine {
     }
 
     /// Compresses the tensor of `nbytes` bytes at device address `data` into a blob in device
-    /// memory. The work runs on the engine's stream; the call returns when the blob is complete.
+    /// memory (see [`GpuEngine::compress_batch_device`]).
     ///
     /// # Safety
-    /// `data` must be a valid device address of `nbytes` readable bytes in this engine's context,
-    /// not written by anyone until this returns.
+    /// As [`GpuEngine::compress_batch_device`].
     pub unsafe fn compress_device(
         &self,
         data: u64,
@@ -220,32 +316,35 @@ impl GpuEngine {
         shape: &[u64],
         opts: &CompressOptions,
     ) -> Result<DeviceBlob> {
-        opts.validate()?;
-        check_len(nbytes as u64, dtype, shape)?;
-        let s = self.stream().clone();
-        let us = dtype.unit_size();
-        if nbytes == 0 || nbytes < opts.min_compress_bytes {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.stored_blob(data, nbytes, dtype, shape) };
-        }
-        // The kernels load whole units: an unaligned tensor is copied to an aligned buffer first.
-        let aligned;
-        let data = if data % us as u64 != 0 {
-            let mut tmp = s.alloc_zeros::<u8>(nbytes)?;
-            {
-                let (tp, _g) = tmp.device_ptr_mut(&s);
-                // SAFETY: both ranges hold `nbytes` bytes (the source by the caller's promise).
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(tp, data, nbytes, s.cu_stream())?;
-                }
-            }
-            aligned = tmp;
-            aligned.device_ptr(&s).0
-        } else {
-            data
+        let t = DeviceTensor {
+            ptr: data,
+            nbytes,
+            dtype,
+            shape: shape.to_vec(),
         };
-        let k = self.encode_kernels()?;
-        let v = variant(dtype)?;
+        // SAFETY: forwarded from the caller.
+        let mut v = unsafe { self.compress_batch_device(std::slice::from_ref(&t), opts)? };
+        v.pop()
+            .ok_or_else(|| Error::Driver("the batch encoder returned no blob".into()))
+    }
+
+    /// Compresses many tensors in device memory into blobs in device memory, with one encoder launch
+    /// per unit size and transform for all their chunks. The work runs on the engine's stream; the
+    /// call returns when every blob is complete. Each blob equals the CPU engine's.
+    ///
+    /// # Safety
+    /// Every tensor's `ptr` must be a valid device address of `nbytes` readable bytes in this
+    /// engine's context, not written by anyone until this returns.
+    pub unsafe fn compress_batch_device(
+        &self,
+        tensors: &[DeviceTensor],
+        opts: &CompressOptions,
+    ) -> Result<Vec<DeviceBlob>> {
+        opts.validate()?;
+        for t in tensors {
+            check_len(t.nbytes as u64, t.dtype, &t.shape)?;
+        }
+        let s = self.stream().clone();
         // TENSORZIP_GPU_TRACE=1 prints the time of each step (synchronising after each).
         let tracing = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
         let t0 = std::time::Instant::now();
@@ -253,220 +352,423 @@ impl GpuEngine {
             if tracing {
                 let _ = s.synchronize();
                 eprintln!(
-                    "gpu encode {nbytes} B: {what} at {:.3} ms",
+                    "gpu encode of {} tensors: {what} at {:.3} ms",
+                    tensors.len(),
                     t0.elapsed().as_secs_f64() * 1e3
                 );
             }
         };
-        let header = BlobHeader {
-            scheme: Scheme::Planes,
-            dtype,
-            shape: shape.to_vec(),
-            chunk_units: (opts.chunk_bytes / us) as u32,
-            block_units: opts.block_units,
-        };
-        let sampling = Sampling::new(&header, opts);
-        let mut p = EncParams {
-            units: sampling.units,
-            blocks_per_chunk: sampling.blocks_per_chunk,
-            chunk_units: header.chunk_units,
-            block_units: header.block_units,
-            threshold: opts.threshold_q16() as u32,
-            cond_plane: 255,
-            cond_src: 255,
-            joint_plane: 255,
-            joint_src: 255,
-            ..Default::default()
-        };
-        if let (true, Some((cp, cq))) = (opts.condition, dtype.conditioned_plane()) {
-            p.joint_plane = cp as u32;
-            p.joint_src = cq as u32;
+        let mut blobs: Vec<Option<DeviceBlob>> = (0..tensors.len()).map(|_| None).collect();
+        // Device buffers that kernels still read are kept until the final synchronisation.
+        let mut keep_alive = Vec::new();
+        let mut keep_picks = Vec::new();
+        let mut keep_jobs = Vec::new();
+        // 1. Counts of the sampled blocks: one launch per unit size for every tensor's picks.
+        struct Counting {
+            index: usize,
+            data: u64,
+            header: BlobHeader,
+            sampling: Sampling,
+            params: EncParams,
+            variant: usize,
+            /// Where its counts are in the download: histograms, joint counts (u32 offsets).
+            hist_at: usize,
+            joint_at: Option<usize>,
         }
-
-        // 1. Counts of the sampled blocks.
-        let n_picks = sampling.picks.len();
-        let picks = s.clone_htod(&sampling.picks)?;
-        let mut hists = s.alloc_zeros::<u32>(n_picks * us * 256)?;
-        let mut joint = s.alloc_zeros::<u32>(65536)?;
-        let params = s.clone_htod(&[p])?;
-        {
-            let mut b = s.launch_builder(&k.hist[v]);
-            b.arg(&data)
-                .arg(&params)
-                .arg(&picks)
-                .arg(&mut hists)
-                .arg(&mut joint);
-            let cfg = LaunchConfig {
-                grid_dim: (n_picks as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+        let mut counting = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            if t.nbytes == 0 || t.nbytes < opts.min_compress_bytes {
+                // SAFETY: forwarded from the caller.
+                blobs[i] = Some(unsafe { self.stored_blob(t.ptr, t.nbytes, t.dtype, &t.shape)? });
+                continue;
+            }
+            let us = t.dtype.unit_size();
+            // The kernels load 16 bytes at a time: an unaligned tensor is copied first.
+            let data = if t.ptr % 16 != 0 {
+                let mut tmp = s.alloc_zeros::<u8>(t.nbytes)?;
+                let tp = tmp.device_ptr_mut(&s).0;
+                // SAFETY: both ranges hold `nbytes` bytes (the source by the caller's promise).
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(tp, t.ptr, t.nbytes, s.cu_stream())?;
+                }
+                keep_alive.push(tmp);
+                tp
+            } else {
+                t.ptr
             };
-            // SAFETY: arguments match `tz_hist_*`; the picks are blocks of the tensor, so every
-            // unit read lies inside `data`'s `nbytes` bytes; `hists` holds n_picks x U x 256 counts.
+            let header = BlobHeader {
+                scheme: Scheme::Planes,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                chunk_units: (opts.chunk_bytes / us) as u32,
+                block_units: opts.block_units,
+            };
+            let sampling = Sampling::new(&header, opts);
+            let mut p = EncParams {
+                units: sampling.units,
+                blocks_per_chunk: sampling.blocks_per_chunk,
+                chunk_units: header.chunk_units,
+                block_units: header.block_units,
+                threshold: opts.threshold_q16() as u32,
+                cond_plane: 255,
+                cond_src: 255,
+                joint_plane: 255,
+                joint_src: 255,
+                ..Default::default()
+            };
+            if let (true, Some((cp, cq))) = (opts.condition, t.dtype.conditioned_plane()) {
+                p.joint_plane = cp as u32;
+                p.joint_src = cq as u32;
+            }
+            counting.push(Counting {
+                index: i,
+                data,
+                header,
+                sampling,
+                params: p,
+                variant: variant(t.dtype)?,
+                hist_at: 0,
+                joint_at: None,
+            });
+        }
+        if counting.is_empty() {
+            return Ok(blobs.into_iter().flatten().collect());
+        }
+        let k = self.encode_kernels()?;
+        let count_params = s.clone_htod(&counting.iter().map(|c| c.params).collect::<Vec<_>>())?;
+        // Counts of every launch go to one device buffer, downloaded at once.
+        let mut total_u32 = 0usize;
+        let mut launches = Vec::new();
+        for (v, &(us, _, _)) in VARIANTS.iter().enumerate() {
+            let members: Vec<usize> = (0..counting.len())
+                .filter(|&i| counting[i].variant == v)
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            let mut picks = Vec::new();
+            let mut jobs = Vec::new();
+            let hist_base = total_u32;
+            for &i in &members {
+                let c = &mut counting[i];
+                c.hist_at = hist_base + picks.len() * us * 256;
+                picks.extend_from_slice(&c.sampling.picks);
+                total_u32 += c.sampling.picks.len() * us * 256;
+            }
+            let mut at = 0u64;
+            for &i in &members {
+                let c = &mut counting[i];
+                let joint = if c.params.joint_plane < 8 {
+                    c.joint_at = Some(total_u32);
+                    total_u32 += 65536;
+                    c.joint_at
+                } else {
+                    None
+                };
+                let n = c.sampling.picks.len() as u64;
+                let mut q = 0;
+                while q < n {
+                    let m = (n - q).min(PICKS_PER_BLOCK);
+                    jobs.push(HistJob {
+                        data: c.data,
+                        first: at + q,
+                        n: m as u32,
+                        tensor: i as u32,
+                        // Offset in the counts buffer (unused without joint counts).
+                        joint: joint.map_or(0, |j| j as u64),
+                    });
+                    q += m;
+                }
+                at += n;
+            }
+            launches.push((v, hist_base, picks, jobs));
+        }
+        let mut counts_dev = s.alloc_zeros::<u32>(total_u32)?;
+        let counts_ptr = counts_dev.device_ptr_mut(&s).0;
+        // Joint counts in shared memory (16-bit counters) when 8 sampled blocks cannot overflow them.
+        let joint_smem = (opts.block_units <= 4096) as u32;
+        let smem = joint_smem * (128 << 10);
+        for (v, hist_base, picks, jobs) in &launches {
+            let picks = s.clone_htod(picks)?;
+            let jobs_dev = s.clone_htod(jobs)?;
+            let hist_ptr = counts_ptr + 4 * *hist_base as u64;
+            let f = &k.hist[*v];
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+            let mut b = s.launch_builder(f);
+            b.arg(&jobs_dev)
+                .arg(&count_params)
+                .arg(&picks)
+                .arg(&hist_ptr)
+                .arg(&counts_ptr)
+                .arg(&joint_smem);
+            let cfg = LaunchConfig {
+                grid_dim: (jobs.len() as u32, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            // SAFETY: arguments match `tz_hist_*`; each job's picks are blocks of its tensor, so
+            // every unit read lies inside its bytes; histograms and joint counts are written at the
+            // offsets laid out above, inside `counts_dev`.
             unsafe { b.launch(cfg) }?;
+            keep_picks.push((picks, jobs_dev));
         }
-        let counts = s.clone_dtoh(&hists)?;
+        trace("count kernels");
+        let mut pinned = self.pinned_u32(total_u32)?;
+        s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..total_u32])?;
+        s.synchronize()?;
+        drop(counts_dev);
+        let host_counts = &pinned.as_slice()?[..total_u32];
         trace("sample counts");
-        let counts: Vec<[u32; 256]> = counts
-            .chunks_exact(256)
-            .map(|c| c.try_into().expect("256 counts"))
+        // 2. The models, by the CPU engine's own code, all tensors in parallel.
+        let models: Vec<Model> = counting
+            .par_iter()
+            .map(|c| {
+                let n = c.sampling.picks.len() * c.header.planes() * 256;
+                let flat = &host_counts[c.hist_at..c.hist_at + n];
+                // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat` holds a whole
+                // number of them.
+                let counts: &[[u32; 256]] = unsafe {
+                    std::slice::from_raw_parts(flat.as_ptr() as *const [u32; 256], flat.len() / 256)
+                };
+                let joint = |_: usize, _: usize| match c.joint_at {
+                    Some(j) => host_counts[j..j + 65536].to_vec(),
+                    None => vec![0; 65536],
+                };
+                model_from_counts(&c.header, opts, &c.sampling, counts, joint)
+            })
             .collect();
-        // 2. The model, by the CPU engine's own code.
-        let mut joint_err = None;
-        let model = model_from_counts(&header, opts, &sampling, &counts, |_, _| {
-            match s.clone_dtoh(&joint) {
-                Ok(j) => j,
-                Err(e) => {
-                    joint_err = Some(e);
-                    vec![0; 65536]
-                }
-            }
-        });
-        if let Some(e) = joint_err {
-            return Err(e.into());
+        drop(pinned);
+        trace("models");
+        let mut tables = DeviceTables::default();
+        let mut coded = Vec::with_capacity(counting.len());
+        for (c, model) in counting.into_iter().zip(&models) {
+            let t = &tensors[c.index];
+            let mut p = c.params;
+            tables.add(model, t.dtype, &mut p);
+            let mut prefix = Vec::new();
+            c.header.write(&mut prefix);
+            model.write_tables(&mut prefix);
+            // Scratch slot, sized for the longest chunk.
+            let us = t.dtype.unit_size() as u64;
+            let cmax = (c.header.chunk_units as u64).min(c.sampling.units);
+            let bu = c.header.block_units as u64;
+            let nbmax = cmax.div_ceil(bu);
+            let r16 = |x: u64| x.div_ceil(16) * 16;
+            let smem_stage = us * bu <= STAGE_SMEM_MAX;
+            p.off_sels = 0;
+            p.off_coff = r16(us * nbmax);
+            p.off_states = p.off_coff + r16(4 * (nbmax + 1));
+            p.off_area = p.off_states + 128;
+            p.off_csyms = p.off_area + r16(cmax * us + 64);
+            p.off_words = p.off_csyms + r16(cmax + 64);
+            p.cap_words = (cmax * us / 2 + 1) as u32;
+            p.off_stage = p.off_words + r16(2 * p.cap_words as u64);
+            let slot_bytes = p.off_stage + if smem_stage { 0 } else { r16(us * bu) };
+            let head_len = prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len();
+            // SAFETY: plain bytes; everything below the blob's length is written before it is read.
+            let blob = unsafe { s.alloc::<u8>(head_len + t.nbytes) }?;
+            coded.push(Coded {
+                index: c.index,
+                data: c.data,
+                nbytes: t.nbytes,
+                variant: variant(t.dtype)?,
+                header: c.header,
+                params: p,
+                prefix,
+                slot_bytes,
+                smem_stage,
+                blob,
+                dir: Vec::new(),
+                total: head_len as u64,
+            });
         }
-        drop((hists, joint, picks));
-        trace("model");
-        let tables = self.device_tables(&model, dtype, &mut p);
-        let mut prefix = Vec::new();
-        header.write(&mut prefix);
-        model.write_tables(&mut prefix);
-
-        // Scratch slots, sized for the longest chunk.
-        let cmax = (header.chunk_units as u64).min(sampling.units);
-        let nbmax = cmax.div_ceil(header.block_units as u64);
-        let r16 = |x: u64| x.div_ceil(16) * 16;
-        let u = us as u64;
-        p.off_sels = 0;
-        p.off_coff = r16(u * nbmax);
-        p.off_states = p.off_coff + r16(4 * (nbmax + 1));
-        p.off_area = p.off_states + 128;
-        p.off_csyms = p.off_area + r16(cmax * u + 64);
-        p.off_words = p.off_csyms + r16(cmax + 64);
-        p.cap_words = (cmax * u / 2 + 1) as u32;
-        p.slot_bytes = p.off_words + r16(2 * p.cap_words as u64);
-        let n = header.n_chunks();
-        let wave = (SCRATCH_BYTES / p.slot_bytes).clamp(1, n);
-
-        let params = s.clone_htod(&[p])?;
-        let fcs = s.clone_htod(&tables.fcs)?;
-        let cls = s.clone_htod(&tables.cls)?;
-        let info = s.clone_htod(&tables.info)?;
+        drop(models);
+        let k = self.encode_kernels()?;
+        let params = s.clone_htod(&coded.iter().map(|c| c.params).collect::<Vec<_>>())?;
+        let fcs = s.clone_htod(&nonempty(tables.fcs, 512))?;
+        let cls = s.clone_htod(&nonempty(tables.cls, 256))?;
+        let info = s.clone_htod(&nonempty(tables.info, 1))?;
         let const_sel = s.clone_htod(&tables.const_sel)?;
-        let mut scratch = s.alloc_zeros::<u8>((wave * p.slot_bytes) as usize)?;
-        let mut outs = s.alloc_zeros::<ChunkOut>(wave as usize)?;
-        let mut offsets = s.alloc_zeros::<u64>(wave as usize)?;
-        let entry_len = header.dir_entry_len();
-        let head_len = prefix.len() + n as usize * entry_len;
-        let cap = head_len + nbytes;
-        // SAFETY: plain bytes; everything below the returned length is written before it is read.
-        let mut blob = unsafe { s.alloc::<u8>(cap) }?;
-        let mut dir = Vec::with_capacity(n as usize * entry_len);
-        let mut total = head_len as u64;
 
-        // 3-4. Waves of chunks: encode, sizes to the host, compaction.
-        let mut c0 = 0u64;
-        while c0 < n {
-            let cnt = wave.min(n - c0) as u32;
-            {
-                let mut b = s.launch_builder(&k.encode[v]);
-                b.arg(&data)
-                    .arg(&params)
-                    .arg(&fcs)
-                    .arg(&cls)
-                    .arg(&info)
-                    .arg(&const_sel)
-                    .arg(&mut scratch)
-                    .arg(&mut outs)
-                    .arg(&c0)
-                    .arg(&cnt);
-                let cfg = LaunchConfig {
-                    grid_dim: (cnt.div_ceil(ENC_WARPS), 1, 1),
-                    block_dim: (32 * ENC_WARPS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: arguments match `tz_encode_*`; chunks c0..c0+cnt lie inside the tensor,
-                // and each writes only its own slot of `scratch` (cnt slots) and its `outs` entry.
-                unsafe { b.launch(cfg) }?;
+        // 3-4. Per launch group (unit size and transform, stage in shared memory or not): waves of
+        // chunks, each encoded, sized on the host, and compacted into the blobs.
+        let mut groups: Vec<((usize, bool), Vec<usize>)> = Vec::new();
+        for (i, c) in coded.iter().enumerate() {
+            let key = (c.variant, c.smem_stage);
+            match groups.iter_mut().find(|g| g.0 == key) {
+                Some(g) => g.1.push(i),
+                None => groups.push((key, vec![i])),
             }
-            let got = s.clone_dtoh(&outs.slice(0..cnt as usize))?;
-            let mut offs = Vec::with_capacity(cnt as usize);
-            for (i, o) in got.iter().enumerate() {
-                let c = c0 + i as u64;
-                let len = header.chunk_len(c) as u64 * u;
-                let sum = o.sel_len as u64 + o.rans_len as u64 + o.kept as u64;
-                if o.payload_len as u64 != sum
-                    || o.payload_len as u64 > len
-                    || (o.rans_len != 0 && o.rans_len != 128 + 2 * o.n_words)
-                    || o.n_words > p.cap_words
+        }
+        for ((v, smem_stage), members) in groups {
+            let us = VARIANTS[v].0 as u64;
+            let stage_bytes = if smem_stage {
+                members
+                    .iter()
+                    .map(|&i| us * coded[i].header.block_units as u64)
+                    .max()
+                    .unwrap_or(0)
+                    .div_ceil(16)
+                    * 16
+            } else {
+                0
+            };
+            let per_warp = us * 1024 + stage_bytes;
+            let warps = (ENC_SMEM / per_warp).clamp(1, 8) as u32;
+            let smem = (warps as u64 * per_warp) as u32;
+            let f = &k.encode[v];
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+            // Every chunk of the group, in tensor and chunk order.
+            let all: Vec<(usize, u64)> = members
+                .iter()
+                .flat_map(|&i| (0..coded[i].header.n_chunks()).map(move |c| (i, c)))
+                .collect();
+            let mut at = 0;
+            let mut scratch: Option<CudaSlice<u8>> = None;
+            while at < all.len() {
+                let mut end = at;
+                let mut bytes = 0u64;
+                while end < all.len()
+                    && (end == at || bytes + coded[all[end].0].slot_bytes <= SCRATCH_BYTES)
                 {
-                    return Err(Error::Driver(format!(
-                        "encoder kernel reported inconsistent sizes for chunk {c}: {o:?}"
-                    )));
+                    bytes += coded[all[end].0].slot_bytes;
+                    end += 1;
                 }
-                offs.push(total);
-                total += o.payload_len as u64;
-                let mut modes = [PlaneMode::Raw; 8];
-                for (q, m) in modes.iter_mut().enumerate().take(us) {
-                    *m = match o.modes[q] {
-                        0 => PlaneMode::Raw,
-                        1 => PlaneMode::Const(o.values[q]),
-                        2 => PlaneMode::Blocks,
-                        _ => PlaneMode::Cond,
+                if scratch.as_ref().is_none_or(|b| (b.len() as u64) < bytes + 16) {
+                    // The old one is freed first.
+                    drop(scratch.take());
+                    // 16 bytes of padding: the compaction reads a little past a slot's end.
+                    scratch = Some(s.alloc_zeros::<u8>(bytes as usize + 16)?);
+                }
+                let scr = scratch.as_mut().expect("allocated above");
+                let mut jobs = Vec::with_capacity(end - at);
+                let mut off = 0u64;
+                for &(i, c) in &all[at..end] {
+                    jobs.push(EncJob {
+                        data: coded[i].data,
+                        chunk: c,
+                        slot: off,
+                        dst: 0,
+                        tensor: i as u32,
+                        pad: 0,
+                    });
+                    off += coded[i].slot_bytes;
+                }
+                let n = jobs.len() as u32;
+                let mut dev_jobs = s.clone_htod(&jobs)?;
+                let mut outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
+                {
+                    let mut b = s.launch_builder(f);
+                    let sb = stage_bytes as u32;
+                    b.arg(&dev_jobs)
+                        .arg(&n)
+                        .arg(&params)
+                        .arg(&fcs)
+                        .arg(&cls)
+                        .arg(&info)
+                        .arg(&const_sel)
+                        .arg(&mut *scr)
+                        .arg(&mut outs)
+                        .arg(&sb)
+                        .arg(&warps);
+                    let cfg = LaunchConfig {
+                        grid_dim: (n.div_ceil(warps), 1, 1),
+                        block_dim: (32 * warps, 1, 1),
+                        shared_mem_bytes: smem,
                     };
+                    // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its
+                    // tensor, and it writes only its own slot (inside `scr`, sized above) and its
+                    // `outs` entry; the shared memory holds `warps` x (histograms + stage).
+                    unsafe { b.launch(cfg) }?;
                 }
-                ChunkEntry {
-                    payload_len: o.payload_len,
-                    rans_len: o.rans_len,
-                    modes,
+                let got = s.clone_dtoh(&outs)?;
+                for (j, o) in jobs.iter_mut().zip(&got) {
+                    let cd = &mut coded[j.tensor as usize];
+                    let us = cd.header.planes();
+                    let len = cd.header.chunk_len(j.chunk) as u64 * us as u64;
+                    let sum = o.sel_len as u64 + o.rans_len as u64 + o.kept as u64;
+                    if o.payload_len as u64 != sum
+                        || o.payload_len as u64 > len
+                        || (o.rans_len != 0 && o.rans_len != 128 + 2 * o.n_words)
+                        || o.n_words > cd.params.cap_words
+                        || cd.total + o.payload_len as u64 > cd.blob.len() as u64
+                    {
+                        return Err(Error::Driver(format!(
+                            "encoder kernel reported inconsistent sizes for chunk {}: {o:?}",
+                            j.chunk
+                        )));
+                    }
+                    j.dst = cd.blob.device_ptr(&s).0 + cd.total;
+                    cd.total += o.payload_len as u64;
+                    let mut modes = [PlaneMode::Raw; 8];
+                    for (q, m) in modes.iter_mut().enumerate().take(us) {
+                        *m = match o.modes[q] {
+                            0 => PlaneMode::Raw,
+                            1 => PlaneMode::Const(o.values[q]),
+                            2 => PlaneMode::Blocks,
+                            _ => PlaneMode::Cond,
+                        };
+                    }
+                    ChunkEntry {
+                        payload_len: o.payload_len,
+                        rans_len: o.rans_len,
+                        modes,
+                    }
+                    .write(us, &mut cd.dir);
                 }
-                .write(us, &mut dir);
+                s.memcpy_htod(&jobs, &mut dev_jobs)?;
+                {
+                    let mut b = s.launch_builder(&k.compact);
+                    b.arg(&*scr).arg(&dev_jobs).arg(&params).arg(&outs).arg(&n);
+                    let cfg = LaunchConfig {
+                        grid_dim: (n, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: arguments match `tz_compact`; each chunk's payload goes to
+                    // dst..dst + payload_len, inside its blob (checked above).
+                    unsafe { b.launch(cfg) }?;
+                }
+                // Kept until the stream has run the compaction.
+                keep_jobs.push((dev_jobs, outs));
+                at = end;
             }
-            if total > cap as u64 {
-                return Err(Error::Driver(
-                    "encoded chunks exceed the blob buffer".into(),
-                ));
-            }
-            s.memcpy_htod(&offs, &mut offsets.slice_mut(0..cnt as usize))?;
-            {
-                let mut b = s.launch_builder(&k.compact);
-                b.arg(&scratch)
-                    .arg(&params)
-                    .arg(&outs)
-                    .arg(&offsets)
-                    .arg(&mut blob)
-                    .arg(&cnt);
-                let cfg = LaunchConfig {
-                    grid_dim: (cnt, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: arguments match `tz_compact`; each chunk's payload goes to
-                // offsets[i]..offsets[i] + payload_len, inside `blob` (checked above).
-                unsafe { b.launch(cfg) }?;
-            }
-            c0 += cnt as u64;
         }
         trace("chunks");
-        let stored_len = stored_header(dtype, shape).encoded_len() + nbytes;
-        if total >= stored_len as u64 {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.stored_blob(data, nbytes, dtype, shape) };
+        for c in coded {
+            let t = &tensors[c.index];
+            let stored_len = stored_header(t.dtype, &t.shape).encoded_len() + c.nbytes;
+            if c.total >= stored_len as u64 {
+                // SAFETY: forwarded from the caller.
+                blobs[c.index] =
+                    Some(unsafe { self.stored_blob(c.data, c.nbytes, t.dtype, &t.shape)? });
+                continue;
+            }
+            let mut head = c.prefix;
+            head.extend_from_slice(&c.dir);
+            let mut blob = c.blob;
+            s.memcpy_htod(&head, &mut blob.slice_mut(0..head.len()))?;
+            blobs[c.index] = Some(DeviceBlob {
+                buf: blob,
+                len: c.total as usize,
+            });
         }
-        prefix.extend_from_slice(&dir);
-        s.memcpy_htod(&prefix, &mut blob.slice_mut(0..prefix.len()))?;
         s.synchronize()?;
+        drop((keep_alive, keep_picks, keep_jobs));
         trace("done");
-        Ok(DeviceBlob {
-            buf: blob,
-            len: total as usize,
-        })
+        Ok(blobs.into_iter().flatten().collect())
     }
 
     /// A stored blob of the `nbytes` bytes at `data`.
     ///
     /// # Safety
-    /// As [`GpuEngine::compress_device`].
+    /// As [`GpuEngine::compress_batch_device`].
     unsafe fn stored_blob(
         &self,
         data: u64,
@@ -492,42 +794,14 @@ impl GpuEngine {
                 )?;
             }
         }
-        s.synchronize()?;
         Ok(DeviceBlob { buf, len })
     }
+}
 
-    /// The model's tables in the encoder kernel's form; fills the table fields of `p`.
-    fn device_tables(&self, model: &Model, dtype: DType, p: &mut EncParams) -> DeviceTables {
-        let mut t = DeviceTables {
-            fcs: Vec::new(),
-            cls: Vec::new(),
-            info: Vec::new(),
-            const_sel: vec![SEL_CONST; 8 * 256],
-        };
-        for (q, pm) in model.planes.iter().enumerate() {
-            p.table_base[q] = t.info.len() as u32;
-            p.n_tables[q] = pm.tables.len() as u32;
-            for tab in &pm.tables {
-                t.push(tab);
-            }
-            for v in 0..256 {
-                t.const_sel[q * 256 + v] = const_selector(v as u8, &pm.tables);
-            }
-            if let Some((value, tab)) = &pm.cond {
-                let (_, src) = dtype.conditioned_plane().expect("a conditioned plane");
-                p.cond_plane = q as u32;
-                p.cond_src = src as u32;
-                p.cond_value = *value as u32;
-                p.cond_table = t.info.len() as u32;
-                t.push(tab);
-            }
-        }
-        if t.info.is_empty() {
-            // Kernels take non-empty arrays.
-            t.fcs.resize(256, 0);
-            t.cls.resize(256, u32::MAX);
-            t.info.push(0);
-        }
-        t
+/// `v`, or `n` zeros if it is empty (kernels take non-empty arrays).
+fn nonempty(mut v: Vec<u32>, n: usize) -> Vec<u32> {
+    if v.is_empty() {
+        v.resize(n, 0);
     }
+    v
 }

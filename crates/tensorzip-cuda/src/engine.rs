@@ -75,6 +75,26 @@ pub struct GpuEngine {
     decode: Vec<CudaFunction>,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
+    /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
+    pinned: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<u32>>>,
+}
+
+/// The engine's page-locked download buffer, held for one use.
+pub(crate) struct PinnedGuard<'a>(
+    std::sync::MutexGuard<'a, Option<cudarc::driver::PinnedHostSlice<u32>>>,
+);
+
+impl std::ops::Deref for PinnedGuard<'_> {
+    type Target = cudarc::driver::PinnedHostSlice<u32>;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("allocated by pinned_u32")
+    }
+}
+
+impl std::ops::DerefMut for PinnedGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("allocated by pinned_u32")
+    }
 }
 
 impl GpuEngine {
@@ -101,7 +121,24 @@ impl GpuEngine {
             stream,
             decode,
             encode: std::sync::OnceLock::new(),
+            pinned: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The page-locked download buffer, with room for at least `n` u32 (cached, cacheable memory:
+    /// the host reads it).
+    pub(crate) fn pinned_u32(&self, n: usize) -> Result<PinnedGuard<'_>> {
+        let mut g = self
+            .pinned
+            .lock()
+            .map_err(|_| Error::Driver("pinned buffer lock poisoned".into()))?;
+        if g.as_ref().is_none_or(|p| p.len() < n) {
+            // The old buffer is released first.
+            drop(g.take());
+            // SAFETY: plain integers; every element read is written by a download first.
+            *g = Some(unsafe { self.ctx.alloc_pinned_with_flags::<u32>(n.max(1 << 20), 0) }?);
+        }
+        Ok(PinnedGuard(g))
     }
 
     /// The encoder kernels (loaded on the first call).

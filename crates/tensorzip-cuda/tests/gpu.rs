@@ -266,13 +266,56 @@ fn gpu_encodes_the_cpu_engines_bytes_for_every_dtype_and_shape() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_encodes_a_sample_model_like_the_cpu() {
     let eng = engine();
-    for t in sample::sample_model(11) {
-        let opts = CompressOptions::default();
+    let s = eng.stream();
+    let model = sample::sample_model(11);
+    let opts = CompressOptions::default();
+    // One tensor at a time, and the whole model in one batch (unaligned copies included).
+    let bufs: Vec<_> = model
+        .iter()
+        .map(|t| {
+            let mut v = vec![0u8; t.data.len() + 1];
+            v[1..].copy_from_slice(&t.data);
+            s.clone_htod(&v).unwrap()
+        })
+        .collect();
+    let list: Vec<tensorzip_cuda::encode::DeviceTensor> = model
+        .iter()
+        .zip(&bufs)
+        .enumerate()
+        .map(|(i, (t, b))| tensorzip_cuda::encode::DeviceTensor {
+            // Every other tensor starts one byte into its buffer (unaligned).
+            ptr: b.device_ptr(s).0 + (i % 2) as u64,
+            nbytes: t.data.len(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    // The odd ones hold the tensor from byte 1; the even ones need it from byte 0.
+    let even: Vec<_> = model
+        .iter()
+        .map(|t| s.clone_htod(&t.data).unwrap())
+        .collect();
+    let list: Vec<_> = list
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut d)| {
+            if i % 2 == 0 {
+                d.ptr = even[i].device_ptr(s).0;
+            }
+            d
+        })
+        .collect();
+    // SAFETY: every buffer lives until the end of the test.
+    let blobs = unsafe { eng.compress_batch_device(&list, &opts) }.unwrap();
+    assert_eq!(blobs.len(), model.len());
+    for (t, b) in model.iter().zip(&blobs) {
         let cpu = compress(&t.data, t.dtype, &t.shape, &opts).unwrap();
-        let gpu = eng
+        let gpu = s.clone_dtoh(&b.buf.slice(0..b.len)).unwrap();
+        assert!(gpu == cpu, "{}: batch GPU blob differs", t.name);
+        let one = eng
             .compress_host(&t.data, t.dtype, &t.shape, &opts)
             .unwrap();
-        assert!(gpu == cpu, "{}: GPU blob differs", t.name);
+        assert!(one == cpu, "{}: GPU blob differs", t.name);
     }
 }
 

@@ -419,11 +419,50 @@ pub fn cluster(
         .map(|b| b.iter().map(|&(_, c)| c as usize).sum())
         .collect();
     let ideal: Vec<u64> = blocks.iter().map(ideal_cost).collect();
-    let assign = |cls: &[[u64; 256]]| -> Vec<(u8, u64)> {
+    // The cost of every block under every table is kept per table (a column; u64::MAX where the
+    // table does not cover the block), and a column is recomputed only when its table changes.
+    // Columns are computed in parallel: this is most of the model's time, and the GPU engine waits
+    // for it. The choice from the columns is exactly `choose_cl`'s.
+    let column = |cl: &[u64; 256]| -> Vec<u64> {
         blocks
-            .iter()
-            .zip(&lens)
-            .map(|(b, &len)| choose_cl(b, len, cls, threshold))
+            .par_iter()
+            .with_min_len(64)
+            .map(|b| {
+                let mut c = 0u64;
+                let mut covered = true;
+                for &(s, h) in b {
+                    let l = cl[s as usize];
+                    covered &= l != CL_ABSENT;
+                    c += h as u64 * l;
+                }
+                if covered {
+                    c
+                } else {
+                    u64::MAX
+                }
+            })
+            .collect()
+    };
+    let assign = |cols: &[Vec<u64>]| -> Vec<(u8, u64)> {
+        (0..blocks.len())
+            .into_par_iter()
+            .with_min_len(64)
+            .map(|b| {
+                let mut best: Option<(usize, u64)> = None;
+                for (j, col) in cols.iter().enumerate() {
+                    let c = col[b];
+                    if c != u64::MAX && best.is_none_or(|(_, bc)| c < bc) {
+                        best = Some((j, c));
+                    }
+                }
+                let raw = raw_cost(lens[b]);
+                match best {
+                    Some((j, c)) if (c as u128) << 16 < threshold as u128 * raw as u128 => {
+                        (j as u8, c)
+                    }
+                    _ => (SEL_RAW, raw),
+                }
+            })
             .collect()
     };
     let table_bytes =
@@ -431,8 +470,8 @@ pub fn cluster(
     let scale = |q16: u64| q16 as u128 * n_blocks as u128 / n_sampled as u128;
 
     let mut tables = vec![FreqTable::normalize(&total, None).expect("non-empty blocks")];
-    let mut cls = vec![code_lengths(&tables[0])];
-    let mut choice = assign(&cls);
+    let mut cols = vec![column(&code_lengths(&tables[0]))];
+    let mut choice = assign(&cols);
     let mut attempt = 0u64;
     while tables.len() < max_tables && attempt < 2 * max_tables as u64 {
         attempt += 1;
@@ -471,9 +510,9 @@ pub fn cluster(
         }
         let mut trial = tables.clone();
         trial.push(cand);
-        let mut trial_cls = cls.clone();
-        trial_cls.push(cand_cl);
-        let mut trial_choice = assign(&trial_cls);
+        let mut trial_cols = cols.clone();
+        trial_cols.push(column(&cand_cl));
+        let mut trial_choice = assign(&trial_cols);
         for _ in 0..LLOYD_ITERS {
             for j in 1..trial.len() {
                 let members = trial_choice
@@ -482,11 +521,13 @@ pub fn cluster(
                     .filter(|(_, &(sel, _))| sel as usize == j)
                     .map(|(b, _)| b);
                 if let Some(t) = table_of(blocks, members, &support) {
-                    trial_cls[j] = code_lengths(&t);
-                    trial[j] = t;
+                    if t != trial[j] {
+                        trial_cols[j] = column(&code_lengths(&t));
+                        trial[j] = t;
+                    }
                 }
             }
-            trial_choice = assign(&trial_cls);
+            trial_choice = assign(&trial_cols);
         }
         let before: u64 = choice.iter().map(|&(_, c)| c).sum();
         let after: u64 = trial_choice.iter().map(|&(_, c)| c).sum();
@@ -495,7 +536,7 @@ pub fn cluster(
             continue;
         }
         tables = trial;
-        cls = trial_cls;
+        cols = trial_cols;
         choice = trial_choice;
     }
     // The plane's tables must pay for themselves: the coded blocks' saving over raw (scaled to the
