@@ -162,18 +162,21 @@ def run(files):
 
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.startswith("{")]
-    print("| data | tool | ratio | encode GB/s | decode GB/s (device-resident) | pinned round trip decode GB/s |")
-    print("|---|---|---|---|---|---|")
+    print("| data | tool | ratio | encode GB/s (device-resident) | encode GB/s (pinned host) | decode GB/s (device-resident) | pinned round trip decode GB/s |")
+    print("|---|---|---|---|---|---|---|")
     f = lambda v: "—" if v is None else f"{v:.1f}"
     for r in rows:
         if "error" in r:
-            print(f"| {r.get('file', r.get('dataset'))} | {r['tool']} | error: {r['error'][:80]} | | | |")
+            print(f"| {r.get('file', r.get('dataset'))} | {r['tool']} | error: {r['error'][:80]} | | | | |")
             continue
-        enc = r.get("encode_resident_gbps", r.get("compress_gbps_to_pinned_host"))
+        enc = r.get("encode_resident_gbps")
+        # cuZipNN: GPU tensor -> blob in pinned host memory; tensorzip: host tensor -> GPU -> blob on host.
+        enc_pin = r.get("compress_gbps_to_pinned_host", r.get("pinned_round_trip_encode_gbps"))
         dec = r.get("decode_resident_gbps", r.get("decode_resident_with_planning_gbps"))
         kern = r.get("decode_kernel_gbps")
         dec_s = f(dec) + (f" (kernel {kern:.1f})" if kern else "")
-        print(f"| {r.get('file', r.get('dataset'))} | {r['tool']} | {100 * r['ratio']:.2f}% | {f(enc)} | {dec_s} | {f(r.get('pinned_round_trip_decode_gbps'))} |")
+        eq = " (GPU blobs = CPU blobs)" if r.get("encode_equal_cpu") else ""
+        print(f"| {r.get('file', r.get('dataset'))} | {r['tool']} | {100 * r['ratio']:.2f}% | {f(enc)}{eq} | {f(enc_pin)} | {dec_s} | {f(r.get('pinned_round_trip_decode_gbps'))} |")
 
 
 if __name__ == "__main__":

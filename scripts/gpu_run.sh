@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, after scripts/gpu_build.sh on this one, with gpu-bin/ carried (and, for
 # the anchors, gpu-wheels/: the anchor wheels copied by gpu_build.sh):
-#   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, CPU == GPU on corrupted blobs)
+#   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, GPU encode == CPU encode,
+#                                 CRC-32 == zlib, CPU == GPU on corrupted blobs)
 #   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases)
 #   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
 #                                 and the anchors on the same bytes; a markdown table at the end
@@ -19,13 +20,23 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 if [[ $what == tests || $what == all ]]; then
     echo "== GPU tests"
     ./gpu-bin/gpu-tests --include-ignored --test-threads=1 || rc=1
+    # The command line: an archive written by `compress --gpu` equals the CPU's, byte for byte.
+    sample=gpu-data/sample.safetensors
+    if [[ -f $sample ]]; then
+        ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-gpu.tz -f --gpu &&
+            ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu.tz -f &&
+            cmp /tmp/tz-gpu.tz /tmp/tz-cpu.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu.tz --gpu &&
+            echo "compress --gpu: archive identical to the CPU's" || rc=1
+    else
+        echo "$sample not carried: CLI check skipped"
+    fi
 fi
 if [[ $what == sanitize || $what == all ]]; then
     echo "== compute-sanitizer memcheck"
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [[ -n $san ]]; then
         TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
-            --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs || rc=1
+            --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs gpu_encodes gpu_crc || rc=1
     else
         echo "compute-sanitizer not found"; rc=1
     fi

@@ -38,8 +38,9 @@ use crate::error::{Error, Result};
 /// Source of the encoder kernels.
 pub const ENCODE_SRC: &str = include_str!("../kernels/encode.cu");
 
-/// Most scratch memory one wave of chunks may use.
-pub const SCRATCH_BYTES: u64 = 1 << 30;
+/// Most scratch memory one wave of chunks may use (a chunk's slot is ~2.5x its size: 1 GiB of
+/// tensors is one wave).
+pub const SCRATCH_BYTES: u64 = 4 << 30;
 
 /// One tensor of a batch (layout shared with `struct EncParams` in encode.cu).
 #[repr(C)]
@@ -350,9 +351,10 @@ impl GpuEngine {
         let t0 = std::time::Instant::now();
         let trace = |what: &str| {
             if tracing {
+                let host = t0.elapsed().as_secs_f64() * 1e3;
                 let _ = s.synchronize();
                 eprintln!(
-                    "gpu encode of {} tensors: {what} at {:.3} ms",
+                    "gpu encode of {} tensors: {what} at {:.3} ms (host at {host:.3} ms)",
                     tensors.len(),
                     t0.elapsed().as_secs_f64() * 1e3
                 );
@@ -431,6 +433,7 @@ impl GpuEngine {
                 joint_at: None,
             });
         }
+        trace("setup");
         if counting.is_empty() {
             return Ok(blobs.into_iter().flatten().collect());
         }
@@ -483,7 +486,9 @@ impl GpuEngine {
             }
             launches.push((v, hist_base, picks, jobs));
         }
+        trace("count plan");
         let mut counts_dev = s.alloc_zeros::<u32>(total_u32)?;
+        trace("count buffer");
         let counts_ptr = counts_dev.device_ptr_mut(&s).0;
         // Joint counts in shared memory (16-bit counters) when 8 sampled blocks cannot overflow them.
         let joint_smem = (opts.block_units <= 4096) as u32;
@@ -586,6 +591,7 @@ impl GpuEngine {
             });
         }
         drop(models);
+        trace("blob buffers");
         let k = self.encode_kernels()?;
         let params = s.clone_htod(&coded.iter().map(|c| c.params).collect::<Vec<_>>())?;
         let fcs = s.clone_htod(&nonempty(tables.fcs, 512))?;
@@ -640,7 +646,10 @@ impl GpuEngine {
                     bytes += coded[all[end].0].slot_bytes;
                     end += 1;
                 }
-                if scratch.as_ref().is_none_or(|b| (b.len() as u64) < bytes + 16) {
+                if scratch
+                    .as_ref()
+                    .is_none_or(|b| (b.len() as u64) < bytes + 16)
+                {
                     // The old one is freed first.
                     drop(scratch.take());
                     // 16 bytes of padding: the compaction reads a little past a slot's end.
@@ -687,6 +696,7 @@ impl GpuEngine {
                     // `outs` entry; the shared memory holds `warps` x (histograms + stage).
                     unsafe { b.launch(cfg) }?;
                 }
+                trace("encode kernel");
                 let got = s.clone_dtoh(&outs)?;
                 for (j, o) in jobs.iter_mut().zip(&got) {
                     let cd = &mut coded[j.tensor as usize];
