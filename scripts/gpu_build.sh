@@ -17,6 +17,16 @@ cp target/release/examples/gpu_bench gpu-bin/gpu_bench
 cargo build --release -p tensorzip-cli
 cp target/release/tensorzip gpu-bin/tensorzip
 ls -la gpu-bin
+# The Python package's abi3 wheel and pytest's wheels, for scripts/gpu_run.sh python.
+mkdir -p gpu-py
+rm -f gpu-py/tensorzip-*.whl
+source scripts/ensure-python.sh
+(cd bindings/python && CARGO_TARGET_DIR="$(pwd)/../../target/py" maturin build --release --quiet -o ../../gpu-py)
+if ! ls gpu-py/pytest-*.whl >/dev/null 2>&1; then
+    "$PY" -m pip download -q --no-deps --only-binary=:all: -d gpu-py pytest pluggy iniconfig packaging pygments ||
+        echo "pytest wheels not downloadable: scripts/gpu_run.sh python needs pytest on the device"
+fi
+ls -la gpu-py
 # The anchors' wheels (cuZipNN needs nvCOMP), for scripts/gpu_run.sh bench.
 anchors=../shared/anchor-wheels
 if [[ -d $anchors ]]; then

@@ -8,6 +8,8 @@
 #                                 and the anchors on the same bytes; a markdown table at the end
 #   scripts/gpu_run.sh model F    whole-model batch decode of the safetensors file F (and its bf16
 #                                 and fp16 casts)
+#   scripts/gpu_run.sh python     the Python package's tests (GPU ones included) and its benchmark
+#                                 against cuZipNN (carry gpu-py/ and gpu-wheels/)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -57,6 +59,17 @@ if [[ $what == bench || $what == all ]]; then
     else
         echo "gpu-wheels/ not carried: no anchors"
     fi
+fi
+if [[ $what == python ]]; then
+    echo "== Python package"
+    site=/tmp/tz-site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" gpu-py/*.whl || rc=1
+    if ls gpu-wheels/cuzipnn-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+            gpu-wheels/cuzipnn-*.whl gpu-wheels/nvidia_libnvcomp_cu13-*.whl || rc=1
+    fi
+    PYTHONPATH=$site python3 -m pytest bindings/python/tests -q -rs -p no:cacheprovider || rc=1
+    PYTHONPATH=$site python3 bindings/python/bench/bench.py gpu || rc=1
 fi
 if [[ $what == model ]]; then
     f=$2

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Every test of the project: formatting, lints, and all test suites (unit, integration, property,
-# corruption, CLI). CI runs exactly this (.ci/run). GPU tests are skipped with a visible reason on
-# machines without CUDA.
+# corruption, CLI; the Python package's pytest suite with real torch). CI runs exactly this
+# (.ci/run). GPU tests are skipped with a visible reason on machines without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-rust.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# The Python package: its own cargo workspace (an extension module), built into .venv by maturin.
+TENSORZIP_NEED_TORCH=1 source scripts/ensure-python.sh
+export CARGO_TARGET_DIR="$(pwd)/target/py"
+cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
+cargo clippy --manifest-path bindings/python/Cargo.toml --release -- -D warnings
+(cd bindings/python && maturin develop --release --quiet)
+# The CLI (target/release/tensorzip, built above) takes part in the file-format tests.
+(cd bindings/python && "$PY" -m pytest tests -q -rs)

@@ -94,12 +94,19 @@ fn keep_pool_memory(ctx: &CudaContext) {
 pub struct GpuEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Kernels and buffers, shared by the engines of one device on other streams.
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
     /// The decoder kernels, indexed as [`KERNELS`].
     decode: Vec<CudaFunction>,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
     /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
     pinned: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<u32>>>,
+    /// Page-locked staging buffers of the pageable host copies (`transfer.rs`).
+    pub(crate) staging: std::sync::Mutex<Vec<cudarc::driver::PinnedHostSlice<u8>>>,
 }
 
 /// The engine's page-locked download buffer, held for one use.
@@ -143,16 +150,35 @@ impl GpuEngine {
         Ok(GpuEngine {
             ctx,
             stream,
-            decode,
-            encode: std::sync::OnceLock::new(),
-            pinned: std::sync::Mutex::new(None),
+            shared: Arc::new(Shared {
+                decode,
+                encode: std::sync::OnceLock::new(),
+                pinned: std::sync::Mutex::new(None),
+                staging: std::sync::Mutex::new(Vec::new()),
+            }),
         })
+    }
+
+    /// The same engine (context, kernels, buffers) working on `stream` instead: e.g. a stream of
+    /// the caller's (`CudaContext::wrap_borrowed_stream`). Calls on different streams may run
+    /// concurrently, except that the encoder's download buffer is used by one call at a time.
+    pub fn on_stream(&self, stream: Arc<CudaStream>) -> GpuEngine {
+        GpuEngine {
+            ctx: self.ctx.clone(),
+            stream,
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     /// The page-locked download buffer, with room for at least `n` u32 (cached, cacheable memory:
     /// the host reads it).
     pub(crate) fn pinned_u32(&self, n: usize) -> Result<PinnedGuard<'_>> {
         let mut g = self
+            .shared
             .pinned
             .lock()
             .map_err(|_| Error::Driver("pinned buffer lock poisoned".into()))?;
@@ -167,11 +193,11 @@ impl GpuEngine {
 
     /// The encoder kernels (loaded on the first call).
     pub(crate) fn encode_kernels(&self) -> Result<&crate::encode::EncodeKernels> {
-        if let Some(k) = self.encode.get() {
+        if let Some(k) = self.shared.encode.get() {
             return Ok(k);
         }
         let k = crate::encode::EncodeKernels::load(self)?;
-        Ok(self.encode.get_or_init(|| k))
+        Ok(self.shared.encode.get_or_init(|| k))
     }
 
     /// The CUDA context.
@@ -266,7 +292,7 @@ impl GpuEngine {
             }
         }
         for g in &dp.groups {
-            let f = &self.decode[g.kernel];
+            let f = &self.shared.decode[g.kernel];
             f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
             let cfg = LaunchConfig {
                 grid_dim: (g.n.div_ceil(g.warps), 1, 1),
@@ -319,6 +345,30 @@ impl GpuEngine {
             .into());
         }
         Ok(())
+    }
+
+    /// Decodes blobs that are already in device memory into device memory the caller owns: each job
+    /// is (the blob's validated layout, the device address of the blob, the device address of its
+    /// output), all in one launch per kernel. Waits for the engine's stream and reports errors.
+    ///
+    /// # Safety
+    /// Each blob address must hold the blob its layout was parsed from (`layout.total_len` bytes),
+    /// each output address `layout.header.nbytes()` writable bytes, all in this engine's context
+    /// and alive until this returns; outputs must not overlap.
+    pub unsafe fn decode_device(&self, jobs: &[(&BlobLayout, u64, u64)]) -> Result<()> {
+        let js: Vec<Job<'_>> = jobs
+            .iter()
+            .map(|&(layout, data, out)| Job {
+                layout,
+                data_offset: data,
+                out_offset: out,
+            })
+            .collect();
+        let plan = Plan::new(&js)?;
+        let mut dp = self.upload(&plan)?;
+        // SAFETY: the plan's addresses are absolute (bases 0), valid by the caller's promise.
+        unsafe { self.launch(&mut dp, 0, 0)? };
+        self.check(&dp)
     }
 
     /// Decodes blobs held on the host: uploads them, decodes them on the GPU in one launch, and

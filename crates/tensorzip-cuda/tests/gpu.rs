@@ -349,3 +349,34 @@ fn gpu_crc32_equals_zlib() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_staged_transfers_round_trip() {
+    let eng = engine();
+    let s = eng.stream();
+    let stage = tensorzip_cuda::transfer::STAGE_BYTES;
+    for len in [
+        0usize,
+        1,
+        4097,
+        stage - 1,
+        stage,
+        3 * stage + 7,
+        5 * stage + 12345,
+    ] {
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 + i / 7) as u8).collect();
+        let mut dev = s.alloc_zeros::<u8>(len.max(1)).unwrap();
+        let (p, g) = dev.device_ptr(s);
+        drop(g);
+        // SAFETY: `dev` holds at least `len` bytes and lives until the end of the iteration.
+        unsafe { eng.upload_to(&src, p) }.unwrap();
+        let back = s.clone_dtoh(&dev).unwrap();
+        assert!(back[..len] == src[..], "upload of {len} bytes");
+        let mut down = vec![0u8; len];
+        // SAFETY: as above.
+        unsafe { eng.download_from(p, &mut down) }.unwrap();
+        assert!(down == src, "download of {len} bytes");
+        let _ = &mut dev;
+    }
+}

@@ -1,0 +1,144 @@
+"""Benchmarks of the Python package (numbers go to docs/BENCHMARKS.md).
+
+    python bench/bench.py cpu [CLI]    # Python API vs the Rust engine alone, 64 MiB tensors, this machine
+    python bench/bench.py gpu          # compress_tensor / decompress_tensor on CUDA vs cuZipNN 0.1.0
+
+cpu: the same tensors (64 MiB bf16 and fp32 of randn * 0.02 * exp(0.3 * randn(rows, 1))) are written
+to a .safetensors file and measured by `tensorzip bench` (the Rust engine alone, median of 5) and,
+in the same run, by `compress_tensor` / `decompress_tensor(device="cpu")` from Python (median of 5).
+
+gpu: for bf16 and fp32 tensors of 256 MiB and 1 GiB on the GPU, the same API calls as cuZipNN's
+README: `compress_tensor(t)` (CUDA tensor -> CPU blob) and `decompress_tensor(blob, device="cuda")`
+(CPU blob -> CUDA tensor), for tensorzip and cuZipNN 0.1.0, median of 5 after a warm-up, with
+torch.cuda.synchronize() around each call; plus the blob sizes. One JSON line per measurement and a
+table at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import tensorzip as tz
+
+
+def weights(rows: int, cols: int, dtype: torch.dtype, seed: int, device="cpu") -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g, device=device) * 0.02
+    x *= torch.exp(0.3 * torch.randn(rows, 1, generator=g, device=device))
+    return x.to(dtype)
+
+
+def median_time(fn, runs: int = 5, sync: bool = False) -> float:
+    fn()
+    ts = []
+    for _ in range(runs):
+        if sync:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    header, off, blobs = {}, 0, []
+    st = {torch.bfloat16: "BF16", torch.float32: "F32"}
+    for k, v in tensors.items():
+        b = v.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+        header[k] = {"dtype": st[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    j = json.dumps(header).encode()
+    j += b" " * (-len(j) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(j)) + j)
+        for b in blobs:
+            f.write(b)
+
+
+def cpu(cli: str) -> None:
+    rows = []
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        cols = 8192
+        r = (64 << 20) // (cols * torch.tensor([], dtype=dtype).element_size())
+        t = weights(r, cols, dtype, 1)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, f"{name}.safetensors")
+            write_safetensors(path, {"w": t})
+            out = subprocess.run([cli, "bench", path, "--runs", "5"], check=True, capture_output=True, text=True).stdout
+            rust = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+        nbytes = t.numel() * t.element_size()
+        blob = tz.compress_tensor(t, chunk_bytes=256 * 1024, min_compress_bytes=1024)
+        tc = median_time(lambda: tz.compress_tensor(t, chunk_bytes=256 * 1024, min_compress_bytes=1024))
+        td = median_time(lambda: tz.decompress_tensor(blob, device="cpu"))
+        row = {
+            "dtype": name, "bytes": nbytes, "ratio": blob.numel() / nbytes,
+            "python_compress_gbps": nbytes / tc / 1e9, "rust_compress_gbps": rust["compress_gbps"],
+            "python_decompress_gbps": nbytes / td / 1e9, "rust_decompress_e2e_gbps": rust["decompress_e2e_gbps"],
+            "rust_ratio": rust["ratio"] if "ratio" in rust else rust["compressed_bytes"] / rust["original_bytes"],
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print("| dtype | Python compress GB/s | Rust compress GB/s | Python / Rust | Python decompress GB/s | Rust decompress (fresh output) GB/s | Python / Rust |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['dtype']} | {r['python_compress_gbps']:.3f} | {r['rust_compress_gbps']:.3f} | "
+            f"{r['python_compress_gbps'] / r['rust_compress_gbps']:.3f} | {r['python_decompress_gbps']:.3f} | "
+            f"{r['rust_decompress_e2e_gbps']:.3f} | {r['python_decompress_gbps'] / r['rust_decompress_e2e_gbps']:.3f} |"
+        )
+
+
+def gpu() -> None:
+    import cuzipnn
+
+    rows = []
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        for size in (256 << 20, 1 << 30):
+            cols = 8192
+            r = size // (cols * torch.tensor([], dtype=dtype).element_size())
+            t = weights(r, cols, dtype, 2, device="cuda")
+            for tool, mod in (("tensorzip", tz), ("cuzipnn 0.1.0", cuzipnn)):
+                blob = mod.compress_tensor(t)
+                out = mod.decompress_tensor(blob, device="cuda")
+                assert torch.equal(out.view(torch.uint8), t.view(torch.uint8)), tool
+                del out
+                tc = median_time(lambda: mod.compress_tensor(t), sync=True)
+                td = median_time(lambda: mod.decompress_tensor(blob, device="cuda"), sync=True)
+                row = {"tool": tool, "dtype": name, "bytes": size, "ratio": blob.numel() / size,
+                       "compress_gbps": size / tc / 1e9, "decompress_gbps": size / td / 1e9}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                del blob
+                torch.cuda.empty_cache()
+            del t
+    print("| dtype | size | tool | ratio | compress_tensor GB/s | decompress_tensor(device=cuda) GB/s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['dtype']} | {r['bytes'] >> 20} MiB | {r['tool']} | {100 * r['ratio']:.2f}% | {r['compress_gbps']:.1f} | {r['decompress_gbps']:.1f} |")
+    for i in range(0, len(rows), 2):
+        a, b = rows[i], rows[i + 1]
+        print(f"{a['dtype']} {a['bytes'] >> 20} MiB: tensorzip / cuZipNN = compress {a['compress_gbps'] / b['compress_gbps']:.2f}x, "
+              f"decompress {a['decompress_gbps'] / b['decompress_gbps']:.2f}x, blob {a['ratio'] / b['ratio']:.3f}x")
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "cpu":
+        cpu(sys.argv[2] if len(sys.argv) > 2 else "target/release/tensorzip")
+    elif what == "gpu":
+        gpu()
+    else:
+        print(__doc__)
+        sys.exit(2)

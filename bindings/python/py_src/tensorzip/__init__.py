@@ -1,0 +1,55 @@
+"""tensorzip: lossless compression of neural-network tensors, on the CPU and on NVIDIA GPUs.
+
+Three APIs over one format (docs/FORMAT.md), whose blobs both engines read and write byte for byte:
+
+* cuZipNN's: `compress_tensor`, `decompress_tensor`, `compress_tensor_with_crc32`,
+  `hash_tensor_with_crc32` (same names, keywords, defaults and return types);
+* EntroPack's, for the lossless schemes: `compress(tensor, config)` -> `CompressedTensor`,
+  `decompress(compressed, config)`, `TensorZipConfig`, `RawConfig`;
+* files mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`.
+
+CUDA tensors are coded on their GPU, on torch's current stream, when the GPU engine can run
+(`gpu_available()`); everything else runs on the CPU engine. Corrupted or foreign blobs raise
+`ValueError`.
+"""
+
+from ._codec import (
+    blob_info,
+    compress_tensor,
+    compress_tensor_with_crc32,
+    decompress_tensor,
+    hash_tensor_with_crc32,
+)
+from ._core import gpu_available, gpu_unavailable_reason
+from ._entropack import (
+    CompressedTensor,
+    CompressionConfig,
+    CompressionFallbackWarning,
+    RawConfig,
+    TensorZipConfig,
+    compress,
+    decompress,
+)
+from ._files import load_file, safe_open, save_file
+from ._tensorzip import __version__
+
+__all__ = [
+    "CompressedTensor",
+    "CompressionConfig",
+    "CompressionFallbackWarning",
+    "RawConfig",
+    "TensorZipConfig",
+    "__version__",
+    "blob_info",
+    "compress",
+    "compress_tensor",
+    "compress_tensor_with_crc32",
+    "decompress",
+    "decompress_tensor",
+    "gpu_available",
+    "gpu_unavailable_reason",
+    "hash_tensor_with_crc32",
+    "load_file",
+    "safe_open",
+    "save_file",
+]

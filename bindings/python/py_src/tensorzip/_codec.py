@@ -1,0 +1,278 @@
+"""cuZipNN's API: `compress_tensor`, `decompress_tensor`, `compress_tensor_with_crc32`,
+`hash_tensor_with_crc32` — same names, keywords, defaults and return types.
+
+Differences (improvements only):
+
+* It runs without a GPU: CPU tensors are compressed by the CPU engine, and `decompress_tensor`
+  decodes on the CPU when the target device is the CPU or no GPU engine is usable. CUDA tensors are
+  compressed, and blobs decoded to a CUDA device, by the GPU engine, on torch's current stream.
+  Both engines write the same bytes.
+* A blob that is not ours, truncated or corrupted raises `ValueError` naming the problem (cuZipNN:
+  undefined behaviour).
+* The blob format is tensorzip's (docs/FORMAT.md), not cuZipNN's; `sub_chunk_bytes` is validated
+  and otherwise ignored (nvCOMP's sub-chunks have no counterpart: tensorzip's adaptive unit is
+  `block_units`). Extra keyword-only options: `block_units`, `max_tables`, `condition`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import _core
+from . import _tensorzip as _native
+
+DEFAULT_CHUNK_BYTES = 128 * 1024
+DEFAULT_SUB_CHUNK_BYTES = 8 * 1024
+DEFAULT_PASSTHROUGH_THRESHOLD = 0.95
+DEFAULT_MIN_COMPRESS_BYTES = 64 * 1024
+DEFAULT_CHECKSUM_CHUNK_BYTES = 16 * 1024
+DEFAULT_BLOCK_UNITS = 4096
+DEFAULT_MAX_TABLES = 8
+
+_MAX_NDIM = 64
+
+
+def _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition):
+    opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
+    _core.check_options(opts)
+    return opts
+
+
+def _check_tensor(tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _core.SUPPORTED_DTYPES:
+        raise TypeError(f"unsupported dtype {tensor.dtype}")
+    if tensor.dim() > _MAX_NDIM:
+        raise ValueError(f"at most {_MAX_NDIM} dimensions are supported")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"only strided tensors are supported, not {tensor.layout}")
+
+
+def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, checksum_chunk_bytes: int | None):
+    """Blob (1-D uint8 CPU tensor) and, if asked, the blob's CRC-32s (1-D uint32 CPU tensor)."""
+    _check_tensor(tensor)
+    if checksum_chunk_bytes is not None:
+        if isinstance(checksum_chunk_bytes, bool) or not isinstance(checksum_chunk_bytes, int):
+            raise TypeError("checksum_chunk_bytes must be an int")
+        if checksum_chunk_bytes <= 0:
+            raise ValueError("checksum_chunk_bytes must be positive")
+    data = _core.as_bytes(tensor)
+    shape = list(tensor.shape)
+    name = _core.dtype_name(tensor.dtype)
+    crc = None
+    if data.is_cuda and _core.gpu_available():
+        dev = data.device
+        gb = _native.gpu_compress(
+            _core.cuda_index(dev), _core.stream_of(dev), data.data_ptr(), data.numel(), name, shape, *opts.args()
+        )
+        if checksum_chunk_bytes is not None:
+            crc = torch.tensor(gb.crc32(checksum_chunk_bytes), dtype=torch.int64).to(torch.uint32)
+        blob = torch.empty(len(gb), dtype=torch.uint8, pin_memory=pin_memory)
+        gb.download(blob.data_ptr() if blob.numel() else 0, pin_memory)
+        del data
+        return blob, crc
+    if data.is_cuda:
+        data = data.cpu()
+    elif data.device.type != "cpu":
+        raise ValueError(f"tensors on {data.device} are not supported (CPU or CUDA)")
+    blob = _core.from_rust(_native.compress(data.data_ptr(), data.numel(), name, shape, *opts.args()))
+    if pin_memory and torch.cuda.is_available():
+        blob = blob.pin_memory()
+    if checksum_chunk_bytes is not None:
+        crc = _crc_cpu(blob, checksum_chunk_bytes)
+    return blob, crc
+
+
+def _crc_cpu(data: torch.Tensor, piece: int) -> torch.Tensor:
+    data = _core.as_bytes(data)
+    crcs = _native.crc32_pieces(data.data_ptr(), data.numel(), piece)
+    return torch.tensor(crcs, dtype=torch.int64).to(torch.uint32)
+
+
+def compress_tensor(
+    tensor: torch.Tensor,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    sub_chunk_bytes: int = DEFAULT_SUB_CHUNK_BYTES,
+    passthrough_threshold: float = DEFAULT_PASSTHROUGH_THRESHOLD,
+    min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES,
+    pin_memory: bool = False,
+    block_units: int = DEFAULT_BLOCK_UNITS,
+    max_tables: int = DEFAULT_MAX_TABLES,
+    condition: bool = True,
+) -> torch.Tensor:
+    """Compress a tensor losslessly; returns the blob as a 1-D uint8 CPU tensor.
+
+    CUDA tensors are compressed on their GPU (torch's current stream), CPU tensors on the CPU; the
+    blob is the same either way. A non-contiguous tensor is compressed in row-major order.
+
+    chunk_bytes: bytes of original data per independently coded chunk (a multiple of 8, at most
+    16 MiB). sub_chunk_bytes: accepted for cuZipNN compatibility (must be positive; unused).
+    passthrough_threshold: a block stays coded only below this fraction of its raw size, in (0, 1].
+    min_compress_bytes: tensors smaller than this are stored uncompressed. pin_memory: return the
+    blob in pinned memory (when CUDA is available). block_units, max_tables, condition: tensorzip's
+    own encoder options (docs/FORMAT.md).
+    """
+    _check_sub_chunk(sub_chunk_bytes)
+    opts = _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    blob, _ = _compress(tensor, opts, pin_memory, None)
+    return blob
+
+
+def compress_tensor_with_crc32(
+    tensor: torch.Tensor,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    sub_chunk_bytes: int = DEFAULT_SUB_CHUNK_BYTES,
+    passthrough_threshold: float = DEFAULT_PASSTHROUGH_THRESHOLD,
+    min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES,
+    checksum_chunk_bytes: int = DEFAULT_CHECKSUM_CHUNK_BYTES,
+    pin_memory: bool = False,
+    block_units: int = DEFAULT_BLOCK_UNITS,
+    max_tables: int = DEFAULT_MAX_TABLES,
+    condition: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`compress_tensor` (same arguments, same blob), plus the CRC-32 (as `zlib.crc32`) of every
+    `checksum_chunk_bytes` bytes of the blob, the last piece possibly shorter, as a 1-D uint32 CPU
+    tensor. Computed on the GPU for CUDA tensors (before the blob is copied back)."""
+    _check_sub_chunk(sub_chunk_bytes)
+    opts = _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    blob, crc = _compress(tensor, opts, pin_memory, checksum_chunk_bytes)
+    return blob, crc
+
+
+def hash_tensor_with_crc32(
+    tensor: torch.Tensor, *, checksum_chunk_bytes: int = DEFAULT_CHECKSUM_CHUNK_BYTES
+) -> torch.Tensor:
+    """CRC-32 (as `zlib.crc32`) of each `checksum_chunk_bytes` bytes of the tensor's bytes in
+    row-major order, the last piece possibly shorter, as a 1-D uint32 CPU tensor. Computed on the
+    GPU for CUDA tensors. Applied to a blob, it reproduces `compress_tensor_with_crc32`'s checksums."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if isinstance(checksum_chunk_bytes, bool) or not isinstance(checksum_chunk_bytes, int):
+        raise TypeError("checksum_chunk_bytes must be an int")
+    if checksum_chunk_bytes <= 0:
+        raise ValueError("checksum_chunk_bytes must be positive")
+    data = _core.as_bytes(tensor)
+    if data.is_cuda and _core.gpu_available():
+        dev = data.device
+        crcs = _native.gpu_crc32(
+            _core.cuda_index(dev), _core.stream_of(dev), data.data_ptr(), data.numel(), checksum_chunk_bytes
+        )
+        return torch.tensor(crcs, dtype=torch.int64).to(torch.uint32)
+    return _crc_cpu(data.cpu(), checksum_chunk_bytes)
+
+
+def _check_sub_chunk(sub_chunk_bytes) -> None:
+    if isinstance(sub_chunk_bytes, bool) or not isinstance(sub_chunk_bytes, int):
+        raise TypeError("sub_chunk_bytes must be an int")
+    if sub_chunk_bytes <= 0:
+        raise ValueError("sub_chunk_bytes must be positive")
+
+
+def _target_device(blob: torch.Tensor, device) -> torch.device:
+    if device is not None:
+        return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if blob.is_cuda:
+        return blob.device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def blob_info(blob: torch.Tensor) -> tuple[str, torch.dtype, tuple[int, ...], int]:
+    """(scheme, dtype, shape, decoded bytes) of a blob ("stored" or "planes"), validating its header,
+    tables and directory; raises ValueError for anything that is not a valid tensorzip blob. For a
+    CUDA blob only its prefix is copied to the host."""
+    _check_blob(blob)
+    blob = blob.detach()
+    if blob.is_cuda:
+        scheme, name, shape, nbytes = _native.inspect_prefix(_bytes_of(_host_prefix(blob)), blob.numel())
+    else:
+        data = _core.as_bytes(blob)
+        scheme, name, shape, nbytes = _native.inspect(data.data_ptr(), data.numel())
+    return scheme, _core.dtype_of(name), tuple(shape), nbytes
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    """The bytes of a contiguous CPU uint8 tensor."""
+    if t.numel() == 0:
+        return b""
+    return ctypes.string_at(t.data_ptr(), t.numel())
+
+
+def _host_prefix(blob: torch.Tensor) -> torch.Tensor:
+    """A CPU uint8 tensor holding at least the blob's header, tables and directory: the blob itself
+    if it is on the CPU; for a CUDA blob its first 64 KiB, then as many bytes as its prefix needs
+    (two copies at most)."""
+    if not blob.is_cuda:
+        return _core.as_bytes(blob)
+    n = blob.numel()
+    first = min(n, 1 << 16)
+    head = blob[:first].cpu()
+    need = _native.prefix_len(_bytes_of(head), n)
+    if need > first:
+        head = blob[:need].cpu()
+    return head
+
+
+def _check_blob(blob) -> None:
+    if not isinstance(blob, torch.Tensor):
+        raise TypeError(f"blob must be a torch.Tensor, got {type(blob).__name__}")
+    if blob.dtype != torch.uint8 or blob.dim() != 1:
+        raise ValueError("blob must be a 1-D uint8 tensor")
+
+
+def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | None = None) -> torch.Tensor:
+    """Decompress a blob (on the CPU or a GPU) into a tensor on `device`.
+
+    The default device is the blob's if it is on a GPU, else the current CUDA device, else (no CUDA
+    at all) the CPU. Decoding runs on that GPU (torch's current stream) or, for a CPU target or when
+    the GPU engine cannot run, on the CPU. A blob that is not a valid tensorzip blob raises
+    ValueError naming the problem; nothing is read or written out of bounds.
+    """
+    _check_blob(blob)
+    blob = blob.detach()
+    if not blob.is_contiguous():
+        blob = blob.contiguous()
+    target = _target_device(blob, device)
+    if target.type == "cuda" and _core.gpu_available():
+        pre = _host_prefix(blob)
+        if blob.is_cuda:
+            scheme, name, shape, nbytes = _native.inspect_prefix(_bytes_of(pre), blob.numel())
+        else:
+            scheme, name, shape, nbytes = _native.inspect(pre.data_ptr() if pre.numel() else 0, pre.numel())
+        dtype = _core.dtype_of(name)
+        with torch.cuda.device(target):
+            if blob.is_cuda or blob.is_pinned() or blob.numel() == 0:
+                dev_blob = blob.to(target, non_blocking=True)
+            else:
+                # Pageable host memory: through the engine's page-locked staging buffers.
+                dev_blob = torch.empty(blob.numel(), dtype=torch.uint8, device=target)
+                _native.gpu_upload(
+                    _core.cuda_index(target), _core.stream_of(target), blob.data_ptr(), blob.numel(), dev_blob.data_ptr()
+                )
+            out = torch.empty(tuple(shape), dtype=dtype, device=target)
+            out_bytes = _core.as_bytes(out) if out.numel() else out
+            _native.gpu_decompress(
+                _core.cuda_index(target),
+                _core.stream_of(target),
+                dev_blob.data_ptr(),
+                dev_blob.numel(),
+                pre.data_ptr() if pre.numel() else 0,
+                pre.numel(),
+                out_bytes.data_ptr() if out.numel() else 0,
+                nbytes,
+            )
+        return out
+    cpu_blob = blob.cpu() if blob.is_cuda else blob
+    scheme, name, shape, nbytes = _native.inspect(cpu_blob.data_ptr(), cpu_blob.numel())
+    out = torch.empty(tuple(shape), dtype=_core.dtype_of(name))
+    out_bytes = _core.as_bytes(out)
+    _native.decompress_into(cpu_blob.data_ptr(), cpu_blob.numel(), out_bytes.data_ptr() if nbytes else 0, nbytes)
+    if target.type != "cpu":
+        out = out.to(target)
+    return out

@@ -1,0 +1,153 @@
+"""Plumbing between torch tensors and the Rust engines (`tensorzip._tensorzip`).
+
+Tensors cross as raw addresses: every function here takes a *contiguous* tensor and keeps a
+reference to it for the duration of the native call. Nothing in this module is public API.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from . import _tensorzip as _native
+
+# The dtypes the format codes (docs/FORMAT.md, section 1), as torch dtypes.
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = tuple(
+    d
+    for d in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        getattr(torch, "uint16", None),
+        torch.int16,
+        getattr(torch, "uint32", None),
+        torch.int32,
+        getattr(torch, "uint64", None),
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        getattr(torch, "float8_e4m3fn", None),
+        getattr(torch, "float8_e5m2", None),
+        getattr(torch, "float8_e4m3fnuz", None),
+        getattr(torch, "float8_e5m2fnuz", None),
+        torch.complex64,
+    )
+    if d is not None
+)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> `"bfloat16"`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """`"bfloat16"` -> `torch.bfloat16`."""
+    d = getattr(torch, name, None)
+    if not isinstance(d, torch.dtype):
+        raise ValueError(f"tensorzip: unknown dtype {name!r}")
+    return d
+
+
+@dataclass(frozen=True)
+class Options:
+    """Encoder options (cuZipNN's meanings where the names match; see docs/FORMAT.md)."""
+
+    chunk_bytes: int
+    block_units: int
+    passthrough_threshold: float
+    min_compress_bytes: int
+    max_tables: int
+    condition: bool
+
+    def args(self) -> tuple:
+        return (
+            self.chunk_bytes,
+            self.block_units,
+            self.passthrough_threshold,
+            self.min_compress_bytes,
+            self.max_tables,
+            self.condition,
+        )
+
+
+def check_options(opts: Options) -> None:
+    """Raises TypeError / ValueError naming the field, before any work is done."""
+    for name in ("chunk_bytes", "block_units", "min_compress_bytes", "max_tables"):
+        v = getattr(opts, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if isinstance(opts.passthrough_threshold, bool) or not isinstance(opts.passthrough_threshold, (int, float)):
+        raise TypeError(f"passthrough_threshold must be a float, not {type(opts.passthrough_threshold).__name__}")
+    if not isinstance(opts.condition, bool):
+        raise TypeError(f"condition must be a bool, not {type(opts.condition).__name__}")
+    if opts.chunk_bytes <= 0 or opts.chunk_bytes % 8 or opts.chunk_bytes > 16 << 20:
+        raise ValueError(f"chunk_bytes = {opts.chunk_bytes} must be a positive multiple of 8, at most {16 << 20}")
+    b = opts.block_units
+    if b < 32 or b > 65536 or b & (b - 1):
+        raise ValueError(f"block_units = {b} must be a power of two in 32..=65536")
+    if not 0 < opts.passthrough_threshold <= 1:
+        raise ValueError(f"passthrough_threshold = {opts.passthrough_threshold} must be in (0, 1]")
+    if opts.min_compress_bytes < 0:
+        raise ValueError(f"min_compress_bytes = {opts.min_compress_bytes} must be non-negative")
+    if not 1 <= opts.max_tables <= 64:
+        raise ValueError(f"max_tables = {opts.max_tables} must be in 1..=64")
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in row-major order as a contiguous 1-D uint8 tensor (a view when possible)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return t.reshape(-1).view(torch.uint8)
+
+
+def from_rust(buf: "_native.RustBytes") -> torch.Tensor:
+    """A uint8 CPU tensor over bytes owned by Rust, without a copy (the tensor keeps them alive)."""
+    n = len(buf)
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    arr = (ctypes.c_uint8 * n).from_address(buf.ptr())
+    arr._tensorzip_owner = buf  # the ctypes array keeps the Rust bytes alive
+    return torch.frombuffer(arr, dtype=torch.uint8)
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+_gpu_lock = threading.Lock()
+_gpu_reason: list = []
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None when the GPU engine can run (CUDA driver, NVRTC and a device), else why not."""
+    with _gpu_lock:
+        if not _gpu_reason:
+            reason = None
+            if not torch.cuda.is_available():
+                reason = "torch sees no CUDA device"
+            else:
+                reason = _native.gpu_unavailable_reason()
+            _gpu_reason.append(reason)
+        return _gpu_reason[0]
+
+
+def gpu_available() -> bool:
+    return gpu_unavailable_reason() is None
+
+
+def stream_of(device: torch.device) -> int:
+    """The handle of torch's current stream on `device`."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()

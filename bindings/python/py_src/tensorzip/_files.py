@@ -1,0 +1,183 @@
+"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`.
+
+The file is a tensorzip archive of the safetensors file the tensors make (the format of
+`tensorzip compress`; `tensorzip decompress` turns it back into that `.safetensors` file, byte for
+byte). Reading decodes only the tensors asked for; every blob's checksum is checked before it is
+decoded and the decoded bytes' CRC-32 after. `load_file(..., device="cuda")` decodes all tensors on
+the GPU in one launch, into tensors torch allocates on that device.
+"""
+
+from __future__ import annotations
+
+import os
+import torch
+
+from . import _core
+from . import _tensorzip as _native
+from ._codec import DEFAULT_BLOCK_UNITS, DEFAULT_MAX_TABLES
+
+# safetensors dtype names of torch dtypes (as safetensors.torch writes them).
+_ST_NAMES: dict[torch.dtype, str] = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.complex64: "C64",
+}
+for _name, _st in (
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("float8_e4m3fnuz", "F8_E4M3FNUZ"),
+    ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
+    ("float8_e8m0fnu", "F8_E8M0"),
+):
+    if hasattr(torch, _name):
+        _ST_NAMES[getattr(torch, _name)] = _st
+_TORCH_OF: dict[str, torch.dtype] = {v: k for k, v in _ST_NAMES.items()}
+
+
+def _torch_dtype(st_name: str) -> torch.dtype:
+    try:
+        return _TORCH_OF[st_name]
+    except KeyError:
+        raise ValueError(f"tensors of safetensors dtype {st_name} cannot be loaded by this torch") from None
+
+
+def save_file(
+    tensors: dict[str, torch.Tensor],
+    filename: str | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    *,
+    chunk_bytes: int = 256 * 1024,
+    passthrough_threshold: float = 0.95,
+    min_compress_bytes: int = 1024,
+    block_units: int = DEFAULT_BLOCK_UNITS,
+    max_tables: int = DEFAULT_MAX_TABLES,
+    condition: bool = True,
+) -> None:
+    """Saves `tensors` (name -> tensor, any device; each contiguous or made so) as a tensorzip
+    archive at `filename`, written through a temporary file renamed into place. `metadata` is the
+    safetensors header's string-to-string `__metadata__`. Tensors that share memory are saved as
+    copies each (as `safetensors.torch.save_file` refuses to; here no sharing is recorded)."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict of name -> torch.Tensor, not {type(tensors).__name__}")
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("metadata must be a dict of str -> str")
+    opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
+    _core.check_options(opts)
+    keep = []
+    entries = []
+    for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, not {type(name).__name__}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name!r}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise ValueError(f"{name!r}: only strided tensors can be saved, not {t.layout}")
+        st = _ST_NAMES.get(t.dtype)
+        if st is None:
+            raise TypeError(f"{name!r}: dtype {t.dtype} has no safetensors name")
+        data = _core.as_bytes(t.cpu())
+        keep.append(data)
+        entries.append((name, st, list(t.shape), data.data_ptr() if data.numel() else 0, data.numel()))
+    # safetensors orders the header and the data by (dtype alignment, name); name order is stable
+    # and enough here: offsets are recorded per tensor.
+    entries.sort(key=lambda e: e[0])
+    _native.save_file(os.fspath(filename), entries, sorted(metadata.items()) if metadata else None, *opts.args())
+
+
+class safe_open:  # noqa: N801 (the name mirrors safetensors)
+    """Lazy reader: `with safe_open(path, framework="pt", device="cpu") as f: f.get_tensor(name)`
+    decodes that tensor only. `keys()`, `metadata()` and `get_slice(name)[...]` as in safetensors."""
+
+    def __init__(self, filename: str | os.PathLike, framework: str = "pt", device: str | int | torch.device = "cpu"):
+        if framework not in ("pt", "torch"):
+            raise ValueError(f"framework {framework!r} is not supported (only 'pt')")
+        self._file = _native.open_archive(os.fspath(filename))
+        self._device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file = None
+
+    def keys(self) -> list[str]:
+        return sorted(self._file.keys())
+
+    def offset_keys(self) -> list[str]:
+        """Names in the order of their data in the file."""
+        return self._file.keys()
+
+    def metadata(self) -> dict[str, str] | None:
+        return self._file.metadata()
+
+    def _empty(self, name: str, device: torch.device) -> torch.Tensor:
+        st, shape, nbytes = self._file.info(name)
+        dtype = _torch_dtype(st)
+        t = torch.empty(tuple(shape), dtype=dtype, device=device)
+        if t.numel() * t.element_size() != nbytes:
+            raise ValueError(f"{name!r}: {nbytes} bytes do not make a {dtype} tensor of shape {tuple(shape)}")
+        return t
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        """Decodes tensor `name` (only its blob is read) onto the reader's device."""
+        if self._device.type == "cuda" and _core.gpu_available():
+            out = self._empty(name, self._device)
+            _decode_gpu(self._file, [name], [out], self._device)
+            return out
+        out = self._empty(name, torch.device("cpu"))
+        b = _core.as_bytes(out)
+        self._file.decode_into(name, b.data_ptr() if b.numel() else 0, b.numel())
+        return out if self._device.type == "cpu" else out.to(self._device)
+
+    def get_slice(self, name: str) -> "_Slice":
+        return _Slice(self, name)
+
+
+class _Slice:
+    """`safe_open.get_slice(name)`: shape and dtype without decoding; indexing decodes the tensor."""
+
+    def __init__(self, f: safe_open, name: str):
+        self._f, self._name = f, name
+        st, shape, _ = f._file.info(name)
+        self._shape, self._st = list(shape), st
+
+    def get_shape(self) -> list[int]:
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        return self._st
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self._f.get_tensor(self._name)[index]
+
+
+def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.device) -> None:
+    with torch.cuda.device(device):
+        ptrs = [(_core.as_bytes(o).data_ptr() if o.numel() else 0) for o in outs]
+        file.gpu_decode(names, ptrs, _core.cuda_index(device), _core.stream_of(device))
+
+
+def load_file(filename: str | os.PathLike, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Loads every tensor of a tensorzip archive onto `device`. On a CUDA device all tensors are
+    decoded by the GPU in one launch (the blobs are uploaded once, compressed); on the CPU by all
+    cores. Checksums are checked before and after decoding; a damaged file raises ValueError."""
+    f = safe_open(filename, device=device)
+    names = f.offset_keys()
+    dev = f._device
+    if dev.type == "cuda" and _core.gpu_available():
+        outs = [f._empty(n, dev) for n in names]
+        _decode_gpu(f._file, names, outs, dev)
+        return dict(zip(names, outs))
+    return {n: f.get_tensor(n) for n in names}

@@ -1,0 +1,325 @@
+//! Files: `.safetensors` content in the archive format of the command line (`docs/FORMAT.md`, 9).
+//!
+//! `save_file` serialises the tensors as a safetensors file in memory and writes its archive through
+//! a temporary file renamed into place. `ArchiveFile` maps an archive, validates its index, reads the
+//! safetensors header from its first segment and decodes any one tensor on request (checksums of the
+//! blob before, of the decoded bytes after), on the CPU or, many at once, on the GPU.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use cudarc::driver::DevicePtr;
+use pyo3::exceptions::{PyKeyError, PyOSError, PyValueError};
+use pyo3::prelude::*;
+use tensorzip::archive::{
+    parse_header, plan_safetensors, serialize_safetensors, write_archive, Archive, ArchiveOptions,
+    SegmentKind,
+};
+use tensorzip::blob::BlobLayout;
+
+use crate::gpu::{engine_on, gpu_err, restoring, upload};
+use crate::{cpu, host, host_mut, options, to_py};
+
+/// Writes `entries` — (name, safetensors dtype name, shape, host address, byte count) — and the
+/// optional string metadata as a tensorzip archive at `path`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (path, entries, metadata, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
+fn save_file(
+    py: Python<'_>,
+    path: PathBuf,
+    entries: Vec<(String, String, Vec<u64>, usize, usize)>,
+    metadata: Option<Vec<(String, String)>>,
+    chunk_bytes: usize,
+    block_units: u32,
+    passthrough_threshold: f64,
+    min_compress_bytes: usize,
+    max_tables: usize,
+    condition: bool,
+) -> PyResult<()> {
+    let opts = ArchiveOptions {
+        compress: options(
+            chunk_bytes,
+            block_units,
+            passthrough_threshold,
+            min_compress_bytes,
+            max_tables,
+            condition,
+        )?,
+        checksum_piece_bytes: 0,
+    };
+    // SAFETY: the torch layer passes live contiguous CPU tensors of these byte counts and keeps
+    // them alive during the call.
+    let views: Vec<(&str, &str, &[u64], &[u8])> = entries
+        .iter()
+        .map(|(n, d, s, p, l)| {
+            (n.as_str(), d.as_str(), s.as_slice(), unsafe {
+                host(*p, *l)
+            })
+        })
+        .collect();
+    py.detach(|| -> PyResult<()> {
+        let file = serialize_safetensors(&views, metadata.as_deref()).map_err(to_py)?;
+        let segs = plan_safetensors(&file).map_err(to_py)?;
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let name = path
+            .file_name()
+            .ok_or_else(|| PyValueError::new_err(format!("{}: not a file name", path.display())))?;
+        let tmp = dir.join(format!(
+            ".{}.tmp{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let io = |e: std::io::Error| PyOSError::new_err(format!("{}: {e}", path.display()));
+        let result = (|| -> PyResult<()> {
+            // Read and write: the archive writer reads its blobs back for their checksums.
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(io)?;
+            write_archive(cpu(), &file, &segs, &opts, &mut f, &|_| {}).map_err(to_py)?;
+            f.flush().map_err(io)?;
+            f.sync_all().map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    })
+}
+
+/// One tensor of an archive: its safetensors dtype name, shape and segment.
+struct Entry {
+    dtype: String,
+    shape: Vec<u64>,
+    segment: usize,
+}
+
+/// An archive opened for reading (memory-mapped; the index and the safetensors header validated).
+#[pyclass(module = "tensorzip._tensorzip", frozen)]
+pub struct ArchiveFile {
+    map: memmap2::Mmap,
+    names: Vec<String>,
+    entries: HashMap<String, Entry>,
+    metadata: Option<Vec<(String, String)>>,
+    path: String,
+}
+
+impl ArchiveFile {
+    fn archive(&self) -> PyResult<Archive<'_>> {
+        Archive::parse(&self.map).map_err(|e| named(&self.path, e))
+    }
+    fn entry(&self, name: &str) -> PyResult<&Entry> {
+        self.entries
+            .get(name)
+            .ok_or_else(|| PyKeyError::new_err(format!("{}: no tensor named {name:?}", self.path)))
+    }
+}
+
+/// A problem with an archive as a Python exception naming the file.
+fn named(path: &str, e: tensorzip::Error) -> PyErr {
+    match e {
+        tensorzip::Error::Io(m) => PyOSError::new_err(format!("{path}: {m}")),
+        e => PyValueError::new_err(format!("{path}: {e}")),
+    }
+}
+
+/// Opens the archive at `path`.
+#[pyfunction]
+fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
+    let shown = path.display().to_string();
+    let named = |e| named(&shown, e);
+    let file =
+        std::fs::File::open(&path).map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+    // SAFETY: the file is mapped read-only; a file changed underneath us yields wrong bytes, which
+    // the checksums report, not undefined behaviour of this process's memory.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+    let ar = Archive::parse(&map).map_err(named)?;
+    // Segment 0 is the safetensors header.
+    let head = ar.decode_segment(cpu(), 0).map_err(named)?;
+    let (_, tensors) = parse_header(&head).map_err(named)?;
+    let mut metadata = None;
+    if head.len() >= 8 {
+        if let Ok(serde_json::Value::Object(o)) = serde_json::from_slice(&head[8..]) {
+            if let Some(serde_json::Value::Object(m)) = o.get("__metadata__") {
+                metadata = Some(
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect(),
+                );
+            }
+        }
+    }
+    // Tensor segments are in file order, as the tensors sorted by offset.
+    let segs: Vec<usize> = (0..ar.segments.len())
+        .filter(|&i| ar.segments[i].kind == SegmentKind::Tensor)
+        .collect();
+    if segs.len() != tensors.len() {
+        return Err(PyValueError::new_err(format!(
+            "{shown}: {} tensor segments for {} tensors in the header",
+            segs.len(),
+            tensors.len()
+        )));
+    }
+    let mut entries = HashMap::new();
+    let mut names = Vec::new();
+    for (t, &i) in tensors.into_iter().zip(&segs) {
+        let s = &ar.segments[i];
+        if s.orig_offset != t.begin || s.orig_len != t.end - t.begin {
+            return Err(PyValueError::new_err(format!(
+                "{shown}: tensor {:?} does not match its segment",
+                t.name
+            )));
+        }
+        names.push(t.name.clone());
+        entries.insert(
+            t.name,
+            Entry {
+                dtype: t.dtype_name,
+                shape: t.shape,
+                segment: i,
+            },
+        );
+    }
+    drop(ar);
+    Ok(ArchiveFile {
+        map,
+        names,
+        entries,
+        metadata,
+        path: shown,
+    })
+}
+
+#[pymethods]
+impl ArchiveFile {
+    /// Tensor names, in the order of their data in the file.
+    fn keys(&self) -> Vec<String> {
+        self.names.clone()
+    }
+
+    /// The `__metadata__` of the safetensors header, if any.
+    fn metadata(&self) -> Option<HashMap<String, String>> {
+        self.metadata.as_ref().map(|m| m.iter().cloned().collect())
+    }
+
+    /// (safetensors dtype name, shape, byte count) of tensor `name`.
+    fn info(&self, name: &str) -> PyResult<(String, Vec<u64>, u64)> {
+        let e = self.entry(name)?;
+        let ar = self.archive()?;
+        Ok((
+            e.dtype.clone(),
+            e.shape.clone(),
+            ar.segments[e.segment].orig_len,
+        ))
+    }
+
+    /// Decodes tensor `name` into the `out_len` bytes at host address `out_ptr` (CPU), checking
+    /// the blob's checksums before and the decoded bytes' CRC-32 after.
+    fn decode_into(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        out_ptr: usize,
+        out_len: usize,
+    ) -> PyResult<()> {
+        let e = self.entry(name)?;
+        let ar = self.archive()?;
+        let i = e.segment;
+        let path = &self.path;
+        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes.
+        let out = unsafe { host_mut(out_ptr, out_len) };
+        py.detach(|| -> tensorzip::Result<()> {
+            ar.check_segment(i)?;
+            cpu().decompress_into(ar.blob(i), out)?;
+            if tensorzip::crc32(out) != ar.segments[i].orig_crc {
+                return Err(tensorzip::Error::Checksum(format!(
+                    "tensor {name:?}: decoded data"
+                )));
+            }
+            Ok(())
+        })
+        .map_err(|e| named(path, e))
+    }
+
+    /// Decodes the tensors `names` into device memory (`outs`: device addresses, sized by `info`)
+    /// on GPU `device`, stream `stream`, in one launch: their blobs are checked on the host and
+    /// uploaded together; the decoded bytes' CRC-32s are checked on the GPU.
+    fn gpu_decode(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        outs: Vec<u64>,
+        device: usize,
+        stream: usize,
+    ) -> PyResult<()> {
+        if names.len() != outs.len() {
+            return Err(PyValueError::new_err("one output per tensor"));
+        }
+        let ar = self.archive()?;
+        let mut segs = Vec::with_capacity(names.len());
+        for n in &names {
+            segs.push(self.entry(n)?.segment);
+        }
+        let path = &self.path;
+        let eng = engine_on(device, stream)?;
+        restoring(|| {
+            py.detach(|| -> PyResult<()> {
+                let named = |e| named(path, e);
+                let mut host_bytes = Vec::new();
+                let mut placed = Vec::with_capacity(segs.len());
+                for &i in &segs {
+                    ar.check_segment(i).map_err(named)?;
+                    let blob = ar.blob(i);
+                    let layout = BlobLayout::parse(blob, blob.len()).map_err(named)?;
+                    // Blobs 16-byte aligned in the upload.
+                    while host_bytes.len() % 16 != 0 {
+                        host_bytes.push(0);
+                    }
+                    placed.push((layout, host_bytes.len() as u64, i));
+                    host_bytes.extend_from_slice(blob);
+                }
+                let dev = upload(&eng, &host_bytes).map_err(gpu_err)?;
+                drop(host_bytes);
+                let base = dev.device_ptr(eng.stream()).0;
+                let jobs: Vec<(&BlobLayout, u64, u64)> = placed
+                    .iter()
+                    .zip(&outs)
+                    .map(|((l, off, _), &o)| (l, base + off, o))
+                    .collect();
+                // SAFETY: each blob lies at its offset in `dev` (uploaded above); each output is a
+                // live CUDA tensor of the tensor's byte count (the torch layer allocates it from
+                // `info`), distinct from the others.
+                unsafe { eng.decode_device(&jobs) }.map_err(gpu_err)?;
+                for ((l, _, i), &o) in placed.iter().zip(&outs) {
+                    // SAFETY: as above; the output holds `nbytes` decoded bytes.
+                    let crc = unsafe { eng.crc32_pieces_device(o, l.header.nbytes(), 0) }
+                        .map_err(gpu_err)?;
+                    if crc.first() != Some(&ar.segments[*i].orig_crc) {
+                        return Err(PyValueError::new_err(format!(
+                            "{path}: checksum mismatch: segment {i}: decoded data"
+                        )));
+                    }
+                }
+                drop(dev);
+                Ok(())
+            })
+        })
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ArchiveFile>()?;
+    m.add_function(wrap_pyfunction!(save_file, m)?)?;
+    m.add_function(wrap_pyfunction!(open_archive, m)?)?;
+    Ok(())
+}

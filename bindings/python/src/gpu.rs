@@ -1,0 +1,300 @@
+//! The GPU engine on torch's tensors and stream.
+//!
+//! One engine per device, kept for the life of the process: it holds the device's primary context
+//! (the one torch uses) and the loaded kernels. Each call wraps the caller's stream handle (torch's
+//! current stream; 0 is the legacy default stream) without owning it, so the work is ordered with
+//! the caller's own work on that stream. Device addresses are plain integers from torch tensors that
+//! the Python layer keeps alive; they are never wrapped in cudarc buffers (whose drop would free
+//! them). The thread's current CUDA context is restored after each call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{sys, DevicePtr};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use tensorzip::blob::BlobLayout;
+use tensorzip_cuda::{DeviceBlob, GpuEngine};
+
+use crate::{dtype, options, to_py};
+
+/// A GPU engine error as a Python exception: problems with the data as `ValueError`, the rest
+/// (driver, compilation) as `RuntimeError`.
+pub(crate) fn gpu_err(e: tensorzip_cuda::Error) -> PyErr {
+    match e {
+        tensorzip_cuda::Error::Format(e) => to_py(e),
+        e => PyRuntimeError::new_err(format!("tensorzip GPU engine: {e}")),
+    }
+}
+
+/// Runs `f`, then makes the thread's previous CUDA context current again (cudarc binds its own).
+pub(crate) fn restoring<R>(f: impl FnOnce() -> R) -> R {
+    let mut prev: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: plain driver calls on a local out-parameter; the library was checked present first
+    // (callers reach here only after `engine` succeeded).
+    unsafe {
+        let _ = sys::cuCtxGetCurrent(&mut prev);
+    }
+    let r = f();
+    // SAFETY: as above; `prev` is the context that was current (or null).
+    unsafe {
+        let _ = sys::cuCtxSetCurrent(prev);
+    }
+    r
+}
+
+/// The engine of device `ordinal` (created on first use, never dropped).
+pub(crate) fn engine(ordinal: usize) -> PyResult<Arc<GpuEngine>> {
+    static ENGINES: OnceLock<Mutex<HashMap<usize, Arc<GpuEngine>>>> = OnceLock::new();
+    tensorzip_cuda::available().map_err(|e| PyRuntimeError::new_err(format!("CUDA: {e}")))?;
+    let mut m = ENGINES
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| PyRuntimeError::new_err("tensorzip GPU engine lock poisoned"))?;
+    if let Some(e) = m.get(&ordinal) {
+        return Ok(e.clone());
+    }
+    let e = restoring(|| GpuEngine::new(ordinal)).map_err(gpu_err)?;
+    // SAFETY: every buffer of this engine is used on one stream per call, and the call waits for
+    // that stream before returning a result that depends on it; torch's memory is never wrapped.
+    unsafe { e.context().disable_event_tracking() };
+    let e = Arc::new(e);
+    m.insert(ordinal, e.clone());
+    Ok(e)
+}
+
+/// The engine of `device` working on the caller's stream `stream` (a `CUstream` handle).
+fn on(device: usize, stream: usize) -> PyResult<GpuEngine> {
+    let e = engine(device)?;
+    // SAFETY: the handle is torch's current stream of that device (or 0, the legacy default
+    // stream), alive for the call; the wrapper does not destroy it.
+    let s = unsafe {
+        e.context()
+            .wrap_borrowed_stream(stream as *mut std::ffi::c_void as sys::CUstream)
+    };
+    Ok(e.on_stream(s))
+}
+
+/// `None` when the GPU engine can run here, else why not.
+#[pyfunction]
+fn gpu_unavailable_reason() -> Option<String> {
+    tensorzip_cuda::available().err()
+}
+
+/// A blob the GPU encoder produced, still in device memory: its length, then its download.
+#[pyclass(module = "tensorzip._tensorzip")]
+pub struct GpuBlob {
+    blob: Option<DeviceBlob>,
+    engine: GpuEngine,
+}
+
+#[pymethods]
+impl GpuBlob {
+    fn __len__(&self) -> usize {
+        self.blob.as_ref().map_or(0, |b| b.len)
+    }
+
+    /// Copies the blob to the host address `ptr` (room for `len(self)` bytes: a CPU tensor;
+    /// `pinned` if it is page-locked, which is copied to directly, else through the engine's
+    /// staging buffers), waits for the copy, and frees the device copy.
+    fn download(&mut self, py: Python<'_>, ptr: usize, pinned: bool) -> PyResult<()> {
+        let Some(b) = self.blob.take() else {
+            return Err(PyValueError::new_err("blob already downloaded"));
+        };
+        let eng = &self.engine;
+        restoring(|| {
+            py.detach(|| -> tensorzip_cuda::Result<()> {
+                let s = eng.stream();
+                // SAFETY: the torch layer passes a CPU uint8 tensor of exactly `len` bytes.
+                let dst = unsafe { crate::host_mut(ptr, b.len) };
+                if !dst.is_empty() {
+                    if pinned {
+                        s.memcpy_dtoh(&b.buf.slice(0..b.len), dst)?;
+                    } else {
+                        let (p, _g) = b.buf.device_ptr(s);
+                        // SAFETY: the blob's buffer holds at least `len` bytes.
+                        unsafe { eng.download_from(p, dst)? };
+                    }
+                }
+                s.synchronize()?;
+                drop(b);
+                Ok(())
+            })
+        })
+        .map_err(gpu_err)
+    }
+
+    /// CRC-32 (zlib) of each `piece` bytes of the blob, computed on the GPU.
+    fn crc32(&self, py: Python<'_>, piece: u64) -> PyResult<Vec<u32>> {
+        let Some(b) = self.blob.as_ref() else {
+            return Err(PyValueError::new_err("blob already downloaded"));
+        };
+        let eng = &self.engine;
+        restoring(|| {
+            py.detach(|| {
+                let (p, _g) = b.buf.device_ptr(eng.stream());
+                // SAFETY: the blob's buffer holds at least `len` bytes and lives during the call.
+                unsafe { eng.crc32_pieces_device(p, b.len as u64, piece) }
+            })
+        })
+        .map_err(gpu_err)
+    }
+}
+
+/// Compresses the tensor at device address `ptr` (`nbytes` bytes of `dtype_name` and `shape`, on
+/// device `device`) on the stream `stream`; the blob stays on the device until downloaded.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (device, stream, ptr, nbytes, dtype_name, shape, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
+fn gpu_compress(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    ptr: u64,
+    nbytes: usize,
+    dtype_name: &str,
+    shape: Vec<u64>,
+    chunk_bytes: usize,
+    block_units: u32,
+    passthrough_threshold: f64,
+    min_compress_bytes: usize,
+    max_tables: usize,
+    condition: bool,
+) -> PyResult<GpuBlob> {
+    let dt = dtype(dtype_name)?;
+    let opts = options(
+        chunk_bytes,
+        block_units,
+        passthrough_threshold,
+        min_compress_bytes,
+        max_tables,
+        condition,
+    )?;
+    let eng = on(device, stream)?;
+    let blob = restoring(|| {
+        py.detach(|| {
+            // SAFETY: the torch layer passes a live contiguous CUDA tensor of `nbytes` bytes on
+            // `device`, kept alive and unmodified during the call.
+            unsafe { eng.compress_device(ptr, nbytes, dt, &shape, &opts) }
+        })
+    })
+    .map_err(gpu_err)?;
+    Ok(GpuBlob {
+        blob: Some(blob),
+        engine: eng,
+    })
+}
+
+/// Decodes the blob at device address `blob_ptr` (`blob_len` bytes; a host copy of at least its
+/// prefix — header, tables, directory — is at host address `prefix_ptr`, `prefix_len` bytes) into
+/// the `out_len` bytes at device address `out_ptr`, on `stream`; waits for the stream to report a
+/// corrupted blob as `ValueError`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn gpu_decompress(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    blob_ptr: u64,
+    blob_len: usize,
+    prefix_ptr: usize,
+    prefix_len: usize,
+    out_ptr: u64,
+    out_len: usize,
+) -> PyResult<()> {
+    // SAFETY: the torch layer passes a live contiguous CPU uint8 tensor of `prefix_len` bytes.
+    let prefix = unsafe { crate::host(prefix_ptr, prefix_len) };
+    let layout = BlobLayout::parse(prefix, blob_len).map_err(to_py)?;
+    if layout.header.nbytes() != out_len as u64 {
+        return Err(PyValueError::new_err(format!(
+            "output holds {out_len} bytes, the blob decodes to {}",
+            layout.header.nbytes()
+        )));
+    }
+    let eng = on(device, stream)?;
+    restoring(|| {
+        py.detach(|| {
+            // SAFETY: the torch layer passes the blob (a live CUDA uint8 tensor of `blob_len`
+            // bytes whose first bytes are the prefix) and a fresh output tensor of `out_len` bytes
+            // on the same device, both kept alive during the call.
+            unsafe { eng.decode_device(&[(&layout, blob_ptr, out_ptr)]) }
+        })
+    })
+    .map_err(gpu_err)
+}
+
+/// Copies the `len` bytes at host address `ptr` (pageable memory) to device address `dst`, through
+/// the engine's page-locked staging buffers with all host cores, and waits.
+#[pyfunction]
+fn gpu_upload(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    ptr: usize,
+    len: usize,
+    dst: u64,
+) -> PyResult<()> {
+    let eng = on(device, stream)?;
+    // SAFETY: the torch layer passes a live contiguous CPU tensor of `len` bytes.
+    let src = unsafe { crate::host(ptr, len) };
+    restoring(|| {
+        py.detach(|| {
+            // SAFETY: the torch layer passes a fresh CUDA uint8 tensor of `len` bytes.
+            unsafe { eng.upload_to(src, dst) }
+        })
+    })
+    .map_err(gpu_err)
+}
+
+/// CRC-32 (zlib) of each `piece` bytes of the `len` bytes at device address `ptr`, on the GPU.
+#[pyfunction]
+fn gpu_crc32(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    ptr: u64,
+    len: u64,
+    piece: u64,
+) -> PyResult<Vec<u32>> {
+    if piece == 0 {
+        return Err(PyValueError::new_err(
+            "checksum_chunk_bytes must be positive",
+        ));
+    }
+    let eng = on(device, stream)?;
+    restoring(|| {
+        py.detach(|| {
+            // SAFETY: the torch layer passes a live contiguous CUDA tensor of `len` bytes.
+            unsafe { eng.crc32_pieces_device(ptr, len, piece) }
+        })
+    })
+    .map_err(gpu_err)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<GpuBlob>()?;
+    m.add_function(wrap_pyfunction!(gpu_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_compress, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_crc32, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_upload, m)?)?;
+    Ok(())
+}
+
+/// Uploads host bytes to a new device buffer of the engine (staged, all host cores).
+pub(crate) fn upload(
+    eng: &GpuEngine,
+    bytes: &[u8],
+) -> tensorzip_cuda::Result<cudarc::driver::CudaSlice<u8>> {
+    let s = eng.stream();
+    let mut dev = s.alloc_zeros::<u8>(bytes.len().max(1))?;
+    let p = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, s).0;
+    // SAFETY: `dev` holds at least `bytes.len()` bytes.
+    unsafe { eng.upload_to(bytes, p)? };
+    Ok(dev)
+}
+
+/// [`on`] for the files module.
+pub(crate) fn engine_on(device: usize, stream: usize) -> PyResult<GpuEngine> {
+    on(device, stream)
+}

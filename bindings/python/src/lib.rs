@@ -1,0 +1,251 @@
+//! `tensorzip._tensorzip`: the engines behind the torch layer in `py_src/tensorzip`.
+//!
+//! Tensors cross this boundary as raw addresses and lengths (host or device), which the Python layer
+//! takes from live, contiguous torch tensors that it keeps alive for the call: no copies, and no
+//! dependency on numpy. Everything a caller could get wrong that this side can check (dtypes,
+//! shapes against byte counts, every byte of a blob) is checked here and raised as `ValueError` /
+//! `TypeError`; the Python layer checks devices, contiguity and lifetimes.
+//!
+//! The GIL is released while an engine works.
+
+mod files;
+mod gpu;
+
+use std::sync::OnceLock;
+
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use tensorzip::blob::{BlobView, Scheme};
+use tensorzip::{CompressOptions, CpuEngine, DType};
+
+/// A tensorzip error as the Python exception its kind calls for.
+pub(crate) fn to_py(e: tensorzip::Error) -> PyErr {
+    use tensorzip::Error as E;
+    match e {
+        E::Io(m) => PyOSError::new_err(m),
+        E::Engine(m) => PyRuntimeError::new_err(m),
+        E::InvalidOption(_) | E::InvalidInput(_) => PyValueError::new_err(e.to_string()),
+        // Every problem with the bytes of a blob or file.
+        e => PyValueError::new_err(format!("tensorzip: {e}")),
+    }
+}
+
+/// The CPU engine on all cores.
+pub(crate) fn cpu() -> &'static CpuEngine {
+    static ENGINE: OnceLock<CpuEngine> = OnceLock::new();
+    ENGINE.get_or_init(CpuEngine::default)
+}
+
+/// The dtype of a torch dtype name (`"torch.bfloat16"` or `"bfloat16"`).
+pub(crate) fn dtype(name: &str) -> PyResult<DType> {
+    DType::from_torch_name(name).ok_or_else(|| {
+        PyTypeError::new_err(format!("tensorzip does not code tensors of dtype {name}"))
+    })
+}
+
+/// `len` bytes at host address `ptr` (an empty slice for `len == 0`, whatever `ptr`).
+///
+/// # Safety
+/// `ptr` must address `len` readable bytes that stay alive and unchanged while the slice is used.
+pub(crate) unsafe fn host<'a>(ptr: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+}
+
+/// As [`host`], writable.
+///
+/// # Safety
+/// `ptr` must address `len` writable bytes used by nobody else while the slice is used.
+pub(crate) unsafe fn host_mut<'a>(ptr: usize, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+}
+
+/// Compression options from the Python keywords (validated by the core, which names the field).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn options(
+    chunk_bytes: usize,
+    block_units: u32,
+    passthrough_threshold: f64,
+    min_compress_bytes: usize,
+    max_tables: usize,
+    condition: bool,
+) -> PyResult<CompressOptions> {
+    let o = CompressOptions {
+        chunk_bytes,
+        block_units,
+        passthrough_threshold,
+        min_compress_bytes,
+        max_tables,
+        condition,
+        ..Default::default()
+    };
+    o.validate().map_err(to_py)?;
+    Ok(o)
+}
+
+/// Bytes owned by Rust, handed to Python without a copy: the torch layer wraps `ptr()` in a
+/// ctypes array that keeps this object alive, and `torch.frombuffer` makes a tensor of it.
+#[pyclass(module = "tensorzip._tensorzip", frozen)]
+pub struct RustBytes {
+    data: Vec<u8>,
+}
+
+#[pymethods]
+impl RustBytes {
+    /// Address of the first byte.
+    fn ptr(&self) -> usize {
+        self.data.as_ptr() as usize
+    }
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+}
+
+impl RustBytes {
+    pub(crate) fn new(data: Vec<u8>) -> RustBytes {
+        RustBytes { data }
+    }
+}
+
+/// Compresses the `nbytes` bytes at host address `ptr` (a tensor of `dtype` and `shape`) into a blob.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (ptr, nbytes, dtype_name, shape, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
+fn compress(
+    py: Python<'_>,
+    ptr: usize,
+    nbytes: usize,
+    dtype_name: &str,
+    shape: Vec<u64>,
+    chunk_bytes: usize,
+    block_units: u32,
+    passthrough_threshold: f64,
+    min_compress_bytes: usize,
+    max_tables: usize,
+    condition: bool,
+) -> PyResult<RustBytes> {
+    let dt = dtype(dtype_name)?;
+    let opts = options(
+        chunk_bytes,
+        block_units,
+        passthrough_threshold,
+        min_compress_bytes,
+        max_tables,
+        condition,
+    )?;
+    // SAFETY: the torch layer passes a live contiguous CPU tensor of `nbytes` bytes and keeps it
+    // alive (and unmodified) during the call.
+    let data = unsafe { host(ptr, nbytes) };
+    let blob = py
+        .detach(|| cpu().compress(data, dt, &shape, &opts))
+        .map_err(to_py)?;
+    Ok(RustBytes::new(blob))
+}
+
+/// What a blob holds: (scheme, torch dtype name, shape, decoded bytes). Validates the header, tables
+/// and directory of the blob at `ptr` (host) of `len` bytes; raises `ValueError` naming the problem.
+#[pyfunction]
+fn inspect(ptr: usize, len: usize) -> PyResult<(String, String, Vec<u64>, u64)> {
+    // SAFETY: the torch layer passes a live contiguous CPU uint8 tensor of `len` bytes.
+    let blob = unsafe { host(ptr, len) };
+    let v = BlobView::parse(blob).map_err(to_py)?;
+    let h = &v.layout.header;
+    let scheme = match h.scheme {
+        Scheme::Stored => "stored",
+        Scheme::Planes => "planes",
+    };
+    Ok((
+        scheme.into(),
+        h.dtype.torch_name().into(),
+        h.shape.clone(),
+        h.nbytes(),
+    ))
+}
+
+/// [`inspect`] from the first bytes `prefix` of a blob of `total_len` bytes (header, tables and
+/// directory validated; the payloads are the GPU's to check).
+#[pyfunction]
+fn inspect_prefix(prefix: &[u8], total_len: usize) -> PyResult<(String, String, Vec<u64>, u64)> {
+    let l = tensorzip::blob::BlobLayout::parse(prefix, total_len).map_err(to_py)?;
+    let h = &l.header;
+    let scheme = match h.scheme {
+        Scheme::Stored => "stored",
+        Scheme::Planes => "planes",
+    };
+    Ok((
+        scheme.into(),
+        h.dtype.torch_name().into(),
+        h.shape.clone(),
+        h.nbytes(),
+    ))
+}
+
+/// The length of the blob prefix (header, tables and directory) that a GPU decode needs on the
+/// host, from its first bytes `prefix` (a `ValueError` names the problem if they are not a blob's;
+/// returns the number of bytes needed when `prefix` is too short to tell).
+#[pyfunction]
+fn prefix_len(prefix: &[u8], total_len: usize) -> PyResult<usize> {
+    match tensorzip::blob::BlobLayout::parse(prefix, total_len) {
+        Ok(l) => Ok(l.overhead_len()),
+        Err(tensorzip::Error::Truncated(_)) if prefix.len() < total_len => Ok(total_len),
+        Err(e) => Err(to_py(e)),
+    }
+}
+
+/// Decodes the blob at host address `ptr` (`len` bytes) into the `out_len` bytes at `out_ptr`.
+#[pyfunction]
+fn decompress_into(
+    py: Python<'_>,
+    ptr: usize,
+    len: usize,
+    out_ptr: usize,
+    out_len: usize,
+) -> PyResult<()> {
+    // SAFETY: the torch layer passes a live CPU blob tensor and a fresh contiguous output tensor
+    // of `out_len` bytes, both kept alive during the call; they do not overlap.
+    let (blob, out) = unsafe { (host(ptr, len), host_mut(out_ptr, out_len)) };
+    py.detach(|| cpu().decompress_into(blob, out))
+        .map_err(to_py)?;
+    Ok(())
+}
+
+/// CRC-32 (zlib) of each `piece` bytes of the `len` bytes at host address `ptr` (CPU).
+#[pyfunction]
+fn crc32_pieces(py: Python<'_>, ptr: usize, len: usize, piece: usize) -> PyResult<Vec<u32>> {
+    // SAFETY: the torch layer passes a live contiguous CPU tensor of `len` bytes.
+    let data = unsafe { host(ptr, len) };
+    py.detach(|| tensorzip::crc32_pieces(data, piece))
+        .map_err(to_py)
+}
+
+/// The version of the format this build writes (blob, archive).
+#[pyfunction]
+fn format_versions() -> (u16, u16) {
+    (
+        tensorzip::blob::BLOB_VERSION,
+        tensorzip::archive::ARCHIVE_VERSION,
+    )
+}
+
+#[pymodule]
+fn _tensorzip(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<RustBytes>()?;
+    m.add_function(wrap_pyfunction!(compress, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(prefix_len, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect_prefix, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress_into, m)?)?;
+    m.add_function(wrap_pyfunction!(crc32_pieces, m)?)?;
+    m.add_function(wrap_pyfunction!(format_versions, m)?)?;
+    gpu::register(m)?;
+    files::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,343 @@
+"""The Python package on the CPU: cuZipNN's API, EntroPack's API, files, hostile input."""
+
+import io
+import json
+import os
+import struct
+import subprocess
+import warnings
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import tensorzip as tz
+from tensorzip import _core
+
+DTYPES = list(_core.SUPPORTED_DTYPES)
+SHAPES = [(), (0,), (1,), (7,), (33, 5), (3, 0, 2), (257, 129), (2, 3, 5, 7)]
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-exact equality (NaNs included), dtype and shape."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(_core.as_bytes(a), _core.as_bytes(b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_round_trip_every_dtype_and_shape(dtype, shape, gen):
+    t = gen(dtype, shape, 1)
+    for kw in ({}, {"min_compress_bytes": 0, "chunk_bytes": 1024}, {"min_compress_bytes": 0, "condition": False}):
+        blob = tz.compress_tensor(t, **kw)
+        assert blob.dtype == torch.uint8 and blob.dim() == 1 and blob.device.type == "cpu"
+        out = tz.decompress_tensor(blob, device="cpu")
+        assert same(out, t), (dtype, shape, kw)
+
+
+def test_special_values_round_trip():
+    vals = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40, 3.4e38] * 5000)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        t = vals.to(dtype)
+        out = tz.decompress_tensor(tz.compress_tensor(t, min_compress_bytes=0), device="cpu")
+        assert same(out, t)
+
+
+def test_non_contiguous_and_offset_inputs(gen):
+    t = gen(torch.float32, (300, 200), 2)
+    for view in (t.t(), t[::3, 1::2], t[5:], t.as_strided((100, 100), (1, 300), 7)):
+        out = tz.decompress_tensor(tz.compress_tensor(view, min_compress_bytes=0), device="cpu")
+        assert same(out, view.contiguous())
+    # A tensor whose data starts at an odd byte address.
+    raw = torch.empty(4 * 5000 + 1, dtype=torch.uint8)[1:]
+    raw.copy_(_core.as_bytes(gen(torch.float32, (5000,), 3)))
+    blob = tz.compress_tensor(raw, min_compress_bytes=0)
+    assert same(tz.decompress_tensor(blob, device="cpu"), raw)
+
+
+def test_defaults_and_keywords_match_cuzipnn():
+    import inspect
+
+    sig = inspect.signature(tz.compress_tensor)
+    want = {"chunk_bytes": 131072, "sub_chunk_bytes": 8192, "passthrough_threshold": 0.95, "min_compress_bytes": 65536, "pin_memory": False}
+    for k, v in want.items():
+        assert sig.parameters[k].default == v
+        assert sig.parameters[k].kind == inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(tz.hash_tensor_with_crc32).parameters["checksum_chunk_bytes"].default == 16384
+    assert inspect.signature(tz.compress_tensor_with_crc32).parameters["checksum_chunk_bytes"].default == 16384
+    assert inspect.signature(tz.decompress_tensor).parameters["device"].default is None
+    with pytest.raises(TypeError):
+        tz.compress_tensor(torch.zeros(3), 131072)  # keyword-only
+
+
+def test_small_tensors_are_stored():
+    t = torch.arange(100, dtype=torch.float32)
+    assert tz.blob_info(tz.compress_tensor(t))[0] == "stored"  # below min_compress_bytes
+    assert tz.blob_info(tz.compress_tensor(t, min_compress_bytes=0))[0] in ("stored", "planes")
+
+
+def test_crc32_equals_zlib(gen):
+    t = gen(torch.bfloat16, (700, 300), 4)
+    for piece in (1, 100, 16384, 1 << 20):
+        blob, crc = tz.compress_tensor_with_crc32(t, checksum_chunk_bytes=piece, min_compress_bytes=0)
+        assert crc.dtype == torch.uint32 and crc.device.type == "cpu"
+        data = bytes(blob.numpy()) if hasattr(blob, "numpy") and _has_numpy() else _bytes(blob)
+        want = [zlib.crc32(data[i : i + piece]) for i in range(0, len(data), piece)]
+        assert [int(x) for x in crc.to(torch.int64)] == want
+        assert torch.equal(tz.hash_tensor_with_crc32(blob, checksum_chunk_bytes=piece).to(torch.int64), crc.to(torch.int64))
+        assert torch.equal(blob, tz.compress_tensor(t, min_compress_bytes=0))
+    assert tz.hash_tensor_with_crc32(torch.empty(0)).numel() == 0
+    with pytest.raises(ValueError, match="checksum_chunk_bytes"):
+        tz.hash_tensor_with_crc32(t, checksum_chunk_bytes=0)
+
+
+def _has_numpy() -> bool:
+    try:
+        import numpy  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    import ctypes
+
+    t = _core.as_bytes(t)
+    return ctypes.string_at(t.data_ptr(), t.numel()) if t.numel() else b""
+
+
+@pytest.mark.parametrize(
+    "kw, exc, field",
+    [
+        ({"chunk_bytes": 100}, ValueError, "chunk_bytes"),
+        ({"chunk_bytes": 0}, ValueError, "chunk_bytes"),
+        ({"chunk_bytes": "8"}, TypeError, "chunk_bytes"),
+        ({"passthrough_threshold": 0}, ValueError, "passthrough_threshold"),
+        ({"passthrough_threshold": 1.5}, ValueError, "passthrough_threshold"),
+        ({"min_compress_bytes": -1}, ValueError, "min_compress_bytes"),
+        ({"sub_chunk_bytes": 0}, ValueError, "sub_chunk_bytes"),
+        ({"block_units": 100}, ValueError, "block_units"),
+        ({"max_tables": 0}, ValueError, "max_tables"),
+        ({"condition": 1}, TypeError, "condition"),
+    ],
+)
+def test_invalid_options_name_the_field(kw, exc, field):
+    with pytest.raises(exc, match=field):
+        tz.compress_tensor(torch.zeros(10), **kw)
+
+
+def test_unsupported_inputs():
+    with pytest.raises(TypeError, match="dtype"):
+        tz.compress_tensor(torch.zeros(3, dtype=torch.complex128))
+    with pytest.raises(TypeError):
+        tz.compress_tensor([1, 2, 3])
+    with pytest.raises(ValueError, match="1-D uint8"):
+        tz.decompress_tensor(torch.zeros(3))
+
+
+def test_hostile_blobs_raise_value_error(gen):
+    t = gen(torch.bfloat16, (64, 1000), 5)
+    blob = tz.compress_tensor(t, min_compress_bytes=0, chunk_bytes=4096)
+    data = bytearray(_bytes(blob))
+    # Not ours at all.
+    for junk in (b"", b"TZ", b"PK\x03\x04" * 100, bytes(range(256)) * 10):
+        with pytest.raises(ValueError):
+            tz.decompress_tensor(torch.frombuffer(bytearray(junk) or bytearray(1), dtype=torch.uint8)[: len(junk)], device="cpu")
+    # Every truncation of the prefix and a sample of the rest.
+    for cut in list(range(0, 200)) + list(range(200, len(data), 997)):
+        with pytest.raises(ValueError):
+            tz.decompress_tensor(torch.frombuffer(bytearray(data[:cut]) or bytearray(1), dtype=torch.uint8)[:cut], device="cpu")
+    # Bit flips: an error, or (where only a checksum could tell) some tensor of the right shape.
+    g = torch.Generator().manual_seed(0)
+    errors = 0
+    for _ in range(300):
+        d = bytearray(data)
+        for _ in range(3):
+            i = int(torch.randint(0, len(d), (1,), generator=g))
+            d[i] ^= 1 << int(torch.randint(0, 8, (1,), generator=g))
+        try:
+            out = tz.decompress_tensor(torch.frombuffer(d, dtype=torch.uint8), device="cpu")
+            assert out.numel() * out.element_size() < 1 << 40
+        except ValueError:
+            errors += 1
+    assert errors > 100
+    # An unknown version is refused by name.
+    d = bytearray(data)
+    d[4:6] = struct.pack("<H", 9)
+    with pytest.raises(ValueError, match="version"):
+        tz.decompress_tensor(torch.frombuffer(d, dtype=torch.uint8), device="cpu")
+
+
+def test_decompress_default_device_without_cuda(gen):
+    t = gen(torch.float16, (10, 10), 6)
+    out = tz.decompress_tensor(tz.compress_tensor(t))
+    assert out.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# --- EntroPack's API -------------------------------------------------------------------------------
+
+
+def test_entropack_api_round_trip(gen, tmp_path):
+    t = gen(torch.bfloat16, (256, 300), 7)
+    cfg = tz.TensorZipConfig()
+    c = tz.compress(t, cfg)
+    assert c.shape == t.shape and c.dtype == t.dtype
+    assert c.compress_method == "tensorzip" and c.lossless
+    assert 0 < c.storage_nbytes() < t.numel() * 2
+    assert c.actual_bpp == pytest.approx(8 * c.storage_nbytes() / t.numel())
+    assert c.storage_nbytes(include_header=False) < c.storage_nbytes()
+    assert same(tz.decompress(c, cfg), t)
+    # .to(dtype=...) changes the output dtype without recompressing.
+    c32 = c.to(dtype=torch.float32)
+    assert c32.storage_nbytes() == c.storage_nbytes()
+    assert torch.equal(tz.decompress(c32, cfg), t.float())
+    # .to(device) keeps working on the CPU.
+    assert same(tz.decompress(c.to("cpu"), cfg), t)
+    # state_dict through torch.save / torch.load(weights_only=True).
+    path = tmp_path / "ct.pt"
+    torch.save(c.state_dict(), path)
+    loaded = tz.CompressedTensor.from_state_dict(torch.load(path, weights_only=True))
+    assert same(tz.decompress(loaded, cfg), t)
+    buf = io.BytesIO()
+    torch.save(c.state_dict(leaf="w"), buf)
+    buf.seek(0)
+    assert same(tz.decompress(tz.CompressedTensor.from_state_dict(torch.load(buf, weights_only=True), leaf="w"), cfg), t)
+    with pytest.raises(ValueError, match="missing"):
+        tz.CompressedTensor.from_state_dict({})
+
+
+def test_entropack_raw_config_and_fallback(gen):
+    t = gen(torch.int32, (50, 7), 8)
+    c = tz.compress(t, tz.RawConfig())
+    assert c.compress_method == "raw" and c.lossless
+    assert same(tz.decompress(c, tz.RawConfig()), t)
+    assert same(tz.decompress(c, tz.TensorZipConfig()), t)
+    z = torch.randn(20, 3, dtype=torch.complex128)
+    with pytest.warns(tz.CompressionFallbackWarning):
+        c = tz.compress(z, tz.TensorZipConfig())
+    assert c.compress_method == "raw" and c.header["requested"] == "tensorzip"
+    assert torch.equal(tz.decompress(c, tz.TensorZipConfig()), z)
+
+
+@pytest.mark.parametrize(
+    "cfg, exc, field",
+    [
+        (lambda: tz.TensorZipConfig(chunk_bytes=7), ValueError, "chunk_bytes"),
+        (lambda: tz.TensorZipConfig(passthrough_threshold=2.0), ValueError, "passthrough_threshold"),
+        (lambda: tz.TensorZipConfig(block_units=33), ValueError, "block_units"),
+        (lambda: tz.TensorZipConfig(max_tables="8"), TypeError, "max_tables"),
+        (lambda: tz.TensorZipConfig(execution_backend="tpu"), ValueError, "execution_backend"),
+        (lambda: tz.TensorZipConfig(execution_backend=3), TypeError, "execution_backend"),
+    ],
+)
+def test_entropack_invalid_configs_name_the_field(cfg, exc, field):
+    with pytest.raises(exc, match=field):
+        tz.compress(torch.zeros(4), cfg())
+    with pytest.raises(TypeError):
+        tz.compress(torch.zeros(4), object())
+
+
+def test_entropack_corrupted_state_is_rejected(gen):
+    c = tz.compress(gen(torch.float32, (100, 100), 9), tz.TensorZipConfig())
+    state = c.state_dict()["tensorzip_state"].clone()
+    bad = state.clone()
+    bad[:4] = 0
+    with pytest.raises(ValueError, match="magic"):
+        tz.CompressedTensor(bad)
+    with pytest.raises(ValueError):
+        tz.decompress(tz.CompressedTensor(state[: len(state) // 2]), tz.TensorZipConfig())
+
+
+# --- Files ---------------------------------------------------------------------------------------
+
+
+def _model(gen):
+    return {
+        "emb.weight": gen(torch.float32, (1000, 64), 10),
+        "layer.0.w": gen(torch.bfloat16, (128, 256), 11),
+        "layer.0.b": gen(torch.float16, (256,), 12),
+        "step": torch.tensor(12345, dtype=torch.int64),
+        "mask": gen(torch.bool, (33, 3), 13),
+        "empty": torch.empty(0, 4),
+    }
+
+
+def test_save_load_file_round_trip(gen, tmp_path):
+    tensors = _model(gen)
+    path = tmp_path / "model.tz"
+    tz.save_file(tensors, path, metadata={"format": "pt", "note": "hello"})
+    assert path.exists() and not any(p.name.startswith(".model.tz") for p in tmp_path.iterdir())
+    back = tz.load_file(path)
+    assert set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert same(back[k], v), k
+    with tz.safe_open(path, framework="pt") as f:
+        assert f.keys() == sorted(tensors)
+        assert f.metadata() == {"format": "pt", "note": "hello"}
+        assert same(f.get_tensor("layer.0.w"), tensors["layer.0.w"])
+        sl = f.get_slice("emb.weight")
+        assert sl.get_shape() == [1000, 64] and sl.get_dtype() == "F32"
+        assert same(sl[10:20], tensors["emb.weight"][10:20])
+        with pytest.raises(KeyError):
+            f.get_tensor("nope")
+
+
+def test_saved_file_is_the_cli_archive_of_a_safetensors_file(gen, tmp_path):
+    """`tensorzip decompress` turns save_file's output into a valid .safetensors file holding the
+    same tensors (the command line and the package share one on-disk format)."""
+    cli = Path(__file__).resolve().parents[3] / "target" / "release" / "tensorzip"
+    if not cli.exists():
+        pytest.skip(f"{cli} not built (scripts/test.sh builds it first)")
+    tensors = _model(gen)
+    path = tmp_path / "m.safetensors.tz"
+    tz.save_file(tensors, path)
+    subprocess.run([str(cli), "verify", str(path)], check=True, capture_output=True)
+    subprocess.run([str(cli), "decompress", str(path)], check=True, capture_output=True)
+    raw = (tmp_path / "m.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    for k, v in tensors.items():
+        begin, end = header[k]["data_offsets"]
+        assert raw[8 + n + begin : 8 + n + end] == _bytes(v.contiguous()), k
+        assert header[k]["shape"] == list(v.shape)
+    # And the CLI's archive of that file loads back with load_file.
+    os.remove(path)
+    subprocess.run([str(cli), "compress", str(tmp_path / "m.safetensors"), "-o", str(path)], check=True, capture_output=True)
+    back = tz.load_file(path)
+    for k, v in tensors.items():
+        assert same(back[k], v), k
+
+
+def test_damaged_files_raise_value_error_naming_the_file(gen, tmp_path):
+    path = tmp_path / "d.tz"
+    tz.save_file(_model(gen), path)
+    data = bytearray(path.read_bytes())
+    for i in (0, 40, len(data) // 2, len(data) - 3):
+        d = bytearray(data)
+        d[i] ^= 0x10
+        bad = tmp_path / f"bad{i}.tz"
+        bad.write_bytes(d)
+        with pytest.raises(ValueError, match=str(bad.name)):
+            tz.load_file(bad)
+    trunc = tmp_path / "t.tz"
+    trunc.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match="t.tz"):
+        tz.load_file(trunc)
+    with pytest.raises(OSError):
+        tz.load_file(tmp_path / "missing.tz")
+
+
+def test_save_file_rejects_bad_arguments(tmp_path):
+    with pytest.raises(TypeError):
+        tz.save_file({"a": [1, 2]}, tmp_path / "x.tz")
+    with pytest.raises(TypeError):
+        tz.save_file({"a": torch.zeros(2)}, tmp_path / "x.tz", metadata={"a": 1})
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        tz.save_file({"a": torch.zeros(2)}, tmp_path / "x.tz", chunk_bytes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tz.save_file({}, tmp_path / "empty.tz")
+    assert tz.load_file(tmp_path / "empty.tz") == {}

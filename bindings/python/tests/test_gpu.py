@@ -1,0 +1,137 @@
+"""The Python package on the GPU (run on the device machine: scripts/gpu_run.sh python).
+
+CPU blob <-> GPU decode both ways, GPU blob == CPU blob, non-default streams, pinned blobs,
+state_dict round trips, corrupted blobs rejected, whole files decoded on the GPU."""
+
+import pytest
+import torch
+
+import tensorzip as tz
+from tensorzip import _core
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = list(_core.SUPPORTED_DTYPES)
+SHAPES = [(), (0,), (1,), (33, 5), (257, 129), (1000, 1000)]
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_core.as_bytes(a.cpu()), _core.as_bytes(b.cpu()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gpu_and_cpu_blobs_are_identical_and_cross_decode(dtype, shape, gen):
+    t = gen(dtype, shape, 1)
+    for kw in ({}, {"min_compress_bytes": 0, "chunk_bytes": 4096}):
+        cpu_blob = tz.compress_tensor(t, **kw)
+        gpu_blob = tz.compress_tensor(t.cuda(), **kw)
+        assert gpu_blob.device.type == "cpu" and gpu_blob.dtype == torch.uint8
+        assert torch.equal(cpu_blob, gpu_blob), (dtype, shape, kw)
+        out = tz.decompress_tensor(cpu_blob, device="cuda")
+        assert out.is_cuda and same(out, t)
+        assert same(tz.decompress_tensor(gpu_blob.cuda()), t)  # blob on the GPU: decoded there
+        assert same(tz.decompress_tensor(gpu_blob, device="cpu"), t)
+
+
+def test_non_default_stream(gen):
+    t = gen(torch.bfloat16, (2048, 1024), 2)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = t.cuda(non_blocking=False) * 1  # produced on s
+        blob = tz.compress_tensor(x)
+        out = tz.decompress_tensor(blob, device="cuda")
+        ok = torch.equal(out.view(torch.uint8), x.view(torch.uint8))  # ordered on s, no host sync
+    s.synchronize()
+    assert ok
+    assert torch.equal(blob, tz.compress_tensor(t))
+
+
+def test_pinned_blobs(gen):
+    t = gen(torch.float32, (512, 512), 3).cuda()
+    blob = tz.compress_tensor(t, pin_memory=True)
+    assert blob.is_pinned()
+    assert same(tz.decompress_tensor(blob, device="cuda"), t)
+
+
+def test_unaligned_and_non_contiguous_cuda_tensors(gen):
+    t = gen(torch.float32, (300, 200), 4)
+    raw = torch.empty(t.numel() * 4 + 1, dtype=torch.uint8, device="cuda")[1:]
+    raw.copy_(_core.as_bytes(t).cuda())
+    assert torch.equal(tz.compress_tensor(raw, min_compress_bytes=0), tz.compress_tensor(_core.as_bytes(t), min_compress_bytes=0))
+    tc = t.cuda()
+    assert torch.equal(tz.compress_tensor(tc.t()), tz.compress_tensor(t.t()))
+
+
+def test_gpu_crc32(gen):
+    t = gen(torch.bfloat16, (1000, 700), 5).cuda()
+    blob, crc = tz.compress_tensor_with_crc32(t, checksum_chunk_bytes=4096)
+    assert torch.equal(crc.to(torch.int64), tz.hash_tensor_with_crc32(blob, checksum_chunk_bytes=4096).to(torch.int64))
+    assert torch.equal(crc.to(torch.int64), tz.hash_tensor_with_crc32(blob.cuda(), checksum_chunk_bytes=4096).to(torch.int64))
+    assert torch.equal(tz.hash_tensor_with_crc32(t).to(torch.int64), tz.hash_tensor_with_crc32(t.cpu()).to(torch.int64))
+
+
+def test_corrupted_blobs_rejected_on_the_gpu(gen):
+    t = gen(torch.bfloat16, (64, 1000), 6)
+    blob = tz.compress_tensor(t, min_compress_bytes=0, chunk_bytes=4096)
+    g = torch.Generator().manual_seed(1)
+    errors = 0
+    for _ in range(200):
+        b = blob.clone()
+        for _ in range(2):
+            i = int(torch.randint(0, b.numel(), (1,), generator=g))
+            b[i] ^= 1 << int(torch.randint(0, 8, (1,), generator=g))
+        try:
+            cpu = tz.decompress_tensor(b, device="cpu")
+        except ValueError:
+            cpu = None
+        try:
+            gpu = tz.decompress_tensor(b.cuda())
+        except ValueError:
+            gpu = None
+        assert (cpu is None) == (gpu is None)
+        if cpu is None:
+            errors += 1
+        else:
+            assert same(cpu, gpu)
+    assert errors > 50
+    for cut in (0, 10, 30, blob.numel() // 2, blob.numel() - 1):
+        with pytest.raises(ValueError):
+            tz.decompress_tensor(blob[:cut].cuda())
+    assert same(tz.decompress_tensor(blob.cuda()), t)  # the engine still works
+
+
+def test_state_dict_round_trip_on_cuda(gen, tmp_path):
+    t = gen(torch.bfloat16, (300, 300), 7).cuda()
+    cfg = tz.TensorZipConfig()
+    c = tz.compress(t, cfg)
+    assert c.device.type == "cuda"
+    path = tmp_path / "c.pt"
+    torch.save(c.state_dict(), path)
+    loaded = tz.CompressedTensor.from_state_dict(torch.load(path, map_location="cuda", weights_only=True))
+    out = tz.decompress(loaded, cfg)
+    assert out.is_cuda and same(out, t)
+    assert same(tz.decompress(c.to("cpu"), cfg), t.cpu())
+    assert torch.equal(c.state_dict()["tensorzip_state"].cpu(), tz.compress(t.cpu(), cfg).state_dict()["tensorzip_state"])
+
+
+def test_load_file_on_the_gpu(gen, tmp_path):
+    tensors = {
+        "a": gen(torch.float32, (1000, 64), 8),
+        "b": gen(torch.bfloat16, (128, 256), 9),
+        "c": torch.tensor(7, dtype=torch.int64),
+        "d": torch.empty(0, 3),
+    }
+    path = tmp_path / "m.tz"
+    tz.save_file(tensors, path)
+    back = tz.load_file(path, device="cuda")
+    for k, v in tensors.items():
+        assert back[k].is_cuda and same(back[k], v), k
+    with tz.safe_open(path, framework="pt", device="cuda") as f:
+        assert same(f.get_tensor("b"), tensors["b"])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 4
+    bad = tmp_path / "bad.tz"
+    bad.write_bytes(data)
+    with pytest.raises(ValueError, match="bad.tz"):
+        tz.load_file(bad, device="cuda")
