@@ -211,6 +211,8 @@ fn decompress_into(
     // SAFETY: the torch layer passes a live CPU blob tensor and a fresh contiguous output tensor
     // of `out_len` bytes, both kept alive during the call; they do not overlap.
     let (blob, out) = unsafe { (host(ptr, len), host_mut(out_ptr, out_len)) };
+    // The output is a new tensor: let its pages fault in 2 MiB at a time.
+    tensorzip::fresh::advise_huge(out);
     py.detach(|| cpu().decompress_into(blob, out))
         .map_err(to_py)?;
     Ok(())

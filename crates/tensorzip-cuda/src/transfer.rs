@@ -84,6 +84,9 @@ impl GpuEngine {
         if dst.is_empty() {
             return Ok(());
         }
+        // A new destination faults its pages in as it is filled: 2 MiB at a time where the kernel
+        // allows it (see tensorzip::fresh).
+        tensorzip::fresh::advise_huge(dst);
         let s = self.stream();
         let mut bufs = self.staging()?;
         let total = dst.len();

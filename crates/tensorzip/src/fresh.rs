@@ -12,6 +12,12 @@
 const MIN_ADVISE: usize = 4 << 20;
 const HUGE: usize = 2 << 20;
 
+/// Advises a buffer the caller owns and has not written yet (e.g. a new tensor from another
+/// allocator) for huge pages, so that filling it faults 2 MiB at a time. Harmless on any buffer.
+pub fn advise_huge(buf: &mut [u8]) {
+    advise(buf.as_mut_ptr(), buf.len());
+}
+
 /// A zeroed buffer of `n` bytes, advised for huge pages when large.
 pub fn zeroed(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];

@@ -31,7 +31,7 @@ pub mod dtype;
 pub mod encoder;
 pub mod engine;
 pub mod error;
-mod fresh;
+pub mod fresh;
 pub mod model;
 pub mod options;
 pub mod rans;
