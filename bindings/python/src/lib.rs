@@ -156,17 +156,21 @@ fn inspect(ptr: usize, len: usize) -> PyResult<(String, String, Vec<u64>, u64)> 
     // SAFETY: the torch layer passes a live contiguous CPU uint8 tensor of `len` bytes.
     let blob = unsafe { host(ptr, len) };
     let v = BlobView::parse(blob).map_err(to_py)?;
-    let h = &v.layout.header;
+    Ok(describe(&v.layout.header))
+}
+
+/// (scheme, torch dtype name, shape, decoded bytes) of a blob header.
+fn describe(h: &tensorzip::BlobHeader) -> (String, String, Vec<u64>, u64) {
     let scheme = match h.scheme {
         Scheme::Stored => "stored",
         Scheme::Planes => "planes",
     };
-    Ok((
+    (
         scheme.into(),
         h.dtype.torch_name().into(),
         h.shape.clone(),
         h.nbytes(),
-    ))
+    )
 }
 
 /// [`inspect`] from the first bytes `prefix` of a blob of `total_len` bytes (header, tables and
@@ -174,17 +178,7 @@ fn inspect(ptr: usize, len: usize) -> PyResult<(String, String, Vec<u64>, u64)> 
 #[pyfunction]
 fn inspect_prefix(prefix: &[u8], total_len: usize) -> PyResult<(String, String, Vec<u64>, u64)> {
     let l = tensorzip::blob::BlobLayout::parse(prefix, total_len).map_err(to_py)?;
-    let h = &l.header;
-    let scheme = match h.scheme {
-        Scheme::Stored => "stored",
-        Scheme::Planes => "planes",
-    };
-    Ok((
-        scheme.into(),
-        h.dtype.torch_name().into(),
-        h.shape.clone(),
-        h.nbytes(),
-    ))
+    Ok(describe(&l.header))
 }
 
 /// The length of the blob prefix (header, tables and directory) that a GPU decode needs on the

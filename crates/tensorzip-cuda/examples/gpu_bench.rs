@@ -244,16 +244,21 @@ fn main() {
                 .unwrap()
         })
         .collect();
-    let dev_list: Vec<tensorzip_cuda::encode::DeviceTensor> = tensors
-        .iter()
-        .zip(&dev_tensors)
-        .map(|(t, d)| tensorzip_cuda::encode::DeviceTensor {
-            ptr: d.device_ptr(&s).0,
-            nbytes: t.2.len(),
-            dtype: t.0,
-            shape: t.1.clone(),
-        })
-        .collect();
+    // The encoder's view of device copies of the tensors.
+    let describe =
+        |bufs: &[cudarc::driver::CudaSlice<u8>]| -> Vec<tensorzip_cuda::encode::DeviceTensor> {
+            tensors
+                .iter()
+                .zip(bufs)
+                .map(|(t, d)| tensorzip_cuda::encode::DeviceTensor {
+                    ptr: d.device_ptr(&s).0,
+                    nbytes: t.2.len(),
+                    dtype: t.0,
+                    shape: t.1.clone(),
+                })
+                .collect()
+        };
+    let dev_list = describe(&dev_tensors);
     // One batch call for all tensors (one encoder launch per unit size).
     let encode_all = || -> Vec<tensorzip_cuda::DeviceBlob> {
         // SAFETY: every tensor's buffer lives until the end of main.
@@ -288,16 +293,7 @@ fn main() {
         .iter()
         .map(|t| s.alloc_zeros::<u8>(t.2.len().max(1)).unwrap())
         .collect();
-    let round_list: Vec<tensorzip_cuda::encode::DeviceTensor> = tensors
-        .iter()
-        .zip(&dev_t)
-        .map(|(t, d)| tensorzip_cuda::encode::DeviceTensor {
-            ptr: d.device_ptr(&s).0,
-            nbytes: t.2.len(),
-            dtype: t.0,
-            shape: t.1.clone(),
-        })
-        .collect();
+    let round_list = describe(&dev_t);
     let mut enc_round = Vec::new();
     for _ in 0..runs {
         s.synchronize().unwrap();

@@ -79,35 +79,36 @@ fn all_option_sets() -> Vec<CompressOptions> {
     ]
 }
 
+/// The dtypes, option sets and sizes of the round-trip tests. Quick mode keeps one dtype per kernel
+/// (unit size and transform), fewer sizes and option sets.
+fn matrix() -> (&'static [DType], Vec<CompressOptions>, &'static [usize]) {
+    let sets = all_option_sets();
+    if quick() {
+        (
+            &[
+                DType::U8,
+                DType::F16,
+                DType::BF16,
+                DType::I32,
+                DType::F32,
+                DType::I64,
+                DType::F64,
+            ],
+            vec![sets[0].clone(), sets[1].clone(), sets[4].clone()],
+            &[1, 70_001],
+        )
+    } else {
+        (&DType::ALL, sets, &[0, 1, 31, 32, 33, 1000, 4097, 70_001])
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_decodes_cpu_blobs_of_every_dtype_and_shape() {
     let _ = NEEDS_GPU;
     let eng = engine();
-    // Quick mode keeps one dtype per kernel (unit size and transform), fewer sizes and option sets.
-    let dtypes: &[DType] = if quick() {
-        &[
-            DType::U8,
-            DType::F16,
-            DType::BF16,
-            DType::I32,
-            DType::F32,
-            DType::I64,
-            DType::F64,
-        ]
-    } else {
-        &DType::ALL
-    };
-    let mut sets = all_option_sets();
-    if quick() {
-        sets = vec![sets[0].clone(), sets[1].clone(), sets[4].clone()];
-    }
+    let (dtypes, sets, sizes) = matrix();
     for &dtype in dtypes {
-        let sizes: &[usize] = if quick() {
-            &[1, 70_001]
-        } else {
-            &[0, 1, 31, 32, 33, 1000, 4097, 70_001]
-        };
         for &n in sizes {
             for (name, data) in cases(dtype, n, n as u64 + dtype.code() as u64) {
                 let numel = n;
@@ -199,30 +200,9 @@ fn gpu_rejects_corrupted_blobs_without_faulting() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_encodes_the_cpu_engines_bytes_for_every_dtype_and_shape() {
     let eng = engine();
-    let dtypes: &[DType] = if quick() {
-        &[
-            DType::U8,
-            DType::F16,
-            DType::BF16,
-            DType::I32,
-            DType::F32,
-            DType::I64,
-            DType::F64,
-        ]
-    } else {
-        &DType::ALL
-    };
-    let mut sets = all_option_sets();
-    if quick() {
-        sets = vec![sets[0].clone(), sets[1].clone(), sets[4].clone()];
-    }
+    let (dtypes, sets, sizes) = matrix();
     let mut failures = Vec::new();
     for &dtype in dtypes {
-        let sizes: &[usize] = if quick() {
-            &[1, 70_001]
-        } else {
-            &[0, 1, 31, 32, 33, 1000, 4097, 70_001]
-        };
         for &n in sizes {
             for (name, data) in cases(dtype, n, n as u64 + dtype.code() as u64) {
                 // Shapes: 1-d, and 0-d for single elements.
