@@ -17,6 +17,7 @@ table at the end.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import statistics
@@ -56,7 +57,8 @@ def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     header, off, blobs = {}, 0, []
     st = {torch.bfloat16: "BF16", torch.float32: "F32"}
     for k, v in tensors.items():
-        b = v.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+        u = v.contiguous().view(torch.uint8).reshape(-1)
+        b = ctypes.string_at(u.data_ptr(), u.numel())
         header[k] = {"dtype": st[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
         off += len(b)
         blobs.append(b)
