@@ -336,6 +336,16 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
     }
 }
 
+// a[i] for a run-time `i`, without indexing the array at run time (which would put it in local
+// memory: every access in the hot loops would then be a memory load).
+template <int U>
+__device__ __forceinline__ u32 pick(const u32 (&a)[U], u32 i) {
+    u32 r = 0;
+    #pragma unroll
+    for (int p = 0; p < U; p++) r = (u32)p == i ? a[p] : r;
+    return r;
+}
+
 template <int U, int E>
 __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
@@ -378,7 +388,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
         s.x = (u32)st[0] | ((u32)st[1] << 8) | ((u32)st[2] << 16) | ((u32)st[3] << 24);
         if (__any_sync(0xFFFFFFFFu, s.x < STATE_LOWER)) { if (lane == 0) fail(err, 3, c); return; }
     }
-    const bool cond_chunk = cp < (u32)U && mode[cp] == MODE_COND;
+    const bool cond_chunk = cp < (u32)U && pick<U>(mode, cp) == MODE_COND;
     bool used = false;
     u32 raw_off = 0;
     for (u32 b = 0; b < nb; b++) {
@@ -446,9 +456,11 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             }
         }
         __syncwarp();
-        if (cond_chunk && src[cq] == SRC_CODED) {
+        // The condition plane's source, offset, value and slot (scalars: see `pick`).
+        const u32 q_src = pick<U>(src, cq), q_off = pick<U>(off, cq), q_val = pick<U>(val, cq);
+        if (cond_chunk && q_src == SRC_CODED) {
             // Count the conditioned units from the condition plane's slot, four bytes at a time.
-            const u8* qs = slots + slot[cq] * su;
+            const u8* qs = slots + pick<U>(slot, cq) * su;
             const u32 v4 = cvalue * 0x01010101u;
             u32 cnt = 0;
             for (u32 j = 4 * lane; j < blen; j += 4 * LANES) {
@@ -461,12 +473,12 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xFFFFFFFFu, cnt, d);
             coded = cnt;
         }
-        if (cond_chunk && src[cq] != SRC_CODED) {
+        if (cond_chunk && q_src != SRC_CODED) {
             // Condition bytes not from the stream: raw (never in the stash) or one value.
-            if ((src[cq] == SRC_AREA || src[cq] == SRC_AREA1) && raw_off + fixed > raw_len) { if (lane == 0) fail(err, 4, c); return; }
+            if ((q_src == SRC_AREA || q_src == SRC_AREA1) && raw_off + fixed > raw_len) { if (lane == 0) fail(err, 4, c); return; }
             for (u32 r = 0; r * LANES < blen; r++) {
                 u32 i = r * LANES + lane;
-                u32 e = src[cq] == SRC_AREA ? (i < blen ? area[off[cq] + i] : 0u) : (src[cq] == SRC_AREA1 ? area[off[cq]] : val[cq]);
+                u32 e = q_src == SRC_AREA ? (i < blen ? area[q_off + i] : 0u) : (q_src == SRC_AREA1 ? area[q_off] : q_val);
                 coded += __popc(__ballot_sync(0xFFFFFFFFu, i < blen && e == cvalue));
             }
         }
