@@ -38,11 +38,15 @@ pub fn histogram(bytes: &[u8], hist: &mut [u32; 256]) {
 
 /// The sparse form of a histogram.
 pub fn sparse(hist: &[u32; 256]) -> Sparse {
-    hist.iter()
-        .enumerate()
-        .filter(|(_, &c)| c != 0)
-        .map(|(s, &c)| (s as u8, c))
-        .collect()
+    // Counting first (a loop the compiler vectorises) sizes the vector once.
+    let n = hist.iter().filter(|&&c| c != 0).count();
+    let mut v = Vec::with_capacity(n);
+    for (s, &c) in hist.iter().enumerate() {
+        if c != 0 {
+            v.push((s as u8, c));
+        }
+    }
+    v
 }
 
 /// `sum h * (log2 n - log2 h)` in Q16 bits: the order-0 entropy of a block (its best possible cost).
@@ -371,6 +375,42 @@ fn choose_cl(sp: &Sparse, len: usize, cls: &[[u64; 256]], threshold_q16: u64) ->
     }
 }
 
+/// Blocks with more distinct symbols than this also get a dense histogram for their costs.
+const DENSE_SYMBOLS: usize = 48;
+
+/// `(sum h[s] * cl[s], whether every symbol with h[s] > 0 has a code length)`: a block's cost under
+/// a table, dense, from the code lengths `cl` (0 where absent) and the absent symbols `absent`
+/// (1 where absent). Exactly the sparse sum whenever the block is covered (the only case in which
+/// the cost is used).
+fn dense_cost(h: &[u32; 256], cl: &[u32; 256], absent: &[u32; 256]) -> (u64, bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 support was checked at run time.
+            return unsafe { dense_cost_avx2(h, cl, absent) };
+        }
+    }
+    dense_cost_generic(h, cl, absent)
+}
+
+#[inline(always)]
+fn dense_cost_generic(h: &[u32; 256], cl: &[u32; 256], absent: &[u32; 256]) -> (u64, bool) {
+    let mut c = 0u64;
+    let mut miss = 0u32;
+    for s in 0..256 {
+        c += h[s] as u64 * cl[s] as u64;
+        miss |= h[s] & absent[s].wrapping_neg();
+    }
+    (c, miss == 0)
+}
+
+/// [`dense_cost_generic`] compiled for AVX2 (the compiler vectorises the loop).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dense_cost_avx2(h: &[u32; 256], cl: &[u32; 256], absent: &[u32; 256]) -> (u64, bool) {
+    dense_cost_generic(h, cl, absent)
+}
+
 /// Normalised table of the summed counts of the blocks `members`, every symbol of `support` present.
 fn table_of(
     blocks: &[Sparse],
@@ -423,18 +463,44 @@ pub fn cluster(
     // table does not cover the block), and a column is recomputed only when its table changes.
     // Columns are computed in parallel: this is most of the model's time, and the GPU engine waits
     // for it. The choice from the columns is exactly `choose_cl`'s.
+    // Blocks with many symbols are also kept dense: their cost is a 256-wide dot product that
+    // vectorises (the same integers as the sparse sum).
+    let dense: Vec<Option<Box<[u32; 256]>>> = blocks
+        .iter()
+        .map(|b| {
+            (b.len() > DENSE_SYMBOLS).then(|| {
+                let mut d = Box::new([0u32; 256]);
+                for &(s, h) in b {
+                    d[s as usize] = h;
+                }
+                d
+            })
+        })
+        .collect();
     let column = |cl: &[u64; 256]| -> Vec<u64> {
+        // Code lengths as 32-bit values (below 12 << 16) and the absent symbols apart, so that the
+        // dense products are 32 x 32 -> 64-bit multiplies.
+        let cl32: [u32; 256] =
+            std::array::from_fn(|s| if cl[s] == CL_ABSENT { 0 } else { cl[s] as u32 });
+        let absent: [u32; 256] = std::array::from_fn(|s| (cl[s] == CL_ABSENT) as u32);
         blocks
             .par_iter()
+            .zip(&dense)
             .with_min_len(64)
-            .map(|b| {
-                let mut c = 0u64;
-                let mut covered = true;
-                for &(s, h) in b {
-                    let l = cl[s as usize];
-                    covered &= l != CL_ABSENT;
-                    c += h as u64 * l;
-                }
+            .map(|(b, d)| {
+                let (c, covered) = match d {
+                    Some(d) => dense_cost(d, &cl32, &absent),
+                    None => {
+                        let mut c = 0u64;
+                        let mut covered = true;
+                        for &(s, h) in b {
+                            let l = cl[s as usize];
+                            covered &= l != CL_ABSENT;
+                            c += h as u64 * l;
+                        }
+                        (c, covered)
+                    }
+                };
                 if covered {
                     c
                 } else {
