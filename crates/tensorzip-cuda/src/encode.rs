@@ -435,6 +435,9 @@ impl GpuEngine {
         }
         trace("setup");
         if counting.is_empty() {
+            // Stored blobs only: their copies must be complete before the caller may write its
+            // tensors again.
+            s.synchronize()?;
             return Ok(blobs.into_iter().flatten().collect());
         }
         let k = self.encode_kernels()?;
