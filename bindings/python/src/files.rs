@@ -13,8 +13,8 @@ use cudarc::driver::DevicePtr;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::archive::{
-    parse_header, plan_safetensors, serialize_safetensors, write_archive, Archive, ArchiveOptions,
-    SegmentKind,
+    parse_header, plan_tensors, safetensors_header, write_archive, Archive, ArchiveOptions,
+    SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::blob::BlobLayout;
 
@@ -22,7 +22,8 @@ use crate::gpu::{engine_on, gpu_err, restoring, upload};
 use crate::{cpu, host, host_mut, options, to_py};
 
 /// Writes `entries` — (name, safetensors dtype name, shape, host address, byte count) — and the
-/// optional string metadata as a tensorzip archive at `path`.
+/// optional string metadata as a tensorzip archive at `path`: the archive of the `.safetensors`
+/// file they make (tensors back to back in the order given), coded straight from their memory.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (path, entries, metadata, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
@@ -51,17 +52,23 @@ fn save_file(
     };
     // SAFETY: the torch layer passes live contiguous CPU tensors of these byte counts and keeps
     // them alive during the call.
-    let views: Vec<(&str, &str, &[u64], &[u8])> = entries
+    let data: Vec<&[u8]> = entries
         .iter()
-        .map(|(n, d, s, p, l)| {
-            (n.as_str(), d.as_str(), s.as_slice(), unsafe {
-                host(*p, *l)
-            })
-        })
+        .map(|&(_, _, _, p, l)| unsafe { host(p, l) })
+        .collect();
+    let list: Vec<(&str, &str, &[u64], u64)> = entries
+        .iter()
+        .map(|(n, d, s, _, l)| (n.as_str(), d.as_str(), s.as_slice(), *l as u64))
         .collect();
     py.detach(|| -> PyResult<()> {
-        let file = serialize_safetensors(&views, metadata.as_deref()).map_err(to_py)?;
-        let segs = plan_safetensors(&file).map_err(to_py)?;
+        // The archive of the safetensors file these tensors make, coded from the tensors' own
+        // memory: no serialised copy of the model.
+        let head = safetensors_header(&list, metadata.as_deref()).map_err(to_py)?;
+        let segs = plan_tensors(head.len() as u64, &list);
+        let parts = Parts {
+            header: &head,
+            tensors: &data,
+        };
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -84,7 +91,7 @@ fn save_file(
                 .truncate(true)
                 .open(&tmp)
                 .map_err(io)?;
-            write_archive(cpu(), &file, &segs, &opts, &mut f, &|_| {}).map_err(to_py)?;
+            write_archive(cpu(), &parts, &segs, &opts, &mut f, &|_| {}).map_err(to_py)?;
             f.flush().map_err(io)?;
             f.sync_all().map_err(io)?;
             std::fs::rename(&tmp, &path).map_err(io)
@@ -94,6 +101,22 @@ fn save_file(
         }
         result
     })
+}
+
+/// The segments of a file being saved: segment 0 is the safetensors header, segment `i` tensor
+/// `i - 1` (as laid out by `plan_tensors`).
+struct Parts<'a> {
+    header: &'a [u8],
+    tensors: &'a [&'a [u8]],
+}
+
+impl SegmentBytes for Parts<'_> {
+    fn segment(&self, i: usize, _seg: &SourceSegment) -> &[u8] {
+        match i {
+            0 => self.header,
+            i => self.tensors.get(i - 1).copied().unwrap_or(&[]),
+        }
+    }
 }
 
 /// One tensor of an archive: its safetensors dtype name, shape and segment.

@@ -53,9 +53,14 @@ pub fn compress(
     let mut out = SafeOutput::create(&dest, force)?;
     let pb = progress_bar(src.len() as u64, "compress");
     let t = Instant::now();
-    let len = write_archive(eng.as_ref(), &src, &segments, &opts, out.file(), &|done| {
-        pb.set_position(done)
-    })
+    let len = write_archive(
+        eng.as_ref(),
+        &src[..],
+        &segments,
+        &opts,
+        out.file(),
+        &|done| pb.set_position(done),
+    )
     .map_err(|e| format!("{}: {e}", file.display()))?;
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();

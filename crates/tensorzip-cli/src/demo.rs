@@ -44,7 +44,7 @@ pub fn run(common: &Common) -> Result<(), String> {
         let t = Instant::now();
         let len = write_archive(
             &eng,
-            &file,
+            &file[..],
             &segments,
             &ArchiveOptions::default(),
             &mut out,

@@ -149,6 +149,26 @@ pub fn serialize_safetensors(
     tensors: &[(&str, &str, &[u64], &[u8])],
     metadata: Option<&[(String, String)]>,
 ) -> Result<Vec<u8>> {
+    let list: Vec<(&str, &str, &[u64], u64)> = tensors
+        .iter()
+        .map(|&(n, d, s, b)| (n, d, s, b.len() as u64))
+        .collect();
+    let head = safetensors_header(&list, metadata)?;
+    let mut out = Vec::with_capacity(head.len() + list.iter().map(|t| t.3 as usize).sum::<usize>());
+    out.extend_from_slice(&head);
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    Ok(out)
+}
+
+/// The header (8-byte length, then the JSON padded with spaces to a multiple of 8 bytes) of the
+/// `.safetensors` file holding `(name, safetensors dtype name, shape, byte count)` back to back in
+/// the order given.
+pub fn safetensors_header(
+    tensors: &[(&str, &str, &[u64], u64)],
+    metadata: Option<&[(String, String)]>,
+) -> Result<Vec<u8>> {
     let mut header = serde_json::Map::new();
     if let Some(m) = metadata {
         let obj: serde_json::Map<String, serde_json::Value> = m
@@ -158,13 +178,13 @@ pub fn serialize_safetensors(
         header.insert("__metadata__".into(), serde_json::Value::Object(obj));
     }
     let mut off = 0u64;
-    for (name, dtype, shape, data) in tensors {
+    for (name, dtype, shape, len) in tensors {
         if header.contains_key(*name) {
             return Err(Error::InvalidInput(format!(
                 "tensor name {name:?} appears twice"
             )));
         }
-        let end = off + data.len() as u64;
+        let end = off + len;
         header.insert(
             name.to_string(),
             serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [off, end]}),
@@ -176,13 +196,58 @@ pub fn serialize_safetensors(
     while json.len() % 8 != 0 {
         json.push(b' ');
     }
-    let mut out = Vec::with_capacity(8 + json.len() + off as usize);
+    let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);
-    for (_, _, _, data) in tensors {
-        out.extend_from_slice(data);
-    }
     Ok(out)
+}
+
+/// The segments of the `.safetensors` file made of `header` (from [`safetensors_header`]) and the
+/// tensors `(name, safetensors dtype name, shape, byte count)` back to back: what
+/// [`plan_safetensors`] gives for that file, without the file.
+pub fn plan_tensors(header_len: u64, tensors: &[(&str, &str, &[u64], u64)]) -> Vec<SourceSegment> {
+    let mut segs = vec![SourceSegment {
+        kind: SegmentKind::Header,
+        offset: 0,
+        len: header_len,
+        dtype: DType::U8,
+        shape: vec![header_len],
+        name: String::new(),
+    }];
+    let mut pos = header_len;
+    for &(name, dtype, shape, len) in tensors {
+        segs.push(tensor_segment(name, dtype, shape, pos, len));
+        pos += len;
+    }
+    segs
+}
+
+/// The segment of one tensor: coded with its dtype and shape when tensorzip has the dtype and the
+/// byte count matches the shape, else as bytes.
+fn tensor_segment(
+    name: &str,
+    dtype_name: &str,
+    shape: &[u64],
+    offset: u64,
+    len: u64,
+) -> SourceSegment {
+    let dtype = DType::from_safetensors_name(dtype_name);
+    let numel: Option<u64> = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let (dtype, shape) = match (dtype, numel) {
+        (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => {
+            (d, shape.to_vec())
+        }
+        // Dtypes tensorzip does not model (F4, F8_E8M0, ...) are coded as bytes.
+        _ => (DType::U8, vec![len]),
+    };
+    SourceSegment {
+        kind: SegmentKind::Tensor,
+        offset,
+        len,
+        dtype,
+        shape,
+        name: name.to_string(),
+    }
 }
 
 /// Splits a safetensors file into the segments the archive codes.
@@ -207,24 +272,13 @@ pub fn plan_safetensors(file: &[u8]) -> Result<Vec<SourceSegment>> {
         if t.begin > pos {
             segs.push(other(pos, t.begin - pos));
         }
-        let len = t.end - t.begin;
-        let dtype = DType::from_safetensors_name(&t.dtype_name);
-        let numel: Option<u64> = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let (dtype, shape) = match (dtype, numel) {
-            (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => {
-                (d, t.shape.clone())
-            }
-            // Dtypes tensorzip does not model (F4, F8_E8M0, ...) are coded as bytes.
-            _ => (DType::U8, vec![len]),
-        };
-        segs.push(SourceSegment {
-            kind: SegmentKind::Tensor,
-            offset: t.begin,
-            len,
-            dtype,
-            shape,
-            name: t.name,
-        });
+        segs.push(tensor_segment(
+            &t.name,
+            &t.dtype_name,
+            &t.shape,
+            t.begin,
+            t.end - t.begin,
+        ));
         pos = t.end;
     }
     if pos < file.len() as u64 {
@@ -310,11 +364,24 @@ impl BlobEncoder for CpuEngine {
     }
 }
 
+/// The bytes of each segment of a file being archived: a whole file in memory (`[u8]`), or pieces
+/// kept elsewhere (e.g. tensors in their own buffers), so that no copy of the whole file is needed.
+pub trait SegmentBytes {
+    /// The bytes of segment `i` (described by `seg`).
+    fn segment(&self, i: usize, seg: &SourceSegment) -> &[u8];
+}
+
+impl SegmentBytes for [u8] {
+    fn segment(&self, _i: usize, seg: &SourceSegment) -> &[u8] {
+        &self[seg.offset as usize..(seg.offset + seg.len) as usize]
+    }
+}
+
 /// Compresses the segments of `src` into `out`, which is truncated and rewritten. Returns the archive's
 /// length. `progress` receives the original bytes handled so far.
 pub fn write_archive(
     engine: &dyn BlobEncoder,
-    src: &[u8],
+    src: &(impl SegmentBytes + ?Sized),
     segments: &[SourceSegment],
     opts: &ArchiveOptions,
     out: &mut File,
@@ -328,8 +395,15 @@ pub fn write_archive(
     let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *out);
     let mut entries = Vec::with_capacity(segments.len());
     let mut pos = ARCHIVE_HEADER_LEN as u64;
-    for s in segments {
-        let data = &src[s.offset as usize..(s.offset + s.len) as usize];
+    for (i, s) in segments.iter().enumerate() {
+        let data = src.segment(i, s);
+        if data.len() as u64 != s.len {
+            return Err(Error::InvalidInput(format!(
+                "segment {i} has {} bytes, {} expected",
+                data.len(),
+                s.len
+            )));
+        }
         let base = s.offset;
         let len = engine.encode_blob(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| {
             progress(base + done)
@@ -635,5 +709,76 @@ impl<'a> Archive<'a> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Archiving tensors from their own buffers (`plan_tensors` + a `SegmentBytes` of pieces) gives
+    /// the same segments and the same archive bytes as archiving their serialised file.
+    #[test]
+    fn archives_from_pieces_equal_archives_of_the_serialised_file() {
+        let a: Vec<u8> = (0..4000u32)
+            .flat_map(|i| ((i % 97) as f32 * 0.01).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        let c: Vec<u8> = vec![3u8; 10];
+        let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
+            ("a", "F32", &[40, 100], &a),
+            ("b", "F8_E8M0", &[300], &b),
+            ("empty", "BF16", &[0, 4], &[]),
+            ("c", "U8", &[2, 5], &c),
+        ];
+        let meta = vec![("k".to_string(), "v".to_string())];
+        let file = serialize_safetensors(&tensors, Some(&meta)).unwrap();
+        let list: Vec<(&str, &str, &[u64], u64)> = tensors
+            .iter()
+            .map(|&(n, d, s, x)| (n, d, s, x.len() as u64))
+            .collect();
+        let head = safetensors_header(&list, Some(&meta)).unwrap();
+        let segs = plan_tensors(head.len() as u64, &list);
+        assert_eq!(segs, plan_safetensors(&file).unwrap());
+        struct Pieces<'a>(&'a [u8], Vec<&'a [u8]>);
+        impl SegmentBytes for Pieces<'_> {
+            fn segment(&self, i: usize, _: &SourceSegment) -> &[u8] {
+                if i == 0 {
+                    self.0
+                } else {
+                    self.1[i - 1]
+                }
+            }
+        }
+        let pieces = Pieces(&head, tensors.iter().map(|t| t.3).collect());
+        let opts = ArchiveOptions::default();
+        let eng = CpuEngine::new(1).unwrap();
+        let archive = |src: &dyn Fn(&mut File)| -> Vec<u8> {
+            let path = std::env::temp_dir().join(format!(
+                "tz-pieces-{}-{:?}.tz",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            src(&mut f);
+            let bytes = std::fs::read(&path).unwrap();
+            let _ = std::fs::remove_file(&path);
+            bytes
+        };
+        let written = [
+            archive(&|f| {
+                write_archive(&eng, &file[..], &segs, &opts, f, &|_| {}).unwrap();
+            }),
+            archive(&|f| {
+                write_archive(&eng, &pieces, &segs, &opts, f, &|_| {}).unwrap();
+            }),
+        ];
+        assert_eq!(written[0], written[1]);
     }
 }

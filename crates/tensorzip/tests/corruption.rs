@@ -1361,7 +1361,7 @@ fn small_archive(piece: u32) -> (Vec<u8>, Vec<u8>) {
         },
         checksum_piece_bytes: piece,
     };
-    write_archive(&*ONE, &file, &segs, &opts, &mut out, &|_| {}).unwrap();
+    write_archive(&*ONE, &file[..], &segs, &opts, &mut out, &|_| {}).unwrap();
     drop(out);
     let ar = std::fs::read(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
