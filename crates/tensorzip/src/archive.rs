@@ -206,20 +206,25 @@ pub fn safetensors_header(
 /// tensors `(name, safetensors dtype name, shape, byte count)` back to back: what
 /// [`plan_safetensors`] gives for that file, without the file.
 pub fn plan_tensors(header_len: u64, tensors: &[(&str, &str, &[u64], u64)]) -> Vec<SourceSegment> {
-    let mut segs = vec![SourceSegment {
-        kind: SegmentKind::Header,
-        offset: 0,
-        len: header_len,
-        dtype: DType::U8,
-        shape: vec![header_len],
-        name: String::new(),
-    }];
+    let mut segs = vec![header_segment(header_len)];
     let mut pos = header_len;
     for &(name, dtype, shape, len) in tensors {
         segs.push(tensor_segment(name, dtype, shape, pos, len));
         pos += len;
     }
     segs
+}
+
+/// The segment of the safetensors header (`len` bytes at the start of the file), coded as bytes.
+fn header_segment(len: u64) -> SourceSegment {
+    SourceSegment {
+        kind: SegmentKind::Header,
+        offset: 0,
+        len,
+        dtype: DType::U8,
+        shape: vec![len],
+        name: String::new(),
+    }
 }
 
 /// The segment of one tensor: coded with its dtype and shape when tensorzip has the dtype and the
@@ -253,14 +258,7 @@ fn tensor_segment(
 /// Splits a safetensors file into the segments the archive codes.
 pub fn plan_safetensors(file: &[u8]) -> Result<Vec<SourceSegment>> {
     let (base, tensors) = safetensors_layout(file)?;
-    let mut segs = vec![SourceSegment {
-        kind: SegmentKind::Header,
-        offset: 0,
-        len: base,
-        dtype: DType::U8,
-        shape: vec![base],
-        name: String::new(),
-    }];
+    let mut segs = vec![header_segment(base)];
     let mut pos = base;
     for t in tensors {
         if t.begin < pos || t.end < t.begin || t.end > file.len() as u64 {
