@@ -360,3 +360,23 @@ fn gpu_staged_transfers_round_trip() {
         let _ = &mut dev;
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_large_host_tensors_through_the_staging_buffers() {
+    let eng = engine();
+    // 48 MiB: above the size from which compress_host stages its copies.
+    let data = sample::weights(3 << 10, 8 << 10, DType::BF16, 21);
+    let shape = [3 << 10, 8 << 10];
+    let opts = CompressOptions::default();
+    let cpu = compress(&data, DType::BF16, &shape, &opts).unwrap();
+    let gpu = eng
+        .compress_host(&data, DType::BF16, &shape, &opts)
+        .unwrap();
+    assert!(
+        gpu == cpu,
+        "GPU blob differs ({} vs {} bytes)",
+        gpu.len(),
+        cpu.len()
+    );
+}
