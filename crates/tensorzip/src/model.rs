@@ -353,17 +353,24 @@ fn code_lengths(t: &FreqTable) -> [u64; 256] {
     std::array::from_fn(|s| cl[t.freq[s] as usize])
 }
 
+/// `(sum h * cl[s], whether the table has every symbol of the block)`: a block's cost under a
+/// table's code lengths `cl`.
+fn sparse_cost(sp: &Sparse, cl: &[u64; 256]) -> (u64, bool) {
+    let mut c = 0u64;
+    let mut covered = true;
+    for &(s, h) in sp {
+        let l = cl[s as usize];
+        covered &= l != CL_ABSENT;
+        c += h as u64 * l;
+    }
+    (c, covered)
+}
+
 /// [`choose`] with precomputed code lengths (same result).
 fn choose_cl(sp: &Sparse, len: usize, cls: &[[u64; 256]], threshold_q16: u64) -> (u8, u64) {
     let mut best: Option<(usize, u64)> = None;
     for (j, cl) in cls.iter().enumerate() {
-        let mut c = 0u64;
-        let mut covered = true;
-        for &(s, h) in sp {
-            let l = cl[s as usize];
-            covered &= l != CL_ABSENT;
-            c += h as u64 * l;
-        }
+        let (c, covered) = sparse_cost(sp, cl);
         if covered && best.is_none_or(|(_, b)| c < b) {
             best = Some((j, c));
         }
@@ -490,16 +497,7 @@ pub fn cluster(
             .map(|(b, d)| {
                 let (c, covered) = match d {
                     Some(d) => dense_cost(d, &cl32, &absent),
-                    None => {
-                        let mut c = 0u64;
-                        let mut covered = true;
-                        for &(s, h) in b {
-                            let l = cl[s as usize];
-                            covered &= l != CL_ABSENT;
-                            c += h as u64 * l;
-                        }
-                        (c, covered)
-                    }
+                    None => sparse_cost(b, cl),
                 };
                 if covered {
                     c
