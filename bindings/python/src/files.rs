@@ -19,35 +19,21 @@ use tensorzip::archive::{
 use tensorzip::blob::BlobLayout;
 
 use crate::gpu::{engine_on, gpu_err, restoring, upload};
-use crate::{cpu, host, host_mut, options, to_py};
+use crate::{cpu, host, host_mut, to_py, OptionArgs};
 
 /// Writes `entries` — (name, safetensors dtype name, shape, host address, byte count) — and the
 /// optional string metadata as a tensorzip archive at `path`: the archive of the `.safetensors`
 /// file they make (tensors back to back in the order given), coded straight from their memory.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (path, entries, metadata, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
 fn save_file(
     py: Python<'_>,
     path: PathBuf,
     entries: Vec<(String, String, Vec<u64>, usize, usize)>,
     metadata: Option<Vec<(String, String)>>,
-    chunk_bytes: usize,
-    block_units: u32,
-    passthrough_threshold: f64,
-    min_compress_bytes: usize,
-    max_tables: usize,
-    condition: bool,
+    opts: OptionArgs,
 ) -> PyResult<()> {
     let opts = ArchiveOptions {
-        compress: options(
-            chunk_bytes,
-            block_units,
-            passthrough_threshold,
-            min_compress_bytes,
-            max_tables,
-            condition,
-        )?,
+        compress: opts.options()?,
         checksum_piece_bytes: 0,
     };
     // SAFETY: the torch layer passes live contiguous CPU tensors of these byte counts and keeps

@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use tensorzip::blob::BlobLayout;
 use tensorzip_cuda::{DeviceBlob, GpuEngine};
 
-use crate::{dtype, options, to_py};
+use crate::{dtype, to_py, OptionArgs};
 
 /// A GPU engine error as a Python exception: problems with the data as `ValueError`, the rest
 /// (driver, compilation) as `RuntimeError`.
@@ -145,7 +145,6 @@ impl GpuBlob {
 /// device `device`) on the stream `stream`; the blob stays on the device until downloaded.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, stream, ptr, nbytes, dtype_name, shape, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
 fn gpu_compress(
     py: Python<'_>,
     device: usize,
@@ -154,22 +153,10 @@ fn gpu_compress(
     nbytes: usize,
     dtype_name: &str,
     shape: Vec<u64>,
-    chunk_bytes: usize,
-    block_units: u32,
-    passthrough_threshold: f64,
-    min_compress_bytes: usize,
-    max_tables: usize,
-    condition: bool,
+    opts: OptionArgs,
 ) -> PyResult<GpuBlob> {
     let dt = dtype(dtype_name)?;
-    let opts = options(
-        chunk_bytes,
-        block_units,
-        passthrough_threshold,
-        min_compress_bytes,
-        max_tables,
-        condition,
-    )?;
+    let opts = opts.options()?;
     let eng = on(device, stream)?;
     let blob = restoring(|| {
         py.detach(|| {

@@ -67,27 +67,34 @@ pub(crate) unsafe fn host_mut<'a>(ptr: usize, len: usize) -> &'a mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
 }
 
-/// Compression options from the Python keywords (validated by the core, which names the field).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn options(
-    chunk_bytes: usize,
-    block_units: u32,
-    passthrough_threshold: f64,
-    min_compress_bytes: usize,
-    max_tables: usize,
-    condition: bool,
-) -> PyResult<CompressOptions> {
-    let o = CompressOptions {
-        chunk_bytes,
-        block_units,
-        passthrough_threshold,
-        min_compress_bytes,
-        max_tables,
-        condition,
-        ..Default::default()
-    };
-    o.validate().map_err(to_py)?;
-    Ok(o)
+/// The encoder options as the torch layer passes them: one tuple `(chunk_bytes, block_units,
+/// passthrough_threshold, min_compress_bytes, max_tables, condition)` (`_core.Options.args()`).
+#[derive(FromPyObject)]
+pub(crate) struct OptionArgs(usize, u32, f64, usize, usize, bool);
+
+impl OptionArgs {
+    /// The options, validated by the core (its error names the field).
+    pub(crate) fn options(self) -> PyResult<CompressOptions> {
+        let OptionArgs(
+            chunk_bytes,
+            block_units,
+            passthrough_threshold,
+            min_compress_bytes,
+            max_tables,
+            condition,
+        ) = self;
+        let o = CompressOptions {
+            chunk_bytes,
+            block_units,
+            passthrough_threshold,
+            min_compress_bytes,
+            max_tables,
+            condition,
+            ..Default::default()
+        };
+        o.validate().map_err(to_py)?;
+        Ok(o)
+    }
 }
 
 /// Bytes owned by Rust, handed to Python without a copy: the torch layer wraps `ptr()` in a
@@ -116,30 +123,16 @@ impl RustBytes {
 
 /// Compresses the `nbytes` bytes at host address `ptr` (a tensor of `dtype` and `shape`) into a blob.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (ptr, nbytes, dtype_name, shape, chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition))]
 fn compress(
     py: Python<'_>,
     ptr: usize,
     nbytes: usize,
     dtype_name: &str,
     shape: Vec<u64>,
-    chunk_bytes: usize,
-    block_units: u32,
-    passthrough_threshold: f64,
-    min_compress_bytes: usize,
-    max_tables: usize,
-    condition: bool,
+    opts: OptionArgs,
 ) -> PyResult<RustBytes> {
     let dt = dtype(dtype_name)?;
-    let opts = options(
-        chunk_bytes,
-        block_units,
-        passthrough_threshold,
-        min_compress_bytes,
-        max_tables,
-        condition,
-    )?;
+    let opts = opts.options()?;
     // SAFETY: the torch layer passes a live contiguous CPU tensor of `nbytes` bytes and keeps it
     // alive (and unmodified) during the call.
     let data = unsafe { host(ptr, nbytes) };

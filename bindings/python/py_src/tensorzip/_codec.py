@@ -66,7 +66,7 @@ def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, check
     if data.is_cuda and _core.gpu_available():
         dev = data.device
         gb = _native.gpu_compress(
-            _core.cuda_index(dev), _core.stream_of(dev), data.data_ptr(), data.numel(), name, shape, *opts.args()
+            _core.cuda_index(dev), _core.stream_of(dev), data.data_ptr(), data.numel(), name, shape, opts.args()
         )
         if checksum_chunk_bytes is not None:
             crc = torch.tensor(gb.crc32(checksum_chunk_bytes), dtype=torch.int64).to(torch.uint32)
@@ -78,7 +78,7 @@ def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, check
         data = data.cpu()
     elif data.device.type != "cpu":
         raise ValueError(f"tensors on {data.device} are not supported (CPU or CUDA)")
-    blob = _core.from_rust(_native.compress(data.data_ptr(), data.numel(), name, shape, *opts.args()))
+    blob = _core.from_rust(_native.compress(data.data_ptr(), data.numel(), name, shape, opts.args()))
     if pin_memory and torch.cuda.is_available():
         blob = blob.pin_memory()
     if checksum_chunk_bytes is not None:

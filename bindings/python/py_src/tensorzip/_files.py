@@ -93,7 +93,7 @@ def save_file(
     # safetensors orders the header and the data by (dtype alignment, name); name order is stable
     # and enough here: offsets are recorded per tensor.
     entries.sort(key=lambda e: e[0])
-    _native.save_file(os.fspath(filename), entries, sorted(metadata.items()) if metadata else None, *opts.args())
+    _native.save_file(os.fspath(filename), entries, sorted(metadata.items()) if metadata else None, opts.args())
 
 
 class safe_open:  # noqa: N801 (the name mirrors safetensors)

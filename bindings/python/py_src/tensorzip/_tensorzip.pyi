@@ -3,6 +3,9 @@
 
 __version__: str
 
+# (chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
+OptionArgs = tuple[int, int, float, int, int, bool]
+
 class RustBytes:
     def ptr(self) -> int: ...
     def __len__(self) -> int: ...
@@ -24,12 +27,7 @@ def compress(
     nbytes: int,
     dtype_name: str,
     shape: list[int],
-    chunk_bytes: int,
-    block_units: int,
-    passthrough_threshold: float,
-    min_compress_bytes: int,
-    max_tables: int,
-    condition: bool,
+    opts: OptionArgs,
 ) -> RustBytes: ...
 def inspect(ptr: int, len: int) -> tuple[str, str, list[int], int]: ...
 def inspect_prefix(prefix: bytes, total_len: int) -> tuple[str, str, list[int], int]: ...
@@ -45,12 +43,7 @@ def gpu_compress(
     nbytes: int,
     dtype_name: str,
     shape: list[int],
-    chunk_bytes: int,
-    block_units: int,
-    passthrough_threshold: float,
-    min_compress_bytes: int,
-    max_tables: int,
-    condition: bool,
+    opts: OptionArgs,
 ) -> GpuBlob: ...
 def gpu_decompress(
     device: int,
@@ -68,11 +61,6 @@ def save_file(
     path: str,
     entries: list[tuple[str, str, list[int], int, int]],
     metadata: list[tuple[str, str]] | None,
-    chunk_bytes: int,
-    block_units: int,
-    passthrough_threshold: float,
-    min_compress_bytes: int,
-    max_tables: int,
-    condition: bool,
+    opts: OptionArgs,
 ) -> None: ...
 def open_archive(path: str) -> ArchiveFile: ...
