@@ -272,9 +272,9 @@ unsafe impl DeviceRepr for HistJob {}
 
 /// A tensor of the batch being coded with planes.
 struct Coded {
+    /// Index of the tensor in the batch (its size, dtype and shape are there).
     index: usize,
     data: u64,
-    nbytes: usize,
     header: BlobHeader,
     variant: usize,
     params: EncParams,
@@ -603,8 +603,7 @@ impl GpuEngine {
             coded.push(Coded {
                 index: c.index,
                 data: c.data,
-                nbytes: t.nbytes,
-                variant: variant(t.dtype)?,
+                variant: c.variant,
                 header: c.header,
                 params: p,
                 prefix,
@@ -778,11 +777,11 @@ impl GpuEngine {
         trace("chunks");
         for c in coded {
             let t = &tensors[c.index];
-            let stored_len = stored_header(t.dtype, &t.shape).encoded_len() + c.nbytes;
+            let stored_len = stored_header(t.dtype, &t.shape).encoded_len() + t.nbytes;
             if c.total >= stored_len as u64 {
                 // SAFETY: forwarded from the caller.
                 blobs[c.index] =
-                    Some(unsafe { self.stored_blob(c.data, c.nbytes, t.dtype, &t.shape)? });
+                    Some(unsafe { self.stored_blob(c.data, t.nbytes, t.dtype, &t.shape)? });
                 continue;
             }
             let mut head = c.prefix;
