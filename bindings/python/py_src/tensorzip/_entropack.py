@@ -15,7 +15,7 @@ import logging
 import struct
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
