@@ -93,6 +93,9 @@ __device__ __forceinline__ u32 lds16(u32 a) {
     asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory");
     return v;
 }
+__device__ __forceinline__ void sts8(u32 a, u32 v) {
+    asm volatile("st.shared.u8 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
 __device__ __forceinline__ void sts16(u32 a, u32 v) {
     asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "h"((u16)v) : "memory");
 }
@@ -131,10 +134,13 @@ __device__ __forceinline__ void issue(Stream& s, int lane) {
 }
 
 __device__ __forceinline__ void refill(Stream& s, int lane) {
-    // Everything here depends only on warp-uniform values. The next block's ring slots are free
-    // once at most RING - 256 words are buffered.
-    if (!s.pending && s.fetched < s.n_words && s.fetched - s.pos <= RING - 256) issue(s, lane);
-    if (s.pending && s.fetched - s.pos < LANES) {
+    // Everything here depends only on warp-uniform values. The pending block goes to the ring once
+    // fewer than 256 words are buffered: its slots then hold no unread word (at most 256 + 256 words
+    // are buffered after), and at least 256 are buffered for the next steps unless the stream ends.
+    // The next block's loads are issued as soon as the previous block is in the ring (at the first
+    // call, issue and commit come together).
+    if (!s.pending && s.fetched < s.n_words) issue(s, lane);
+    if (s.pending && s.fetched - s.pos < 256) {
         #pragma unroll
         for (int k = 0; k < 4; k++) {
             u32 w = s.fetched + lane * 8 + 2 * k;
@@ -188,6 +194,36 @@ __device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int 
 
 __device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, int lane) {
     return t.sym != NOT_CACHED ? step<true>(s, t, active, lane) : step<false>(s, t, active, lane);
+}
+
+// Full steps `r0 .. r1` of a cached table, all lanes active, symbols stored at shared address
+// `out + 32 r + lane`: the lean form of `step`. The ring is topped up once per 8 steps (a step reads
+// at most 32 words; after `refill`, 256 are buffered unless the stream ends), and the reads inside
+// a group are not checked one by one: ring addresses are taken modulo its size, so a stream that
+// runs out reads stale ring words, which `pos > fetched` after the group reveals.
+__device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u32 r1, u32 out, int lane) {
+    const u32 lt = lanemask_lt();
+    for (u32 r = r0; r < r1; r += 8) {
+        refill(s, lane);
+        const u32 re = min(r + 8, r1);
+        #pragma unroll 8
+        for (u32 q = r; q < re; q++) {
+            const u32 slot = s.x & 4095u;
+            const u32 sym = lds8(t.sym + slot);
+            const u32 e = lds32(t.fc + 4 * sym);
+            const u32 nx = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
+            const bool need = nx < STATE_LOWER;
+            const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
+            const u32 w = lds16(s.ring + 2 * ((s.pos + __popc(mask & lt)) % RING));
+            s.x = need ? (nx << 16) | w : nx;
+            s.pos += __popc(mask);
+            sts8(out + q * LANES + lane, sym);
+        }
+        if (s.pos > s.fetched) {
+            s.bad = true;
+            return;
+        }
+    }
 }
 
 // The block's table cache: `ids[k]` is the global index of cached table `k`.
@@ -350,7 +386,7 @@ template <int U, int E>
 __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
                              u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u32 ring, u8* stash,
-                             const Cache& cache) {
+                             const Cache& cache, u32 slots_shared, u32 sub_shared) {
     const u32 bu = tdp->block_units;
     const u32 len = cdp->len;
     const u32 nb = (len + bu - 1) / bu;
@@ -442,7 +478,35 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
         for (int p = 0; p < U; p++) tt[p] = table_of(cache, tables, tab[p]);
         // A. Main group, step by step; count the conditioned units.
         u32 coded = 0;
-        for (u32 r = 0; r * LANES < blen; r++) {
+        // The common case, one coded plane with a cached table and slots in shared memory: its full
+        // steps take the lean loop, the rest (a partial last step) the general one.
+        u32 n_coded = 0, only = 0;
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            if (src[p] == SRC_CODED) {
+                n_coded++;
+                only = p;
+            }
+        }
+        u32 r_start = 0;
+        if (n_coded == 1 && slots_shared && rans_len) {
+            Table t1 = tt[0];
+            u32 slot1 = slot[0];
+            #pragma unroll
+            for (int p = 1; p < U; p++) {
+                if ((u32)p == only) {
+                    t1 = tt[p];
+                    slot1 = slot[p];
+                }
+            }
+            if (t1.sym != NOT_CACHED) {
+                used = true;
+                r_start = blen / LANES;
+                steps_lean(s, t1, 0, r_start, slots_shared + slot1 * su, lane);
+                if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
+            }
+        }
+        for (u32 r = r_start; r * LANES < blen; r++) {
             u32 i = r * LANES + lane;
             bool in = i < blen;
             #pragma unroll
@@ -493,7 +557,13 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             if (!rans_len) { if (lane == 0) fail(err, 6, c); return; }
             used = true;
             const Table t = table_of(cache, tables, tdp->cond_table);
-            for (u32 r = 0; r * LANES < coded; r++) {
+            u32 r_sub = 0;
+            if (sub_shared && t.sym != NOT_CACHED) {
+                r_sub = coded / LANES;
+                steps_lean(s, t, 0, r_sub, sub_shared, lane);
+                if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
+            }
+            for (u32 r = r_sub; r * LANES < coded; r++) {
                 u32 k = r * LANES + lane;
                 u32 sym = step_any(s, t, k < coded, lane);
                 if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
@@ -650,8 +720,11 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     u8* sub = buf + n_slots * su;
     u8* ring = smem + warp * RING_STASH;
     u8* stash = ring + 2 * RING;
+    // Shared addresses of the slots and the sub-segment (0: they are in global scratch).
+    const u32 slots_shared = scratch ? 0u : shared_addr(buf);
+    const u32 sub_shared = scratch ? 0u : shared_addr(sub);
     decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
-                       cache);
+                       cache, slots_shared, sub_shared);
 }
 
 #define ENTRY(NAME, U, E)                                                                                     \

@@ -54,6 +54,27 @@ static BUILT: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
 /// The cubin of `src` for `ctx`'s device: from this process's memory, from the disk cache, or
 /// compiled now (and cached in both). `rebuild` skips both caches (a cached cubin that the driver
 /// refused) and replaces their entries.
+/// The kernel source `src` built into the crate, or, for development only, the file named by the
+/// environment variable `TENSORZIP_DEV_<NAME>_SRC` (e.g. `TENSORZIP_DEV_TZ_DECODE_SRC`): that lets
+/// one device run time several variants of a kernel with the same binaries (`scripts/gpu_ab.sh`).
+/// The override is read at engine creation and goes through the same cache, keyed by its text.
+pub fn source(name: &str, src: &'static str) -> std::borrow::Cow<'static, str> {
+    let var = format!("TENSORZIP_DEV_{}_SRC", name.to_ascii_uppercase());
+    match std::env::var_os(&var) {
+        Some(path) => match std::fs::read_to_string(&path) {
+            Ok(text) => std::borrow::Cow::Owned(text),
+            Err(e) => {
+                eprintln!(
+                    "tensorzip: {var}={}: {e}; using the built-in kernels",
+                    path.to_string_lossy()
+                );
+                std::borrow::Cow::Borrowed(src)
+            }
+        },
+        None => std::borrow::Cow::Borrowed(src),
+    }
+}
+
 pub fn cubin(ctx: &CudaContext, name: &str, src: &str, rebuild: bool) -> Result<Vec<u8>> {
     let (maj, min) = ctx.compute_capability()?;
     let arch = format!("sm_{maj}{min}");

@@ -131,8 +131,9 @@ const VARIANTS: [(usize, u32, &str); 7] = [
 impl EncodeKernels {
     pub(crate) fn load(eng: &GpuEngine) -> Result<EncodeKernels> {
         let ctx = eng.context();
+        let src = crate::compile::source("tz_encode", ENCODE_SRC);
         let load = |rebuild| -> Result<_> {
-            let bin = crate::compile::cubin(ctx, "tz_encode", ENCODE_SRC, rebuild)?;
+            let bin = crate::compile::cubin(ctx, "tz_encode", &src, rebuild)?;
             Ok(ctx.load_module(Ptx::from_binary(bin))?)
         };
         let module = match load(false) {

@@ -132,8 +132,9 @@ impl GpuEngine {
     pub fn new(ordinal: usize) -> Result<GpuEngine> {
         crate::available().map_err(Error::Unavailable)?;
         let ctx = CudaContext::new(ordinal)?;
+        let src = crate::compile::source("tz_decode", DECODE_SRC);
         let load = |rebuild| -> Result<_> {
-            let bin = crate::compile::cubin(&ctx, "tz_decode", DECODE_SRC, rebuild)?;
+            let bin = crate::compile::cubin(&ctx, "tz_decode", &src, rebuild)?;
             Ok(ctx.load_module(Ptx::from_binary(bin))?)
         };
         // A cached cubin the driver refuses (damaged on disk) is compiled again.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A/B timing of decoder kernel variants on the GPU machine, with the binaries of gpu-bin/ (built by
+# scripts/gpu_build.sh) and the kernel sources given as files (the built-in one is `builtin`):
+#   scripts/gpu_ab.sh ROUNDS "BENCH ARGS" builtin /path/to/variant.cu ...
+# e.g. scripts/gpu_ab.sh 3 "synth bf16 8 5" builtin gpu-ab/decode.cu
+# Variants alternate within each round (the machine is shared: compare within a round). Every run
+# also checks that the decoded bytes equal the original (gpu_bench asserts it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export TENSORZIP_CACHE_DIR=${TENSORZIP_CACHE_DIR:-/tmp/tensorzip-cache}
+chmod +x gpu-bin/* 2>/dev/null
+rounds=$1
+args=$2
+shift 2
+for ((r = 1; r <= rounds; r++)); do
+    for v in "$@"; do
+        if [[ $v == builtin ]]; then
+            line=$(./gpu-bin/gpu_bench $args)
+        else
+            line=$(TENSORZIP_DEV_TZ_DECODE_SRC=$v ./gpu-bin/gpu_bench $args)
+        fi
+        echo "round $r variant $v: $line"
+    done
+done
