@@ -307,6 +307,27 @@ __device__ __forceinline__ u32 match16(const u32 (&w)[4], u32 v) {
     return m;
 }
 
+// Drops the first `c` (0..4) bytes of the 16 bytes in `w` (zeros come in at the top).
+__device__ __forceinline__ void shift_bytes(u32 (&w)[4], u32 c) {
+    const u32 sel = 0x3210u + c * 0x1111u;
+    w[0] = __byte_perm(w[0], w[1], sel);
+    w[1] = __byte_perm(w[1], w[2], sel);
+    w[2] = __byte_perm(w[2], w[3], sel);
+    w[3] = __byte_perm(w[3], 0u, sel);
+}
+
+// For a 4-bit mask `m` of units taking their byte from the first word (the others take theirs
+// from the second), the `__byte_perm` selector that interleaves the two words' low bytes in order.
+__device__ __forceinline__ u32 merge_selector(u32 m) {
+    u32 sel = 0, a = 0;
+    for (u32 j = 0; j < 4; j++) {
+        const u32 from_a = (m >> j) & 1u;
+        sel |= (from_a ? a : 4 + j - a) << (4 * j);
+        a += from_a;
+    }
+    return sel;
+}
+
 // Stores the 16 units assembled from the plane words `w` at `o`.
 template <int U, int E>
 __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
@@ -314,7 +335,9 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
         if (n == GROUP && (((u64)o) & 15) == 0) {
             *(uint4*)o = make_uint4(w[0][0], w[0][1], w[0][2], w[0][3]);
         } else {
-            for (u32 k = 0; k < n; k++) o[k] = (u8)(w[0][k / 4] >> (8 * (k % 4)));
+            #pragma unroll
+            for (u32 k = 0; k < GROUP; k++)
+                if (k < n) o[k] = (u8)(w[0][k / 4] >> (8 * (k % 4)));
         }
     } else if (U == 2) {
         u32 r[8];
@@ -327,10 +350,14 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
             ((uint4*)o)[0] = make_uint4(r[0], r[1], r[2], r[3]);
             ((uint4*)o)[1] = make_uint4(r[4], r[5], r[6], r[7]);
         } else {
-            for (u32 k = 0; k < n; k++) {
-                const u32 h = r[k / 2] >> (16 * (k % 2));
-                o[2 * k] = (u8)h;
-                o[2 * k + 1] = (u8)(h >> 8);
+            // Compile-time indices only (a run-time index would put `r` in local memory).
+            #pragma unroll
+            for (u32 k = 0; k < GROUP; k++) {
+                if (k < n) {
+                    const u32 h = r[k / 2] >> (16 * (k % 2));
+                    o[2 * k] = (u8)h;
+                    o[2 * k + 1] = (u8)(h >> 8);
+                }
             }
         }
     } else if (U == 4) {
@@ -350,9 +377,12 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
             #pragma unroll
             for (int v = 0; v < 4; v++) ((uint4*)o)[v] = make_uint4(r[4 * v], r[4 * v + 1], r[4 * v + 2], r[4 * v + 3]);
         } else {
-            for (u32 k = 0; k < n; k++) {
-                #pragma unroll
-                for (int p = 0; p < 4; p++) o[4 * k + p] = (u8)(r[k] >> (8 * p));
+            #pragma unroll
+            for (u32 k = 0; k < GROUP; k++) {
+                if (k < n) {
+                    #pragma unroll
+                    for (int p = 0; p < 4; p++) o[4 * k + p] = (u8)(r[k] >> (8 * p));
+                }
             }
         }
     } else {
@@ -386,7 +416,7 @@ template <int U, int E>
 __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
                              u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u32 ring, u8* stash,
-                             const Cache& cache, u32 slots_shared, u32 sub_shared) {
+                             const Cache& cache, u32 slots_shared, u32 sub_shared, u32 merge_sel) {
     const u32 bu = tdp->block_units;
     const u32 len = cdp->len;
     const u32 nb = (len + bu - 1) / bu;
@@ -527,11 +557,20 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             const u8* qs = slots + pick<U>(slot, cq) * su;
             const u32 v4 = cvalue * 0x01010101u;
             u32 cnt = 0;
-            for (u32 j = 4 * lane; j < blen; j += 4 * LANES) {
-                u32 w = *(const u32*)(qs + j);
-                u32 e = __vcmpeq4(w, v4);
-                if (j + 4 > blen) e &= 0xFFFFFFFFu >> (8 * (j + 4 - blen));
-                cnt += __popc(e) / 8;
+            // 16 bytes per lane and load (a slot holds `su` bytes, a multiple of 32, past `blen`);
+            // a byte equals the value when its XOR with it is zero: bit 7 of
+            // ~(((t & 0x7F..) + 0x7F..) | t) is set exactly for zero bytes of t.
+            for (u32 j = 16 * lane; j < blen; j += 16 * LANES) {
+                const uint4 v = *(const uint4*)(qs + j);
+                const u32 wv[4] = {v.x, v.y, v.z, v.w};
+                #pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const u32 t = wv[k] ^ v4;
+                    u32 z = ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
+                    const u32 at = j + 4 * k;
+                    if (at + 4 > blen) z = at >= blen ? 0u : z & (0xFFFFFFFFu >> (8 * (at + 4 - blen)));
+                    cnt += __popc(z);
+                }
             }
             #pragma unroll
             for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xFFFFFFFFu, cnt, d);
@@ -626,28 +665,35 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
                 const u32 total_c = __shfl_sync(0xFFFFFFFFu, incl, 31);
                 const u32 kc = base_c + incl - mine;
                 const u32 kr = fixed + base_r + (min(i0, blen) - g0) - (incl - mine);
-                // The lane's raw condition bytes are consecutive in the area: one 16-byte window,
-                // consumed from its low end; its coded ones come from the sub-segment in order.
-                u32 rw[4];
+                // The lane's raw condition bytes are consecutive in the area, its coded ones in the
+                // sub-segment: one 16-byte window of each, consumed from the low end, four units
+                // at a time: a byte permutation picks each unit's byte from the window it belongs
+                // to (`merge_sel`), then each window drops the bytes taken.
+                u32 rw[4], aw[4];
                 load16(rw, area, lim, kr, n - mine, from_area, stash);
-                u64 rlo = (u64)rw[0] | ((u64)rw[1] << 32), rhi = (u64)rw[2] | ((u64)rw[3] << 32);
-                const u8* sp = sub + kc;
-                u32 nh = 0;
-                u32 cb[4] = {0, 0, 0, 0};
+                if (sub_shared) {
+                    const u32 a = sub_shared + kc;
+                    const u32 wa = a & ~3u, sh = (a & 3u) * 8;
+                    u32 x[5];
+                    #pragma unroll
+                    for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
+                    #pragma unroll
+                    for (int k = 0; k < 4; k++) aw[k] = __funnelshift_r(x[k], x[k + 1], sh);
+                } else {
+                    #pragma unroll
+                    for (int k = 0; k < 4; k++) aw[k] = 0;
+                    #pragma unroll
+                    for (u32 k = 0; k < GROUP; k++)
+                        if (k < mine) aw[k / 4] |= (u32)sub[kc + k] << (8 * (k % 4));
+                }
+                u32 cb[4];
                 #pragma unroll
-                for (u32 k = 0; k < GROUP; k++) {
-                    if (k < n) {
-                        u32 v;
-                        if ((hits >> k) & 1u) {
-                            v = sp[nh];
-                            nh++;
-                        } else {
-                            v = (u32)rlo & 0xFFu;
-                            rlo = (rlo >> 8) | (rhi << 56);
-                            rhi >>= 8;
-                        }
-                        cb[k / 4] |= v << (8 * (k % 4));
-                    }
+                for (int q = 0; q < 4; q++) {
+                    const u32 nib = (hits >> (4 * q)) & 15u;
+                    const u32 na = __popc(nib);
+                    cb[q] = __byte_perm(aw[0], rw[0], lds16(merge_sel + 2 * nib));
+                    shift_bytes(aw, na);
+                    shift_bytes(rw, 4 - na);
                 }
                 #pragma unroll
                 for (int p = 0; p < U; p++) {
@@ -683,6 +729,9 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     // Shared memory: per warp the word ring and the stash (RING_STASH bytes); per warp the slots
     // and the sub-segment (`per_warp` bytes) unless they are in global scratch; the table cache.
     __shared__ Cache cache;
+    // Selectors of the conditioned plane's merge (`merge_selector`), one per 4-bit mask.
+    __shared__ u16 merge_sel[16];
+    if (threadIdx.x < 16) merge_sel[threadIdx.x] = (u16)merge_selector(threadIdx.x);
     u8* bufs = smem + warps_per_block * RING_STASH;
     u8* cache_mem = bufs + warps_per_block * (scratch ? 0 : per_warp);
     u8* cache_sym = cache_mem;
@@ -715,7 +764,7 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     if (c >= n_chunks) return;
     const ChunkDesc* cd = chunks + c;
     const TensorDesc* td = tensors + cd->tensor;
-    // Per-warp buffers: slots of `su` units and the sub-segment (su + 16); the ring and the stash.
+    // Per-warp buffers: slots of `su` units and the sub-segment (su + 32); the ring and the stash.
     u8* buf = scratch ? scratch + (u64)c * per_warp : bufs + warp * per_warp;
     u8* sub = buf + n_slots * su;
     u8* ring = smem + warp * RING_STASH;
@@ -724,7 +773,7 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     const u32 slots_shared = scratch ? 0u : shared_addr(buf);
     const u32 sub_shared = scratch ? 0u : shared_addr(sub);
     decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
-                       cache, slots_shared, sub_shared);
+                       cache, slots_shared, sub_shared, shared_addr(merge_sel));
 }
 
 #define ENTRY(NAME, U, E)                                                                                     \

@@ -223,9 +223,10 @@ impl Plan {
             if g.chunks.is_empty() {
                 continue;
             }
-            // Per warp: the slots and the sub-segment (+16); the word ring and the stash are
-            // always in shared memory (`RING_STASH_BYTES`).
-            let per = g.n_slots * g.slot_units + g.slot_units + 16;
+            // Per warp: the slots and the sub-segment (+32: the merge reads 20 bytes from any
+            // offset below `slot_units`); the word ring and the stash are always in shared memory
+            // (`RING_STASH_BYTES`).
+            let per = g.n_slots * g.slot_units + g.slot_units + 32;
             g.per_warp = per.div_ceil(16) * 16;
             g.global_scratch = g.slot_units > SMEM_BLOCK_UNITS;
             plan.groups.push(g);
