@@ -23,6 +23,7 @@ typedef unsigned long long u64;
 #define STATE_LOWER 65536u
 #define RING 512          // words in the per-warp ring buffer of stream words
 #define RING_STASH 1088   // per-warp shared bytes of the ring (2 * RING) and the stash (64)
+#define ALIGN_SLACK 4096  // shared bytes the host adds so that the table cache can be 4096-aligned
 #define GROUP 16          // units per lane in the merge
 #define SEL_CONST 254
 #define SEL_RAW 255
@@ -98,6 +99,16 @@ __device__ __forceinline__ void sts8(u32 a, u32 v) {
 }
 __device__ __forceinline__ void sts16(u32 a, u32 v) {
     asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "h"((u16)v) : "memory");
+}
+
+__device__ __forceinline__ u32 warp_sum(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_add_sync(0xFFFFFFFFu, v);
+#else
+    #pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, d);
+    return v;
+#endif
 }
 
 __device__ __forceinline__ void fail(u32* err, u32 code, u32 chunk) {
@@ -201,24 +212,41 @@ __device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, 
 // at most 32 words; after `refill`, 256 are buffered unless the stream ends), and the reads inside
 // a group are not checked one by one: ring addresses are taken modulo its size, so a stream that
 // runs out reads stale ring words, which `pos > fetched` after the group reveals.
-__device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u32 r1, u32 out, int lane) {
+// With `COUNT`, also counts (per lane) the symbols equal to `cv` into `cnt`.
+template <bool COUNT>
+__device__ __forceinline__ void lean_step(Stream& s, const Table& t, u32& p2, u32 lt, u32 at, u32 cv, u32& cnt) {
+    const u32 slot = s.x & 4095u;
+    // (x & 4095) | base in one instruction, so that the lookup does not wait for `slot`.
+    u32 a;
+    asm("lop3.b32 %0, %1, 4095, %2, 0xEA;" : "=r"(a) : "r"(s.x), "r"(t.sym));
+    const u32 sym = lds8(a);
+    const u32 e = lds32(t.fc + 4 * sym);
+    const u32 nx = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
+    const bool need = nx < STATE_LOWER;
+    const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 w = lds16(s.ring | ((p2 + 2 * __popc(mask & lt)) & (2 * RING - 2)));
+    s.x = need ? (nx << 16) | w : nx;
+    p2 += 2 * __popc(mask);
+    sts8(at, sym);
+    if (COUNT) cnt += sym == cv;
+}
+
+template <bool COUNT>
+__device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u32 r1, u32 out, int lane, u32 cv, u32& cnt) {
     const u32 lt = lanemask_lt();
     for (u32 r = r0; r < r1; r += 8) {
         refill(s, lane);
-        const u32 re = min(r + 8, r1);
-        #pragma unroll 8
-        for (u32 q = r; q < re; q++) {
-            const u32 slot = s.x & 4095u;
-            const u32 sym = lds8(t.sym + slot);
-            const u32 e = lds32(t.fc + 4 * sym);
-            const u32 nx = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
-            const bool need = nx < STATE_LOWER;
-            const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
-            const u32 w = lds16(s.ring + 2 * ((s.pos + __popc(mask & lt)) % RING));
-            s.x = need ? (nx << 16) | w : nx;
-            s.pos += __popc(mask);
-            sts8(out + q * LANES + lane, sym);
+        // The read position in bytes; `t.sym` is 4096-aligned and the ring 1024-aligned, so both
+        // lookups address by OR.
+        u32 p2 = 2 * s.pos;
+        const u32 at = out + r * LANES + lane;
+        if (r + 8 <= r1) {
+            #pragma unroll
+            for (u32 q = 0; q < 8; q++) lean_step<COUNT>(s, t, p2, lt, at + q * LANES, cv, cnt);
+        } else {
+            for (u32 q = 0; q < r1 - r; q++) lean_step<COUNT>(s, t, p2, lt, at + q * LANES, cv, cnt);
         }
+        s.pos = p2 / 2;
         if (s.pos > s.fetched) {
             s.bad = true;
             return;
@@ -503,6 +531,14 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
         }
         const u8* area = raw + raw_off;
         const u8* lim = raw + raw_len;
+        // The block's raw bytes (at most `U * blen`) are read only in the merge, after the block's
+        // steps: ask L2 for them now, one 128-byte line per lane and round.
+        {
+            const u64 first = (u64)area & ~127ull;
+            const u64 end = min((u64)(area + (u64)U * blen), (u64)lim);
+            for (u64 a = first + 128ull * lane; a < end; a += 128ull * LANES)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
         Table tt[U];
         #pragma unroll
         for (int p = 0; p < U; p++) tt[p] = table_of(cache, tables, tab[p]);
@@ -518,7 +554,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
                 only = p;
             }
         }
-        u32 r_start = 0;
+        u32 r_start = 0, counted_to = 0;
         if (n_coded == 1 && slots_shared && rans_len) {
             Table t1 = tt[0];
             u32 slot1 = slot[0];
@@ -532,7 +568,16 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             if (t1.sym != NOT_CACHED) {
                 used = true;
                 r_start = blen / LANES;
-                steps_lean(s, t1, 0, r_start, slots_shared + slot1 * su, lane);
+                // The conditioned units are counted on the way when this is the condition plane.
+                if (cond_chunk && only == cq) {
+                    u32 cnt = 0;
+                    steps_lean<true>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, cvalue, cnt);
+                    counted_to = r_start * LANES;
+                    coded = warp_sum(cnt);
+                } else {
+                    u32 none = 0;
+                    steps_lean<false>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
+                }
                 if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
             }
         }
@@ -553,14 +598,15 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
         // The condition plane's source, offset, value and slot (scalars: see `pick`).
         const u32 q_src = pick<U>(src, cq), q_off = pick<U>(off, cq), q_val = pick<U>(val, cq);
         if (cond_chunk && q_src == SRC_CODED) {
-            // Count the conditioned units from the condition plane's slot, four bytes at a time.
+            // Count the conditioned units the lean loop has not counted, from the condition plane's
+            // slot.
             const u8* qs = slots + pick<U>(slot, cq) * su;
             const u32 v4 = cvalue * 0x01010101u;
             u32 cnt = 0;
             // 16 bytes per lane and load (a slot holds `su` bytes, a multiple of 32, past `blen`);
             // a byte equals the value when its XOR with it is zero: bit 7 of
             // ~(((t & 0x7F..) + 0x7F..) | t) is set exactly for zero bytes of t.
-            for (u32 j = 16 * lane; j < blen; j += 16 * LANES) {
+            for (u32 j = counted_to + 16 * lane; j < blen; j += 16 * LANES) {
                 const uint4 v = *(const uint4*)(qs + j);
                 const u32 wv[4] = {v.x, v.y, v.z, v.w};
                 #pragma unroll
@@ -572,9 +618,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
                     cnt += __popc(z);
                 }
             }
-            #pragma unroll
-            for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xFFFFFFFFu, cnt, d);
-            coded = cnt;
+            coded += warp_sum(cnt);
         }
         if (cond_chunk && q_src != SRC_CODED) {
             // Condition bytes not from the stream: raw (never in the stash) or one value.
@@ -599,7 +643,8 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             u32 r_sub = 0;
             if (sub_shared && t.sym != NOT_CACHED) {
                 r_sub = coded / LANES;
-                steps_lean(s, t, 0, r_sub, sub_shared, lane);
+                u32 none = 0;
+                steps_lean<false>(s, t, 0, r_sub, sub_shared, lane, 0, none);
                 if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
             }
             for (u32 r = r_sub; r * LANES < coded; r++) {
@@ -726,14 +771,20 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     if (first >= n_chunks) return;
     // The block's table cache: the multi-symbol tables of its tensor, compacted (the host gives
     // each block the chunks of one tensor only, padding with empty chunks).
-    // Shared memory: per warp the word ring and the stash (RING_STASH bytes); per warp the slots
-    // and the sub-segment (`per_warp` bytes) unless they are in global scratch; the table cache.
+    // Shared memory (the host adds ALIGN_SLACK bytes to what this needs): the table cache, at the
+    // first 4096-byte boundary of the shared window (each table's 4096 symbols then start at a
+    // multiple of 4096, so a step's lookup address is one OR); per warp the word ring (1024 bytes,
+    // so 1024-aligned) and the stash (64); per warp the slots and the sub-segment (`per_warp` bytes)
+    // unless they are in global scratch.
     __shared__ Cache cache;
     // Selectors of the conditioned plane's merge (`merge_selector`), one per 4-bit mask.
     __shared__ u16 merge_sel[16];
     if (threadIdx.x < 16) merge_sel[threadIdx.x] = (u16)merge_selector(threadIdx.x);
-    u8* bufs = smem + warps_per_block * RING_STASH;
-    u8* cache_mem = bufs + warps_per_block * (scratch ? 0 : per_warp);
+    const u32 base = shared_addr(smem);
+    u8* cache_mem = smem + (((base + ALIGN_SLACK - 1) & ~(ALIGN_SLACK - 1)) - base);
+    u8* rings = cache_mem + cache_tables * (4096 + 1024);
+    u8* stashes = rings + warps_per_block * 2 * RING;
+    u8* bufs = stashes + warps_per_block * 64;
     u8* cache_sym = cache_mem;
     u32* cache_fc = (u32*)(cache_mem + cache_tables * 4096);
     if (threadIdx.x == 0) {
@@ -767,8 +818,8 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     // Per-warp buffers: slots of `su` units and the sub-segment (su + 32); the ring and the stash.
     u8* buf = scratch ? scratch + (u64)c * per_warp : bufs + warp * per_warp;
     u8* sub = buf + n_slots * su;
-    u8* ring = smem + warp * RING_STASH;
-    u8* stash = ring + 2 * RING;
+    u8* ring = rings + warp * 2 * RING;
+    u8* stash = stashes + warp * 64;
     // Shared addresses of the slots and the sub-segment (0: they are in global scratch).
     const u32 slots_shared = scratch ? 0u : shared_addr(buf);
     const u32 sub_shared = scratch ? 0u : shared_addr(sub);

@@ -20,7 +20,9 @@ pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
 const MAX_SMEM: u32 = 220 * 1024;
 /// Tables a block caches in shared memory (compact form: 4096 + 1024 bytes each).
 const CACHE_TABLES: u32 = 10;
-const CACHE_BYTES: u32 = CACHE_TABLES * (4096 + 1024);
+/// The table cache, plus the slack the kernel uses to align it to 4096 bytes (`ALIGN_SLACK` in
+/// `kernels/decode.cu`).
+const CACHE_BYTES: u32 = CACHE_TABLES * (4096 + 1024) + 4096;
 
 /// A plan in device memory, ready to launch (again and again).
 pub struct DevicePlan {
