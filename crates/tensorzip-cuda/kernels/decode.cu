@@ -844,3 +844,33 @@ ENTRY(tz_decode_4, 4, 0)
 ENTRY(tz_decode_4e8, 4, 8)
 ENTRY(tz_decode_8, 8, 0)
 ENTRY(tz_decode_8e11, 8, 11)
+
+// Decoder tables from frequencies: block `t` expands table `t`'s 256 frequencies (summing to 4096,
+// validated on the host) into its 4096 entries `sym | freq << 8 | bias << 20`, where `bias` is the
+// slot's offset within its symbol's range (`FreqTable::decode_table` on the CPU). Each thread finds
+// the symbol of 16 slots by binary search over the cumulative frequencies.
+extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u16* __restrict__ freqs, u32* __restrict__ tables) {
+    __shared__ u32 cum[257];
+    const u32 t = blockIdx.x, s = threadIdx.x;
+    const u32 f = freqs[(u64)t * 256 + s];
+    // Inclusive scan of the frequencies (Hillis-Steele over 256 threads).
+    cum[s + 1] = f;
+    if (s == 0) cum[0] = 0;
+    __syncthreads();
+    for (u32 d = 1; d < 256; d <<= 1) {
+        const u32 v = s >= d ? cum[s + 1 - d] : 0u;
+        __syncthreads();
+        cum[s + 1] += v;
+        __syncthreads();
+    }
+    for (u32 slot = s; slot < 4096; slot += 256) {
+        // The symbol whose range [cum[sym], cum[sym + 1]) holds `slot`.
+        u32 lo = 0, hi = 256;
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (cum[mid] <= slot) lo = mid; else hi = mid;
+        }
+        const u32 fr = cum[lo + 1] - cum[lo];
+        tables[(u64)t * 4096 + slot] = lo | (fr << 8) | ((slot - cum[lo]) << 20);
+    }
+}

@@ -103,6 +103,8 @@ pub struct GpuEngine {
 pub(crate) struct Shared {
     /// The decoder kernels, indexed as [`KERNELS`].
     decode: Vec<CudaFunction>,
+    /// `tz_build_tables`: frequencies to decoder tables.
+    build_tables: CudaFunction,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
     /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
@@ -148,6 +150,7 @@ impl GpuEngine {
             .iter()
             .map(|(name, _, _)| module.load_function(name))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        let build_tables = module.load_function("tz_build_tables")?;
         let stream = ctx.default_stream();
         keep_pool_memory(&ctx);
         Ok(GpuEngine {
@@ -155,6 +158,7 @@ impl GpuEngine {
             stream,
             shared: Arc::new(Shared {
                 decode,
+                build_tables,
                 encode: std::sync::OnceLock::new(),
                 pinned: std::sync::Mutex::new(None),
                 staging: std::sync::Mutex::new(Vec::new()),
@@ -264,7 +268,7 @@ impl GpuEngine {
             } else {
                 &plan.tensors
             })?,
-            tables: s.clone_htod(&one(&plan.tables))?,
+            tables: self.build_tables(&plan.freqs)?,
             info: s.clone_htod(&one(&plan.table_info))?,
             err: s.clone_htod(&[0u32, u32::MAX])?,
             copies: plan.copies.clone(),
@@ -326,6 +330,30 @@ impl GpuEngine {
             unsafe { b.launch(cfg) }?;
         }
         Ok(())
+    }
+
+    /// Uploads the tables' frequencies and expands them on the device into decoder tables of 4096
+    /// entries each (`sym | freq << 8 | bias << 20`, as `FreqTable::decode_table`).
+    fn build_tables(&self, freqs: &[u16]) -> Result<CudaSlice<u32>> {
+        let s = &self.stream;
+        let n = freqs.len() / 256;
+        let mut tables = s.alloc_zeros::<u32>((n * 4096).max(1))?;
+        if n == 0 {
+            return Ok(tables);
+        }
+        let dev_freqs = s.clone_htod(freqs)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&self.shared.build_tables);
+        b.arg(&dev_freqs).arg(&mut tables);
+        // SAFETY: `dev_freqs` holds `n` tables of 256 frequencies, each validated to sum to 4096
+        // when its blob was parsed; `tables` holds `n * 4096` entries; one block per table.
+        unsafe { b.launch(cfg) }?;
+        // `dev_freqs` is freed in stream order after the launch.
+        Ok(tables)
     }
 
     /// Waits for the stream and reports the error flags of the last launch of `dp`.

@@ -97,8 +97,10 @@ pub struct Group {
 pub struct Plan {
     pub groups: Vec<Group>,
     pub tensors: Vec<TensorDesc>,
-    /// Decode tables, 4096 entries each.
-    pub tables: Vec<u32>,
+    /// The frequencies of every table, 256 each (validated: they sum to 4096); the device expands
+    /// them into 4096-entry decoder tables (`tz_build_tables`), which is 16× less to upload than
+    /// the tables themselves.
+    pub freqs: Vec<u16>,
     /// Per table: bit 31 set for a single-symbol table, whose symbol is in the low byte.
     pub table_info: Vec<u32>,
     pub copies: Vec<Copy>,
@@ -237,10 +239,9 @@ impl Plan {
     fn push_table(&mut self, t: &tensorzip::rans::table::FreqTable) {
         if t.is_single() {
             self.table_info.push(1 << 31 | t.single_symbol() as u32);
-            self.tables.extend(std::iter::repeat_n(0u32, 4096));
         } else {
             self.table_info.push(0);
-            self.tables.extend_from_slice(&t.decode_table()[..]);
         }
+        self.freqs.extend_from_slice(&t.freq);
     }
 }
