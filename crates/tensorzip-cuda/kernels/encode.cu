@@ -260,6 +260,57 @@ __device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, cons
     }
 }
 
+__device__ __forceinline__ u32 shared_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ u32 lds8(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint2 lds64(u32 a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
+    return v;
+}
+
+// `put` for a step where every lane is active, with the table's (frequency | cumulative << 16,
+// reciprocal) pairs at shared address `fc`: the same arithmetic and the same emission order, without
+// branches around the emission (the store is predicated; the bound on `cap` stays).
+__device__ __forceinline__ void put_full(u32& x, u32& pos, u32 sym, u32 fc, u16* words, u32 cap, u32 gt) {
+    const uint2 e = lds64(fc + 8 * sym);
+    const u32 f = e.x & 0xFFFFu, c = e.x >> 16;
+    const bool emit = x >= (f << 20);
+    const u32 m = __ballot_sync(FULL, emit);
+    const u32 k = pos + __popc(m & gt);
+    if (emit && k < cap) words[cap - 1 - k] = (u16)x;
+    x = emit ? x >> 16 : x;
+    pos += __popc(m);
+    if (f) {
+        u32 q = __umulhi(x, e.y);
+        u32 r = x - q * f;
+        if (r >= f) {
+            q++;
+            r -= f;
+        }
+        x = (q << 12) + r + c;
+    }
+}
+
+// Copies a table's 256 (frequency | cumulative << 16, reciprocal) pairs to the warp's shared `dst`.
+__device__ __forceinline__ void copy_fc(u32* dst, const uint2* __restrict__ fc, int lane) {
+    __syncwarp();
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint2 v = __ldg(fc + k * 32 + lane);
+        dst[2 * (k * 32 + lane)] = v.x;
+        dst[2 * (k * 32 + lane) + 1] = v.y;
+    }
+    __syncwarp();
+}
+
 // Loads the units bl .. bl + blen of the chunk at `src` into `planes`, transformed
 // and split: byte p of unit i at planes[p * bu + i]. 16-byte loads, four in flight per lane.
 template <int U, int E>
@@ -374,7 +425,8 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
 template <int U, int E>
 __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2* __restrict__ fcs,
                              const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,
-                             u8* __restrict__ slot, ChunkOut* __restrict__ out, int lane, u32* hist, u8* planes) {
+                             u8* __restrict__ slot, ChunkOut* __restrict__ out, int lane, u32* hist, u8* planes,
+                             bool stage_in_smem) {
     const u64 start = job.chunk * P.chunk_units;
     const u32 len = (u32)min((u64)P.chunk_units, P.units - start);
     const u32 bu = P.block_units;
@@ -479,7 +531,12 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
     const u32 kept = aoff - stash;
     __syncwarp();
 
-    // 3. The rANS stream, walking the decoder's order backwards.
+    // 3. The rANS stream, walking the decoder's order backwards. The lean steps keep the step's
+    //    table in the (now free) histogram space, 2 KiB: units of two bytes or more.
+    const bool lean = U >= 2;
+    const u32 hist_sh = shared_addr(hist);
+    const u32 planes_sh = stage_in_smem ? shared_addr(planes) : 0u;
+    const u32 gt = lanemask_gt();
     u32 pos = 0;
     if (any) {
         u32 x;
@@ -499,7 +556,12 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                         const bool act = (u32)lane < rem;
                         put(x, pos, act, act ? (u32)csyms[o + full * 32 + lane] : 0u, fc, words, cap);
                     }
-                    for (u32 r = full; r-- > 0;) put(x, pos, true, csyms[o + r * 32 + lane], fc, words, cap);
+                    if (lean) {
+                        copy_fc(hist, fc, lane);
+                        for (u32 r = full; r-- > 0;) put_full(x, pos, csyms[o + r * 32 + lane], hist_sh, words, cap, gt);
+                    } else {
+                        for (u32 r = full; r-- > 0;) put(x, pos, true, csyms[o + r * 32 + lane], fc, words, cap);
+                    }
                 }
             }
             const uint2* fc[U];
@@ -522,11 +584,31 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                 for (int p = U - 1; p >= 0; p--)
                     if (in_main[p]) put(x, pos, act, act ? (u32)planes[(u64)p * bu + i] : 0u, fc[p], words, cap);
             }
-            for (u32 r = full; r-- > 0;) {
-                const u32 i = r * 32 + lane;
+            // One coded plane, planes staged in shared memory: the lean steps.
+            u32 n_main = 0, only = 0;
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                if (in_main[p]) {
+                    n_main++;
+                    only = p;
+                }
+            }
+            if (lean && planes_sh && n_main == 1) {
+                const uint2* f1 = fc[0];
                 #pragma unroll
-                for (int p = U - 1; p >= 0; p--)
-                    if (in_main[p]) put(x, pos, true, planes[(u64)p * bu + i], fc[p], words, cap);
+                for (int p = 1; p < U; p++)
+                    if ((u32)p == only) f1 = fc[p];
+                copy_fc(hist, f1, lane);
+                const u32 base = planes_sh + only * bu + lane;
+                #pragma unroll 4
+                for (u32 r = full; r-- > 0;) put_full(x, pos, lds8(base + r * 32), hist_sh, words, cap, gt);
+            } else {
+                for (u32 r = full; r-- > 0;) {
+                    const u32 i = r * 32 + lane;
+                    #pragma unroll
+                    for (int p = U - 1; p >= 0; p--)
+                        if (in_main[p]) put(x, pos, true, planes[(u64)p * bu + i], fc[p], words, cap);
+                }
             }
             __syncwarp();
         }
@@ -600,7 +682,7 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
     u8* slot = scratch + job.slot;
     u8* planes = stage_bytes ? mine + U * 1024 : slot + P.off_stage;
     encode_chunk<U, E>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k, lane, (u32*)mine,
-                       planes);
+                       planes, stage_bytes > 0);
 }
 
 #define ENTRIES(SUFFIX, U, E)                                                                               \
