@@ -2,7 +2,10 @@
 
 use std::sync::OnceLock;
 
-/// Whether this CPU runs AVX2 code (checked once; `TENSORZIP_NO_SIMD=1` forces the scalar paths).
+/// Whether this CPU runs our AVX2 code: AVX2 and POPCNT (checked once; `TENSORZIP_NO_SIMD=1` forces
+/// the scalar paths). The SIMD functions enable both: with AVX2 alone the compiler may not use the
+/// `popcnt` instruction, and it emulated the population counts of the refill and split masks with
+/// byte shuffles (measured: the conditioned split took 16% of bf16 compress time).
 pub fn has_avx2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
@@ -11,7 +14,7 @@ pub fn has_avx2() -> bool {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            std::is_x86_feature_detected!("avx2")
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

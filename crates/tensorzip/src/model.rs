@@ -413,7 +413,7 @@ fn dense_cost_generic(h: &[u32; 256], cl: &[u32; 256], absent: &[u32; 256]) -> (
 
 /// [`dense_cost_generic`] compiled for AVX2 (the compiler vectorises the loop).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn dense_cost_avx2(h: &[u32; 256], cl: &[u32; 256], absent: &[u32; 256]) -> (u64, bool) {
     dense_cost_generic(h, cl, absent)
 }

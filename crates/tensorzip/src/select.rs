@@ -103,7 +103,7 @@ fn shuffles() -> &'static [[u8; 16]; 256] {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn masks_simd(value: u8, cond: &[u8], masks: &mut [u8]) -> (usize, usize) {
     use std::arch::x86_64::*;
     let (mut i, mut t) = (0, 0);
@@ -123,7 +123,7 @@ unsafe fn masks_simd(value: u8, cond: &[u8], masks: &mut [u8]) -> (usize, usize)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn scatter_simd(
     masks: &[u8],
     sub: &[u8],
@@ -154,7 +154,7 @@ unsafe fn scatter_simd(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn split_simd(
     value: u8,
     cond: &[u8],

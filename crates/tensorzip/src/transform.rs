@@ -155,7 +155,7 @@ macro_rules! avx2_dispatch {
         fn $name<const E: u32>($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2")]
+                #[target_feature(enable = "avx2,popcnt")]
                 unsafe fn avx2<const E: u32>($($arg: $ty),*) {
                     $impl_::<E>($($arg),*)
                 }

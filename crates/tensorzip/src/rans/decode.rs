@@ -162,7 +162,7 @@ impl<'a> Decoder<'a> {
 /// # Safety
 /// AVX2 required; every lane of `slots` must be below 4096.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 #[inline]
 unsafe fn lookup(
     table: &DecodeTable,
@@ -197,7 +197,7 @@ unsafe fn lookup(
 /// The CPU must support AVX2. Every stream must have the same number of segments, each holding at
 /// least `len` bytes.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn avx2_rounds<'w, 't, 'o, const N: usize>(
     decs: [&mut Decoder<'w>; N],
     segs: [&mut [DecodeSegment<'t, 'o>]; N],

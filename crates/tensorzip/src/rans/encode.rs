@@ -141,7 +141,7 @@ fn encode_scalar(
 /// # Safety
 /// AVX2 required; `words` must have room for `pos` plus every symbol of these steps plus 8.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn avx2_full_rounds(
     x: &mut [u32; LANES],
     group: &[Seq<'_>],
