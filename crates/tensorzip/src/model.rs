@@ -19,20 +19,20 @@ pub type Sparse = Vec<(u8, u32)>;
 
 /// Counts the bytes of `bytes` into `hist` (cleared first).
 pub fn histogram(bytes: &[u8], hist: &mut [u32; 256]) {
-    // Four sub-histograms hide the store-to-load dependency of repeated symbols.
-    let mut h = [[0u32; 256]; 4];
-    let mut it = bytes.chunks_exact(4);
+    // Eight sub-histograms hide the store-to-load dependency of repeated symbols (exponent planes
+    // repeat a few symbols: with four, bf16 compress spent 6% of its time here).
+    let mut h = [[0u32; 256]; 8];
+    let mut it = bytes.chunks_exact(8);
     for c in &mut it {
-        h[0][c[0] as usize] += 1;
-        h[1][c[1] as usize] += 1;
-        h[2][c[2] as usize] += 1;
-        h[3][c[3] as usize] += 1;
+        for k in 0..8 {
+            h[k][c[k] as usize] += 1;
+        }
     }
     for &b in it.remainder() {
         h[0][b as usize] += 1;
     }
     for s in 0..256 {
-        hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+        hist[s] = (0..8).map(|k| h[k][s]).sum();
     }
 }
 
