@@ -5,8 +5,8 @@
 //! sizes, every header and table counted), the median over `--runs` of compress time into fresh
 //! blobs ("compress", end-to-end) and into blob buffers reused from run to run ("compress warm"),
 //! of decompress time into buffers the caller owns and has touched before ("warm"), and of
-//! decompress time into fresh allocations ("end-to-end"), plus the order-0 entropy bound of the byte planes with one table
-//! per tensor and with one table per 256 KiB chunk.
+//! decompress time into fresh allocations ("end-to-end"), plus the order-0 entropy bound of the
+//! byte planes with one table per tensor and with one table per 256 KiB chunk.
 
 use std::time::Instant;
 

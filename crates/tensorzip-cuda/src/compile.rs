@@ -51,9 +51,6 @@ fn versions() -> (i32, i32, i32) {
 /// Cubins built or read in this process, by cache file name (source, architecture and versions).
 static BUILT: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
 
-/// The cubin of `src` for `ctx`'s device: from this process's memory, from the disk cache, or
-/// compiled now (and cached in both). `rebuild` skips both caches (a cached cubin that the driver
-/// refused) and replaces their entries.
 /// The kernel source `src` built into the crate, or, for development only, the file named by the
 /// environment variable `TENSORZIP_DEV_<NAME>_SRC` (e.g. `TENSORZIP_DEV_TZ_DECODE_SRC`): that lets
 /// one device run time several variants of a kernel with the same binaries (`scripts/gpu_ab.sh`).
@@ -75,6 +72,9 @@ pub fn source(name: &str, src: &'static str) -> std::borrow::Cow<'static, str> {
     }
 }
 
+/// The cubin of `src` for `ctx`'s device: from this process's memory, from the disk cache, or
+/// compiled now (and cached in both). `rebuild` skips both caches (a cached cubin that the driver
+/// refused) and replaces their entries.
 pub fn cubin(ctx: &CudaContext, name: &str, src: &str, rebuild: bool) -> Result<Vec<u8>> {
     let (maj, min) = ctx.compute_capability()?;
     let arch = format!("sm_{maj}{min}");

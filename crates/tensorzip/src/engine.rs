@@ -25,9 +25,9 @@ pub struct Tensor {
 #[derive(Default)]
 pub struct CpuEngine {
     pool: Option<rayon::ThreadPool>,
-    /// Chunk payload buffers kept from one `compress_to` call to the next (at most one batch, ~32
-    /// MiB): fresh pages cost more to touch than the coding of a chunk (`clear_page` was 10% of a
-    /// repeated 32 MiB bf16 compress on the 2-core VM).
+    /// Chunk payload buffers kept from one `compress_to` call to the next (at most 40 MiB of
+    /// capacity, about a batch): fresh pages cost more to touch than the coding of a chunk
+    /// (`clear_page` was 10% of a repeated 32 MiB bf16 compress on the 2-core VM).
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
