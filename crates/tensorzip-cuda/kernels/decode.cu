@@ -72,34 +72,8 @@ __device__ __forceinline__ u32 lanemask_lt() {
     return m;
 }
 
-// Shared-memory accesses by 32-bit shared address: the hot loop's table and ring reads compile to
-// LDS instead of generic 64-bit loads. `volatile` keeps them ordered with the barriers.
-__device__ __forceinline__ u32 shared_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ u32 lds8(u32 a) {
-    u32 v;
-    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ u32 lds32(u32 a) {
-    u32 v;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ u32 lds16(u32 a) {
-    u16 v;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void sts8(u32 a, u32 v) {
-    asm volatile("st.shared.u8 [%0], %1;" ::"r"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ void sts16(u32 a, u32 v) {
-    asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "h"((u16)v) : "memory");
-}
+// The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16) come from smem.cuh, which the
+// engine prepends.
 
 __device__ __forceinline__ u32 warp_sum(u32 v) {
 #if __CUDA_ARCH__ >= 800

@@ -232,6 +232,22 @@ __device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 b
     return SEL_RAW;
 }
 
+// The state after coding a symbol of frequency `f` (> 0) and cumulative frequency `c` into `x`
+// (already renormalised): (x / f) << 12 + x % f + c, the division by the reciprocal `rcp` =
+// floor(2^32 / f) and one correction.
+__device__ __forceinline__ u32 push(u32 x, u32 f, u32 c, u32 rcp) {
+    u32 q = __umulhi(x, rcp);
+    u32 r = x - q * f;
+    if (r >= f) {
+        q++;
+        r -= f;
+    }
+    return (q << 12) + r + c;
+}
+
+// The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16) come from smem.cuh, which the
+// engine prepends.
+
 // One rANS encoder step of the warp (FORMAT.md 5.3, backwards): active lanes push one symbol; the
 // lanes that renormalise emit a word each, highest lane first. Word `k` of the emission goes to
 // `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`. `fc` holds per
@@ -249,31 +265,7 @@ __device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, cons
         x >>= 16;
     }
     pos += __popc(m);
-    if (active && f) {
-        u32 q = __umulhi(x, e.y);
-        u32 r = x - q * f;
-        if (r >= f) {
-            q++;
-            r -= f;
-        }
-        x = (q << 12) + r + c;
-    }
-}
-
-__device__ __forceinline__ u32 shared_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ u32 lds8(u32 a) {
-    u32 v;
-    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ uint2 lds64(u32 a) {
-    uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
-    return v;
+    if (active && f) x = push(x, f, c, e.y);
 }
 
 // `put` for a step where every lane is active, with the table's (frequency | cumulative << 16,
@@ -288,15 +280,7 @@ __device__ __forceinline__ void put_full(u32& x, u32& pos, u32 sym, u32 fc, u16*
     if (emit && k < cap) words[cap - 1 - k] = (u16)x;
     x = emit ? x >> 16 : x;
     pos += __popc(m);
-    if (f) {
-        u32 q = __umulhi(x, e.y);
-        u32 r = x - q * f;
-        if (r >= f) {
-            q++;
-            r -= f;
-        }
-        x = (q << 12) + r + c;
-    }
+    if (f) x = push(x, f, c, e.y);
 }
 
 // Copies a table's 256 (frequency | cumulative << 16, reciprocal) pairs to the warp's shared `dst`.

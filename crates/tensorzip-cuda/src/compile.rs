@@ -51,15 +51,19 @@ fn versions() -> (i32, i32, i32) {
 /// Cubins built or read in this process, by cache file name (source, architecture and versions).
 static BUILT: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
 
+/// Shared-memory accessors both kernel sources use (prepended to each).
+const SMEM_SRC: &str = include_str!("../kernels/smem.cuh");
+
 /// The kernel source `src` built into the crate, or, for development only, the file named by the
 /// environment variable `TENSORZIP_DEV_<NAME>_SRC` (e.g. `TENSORZIP_DEV_TZ_DECODE_SRC`): that lets
 /// one device run time several variants of a kernel with the same binaries (`scripts/gpu_ab.sh`).
-/// The override is read at engine creation and goes through the same cache, keyed by its text.
+/// The override is read at engine creation and goes through the same cache, keyed by its text; like
+/// the built-in sources, it gets `kernels/smem.cuh` (the shared-memory accessors) in front.
 pub fn source(name: &str, src: &'static str) -> std::borrow::Cow<'static, str> {
     let var = format!("TENSORZIP_DEV_{}_SRC", name.to_ascii_uppercase());
     match std::env::var_os(&var) {
         Some(path) => match std::fs::read_to_string(&path) {
-            Ok(text) => std::borrow::Cow::Owned(text),
+            Ok(text) => std::borrow::Cow::Owned(format!("{SMEM_SRC}{text}")),
             Err(e) => {
                 eprintln!(
                     "tensorzip: {var}={}: {e}; using the built-in kernels",

@@ -36,7 +36,10 @@ use crate::engine::GpuEngine;
 use crate::error::{Error, Result};
 
 /// Source of the encoder kernels.
-pub const ENCODE_SRC: &str = include_str!("../kernels/encode.cu");
+pub const ENCODE_SRC: &str = concat!(
+    include_str!("../kernels/smem.cuh"),
+    include_str!("../kernels/encode.cu")
+);
 
 /// Tensors from this size on are moved between host and device through the staging buffers.
 const STAGED_MIN: usize = 32 << 20;

@@ -14,7 +14,10 @@ use crate::error::{Error, Result};
 use crate::plan::{ChunkDesc, Job, Plan, TensorDesc, KERNELS, RING_STASH_BYTES};
 
 /// Source of the decoder kernel.
-pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
+pub const DECODE_SRC: &str = concat!(
+    include_str!("../kernels/smem.cuh"),
+    include_str!("../kernels/decode.cu")
+);
 
 /// Shared memory one block of the decoder may use (the H200 allows 227 KiB).
 const MAX_SMEM: u32 = 220 * 1024;

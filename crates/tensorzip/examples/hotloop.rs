@@ -3,16 +3,8 @@
 //! `THREADS=n cargo run --release --example hotloop -- [bf16|fp32|fp16] [rows] [runs] [enc|dec|both] [cond=0|1]`
 use std::time::Instant;
 
-/// CPU time of the process (all threads), in seconds: steadier than wall time on a shared VM.
-fn cpu() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
+mod common;
+use common::cpu;
 use tensorzip::{sample, CompressOptions, CpuEngine, DType};
 
 fn main() {

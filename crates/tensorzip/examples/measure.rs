@@ -3,15 +3,8 @@
 //! `cargo run --release --example measure -- FILE [fp32|bf16|fp16] [key=value ...]`
 use tensorzip::{sample, CompressOptions, CpuEngine, DType};
 
-fn cpu() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
+mod common;
+use common::cpu;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
