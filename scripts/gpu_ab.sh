@@ -4,7 +4,9 @@
 #   scripts/gpu_ab.sh ROUNDS "BENCH ARGS" builtin /path/to/variant.cu ...
 # e.g. scripts/gpu_ab.sh 3 "synth bf16 8 5" builtin gpu-ab/decode.cu
 # Variants alternate within each round (the machine is shared: compare within a round). Every run
-# also checks that the decoded bytes equal the original (gpu_bench asserts it).
+# also checks that the decoded bytes equal the original (gpu_bench asserts it). A variant file is
+# compiled with kernels/smem.cuh in front, as the built-in source is: it must not define those
+# accessors itself (copies of decode.cu from before commit 167574c do).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TENSORZIP_CACHE_DIR=${TENSORZIP_CACHE_DIR:-/tmp/tensorzip-cache}
