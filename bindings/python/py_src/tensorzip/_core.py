@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -66,14 +66,8 @@ class Options:
     condition: bool
 
     def args(self) -> tuple:
-        return (
-            self.chunk_bytes,
-            self.block_units,
-            self.passthrough_threshold,
-            self.min_compress_bytes,
-            self.max_tables,
-            self.condition,
-        )
+        """The fields in declaration order: the tuple the native module takes (`OptionArgs`)."""
+        return astuple(self)
 
 
 def check_options(opts: Options) -> None:

@@ -15,7 +15,7 @@ import logging
 import struct
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -65,14 +65,7 @@ class TensorZipConfig(CompressionConfig):
     condition: bool = True
 
     def _options(self) -> _core.Options:
-        return _core.Options(
-            self.chunk_bytes,
-            self.block_units,
-            self.passthrough_threshold,
-            self.min_compress_bytes,
-            self.max_tables,
-            self.condition,
-        )
+        return _core.Options(**{f.name: getattr(self, f.name) for f in fields(_core.Options)})
 
     def _validate(self) -> None:
         super()._validate()
