@@ -148,19 +148,28 @@ struct Table {
     const u32* full;      // global: 4096 x (sym | freq << 8 | bias << 20)
 };
 
+// The symbol of state `x` (into `sym`) and the state before renormalisation, from a table in the
+// block's cache. Cached tables start at multiples of 4096 in the shared window, so the symbol's
+// address is (x & 4095) | base: one instruction, and the lookup does not wait for `slot`.
+__device__ __forceinline__ u32 next_cached(u32 x, const Table& t, u32& sym) {
+    const u32 slot = x & 4095u;
+    u32 a;
+    asm("lop3.b32 %0, %1, 4095, %2, 0xEA;" : "=r"(a) : "r"(x), "r"(t.sym));
+    sym = lds8(a);
+    const u32 e = lds32(t.fc + 4 * sym);
+    return (e & 0xFFFu) * (x >> 12) + slot - (e >> 16);
+}
+
 // One rANS step of the warp: every active lane decodes a symbol; lanes whose state fell below 2^16
 // read one word each, in lane order. Inactive lanes keep their state. `CACHED` is warp-uniform.
 template <bool CACHED>
 __device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int lane) {
     refill(s, lane);
-    const u32 slot = s.x & 4095u;
     u32 sym, nx;
     if (CACHED) {
-        sym = lds8(t.sym + slot);
-        const u32 e = lds32(t.fc + 4 * sym);
-        nx = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
+        nx = next_cached(s.x, t, sym);
     } else {
-        const u32 e = __ldg(t.full + slot);
+        const u32 e = __ldg(t.full + (s.x & 4095u));
         sym = e & 0xFFu;
         nx = ((e >> 8) & 0xFFFu) * (s.x >> 12) + (e >> 20);
     }
@@ -189,13 +198,8 @@ __device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, 
 // With `COUNT`, also counts (per lane) the symbols equal to `cv` into `cnt`.
 template <bool COUNT>
 __device__ __forceinline__ void lean_step(Stream& s, const Table& t, u32& p2, u32 lt, u32 at, u32 cv, u32& cnt) {
-    const u32 slot = s.x & 4095u;
-    // (x & 4095) | base in one instruction, so that the lookup does not wait for `slot`.
-    u32 a;
-    asm("lop3.b32 %0, %1, 4095, %2, 0xEA;" : "=r"(a) : "r"(s.x), "r"(t.sym));
-    const u32 sym = lds8(a);
-    const u32 e = lds32(t.fc + 4 * sym);
-    const u32 nx = (e & 0xFFFu) * (s.x >> 12) + slot - (e >> 16);
+    u32 sym;
+    const u32 nx = next_cached(s.x, t, sym);
     const bool need = nx < STATE_LOWER;
     const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
     const u32 w = lds16(s.ring | ((p2 + 2 * __popc(mask & lt)) & (2 * RING - 2)));

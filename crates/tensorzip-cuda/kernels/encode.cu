@@ -250,37 +250,31 @@ __device__ __forceinline__ u32 push(u32 x, u32 f, u32 c, u32 rcp) {
 
 // One rANS encoder step of the warp (FORMAT.md 5.3, backwards): active lanes push one symbol; the
 // lanes that renormalise emit a word each, highest lane first. Word `k` of the emission goes to
-// `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`. `fc` holds per
-// symbol (frequency | cumulative << 16, floor(2^32 / frequency)); the division is a multiply by that
-// reciprocal and one correction.
-__device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, const uint2* __restrict__ fc, u16* words,
-                                    u32 cap) {
-    const uint2 e = active ? __ldg(fc + sym) : make_uint2(0u, 0u);
+// `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`. `e` is the
+// lane's symbol's (frequency | cumulative << 16, floor(2^32 / frequency)), zero for inactive lanes;
+// the division is a multiply by that reciprocal and one correction (`push`). The emission is
+// predicated, without branches; `gt` is `lanemask_gt`.
+__device__ __forceinline__ void put_entry(u32& x, u32& pos, bool active, uint2 e, u16* words, u32 cap, u32 gt) {
     const u32 f = e.x & 0xFFFFu, c = e.x >> 16;
     const bool emit = active && x >= (f << 20);
-    const u32 m = __ballot_sync(FULL, emit);
-    if (emit) {
-        const u32 k = pos + __popc(m & lanemask_gt());
-        if (k < cap) words[cap - 1 - k] = (u16)x;
-        x >>= 16;
-    }
-    pos += __popc(m);
-    if (active && f) x = push(x, f, c, e.y);
-}
-
-// `put` for a step where every lane is active, with the table's (frequency | cumulative << 16,
-// reciprocal) pairs at shared address `fc`: the same arithmetic and the same emission order, without
-// branches around the emission (the store is predicated; the bound on `cap` stays).
-__device__ __forceinline__ void put_full(u32& x, u32& pos, u32 sym, u32 fc, u16* words, u32 cap, u32 gt) {
-    const uint2 e = lds64(fc + 8 * sym);
-    const u32 f = e.x & 0xFFFFu, c = e.x >> 16;
-    const bool emit = x >= (f << 20);
     const u32 m = __ballot_sync(FULL, emit);
     const u32 k = pos + __popc(m & gt);
     if (emit && k < cap) words[cap - 1 - k] = (u16)x;
     x = emit ? x >> 16 : x;
     pos += __popc(m);
-    if (f) x = push(x, f, c, e.y);
+    if (active && f) x = push(x, f, c, e.y);
+}
+
+// `put_entry` with the symbol's entry from the table `fc` in global memory.
+__device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, const uint2* __restrict__ fc, u16* words,
+                                    u32 cap) {
+    put_entry(x, pos, active, active ? __ldg(fc + sym) : make_uint2(0u, 0u), words, cap, lanemask_gt());
+}
+
+// `put_entry` for a step where every lane is active, with the table's (frequency | cumulative << 16,
+// reciprocal) pairs at shared address `fc`.
+__device__ __forceinline__ void put_full(u32& x, u32& pos, u32 sym, u32 fc, u16* words, u32 cap, u32 gt) {
+    put_entry(x, pos, true, lds64(fc + 8 * sym), words, cap, gt);
 }
 
 // Copies a table's 256 (frequency | cumulative << 16, reciprocal) pairs to the warp's shared `dst`.
