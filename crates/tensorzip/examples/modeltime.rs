@@ -1,0 +1,84 @@
+//! Development probe for the encoder's model (the table search the GPU engine waits for): counts
+//! the sampled blocks of one synthetic tensor once, then times `model_from_counts` on those counts,
+//! printing the median and a digest of the tables (which must not change when the search gets
+//! faster). `THREADS=n cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs]`
+use std::time::Instant;
+
+use tensorzip::blob::{BlobHeader, Scheme};
+use tensorzip::model::{histogram, model_from_counts, Sampling};
+use tensorzip::{sample, transform, CompressOptions, DType};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let dt = match args.get(1).map(String::as_str).unwrap_or("bf16") {
+        "fp32" => DType::F32,
+        "fp16" => DType::F16,
+        _ => DType::BF16,
+    };
+    let rows: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8192);
+    let runs: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(15);
+    let threads: usize = std::env::var("THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .unwrap();
+    let cols = 8192;
+    let data = sample::weights(rows, cols, dt, 7);
+    let opts = CompressOptions::default();
+    let us = dt.unit_size();
+    let header = BlobHeader {
+        scheme: Scheme::Planes,
+        dtype: dt,
+        shape: vec![rows as u64, cols as u64],
+        chunk_units: (opts.chunk_bytes / us) as u32,
+        block_units: opts.block_units,
+    };
+    let sampling = Sampling::new(&header, &opts);
+    let bu = sampling.block_units as usize;
+    let mut hists = Vec::new();
+    let mut joint = vec![0u32; 65536];
+    let cond = dt.conditioned_plane();
+    let mut scratch = vec![0u8; bu * us];
+    for &g in &sampling.picks {
+        let r = sampling.block_range(g);
+        let len = (r.end - r.start) as usize;
+        let src = &data[r.start as usize * us..r.end as usize * us];
+        let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu).map(|p| &mut p[..len]).collect();
+        transform::split(dt.transform(), src, &mut views);
+        for p in 0..us {
+            let mut h = [0u32; 256];
+            histogram(&scratch[p * bu..p * bu + len], &mut h);
+            hists.push(h);
+        }
+        if let Some((p, q)) = cond {
+            let (mp, eq) = (
+                &scratch[p * bu..p * bu + len],
+                &scratch[q * bu..q * bu + len],
+            );
+            if mp.iter().any(|&m| m != mp[0]) {
+                for (&e, &m) in eq.iter().zip(mp) {
+                    joint[(e as usize) << 8 | m as usize] += 1;
+                }
+            }
+        }
+    }
+    let mut times = Vec::new();
+    let mut digest = 0u32;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let model = model_from_counts(&header, &opts, &sampling, &hists, |_, _| joint.clone());
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        let mut out = Vec::new();
+        model.write_tables(&mut out);
+        digest = tensorzip::crc32(&out);
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "{dt:?} {rows}x{cols} threads {threads}: model_from_counts median {:.3} ms (min {:.3}), tables crc {digest:08x}",
+        times[times.len() / 2],
+        times[0]
+    );
+}
