@@ -38,7 +38,7 @@ if [[ $what == sanitize || $what == all ]]; then
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [[ -n $san ]]; then
         TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
-            --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs gpu_encodes gpu_crc || rc=1
+            --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs gpu_encodes gpu_crc gpu_copies gpu_reads || rc=1
     else
         echo "compute-sanitizer not found"; rc=1
     fi

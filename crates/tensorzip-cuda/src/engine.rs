@@ -30,16 +30,64 @@ const CACHE_BYTES: u32 = CACHE_TABLES * (4096 + 1024) + 4096;
 /// A plan in device memory, ready to launch (again and again).
 pub struct DevicePlan {
     groups: Vec<DeviceGroup>,
-    tensors: CudaSlice<TensorDesc>,
+    /// The plan's small arrays — chunk and tensor descriptors, table information, the tables'
+    /// frequencies, the small copies and the two error words — in one device buffer, uploaded with
+    /// one copy (they were six or more synchronous copies: a third of a small model's decode call).
+    _buf: CudaSlice<u8>,
+    /// Device addresses inside `_buf`.
+    tensors: u64,
+    info: u64,
+    err: u64,
+    copies: u64,
+    /// Stored blobs copied by `tz_copy` (at most [`KERNEL_COPY_MAX`] bytes each).
+    n_copies: u32,
     tables: CudaSlice<u32>,
-    info: CudaSlice<u32>,
-    err: CudaSlice<u32>,
-    copies: Vec<crate::plan::Copy>,
+    /// Stored blobs larger than [`KERNEL_COPY_MAX`]: one copy-engine copy each.
+    large_copies: Vec<crate::plan::Copy>,
+}
+
+/// Stored blobs up to this size are copied by the `tz_copy` kernel, all in one launch; larger ones
+/// by the copy engine (one call each, which pays for itself at this size).
+const KERNEL_COPY_MAX: u64 = 1 << 20;
+
+/// Plain `repr(C)` values without padding, which may be uploaded as bytes.
+///
+/// # Safety
+/// Implementors must have no padding bytes and no invalid bit patterns.
+unsafe trait Plain: Copy {}
+// SAFETY: integers.
+unsafe impl Plain for u16 {}
+// SAFETY: integers.
+unsafe impl Plain for u32 {}
+// SAFETY: `repr(C)`: two u64, six u32, two [u8; 8] (56 bytes, no padding).
+unsafe impl Plain for ChunkDesc {}
+// SAFETY: `repr(C)`: u32 fields and arrays only.
+unsafe impl Plain for TensorDesc {}
+// SAFETY: `repr(C)`: three u64.
+unsafe impl Plain for crate::plan::Copy {}
+
+/// The host image of a plan's small arrays, each at a 16-byte aligned offset.
+#[derive(Default)]
+struct Staging(Vec<u8>);
+
+impl Staging {
+    /// Appends `v` and returns its offset.
+    fn push<T: Plain>(&mut self, v: &[T]) -> usize {
+        let at = self.0.len().div_ceil(16) * 16;
+        self.0.resize(at, 0);
+        // SAFETY: `T: Plain` has no padding, so all `size_of_val(v)` bytes are initialised.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
+        };
+        self.0.extend_from_slice(bytes);
+        at
+    }
 }
 
 struct DeviceGroup {
     kernel: usize,
-    chunks: CudaSlice<ChunkDesc>,
+    /// Device address of the group's chunk descriptors (inside the plan's buffer).
+    chunks: u64,
     scratch: Option<CudaSlice<u8>>,
     n: u32,
     warps: u32,
@@ -108,6 +156,8 @@ pub(crate) struct Shared {
     decode: Vec<CudaFunction>,
     /// `tz_build_tables`: frequencies to decoder tables.
     build_tables: CudaFunction,
+    /// `tz_copy`: the small stored blobs of a batch, in one launch.
+    copy: CudaFunction,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
     /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
@@ -154,6 +204,7 @@ impl GpuEngine {
             .map(|(name, _, _)| module.load_function(name))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let build_tables = module.load_function("tz_build_tables")?;
+        let copy = module.load_function("tz_copy")?;
         let stream = ctx.default_stream();
         keep_pool_memory(&ctx);
         Ok(GpuEngine {
@@ -162,6 +213,7 @@ impl GpuEngine {
             shared: Arc::new(Shared {
                 decode,
                 build_tables,
+                copy,
                 encode: std::sync::OnceLock::new(),
                 pinned: std::sync::Mutex::new(None),
                 staging: std::sync::Mutex::new(Vec::new()),
@@ -220,12 +272,23 @@ impl GpuEngine {
         &self.stream
     }
 
-    /// Uploads a plan's descriptors and tables (and allocates its scratch).
+    /// Uploads a plan's descriptors and tables (and allocates its scratch): one copy of the plan's
+    /// arrays and one launch that expands the tables.
     pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
         let s = &self.stream;
-        let one = |v: &[u32]| if v.is_empty() { vec![0u32] } else { v.to_vec() };
-        let no_tensor = [TensorDesc::default()];
-        let mut groups = Vec::with_capacity(plan.groups.len());
+        let mut st = Staging::default();
+        struct Pending {
+            kernel: usize,
+            chunks_at: usize,
+            scratch: Option<CudaSlice<u8>>,
+            n: u32,
+            warps: u32,
+            smem: u32,
+            per_warp: u32,
+            n_slots: u32,
+            slot_units: u32,
+        }
+        let mut pending = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
             let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + CACHE_BYTES > MAX_SMEM;
             let most = if global {
@@ -252,9 +315,9 @@ impl GpuEngine {
             } else {
                 (warps * (g.per_warp + RING_STASH_BYTES) + CACHE_BYTES, None)
             };
-            groups.push(DeviceGroup {
+            pending.push(Pending {
                 kernel: g.kernel,
-                chunks: s.clone_htod(&chunks)?,
+                chunks_at: st.push(&chunks),
                 scratch,
                 n,
                 warps,
@@ -264,17 +327,55 @@ impl GpuEngine {
                 slot_units: g.slot_units,
             });
         }
+        let no_tensor = [TensorDesc::default()];
+        let tensors_at = st.push(if plan.tensors.is_empty() {
+            &no_tensor[..]
+        } else {
+            &plan.tensors
+        });
+        let info_at = st.push(if plan.table_info.is_empty() {
+            &[0u32][..]
+        } else {
+            &plan.table_info
+        });
+        let freqs_at = st.push(&plan.freqs);
+        let err_at = st.push(&[0u32, u32::MAX]);
+        let (small, large): (Vec<_>, Vec<_>) = plan
+            .copies
+            .iter()
+            .filter(|c| c.len > 0)
+            .partition(|c| c.len <= KERNEL_COPY_MAX);
+        let copies_at = st.push(&small);
+        // SAFETY: plain bytes, every one written by the copy below before any kernel reads them.
+        let mut buf = unsafe { s.alloc::<u8>(st.0.len()) }?;
+        s.memcpy_htod(&st.0, &mut buf)?;
+        let base = buf.device_ptr(s).0;
+        let at = |off: usize| base + off as u64;
+        let groups = pending
+            .into_iter()
+            .map(|p| DeviceGroup {
+                kernel: p.kernel,
+                chunks: at(p.chunks_at),
+                scratch: p.scratch,
+                n: p.n,
+                warps: p.warps,
+                smem: p.smem,
+                per_warp: p.per_warp,
+                n_slots: p.n_slots,
+                slot_units: p.slot_units,
+            })
+            .collect();
+        let tables = self.build_tables(at(freqs_at), plan.freqs.len() / 256)?;
         Ok(DevicePlan {
             groups,
-            tensors: s.clone_htod(if plan.tensors.is_empty() {
-                &no_tensor[..]
-            } else {
-                &plan.tensors
-            })?,
-            tables: self.build_tables(&plan.freqs)?,
-            info: s.clone_htod(&one(&plan.table_info))?,
-            err: s.clone_htod(&[0u32, u32::MAX])?,
-            copies: plan.copies.clone(),
+            tensors: at(tensors_at),
+            info: at(info_at),
+            err: at(err_at),
+            copies: at(copies_at),
+            n_copies: small.len() as u32,
+            tables,
+            large_copies: large,
+            _buf: buf,
         })
     }
 
@@ -287,18 +388,33 @@ impl GpuEngine {
     /// until the stream has run the launch.
     pub unsafe fn launch(&self, dp: &mut DevicePlan, data: u64, out: u64) -> Result<()> {
         let s = &self.stream;
-        s.memcpy_htod(&[0u32, u32::MAX], &mut dp.err)?;
-        for c in &dp.copies {
-            if c.len > 0 {
-                // SAFETY: the caller guarantees both ranges are valid device memory.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        out + c.to,
-                        data + c.from,
-                        c.len as usize,
-                        s.cu_stream(),
-                    )?;
-                }
+        // SAFETY: `dp.err` is the plan's two error words, inside its buffer: no error, and the
+        // lowest failing chunk u32::MAX (all bytes 0xFF).
+        unsafe {
+            cudarc::driver::result::memset_d8_async(dp.err, 0, 4, s.cu_stream())?;
+            cudarc::driver::result::memset_d8_async(dp.err + 4, 0xFF, 4, s.cu_stream())?;
+        }
+        if dp.n_copies > 0 {
+            let cfg = LaunchConfig {
+                grid_dim: (dp.n_copies, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(&self.shared.copy);
+            b.arg(&dp.copies).arg(&dp.n_copies).arg(&data).arg(&out);
+            // SAFETY: `dp.copies` holds `n_copies` descriptors whose ranges, offset by `data` and
+            // `out`, lie inside the caller's buffers (the caller's promise).
+            unsafe { b.launch(cfg) }?;
+        }
+        for c in &dp.large_copies {
+            // SAFETY: the caller guarantees both ranges are valid device memory.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    out + c.to,
+                    data + c.from,
+                    c.len as usize,
+                    s.cu_stream(),
+                )?;
             }
         }
         for g in &dp.groups {
@@ -321,7 +437,7 @@ impl GpuEngine {
                 .arg(&dp.tables)
                 .arg(&dp.info)
                 .arg(&out)
-                .arg(&mut dp.err);
+                .arg(&dp.err);
             b.arg(&scratch_ptr)
                 .arg(&g.per_warp)
                 .arg(&g.warps)
@@ -335,33 +451,83 @@ impl GpuEngine {
         Ok(())
     }
 
-    /// Uploads the tables' frequencies and expands them on the device into decoder tables of 4096
-    /// entries each (`sym | freq << 8 | bias << 20`, as `FreqTable::decode_table`).
-    fn build_tables(&self, freqs: &[u16]) -> Result<CudaSlice<u32>> {
+    /// Expands `n` tables of 256 frequencies (at device address `freqs`) on the device into decoder
+    /// tables of 4096 entries each (`sym | freq << 8 | bias << 20`, as `FreqTable::decode_table`).
+    fn build_tables(&self, freqs: u64, n: usize) -> Result<CudaSlice<u32>> {
         let s = &self.stream;
-        let n = freqs.len() / 256;
-        let mut tables = s.alloc_zeros::<u32>((n * 4096).max(1))?;
+        // SAFETY: plain integers; `tz_build_tables` writes every entry of every table.
+        let mut tables = unsafe { s.alloc::<u32>((n * 4096).max(1)) }?;
         if n == 0 {
             return Ok(tables);
         }
-        let dev_freqs = s.clone_htod(freqs)?;
         let cfg = LaunchConfig {
             grid_dim: (n as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = s.launch_builder(&self.shared.build_tables);
-        b.arg(&dev_freqs).arg(&mut tables);
-        // SAFETY: `dev_freqs` holds `n` tables of 256 frequencies, each validated to sum to 4096
-        // when its blob was parsed; `tables` holds `n * 4096` entries; one block per table.
+        b.arg(&freqs).arg(&mut tables);
+        // SAFETY: `freqs` holds `n` tables of 256 frequencies, each validated to sum to 4096 when
+        // its blob was parsed; `tables` holds `n * 4096` entries; one block per table.
         unsafe { b.launch(cfg) }?;
-        // `dev_freqs` is freed in stream order after the launch.
         Ok(tables)
+    }
+
+    /// Reads byte ranges `(device address, length)` back to the host, concatenated in order: one
+    /// gathering launch (`tz_copy`) into a device buffer and one copy, instead of a copy call per
+    /// range (the blob prefixes of a device-resident model: 104 calls for MiniLM). Waits for the
+    /// engine's stream.
+    ///
+    /// # Safety
+    /// Every range must be readable device memory of this engine's context, alive until this
+    /// returns.
+    pub unsafe fn read_ranges(&self, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
+        let s = &self.stream;
+        let mut descs = Vec::with_capacity(ranges.len());
+        let mut total = 0u64;
+        for &(from, len) in ranges {
+            descs.push(crate::plan::Copy {
+                from,
+                to: total,
+                len,
+            });
+            total += len;
+        }
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let mut st = Staging::default();
+        st.push(&descs);
+        // SAFETY: plain bytes, all written by the copy below before the kernel reads them.
+        let mut dev_descs = unsafe { s.alloc::<u8>(st.0.len()) }?;
+        s.memcpy_htod(&st.0, &mut dev_descs)?;
+        // SAFETY: plain bytes; the kernel writes every one (the ranges tile `0..total`).
+        let mut gathered = unsafe { s.alloc::<u8>(total as usize) }?;
+        let descs_ptr = dev_descs.device_ptr(s).0;
+        let out = gathered.device_ptr_mut(s).0;
+        let n = descs.len() as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&self.shared.copy);
+        b.arg(&descs_ptr).arg(&n).arg(&0u64).arg(&out);
+        // SAFETY: `n` descriptors; sources are the caller's readable ranges, destinations tile
+        // `gathered`.
+        unsafe { b.launch(cfg) }?;
+        Ok(s.clone_dtoh(&gathered)?)
     }
 
     /// Waits for the stream and reports the error flags of the last launch of `dp`.
     pub fn check(&self, dp: &DevicePlan) -> Result<()> {
-        let e = self.stream.clone_dtoh(&dp.err)?;
+        let mut e = [0u32; 2];
+        // SAFETY: `dp.err` is the plan's two error words (alive with `dp`); `e` outlives the copy,
+        // which the synchronisation below completes.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut e, dp.err, self.stream.cu_stream())
+        }?;
+        self.stream.synchronize()?;
         if e[0] != 0 {
             let what = match e[0] {
                 1 => "block selector names no table",

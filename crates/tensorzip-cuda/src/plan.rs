@@ -54,7 +54,9 @@ unsafe impl DeviceRepr for ChunkDesc {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for TensorDesc {}
 
-/// A stored (uncompressed) blob: its bytes are copied as they are.
+/// A stored (uncompressed) blob: its bytes are copied as they are (layout shared with `struct
+/// CopyDesc` in decode.cu).
+#[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Copy {
     pub from: u64,

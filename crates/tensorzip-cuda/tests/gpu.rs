@@ -380,3 +380,76 @@ fn gpu_encodes_large_host_tensors_through_the_staging_buffers() {
         cpu.len()
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_copies_stored_blobs_of_every_size_and_alignment() {
+    // Stored blobs go through `tz_copy` (up to 1 MiB, every alignment) or the copy engine (larger),
+    // all in one batch.
+    let eng = engine();
+    let opts = CompressOptions {
+        min_compress_bytes: usize::MAX,
+        ..CompressOptions::default()
+    };
+    let sizes = [
+        1usize,
+        15,
+        16,
+        17,
+        255,
+        4099,
+        65536,
+        (1 << 20) - 1,
+        1 << 20,
+        (1 << 20) + 5,
+        (3 << 20) + 1,
+    ];
+    let datas: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 7 + k * 13 + i / 251) as u8).collect())
+        .collect();
+    let blobs: Vec<Vec<u8>> = datas
+        .iter()
+        .map(|d| compress(d, DType::U8, &[d.len() as u64], &opts).unwrap())
+        .collect();
+    let refs: Vec<&[u8]> = blobs.iter().map(|b| b.as_slice()).collect();
+    let out = eng.decompress_host(&refs).unwrap();
+    for (d, o) in datas.iter().zip(&out) {
+        assert!(o.data == *d, "stored blob of {} bytes", d.len());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_reads_ranges_back_in_one_gather() {
+    let eng = engine();
+    let s = eng.stream();
+    let src: Vec<u8> = (0..(1usize << 20) + 3)
+        .map(|i| (i * 131 + i / 97) as u8)
+        .collect();
+    let dev = s.clone_htod(&src).unwrap();
+    let (p, g) = dev.device_ptr(s);
+    drop(g);
+    let ranges: Vec<(usize, usize)> = vec![
+        (0, 0),
+        (0, 1),
+        (5, 17),
+        (16, 16),
+        (3, 4096),
+        (1000, 0),
+        (0, src.len()),
+        (src.len() - 1, 1),
+    ];
+    let dev_ranges: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(o, n)| (p + o as u64, n as u64))
+        .collect();
+    // SAFETY: every range lies inside `dev`, alive until the end of the test.
+    let got = unsafe { eng.read_ranges(&dev_ranges) }.unwrap();
+    let want: Vec<u8> = ranges
+        .iter()
+        .flat_map(|&(o, n)| src[o..o + n].iter().copied())
+        .collect();
+    assert!(got == want);
+}
