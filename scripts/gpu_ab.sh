@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B timing of decoder kernel variants on the GPU machine, with the binaries of gpu-bin/ (built by
+# A/B timing of decoder (or, with AB_ENCODER=1, encoder) kernel variants on the GPU machine, with the binaries of gpu-bin/ (built by
 # scripts/gpu_build.sh) and the kernel sources given as files (the built-in one is `builtin`):
 #   scripts/gpu_ab.sh ROUNDS "BENCH ARGS" builtin /path/to/variant.cu ...
 # e.g. scripts/gpu_ab.sh 3 "synth bf16 8 5" builtin gpu-ab/decode.cu
@@ -19,7 +19,11 @@ for ((r = 1; r <= rounds; r++)); do
         if [[ $v == builtin ]]; then
             line=$(./gpu-bin/gpu_bench $args)
         else
-            line=$(TENSORZIP_DEV_TZ_DECODE_SRC=$v ./gpu-bin/gpu_bench $args)
+            if [[ ${AB_ENCODER:-0} == 1 ]]; then
+                line=$(TENSORZIP_DEV_TZ_ENCODE_SRC=$v ./gpu-bin/gpu_bench $args)
+            else
+                line=$(TENSORZIP_DEV_TZ_DECODE_SRC=$v ./gpu-bin/gpu_bench $args)
+            fi
         fi
         echo "round $r variant $v: $line"
     done

@@ -344,9 +344,18 @@ __device__ __forceinline__ void stage(const u8* __restrict__ src, u32 bl, u32 bl
     __syncwarp();
 }
 
-// Appends `n` bytes from `from` (shared or global) to `to` (global), lanes striding.
+// Appends `n` bytes of a staged plane `from` (shared or global, 4-byte aligned) to `to` (global,
+// any alignment): four bytes per lane and load, stored one by one.
 __device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lane) {
-    for (u32 i = lane; i < n; i += 32) to[i] = from[i];
+    const u32 n4 = n & ~3u;
+    for (u32 i = 4 * lane; i < n4; i += 128) {
+        const u32 w = *(const u32*)(from + i);
+        to[i] = (u8)w;
+        to[i + 1] = (u8)(w >> 8);
+        to[i + 2] = (u8)(w >> 16);
+        to[i + 3] = (u8)(w >> 24);
+    }
+    for (u32 i = n4 + lane; i < n; i += 32) to[i] = from[i];
 }
 
 // The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
@@ -381,20 +390,49 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
         const u8* ep = planes + (u64)P.cond_src * bu;
         const u8* mp = planes + (u64)P.cond_plane * bu;
         if (lane == 0) coff[b] = st.ctot;
-        const u32 c0 = st.ctot;
-        u32 craw = 0;
-        for (u32 r = 0; r * 32 < blen; r++) {
-            const u32 i = r * 32 + lane;
-            const bool in = i < blen;
-            const u32 e = in ? ep[i] : 0u, m = in ? mp[i] : 0u;
-            const bool hit = in && e == P.cond_value;
-            const u32 hm = __ballot_sync(FULL, hit), rm = __ballot_sync(FULL, in && !hit);
-            if (hit) csyms[st.ctot + __popc(hm & lanemask_lt())] = (u8)m;
-            else if (in) area[st.aoff + __popc(rm & lanemask_lt())] = (u8)m;
-            st.ctot += __popc(hm);
-            st.aoff += __popc(rm);
-            craw += __popc(rm);
+        const u32 c0 = st.ctot, a0 = st.aoff;
+        const u32 lt = lanemask_lt();
+        // Four consecutive units per lane, 128 per warp step (`planes` is 16-byte aligned and
+        // `bu` a multiple of 32, so the 32-bit loads are aligned). A lane's hits (0..4) are
+        // counted and summed over the lower lanes with three ballots, one per bit of the count;
+        // its raw bytes go after the lower lanes' raw bytes, which are their units minus their
+        // hits. Then each lane stores its bytes in unit order: the coded ones to `csyms`, the
+        // others to the raw area (the same bytes and places as one unit per lane per step).
+        for (u32 r0 = 0; r0 < blen; r0 += 128) {
+            const u32 i0 = r0 + 4 * lane;
+            const u32 n_in = i0 >= blen ? 0u : min(blen - i0, 4u);
+            u32 ew = 0, mw = 0;
+            if (n_in == 4) {
+                ew = *(const u32*)(ep + i0);
+                mw = *(const u32*)(mp + i0);
+            } else {
+                for (u32 k = 0; k < n_in; k++) {
+                    ew |= (u32)ep[i0 + k] << (8 * k);
+                    mw |= (u32)mp[i0 + k] << (8 * k);
+                }
+            }
+            u32 hits = 0;
+            #pragma unroll
+            for (u32 k = 0; k < 4; k++) hits |= (u32)(k < n_in && ((ew >> (8 * k)) & 0xFFu) == P.cond_value) << k;
+            const u32 nh = __popc(hits);
+            const u32 b0 = __ballot_sync(FULL, nh & 1u), b1 = __ballot_sync(FULL, nh & 2u), b2 = __ballot_sync(FULL, nh & 4u);
+            const u32 ph = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt);
+            const u32 th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+            const u32 before = min(4 * (u32)lane, blen - r0);  // units of the lower lanes
+            u32 c = st.ctot + ph, a = st.aoff + (before - ph);
+            #pragma unroll
+            for (u32 k = 0; k < 4; k++) {
+                if (k < n_in) {
+                    const u8 m = (u8)(mw >> (8 * k));
+                    if ((hits >> k) & 1u) csyms[c++] = m;
+                    else area[a++] = m;
+                }
+            }
+            const u32 step = min(128u, blen - r0);
+            st.ctot += th;
+            st.aoff += step - th;
         }
+        const u32 craw = st.aoff - a0;
         st.any |= st.ctot > c0;
         st.last_craw = craw;
     }
