@@ -344,6 +344,21 @@ __device__ __forceinline__ void stage(const u8* __restrict__ src, u32 bl, u32 bl
     __syncwarp();
 }
 
+// Whether the `blen` bytes of a staged plane `pp` (4-byte aligned) all equal `first` (warp-uniform).
+// Most blocks differ within their first 128 bytes, so the vote after each step usually ends it there.
+__device__ __forceinline__ bool plane_is_const(const u8* pp, u32 blen, u32 first, int lane) {
+    const u32 rep = first * 0x01010101u;
+    const u32 n4 = blen & ~3u;
+    for (u32 i0 = 0; i0 < n4; i0 += 128) {
+        const u32 i = i0 + 4 * lane;
+        const bool same = i >= n4 || *(const u32*)(pp + i) == rep;
+        if (!__all_sync(FULL, same)) return false;
+    }
+    bool same = true;
+    for (u32 i = n4 + lane; i < blen; i += 32) same &= pp[i] == first;
+    return __all_sync(FULL, same);
+}
+
 // Appends `n` bytes of a staged plane `from` (shared or global, 4-byte aligned) to `to` (global,
 // any alignment): four bytes per lane and load, stored one by one.
 __device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lane) {
@@ -474,10 +489,17 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
     for (u32 b = 0; b < nb; b++) {
         const u32 bl = b * bu, blen = min(bu, len - bl);
         stage<U, E>(src, bl, blen, planes, bu, lane);
-        for (u32 k = lane; k < U * 256; k += 32) hist[k] = 0;
+        // Histograms only of the planes with block tables (their blocks choose a table by cost);
+        // the others (raw, conditioned: for bf16 one plane of two, for fp32 three of four) need
+        // only the constant test, a warp vote.
+        #pragma unroll
+        for (int p = 0; p < U; p++)
+            if (P.n_tables[p] != 0)
+                for (u32 k = lane; k < 256; k += 32) hist[p * 256 + k] = 0;
         __syncwarp();
         #pragma unroll
         for (int p = 0; p < U; p++) {
+            if (P.n_tables[p] == 0) continue;
             const u8* pp = planes + (u64)p * bu;
             u32* hp = hist + p * 256;
             for (u32 i = 4 * lane; i < blen; i += 128) {
@@ -496,7 +518,8 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
         #pragma unroll
         for (int p = 0; p < U; p++) {
             const u32 first = planes[(u64)p * bu];
-            const bool is_const = hist[p * 256 + first] == blen;
+            const bool is_const = P.n_tables[p] == 0 ? plane_is_const(planes + (u64)p * bu, blen, first, lane)
+                                                     : hist[p * 256 + first] == blen;
             const u32 nt = P.n_tables[p];
             u32 sel;
             if (nt == 0) sel = is_const ? SEL_CONST : SEL_RAW;

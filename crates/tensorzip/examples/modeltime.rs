@@ -1,8 +1,12 @@
 //! Development probe for the encoder's model (the table search the GPU engine waits for): counts
 //! the sampled blocks of one synthetic tensor once, then times `model_from_counts` on those counts,
 //! printing the median and a digest of the tables (which must not change when the search gets
-//! faster). `THREADS=n cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs]`
+//! faster). With `tensors` > 1, that many models are built at once (rayon, as the GPU engine does
+//! for the tensors of a batch).
+//! `THREADS=n cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs] [tensors]`
 use std::time::Instant;
+
+use rayon::prelude::*;
 
 use tensorzip::blob::{BlobHeader, Scheme};
 use tensorzip::model::{histogram, model_from_counts, Sampling};
@@ -17,6 +21,7 @@ fn main() {
     };
     let rows: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8192);
     let runs: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(15);
+    let n_tensors: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1);
     let threads: usize = std::env::var("THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -69,15 +74,48 @@ fn main() {
     let mut digest = 0u32;
     for _ in 0..runs {
         let t = Instant::now();
-        let model = model_from_counts(&header, &opts, &sampling, &hists, |_, _| joint.clone());
+        let mut models: Vec<_> = (0..n_tensors)
+            .into_par_iter()
+            .map(|_| model_from_counts(&header, &opts, &sampling, &hists, |_, _| joint.clone()))
+            .collect();
         times.push(t.elapsed().as_secs_f64() * 1e3);
+        let model = models.swap_remove(0);
         let mut out = Vec::new();
         model.write_tables(&mut out);
         digest = tensorzip::crc32(&out);
     }
+    // Each plane's table search alone (the sequential part of a model).
+    for p in 0..us {
+        let blocks: Vec<&[u32; 256]> = hists
+            .iter()
+            .skip(p)
+            .step_by(us)
+            .filter(|h| h.iter().filter(|&&c| c != 0).count() > 1)
+            .collect();
+        let mut t_plane = Vec::new();
+        let mut n_tables = 0;
+        for _ in 0..runs {
+            let t = Instant::now();
+            n_tables = tensorzip::model::cluster(
+                &blocks,
+                sampling.picks.len() as u64,
+                sampling.n_blocks,
+                opts.max_tables,
+                opts.threshold_q16(),
+            )
+            .len();
+            t_plane.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        t_plane.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!(
+            "  plane {p}: {} blocks, {n_tables} tables, cluster median {:.3} ms",
+            blocks.len(),
+            t_plane[t_plane.len() / 2]
+        );
+    }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!(
-        "{dt:?} {rows}x{cols} threads {threads}: model_from_counts median {:.3} ms (min {:.3}), tables crc {digest:08x}",
+        "{dt:?} {rows}x{cols} x{n_tensors} threads {threads}: model_from_counts median {:.3} ms (min {:.3}), tables crc {digest:08x}",
         times[times.len() / 2],
         times[0]
     );
