@@ -84,35 +84,38 @@ fn main() {
         model.write_tables(&mut out);
         digest = tensorzip::crc32(&out);
     }
-    // Each plane's table search alone (the sequential part of a model).
-    for p in 0..us {
-        let blocks: Vec<&[u32; 256]> = hists
-            .iter()
-            .skip(p)
-            .step_by(us)
-            .filter(|h| h.iter().filter(|&&c| c != 0).count() > 1)
-            .collect();
-        let mut t_plane = Vec::new();
-        let mut n_tables = 0;
-        for _ in 0..runs {
-            let t = Instant::now();
-            n_tables = tensorzip::model::cluster(
-                &blocks,
-                sampling.picks.len() as u64,
-                sampling.n_blocks,
-                opts.max_tables,
-                opts.threshold_q16(),
-            )
-            .len();
-            t_plane.push(t.elapsed().as_secs_f64() * 1e3);
+    // Each plane's table search alone (the sequential part of a model), on a pool thread as in the
+    // engines (called from outside the pool, every parallel loop inside would wait for a wake-up).
+    (0..1).into_par_iter().for_each(|_| {
+        for p in 0..us {
+            let blocks: Vec<&[u32; 256]> = hists
+                .iter()
+                .skip(p)
+                .step_by(us)
+                .filter(|h| h.iter().filter(|&&c| c != 0).count() > 1)
+                .collect();
+            let mut t_plane = Vec::new();
+            let mut n_tables = 0;
+            for _ in 0..runs {
+                let t = Instant::now();
+                n_tables = tensorzip::model::cluster(
+                    &blocks,
+                    sampling.picks.len() as u64,
+                    sampling.n_blocks,
+                    opts.max_tables,
+                    opts.threshold_q16(),
+                )
+                .len();
+                t_plane.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            t_plane.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!(
+                "  plane {p}: {} blocks, {n_tables} tables, cluster median {:.3} ms",
+                blocks.len(),
+                t_plane[t_plane.len() / 2]
+            );
         }
-        t_plane.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        println!(
-            "  plane {p}: {} blocks, {n_tables} tables, cluster median {:.3} ms",
-            blocks.len(),
-            t_plane[t_plane.len() / 2]
-        );
-    }
+    });
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!(
         "{dt:?} {rows}x{cols} x{n_tensors} threads {threads}: model_from_counts median {:.3} ms (min {:.3}), tables crc {digest:08x}",

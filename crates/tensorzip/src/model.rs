@@ -351,13 +351,17 @@ struct Support {
 
 impl Support {
     fn new(blocks: &[&[u32; 256]]) -> Support {
-        let mut seen = [false; 256];
+        // OR of the counts: non-zero where any block has the symbol (a loop that vectorises).
+        let mut seen = [0u32; 256];
         for h in blocks {
-            for (s, &c) in h.iter().enumerate() {
-                seen[s] |= c != 0;
+            for (a, &c) in seen.iter_mut().zip(h.iter()) {
+                *a |= c;
             }
         }
-        let syms: Vec<u8> = (0..256).filter(|&s| seen[s]).map(|s| s as u8).collect();
+        let syms: Vec<u8> = (0..256)
+            .filter(|&s| seen[s] != 0)
+            .map(|s| s as u8)
+            .collect();
         let width = syms.len().div_ceil(8) * 8;
         let mut counts = vec![0u32; blocks.len() * width];
         for (row, h) in counts.chunks_exact_mut(width).zip(blocks) {
@@ -374,6 +378,40 @@ impl Support {
 
     fn row(&self, b: usize) -> &[u32] {
         &self.counts[b * self.width..(b + 1) * self.width]
+    }
+
+    /// The summed rows of the blocks of each group: `group(b)` names block `b`'s group (`None`: no
+    /// group), `n` groups. The sums are kept in 32-bit lanes, which vectorise, and carried into 64
+    /// bits every `FLUSH_ROWS` rows of a group (a row sums to at most 65536, the largest block, so
+    /// the 32-bit lanes cannot overflow in between).
+    fn group_sums(&self, n: usize, group: impl Fn(usize) -> Option<usize>) -> Vec<Vec<u64>> {
+        const FLUSH_ROWS: u32 = 65535;
+        let mut wide = vec![vec![0u64; self.width]; n];
+        let mut narrow = vec![vec![0u32; self.width]; n];
+        let mut rows = vec![0u32; n];
+        let flush = |w: &mut [u64], n: &mut [u32]| {
+            for (w, n) in w.iter_mut().zip(n.iter_mut()) {
+                *w += *n as u64;
+                *n = 0;
+            }
+        };
+        for b in 0..self.len() {
+            let Some(g) = group(b).filter(|&g| g < n) else {
+                continue;
+            };
+            for (a, &c) in narrow[g].iter_mut().zip(self.row(b)) {
+                *a = a.wrapping_add(c);
+            }
+            rows[g] += 1;
+            if rows[g] == FLUSH_ROWS {
+                flush(&mut wide[g], &mut narrow[g]);
+                rows[g] = 0;
+            }
+        }
+        for (w, n) in wide.iter_mut().zip(narrow.iter_mut()) {
+            flush(w, n);
+        }
+        wide
     }
 
     fn len(&self) -> usize {
@@ -524,12 +562,7 @@ pub fn cluster(
     }
     let sup = Support::new(blocks);
     let nb = sup.len();
-    let mut total = vec![0u64; sup.width];
-    for b in 0..nb {
-        for (t, &c) in total.iter_mut().zip(sup.row(b)) {
-            *t += c as u64;
-        }
-    }
+    let total = sup.group_sums(1, |_| Some(0)).swap_remove(0);
     let lens: Vec<usize> = (0..nb)
         .map(|b| sup.row(b).iter().map(|&c| c as usize).sum())
         .collect();
@@ -621,14 +654,7 @@ pub fn cluster(
         let mut trial_choice = assign(&trial_cols);
         for _ in 0..LLOYD_ITERS {
             // Summed counts of the blocks choosing each table, in one pass.
-            let mut sums = vec![vec![0u64; sup.width]; trial.len()];
-            for (b, &(sel, _)) in trial_choice.iter().enumerate() {
-                if let Some(s) = sums.get_mut(sel as usize) {
-                    for (t, &c) in s.iter_mut().zip(sup.row(b)) {
-                        *t += c as u64;
-                    }
-                }
-            }
+            let sums = sup.group_sums(trial.len(), |b| Some(trial_choice[b].0 as usize));
             for j in 1..trial.len() {
                 if let Some(t) = sup.table(&sums[j]) {
                     if t != trial[j] {
