@@ -2,7 +2,8 @@
 //! the sampled blocks of one synthetic tensor once, then times `model_from_counts` on those counts,
 //! printing the median and a digest of the tables (which must not change when the search gets
 //! faster). With `tensors` > 1, that many models are built at once (rayon, as the GPU engine does
-//! for the tensors of a batch).
+//! for the tensors of a batch). (A per-plane timing of `cluster` called in a loop here gave 3x the
+//! whole model's time for the same plane, unexplained, so it was taken out.)
 //! `THREADS=n cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs] [tensors]`
 use std::time::Instant;
 
@@ -84,38 +85,6 @@ fn main() {
         model.write_tables(&mut out);
         digest = tensorzip::crc32(&out);
     }
-    // Each plane's table search alone (the sequential part of a model), on a pool thread as in the
-    // engines (called from outside the pool, every parallel loop inside would wait for a wake-up).
-    (0..1).into_par_iter().for_each(|_| {
-        for p in 0..us {
-            let blocks: Vec<&[u32; 256]> = hists
-                .iter()
-                .skip(p)
-                .step_by(us)
-                .filter(|h| h.iter().filter(|&&c| c != 0).count() > 1)
-                .collect();
-            let mut t_plane = Vec::new();
-            let mut n_tables = 0;
-            for _ in 0..runs {
-                let t = Instant::now();
-                n_tables = tensorzip::model::cluster(
-                    &blocks,
-                    sampling.picks.len() as u64,
-                    sampling.n_blocks,
-                    opts.max_tables,
-                    opts.threshold_q16(),
-                )
-                .len();
-                t_plane.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            t_plane.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            println!(
-                "  plane {p}: {} blocks, {n_tables} tables, cluster median {:.3} ms",
-                blocks.len(),
-                t_plane[t_plane.len() / 2]
-            );
-        }
-    });
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!(
         "{dt:?} {rows}x{cols} x{n_tensors} threads {threads}: model_from_counts median {:.3} ms (min {:.3}), tables crc {digest:08x}",
