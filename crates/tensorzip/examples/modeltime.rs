@@ -2,8 +2,10 @@
 //! the sampled blocks of one synthetic tensor once, then times `model_from_counts` on those counts,
 //! printing the median and a digest of the tables (which must not change when the search gets
 //! faster). With `tensors` > 1, that many models are built at once (rayon, as the GPU engine does
-//! for the tensors of a batch). (A per-plane timing of `cluster` called in a loop here gave 3x the
-//! whole model's time for the same plane, unexplained, so it was taken out.)
+//! for the tensors of a batch). (A per-plane timing of `cluster` was taken out: called directly in
+//! a pool job it took ~3x as long (6 ms for the bf16 exponent plane on the CPU VM) as wrapped in
+//! `rayon::join` (1.4-2.5 ms) or inside `model_from_counts`; rayon's nested parallel loops behave
+//! differently at the top of a job. The whole-model figure is what the engines see.)
 //! `THREADS=n cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs] [tensors]`
 use std::time::Instant;
 
