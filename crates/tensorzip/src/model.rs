@@ -615,23 +615,28 @@ pub fn cluster(
         col
     };
     let assign = |cols: &[Vec<u64>]| -> Vec<(u8, u64)> {
-        (0..nb)
-            .into_par_iter()
-            .with_min_len(256)
-            .map(|b| {
-                let mut best: Option<(usize, u64)> = None;
-                for (j, col) in cols.iter().enumerate() {
-                    let c = col[b];
-                    if c != u64::MAX && best.is_none_or(|(_, bc)| c < bc) {
-                        best = Some((j, c));
-                    }
-                }
-                let raw = raw_cost(lens[b]);
-                match best {
-                    Some((j, c)) if (c as u128) << 16 < threshold as u128 * raw as u128 => {
-                        (j as u8, c)
-                    }
-                    _ => (SEL_RAW, raw),
+        // Column by column, each block keeps its least cost so far (strictly less: the lowest
+        // index wins ties; `u64::MAX`, not covered, never wins): a loop over blocks without
+        // branches, which vectorises, instead of a branchy walk over the tables per block.
+        let mut best_c = vec![u64::MAX; nb];
+        let mut best_j = vec![0u8; nb];
+        for (j, col) in cols.iter().enumerate() {
+            for ((bc, bj), &c) in best_c.iter_mut().zip(best_j.iter_mut()).zip(col) {
+                let better = c < *bc;
+                *bc = if better { c } else { *bc };
+                *bj = if better { j as u8 } else { *bj };
+            }
+        }
+        best_c
+            .iter()
+            .zip(&best_j)
+            .zip(&lens)
+            .map(|((&c, &j), &len)| {
+                let raw = raw_cost(len);
+                if c != u64::MAX && (c as u128) << 16 < threshold as u128 * raw as u128 {
+                    (j, c)
+                } else {
+                    (SEL_RAW, raw)
                 }
             })
             .collect()
