@@ -853,10 +853,11 @@ extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u16* __r
     }
 }
 
-// Stored blobs of a batch: one thread block per copy (`struct Copy` in plan.rs: `from` relative to
-// the blobs' base `data`, `to` relative to the output base `out`, `len` bytes). A model has many small stored tensors (57 of MiniLM's 104 in bf16: norms and
-// biases under min_compress_bytes); one launch for all of them replaces one copy call each. The host
-// sends only copies of at most TZ_COPY_MAX bytes here (larger ones go to the copy engine).
+// Byte copies, one thread block per copy (`struct Copy` in plan.rs: `from` relative to `data`, `to`
+// relative to `out`, `len` bytes). Used for the stored blobs of a decode batch — a model has many
+// small stored tensors (57 of MiniLM's 104 in bf16: norms and biases under min_compress_bytes), and
+// one launch replaces a copy call each; blobs over 1 MiB go to the copy engine (KERNEL_COPY_MAX in
+// engine.rs) — and to gather device ranges for the host (`GpuEngine::read_ranges`).
 struct CopyDesc {
     u64 from;
     u64 to;

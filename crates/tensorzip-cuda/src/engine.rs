@@ -277,18 +277,10 @@ impl GpuEngine {
     pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
         let s = &self.stream;
         let mut st = Staging::default();
-        struct Pending {
-            kernel: usize,
-            chunks_at: usize,
-            scratch: Option<CudaSlice<u8>>,
-            n: u32,
-            warps: u32,
-            smem: u32,
-            per_warp: u32,
-            n_slots: u32,
-            slot_units: u32,
-        }
-        let mut pending = Vec::with_capacity(plan.groups.len());
+        // Each group's chunk descriptors go into the staging buffer; their device address is set
+        // once the buffer is on the device.
+        let mut groups = Vec::with_capacity(plan.groups.len());
+        let mut chunks_at = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
             let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + CACHE_BYTES > MAX_SMEM;
             let most = if global {
@@ -315,9 +307,10 @@ impl GpuEngine {
             } else {
                 (warps * (g.per_warp + RING_STASH_BYTES) + CACHE_BYTES, None)
             };
-            pending.push(Pending {
+            chunks_at.push(st.push(&chunks));
+            groups.push(DeviceGroup {
                 kernel: g.kernel,
-                chunks_at: st.push(&chunks),
+                chunks: 0,
                 scratch,
                 n,
                 warps,
@@ -351,20 +344,9 @@ impl GpuEngine {
         s.memcpy_htod(&st.0, &mut buf)?;
         let base = buf.device_ptr(s).0;
         let at = |off: usize| base + off as u64;
-        let groups = pending
-            .into_iter()
-            .map(|p| DeviceGroup {
-                kernel: p.kernel,
-                chunks: at(p.chunks_at),
-                scratch: p.scratch,
-                n: p.n,
-                warps: p.warps,
-                smem: p.smem,
-                per_warp: p.per_warp,
-                n_slots: p.n_slots,
-                slot_units: p.slot_units,
-            })
-            .collect();
+        for (g, &off) in groups.iter_mut().zip(&chunks_at) {
+            g.chunks = at(off);
+        }
         let tables = self.build_tables(at(freqs_at), plan.freqs.len() / 256)?;
         Ok(DevicePlan {
             groups,

@@ -4,29 +4,21 @@
 use std::time::Instant;
 
 mod common;
-use common::cpu;
-use tensorzip::{sample, CompressOptions, CpuEngine, DType};
+use common::{cpu, dtype_arg, num_arg, threads_env};
+use tensorzip::{sample, CompressOptions, CpuEngine};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dt = match args.get(1).map(String::as_str).unwrap_or("bf16") {
-        "fp32" => DType::F32,
-        "fp16" => DType::F16,
-        _ => DType::BF16,
-    };
-    let rows: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(4096);
-    let runs: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let dt = dtype_arg(&args);
+    let rows = num_arg(&args, 2, 4096);
+    let runs = num_arg(&args, 3, 5);
     let what = args.get(4).cloned().unwrap_or("both".into());
     let mut opts = CompressOptions::default();
     if let Some(c) = args.get(5) {
         opts.condition = c != "cond=0";
     }
     let data = sample::weights(rows, 4096, dt, 7);
-    let threads: usize = std::env::var("THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let eng = CpuEngine::new(threads).unwrap();
+    let eng = CpuEngine::new(threads_env()).unwrap();
     let shape = [rows as u64, 4096];
     let mut blob = Vec::new();
     eng.compress_into(&data, dt, &shape, &opts, &mut blob)

@@ -13,22 +13,17 @@ use rayon::prelude::*;
 
 use tensorzip::blob::{BlobHeader, Scheme};
 use tensorzip::model::{histogram, model_from_counts, Sampling};
-use tensorzip::{sample, transform, CompressOptions, DType};
+mod common;
+use common::{dtype_arg, num_arg, threads_env};
+use tensorzip::{sample, transform, CompressOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dt = match args.get(1).map(String::as_str).unwrap_or("bf16") {
-        "fp32" => DType::F32,
-        "fp16" => DType::F16,
-        _ => DType::BF16,
-    };
-    let rows: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8192);
-    let runs: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(15);
-    let n_tensors: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let threads: usize = std::env::var("THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let dt = dtype_arg(&args);
+    let rows = num_arg(&args, 2, 8192);
+    let runs = num_arg(&args, 3, 15);
+    let n_tensors = num_arg(&args, 4, 1);
+    let threads = threads_env();
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()

@@ -1,4 +1,6 @@
-//! Helpers shared by the development probes (not an example itself: no `main.rs`).
+//! Helpers shared by the development probes (not an example itself: no `main.rs`). Each probe
+//! uses some of them, so the others are dead code in its build.
+#![allow(dead_code)]
 
 /// CPU time of the process (all threads), in seconds: steadier than wall time on a shared VM.
 pub fn cpu() -> f64 {
@@ -9,4 +11,26 @@ pub fn cpu() -> f64 {
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The dtype named by argument 1 of a probe (`bf16`, `fp32` or `fp16`; bf16 by default).
+pub fn dtype_arg(args: &[String]) -> tensorzip::DType {
+    match args.get(1).map(String::as_str).unwrap_or("bf16") {
+        "fp32" => tensorzip::DType::F32,
+        "fp16" => tensorzip::DType::F16,
+        _ => tensorzip::DType::BF16,
+    }
+}
+
+/// Argument `i` as a number, or `default`.
+pub fn num_arg(args: &[String], i: usize, default: usize) -> usize {
+    args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// The thread count from `THREADS` (1 when unset).
+pub fn threads_env() -> usize {
+    std::env::var("THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
 }
