@@ -35,10 +35,7 @@ impl CpuEngine {
     /// An engine on `threads` threads (0 = all cores).
     pub fn new(threads: usize) -> Result<Self> {
         if threads == 0 {
-            return Ok(CpuEngine {
-                pool: None,
-                payloads: Default::default(),
-            });
+            return Ok(CpuEngine::default());
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -47,7 +44,7 @@ impl CpuEngine {
             .map_err(|e| Error::InvalidOption(format!("cannot start {threads} threads: {e}")))?;
         Ok(CpuEngine {
             pool: Some(pool),
-            payloads: Default::default(),
+            ..Default::default()
         })
     }
 

@@ -54,6 +54,12 @@ fn raw_cost(len: usize) -> u64 {
     (8 * len as u64) << FRAC_BITS
 }
 
+/// FORMAT.md's passthrough rule: a block of `len` bytes whose least covering cost is `cost` stays
+/// coded only if that is below `threshold_q16 / 65536` of its raw cost.
+fn stays_coded(cost: u64, len: usize, threshold_q16: u64) -> bool {
+    (cost as u128) << 16 < threshold_q16 as u128 * raw_cost(len) as u128
+}
+
 /// The selector of a non-constant block and its cost in Q16 bits: the covering table of least cost
 /// (lowest index among ties) if that cost is below `threshold_q16 / 65536` of the raw cost, else raw.
 pub fn choose(sp: &Sparse, len: usize, tables: &[FreqTable], threshold_q16: u64) -> (u8, u64) {
@@ -67,10 +73,9 @@ pub fn choose(sp: &Sparse, len: usize, tables: &[FreqTable], threshold_q16: u64)
             best = Some((j, c));
         }
     }
-    let raw = raw_cost(len);
     match best {
-        Some((j, c)) if (c as u128) << 16 < threshold_q16 as u128 * raw as u128 => (j as u8, c),
-        _ => (SEL_RAW, raw),
+        Some((j, c)) if stays_coded(c, len, threshold_q16) => (j as u8, c),
+        _ => (SEL_RAW, raw_cost(len)),
     }
 }
 
@@ -436,8 +441,8 @@ impl Support {
     }
 
     /// The costs of blocks `first..first + out.len()` under a table (`u64::MAX` for a block with a
-    /// symbol the table lacks): [`Support::cost`] for a run of rows, with one feature test and no
-    /// call per row (a bf16 exponent row is only six vectors).
+    /// symbol the table lacks): [`dense_cost_generic`] row by row, with one feature test for the
+    /// run and no call per row (a bf16 exponent row is only six vectors).
     fn costs(&self, first: usize, cl: &SupportCl, out: &mut [u64]) {
         let rows = &self.counts[first * self.width..(first + out.len()) * self.width];
         #[cfg(target_arch = "x86_64")]
@@ -452,12 +457,6 @@ impl Support {
             let (c, covered) = dense_cost_generic(h, &cl.lens, &cl.absent);
             *o = if covered { c } else { u64::MAX };
         }
-    }
-
-    /// Block `b`'s cost under a table, `None` if the table lacks one of its symbols.
-    fn cost(&self, b: usize, cl: &SupportCl) -> Option<u64> {
-        let (c, covered) = dense_cost(self.row(b), &cl.lens, &cl.absent);
-        covered.then_some(c)
     }
 
     /// Normalised table of the summed counts `sum` (over the support), every support symbol present.
@@ -480,17 +479,6 @@ struct SupportCl {
 
 /// `(sum h[i] * cl[i], whether no i has h[i] > 0 where absent[i] = u32::MAX)` over equal-length
 /// slices (a multiple of 8 long; `absent` is 0 or `u32::MAX`).
-fn dense_cost(h: &[u32], cl: &[u32], absent: &[u32]) -> (u64, bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::cpu::has_avx2() {
-            // SAFETY: AVX2 support was checked at run time.
-            return unsafe { dense_cost_avx2(h, cl, absent) };
-        }
-    }
-    dense_cost_generic(h, cl, absent)
-}
-
 fn dense_cost_generic(h: &[u32], cl: &[u32], absent: &[u32]) -> (u64, bool) {
     let mut acc = 0u64;
     let mut miss = 0u32;
@@ -605,7 +593,7 @@ pub fn cluster(
     // The cost of every block under every table is kept per table (a column; u64::MAX where the
     // table does not cover the block), and a column is recomputed only when its table changes.
     // Columns are computed in parallel: this is most of the model's time, and the GPU engine waits
-    // for it. The choice from the columns is exactly `choose_cl`'s.
+    // for it. The choice from the columns is exactly `choose`'s.
     let column = |t: &FreqTable| -> Vec<u64> {
         let cl = sup.code_lengths(t);
         let mut col = vec![0u64; nb];
@@ -632,11 +620,10 @@ pub fn cluster(
             .zip(&best_j)
             .zip(&lens)
             .map(|((&c, &j), &len)| {
-                let raw = raw_cost(len);
-                if c != u64::MAX && (c as u128) << 16 < threshold as u128 * raw as u128 {
+                if c != u64::MAX && stays_coded(c, len, threshold) {
                     (j, c)
                 } else {
-                    (SEL_RAW, raw)
+                    (SEL_RAW, raw_cost(len))
                 }
             })
             .collect()
@@ -645,11 +632,9 @@ pub fn cluster(
         |tables: &[FreqTable]| -> u64 { tables.iter().map(|t| t.serialized_len() as u64).sum() };
     let scale = |q16: u64| q16 as u128 * n_blocks as u128 / n_sampled as u128;
 
-    let mut full_total = [0u64; 256];
-    for (&s, &c) in sup.syms.iter().zip(&total) {
-        full_total[s as usize] = c;
-    }
-    let mut tables = vec![FreqTable::normalize(&full_total, None).expect("non-empty blocks")];
+    // Table 0: the summed counts (every support symbol has a positive total, so forcing the
+    // support changes nothing).
+    let mut tables = vec![sup.table(&total).expect("non-empty blocks")];
     let mut cols = vec![column(&tables[0])];
     let mut choice = assign(&cols);
     let mut attempt = 0u64;
@@ -679,10 +664,12 @@ pub fn cluster(
         let cand = sup.table(&seed_counts).expect("seed block is non-empty");
         // Cheap rejection: the candidate must at least improve its own seed block (`choose` with
         // the candidate alone).
-        let raw = raw_cost(lens[seed]);
-        let seed_cost = match sup.cost(seed, &sup.code_lengths(&cand)) {
-            Some(c) if (c as u128) << 16 < threshold as u128 * raw as u128 => c,
-            _ => raw,
+        let mut c = [0u64];
+        sup.costs(seed, &sup.code_lengths(&cand), &mut c);
+        let seed_cost = if c[0] != u64::MAX && stays_coded(c[0], lens[seed], threshold) {
+            c[0]
+        } else {
+            raw_cost(lens[seed])
         };
         if seed_cost >= choice[seed].1 {
             continue;
@@ -782,13 +769,18 @@ mod tests {
                 let want_cost: u64 = h.iter().zip(&cl).map(|(&h, &c)| h as u64 * c as u64).sum();
                 let want_cov = h.iter().zip(&absent).all(|(&h, &a)| h == 0 || a == 0);
                 assert_eq!(dense_cost_generic(&h, &cl, &absent), (want_cost, want_cov));
-                assert_eq!(dense_cost(&h, &cl, &absent), (want_cost, want_cov));
+                #[cfg(target_arch = "x86_64")]
+                if crate::cpu::has_avx2() {
+                    // SAFETY: AVX2 support was checked at run time.
+                    let got = unsafe { dense_cost_avx2(&h, &cl, &absent) };
+                    assert_eq!(got, (want_cost, want_cov));
+                }
             }
         }
     }
 
     #[test]
-    fn a_column_of_costs_equals_the_costs_row_by_row() {
+    fn a_column_of_costs_equals_the_generic_costs_row_by_row() {
         let mut r = rng(5);
         // Even rows use symbols 0, 14, 28, ..., odd rows 0, 7, 14, ...
         let hists: Vec<[u32; 256]> = (0..300)
@@ -815,7 +807,8 @@ mod tests {
         let mut col = vec![0u64; sup.len()];
         sup.costs(0, &cl, &mut col);
         for (b, &c) in col.iter().enumerate() {
-            assert_eq!(c, sup.cost(b, &cl).unwrap_or(u64::MAX), "row {b}");
+            let (want, covered) = dense_cost_generic(sup.row(b), &cl.lens, &cl.absent);
+            assert_eq!(c, if covered { want } else { u64::MAX }, "row {b}");
         }
         assert!(col.contains(&u64::MAX) && col.iter().any(|&c| c != u64::MAX));
     }
