@@ -7,6 +7,7 @@
 //! `runs` of: the decode kernel alone (CUDA events, blobs and output in device memory), the
 //! device-resident decode including planning and descriptor upload, and the pinned host round trip
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
+//! `BENCH_DECODE_ONLY=1` skips the encoder's measurements.
 
 use std::time::Instant;
 
@@ -250,6 +251,21 @@ fn main() {
         round.push(t.elapsed().as_secs_f64());
     }
     drop((dev_data, dev_out, dev_in, dplan));
+    let gb = |t: f64| orig as f64 / t / 1e9;
+    if std::env::var_os("BENCH_DECODE_ONLY").is_some() {
+        // Decoder comparisons (scripts/gpu_ab.sh): no encoder runs.
+        let k = median(kernel);
+        println!(
+            "{}",
+            serde_json::json!({
+                "dataset": name, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
+                "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
+                "decode_resident_with_planning_gbps": gb(median(resident)),
+                "pinned_round_trip_decode_gbps": gb(median(round)),
+            })
+        );
+        return;
+    }
     // GPU encode, device-resident: tensors in device memory -> blobs in device memory.
     let dev_tensors: Vec<_> = tensors
         .iter()
@@ -326,7 +342,6 @@ fn main() {
         s.synchronize().unwrap();
         enc_round.push(t0.elapsed().as_secs_f64());
     }
-    let gb = |t: f64| orig as f64 / t / 1e9;
     let k = median(kernel);
     println!(
         "{}",

@@ -72,7 +72,7 @@ __device__ __forceinline__ u32 lanemask_lt() {
     return m;
 }
 
-// The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16) come from smem.cuh, which the
+// The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16/32) come from smem.cuh, which the
 // engine prepends.
 
 __device__ __forceinline__ u32 warp_sum(u32 v) {
@@ -126,6 +126,9 @@ __device__ __forceinline__ void refill(Stream& s, int lane) {
     // call, issue and commit come together).
     if (!s.pending && s.fetched < s.n_words) issue(s, lane);
     if (s.pending && s.fetched - s.pos < 256) {
+        // The slots written now were last read (by any lane) before this group of steps: order
+        // those reads before these writes.
+        __syncwarp();
         #pragma unroll
         for (int k = 0; k < 4; k++) {
             u32 w = s.fetched + lane * 8 + 2 * k;
@@ -418,36 +421,381 @@ __device__ __forceinline__ u32 pick(const u32 (&a)[U], u32 i) {
     return r;
 }
 
+// What both warps of a chunk need to know about it (`chunk_info`).
+template <int U>
+struct ChunkInfo {
+    const u8* payload;
+    const u8* raw;        // the raw area
+    u32 raw_len;
+    u32 bu, len, nb;      // units per block, units, blocks
+    u8* out;
+    u32 cp, cq, cvalue;   // conditioned plane, condition plane, conditioning value
+    bool cond_chunk;      // the conditioned plane is conditioned in this chunk
+    u32 mode[U], cval[U], sel_off[U], slot[U];
+};
+
+template <int U>
+__device__ __forceinline__ void chunk_info(ChunkInfo<U>& ci, const u8* data, const ChunkDesc* cdp, const TensorDesc* tdp, u8* out) {
+    ci.bu = tdp->block_units;
+    ci.len = cdp->len;
+    ci.nb = (ci.len + ci.bu - 1) / ci.bu;
+    ci.payload = data + cdp->payload;
+    ci.raw = ci.payload + cdp->sel_len + cdp->rans_len;
+    ci.raw_len = cdp->payload_len - cdp->sel_len - cdp->rans_len;
+    ci.out = out + cdp->out;
+    ci.cp = tdp->cond_plane;
+    ci.cq = tdp->cond_src;
+    ci.cvalue = tdp->cond_value;
+    u32 o = 0;
+    #pragma unroll
+    for (int p = 0; p < U; p++) {
+        ci.mode[p] = cdp->modes[p];
+        ci.cval[p] = cdp->values[p];
+        ci.slot[p] = tdp->slot[p];
+        ci.sel_off[p] = o;
+        if (ci.mode[p] == MODE_BLOCKS) o += ci.nb;
+    }
+    ci.cond_chunk = ci.cp < (u32)U && pick<U>(ci.mode, ci.cp) == MODE_COND;
+}
+
+// Where each plane's bytes come from in one block (`plan_block`).
+template <int U>
+struct BlockPlan {
+    u32 src[U];           // SRC_*
+    u32 off[U];           // offset in the block's raw bytes (SRC_AREA, SRC_AREA1)
+    u32 val[U];           // the value (SRC_VALUE)
+    u32 tab[U];           // global table index (SRC_CODED)
+    u32 fixed;            // raw bytes of the planes that are not conditioned
+};
+
+// The block's plan from the chunk's modes and the block's selectors; false if a selector names no
+// table (the plane is then planned as raw, and the caller reports the error).
+template <int U>
+__device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>& ci, const TensorDesc* tdp, const u32* table_info, u32 b, u32 blen) {
+    u32 fixed = 0;
+    bool ok = true;
+    #pragma unroll
+    for (int p = 0; p < U; p++) {
+        u32 size = 0;
+        bp.src[p] = SRC_AREA;
+        bp.val[p] = 0;
+        bp.tab[p] = 0;
+        if (ci.mode[p] == MODE_RAW) {
+            size = blen;
+        } else if (ci.mode[p] == MODE_CONST) {
+            bp.src[p] = SRC_VALUE;
+            bp.val[p] = ci.cval[p];
+        } else if (ci.mode[p] == MODE_COND) {
+            bp.src[p] = SRC_COND;
+        } else {
+            const u32 v = ci.payload[ci.sel_off[p] + b];
+            if (v == SEL_RAW) {
+                size = blen;
+            } else if (v == SEL_CONST) {
+                bp.src[p] = SRC_AREA1;
+                size = 1;
+            } else if (v >= tdp->n_tables[p] || ci.slot[p] == 255) {
+                ok = false;
+            } else {
+                const u32 g = tdp->table_base[p] + v;
+                const u32 info = table_info[g];
+                if (info >> 31) {
+                    bp.src[p] = SRC_VALUE;
+                    bp.val[p] = info & 0xFFu;
+                } else {
+                    bp.src[p] = SRC_CODED;
+                    bp.tab[p] = g;
+                }
+            }
+        }
+        bp.off[p] = fixed;
+        fixed += size;
+    }
+    bp.fixed = fixed;
+    return ok;
+}
+
+// The stream side of block `b` (raw area at `raw_off`): A, the main group's symbols into the
+// slots; the count of conditioned units; B, the sub-segment; at the last block, the end of the
+// stream and the stash. Returns 0 or an error code for `fail`; `from_area` gets the number of
+// the block's raw bytes in the area (the rest, at the last block, are in the stash).
+template <int U>
+__device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkInfo<U>& ci, const BlockPlan<U>& bp,
+                                            const TensorDesc* tdp, const u32* tables, const Cache& cache, u32 b,
+                                            u32 blen, u32 raw_off, u32 rans_len, int lane, u8* slots, u32 su, u8* sub,
+                                            u8* stash, u32 slots_shared, u32 sub_shared, u32& from_area) {
+    const bool last = b + 1 == ci.nb;
+    const u8* area = ci.raw + raw_off;
+    const u8* lim = ci.raw + ci.raw_len;
+    // The block's raw bytes (at most `U * blen`) are read only in the merge, after the block's
+    // steps: ask L2 for them now, one 128-byte line per lane and round.
+    {
+        const u64 first = (u64)area & ~127ull;
+        const u64 end = min((u64)(area + (u64)U * blen), (u64)lim);
+        for (u64 a = first + 128ull * lane; a < end; a += 128ull * LANES)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+    Table tt[U];
+    #pragma unroll
+    for (int p = 0; p < U; p++) tt[p] = table_of(cache, tables, bp.tab[p]);
+    // A. Main group, step by step; count the conditioned units.
+    u32 coded = 0;
+    // The common case, one coded plane with a cached table and slots in shared memory: its full
+    // steps take the lean loop, the rest (a partial last step) the general one.
+    u32 n_coded = 0, only = 0;
+    #pragma unroll
+    for (int p = 0; p < U; p++) {
+        if (bp.src[p] == SRC_CODED) {
+            n_coded++;
+            only = p;
+        }
+    }
+    u32 r_start = 0, counted_to = 0;
+    if (n_coded == 1 && slots_shared && rans_len) {
+        Table t1 = tt[0];
+        u32 slot1 = ci.slot[0];
+        #pragma unroll
+        for (int p = 1; p < U; p++) {
+            if ((u32)p == only) {
+                t1 = tt[p];
+                slot1 = ci.slot[p];
+            }
+        }
+        if (t1.sym != NOT_CACHED) {
+            used = true;
+            r_start = blen / LANES;
+            // The conditioned units are counted on the way when this is the condition plane.
+            if (ci.cond_chunk && only == ci.cq) {
+                u32 cnt = 0;
+                steps_lean<true>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, ci.cvalue, cnt);
+                counted_to = r_start * LANES;
+                coded = warp_sum(cnt);
+            } else {
+                u32 none = 0;
+                steps_lean<false>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
+            }
+            if (s.bad) return 2;
+        }
+    }
+    for (u32 r = r_start; r * LANES < blen; r++) {
+        u32 i = r * LANES + lane;
+        bool in = i < blen;
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            if (bp.src[p] != SRC_CODED) continue;
+            if (!rans_len) return 6;
+            used = true;
+            u32 v = step_any(s, tt[p], in, lane);
+            if (s.bad) return 2;
+            if (in) slots[ci.slot[p] * su + i] = (u8)v;
+        }
+    }
+    __syncwarp();
+    // The condition plane's source, offset, value and slot (scalars: see `pick`).
+    const u32 q_src = pick<U>(bp.src, ci.cq), q_off = pick<U>(bp.off, ci.cq), q_val = pick<U>(bp.val, ci.cq);
+    if (ci.cond_chunk && q_src == SRC_CODED) {
+        // Count the conditioned units the lean loop has not counted, from the condition plane's
+        // slot.
+        const u8* qs = slots + pick<U>(ci.slot, ci.cq) * su;
+        const u32 v4 = ci.cvalue * 0x01010101u;
+        u32 cnt = 0;
+        // 16 bytes per lane and load (a slot holds `su` bytes, a multiple of 32, past `blen`);
+        // a byte equals the value when its XOR with it is zero: bit 7 of
+        // ~(((t & 0x7F..) + 0x7F..) | t) is set exactly for zero bytes of t.
+        for (u32 j = counted_to + 16 * lane; j < blen; j += 16 * LANES) {
+            const uint4 v = *(const uint4*)(qs + j);
+            const u32 wv[4] = {v.x, v.y, v.z, v.w};
+            #pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const u32 t = wv[k] ^ v4;
+                u32 z = ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
+                const u32 at = j + 4 * k;
+                if (at + 4 > blen) z = at >= blen ? 0u : z & (0xFFFFFFFFu >> (8 * (at + 4 - blen)));
+                cnt += __popc(z);
+            }
+        }
+        coded += warp_sum(cnt);
+    }
+    if (ci.cond_chunk && q_src != SRC_CODED) {
+        // Condition bytes not from the stream: raw (never in the stash) or one value.
+        if ((q_src == SRC_AREA || q_src == SRC_AREA1) && raw_off + bp.fixed > ci.raw_len) return 4;
+        for (u32 r = 0; r * LANES < blen; r++) {
+            u32 i = r * LANES + lane;
+            u32 e = q_src == SRC_AREA ? (i < blen ? area[q_off + i] : 0u) : (q_src == SRC_AREA1 ? area[q_off] : q_val);
+            coded += __popc(__ballot_sync(0xFFFFFFFFu, i < blen && e == ci.cvalue));
+        }
+    }
+    const u32 cond_raw = ci.cond_chunk ? blen - coded : 0;
+    const u32 total = bp.fixed + cond_raw;
+    u32 stash_len = 0;
+    if (last && rans_len) stash_len = min(ci.cond_chunk ? cond_raw : total, 64u);
+    from_area = total - stash_len;
+    if (raw_off + from_area > ci.raw_len || (last && raw_off + from_area != ci.raw_len)) return 4;
+    // B. Conditioned sub-segment; end of the stream at the last block.
+    if (coded) {
+        if (!rans_len) return 6;
+        used = true;
+        const Table t = table_of(cache, tables, tdp->cond_table);
+        u32 r_sub = 0;
+        if (sub_shared && t.sym != NOT_CACHED) {
+            r_sub = coded / LANES;
+            u32 none = 0;
+            steps_lean<false>(s, t, 0, r_sub, sub_shared, lane, 0, none);
+            if (s.bad) return 2;
+        }
+        for (u32 r = r_sub; r * LANES < coded; r++) {
+            u32 k = r * LANES + lane;
+            u32 sym = step_any(s, t, k < coded, lane);
+            if (s.bad) return 2;
+            if (k < coded) sub[k] = (u8)sym;
+        }
+    }
+    if (last && rans_len) {
+        u32 carried = stash_len > 2 * (u32)lane ? min(stash_len - 2 * lane, 2u) : 0u;
+        u32 v = s.x - STATE_LOWER;
+        bool ok = s.x >= STATE_LOWER && v < (1u << (8 * carried)) && s.pos == s.n_words && used;
+        if (!__all_sync(0xFFFFFFFFu, ok)) return 5;
+        stash[2 * lane] = (u8)v;
+        stash[2 * lane + 1] = (u8)(v >> 8);
+    }
+    __syncwarp();
+    return 0;
+}
+
+// C. The merge of block `b`: each lane completes 16 consecutive units per group of 512 from the
+// slots, the sub-segment and the raw area (`from_area` bytes at `raw_off`, then the stash) and
+// stores them.
+template <int U, int E>
+__device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockPlan<U>& bp, u32 b, u32 blen, u32 raw_off,
+                                            u32 from_area, int lane, const u8* slots, u32 su, const u8* sub,
+                                            const u8* stash, u32 sub_shared, u32 merge_sel) {
+    const u8* area = ci.raw + raw_off;
+    const u8* lim = ci.raw + ci.raw_len;
+    const u32 cp = ci.cp, cq = ci.cq, fixed = bp.fixed;
+    u8* blk_out = ci.out + (u64)b * ci.bu * U;
+    u32 base_c = 0, base_r = 0;
+    for (u32 g0 = 0; g0 < blen; g0 += LANES * GROUP) {
+        const u32 i0 = g0 + lane * GROUP;
+        const u32 n = i0 < blen ? min((u32)GROUP, blen - i0) : 0u;
+        u32 w[U][4];
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            if (bp.src[p] == SRC_AREA) {
+                load16(w[p], area, lim, bp.off[p] + i0, n, from_area, stash);
+            } else if (bp.src[p] == SRC_CODED) {
+                const uint4 v = *(const uint4*)(slots + ci.slot[p] * su + i0);
+                w[p][0] = v.x;
+                w[p][1] = v.y;
+                w[p][2] = v.z;
+                w[p][3] = v.w;
+            } else {
+                u32 v = bp.val[p];
+                if (bp.src[p] == SRC_AREA1) {
+                    u32 j = bp.off[p];
+                    v = j < from_area ? area[j] : stash[j - from_area];
+                }
+                #pragma unroll
+                for (int k = 0; k < 4; k++) w[p][k] = v * 0x01010101u;
+            }
+        }
+        if (ci.cond_chunk) {
+            u32 cw[4];
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                if (p == (int)cq) {
+                    #pragma unroll
+                    for (int k = 0; k < 4; k++) cw[k] = w[p][k];
+                }
+            }
+            const u32 hits = match16(cw, ci.cvalue) & (n >= GROUP ? 0xFFFFu : ((1u << n) - 1u));
+            const u32 mine = __popc(hits);
+            u32 incl = mine;
+            #pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                u32 o = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+                if (lane >= d) incl += o;
+            }
+            const u32 total_c = __shfl_sync(0xFFFFFFFFu, incl, 31);
+            const u32 kc = base_c + incl - mine;
+            const u32 kr = fixed + base_r + (min(i0, blen) - g0) - (incl - mine);
+            // The lane's raw condition bytes are consecutive in the area, its coded ones in the
+            // sub-segment: one 16-byte window of each, consumed from the low end, four units
+            // at a time: a byte permutation picks each unit's byte from the window it belongs
+            // to (`merge_sel`), then each window drops the bytes taken.
+            u32 rw[4], aw[4];
+            load16(rw, area, lim, kr, n - mine, from_area, stash);
+            if (sub_shared) {
+                const u32 a = sub_shared + kc;
+                const u32 wa = a & ~3u, sh = (a & 3u) * 8;
+                u32 x[5];
+                #pragma unroll
+                for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
+                #pragma unroll
+                for (int k = 0; k < 4; k++) aw[k] = __funnelshift_r(x[k], x[k + 1], sh);
+            } else {
+                #pragma unroll
+                for (int k = 0; k < 4; k++) aw[k] = 0;
+                #pragma unroll
+                for (u32 k = 0; k < GROUP; k++)
+                    if (k < mine) aw[k / 4] |= (u32)sub[kc + k] << (8 * (k % 4));
+            }
+            u32 cb[4];
+            #pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const u32 nib = (hits >> (4 * q)) & 15u;
+                const u32 na = __popc(nib);
+                cb[q] = __byte_perm(aw[0], rw[0], lds16(merge_sel + 2 * nib));
+                shift_bytes(aw, na);
+                shift_bytes(rw, 4 - na);
+            }
+            #pragma unroll
+            for (int p = 0; p < U; p++) {
+                if (p == (int)cp) {
+                    #pragma unroll
+                    for (int k = 0; k < 4; k++) w[p][k] = cb[k];
+                }
+            }
+            const u32 group_units = min(blen - g0, (u32)(LANES * GROUP));
+            base_c += total_c;
+            base_r += group_units - total_c;
+        }
+        if (n) store16<U, E>(blk_out + (u64)i0 * U, w, n);
+    }
+    __syncwarp();
+}
+
+// How the warps of a chunk share its work. ROLE_BOTH: one warp decodes and merges each block in
+// turn. With two warps per chunk (the `_pair` kernels), ROLE_DECODE decodes block t into buffer
+// t % 2 while ROLE_MERGE merges block t - 1 from the other, and the two meet at a named barrier
+// (one per pair: barrier 1 + pair, 64 threads) after each step. A chunk then takes about as long
+// as its stream's dependent chain alone, which is what a batch of few chunks waits for (a small
+// model is one wave, each SM holding a few chunks). Two words of shared memory per pair (`sync`)
+// carry each buffer's `from_area`; the barrier itself carries the decoder's abort (a reduction).
+#define ROLE_BOTH 0
+#define ROLE_DECODE 1
+#define ROLE_MERGE 2
+
+// The pair's barrier; true if either warp arrived with `abort` set.
+__device__ __forceinline__ bool pair_barrier(u32 id, bool abort) {
+    u32 r;
+    asm volatile("{ .reg .pred p, q; setp.ne.u32 q, %2, 0; bar.red.or.pred p, %1, 64, q; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(r)
+                 : "r"(id), "r"((u32)abort)
+                 : "memory");
+    return r != 0;
+}
+
 template <int U, int E>
 __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
                              u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u32 ring, u8* stash,
-                             const Cache& cache, u32 slots_shared, u32 sub_shared, u32 merge_sel) {
-    const u32 bu = tdp->block_units;
-    const u32 len = cdp->len;
-    const u32 nb = (len + bu - 1) / bu;
-    const u32 payload_len = cdp->payload_len, sel_len = cdp->sel_len, rans_len = cdp->rans_len;
-    const u8* payload = data + cdp->payload;
-    const u8* raw = payload + sel_len + rans_len;
-    const u32 raw_len = payload_len - sel_len - rans_len;
-    u8* chunk_out = out + cdp->out;
-    const u32 cp = tdp->cond_plane;
-    const u32 cq = tdp->cond_src;
-    const u32 cvalue = tdp->cond_value;
-    u32 mode[U], cval[U], sel_off[U], slot[U];
-    {
-        u32 o = 0;
-        #pragma unroll
-        for (int p = 0; p < U; p++) {
-            mode[p] = cdp->modes[p];
-            cval[p] = cdp->values[p];
-            slot[p] = tdp->slot[p];
-            sel_off[p] = o;
-            if (mode[p] == MODE_BLOCKS) o += nb;
-        }
-    }
+                             const Cache& cache, u32 slots_shared, u32 sub_shared, u32 merge_sel, u32 role, u32 sync,
+                             u32 barrier, u32 buf_stride) {
+    ChunkInfo<U> ci;
+    chunk_info<U>(ci, data, cdp, tdp, out);
+    const u32 rans_len = cdp->rans_len;
     Stream s;
-    s.words = payload + sel_len + 128;
+    s.words = ci.payload + cdp->sel_len + 128;
     s.n_words = rans_len ? (rans_len - 128) / 2 : 0;
     s.fetched = 0;
     s.pos = 0;
@@ -455,289 +803,64 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
     s.bad = false;
     s.pending = false;
     s.x = 0;
-    if (rans_len) {
-        const u8* st = payload + sel_len + 4 * lane;
+    u32 code = 0;
+    if (rans_len && role != ROLE_MERGE) {
+        const u8* st = ci.payload + cdp->sel_len + 4 * lane;
         s.x = (u32)st[0] | ((u32)st[1] << 8) | ((u32)st[2] << 16) | ((u32)st[3] << 24);
-        if (__any_sync(0xFFFFFFFFu, s.x < STATE_LOWER)) { if (lane == 0) fail(err, 3, c); return; }
+        if (__any_sync(0xFFFFFFFFu, s.x < STATE_LOWER)) code = 3;
     }
-    const bool cond_chunk = cp < (u32)U && pick<U>(mode, cp) == MODE_COND;
     bool used = false;
+    // This warp's position in the raw area: of the next block to decode (ROLE_DECODE) or to
+    // merge (ROLE_BOTH, ROLE_MERGE).
     u32 raw_off = 0;
-    for (u32 b = 0; b < nb; b++) {
-        const u32 blen = min(bu, len - b * bu);
-        const bool last = b + 1 == nb;
-        u32 src[U], off[U], val[U], tab[U];
-        u32 fixed = 0;
-        #pragma unroll
-        for (int p = 0; p < U; p++) {
-            u32 size = 0;
-            val[p] = 0;
-            tab[p] = 0;
-            if (mode[p] == MODE_RAW) {
-                src[p] = SRC_AREA;
-                size = blen;
-            } else if (mode[p] == MODE_CONST) {
-                src[p] = SRC_VALUE;
-                val[p] = cval[p];
-            } else if (mode[p] == MODE_COND) {
-                src[p] = SRC_COND;
-            } else {
-                u32 v = payload[sel_off[p] + b];
-                if (v == SEL_RAW) {
-                    src[p] = SRC_AREA;
-                    size = blen;
-                } else if (v == SEL_CONST) {
-                    src[p] = SRC_AREA1;
-                    size = 1;
-                } else if (v >= tdp->n_tables[p] || slot[p] == 255) {
-                    if (lane == 0) fail(err, 1, c);
-                    return;
-                } else {
-                    u32 g = tdp->table_base[p] + v;
-                    u32 info = table_info[g];
-                    if (info >> 31) {
-                        src[p] = SRC_VALUE;
-                        val[p] = info & 0xFFu;
-                    } else {
-                        src[p] = SRC_CODED;
-                        tab[p] = g;
-                    }
-                }
+    const bool pair = role != ROLE_BOTH;
+    // A pair takes one step more: the merge of the last block.
+    const u32 steps = ci.nb + (pair ? 1u : 0u);
+    for (u32 t = 0; t < steps; t++) {
+        BlockPlan<U> bp;
+        u32 from_area = 0;
+        bool merge = false;
+        if (role != ROLE_MERGE && t < ci.nb && !code) {
+            // Decode block t (into buffer t % 2 of a pair).
+            const u32 k = pair ? (t & 1) * buf_stride : 0u;
+            const u32 blen = min(ci.bu, ci.len - t * ci.bu);
+            code = plan_block<U>(bp, ci, tdp, table_info, t, blen) ? 0u : 1u;
+            if (!code)
+                code = decode_block<U>(s, used, ci, bp, tdp, tables, cache, t, blen, raw_off, rans_len, lane,
+                                       slots + k, su, sub + k, stash, slots_shared ? slots_shared + k : 0u,
+                                       sub_shared ? sub_shared + k : 0u, from_area);
+            if (!code && role == ROLE_DECODE) {
+                if (lane == 0) sts32(sync + 4 * (t & 1), from_area);
+                raw_off += from_area;
             }
-            off[p] = fixed;
-            fixed += size;
+            merge = !code && role == ROLE_BOTH;
         }
-        const u8* area = raw + raw_off;
-        const u8* lim = raw + raw_len;
-        // The block's raw bytes (at most `U * blen`) are read only in the merge, after the block's
-        // steps: ask L2 for them now, one 128-byte line per lane and round.
-        {
-            const u64 first = (u64)area & ~127ull;
-            const u64 end = min((u64)(area + (u64)U * blen), (u64)lim);
-            for (u64 a = first + 128ull * lane; a < end; a += 128ull * LANES)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        if (role == ROLE_MERGE && t >= 1) {
+            // Block t - 1, which the decoding warp finished before the last barrier.
+            const u32 b = t - 1;
+            plan_block<U>(bp, ci, tdp, table_info, b, min(ci.bu, ci.len - b * ci.bu));
+            from_area = lds32(sync + 4 * (b & 1));
+            merge = true;
         }
-        Table tt[U];
-        #pragma unroll
-        for (int p = 0; p < U; p++) tt[p] = table_of(cache, tables, tab[p]);
-        // A. Main group, step by step; count the conditioned units.
-        u32 coded = 0;
-        // The common case, one coded plane with a cached table and slots in shared memory: its full
-        // steps take the lean loop, the rest (a partial last step) the general one.
-        u32 n_coded = 0, only = 0;
-        #pragma unroll
-        for (int p = 0; p < U; p++) {
-            if (src[p] == SRC_CODED) {
-                n_coded++;
-                only = p;
-            }
+        if (merge) {
+            const u32 b = role == ROLE_BOTH ? t : t - 1;
+            const u32 k = pair ? (b & 1) * buf_stride : 0u;
+            merge_block<U, E>(ci, bp, b, min(ci.bu, ci.len - b * ci.bu), raw_off, from_area, lane, slots + k, su,
+                              sub + k, stash, sub_shared ? sub_shared + k : 0u, merge_sel);
+            raw_off += from_area;
         }
-        u32 r_start = 0, counted_to = 0;
-        if (n_coded == 1 && slots_shared && rans_len) {
-            Table t1 = tt[0];
-            u32 slot1 = slot[0];
-            #pragma unroll
-            for (int p = 1; p < U; p++) {
-                if ((u32)p == only) {
-                    t1 = tt[p];
-                    slot1 = slot[p];
-                }
-            }
-            if (t1.sym != NOT_CACHED) {
-                used = true;
-                r_start = blen / LANES;
-                // The conditioned units are counted on the way when this is the condition plane.
-                if (cond_chunk && only == cq) {
-                    u32 cnt = 0;
-                    steps_lean<true>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, cvalue, cnt);
-                    counted_to = r_start * LANES;
-                    coded = warp_sum(cnt);
-                } else {
-                    u32 none = 0;
-                    steps_lean<false>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
-                }
-                if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
-            }
+        if (pair) {
+            if (pair_barrier(barrier, code != 0)) break;
+        } else if (code) {
+            break;
         }
-        for (u32 r = r_start; r * LANES < blen; r++) {
-            u32 i = r * LANES + lane;
-            bool in = i < blen;
-            #pragma unroll
-            for (int p = 0; p < U; p++) {
-                if (src[p] != SRC_CODED) continue;
-                if (!rans_len) { if (lane == 0) fail(err, 6, c); return; }
-                used = true;
-                u32 v = step_any(s, tt[p], in, lane);
-                if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
-                if (in) slots[slot[p] * su + i] = (u8)v;
-            }
-        }
-        __syncwarp();
-        // The condition plane's source, offset, value and slot (scalars: see `pick`).
-        const u32 q_src = pick<U>(src, cq), q_off = pick<U>(off, cq), q_val = pick<U>(val, cq);
-        if (cond_chunk && q_src == SRC_CODED) {
-            // Count the conditioned units the lean loop has not counted, from the condition plane's
-            // slot.
-            const u8* qs = slots + pick<U>(slot, cq) * su;
-            const u32 v4 = cvalue * 0x01010101u;
-            u32 cnt = 0;
-            // 16 bytes per lane and load (a slot holds `su` bytes, a multiple of 32, past `blen`);
-            // a byte equals the value when its XOR with it is zero: bit 7 of
-            // ~(((t & 0x7F..) + 0x7F..) | t) is set exactly for zero bytes of t.
-            for (u32 j = counted_to + 16 * lane; j < blen; j += 16 * LANES) {
-                const uint4 v = *(const uint4*)(qs + j);
-                const u32 wv[4] = {v.x, v.y, v.z, v.w};
-                #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const u32 t = wv[k] ^ v4;
-                    u32 z = ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
-                    const u32 at = j + 4 * k;
-                    if (at + 4 > blen) z = at >= blen ? 0u : z & (0xFFFFFFFFu >> (8 * (at + 4 - blen)));
-                    cnt += __popc(z);
-                }
-            }
-            coded += warp_sum(cnt);
-        }
-        if (cond_chunk && q_src != SRC_CODED) {
-            // Condition bytes not from the stream: raw (never in the stash) or one value.
-            if ((q_src == SRC_AREA || q_src == SRC_AREA1) && raw_off + fixed > raw_len) { if (lane == 0) fail(err, 4, c); return; }
-            for (u32 r = 0; r * LANES < blen; r++) {
-                u32 i = r * LANES + lane;
-                u32 e = q_src == SRC_AREA ? (i < blen ? area[q_off + i] : 0u) : (q_src == SRC_AREA1 ? area[q_off] : q_val);
-                coded += __popc(__ballot_sync(0xFFFFFFFFu, i < blen && e == cvalue));
-            }
-        }
-        const u32 cond_raw = cond_chunk ? blen - coded : 0;
-        const u32 total = fixed + cond_raw;
-        u32 stash_len = 0;
-        if (last && rans_len) stash_len = min(cond_chunk ? cond_raw : total, 64u);
-        const u32 from_area = total - stash_len;
-        if (raw_off + from_area > raw_len || (last && raw_off + from_area != raw_len)) { if (lane == 0) fail(err, 4, c); return; }
-        // B. Conditioned sub-segment; end of the stream at the last block.
-        if (coded) {
-            if (!rans_len) { if (lane == 0) fail(err, 6, c); return; }
-            used = true;
-            const Table t = table_of(cache, tables, tdp->cond_table);
-            u32 r_sub = 0;
-            if (sub_shared && t.sym != NOT_CACHED) {
-                r_sub = coded / LANES;
-                u32 none = 0;
-                steps_lean<false>(s, t, 0, r_sub, sub_shared, lane, 0, none);
-                if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
-            }
-            for (u32 r = r_sub; r * LANES < coded; r++) {
-                u32 k = r * LANES + lane;
-                u32 sym = step_any(s, t, k < coded, lane);
-                if (s.bad) { if (lane == 0) fail(err, 2, c); return; }
-                if (k < coded) sub[k] = (u8)sym;
-            }
-        }
-        if (last && rans_len) {
-            u32 carried = stash_len > 2 * (u32)lane ? min(stash_len - 2 * lane, 2u) : 0u;
-            u32 v = s.x - STATE_LOWER;
-            bool ok = s.x >= STATE_LOWER && v < (1u << (8 * carried)) && s.pos == s.n_words && used;
-            if (!__all_sync(0xFFFFFFFFu, ok)) { if (lane == 0) fail(err, 5, c); return; }
-            stash[2 * lane] = (u8)v;
-            stash[2 * lane + 1] = (u8)(v >> 8);
-        }
-        __syncwarp();
-        // C. Merge, 16 consecutive units per lane.
-        u8* blk_out = chunk_out + (u64)b * bu * U;
-        u32 base_c = 0, base_r = 0;
-        for (u32 g0 = 0; g0 < blen; g0 += LANES * GROUP) {
-            const u32 i0 = g0 + lane * GROUP;
-            const u32 n = i0 < blen ? min((u32)GROUP, blen - i0) : 0u;
-            u32 w[U][4];
-            #pragma unroll
-            for (int p = 0; p < U; p++) {
-                if (src[p] == SRC_AREA) {
-                    load16(w[p], area, lim, off[p] + i0, n, from_area, stash);
-                } else if (src[p] == SRC_CODED) {
-                    const uint4 v = *(const uint4*)(slots + slot[p] * su + i0);
-                    w[p][0] = v.x;
-                    w[p][1] = v.y;
-                    w[p][2] = v.z;
-                    w[p][3] = v.w;
-                } else {
-                    u32 v = val[p];
-                    if (src[p] == SRC_AREA1) {
-                        u32 j = off[p];
-                        v = j < from_area ? area[j] : stash[j - from_area];
-                    }
-                    #pragma unroll
-                    for (int k = 0; k < 4; k++) w[p][k] = v * 0x01010101u;
-                }
-            }
-            if (cond_chunk) {
-                u32 cw[4];
-                #pragma unroll
-                for (int p = 0; p < U; p++) {
-                    if (p == (int)cq) {
-                        #pragma unroll
-                        for (int k = 0; k < 4; k++) cw[k] = w[p][k];
-                    }
-                }
-                const u32 hits = match16(cw, cvalue) & (n >= GROUP ? 0xFFFFu : ((1u << n) - 1u));
-                const u32 mine = __popc(hits);
-                u32 incl = mine;
-                #pragma unroll
-                for (int d = 1; d < 32; d <<= 1) {
-                    u32 o = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-                    if (lane >= d) incl += o;
-                }
-                const u32 total_c = __shfl_sync(0xFFFFFFFFu, incl, 31);
-                const u32 kc = base_c + incl - mine;
-                const u32 kr = fixed + base_r + (min(i0, blen) - g0) - (incl - mine);
-                // The lane's raw condition bytes are consecutive in the area, its coded ones in the
-                // sub-segment: one 16-byte window of each, consumed from the low end, four units
-                // at a time: a byte permutation picks each unit's byte from the window it belongs
-                // to (`merge_sel`), then each window drops the bytes taken.
-                u32 rw[4], aw[4];
-                load16(rw, area, lim, kr, n - mine, from_area, stash);
-                if (sub_shared) {
-                    const u32 a = sub_shared + kc;
-                    const u32 wa = a & ~3u, sh = (a & 3u) * 8;
-                    u32 x[5];
-                    #pragma unroll
-                    for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
-                    #pragma unroll
-                    for (int k = 0; k < 4; k++) aw[k] = __funnelshift_r(x[k], x[k + 1], sh);
-                } else {
-                    #pragma unroll
-                    for (int k = 0; k < 4; k++) aw[k] = 0;
-                    #pragma unroll
-                    for (u32 k = 0; k < GROUP; k++)
-                        if (k < mine) aw[k / 4] |= (u32)sub[kc + k] << (8 * (k % 4));
-                }
-                u32 cb[4];
-                #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const u32 nib = (hits >> (4 * q)) & 15u;
-                    const u32 na = __popc(nib);
-                    cb[q] = __byte_perm(aw[0], rw[0], lds16(merge_sel + 2 * nib));
-                    shift_bytes(aw, na);
-                    shift_bytes(rw, 4 - na);
-                }
-                #pragma unroll
-                for (int p = 0; p < U; p++) {
-                    if (p == (int)cp) {
-                        #pragma unroll
-                        for (int k = 0; k < 4; k++) w[p][k] = cb[k];
-                    }
-                }
-                const u32 group_units = min(blen - g0, (u32)(LANES * GROUP));
-                base_c += total_c;
-                base_r += group_units - total_c;
-            }
-            if (n) store16<U, E>(blk_out + (u64)i0 * U, w, n);
-        }
-        __syncwarp();
-        raw_off += from_area;
     }
-    if (rans_len && !used) { if (lane == 0) fail(err, 6, c); }
+    if (role == ROLE_MERGE) return;
+    if (!code && rans_len && !used) code = 6;
+    if (code && lane == 0) fail(err, code, c);
 }
 
-template <int U, int E>
+template <int U, int E, bool PAIR>
 __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* chunks, u32 n_chunks, const TensorDesc* tensors,
                                              const u32* tables, const u32* table_info, u8* out, u32* err, u8* scratch,
                                              u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) {
@@ -747,16 +870,24 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     const u32 warp = threadIdx.x >> 5;
     const u32 first = blockIdx.x * warps_per_block;
     if (first >= n_chunks) return;
+    // With `PAIR`, the block has two warps per chunk: warp w decodes chunk w and warp
+    // `warps_per_block + w` merges it (ROLE_DECODE, ROLE_MERGE), with two buffers per chunk.
+    // Without, `role` is a constant and the kernel has no hand-over code.
+    const u32 wi = PAIR ? warp % warps_per_block : warp;
+    const u32 role = PAIR ? (warp < warps_per_block ? ROLE_DECODE : ROLE_MERGE) : ROLE_BOTH;
+    const u32 nbuf = PAIR ? 2 : 1;
     // The block's table cache: the multi-symbol tables of its tensor, compacted (the host gives
     // each block the chunks of one tensor only, padding with empty chunks).
     // Shared memory (the host adds ALIGN_SLACK bytes to what this needs): the table cache, at the
     // first 4096-byte boundary of the shared window (each table's 4096 symbols then start at a
-    // multiple of 4096, so a step's lookup address is one OR); per warp the word ring (1024 bytes,
-    // so 1024-aligned) and the stash (64); per warp the slots and the sub-segment (`per_warp` bytes)
-    // unless they are in global scratch.
+    // multiple of 4096, so a step's lookup address is one OR); per chunk the word ring (1024
+    // bytes, so 1024-aligned) and the stash (64); per chunk `nbuf` buffers of the slots and the
+    // sub-segment (`per_warp` bytes each) unless they are in global scratch.
     __shared__ Cache cache;
     // Selectors of the conditioned plane's merge (`merge_selector`), one per 4-bit mask.
     __shared__ u16 merge_sel[16];
+    // Per pair of warps, the words they hand over (`decode_chunk`); 8 pairs at most (512 threads).
+    __shared__ u32 sync_words[8 * 2];
     if (threadIdx.x < 16) merge_sel[threadIdx.x] = (u16)merge_selector(threadIdx.x);
     const u32 base = shared_addr(smem);
     u8* cache_mem = smem + (((base + ALIGN_SLACK - 1) & ~(ALIGN_SLACK - 1)) - base);
@@ -789,32 +920,35 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
         }
     }
     __syncthreads();
-    const u32 c = first + warp;
+    const u32 c = first + wi;
     if (c >= n_chunks) return;
     const ChunkDesc* cd = chunks + c;
     const TensorDesc* td = tensors + cd->tensor;
-    // Per-warp buffers: slots of `su` units and the sub-segment (su + 32); the ring and the stash.
-    u8* buf = scratch ? scratch + (u64)c * per_warp : bufs + warp * per_warp;
+    // Per-chunk buffers: slots of `su` units and the sub-segment (su + 32), `nbuf` times; the
+    // ring and the stash.
+    u8* buf = scratch ? scratch + (u64)c * nbuf * per_warp : bufs + wi * nbuf * per_warp;
     u8* sub = buf + n_slots * su;
-    u8* ring = rings + warp * 2 * RING;
-    u8* stash = stashes + warp * 64;
+    u8* ring = rings + wi * 2 * RING;
+    u8* stash = stashes + wi * 64;
     // Shared addresses of the slots and the sub-segment (0: they are in global scratch).
     const u32 slots_shared = scratch ? 0u : shared_addr(buf);
     const u32 sub_shared = scratch ? 0u : shared_addr(sub);
     decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
-                       cache, slots_shared, sub_shared, shared_addr(merge_sel));
+                       cache, slots_shared, sub_shared, shared_addr(merge_sel), role,
+                       shared_addr(sync_words + 2 * (wi % 8)), 1 + wi % 8, per_warp);
 }
 
-#define ENTRY(NAME, U, E)                                                                                     \
+#define ENTRY1(NAME, U, E, PAIR)                                                                              \
     extern "C" __global__ void __launch_bounds__(512) NAME(                                                   \
         const u8* __restrict__ data, const ChunkDesc* __restrict__ chunks, u32 n_chunks,                     \
         const TensorDesc* __restrict__ tensors, const u32* __restrict__ tables,                              \
         const u32* __restrict__ table_info, u8* __restrict__ out, u32* err, u8* __restrict__ scratch,         \
         u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) {                          \
-        decode_entry<U, E>(data, chunks, n_chunks, tensors, tables, table_info, out, err, scratch, per_warp,  \
-                           warps_per_block, n_slots, su, cache_tables);                                      \
+        decode_entry<U, E, PAIR>(data, chunks, n_chunks, tensors, tables, table_info, out, err, scratch,      \
+                                 per_warp, warps_per_block, n_slots, su, cache_tables);                      \
     }
-// One kernel per unit size and transform.
+#define ENTRY(NAME, U, E) ENTRY1(NAME, U, E, false) ENTRY1(NAME##_pair, U, E, true)
+// One kernel per unit size and transform, and each with two warps per chunk (`_pair`).
 ENTRY(tz_decode_1, 1, 0)
 ENTRY(tz_decode_2, 2, 0)
 ENTRY(tz_decode_2e8, 2, 8)

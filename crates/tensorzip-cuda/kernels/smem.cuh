@@ -34,4 +34,7 @@ __device__ __forceinline__ void sts8(unsigned int a, unsigned int v) {
 __device__ __forceinline__ void sts16(unsigned int a, unsigned int v) {
     asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "h"((unsigned short)v) : "memory");
 }
+__device__ __forceinline__ void sts32(unsigned int a, unsigned int v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
 

@@ -86,6 +86,8 @@ impl Staging {
 
 struct DeviceGroup {
     kernel: usize,
+    /// Two warps per chunk, a decoding and a merging one (`DecodeLayout`).
+    split: bool,
     /// Device address of the group's chunk descriptors (inside the plan's buffer).
     chunks: u64,
     scratch: Option<CudaSlice<u8>>,
@@ -143,10 +145,30 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
+/// How the decoder's warps share a chunk (docs/GPU.md, "Decode kernel").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeLayout {
+    /// Two warps per chunk for launches of few chunks, where a chunk's latency is the decode
+    /// time; one warp per chunk otherwise (see [`SPLIT_MAX_CHUNKS_PER_SM`]).
+    #[default]
+    Auto,
+    /// One warp per chunk decodes and merges each block in turn.
+    OneWarp,
+    /// Per chunk, one warp decodes block b while a second merges block b - 1 (two buffers per
+    /// chunk; not for blocks whose buffers live in global memory, which take `OneWarp`).
+    TwoWarps,
+}
+
+/// With [`DecodeLayout::Auto`], a launch takes two warps per chunk when it has at most this many
+/// chunks per SM: all of them then run at once, and the batch takes as long as its slowest chunk.
+pub const SPLIT_MAX_CHUNKS_PER_SM: u32 = 8;
+
 /// The GPU engine of one device.
 pub struct GpuEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// How the decoder's warps share a chunk.
+    layout: DecodeLayout,
     /// Kernels and buffers, shared by the engines of one device on other streams.
     shared: Arc<Shared>,
 }
@@ -154,10 +176,14 @@ pub struct GpuEngine {
 pub(crate) struct Shared {
     /// The decoder kernels, indexed as [`KERNELS`].
     decode: Vec<CudaFunction>,
+    /// The same with two warps per chunk (`NAME_pair`, [`DecodeLayout::TwoWarps`]).
+    decode_pair: Vec<CudaFunction>,
     /// `tz_build_tables`: frequencies to decoder tables.
     build_tables: CudaFunction,
     /// `tz_copy`: the small stored blobs of a batch, in one launch.
     copy: CudaFunction,
+    /// The device's multiprocessors.
+    sms: u32,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
     /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
@@ -203,17 +229,35 @@ impl GpuEngine {
             .iter()
             .map(|(name, _, _)| module.load_function(name))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        let decode_pair = KERNELS
+            .iter()
+            .map(|(name, _, _)| module.load_function(&format!("{name}_pair")))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let build_tables = module.load_function("tz_build_tables")?;
         let copy = module.load_function("tz_copy")?;
         let stream = ctx.default_stream();
         keep_pool_memory(&ctx);
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )?
+            .max(1) as u32;
+        // Development override of the decoder's layout, for same-binary comparisons.
+        let layout = match std::env::var("TENSORZIP_DEV_DECODE_LAYOUT").as_deref() {
+            Ok("one") => DecodeLayout::OneWarp,
+            Ok("two") => DecodeLayout::TwoWarps,
+            _ => DecodeLayout::Auto,
+        };
         Ok(GpuEngine {
             ctx,
             stream,
+            layout,
             shared: Arc::new(Shared {
                 decode,
+                decode_pair,
                 build_tables,
                 copy,
+                sms,
                 encode: std::sync::OnceLock::new(),
                 pinned: std::sync::Mutex::new(None),
                 staging: std::sync::Mutex::new(Vec::new()),
@@ -228,8 +272,16 @@ impl GpuEngine {
         GpuEngine {
             ctx: self.ctx.clone(),
             stream,
+            layout: self.layout,
             shared: self.shared.clone(),
         }
+    }
+
+    /// The same engine with the decoder's warps laid out as `layout` (for plans uploaded from now
+    /// on). Every layout decodes the same bytes; they differ in speed.
+    pub fn with_decode_layout(mut self, layout: DecodeLayout) -> GpuEngine {
+        self.layout = layout;
+        self
     }
 
     pub(crate) fn shared(&self) -> &Shared {
@@ -283,10 +335,24 @@ impl GpuEngine {
         let mut chunks_at = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
             let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + CACHE_BYTES > MAX_SMEM;
+            // Two warps per chunk need two buffers per chunk in shared memory and at most 8
+            // chunks per block (512 threads).
+            let split = !global
+                && 2 * g.per_warp + RING_STASH_BYTES + CACHE_BYTES <= MAX_SMEM
+                && match self.layout {
+                    DecodeLayout::OneWarp => false,
+                    DecodeLayout::TwoWarps => true,
+                    DecodeLayout::Auto => {
+                        g.chunks.len() as u64
+                            <= SPLIT_MAX_CHUNKS_PER_SM as u64 * self.shared.sms as u64
+                    }
+                };
+            let nbuf = if split { 2 } else { 1 };
             let most = if global {
                 8
             } else {
-                ((MAX_SMEM - CACHE_BYTES) / (g.per_warp + RING_STASH_BYTES)).clamp(1, 16)
+                ((MAX_SMEM - CACHE_BYTES) / (nbuf * g.per_warp + RING_STASH_BYTES))
+                    .clamp(1, 16 / nbuf)
             };
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
@@ -305,11 +371,15 @@ impl GpuEngine {
                     Some(s.alloc_zeros::<u8>(n as usize * g.per_warp as usize)?),
                 )
             } else {
-                (warps * (g.per_warp + RING_STASH_BYTES) + CACHE_BYTES, None)
+                (
+                    warps * (nbuf * g.per_warp + RING_STASH_BYTES) + CACHE_BYTES,
+                    None,
+                )
             };
             chunks_at.push(st.push(&chunks));
             groups.push(DeviceGroup {
                 kernel: g.kernel,
+                split,
                 chunks: 0,
                 scratch,
                 n,
@@ -400,11 +470,15 @@ impl GpuEngine {
             }
         }
         for g in &dp.groups {
-            let f = &self.shared.decode[g.kernel];
+            let f = if g.split {
+                &self.shared.decode_pair[g.kernel]
+            } else {
+                &self.shared.decode[g.kernel]
+            };
             f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
             let cfg = LaunchConfig {
                 grid_dim: (g.n.div_ceil(g.warps), 1, 1),
-                block_dim: (32 * g.warps, 1, 1),
+                block_dim: (32 * g.warps * (1 + g.split as u32), 1, 1),
                 shared_mem_bytes: g.smem,
             };
             let scratch_ptr = match &g.scratch {

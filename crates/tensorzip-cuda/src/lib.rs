@@ -17,7 +17,7 @@ pub mod transfer;
 use std::sync::OnceLock;
 
 pub use encode::DeviceBlob;
-pub use engine::{GpuEngine, HostBatch};
+pub use engine::{DecodeLayout, GpuEngine, HostBatch};
 pub use error::{Error, Result};
 
 /// Whether CUDA can be used here: the driver and NVRTC libraries load and a device exists. Checked

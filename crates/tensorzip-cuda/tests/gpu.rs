@@ -3,7 +3,7 @@
 
 use cudarc::driver::DevicePtr;
 use tensorzip::{compress, sample, CompressOptions, DType};
-use tensorzip_cuda::GpuEngine;
+use tensorzip_cuda::{DecodeLayout, GpuEngine};
 
 const NEEDS_GPU: &str = "needs a CUDA GPU: run with --include-ignored on the device machine";
 
@@ -14,6 +14,16 @@ fn quick() -> bool {
 
 fn engine() -> GpuEngine {
     GpuEngine::new(0).expect("CUDA device")
+}
+
+/// The engine with each of the decoder's warp layouts (one warp per chunk; a decoding and a
+/// merging warp per chunk), which must give the same results.
+fn layouts() -> Vec<(DecodeLayout, GpuEngine)> {
+    let eng = engine();
+    [DecodeLayout::OneWarp, DecodeLayout::TwoWarps]
+        .into_iter()
+        .map(|l| (l, eng.on_stream(eng.stream().clone()).with_decode_layout(l)))
+        .collect()
 }
 
 /// Deterministic test data of every flavour for a dtype.
@@ -106,7 +116,7 @@ fn matrix() -> (&'static [DType], Vec<CompressOptions>, &'static [usize]) {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_decodes_cpu_blobs_of_every_dtype_and_shape() {
     let _ = NEEDS_GPU;
-    let eng = engine();
+    let layouts = layouts();
     let (dtypes, sets, sizes) = matrix();
     for &dtype in dtypes {
         for &n in sizes {
@@ -114,11 +124,13 @@ fn gpu_decodes_cpu_blobs_of_every_dtype_and_shape() {
                 let numel = n;
                 for (k, opts) in sets.iter().enumerate() {
                     let blob = compress(&data, dtype, &[numel as u64], opts).unwrap();
-                    let out = eng
-                        .decompress_host(&[&blob])
-                        .unwrap_or_else(|e| panic!("{dtype} {name} n={n} opts#{k}: {e}"));
-                    assert_eq!(out[0].data, data, "{dtype} {name} n={n} opts#{k}");
-                    assert_eq!(out[0].dtype, dtype);
+                    for (l, eng) in &layouts {
+                        let out = eng
+                            .decompress_host(&[&blob])
+                            .unwrap_or_else(|e| panic!("{dtype} {name} n={n} opts#{k} {l:?}: {e}"));
+                        assert_eq!(out[0].data, data, "{dtype} {name} n={n} opts#{k} {l:?}");
+                        assert_eq!(out[0].dtype, dtype);
+                    }
                 }
             }
         }
@@ -128,17 +140,18 @@ fn gpu_decodes_cpu_blobs_of_every_dtype_and_shape() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_batch_decodes_a_whole_model_in_one_launch() {
-    let eng = engine();
     let model = sample::sample_model(7);
     let blobs: Vec<Vec<u8>> = model
         .iter()
         .map(|t| compress(&t.data, t.dtype, &t.shape, &CompressOptions::default()).unwrap())
         .collect();
     let refs: Vec<&[u8]> = blobs.iter().map(|b| b.as_slice()).collect();
-    let out = eng.decompress_host(&refs).unwrap();
-    for (t, o) in model.iter().zip(&out) {
-        assert_eq!(o.data, t.data, "{}", t.name);
-        assert_eq!(o.shape, t.shape);
+    for (l, eng) in layouts() {
+        let out = eng.decompress_host(&refs).unwrap();
+        for (t, o) in model.iter().zip(&out) {
+            assert_eq!(o.data, t.data, "{} {l:?}", t.name);
+            assert_eq!(o.shape, t.shape);
+        }
     }
 }
 
@@ -146,6 +159,7 @@ fn gpu_batch_decodes_a_whole_model_in_one_launch() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_rejects_corrupted_blobs_without_faulting() {
     let eng = engine();
+    let layouts = layouts();
     let data = sample::weights(64, 1000, DType::BF16, 3);
     let opts = CompressOptions {
         chunk_bytes: 4096,
@@ -164,16 +178,19 @@ fn gpu_rejects_corrupted_blobs_without_faulting() {
             let at = (rng.next_u64() % b.len() as u64) as usize;
             b[at] ^= 1 << (rng.next_u64() % 8);
         }
-        // The GPU must agree with the CPU engine: both reject, or both return the same bytes.
+        // The GPU must agree with the CPU engine, in each warp layout: both reject, or both
+        // return the same bytes.
         let cpu = tensorzip::decompress(&b);
-        match (cpu, eng.decompress_host(&[&b])) {
-            (Err(_), Err(_)) => errors += 1,
-            (Ok(c), Ok(g)) if c.data == g[0].data => {}
-            (c, g) => disagree.push(format!(
-                "round {i}: cpu {:?} gpu {:?}",
-                c.map(|t| t.data.len()),
-                g.map(|t| t[0].data.len())
-            )),
+        for (l, eng) in &layouts {
+            match (&cpu, eng.decompress_host(&[&b])) {
+                (Err(_), Err(_)) => errors += 1,
+                (Ok(c), Ok(g)) if c.data == g[0].data => {}
+                (c, g) => disagree.push(format!(
+                    "round {i} {l:?}: cpu {:?} gpu {:?}",
+                    c.as_ref().map(|t| t.data.len()),
+                    g.map(|t| t[0].data.len())
+                )),
+            }
         }
         // Truncations.
         let cut = (rng.next_u64() % blob.len() as u64) as usize;
@@ -189,11 +206,14 @@ fn gpu_rejects_corrupted_blobs_without_faulting() {
         &disagree[..disagree.len().min(5)]
     );
     assert!(
-        errors > rounds / 2,
-        "only {errors} of {rounds} corrupted blobs rejected"
+        errors > rounds * layouts.len() / 2,
+        "only {errors} of {rounds} corrupted blobs rejected in {} layouts",
+        layouts.len()
     );
-    // The engine still works afterwards.
-    assert_eq!(eng.decompress_host(&[&blob]).unwrap()[0].data, data);
+    // The engines still work afterwards.
+    for (_, eng) in &layouts {
+        assert_eq!(eng.decompress_host(&[&blob]).unwrap()[0].data, data);
+    }
 }
 
 #[test]
