@@ -32,6 +32,8 @@ use tensorzip::rans::log2::code_len_table;
 use tensorzip::rans::table::FreqTable;
 use tensorzip::{CompressOptions, DType};
 
+use crate::engine::DeviceWrites;
+
 use crate::engine::GpuEngine;
 use crate::error::{Error, Result};
 
@@ -391,6 +393,8 @@ impl GpuEngine {
         let mut keep_alive = Vec::new();
         let mut keep_picks = Vec::new();
         let mut keep_jobs = Vec::new();
+        // Blob heads and stored blobs, written together at the end.
+        let mut writes = DeviceWrites::default();
         // 1. Counts of the sampled blocks: one launch per unit size for every tensor's picks.
         struct Counting {
             index: usize,
@@ -407,7 +411,9 @@ impl GpuEngine {
         for (i, t) in tensors.iter().enumerate() {
             if t.nbytes == 0 || t.nbytes < opts.min_compress_bytes {
                 // SAFETY: forwarded from the caller.
-                blobs[i] = Some(unsafe { self.stored_blob(t.ptr, t.nbytes, t.dtype, &t.shape)? });
+                blobs[i] = Some(unsafe {
+                    self.stored_blob(t.ptr, t.nbytes, t.dtype, &t.shape, &mut writes)?
+                });
                 continue;
             }
             let us = t.dtype.unit_size();
@@ -461,9 +467,12 @@ impl GpuEngine {
         }
         trace("setup");
         if counting.is_empty() {
-            // Stored blobs only: their copies must be complete before the caller may write its
-            // tensors again.
+            // Stored blobs only: their writes run now, and must be complete before the caller
+            // may write its tensors again. (Every return after queueing writes flushes them.)
+            // SAFETY: as at the end of this function.
+            let staged = unsafe { writes.flush(self)? };
             s.synchronize()?;
+            drop(staged);
             return Ok(blobs.into_iter().flatten().collect());
         }
         let k = self.encode_kernels()?;
@@ -784,26 +793,30 @@ impl GpuEngine {
             let stored_len = stored_header(t.dtype, &t.shape).encoded_len() + t.nbytes;
             if c.total >= stored_len as u64 {
                 // SAFETY: forwarded from the caller.
-                blobs[c.index] =
-                    Some(unsafe { self.stored_blob(c.data, t.nbytes, t.dtype, &t.shape)? });
+                blobs[c.index] = Some(unsafe {
+                    self.stored_blob(c.data, t.nbytes, t.dtype, &t.shape, &mut writes)?
+                });
                 continue;
             }
             let mut head = c.prefix;
             head.extend_from_slice(&c.dir);
-            let mut blob = c.blob;
-            s.memcpy_htod(&head, &mut blob.slice_mut(0..head.len()))?;
+            writes.put(&head, c.blob.device_ptr(&s).0);
             blobs[c.index] = Some(DeviceBlob {
-                buf: blob,
+                buf: c.blob,
                 len: c.total as usize,
             });
         }
+        // SAFETY: the heads go to the start of their blobs (each `head_len` bytes were allocated
+        // in front of its payloads); stored blobs read the caller's tensors (its promise).
+        let staged = unsafe { writes.flush(self)? };
         s.synchronize()?;
+        drop(staged);
         drop((keep_alive, keep_picks, keep_jobs));
         trace("done");
         Ok(blobs.into_iter().flatten().collect())
     }
 
-    /// A stored blob of the `nbytes` bytes at `data`.
+    /// A stored blob of the `nbytes` bytes at `data`; its bytes are written by `writes`.
     ///
     /// # Safety
     /// As [`GpuEngine::compress_batch_device`].
@@ -813,25 +826,17 @@ impl GpuEngine {
         nbytes: usize,
         dtype: DType,
         shape: &[u64],
+        writes: &mut DeviceWrites,
     ) -> Result<DeviceBlob> {
         let s = self.stream();
         let mut head = Vec::new();
         stored_header(dtype, shape).write(&mut head);
         let len = head.len() + nbytes;
-        let mut buf = s.alloc_zeros::<u8>(len)?;
-        s.memcpy_htod(&head, &mut buf.slice_mut(0..head.len()))?;
-        if nbytes > 0 {
-            let (bp, _g) = buf.device_ptr_mut(s);
-            // SAFETY: the destination holds `len` bytes; the source `nbytes` (caller's promise).
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(
-                    bp + head.len() as u64,
-                    data,
-                    nbytes,
-                    s.cu_stream(),
-                )?;
-            }
-        }
+        // SAFETY: plain bytes; `writes` fills every one (the head, then the tensor's bytes).
+        let buf = unsafe { s.alloc::<u8>(len) }?;
+        let bp = buf.device_ptr(s).0;
+        writes.put(&head, bp);
+        writes.copy(data, bp + head.len() as u64, nbytes as u64);
         Ok(DeviceBlob { buf, len })
     }
 }

@@ -56,6 +56,8 @@ const KERNEL_COPY_MAX: u64 = 1 << 20;
 /// Implementors must have no padding bytes and no invalid bit patterns.
 unsafe trait Plain: Copy {}
 // SAFETY: integers.
+unsafe impl Plain for u8 {}
+// SAFETY: integers.
 unsafe impl Plain for u16 {}
 // SAFETY: integers.
 unsafe impl Plain for u32 {}
@@ -81,6 +83,105 @@ impl Staging {
         };
         self.0.extend_from_slice(bytes);
         at
+    }
+}
+
+/// Writes into device memory collected from the host and run together: byte strings from the host
+/// (`put`) and device-to-device copies (`copy`). `flush` uploads the strings and the copy list in one
+/// copy and runs one `tz_copy` launch (copies over [`KERNEL_COPY_MAX`] go to the copy engine). The
+/// encoder writes each blob's head and each stored blob this way: they were a synchronous copy call
+/// or two per blob (MiniLM: 104 blobs).
+#[derive(Default)]
+pub(crate) struct DeviceWrites {
+    bytes: Vec<u8>,
+    /// (offset in `bytes`, length, destination address).
+    puts: Vec<(usize, usize, u64)>,
+    /// Device copies: (source, destination, length).
+    copies: Vec<(u64, u64, u64)>,
+}
+
+impl DeviceWrites {
+    /// Queues writing `v` at device address `dst`.
+    pub(crate) fn put(&mut self, v: &[u8], dst: u64) {
+        self.puts.push((self.bytes.len(), v.len(), dst));
+        self.bytes.extend_from_slice(v);
+    }
+
+    /// Queues copying `len` bytes from device address `src` to `dst`.
+    pub(crate) fn copy(&mut self, src: u64, dst: u64, len: u64) {
+        if len > 0 {
+            self.copies.push((src, dst, len));
+        }
+    }
+
+    /// Queues everything on the engine's stream. The returned buffer holds what the launch reads:
+    /// keep it alive until the stream has run it.
+    ///
+    /// # Safety
+    /// Every destination must be writable and every source readable device memory of the engine's
+    /// context, alive until the stream has run the writes; destinations must not overlap.
+    pub(crate) unsafe fn flush(self, eng: &GpuEngine) -> Result<Option<CudaSlice<u8>>> {
+        let s = eng.stream();
+        let mut descs = Vec::with_capacity(self.puts.len() + self.copies.len());
+        let mut large = Vec::new();
+        for &(src, dst, len) in &self.copies {
+            if len <= KERNEL_COPY_MAX {
+                descs.push(crate::plan::Copy {
+                    from: src,
+                    to: dst,
+                    len,
+                });
+            } else {
+                large.push((src, dst, len));
+            }
+        }
+        if !self.puts.is_empty() || !descs.is_empty() {
+            let mut st = Staging::default();
+            let bytes_at = st.push(&self.bytes);
+            // The strings' source addresses are known once the buffer is allocated: the
+            // descriptors are laid out after the strings, sized now and written below.
+            let n = self.puts.len() + descs.len();
+            let descs_at = st.0.len().div_ceil(16) * 16;
+            let total = descs_at + n * std::mem::size_of::<crate::plan::Copy>();
+            // SAFETY: plain bytes, all written by the copy below before the launch reads them.
+            let mut buf = unsafe { s.alloc::<u8>(total) }?;
+            let base = buf.device_ptr(s).0;
+            let mut all: Vec<crate::plan::Copy> = self
+                .puts
+                .iter()
+                .map(|&(off, len, dst)| crate::plan::Copy {
+                    from: base + (bytes_at + off) as u64,
+                    to: dst,
+                    len: len as u64,
+                })
+                .collect();
+            all.extend_from_slice(&descs);
+            let at = st.push(&all);
+            debug_assert_eq!(at, descs_at);
+            s.memcpy_htod(&st.0, &mut buf)?;
+            // SAFETY: `n` descriptors with absolute addresses: sources in `buf` or the caller's
+            // readable memory, destinations the caller's writable memory.
+            unsafe { eng.launch_copies(base + descs_at as u64, n as u32, 0, 0) }?;
+            for &(src, dst, len) in &large {
+                // SAFETY: the caller's promise.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        dst,
+                        src,
+                        len as usize,
+                        s.cu_stream(),
+                    )?;
+                }
+            }
+            return Ok(Some(buf));
+        }
+        for &(src, dst, len) in &large {
+            // SAFETY: the caller's promise.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(dst, src, len as usize, s.cu_stream())?;
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -431,6 +532,36 @@ impl GpuEngine {
         })
     }
 
+    /// Launches `tz_copy` over the `n` copy descriptors at device address `descs` (sources
+    /// relative to `data`, destinations to `out`; one thread block per copy): the stored blobs of a
+    /// decode, the gathered ranges of `read_ranges`, the encoder's blob heads and stored blobs.
+    ///
+    /// # Safety
+    /// `descs` must hold `n` descriptors whose source ranges (offset by `data`) are readable and
+    /// whose destination ranges (offset by `out`) are writable device memory, disjoint, all alive
+    /// until the stream has run the launch.
+    pub(crate) unsafe fn launch_copies(
+        &self,
+        descs: u64,
+        n: u32,
+        data: u64,
+        out: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.shared.copy);
+        b.arg(&descs).arg(&n).arg(&data).arg(&out);
+        // SAFETY: the arguments match `tz_copy`; the ranges are the caller's promise.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// Launches the decoding of an uploaded plan: blob bytes at device address `data`, output at
     /// `out`. Asynchronous on the engine's stream; [`GpuEngine::check`] waits and reports errors.
     ///
@@ -446,18 +577,9 @@ impl GpuEngine {
             cudarc::driver::result::memset_d8_async(dp.err, 0, 4, s.cu_stream())?;
             cudarc::driver::result::memset_d8_async(dp.err + 4, 0xFF, 4, s.cu_stream())?;
         }
-        if dp.n_copies > 0 {
-            let cfg = LaunchConfig {
-                grid_dim: (dp.n_copies, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = s.launch_builder(&self.shared.copy);
-            b.arg(&dp.copies).arg(&dp.n_copies).arg(&data).arg(&out);
-            // SAFETY: `dp.copies` holds `n_copies` descriptors whose ranges, offset by `data` and
-            // `out`, lie inside the caller's buffers (the caller's promise).
-            unsafe { b.launch(cfg) }?;
-        }
+        // SAFETY: `dp.copies` holds `n_copies` descriptors whose ranges, offset by `data` and
+        // `out`, lie inside the caller's buffers (the caller's promise).
+        unsafe { self.launch_copies(dp.copies, dp.n_copies, data, out) }?;
         for c in &dp.large_copies {
             // SAFETY: the caller guarantees both ranges are valid device memory.
             unsafe {
@@ -561,17 +683,9 @@ impl GpuEngine {
         let mut gathered = unsafe { s.alloc::<u8>(total as usize) }?;
         let descs_ptr = dev_descs.device_ptr(s).0;
         let out = gathered.device_ptr_mut(s).0;
-        let n = descs.len() as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (n, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(&self.shared.copy);
-        b.arg(&descs_ptr).arg(&n).arg(&0u64).arg(&out);
-        // SAFETY: `n` descriptors; sources are the caller's readable ranges, destinations tile
-        // `gathered`.
-        unsafe { b.launch(cfg) }?;
+        // SAFETY: `descs.len()` descriptors; sources are the caller's readable ranges,
+        // destinations tile `gathered`.
+        unsafe { self.launch_copies(descs_ptr, descs.len() as u32, 0, out) }?;
         Ok(s.clone_dtoh(&gathered)?)
     }
 
