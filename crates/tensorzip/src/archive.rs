@@ -328,9 +328,10 @@ fn n_pieces(len: u64, piece: u32) -> u64 {
     }
 }
 
-/// A writer the blob encoders can seek in (blobs reserve their directory and fill it in last).
-pub trait SeekWrite: Write + Seek {}
-impl<T: Write + Seek> SeekWrite for T {}
+/// A writer the blob encoders can seek in (blobs reserve their directory and fill it in last). It
+/// is `Send`: the CPU engine writes one batch of chunks from a pool thread while the next is coded.
+pub trait SeekWrite: Write + Seek + Send {}
+impl<T: Write + Seek + Send> SeekWrite for T {}
 
 /// An engine that writes blobs into an archive: the CPU engine, or the GPU engine of
 /// `tensorzip-cuda`. Every engine writes the same bytes.

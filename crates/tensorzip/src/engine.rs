@@ -224,13 +224,14 @@ impl CpuEngine {
     }
 
     /// Compresses a tensor straight into `w` (at its current position) with bounded memory: chunks are
-    /// coded in batches of [`STREAM_BATCH_BYTES`] and written as they come; the directory is written
-    /// last, in the space reserved for it. Writes the same bytes as [`CpuEngine::compress`] and returns
-    /// the blob's length. `progress` receives the number of original bytes handled so far.
+    /// coded in batches of half [`STREAM_BATCH_BYTES`], each written while the next is coded; the
+    /// directory is written last, in the space reserved for it. Writes the same bytes as
+    /// [`CpuEngine::compress`] and returns the blob's length. `progress` receives the number of
+    /// original bytes handled so far.
     ///
     /// If the coded blob is not smaller than a stored one, the stored blob is written over it; the
     /// caller truncates the file after its last write.
-    pub fn compress_to<W: Write + Seek>(
+    pub fn compress_to<W: Write + Seek + Send>(
         &self,
         data: &[u8],
         dtype: DType,
@@ -267,35 +268,67 @@ impl CpuEngine {
         w.seek(SeekFrom::Current((n * entry_len) as i64))
             .map_err(io)?;
         let chunk_bytes = h.chunk_units as usize * h.planes();
-        let batch = self.batch_chunks(chunk_bytes);
+        // Two batches are in memory at once (one written, one coded): each is half the streaming
+        // batch, so memory stays as it was when batches were coded and written in turn.
+        let batch = self.batch_chunks(2 * chunk_bytes);
         let mut dir = Vec::with_capacity(n * entry_len);
         let mut total = (prefix.len() + n * entry_len) as u64;
         // Payload buffers are reused from batch to batch and from call to call (fresh memory is
         // slow to touch). A call running concurrently on the same engine starts with none.
         let mut pool: Vec<Vec<u8>> =
             std::mem::take(&mut *self.payloads.lock().unwrap_or_else(|e| e.into_inner()));
+        // The coded batch waiting to be written: its entries, payloads and last chunk.
+        let mut pending: Option<(Vec<ChunkEntry>, Vec<Vec<u8>>, usize)> = None;
         let mut c0 = 0;
-        while c0 < n {
+        loop {
             let c1 = (c0 + batch).min(n);
             let mut bufs: Vec<Vec<u8>> = (c0..c1).map(|_| pool.pop().unwrap_or_default()).collect();
-            let entries: Vec<ChunkEntry> = self.run(|| {
-                bufs.par_iter_mut()
-                    .enumerate()
-                    .map(|(i, buf)| {
-                        encoder::with_scratch(|s| enc.encode_chunk((c0 + i) as u64, s, buf))
-                    })
-                    .collect()
+            // The previous batch is written (on this thread) while this one is coded (by the
+            // pool): the writes were a sequential tenth of a one-thread compress, and took the
+            // two-thread speed-up on a 128 MiB fp32 tensor down to ~1.6x.
+            let (written, entries) = self.run(|| {
+                rayon::join(
+                    || -> Result<()> {
+                        if let Some((entries, bufs, _)) = &pending {
+                            for (e, buf) in entries.iter().zip(bufs) {
+                                e.write(h.planes(), &mut dir);
+                                w.write_all(buf).map_err(io)?;
+                                total += buf.len() as u64;
+                            }
+                        }
+                        Ok(())
+                    },
+                    || -> Vec<ChunkEntry> {
+                        bufs.par_iter_mut()
+                            .enumerate()
+                            .map(|(i, buf)| {
+                                encoder::with_scratch(|s| enc.encode_chunk((c0 + i) as u64, s, buf))
+                            })
+                            .collect()
+                    },
+                )
             });
+            written?;
+            if let Some((_, done, end)) = pending.take() {
+                pool.extend(done);
+                progress(((end * chunk_bytes) as u64).min(data.len() as u64));
+            }
+            pending = Some((entries, bufs, c1));
+            c0 = c1;
+            if c0 >= n {
+                break;
+            }
+        }
+        if let Some((entries, bufs, end)) = pending {
             for (e, buf) in entries.iter().zip(&bufs) {
                 e.write(h.planes(), &mut dir);
                 w.write_all(buf).map_err(io)?;
                 total += buf.len() as u64;
             }
             pool.extend(bufs);
-            progress(((c1 * chunk_bytes) as u64).min(data.len() as u64));
-            c0 = c1;
+            progress(((end * chunk_bytes) as u64).min(data.len() as u64));
         }
-        // Kept for the next call: at most a batch's worth of capacity.
+        // Kept for the next call: at most a streaming batch's worth of capacity.
         let mut kept = 0usize;
         pool.retain(|b| {
             kept += b.capacity();

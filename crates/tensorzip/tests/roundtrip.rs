@@ -495,6 +495,35 @@ fn default_options_multi_chunk_identical_across_threads() {
     assert!(cov.cond_plane && cov.rans && cov.block_plane, "{cov:?}");
 }
 
+/// `compress_to` streams a tensor larger than its batches (half of `STREAM_BATCH_BYTES` each,
+/// one written while the next is coded): the same bytes as `compress`, and progress that rises to
+/// the tensor's size.
+#[test]
+fn compress_to_streams_several_batches() {
+    let opts = CompressOptions::default();
+    let (rows, cols) = (2560usize, 8192usize); // 40 MiB of bf16: three batches
+    assert!(rows * cols * 2 > tensorzip::engine::STREAM_BATCH_BYTES);
+    let data = common::weights(DType::BF16, rows * cols, 11);
+    let shape = [rows as u64, cols as u64];
+    let blob = TWO.compress(&data, DType::BF16, &shape, &opts).unwrap();
+    for eng in [&*ONE, &*TWO] {
+        let seen = std::sync::Mutex::new(Vec::new());
+        let mut cur = Cursor::new(Vec::new());
+        let n = eng
+            .compress_to(&data, DType::BF16, &shape, &opts, &mut cur, &|done| {
+                seen.lock().unwrap().push(done)
+            })
+            .unwrap();
+        let streamed = cur.into_inner();
+        assert_eq!(n as usize, blob.len());
+        assert!(streamed[..n as usize] == blob[..], "compress_to differs");
+        let seen = seen.into_inner().unwrap();
+        assert!(seen.len() >= 3, "progress reported {} times", seen.len());
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "progress {seen:?}");
+        assert_eq!(seen.last().copied(), Some(data.len() as u64));
+    }
+}
+
 /// A constant tensor costs its header, a few bytes of tables per plane and its directory: no payload.
 #[test]
 fn constant_tensors_cost_only_their_structure() {
