@@ -89,7 +89,7 @@ fn open_archive(path: &Path) -> Result<memmap2::Mmap, String> {
 }
 
 /// Decodes every segment of `ar` into `w`, on the GPU or the CPU.
-fn decode_all<W: Write>(
+fn decode_all<W: Write + Send>(
     ar: &Archive<'_>,
     dec: &DecodeArgs,
     common: &Common,

@@ -657,7 +657,7 @@ impl<'a> Archive<'a> {
     }
 
     /// Checks segment `i`'s blob, decodes it into `w`, and checks the CRC-32 of what it decoded.
-    pub fn decode_segment_to<W: Write>(
+    pub fn decode_segment_to<W: Write + Send>(
         &self,
         engine: &CpuEngine,
         i: usize,

@@ -347,7 +347,7 @@ impl CpuEngine {
 
     /// Decompresses a blob into `w` with bounded memory (batches of [`STREAM_BATCH_BYTES`]) and returns
     /// the CRC-32 of the decoded bytes. `progress` receives the number of bytes written so far.
-    pub fn decompress_to<W: Write>(
+    pub fn decompress_to<W: Write + Send>(
         &self,
         blob: &[u8],
         w: &mut W,
@@ -371,18 +371,54 @@ impl CpuEngine {
             Scheme::Planes => {
                 let cb = h.chunk_units as usize * h.planes();
                 let n = h.n_chunks() as usize;
-                let batch = self.batch_chunks(cb);
+                // Two buffers of half a streaming batch: one is checksummed and written (on
+                // this thread) while the pool decodes the next into the other.
+                let batch = self.batch_chunks(2 * cb);
                 let total = h.nbytes() as usize;
-                let mut buf = vec![0u8; (batch * cb).min(total)];
+                let mut bufs = [
+                    vec![0u8; (batch * cb).min(total)],
+                    vec![0u8; (batch * cb).min(total.saturating_sub(batch * cb))],
+                ];
+                // The decoded batch waiting to be written (in the buffer other than `k`): its
+                // length and its end in the tensor's bytes.
+                let mut pending: Option<(usize, usize)> = None;
                 let mut c0 = 0;
-                while c0 < n {
+                let mut k = 0;
+                while c0 < n || pending.is_some() {
                     let c1 = (c0 + batch).min(n);
-                    let len = (c1 * cb).min(total) - c0 * cb;
-                    let out = &mut buf[..len];
-                    self.decode_chunks_par(&dec, c0, out)?;
-                    crc.update(out);
-                    w.write_all(out).map_err(io)?;
-                    progress((c0 * cb + len) as u64);
+                    let len = (c1 * cb).min(total) - (c0 * cb).min(total);
+                    let (a, b) = bufs.split_at_mut(1);
+                    let (cur, prev) = if k == 0 {
+                        (&mut a[0], &b[0])
+                    } else {
+                        (&mut b[0], &a[0])
+                    };
+                    let (written, decoded) = self.run(|| {
+                        rayon::join(
+                            || -> Result<()> {
+                                if let Some((plen, _)) = pending {
+                                    crc.update(&prev[..plen]);
+                                    w.write_all(&prev[..plen]).map_err(io)?;
+                                }
+                                Ok(())
+                            },
+                            || -> Result<()> {
+                                if c0 < n {
+                                    self.decode_chunks_par(&dec, c0, &mut cur[..len])?;
+                                }
+                                Ok(())
+                            },
+                        )
+                    });
+                    written?;
+                    decoded?;
+                    if let Some((_, end)) = pending.take() {
+                        progress(end as u64);
+                    }
+                    if c0 < n {
+                        pending = Some((len, c0 * cb + len));
+                        k ^= 1;
+                    }
                     c0 = c1;
                 }
             }

@@ -495,11 +495,11 @@ fn default_options_multi_chunk_identical_across_threads() {
     assert!(cov.cond_plane && cov.rans && cov.block_plane, "{cov:?}");
 }
 
-/// `compress_to` streams a tensor larger than its batches (half of `STREAM_BATCH_BYTES` each,
-/// one written while the next is coded): the same bytes as `compress`, and progress that rises to
-/// the tensor's size.
+/// `compress_to` and `decompress_to` stream a tensor larger than their batches (half of
+/// `STREAM_BATCH_BYTES` each, one written while the next is coded or decoded): the same bytes as
+/// `compress` and the original, the right CRC, and progress that rises to the tensor's size.
 #[test]
-fn compress_to_streams_several_batches() {
+fn streaming_over_several_batches() {
     let opts = CompressOptions::default();
     let (rows, cols) = (2560usize, 8192usize); // 40 MiB of bf16: three batches
     assert!(rows * cols * 2 > tensorzip::engine::STREAM_BATCH_BYTES);
@@ -517,6 +517,18 @@ fn compress_to_streams_several_batches() {
         let streamed = cur.into_inner();
         assert_eq!(n as usize, blob.len());
         assert!(streamed[..n as usize] == blob[..], "compress_to differs");
+        let seen = seen.into_inner().unwrap();
+        assert!(seen.len() >= 3, "progress reported {} times", seen.len());
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "progress {seen:?}");
+        assert_eq!(seen.last().copied(), Some(data.len() as u64));
+
+        let seen = std::sync::Mutex::new(Vec::new());
+        let mut back = Vec::new();
+        let crc = eng
+            .decompress_to(&blob, &mut back, &|done| seen.lock().unwrap().push(done))
+            .unwrap();
+        assert!(back == data, "decompress_to differs");
+        assert_eq!(crc, crc32(&data));
         let seen = seen.into_inner().unwrap();
         assert!(seen.len() >= 3, "progress reported {} times", seen.len());
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "progress {seen:?}");
