@@ -216,6 +216,24 @@ impl CpuEngine {
 /// Bytes of original data handled per batch by the streaming paths (bounds their memory).
 pub const STREAM_BATCH_BYTES: usize = 32 << 20;
 
+/// Writes a coded batch of `compress_to`: the chunks' directory entries to `dir`, their payloads
+/// to `w`. Returns the payload bytes written.
+fn write_batch<W: Write>(
+    planes: usize,
+    entries: &[ChunkEntry],
+    bufs: &[Vec<u8>],
+    dir: &mut Vec<u8>,
+    w: &mut W,
+) -> Result<u64> {
+    let mut n = 0;
+    for (e, buf) in entries.iter().zip(bufs) {
+        e.write(planes, dir);
+        w.write_all(buf).map_err(|e| Error::Io(e.to_string()))?;
+        n += buf.len() as u64;
+    }
+    Ok(n)
+}
+
 impl CpuEngine {
     fn batch_chunks(&self, chunk_bytes: usize) -> usize {
         (STREAM_BATCH_BYTES / chunk_bytes.max(1))
@@ -290,11 +308,7 @@ impl CpuEngine {
                 rayon::join(
                     || -> Result<()> {
                         if let Some((entries, bufs, _)) = &pending {
-                            for (e, buf) in entries.iter().zip(bufs) {
-                                e.write(h.planes(), &mut dir);
-                                w.write_all(buf).map_err(io)?;
-                                total += buf.len() as u64;
-                            }
+                            total += write_batch(h.planes(), entries, bufs, &mut dir, w)?;
                         }
                         Ok(())
                     },
@@ -320,11 +334,7 @@ impl CpuEngine {
             }
         }
         if let Some((entries, bufs, end)) = pending {
-            for (e, buf) in entries.iter().zip(&bufs) {
-                e.write(h.planes(), &mut dir);
-                w.write_all(buf).map_err(io)?;
-                total += buf.len() as u64;
-            }
+            total += write_batch(h.planes(), &entries, &bufs, &mut dir, w)?;
             pool.extend(bufs);
             progress(((end * chunk_bytes) as u64).min(data.len() as u64));
         }
@@ -345,8 +355,9 @@ impl CpuEngine {
         Ok(total)
     }
 
-    /// Decompresses a blob into `w` with bounded memory (batches of [`STREAM_BATCH_BYTES`]) and returns
-    /// the CRC-32 of the decoded bytes. `progress` receives the number of bytes written so far.
+    /// Decompresses a blob into `w` with bounded memory (batches of half [`STREAM_BATCH_BYTES`], each
+    /// checksummed and written while the next is decoded) and returns the CRC-32 of the decoded
+    /// bytes. `progress` receives the number of bytes written so far.
     pub fn decompress_to<W: Write + Send>(
         &self,
         blob: &[u8],
