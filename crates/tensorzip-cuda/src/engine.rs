@@ -135,7 +135,9 @@ impl DeviceWrites {
                 large.push((src, dst, len));
             }
         }
-        if !self.puts.is_empty() || !descs.is_empty() {
+        let staged = if self.puts.is_empty() && descs.is_empty() {
+            None
+        } else {
             let mut st = Staging::default();
             let bytes_at = st.push(&self.bytes);
             // The strings' source addresses are known once the buffer is allocated: the
@@ -162,26 +164,15 @@ impl DeviceWrites {
             // SAFETY: `n` descriptors with absolute addresses: sources in `buf` or the caller's
             // readable memory, destinations the caller's writable memory.
             unsafe { eng.launch_copies(base + descs_at as u64, n as u32, 0, 0) }?;
-            for &(src, dst, len) in &large {
-                // SAFETY: the caller's promise.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        dst,
-                        src,
-                        len as usize,
-                        s.cu_stream(),
-                    )?;
-                }
-            }
-            return Ok(Some(buf));
-        }
+            Some(buf)
+        };
         for &(src, dst, len) in &large {
             // SAFETY: the caller's promise.
             unsafe {
                 cudarc::driver::result::memcpy_dtod_async(dst, src, len as usize, s.cu_stream())?;
             }
         }
-        Ok(None)
+        Ok(staged)
     }
 }
 
