@@ -55,7 +55,7 @@ impl CpuEngine {
             .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
     }
 
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Some(p) => p.install(f),
             None => f(),
