@@ -1,4 +1,6 @@
-// tensorzip GPU decoder: one warp per chunk (docs/FORMAT.md, "Planes blob" and "The rANS stream").
+// tensorzip GPU decoder: one warp per chunk, or (the `_pair` kernels, for launches of few chunks) a
+// decoding and a merging warp per chunk (docs/FORMAT.md, "Planes blob" and "The rANS stream";
+// docs/GPU.md, "Two warps per chunk").
 //
 // Every size and offset in the descriptors was validated on the host; what the host cannot check
 // without reading the payloads (selectors, stream words, raw-area sizes) is checked here with bounded
@@ -12,6 +14,7 @@
 //      stream's end is checked and the stash read from the lane states;
 //   C. the merge: each lane completes 16 consecutive units per group of 512, with the raw bytes of a
 //      group loaded together (one 16-byte run per plane and lane) and the units stored wide.
+// With two warps, A and B run on the decoding warp and C on the merging one, a block apart.
 // One kernel per unit size (1, 2, 4, 8 bytes), so that each gets its own register allocation.
 
 typedef unsigned char u8;
