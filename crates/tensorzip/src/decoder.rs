@@ -12,12 +12,11 @@ use crate::rans::MAX_STASH;
 use crate::select;
 use crate::transform;
 
-/// Per-thread scratch of the chunk decoder (per-plane block buffers of two chunks, and the
-/// conditioned plane's contexts and coded bytes).
+/// Per-thread scratch of the chunk decoder (the block's per-plane buffers, and the conditioned
+/// plane's contexts and coded bytes).
 #[derive(Default)]
 pub struct DecodeScratch {
-    a: Vec<u8>,
-    b: Vec<u8>,
+    planes: Vec<u8>,
     bufs: BlockBufs,
 }
 
@@ -381,99 +380,15 @@ impl<'a> TensorDecoder<'a> {
         debug_assert_eq!(self.view.header.scheme, Scheme::Planes);
         let mut cur = Cursor::new(self, c)?;
         debug_assert_eq!(out.len(), cur.len * self.view.header.planes());
-        scratch.a.resize(self.scratch_len(), 0);
+        scratch.planes.resize(self.scratch_len(), 0);
         for b in 0..cur.nb {
             let blen = cur.block_len(b);
-            let mut segs = cur.prepare(b, &mut scratch.a);
+            let mut segs = cur.prepare(b, &mut scratch.planes);
             if !segs.is_empty() {
                 cur.rans()?.decode_block(&mut segs, blen)?;
             }
             drop(segs);
-            cur.finish_block(b, &mut scratch.a, &mut scratch.bufs, out)?;
-        }
-        Ok(())
-    }
-
-    /// Decodes chunks `c` and `c + 1` into `out_a` and `out_b` together (same result as two
-    /// [`TensorDecoder::decode_chunk`] calls, faster).
-    pub fn decode_chunk_pair(
-        &self,
-        c: usize,
-        out_a: &mut [u8],
-        out_b: &mut [u8],
-        scratch: &mut DecodeScratch,
-    ) -> Result<()> {
-        let mut ca = Cursor::new(self, c)?;
-        let mut cb = Cursor::new(self, c + 1)?;
-        scratch.a.resize(self.scratch_len(), 0);
-        scratch.b.resize(self.scratch_len(), 0);
-        for b in 0..ca.nb.max(cb.nb) {
-            let (la, lb) = (
-                (b < ca.nb).then(|| ca.block_len(b)),
-                (b < cb.nb).then(|| cb.block_len(b)),
-            );
-            let mut sa = if la.is_some() {
-                ca.prepare(b, &mut scratch.a)
-            } else {
-                Vec::new()
-            };
-            let mut sb = if lb.is_some() {
-                cb.prepare(b, &mut scratch.b)
-            } else {
-                Vec::new()
-            };
-            match (la, lb) {
-                (Some(x), Some(y)) if x == y && !sa.is_empty() && sa.len() == sb.len() => {
-                    let (Some(da), Some(db)) = (ca.rans.as_mut(), cb.rans.as_mut()) else {
-                        return corrupt(format!(
-                            "chunk {c} or {}: coded symbols but no rANS stream",
-                            c + 1
-                        ));
-                    };
-                    Decoder::decode_block_pair(da, &mut sa, db, &mut sb, x)?;
-                }
-                _ => {
-                    if let (Some(x), false) = (la, sa.is_empty()) {
-                        ca.rans()?.decode_block(&mut sa, x)?;
-                    }
-                    if let (Some(y), false) = (lb, sb.is_empty()) {
-                        cb.rans()?.decode_block(&mut sb, y)?;
-                    }
-                }
-            }
-            drop((sa, sb));
-            if la.is_some() {
-                ca.finish_block(b, &mut scratch.a, &mut scratch.bufs, out_a)?;
-            }
-            if lb.is_some() {
-                cb.finish_block(b, &mut scratch.b, &mut scratch.bufs, out_b)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Decodes chunks `first..` into `out`, which holds their bytes back to back (pairs where possible).
-    pub fn decode_chunks(
-        &self,
-        first: usize,
-        out: &mut [u8],
-        scratch: &mut DecodeScratch,
-    ) -> Result<()> {
-        let cb = self.view.header.chunk_units as usize * self.view.header.planes();
-        let mut c = first;
-        let mut rest = out;
-        while !rest.is_empty() {
-            if rest.len() > cb {
-                let (a, tail) = rest.split_at_mut(cb);
-                let nb = cb.min(tail.len());
-                let (b, tail) = tail.split_at_mut(nb);
-                self.decode_chunk_pair(c, a, b, scratch)?;
-                rest = tail;
-                c += 2;
-            } else {
-                self.decode_chunk(c, rest, scratch)?;
-                break;
-            }
+            cur.finish_block(b, &mut scratch.planes, &mut scratch.bufs, out)?;
         }
         Ok(())
     }

@@ -131,8 +131,7 @@ impl CpuEngine {
         }
     }
 
-    /// Decodes chunks `first..` into `out` (their bytes back to back) in parallel, in tasks of two
-    /// chunks decoded as a pair.
+    /// Decodes chunks `first..` into `out` (their bytes back to back) in parallel, a chunk per task.
     fn decode_chunks_par(
         &self,
         dec: &TensorDecoder<'_>,
@@ -142,9 +141,9 @@ impl CpuEngine {
         let h = dec.header();
         let cb = h.chunk_units as usize * h.planes();
         self.run(|| {
-            out.par_chunks_mut(2 * cb)
+            out.par_chunks_mut(cb)
                 .enumerate()
-                .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunks(first + 2 * i, o, s)))
+                .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunk(first + i, o, s)))
         })
     }
 
