@@ -202,7 +202,9 @@ mod tests {
     #[test]
     fn split_masks_scatter_round_trip() {
         let mut x = 12345u32;
-        for len in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100, 1000, 4096] {
+        for len in [
+            0usize, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 1000, 4096, 4099,
+        ] {
             let cond: Vec<u8> = (0..len)
                 .map(|_| {
                     x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
@@ -226,6 +228,11 @@ mod tests {
             assert_eq!(mk.len(), len.div_ceil(8));
             let mut out = vec![0u8; len];
             scatter(&mk, &syms[1..], &raw[1..], &mut out);
+            assert_eq!(out, plane);
+            // With spare bytes after both (as the decoder has), the vector loop runs to the end.
+            let spare = |v: &[u8]| [v, &[0xEE; 16][..]].concat();
+            let mut out = vec![0u8; len];
+            scatter(&mk, &spare(&syms[1..]), &spare(&raw[1..]), &mut out);
             assert_eq!(out, plane);
         }
     }
