@@ -443,9 +443,20 @@ pub fn write_archive(
         }
         Ok(data)
     };
+    // The index entry of segment `s` (original bytes `data`), its blob at `blob_offset`.
+    let entry = |s: &SourceSegment, data: &[u8], blob_offset: u64, blob_len: u64| Segment {
+        kind: s.kind,
+        orig_offset: s.offset,
+        orig_len: s.len,
+        blob_offset,
+        blob_len,
+        orig_crc: crc32fast::hash(data),
+        blob_crcs: Vec::new(),
+    };
     let mut i = 0;
     while i < segments.len() {
-        // A run of small segments is coded together, into memory, then written in order.
+        // A run of small segments is coded together, into memory, then written in order; a large
+        // one is streamed into the file.
         let mut j = i;
         let mut group = 0;
         while j < segments.len()
@@ -455,22 +466,14 @@ pub fn write_archive(
             group += segments[j].len;
             j += 1;
         }
-        if j > i + 1 {
+        if j > i {
             let items = (i..j)
                 .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
                 .collect::<Result<Vec<BlobItem<'_>>>>()?;
             let blobs = engine.encode_blobs(&items, &opts.compress)?;
             for ((s, item), blob) in segments[i..j].iter().zip(&items).zip(&blobs) {
                 w.write_all(blob).map_err(io)?;
-                entries.push(Segment {
-                    kind: s.kind,
-                    orig_offset: s.offset,
-                    orig_len: s.len,
-                    blob_offset: pos,
-                    blob_len: blob.len() as u64,
-                    orig_crc: crc32fast::hash(item.0),
-                    blob_crcs: Vec::new(),
-                });
+                entries.push(entry(s, item.0, pos, blob.len() as u64));
                 pos += blob.len() as u64;
                 progress(s.offset + s.len);
             }
@@ -483,15 +486,7 @@ pub fn write_archive(
         let len = engine.encode_blob(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| {
             progress(base + done)
         })?;
-        entries.push(Segment {
-            kind: s.kind,
-            orig_offset: s.offset,
-            orig_len: s.len,
-            blob_offset: pos,
-            blob_len: len,
-            orig_crc: crc32fast::hash(data),
-            blob_crcs: Vec::new(),
-        });
+        entries.push(entry(s, data, pos, len));
         pos += len;
         w.seek(SeekFrom::Start(pos)).map_err(io)?;
         i += 1;

@@ -297,7 +297,8 @@ impl CpuEngine {
         // The coded batch waiting to be written: its entries, payloads and last chunk.
         let mut pending: Option<(Vec<ChunkEntry>, Vec<Vec<u8>>, usize)> = None;
         let mut c0 = 0;
-        loop {
+        // The last step only writes the last batch (its batch of chunks is empty).
+        while c0 < n || pending.is_some() {
             let c1 = (c0 + batch).min(n);
             let mut bufs: Vec<Vec<u8>> = (c0..c1).map(|_| pool.pop().unwrap_or_default()).collect();
             // The previous batch is written (on this thread) while this one is coded (by the
@@ -326,16 +327,10 @@ impl CpuEngine {
                 pool.extend(done);
                 progress(((end * chunk_bytes) as u64).min(data.len() as u64));
             }
-            pending = Some((entries, bufs, c1));
-            c0 = c1;
-            if c0 >= n {
-                break;
+            if c0 < n {
+                pending = Some((entries, bufs, c1));
             }
-        }
-        if let Some((entries, bufs, end)) = pending {
-            total += write_batch(h.planes(), &entries, &bufs, &mut dir, w)?;
-            pool.extend(bufs);
-            progress(((end * chunk_bytes) as u64).min(data.len() as u64));
+            c0 = c1;
         }
         // Kept for the next call: at most a streaming batch's worth of capacity.
         let mut kept = 0usize;
