@@ -7,7 +7,8 @@
 //! `runs` of: the decode kernel alone (CUDA events, blobs and output in device memory), the
 //! device-resident decode including planning and descriptor upload, and the pinned host round trip
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
-//! `BENCH_DECODE_ONLY=1` skips the encoder's measurements.
+//! `BENCH_DECODE_ONLY=1` skips the encoder's measurements; `CHUNK_BYTES=N` compresses with chunks of
+//! N bytes instead of the default; `NO_COND=1` without the conditioned plane.
 
 use std::time::Instant;
 
@@ -116,6 +117,10 @@ fn main() {
     let t = Instant::now();
     let opts = CompressOptions {
         condition: std::env::var_os("NO_COND").is_none(),
+        chunk_bytes: std::env::var("CHUNK_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(CompressOptions::default().chunk_bytes),
         ..Default::default()
     };
     let blobs: Vec<Vec<u8>> = tensors

@@ -468,7 +468,7 @@ fn odd_shapes_every_dtype() {
     }
 }
 
-/// Default options (256 KiB chunks, 4096-unit blocks): long blocks keep the vectorised decoder busy.
+/// Default options (128 KiB chunks, 4096-unit blocks): long blocks keep the vectorised decoder busy.
 #[test]
 fn default_options_multi_chunk_identical_across_threads() {
     let opts = CompressOptions::default();

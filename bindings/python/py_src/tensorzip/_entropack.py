@@ -57,7 +57,7 @@ class TensorZipConfig(CompressionConfig):
     """tensorzip's lossless scheme (byte planes, adaptive rANS; docs/FORMAT.md). Every field has the
     meaning of the command line's option of the same name; the defaults are the CLI's."""
 
-    chunk_bytes: int = 256 * 1024
+    chunk_bytes: int = _codec.DEFAULT_CHUNK_BYTES
     block_units: int = 4096
     passthrough_threshold: float = 0.95
     min_compress_bytes: int = 1024

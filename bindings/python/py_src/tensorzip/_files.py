@@ -14,7 +14,7 @@ import torch
 
 from . import _core
 from . import _tensorzip as _native
-from ._codec import DEFAULT_BLOCK_UNITS, DEFAULT_MAX_TABLES
+from ._codec import DEFAULT_BLOCK_UNITS, DEFAULT_CHUNK_BYTES, DEFAULT_MAX_TABLES
 
 # safetensors dtype names of torch dtypes (as safetensors.torch writes them).
 _ST_NAMES: dict[torch.dtype, str] = {
@@ -57,7 +57,7 @@ def save_file(
     filename: str | os.PathLike,
     metadata: dict[str, str] | None = None,
     *,
-    chunk_bytes: int = 256 * 1024,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     passthrough_threshold: float = 0.95,
     min_compress_bytes: int = 1024,
     block_units: int = DEFAULT_BLOCK_UNITS,
