@@ -139,8 +139,9 @@ fn main() {
         host.extend_from_slice(b);
     }
     let build_plan = |host: &[u8]| {
+        // Parsed on all host cores, as the library's batch paths do.
         let layouts: Vec<BlobLayout> = blobs
-            .iter()
+            .par_iter()
             .zip(&offsets)
             .map(|(b, &o)| {
                 BlobLayout::parse(&host[o as usize..o as usize + b.len()], b.len()).unwrap()
@@ -217,6 +218,9 @@ fn main() {
     // Blob bytes other than the prefixes stay 0: planning reads only the prefixes.
     let mut host_pre = vec![0u8; host.len().max(1)];
     let mut resident = Vec::new();
+    // Where that time goes (microseconds, per run): reading the prefixes back, parsing and
+    // planning, uploading the plan, launching and waiting.
+    let mut steps: [Vec<f64>; 4] = Default::default();
     for _ in 0..runs {
         s.synchronize().unwrap();
         let t = Instant::now();
@@ -227,13 +231,21 @@ fn main() {
             host_pre[o..o + n].copy_from_slice(&got[at..at + n]);
             at += n;
         }
+        let t1 = t.elapsed().as_secs_f64();
         let (plan2, _, _) = build_plan(&host_pre);
+        let t2 = t.elapsed().as_secs_f64();
         let mut dplan2 = eng.upload(&plan2).unwrap();
+        let t3 = t.elapsed().as_secs_f64();
         // SAFETY: as above.
         unsafe { eng.launch(&mut dplan2, dp, op).unwrap() };
         eng.check(&dplan2).unwrap();
-        resident.push(t.elapsed().as_secs_f64());
+        let t4 = t.elapsed().as_secs_f64();
+        resident.push(t4);
+        for (v, d) in steps.iter_mut().zip([t1, t2 - t1, t3 - t2, t4 - t3]) {
+            v.push(d * 1e6);
+        }
     }
+    let steps_us: Vec<f64> = steps.into_iter().map(median).collect();
     // Pinned host round trip: blob host -> device, decode, tensors device -> host.
     let ctx = eng.context().clone();
     // SAFETY: pinned host buffers of plain bytes, written before being read.
@@ -266,6 +278,8 @@ fn main() {
                 "dataset": name, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
                 "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
                 "decode_resident_with_planning_gbps": gb(median(resident)),
+                "planning_steps_us": {"read_prefixes": steps_us[0], "parse_and_plan": steps_us[1],
+                    "upload": steps_us[2], "launch_and_wait": steps_us[3]},
                 "pinned_round_trip_decode_gbps": gb(median(round)),
             })
         );

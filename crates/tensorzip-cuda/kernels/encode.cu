@@ -12,6 +12,7 @@
 //   tz_compact    one thread block per chunk: copies the slot's pieces to the chunk's place in the
 //                 blob (offsets from a host prefix sum over the reported sizes);
 //   tz_crc32      one warp per piece: CRC-32 (zlib) of each piece of a buffer.
+//   tz_crc32_list one warp per range: CRC-32 of each of a list of device ranges.
 //
 // Inputs are the tensor's bytes (aligned to the unit size; the host checks) and tables the host
 // built. The encoder reads only units of its own chunk and writes only its own slot.
@@ -831,9 +832,8 @@ __device__ u32 x8n(u64 n, const u32* x2n) {
     return p;
 }
 
-extern "C" __global__ void tz_crc32(const u8* __restrict__ data, u64 len, u64 piece, u32* __restrict__ out, u64 n_pieces) {
-    __shared__ u32 T[4][256];
-    __shared__ u32 x2n[32];
+// The slicing-by-4 tables (T) and x^(2^k) mod P (x2n) in shared memory, built by the block.
+__device__ void crc_tables(u32 (&T)[4][256], u32 (&x2n)[32]) {
     for (u32 i = threadIdx.x; i < 256; i += blockDim.x) {
         u32 c = i;
         for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ CRC_POLY : c >> 1;
@@ -855,36 +855,69 @@ extern "C" __global__ void tz_crc32(const u8* __restrict__ data, u64 len, u64 pi
         }
     }
     __syncthreads();
+}
+
+// The CRC-32 of the `plen` bytes at `piece`, computed by the whole warp (the result in every lane).
+__device__ u32 piece_crc(const u8* piece, u64 plen, int lane, const u32 (&T)[4][256], const u32 (&x2n)[32]) {
+    const u64 seg = ((plen + 31) / 32 + 3) & ~3ull;
+    const u64 s0 = min(plen, (u64)lane * seg), s1 = min(plen, s0 + seg);
+    const u8* q = piece + s0;
+    u64 n = s1 - s0;
+    u32 crc = 0;
+    while (n && ((u64)q & 3)) {
+        crc = T[0][(crc ^ *q) & 0xFFu] ^ (crc >> 8);
+        q++;
+        n--;
+    }
+    while (n >= 4) {
+        crc ^= *(const u32*)q;
+        crc = T[3][crc & 0xFFu] ^ T[2][(crc >> 8) & 0xFFu] ^ T[1][(crc >> 16) & 0xFFu] ^ T[0][crc >> 24];
+        q += 4;
+        n -= 4;
+    }
+    while (n) {
+        crc = T[0][(crc ^ *q) & 0xFFu] ^ (crc >> 8);
+        q++;
+        n--;
+    }
+    u32 r = s1 > s0 ? multmodp(x8n(plen - s1, x2n), crc) : 0u;
+    if (lane == 0) r ^= multmodp(x8n(plen, x2n), 0xFFFFFFFFu);
+    #pragma unroll
+    for (int d = 16; d > 0; d >>= 1) r ^= __shfl_xor_sync(FULL, r, d);
+    return ~r;
+}
+
+// The CRC of each `piece` bytes of one buffer (the last piece may be shorter): one warp per piece.
+extern "C" __global__ void tz_crc32(const u8* __restrict__ data, u64 len, u64 piece, u32* __restrict__ out, u64 n_pieces) {
+    __shared__ u32 T[4][256];
+    __shared__ u32 x2n[32];
+    crc_tables(T, x2n);
     const int lane = threadIdx.x & 31;
     const u64 warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 pc = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; pc < n_pieces; pc += warps) {
         const u64 p0 = pc * piece;
-        const u64 plen = min(piece, len - p0);
-        const u64 seg = ((plen + 31) / 32 + 3) & ~3ull;
-        const u64 s0 = min(plen, (u64)lane * seg), s1 = min(plen, s0 + seg);
-        const u8* q = data + p0 + s0;
-        u64 n = s1 - s0;
-        u32 crc = 0;
-        while (n && ((u64)q & 3)) {
-            crc = T[0][(crc ^ *q) & 0xFFu] ^ (crc >> 8);
-            q++;
-            n--;
-        }
-        while (n >= 4) {
-            crc ^= *(const u32*)q;
-            crc = T[3][crc & 0xFFu] ^ T[2][(crc >> 8) & 0xFFu] ^ T[1][(crc >> 16) & 0xFFu] ^ T[0][crc >> 24];
-            q += 4;
-            n -= 4;
-        }
-        while (n) {
-            crc = T[0][(crc ^ *q) & 0xFFu] ^ (crc >> 8);
-            q++;
-            n--;
-        }
-        u32 r = s1 > s0 ? multmodp(x8n(plen - s1, x2n), crc) : 0u;
-        if (lane == 0) r ^= multmodp(x8n(plen, x2n), 0xFFFFFFFFu);
-        #pragma unroll
-        for (int d = 16; d > 0; d >>= 1) r ^= __shfl_xor_sync(FULL, r, d);
-        if (lane == 0) out[pc] = ~r;
+        const u32 c = piece_crc(data + p0, min(piece, len - p0), lane, T, x2n);
+        if (lane == 0) out[pc] = c;
+    }
+}
+
+// One range of `tz_crc32_list` (shared with `CrcRange` in src/checksum.rs).
+struct CrcRange {
+    u64 addr;
+    u64 len;
+};
+
+// The CRC of each of `n` ranges anywhere in device memory (the host combines the pieces of a long
+// range): one warp per range.
+extern "C" __global__ void tz_crc32_list(const CrcRange* __restrict__ ranges, u64 n, u32* __restrict__ out) {
+    __shared__ u32 T[4][256];
+    __shared__ u32 x2n[32];
+    crc_tables(T, x2n);
+    const int lane = threadIdx.x & 31;
+    const u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 i = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < n; i += warps) {
+        const CrcRange r = ranges[i];
+        const u32 c = piece_crc((const u8*)r.addr, r.len, lane, T, x2n);
+        if (lane == 0) out[i] = c;
     }
 }

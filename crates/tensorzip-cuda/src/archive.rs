@@ -3,6 +3,8 @@
 
 use std::io::Write;
 
+use rayon::prelude::*;
+
 use tensorzip::archive::Archive;
 use tensorzip::checksum::crc32;
 
@@ -28,11 +30,14 @@ pub fn decode_archive_to<W: Write>(
         let mut j = i;
         let mut bytes = 0u64;
         while j < n && (j == i || bytes + ar.segments[j].orig_len <= BATCH_BYTES) {
-            // Checksums and header-vs-index agreement, before anything is allocated for it.
-            ar.check_segment(j)?;
             bytes += ar.segments[j].orig_len;
             j += 1;
         }
+        // Checksums and header-vs-index agreement, before anything is allocated for the batch (the
+        // sizes summed above come from the index, which the archive's parser has checked).
+        (i..j)
+            .into_par_iter()
+            .try_for_each(|k| ar.check_segment(k))?;
         let blobs: Vec<&[u8]> = (i..j).map(|k| ar.blob(k)).collect();
         let batch = eng.decode_host_batch(&blobs)?;
         for (k, &(_, _, off, len)) in (i..j).zip(&batch.tensors) {
@@ -52,8 +57,9 @@ pub fn decode_archive_to<W: Write>(
     Ok(())
 }
 
-/// The GPU engine as the archive writer's blob encoder: each tensor is uploaded, encoded on the GPU
-/// and the blob downloaded and written (the same bytes as the CPU engine's).
+/// The GPU engine as the archive writer's blob encoder: each large tensor is uploaded, encoded on the
+/// GPU and the blob downloaded and written; runs of small ones go as one batch (the same bytes as
+/// the CPU engine's either way).
 impl tensorzip::archive::BlobEncoder for GpuEngine {
     fn encode_blob(
         &self,
@@ -71,5 +77,15 @@ impl tensorzip::archive::BlobEncoder for GpuEngine {
             .map_err(|e| tensorzip::Error::Io(e.to_string()))?;
         progress(data.len() as u64);
         Ok(blob.len() as u64)
+    }
+
+    /// A run of small tensors in one batch on the GPU: one upload, one encode, one download.
+    fn encode_blobs(
+        &self,
+        items: &[tensorzip::archive::BlobItem<'_>],
+        opts: &tensorzip::CompressOptions,
+    ) -> tensorzip::Result<Vec<Vec<u8>>> {
+        self.compress_host_batch(items, opts)
+            .map_err(crate::error::Error::into_core)
     }
 }

@@ -1,6 +1,6 @@
 //! CRC-32 on the GPU, equal to `zlib.crc32` (and to the core's `crc32_pieces`).
 
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::engine::GpuEngine;
 use crate::error::Result;
@@ -9,6 +9,17 @@ use crate::error::Result;
 const WHOLE_PIECE: u64 = 64 << 10;
 
 const POLY: u32 = 0xEDB8_8320;
+
+/// One piece of `tz_crc32_list` (layout shared with `struct CrcRange` in encode.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CrcRange {
+    addr: u64,
+    len: u64,
+}
+
+// SAFETY: a plain `repr(C)` struct of integers, with the same layout as its CUDA counterpart.
+unsafe impl DeviceRepr for CrcRange {}
 
 /// `a * b mod P` in CRC-32's reflected representation (bit 31 is x^0).
 fn multmodp(a: u32, mut b: u32) -> u32 {
@@ -86,6 +97,72 @@ impl GpuEngine {
             };
         }
         Ok(vec![whole])
+    }
+
+    /// The CRC-32 of each of many device ranges `(address, length)` with one launch, one upload and
+    /// one download (a model's tensors after a batch decode: one call instead of one per tensor).
+    /// Long ranges are split into pieces, combined on the host.
+    ///
+    /// # Safety
+    /// Every range must be readable device memory of this engine's context, alive until this
+    /// returns.
+    pub unsafe fn crc32_ranges_device(&self, ranges: &[(u64, u64)]) -> Result<Vec<u32>> {
+        let mut pieces = Vec::with_capacity(ranges.len());
+        for &(addr, len) in ranges {
+            let mut at = 0;
+            while at < len {
+                let n = WHOLE_PIECE.min(len - at);
+                pieces.push(CrcRange {
+                    addr: addr + at,
+                    len: n,
+                });
+                at += n;
+            }
+        }
+        if pieces.is_empty() {
+            return Ok(vec![0; ranges.len()]);
+        }
+        let k = self.encode_kernels()?;
+        let s = self.stream();
+        let descs = s.clone_htod(&pieces)?;
+        let mut out: CudaSlice<u32> = s.alloc_zeros(pieces.len())?;
+        {
+            let n = pieces.len() as u64;
+            let mut b = s.launch_builder(&k.crc_list);
+            b.arg(&descs).arg(&n).arg(&mut out);
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(8).min(65535) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: arguments match `tz_crc32_list`; it reads the pieces (inside the caller's
+            // ranges) and writes one CRC per piece into `out`.
+            unsafe { b.launch(cfg) }?;
+        }
+        let crcs = s.clone_dtoh(&out)?;
+        // Every piece but a range's last is WHOLE_PIECE long: its shift is computed once.
+        let shift = x8n(WHOLE_PIECE);
+        let mut got = crcs.iter();
+        Ok(ranges
+            .iter()
+            .map(|&(_, len)| {
+                let mut whole = 0u32;
+                let mut at = 0;
+                while at < len {
+                    let n = WHOLE_PIECE.min(len - at);
+                    let c = *got.next().unwrap_or(&0);
+                    whole = if at == 0 {
+                        c
+                    } else if n == WHOLE_PIECE {
+                        multmodp(shift, whole) ^ c
+                    } else {
+                        crc32_combine(whole, c, n)
+                    };
+                    at += n;
+                }
+                whole
+            })
+            .collect())
     }
 
     /// [`GpuEngine::crc32_pieces_device`] of a device buffer.

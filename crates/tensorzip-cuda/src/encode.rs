@@ -120,6 +120,7 @@ pub(crate) struct EncodeKernels {
     encode: Vec<CudaFunction>,
     compact: CudaFunction,
     pub(crate) crc: CudaFunction,
+    pub(crate) crc_list: CudaFunction,
 }
 
 /// (unit size, exponent bits) of each kernel instantiation, and its name suffix.
@@ -157,6 +158,7 @@ impl EncodeKernels {
                 .collect::<std::result::Result<_, _>>()?,
             compact: get("tz_compact".into())?,
             crc: get("tz_crc32".into())?,
+            crc_list: get("tz_crc32_list".into())?,
             _module: module,
         })
     }
@@ -330,6 +332,61 @@ impl GpuEngine {
         // SAFETY: the blob's buffer holds at least `blob.len` bytes.
         unsafe { self.download_from(bp, &mut out)? };
         Ok(out)
+    }
+
+    /// Compresses several tensors held on the host with one upload, one batch encode
+    /// ([`GpuEngine::compress_batch_device`]) and one gathered download; the blobs equal
+    /// [`tensorzip::CpuEngine::compress`]'s. Meant for many small tensors (an archive writer hands
+    /// over runs of up to 8 MiB): the upload is a plain copy, not staged.
+    pub fn compress_host_batch(
+        &self,
+        items: &[tensorzip::archive::BlobItem<'_>],
+        opts: &CompressOptions,
+    ) -> Result<Vec<Vec<u8>>> {
+        opts.validate()?;
+        let s = self.stream();
+        // The tensors side by side, each at a 16-byte aligned offset (the kernels' loads).
+        let mut offsets = Vec::with_capacity(items.len());
+        let mut total = 0usize;
+        for &(data, _, _) in items {
+            offsets.push(total);
+            total = (total + data.len()).div_ceil(16) * 16;
+        }
+        let mut host = tensorzip::fresh::zeroed(total.max(1));
+        for (&(data, _, _), &o) in items.iter().zip(&offsets) {
+            host[o..o + data.len()].copy_from_slice(data);
+        }
+        let dev = s.clone_htod(&host)?;
+        drop(host);
+        let base = dev.device_ptr(s).0;
+        let tensors: Vec<DeviceTensor> = items
+            .iter()
+            .zip(&offsets)
+            .map(|(&(data, dtype, shape), &o)| DeviceTensor {
+                ptr: base + o as u64,
+                nbytes: data.len(),
+                dtype,
+                shape: shape.to_vec(),
+            })
+            .collect();
+        // SAFETY: every tensor lies inside `dev` (offsets and lengths above), which lives until
+        // the end of this function and which nothing else writes.
+        let blobs = unsafe { self.compress_batch_device(&tensors, opts)? };
+        let ranges: Vec<(u64, u64)> = blobs
+            .iter()
+            .map(|b| (b.buf.device_ptr(s).0, b.len as u64))
+            .collect();
+        // SAFETY: each range is the written part of a live blob buffer.
+        let all = unsafe { self.read_ranges(&ranges)? };
+        let mut at = 0;
+        Ok(blobs
+            .iter()
+            .map(|b| {
+                let v = all[at..at + b.len].to_vec();
+                at += b.len;
+                v
+            })
+            .collect())
     }
 
     /// Compresses the tensor of `nbytes` bytes at device address `data` into a blob in device

@@ -7,6 +7,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
+use rayon::prelude::*;
 use tensorzip::blob::BlobLayout;
 use tensorzip::Tensor;
 
@@ -420,7 +421,30 @@ impl GpuEngine {
     /// arrays and one launch that expands the tables.
     pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
         let s = &self.stream;
-        let mut st = Staging::default();
+        // TENSORZIP_GPU_TRACE=1 prints the time of each step (synchronising after each).
+        let tracing = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
+        let t0 = std::time::Instant::now();
+        let trace = |what: &str| {
+            if tracing {
+                let host = t0.elapsed().as_secs_f64() * 1e6;
+                let _ = s.synchronize();
+                eprintln!(
+                    "gpu plan upload: {what} at {:.1} us (host at {host:.1} us)",
+                    t0.elapsed().as_secs_f64() * 1e6
+                );
+            }
+        };
+        // Every descriptor array is staged once, without regrowing (padding adds at most a block
+        // of empty descriptors per tensor).
+        let n_chunks: usize = plan.groups.iter().map(|g| g.chunks.len()).sum();
+        let mut st = Staging(Vec::with_capacity(
+            (n_chunks + 16 * plan.tensors.len()) * std::mem::size_of::<ChunkDesc>()
+                + std::mem::size_of_val(&plan.tensors[..])
+                + 4 * plan.table_info.len()
+                + 2 * plan.freqs.len()
+                + std::mem::size_of_val(&plan.copies[..])
+                + 16 * 16,
+        ));
         // Each group's chunk descriptors go into the staging buffer; their device address is set
         // once the buffer is on the device.
         let mut groups = Vec::with_capacity(plan.groups.len());
@@ -501,15 +525,18 @@ impl GpuEngine {
             .filter(|c| c.len > 0)
             .partition(|c| c.len <= KERNEL_COPY_MAX);
         let copies_at = st.push(&small);
+        trace(&format!("{} bytes staged", st.0.len()));
         // SAFETY: plain bytes, every one written by the copy below before any kernel reads them.
         let mut buf = unsafe { s.alloc::<u8>(st.0.len()) }?;
         s.memcpy_htod(&st.0, &mut buf)?;
+        trace("copied");
         let base = buf.device_ptr(s).0;
         let at = |off: usize| base + off as u64;
         for (g, &off) in groups.iter_mut().zip(&chunks_at) {
             g.chunks = at(off);
         }
         let tables = self.build_tables(at(freqs_at), plan.freqs.len() / 256)?;
+        trace("tables built");
         Ok(DevicePlan {
             groups,
             tensors: at(tensors_at),
@@ -750,7 +777,7 @@ impl GpuEngine {
     /// Decodes blobs held on the host in one launch into one host buffer (no per-tensor copies).
     pub fn decode_host_batch(&self, blobs: &[&[u8]]) -> Result<HostBatch> {
         let layouts: Vec<BlobLayout> = blobs
-            .iter()
+            .par_iter()
             .map(|b| BlobLayout::parse(b, b.len()))
             .collect::<std::result::Result<_, _>>()?;
         let mut data = Vec::with_capacity(blobs.iter().map(|b| b.len()).sum());

@@ -3,7 +3,7 @@
 //! is checked here; what needs the payload bytes is checked by the kernel with bounded reads.
 
 use cudarc::driver::DeviceRepr;
-use tensorzip::blob::{BlobLayout, PlaneMode, Scheme};
+use tensorzip::blob::{BlobHeader, BlobLayout, PlaneMode, Scheme};
 use tensorzip::dtype::Transform;
 
 use crate::error::Result;
@@ -116,6 +116,20 @@ pub struct Job<'a> {
     pub out_offset: u64,
 }
 
+/// Exponent bits of the header's transform (0: identity).
+fn exp_bits_of(h: &BlobHeader) -> u32 {
+    match h.dtype.transform() {
+        Transform::Identity => 0,
+        Transform::SignBelowExponent { exp_bits } => exp_bits,
+    }
+}
+
+/// The index in [`KERNELS`] of the kernel that decodes blobs with this header.
+fn kernel_of(h: &BlobHeader) -> Option<usize> {
+    let (us, e) = (h.planes() as u32, exp_bits_of(h));
+    KERNELS.iter().position(|&(_, u, x)| u == us && x == e)
+}
+
 impl Plan {
     /// Plans the decoding of `jobs`.
     pub fn new(jobs: &[Job<'_>]) -> Result<Plan> {
@@ -127,6 +141,17 @@ impl Plan {
             g.slot_units = 32;
         }
         let mut n_chunks = 0u32;
+        // Room for every chunk in the group of its kernel, so that no vector grows while planning
+        // (a model's plan holds thousands of descriptors).
+        let mut want = [0usize; KERNELS.len()];
+        for job in jobs {
+            if let Some(k) = kernel_of(&job.layout.header) {
+                want[k] += job.layout.entries.len();
+            }
+        }
+        for (g, &n) in groups.iter_mut().zip(&want) {
+            g.chunks.reserve_exact(n);
+        }
         for job in jobs {
             let l = job.layout;
             let h = &l.header;
@@ -139,14 +164,8 @@ impl Plan {
                 continue;
             }
             let us = h.planes();
-            let exp_bits = match h.dtype.transform() {
-                Transform::Identity => 0,
-                Transform::SignBelowExponent { exp_bits } => exp_bits,
-            };
-            let Some(k) = KERNELS
-                .iter()
-                .position(|&(_, u, e)| u == us as u32 && e == exp_bits)
-            else {
+            let exp_bits = exp_bits_of(h);
+            let Some(k) = kernel_of(h) else {
                 return Err(crate::error::Error::Unsupported(format!(
                     "no decoder kernel for {us}-byte units with a {exp_bits}-bit exponent transform"
                 )));

@@ -317,6 +317,35 @@ fn gpu_encodes_a_sample_model_like_the_cpu() {
             .unwrap();
         assert!(one == cpu, "{}: GPU blob differs", t.name);
     }
+    // From the host in one batch (what `compress --gpu` does with runs of small tensors), with
+    // an empty tensor, a 0-d one and odd lengths between them.
+    let extra: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
+        (Vec::new(), DType::F32, vec![0, 3]),
+        (vec![7, 0, 128, 63], DType::F32, vec![]),
+        (
+            (0..3001u32).map(|i| (i * 31 % 251) as u8).collect(),
+            DType::U8,
+            vec![3001],
+        ),
+        (
+            (0..2050u32).map(|i| (i % 7) as u8).collect(),
+            DType::BF16,
+            vec![5, 205],
+        ),
+    ];
+    let mut items: Vec<tensorzip::archive::BlobItem<'_>> = Vec::new();
+    for (i, t) in model.iter().enumerate() {
+        items.push((&t.data, t.dtype, &t.shape));
+        let e = &extra[i % extra.len()];
+        items.push((&e.0, e.1, &e.2));
+    }
+    let got = eng.compress_host_batch(&items, &opts).unwrap();
+    assert_eq!(got.len(), items.len());
+    for (k, (&(data, dtype, shape), gpu)) in items.iter().zip(&got).enumerate() {
+        let cpu = compress(data, dtype, shape, &opts).unwrap();
+        assert!(*gpu == cpu, "item {k}: host batch GPU blob differs");
+    }
+    assert!(eng.compress_host_batch(&[], &opts).unwrap().is_empty());
 }
 
 #[test]
@@ -348,6 +377,36 @@ fn gpu_crc32_equals_zlib() {
             assert_eq!(got, want, "start {start} len {len} piece {piece}");
         }
     }
+    // Many ranges in one call, each equal to zlib's CRC of its bytes: empty ones, odd offsets,
+    // ranges longer than a piece (64 KiB) and exact multiples of it, overlapping ones.
+    let base = dev.device_ptr(s).0;
+    let ranges: Vec<(usize, usize)> = vec![
+        (0, 0),
+        (5, 1),
+        (0, 300_007),
+        (3, 65_536),
+        (1, 131_072),
+        (65_537, 65_535),
+        (299_999, 8),
+        (17, 0),
+        (1000, 200_001),
+    ];
+    let dev_ranges: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(o, n)| (base + o as u64, n as u64))
+        .collect();
+    // SAFETY: every range lies inside `dev`, alive until the end of the test.
+    let got = unsafe { eng.crc32_ranges_device(&dev_ranges) }.unwrap();
+    let want: Vec<u32> = ranges
+        .iter()
+        .map(|&(o, n)| tensorzip::crc32(&data[o..o + n]))
+        .collect();
+    assert_eq!(got, want);
+    // SAFETY: no ranges.
+    assert_eq!(
+        unsafe { eng.crc32_ranges_device(&[]) }.unwrap(),
+        Vec::<u32>::new()
+    );
 }
 
 #[test]
