@@ -21,6 +21,16 @@ struct CrcRange {
 // SAFETY: a plain `repr(C)` struct of integers, with the same layout as its CUDA counterpart.
 unsafe impl DeviceRepr for CrcRange {}
 
+/// The launch of a CRC kernel over `n` pieces: one warp per piece, 8 warps per block, the grid
+/// looping beyond 65535 blocks.
+fn crc_launch(n: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(8).min(65535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// `a * b mod P` in CRC-32's reflected representation (bit 31 is x^0).
 fn multmodp(a: u32, mut b: u32) -> u32 {
     let mut p = 0;
@@ -74,11 +84,7 @@ impl GpuEngine {
         {
             let mut b = s.launch_builder(&k.crc);
             b.arg(&data).arg(&len).arg(&gpu_piece).arg(&mut out).arg(&n);
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(8).min(65535) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = crc_launch(n);
             // SAFETY: arguments match `tz_crc32`; it reads `len` bytes at `data` (caller's promise)
             // and writes `n` CRCs into `out`.
             unsafe { b.launch(cfg) }?;
@@ -130,11 +136,7 @@ impl GpuEngine {
             let n = pieces.len() as u64;
             let mut b = s.launch_builder(&k.crc_list);
             b.arg(&descs).arg(&n).arg(&mut out);
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(8).min(65535) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = crc_launch(n);
             // SAFETY: arguments match `tz_crc32_list`; it reads the pieces (inside the caller's
             // ranges) and writes one CRC per piece into `out`.
             unsafe { b.launch(cfg) }?;

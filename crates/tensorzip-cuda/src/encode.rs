@@ -431,20 +431,8 @@ impl GpuEngine {
             check_len(t.nbytes as u64, t.dtype, &t.shape)?;
         }
         let s = self.stream().clone();
-        // TENSORZIP_GPU_TRACE=1 prints the time of each step (synchronising after each).
-        let tracing = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
-        let t0 = std::time::Instant::now();
-        let trace = |what: &str| {
-            if tracing {
-                let host = t0.elapsed().as_secs_f64() * 1e3;
-                let _ = s.synchronize();
-                eprintln!(
-                    "gpu encode of {} tensors: {what} at {:.3} ms (host at {host:.3} ms)",
-                    tensors.len(),
-                    t0.elapsed().as_secs_f64() * 1e3
-                );
-            }
-        };
+        let trace =
+            crate::engine::step_tracer(&s, format!("gpu encode of {} tensors", tensors.len()));
         let mut blobs: Vec<Option<DeviceBlob>> = (0..tensors.len()).map(|_| None).collect();
         // Device buffers that kernels still read are kept until the final synchronisation.
         let mut keep_alive = Vec::new();

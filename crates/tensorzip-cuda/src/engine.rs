@@ -192,6 +192,24 @@ struct DeviceGroup {
     slot_units: u32,
 }
 
+/// With `TENSORZIP_GPU_TRACE=1`, a function that prints the time since its creation at each step it
+/// is called with, after waiting for the stream (the host's time before the wait too); otherwise
+/// one that does nothing.
+pub(crate) fn step_tracer(s: &CudaStream, label: String) -> impl Fn(&str) + '_ {
+    let tracing = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
+    let t0 = std::time::Instant::now();
+    move |what: &str| {
+        if tracing {
+            let host = t0.elapsed().as_secs_f64() * 1e3;
+            let _ = s.synchronize();
+            eprintln!(
+                "{label}: {what} at {:.3} ms (host at {host:.3} ms)",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+}
+
 /// The chunks laid out in blocks of `warps` that each hold chunks of one tensor only (empty
 /// chunks fill the gaps; the kernel skips them).
 fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
@@ -421,19 +439,7 @@ impl GpuEngine {
     /// arrays and one launch that expands the tables.
     pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
         let s = &self.stream;
-        // TENSORZIP_GPU_TRACE=1 prints the time of each step (synchronising after each).
-        let tracing = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
-        let t0 = std::time::Instant::now();
-        let trace = |what: &str| {
-            if tracing {
-                let host = t0.elapsed().as_secs_f64() * 1e6;
-                let _ = s.synchronize();
-                eprintln!(
-                    "gpu plan upload: {what} at {:.1} us (host at {host:.1} us)",
-                    t0.elapsed().as_secs_f64() * 1e6
-                );
-            }
-        };
+        let trace = step_tracer(s, "gpu plan upload".into());
         // Every descriptor array is staged once, without regrowing (padding adds at most a block
         // of empty descriptors per tensor).
         let n_chunks: usize = plan.groups.iter().map(|g| g.chunks.len()).sum();
