@@ -234,12 +234,22 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         .flatten_iter()
         .collect();
     let joint = |p: usize, q: usize| -> Vec<u32> {
+        // One part of the sampled blocks per worker (at least 64 blocks each): every part zeroes
+        // 256 KiB of counters and the reduction adds them up, which with rayon's adaptive
+        // splitting cost more than the counting on a small tensor and made two threads slower
+        // than one.
+        let per = sampling
+            .picks
+            .len()
+            .div_ceil(rayon::current_num_threads())
+            .max(64);
         sampling
             .picks
-            .par_iter()
-            .fold(
-                || (vec![0u32; 65536], vec![0u8; bu * us]),
-                |(mut joint, mut scratch), &g| {
+            .par_chunks(per)
+            .map(|part| {
+                let mut joint = vec![0u32; 65536];
+                let mut scratch = vec![0u8; bu * us];
+                for &g in part {
                     let len = split_block(g, &mut scratch);
                     let (mp, eq) = (&scratch[plane(p, len)], &scratch[plane(q, len)]);
                     // Blocks where the plane is one repeated byte cost nothing already.
@@ -248,17 +258,14 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
                             joint[(e as usize) << 8 | m as usize] += 1;
                         }
                     }
-                    (joint, scratch)
-                },
-            )
-            .map(|(j, _)| j)
-            .reduce(
-                || vec![0u32; 65536],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            )
+                }
+                joint
+            })
+            .reduce_with(|mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            })
+            .unwrap_or_else(|| vec![0u32; 65536])
     };
     model_from_counts(header, opts, &sampling, &hists, joint)
 }
