@@ -286,15 +286,18 @@ impl ArchiveFile {
             py.detach(|| -> PyResult<()> {
                 let named = |e| named(path, e);
                 // Every blob's checksum and layout, on all cores (a model's ~100 blobs took ~0.2 ms
-                // one after the other).
-                let layouts: Vec<BlobLayout> = segs
+                // one after the other); the first failure in order is reported.
+                let parsed: Vec<tensorzip::Result<BlobLayout>> = segs
                     .par_iter()
                     .map(|&i| {
                         ar.check_segment(i)?;
                         let blob = ar.blob(i);
                         BlobLayout::parse(blob, blob.len())
                     })
-                    .collect::<tensorzip::Result<_>>()
+                    .collect();
+                let layouts = parsed
+                    .into_iter()
+                    .collect::<tensorzip::Result<Vec<_>>>()
                     .map_err(named)?;
                 let mut host_bytes = Vec::new();
                 let mut placed = Vec::with_capacity(segs.len());

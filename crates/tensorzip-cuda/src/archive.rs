@@ -35,9 +35,13 @@ pub fn decode_archive_to<W: Write>(
         }
         // Checksums and header-vs-index agreement, before anything is allocated for the batch (the
         // sizes summed above come from the index, which the archive's parser has checked).
-        (i..j)
+        // (All checked in parallel, the first failure in order reported: the same error as a
+        // sequential check.)
+        let checks: Vec<tensorzip::Result<()>> = (i..j)
             .into_par_iter()
-            .try_for_each(|k| ar.check_segment(k))?;
+            .map(|k| ar.check_segment(k))
+            .collect();
+        checks.into_iter().collect::<tensorzip::Result<()>>()?;
         let blobs: Vec<&[u8]> = (i..j).map(|k| ar.blob(k)).collect();
         let batch = eng.decode_host_batch(&blobs)?;
         for (k, &(_, _, off, len)) in (i..j).zip(&batch.tensors) {

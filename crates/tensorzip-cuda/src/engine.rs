@@ -782,10 +782,12 @@ impl GpuEngine {
 
     /// Decodes blobs held on the host in one launch into one host buffer (no per-tensor copies).
     pub fn decode_host_batch(&self, blobs: &[&[u8]]) -> Result<HostBatch> {
-        let layouts: Vec<BlobLayout> = blobs
+        // Parsed in parallel; the first failure in order is reported.
+        let parsed: Vec<tensorzip::Result<BlobLayout>> = blobs
             .par_iter()
             .map(|b| BlobLayout::parse(b, b.len()))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect();
+        let layouts = parsed.into_iter().collect::<tensorzip::Result<Vec<_>>>()?;
         let mut data = Vec::with_capacity(blobs.iter().map(|b| b.len()).sum());
         let mut jobs = Vec::with_capacity(blobs.len());
         let mut out_len = 0u64;
