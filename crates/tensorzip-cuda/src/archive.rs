@@ -6,6 +6,7 @@ use std::io::Write;
 use rayon::prelude::*;
 
 use tensorzip::archive::Archive;
+use tensorzip::blob::BlobLayout;
 use tensorzip::checksum::crc32;
 
 use crate::engine::GpuEngine;
@@ -36,14 +37,14 @@ pub fn decode_archive_to<W: Write>(
         // Checksums and header-vs-index agreement, before anything is allocated for the batch (the
         // sizes summed above come from the index, which the archive's parser has checked).
         // (All checked in parallel, the first failure in order reported: the same error as a
-        // sequential check.)
-        let checks: Vec<tensorzip::Result<()>> = (i..j)
+        // sequential check; the layouts they parse are the ones decoded.)
+        let checks: Vec<tensorzip::Result<BlobLayout>> = (i..j)
             .into_par_iter()
-            .map(|k| ar.check_segment(k))
+            .map(|k| ar.segment_layout(k))
             .collect();
-        checks.into_iter().collect::<tensorzip::Result<()>>()?;
+        let layouts = checks.into_iter().collect::<tensorzip::Result<Vec<_>>>()?;
         let blobs: Vec<&[u8]> = (i..j).map(|k| ar.blob(k)).collect();
-        let batch = eng.decode_host_batch(&blobs)?;
+        let batch = eng.decode_host_parsed(&blobs, &layouts)?;
         for (k, &(_, _, off, len)) in (i..j).zip(&batch.tensors) {
             let bytes = &batch.data[off as usize..(off + len) as usize];
             if crc32(bytes) != ar.segments[k].orig_crc {

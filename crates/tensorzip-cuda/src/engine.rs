@@ -788,11 +788,21 @@ impl GpuEngine {
             .map(|b| BlobLayout::parse(b, b.len()))
             .collect();
         let layouts = parsed.into_iter().collect::<tensorzip::Result<Vec<_>>>()?;
+        self.decode_host_parsed(blobs, &layouts)
+    }
+
+    /// [`GpuEngine::decode_host_batch`] of blobs whose layouts the caller has parsed already
+    /// (`layouts[k]` parsed from all of `blobs[k]`).
+    pub(crate) fn decode_host_parsed(
+        &self,
+        blobs: &[&[u8]],
+        layouts: &[BlobLayout],
+    ) -> Result<HostBatch> {
         let mut data = Vec::with_capacity(blobs.iter().map(|b| b.len()).sum());
         let mut jobs = Vec::with_capacity(blobs.len());
         let mut out_len = 0u64;
         let mut tensors = Vec::with_capacity(blobs.len());
-        for (b, l) in blobs.iter().zip(&layouts) {
+        for (b, l) in blobs.iter().zip(layouts) {
             jobs.push(Job {
                 layout: l,
                 data_offset: data.len() as u64,

@@ -714,18 +714,25 @@ impl<'a> Archive<'a> {
 
     /// Checks segment `i`'s blob checksums and that its header agrees with the index on the length.
     pub fn check_segment(&self, i: usize) -> Result<()> {
+        self.segment_layout(i).map(|_| ())
+    }
+
+    /// [`Archive::check_segment`], returning the blob's validated layout (for callers that plan
+    /// the decoding themselves, e.g. the GPU engine, instead of parsing the blob a second time).
+    pub fn segment_layout(&self, i: usize) -> Result<crate::blob::BlobLayout> {
         self.check_blob(i)?;
         let s = &self.segments[i];
+        let blob = self.blob(i);
         // A full parse (directory included) bounds the length by what the blob can hold.
-        let h = crate::blob::BlobView::parse(self.blob(i))?.layout.header;
-        if h.nbytes() != s.orig_len {
+        let layout = crate::blob::BlobLayout::parse(blob, blob.len())?;
+        let n = layout.header.nbytes();
+        if n != s.orig_len {
             return corrupt(format!(
-                "segment {i} decodes to {} bytes, not {}",
-                h.nbytes(),
+                "segment {i} decodes to {n} bytes, not {}",
                 s.orig_len
             ));
         }
-        Ok(())
+        Ok(layout)
     }
 
     /// Checks segment `i`'s blob, decodes it into `w`, and checks the CRC-32 of what it decoded.
