@@ -166,8 +166,9 @@ unsafe fn lookup(
 /// AVX2 decoding of the full steps of a block: 32 lanes as four vectors of eight, table lookups
 /// through general registers (`lookup`), refills via a permutation table. Returns the number of
 /// steps decoded (the rest, and a partial last step, go to the scalar path). (Two streams
-/// interleaved in one loop were measured on this project's Zen 3 VM at 2-3% *slower* than one at a
-/// time, 2026-11-30: eight state vectors and the constants do not fit the 16 registers.)
+/// interleaved in one loop were measured on this project's Zen 3 VM at 3-8% *slower* than one at a
+/// time, 2026-11-30, docs/DESIGN.md: eight state vectors and the constants do not fit the 16
+/// registers.)
 ///
 /// # Safety
 /// The CPU must support AVX2. Every segment must hold at least `len` bytes.

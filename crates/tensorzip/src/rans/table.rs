@@ -61,36 +61,18 @@ fn code_below(c: u8) -> u8 {
     c - 1
 }
 
-/// A normalised frequency table over byte symbols.
-#[derive(Clone, PartialEq, Eq)]
-pub struct FreqTable {
-    /// Frequency of each symbol; `0` = absent. The sum is exactly 4096.
-    pub freq: [u16; 256],
+/// The first pass of [`FreqTable::normalize`]: the anchor and every other present symbol rounded to
+/// its nearest code, before the frequencies are stepped down to fit.
+struct Rounded {
     codes: [u8; 256],
-    lo: u8,
-    hi: u8,
+    anchor: usize,
+    /// Sum of the frequencies of the symbols other than the anchor.
+    sum: u32,
+    count_present: usize,
 }
 
-impl std::fmt::Debug for FreqTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let nz: Vec<(u8, u16)> = (0..256)
-            .filter(|&s| self.freq[s] > 0)
-            .map(|s| (s as u8, self.freq[s]))
-            .collect();
-        f.debug_struct("FreqTable").field("freq", &nz).finish()
-    }
-}
-
-impl FreqTable {
-    /// Normalises `counts` to a table. Every symbol with a non-zero count or `forced[s]` gets a
-    /// frequency of at least 1. Returns `None` when no count is positive.
-    ///
-    /// Algorithm (normative, `docs/FORMAT.md` "Table normalisation"): the anchor is the symbol with the
-    /// largest count (the smallest symbol among ties). Every other present symbol `s` gets
-    /// `q = max(1, floor((2*c[s]*4096 + n) / (2n)))` (clamped to 4095) rounded to the nearest code
-    /// (ties to the smaller frequency). While the others sum to more than 4095, the symbol with the
-    /// largest frequency (smallest symbol among ties) steps down one code. The anchor takes the rest.
-    pub fn normalize(counts: &[u64; 256], forced: Option<&[bool; 256]>) -> Option<FreqTable> {
+impl Rounded {
+    fn of(counts: &[u64; 256], forced: Option<&[bool; 256]>) -> Option<Rounded> {
         let n: u128 = counts.iter().map(|&c| c as u128).sum();
         if n == 0 {
             return None;
@@ -123,9 +105,54 @@ impl FreqTable {
             };
             let c = nearest_code(q.clamp(1, PROB_SCALE - 1));
             codes[s] = c;
-            sum += code_to_freq(c).unwrap();
+            sum += code_to_freq(c)?;
         }
         codes[anchor] = ANCHOR;
+        Some(Rounded {
+            codes,
+            anchor,
+            sum,
+            count_present,
+        })
+    }
+}
+
+/// A normalised frequency table over byte symbols.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FreqTable {
+    /// Frequency of each symbol; `0` = absent. The sum is exactly 4096.
+    pub freq: [u16; 256],
+    codes: [u8; 256],
+    lo: u8,
+    hi: u8,
+}
+
+impl std::fmt::Debug for FreqTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nz: Vec<(u8, u16)> = (0..256)
+            .filter(|&s| self.freq[s] > 0)
+            .map(|s| (s as u8, self.freq[s]))
+            .collect();
+        f.debug_struct("FreqTable").field("freq", &nz).finish()
+    }
+}
+
+impl FreqTable {
+    /// Normalises `counts` to a table. Every symbol with a non-zero count or `forced[s]` gets a
+    /// frequency of at least 1. Returns `None` when no count is positive.
+    ///
+    /// Algorithm (normative, `docs/FORMAT.md` "Table normalisation"): the anchor is the symbol with the
+    /// largest count (the smallest symbol among ties). Every other present symbol `s` gets
+    /// `q = max(1, floor((2*c[s]*4096 + n) / (2n)))` (clamped to 4095) rounded to the nearest code
+    /// (ties to the smaller frequency). While the others sum to more than 4095, the symbol with the
+    /// largest frequency (smallest symbol among ties) steps down one code. The anchor takes the rest.
+    pub fn normalize(counts: &[u64; 256], forced: Option<&[bool; 256]>) -> Option<FreqTable> {
+        let Rounded {
+            mut codes,
+            anchor,
+            mut sum,
+            count_present,
+        } = Rounded::of(counts, forced)?;
         if count_present > 1 && sum > PROB_SCALE - 1 {
             // Step the largest frequency down (the smallest symbol among ties), one code at a time.
             // A heap keyed (frequency, reversed symbol) pops exactly that symbol; scanning all 256
@@ -381,36 +408,19 @@ mod tests {
         }
     }
 
-    /// The normalisation as FORMAT.md states it, one linear scan per step down: the reference the
-    /// faster `normalize` must equal.
+    /// The step down as FORMAT.md states it, one linear scan per step, after the shared first
+    /// rounding pass: the reference the heap in `normalize` must equal.
     fn normalize_reference(
         counts: &[u64; 256],
         forced: Option<&[bool; 256]>,
         steps: &mut u32,
     ) -> Option<[u8; 256]> {
-        let n: u128 = counts.iter().map(|&c| c as u128).sum();
-        if n == 0 {
-            return None;
-        }
-        let present = |s: usize| counts[s] > 0 || forced.is_some_and(|f| f[s]);
-        let mut anchor = 0usize;
-        for s in 1..256 {
-            if counts[s] > counts[anchor] {
-                anchor = s;
-            }
-        }
-        let mut codes = [0u8; 256];
-        let mut sum = 0u32;
-        let mut count_present = 0;
-        for s in (0..256).filter(|&s| present(s)) {
-            count_present += 1;
-            if s != anchor {
-                let q = (2 * counts[s] as u128 * PROB_SCALE as u128 + n) / (2 * n);
-                codes[s] = nearest_code((q as u32).clamp(1, PROB_SCALE - 1));
-                sum += code_to_freq(codes[s]).unwrap();
-            }
-        }
-        codes[anchor] = ANCHOR;
+        let Rounded {
+            mut codes,
+            anchor,
+            mut sum,
+            count_present,
+        } = Rounded::of(counts, forced)?;
         while count_present > 1 && sum > PROB_SCALE - 1 {
             let mut best = usize::MAX;
             let mut best_f = 0;
