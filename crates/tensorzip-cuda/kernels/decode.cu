@@ -13,7 +13,8 @@
 //   B. the conditioned sub-segment is decoded into shared memory; at the chunk's last block the
 //      stream's end is checked and the stash read from the lane states;
 //   C. the merge: each lane completes 16 consecutive units per group of 512, with the raw bytes of a
-//      group loaded together (one 16-byte run per plane and lane) and the units stored wide.
+//      group loaded together (one 16-byte run per plane and lane; the conditioned plane's through
+//      a shared window filled one group ahead) and the units stored wide.
 // With two warps, A and B run on the decoding warp and C on the merging one, a block apart.
 // One kernel per unit size (1, 2, 4, 8 bytes), so that each gets its own register allocation.
 
@@ -25,7 +26,8 @@ typedef unsigned long long u64;
 #define LANES 32
 #define STATE_LOWER 65536u
 #define RING 512          // words in the per-warp ring buffer of stream words
-#define RING_STASH 1088   // per-warp shared bytes of the ring (2 * RING) and the stash (64)
+#define WIN 528           // bytes of one merge window (`window_issue`)
+#define RING_STASH 2144   // per-warp shared bytes of the ring (2 * RING), the stash (64) and two windows
 #define ALIGN_SLACK 4096  // shared bytes the host adds so that the table cache can be 4096-aligned
 #define GROUP 16          // units per lane in the merge
 #define SEL_CONST 254
@@ -695,18 +697,66 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
     return 0;
 }
 
+// The conditioned plane's raw bytes of a merge group, `r` bytes into the block's raw area, copied to
+// the shared window at `dst` (WIN bytes, from the 16-byte boundary at or below `area + r`) with
+// asynchronous 16-byte copies that hold no registers, one group ahead of their use: loaded by each
+// lane for itself when the group's prefix sum was known, they were a wait for L2 at every group
+// (11% of a large launch's stall samples; ncu, 2026-11-30). Only whole 16-byte pieces inside the
+// chunk's payload are copied (compute-sanitizer counts a partial copy's 16 bytes as read); the
+// others are assembled now, bytes outside the block's raw bytes as 0. Bytes past `from_area` (the
+// stash holds them, at the last block) are put in place by `window_ready`.
+__device__ __forceinline__ void window_issue(u32 dst, const u8* area, u32 r, u32 from_area, const u8* payload, const u8* lim, int lane) {
+    const u64 a0 = (u64)(area + r) & ~15ull;
+    const u64 end = (u64)(area + from_area);
+    for (u32 k = lane; k < WIN / 16; k += LANES) {
+        const u64 pa = a0 + 16ull * k;
+        if (pa >= (u64)payload && pa + 16 <= (u64)lim) {
+            // The whole 16 bytes lie in the chunk's payload: one asynchronous copy (bytes past the
+            // block's, from the next block, are not used).
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * k), "l"(pa) : "memory");
+        } else if (pa >= end) {
+            sts32(dst + 16 * k, 0u);
+            sts32(dst + 16 * k + 4, 0u);
+            sts32(dst + 16 * k + 8, 0u);
+            sts32(dst + 16 * k + 12, 0u);
+        } else {
+            // A piece that starts before the chunk's payload or ends past it (at most one each per
+            // chunk): byte by byte, the bytes outside the block's raw bytes 0.
+            for (u32 q = 0; q < 16; q++) {
+                const u64 x = pa + q;
+                sts8(dst + 16 * k + q, x >= (u64)area && x < end ? *(const u8*)x : 0u);
+            }
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits for the window issued last and puts the stash's bytes (those past `from_area`) in place.
+__device__ __forceinline__ void window_ready(u32 dst, const u8* area, u32 r, u32 from_area, const u8* stash, int lane) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+    const u64 a0 = (u64)(area + r) & ~15ull;
+    #pragma unroll
+    for (u32 t = lane; t < 64; t += LANES) {
+        const u64 x = (u64)(area + from_area) + t;
+        if (x >= a0 && x < a0 + WIN) sts8(dst + (u32)(x - a0), stash[t]);
+    }
+    __syncwarp();
+}
+
 // C. The merge of block `b`: each lane completes 16 consecutive units per group of 512 from the
 // slots, the sub-segment and the raw area (`from_area` bytes at `raw_off`, then the stash) and
 // stores them.
 template <int U, int E>
 __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockPlan<U>& bp, u32 b, u32 blen, u32 raw_off,
                                             u32 from_area, int lane, const u8* slots, u32 su, const u8* sub,
-                                            const u8* stash, u32 sub_shared, u32 merge_sel) {
+                                            const u8* stash, u32 sub_shared, u32 merge_sel, u32 win) {
     const u8* area = ci.raw + raw_off;
     const u8* lim = ci.raw + ci.raw_len;
     const u32 cp = ci.cp, cq = ci.cq, fixed = bp.fixed;
     u8* blk_out = ci.out + (u64)b * ci.bu * U;
     u32 base_c = 0, base_r = 0;
+    if (ci.cond_chunk) window_issue(win, area, fixed, from_area, ci.payload, lim, lane);
     for (u32 g0 = 0; g0 < blen; g0 += LANES * GROUP) {
         const u32 i0 = g0 + lane * GROUP;
         const u32 n = i0 < blen ? min((u32)GROUP, blen - i0) : 0u;
@@ -740,6 +790,9 @@ __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockP
                     for (int k = 0; k < 4; k++) cw[k] = w[p][k];
                 }
             }
+            const u32 wbuf = win + ((g0 / (LANES * GROUP)) & 1) * WIN;
+            const u32 r = fixed + base_r;
+            window_ready(wbuf, area, r, from_area, stash, lane);
             const u32 hits = match16(cw, ci.cvalue) & (n >= GROUP ? 0xFFFFu : ((1u << n) - 1u));
             const u32 mine = __popc(hits);
             u32 incl = mine;
@@ -750,13 +803,25 @@ __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockP
             }
             const u32 total_c = __shfl_sync(0xFFFFFFFFu, incl, 31);
             const u32 kc = base_c + incl - mine;
-            const u32 kr = fixed + base_r + (min(i0, blen) - g0) - (incl - mine);
+            const u32 group_units = min(blen - g0, (u32)(LANES * GROUP));
+            // The next group's window, into the other buffer (read one group ago).
+            if (g0 + LANES * GROUP < blen) window_issue(win + (((g0 / (LANES * GROUP)) + 1) & 1) * WIN, area, r + group_units - total_c, from_area, ci.payload, lim, lane);
             // The lane's raw condition bytes are consecutive in the area, its coded ones in the
             // sub-segment: one 16-byte window of each, consumed from the low end, four units
             // at a time: a byte permutation picks each unit's byte from the window it belongs
             // to (`merge_sel`), then each window drops the bytes taken.
             u32 rw[4], aw[4];
-            load16(rw, area, lim, kr, n - mine, from_area, stash);
+            {
+                // The lane's first raw byte in the window: the window starts at the 16-byte boundary
+                // at or below `area + r` (at most 15 + 496 bytes in, so 20 bytes from there fit).
+                const u32 a = wbuf + (u32)((u64)(area + r) & 15ull) + (min(i0, blen) - g0) - (incl - mine);
+                const u32 wa = a & ~3u, sh = (a & 3u) * 8;
+                u32 x[5];
+                #pragma unroll
+                for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
+                #pragma unroll
+                for (int k = 0; k < 4; k++) rw[k] = __funnelshift_r(x[k], x[k + 1], sh);
+            }
             if (sub_shared) {
                 const u32 a = sub_shared + kc;
                 const u32 wa = a & ~3u, sh = (a & 3u) * 8;
@@ -788,7 +853,6 @@ __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockP
                     for (int k = 0; k < 4; k++) w[p][k] = cb[k];
                 }
             }
-            const u32 group_units = min(blen - g0, (u32)(LANES * GROUP));
             base_c += total_c;
             base_r += group_units - total_c;
         }
@@ -823,7 +887,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
                              u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u32 ring, u8* stash,
                              const Cache& cache, u32 slots_shared, u32 sub_shared, u32 merge_sel, u32 role, u32 sync,
-                             u32 barrier, u32 buf_stride) {
+                             u32 barrier, u32 buf_stride, u32 win) {
     ChunkInfo<U> ci;
     chunk_info<U>(ci, data, cdp, tdp, out);
     const u32 rans_len = cdp->rans_len;
@@ -888,7 +952,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             const u32 b = role == ROLE_BOTH ? t : t - 1;
             const u32 k = pair ? (b & 1) * buf_stride : 0u;
             merge_block<U, E>(ci, bp, b, min(ci.bu, ci.len - b * ci.bu), raw_off, from_area, lane, slots + k, su,
-                              sub + k, stash, sub_shared ? sub_shared + k : 0u, merge_sel);
+                              sub + k, stash, sub_shared ? sub_shared + k : 0u, merge_sel, win);
             raw_off += from_area;
         }
         if (pair) {
@@ -923,8 +987,9 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     // Shared memory (the host adds ALIGN_SLACK bytes to what this needs): the table cache, at the
     // first 4096-byte boundary of the shared window (each table's 4096 symbols then start at a
     // multiple of 4096, so a step's lookup address is one OR); per chunk the word ring (1024
-    // bytes, so 1024-aligned) and the stash (64); per chunk `nbuf` buffers of the slots and the
-    // sub-segment (`per_warp` bytes each) unless they are in global scratch.
+    // bytes, so 1024-aligned), the stash (64) and the merge's two windows (2 * WIN, 16-aligned);
+    // per chunk `nbuf` buffers of the slots and the sub-segment (`per_warp` bytes each) unless
+    // they are in global scratch.
     __shared__ Cache cache;
     // Selectors of the conditioned plane's merge (`merge_selector`), one per 4-bit mask.
     __shared__ u16 merge_sel[16];
@@ -935,7 +1000,8 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     u8* cache_mem = smem + (((base + ALIGN_SLACK - 1) & ~(ALIGN_SLACK - 1)) - base);
     u8* rings = cache_mem + cache_tables * (4096 + 1024);
     u8* stashes = rings + warps_per_block * 2 * RING;
-    u8* bufs = stashes + warps_per_block * 64;
+    u8* wins = stashes + warps_per_block * 64;
+    u8* bufs = wins + warps_per_block * 2 * WIN;
     u8* cache_sym = cache_mem;
     u32* cache_fc = (u32*)(cache_mem + cache_tables * 4096);
     if (threadIdx.x == 0) {
@@ -997,7 +1063,7 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     const u32 sub_shared = scratch ? 0u : shared_addr(sub);
     decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
                        cache, slots_shared, sub_shared, shared_addr(merge_sel), role,
-                       shared_addr(sync_words + 2 * (wi % 8)), 1 + wi % 8, per_warp);
+                       shared_addr(sync_words + 2 * (wi % 8)), 1 + wi % 8, per_warp, shared_addr(wins + wi * 2 * WIN));
 }
 
 #define ENTRY1(NAME, U, E, PAIR)                                                                              \

@@ -10,9 +10,9 @@ use crate::error::Result;
 
 /// Units per block that fit the per-warp shared-memory buffers; larger blocks use global scratch.
 pub const SMEM_BLOCK_UNITS: u32 = 4096;
-/// Shared-memory bytes per warp for the ring of stream words and the stash (`RING_STASH` in
-/// `kernels/decode.cu`).
-pub const RING_STASH_BYTES: u32 = 1088;
+/// Shared-memory bytes per warp for the ring of stream words, the stash and the merge's two windows
+/// (`RING_STASH` in `kernels/decode.cu`).
+pub const RING_STASH_BYTES: u32 = 2144;
 
 /// One chunk, as the kernel sees it (layout shared with `struct ChunkDesc` in decode.cu).
 #[repr(C)]
