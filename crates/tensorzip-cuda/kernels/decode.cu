@@ -234,20 +234,31 @@ __device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, 
 // a group are not checked one by one: ring addresses are taken modulo its size, so a stream that
 // runs out reads stale ring words, which `pos > fetched` after the group reveals.
 // With `COUNT`, also counts (per lane) the symbols equal to `cv` into `cnt`.
-template <bool COUNT>
+// With `SHFL`, each lane reads word `pos + lane` of the ring while the step's table lookups are in
+// flight, and a renormalising lane takes the word of its rank with a shuffle after the ballot:
+// two instructions fewer on the step's dependent chain, one shared load more per step. Measured
+// in every kernel (H200, 2026-12-01 00:2x, same call, kernel GB/s): MiniLM bf16 whole model
+// (two-warp kernels) 114.3 / 113.6 -> 115.7 / 115.6, 1 GiB fp32 684 / 682 -> 700 / 701, but 1 GiB
+// bf16 538 / 542 -> 534 / 533 (the most shared-memory bound kernel). So only the two-warp kernels
+// and units of 4 and 8 bytes use it: then 1 GiB fp32 682 / 687 -> 706 / 701, bf16 543 / 542 ->
+// 543 / 543, MiniLM bf16 115.0 / 116.1 -> 115.8 / 115.0 (within the noise).
+template <bool COUNT, bool SHFL>
 __device__ __forceinline__ void lean_step(Stream& s, const Table& t, u32& p2, u32 lt, u32 at, u32 cv, u32& cnt) {
     u32 sym;
+    u32 mine = 0;
+    if (SHFL) mine = lds16(s.ring | ((p2 + 2 * __popc(lt)) & (2 * RING - 2)));
     const u32 nx = next_cached(s.x, t, sym);
     const bool need = nx < STATE_LOWER;
     const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
-    const u32 w = lds16(s.ring | ((p2 + 2 * __popc(mask & lt)) & (2 * RING - 2)));
+    const u32 w = SHFL ? __shfl_sync(0xFFFFFFFFu, mine, __popc(mask & lt))
+                       : lds16(s.ring | ((p2 + 2 * __popc(mask & lt)) & (2 * RING - 2)));
     s.x = need ? (nx << 16) | w : nx;
     p2 += 2 * __popc(mask);
     sts8(at, sym);
     if (COUNT) cnt += sym == cv;
 }
 
-template <bool COUNT>
+template <bool COUNT, bool SHFL>
 __device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u32 r1, u32 out, int lane, u32 cv, u32& cnt) {
     const u32 lt = lanemask_lt();
     for (u32 r = r0; r < r1; r += 8) {
@@ -258,9 +269,9 @@ __device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u3
         const u32 at = out + r * LANES + lane;
         if (r + 8 <= r1) {
             #pragma unroll
-            for (u32 q = 0; q < 8; q++) lean_step<COUNT>(s, t, p2, lt, at + q * LANES, cv, cnt);
+            for (u32 q = 0; q < 8; q++) lean_step<COUNT, SHFL>(s, t, p2, lt, at + q * LANES, cv, cnt);
         } else {
-            for (u32 q = 0; q < r1 - r; q++) lean_step<COUNT>(s, t, p2, lt, at + q * LANES, cv, cnt);
+            for (u32 q = 0; q < r1 - r; q++) lean_step<COUNT, SHFL>(s, t, p2, lt, at + q * LANES, cv, cnt);
         }
         s.pos = p2 / 2;
         if (s.pos > s.fetched) {
@@ -554,7 +565,7 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
 // slots; the count of conditioned units; B, the sub-segment; at the last block, the end of the
 // stream and the stash. Returns 0 or an error code for `fail`; `from_area` gets the number of
 // the block's raw bytes in the area (the rest, at the last block, are in the stash).
-template <int U>
+template <int U, bool SHFL>
 __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkInfo<U>& ci, const BlockPlan<U>& bp,
                                             const TensorDesc* tdp, const u32* tables, const Cache& cache, u32 b,
                                             u32 blen, u32 raw_off, u32 rans_len, int lane, u8* slots, u32 su, u8* sub,
@@ -602,12 +613,12 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
             // The conditioned units are counted on the way when this is the condition plane.
             if (ci.cond_chunk && only == ci.cq) {
                 u32 cnt = 0;
-                steps_lean<true>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, ci.cvalue, cnt);
+                steps_lean<true, SHFL>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, ci.cvalue, cnt);
                 counted_to = r_start * LANES;
                 coded = warp_sum(cnt);
             } else {
                 u32 none = 0;
-                steps_lean<false>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
+                steps_lean<false, SHFL>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
             }
             if (s.bad) return 2;
         }
@@ -675,7 +686,7 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
         if (sub_shared && t.sym != NOT_CACHED) {
             r_sub = coded / LANES;
             u32 none = 0;
-            steps_lean<false>(s, t, 0, r_sub, sub_shared, lane, 0, none);
+            steps_lean<false, SHFL>(s, t, 0, r_sub, sub_shared, lane, 0, none);
             if (s.bad) return 2;
         }
         for (u32 r = r_sub; r * LANES < coded; r++) {
@@ -882,7 +893,7 @@ __device__ __forceinline__ bool pair_barrier(u32 id, bool abort) {
     return r != 0;
 }
 
-template <int U, int E>
+template <int U, int E, bool PAIR>
 __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __restrict__ cdp, const TensorDesc* __restrict__ tdp,
                              const u32* __restrict__ tables, const u32* __restrict__ table_info, u8* __restrict__ out,
                              u32* err, u32 c, int lane, u8* slots, u32 su, u8* sub, u32 ring, u8* stash,
@@ -932,7 +943,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             const u32 blen = min(ci.bu, ci.len - t * ci.bu);
             code = plan_block<U>(bp, ci, tdp, table_info, t, blen) ? 0u : 1u;
             if (!code)
-                code = decode_block<U>(s, used, ci, bp, tdp, tables, cache, t, blen, raw_off, rans_len, lane,
+                code = decode_block<U, PAIR || U >= 4>(s, used, ci, bp, tdp, tables, cache, t, blen, raw_off, rans_len, lane,
                                        slots + k, su, sub + k, stash, slots_shared ? slots_shared + k : 0u,
                                        sub_shared ? sub_shared + k : 0u, from_area);
             if (!code && role == ROLE_DECODE) {
@@ -1061,7 +1072,7 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     // Shared addresses of the slots and the sub-segment (0: they are in global scratch).
     const u32 slots_shared = scratch ? 0u : shared_addr(buf);
     const u32 sub_shared = scratch ? 0u : shared_addr(sub);
-    decode_chunk<U, E>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
+    decode_chunk<U, E, PAIR>(data, cd, td, tables, table_info, out, err, cd->index, lane, buf, su, sub, shared_addr(ring), stash,
                        cache, slots_shared, sub_shared, shared_addr(merge_sel), role,
                        shared_addr(sync_words + 2 * (wi % 8)), 1 + wi % 8, per_warp, shared_addr(wins + wi * 2 * WIN));
 }
