@@ -293,7 +293,7 @@ pub fn model_from_counts(
                 .iter()
                 .skip(p)
                 .step_by(us)
-                .filter(|h| h.iter().filter(|&&c| c != 0).count() > 1)
+                .filter(|h| h.iter().filter(|&&c| c != 0).nth(1).is_some())
                 .collect();
             let tables = cluster(
                 &blocks,
@@ -349,32 +349,80 @@ impl Model {
     }
 }
 
+/// Rows summed in 32-bit lanes before they are carried into 64 bits: a row sums to at most 65536
+/// (the largest block), so 65535 rows cannot overflow a lane.
+const FLUSH_ROWS: usize = 65535;
+
 /// The non-constant sampled blocks of one plane, as dense counts over the plane's *support* (the
 /// symbols the sample contains, at most 256): row `b` is `counts[b * width..(b + 1) * width]`, column
 /// `i` counts symbol `syms[i]`, and columns past `syms.len()` are zero. Costs become dot products of a
 /// row with a table's code lengths gathered to the support, which vectorise; a bf16 exponent plane has
 /// ~40 symbols in all, so a row is 40-48 counts instead of 256 (or a sparse list walked symbol by
 /// symbol, what this replaced: the same integers, 2-3x the time).
-struct Support {
+struct Support<'a> {
     syms: Vec<u8>,
     width: usize,
-    counts: Vec<u32>,
+    rows: Rows<'a>,
+    /// The summed rows (over the support).
+    total: Vec<u64>,
+    /// Each row's sum: its block's length.
+    lens: Vec<usize>,
 }
 
-impl Support {
-    fn new(blocks: &[&[u32; 256]]) -> Support {
-        // OR of the counts: non-zero where any block has the symbol (a loop that vectorises).
+/// The rows of a [`Support`]: gathered to the support, or, when the sample has every symbol, the
+/// histograms themselves (a mantissa plane: gathering and copying 1 KiB per block was a third of
+/// such a plane's model time).
+enum Rows<'a> {
+    Dense(Vec<u32>),
+    Whole(&'a [&'a [u32; 256]]),
+}
+
+impl<'a> Support<'a> {
+    fn new(blocks: &'a [&'a [u32; 256]]) -> Support<'a> {
+        // One pass over the histograms: their OR (non-zero where any block has the symbol), their
+        // sum (32-bit lanes carried into 64 bits every `FLUSH_ROWS` rows, as in `group_sums`) and
+        // each block's length. Loops that vectorise; three passes were a fifth of a mantissa plane's
+        // model time.
         let mut seen = [0u32; 256];
-        for h in blocks {
-            for (a, &c) in seen.iter_mut().zip(h.iter()) {
+        let mut narrow = [0u32; 256];
+        let mut wide = [0u64; 256];
+        let mut lens = Vec::with_capacity(blocks.len());
+        for (i, h) in blocks.iter().enumerate() {
+            let mut len = 0u32;
+            for ((a, n), &c) in seen.iter_mut().zip(narrow.iter_mut()).zip(h.iter()) {
                 *a |= c;
+                *n = n.wrapping_add(c);
+                len = len.wrapping_add(c);
             }
+            lens.push(len as usize);
+            if (i + 1) % FLUSH_ROWS == 0 {
+                for (w, n) in wide.iter_mut().zip(narrow.iter_mut()) {
+                    *w += *n as u64;
+                    *n = 0;
+                }
+            }
+        }
+        for (w, &n) in wide.iter_mut().zip(narrow.iter()) {
+            *w += n as u64;
         }
         let syms: Vec<u8> = (0..256)
             .filter(|&s| seen[s] != 0)
             .map(|s| s as u8)
             .collect();
         let width = syms.len().div_ceil(8) * 8;
+        let mut total = vec![0u64; width];
+        for (t, &s) in total.iter_mut().zip(&syms) {
+            *t = wide[s as usize];
+        }
+        if syms.len() == 256 {
+            return Support {
+                syms,
+                width,
+                rows: Rows::Whole(blocks),
+                total,
+                lens,
+            };
+        }
         let mut counts = vec![0u32; blocks.len() * width];
         for (row, h) in counts.chunks_exact_mut(width).zip(blocks) {
             for (c, &s) in row.iter_mut().zip(&syms) {
@@ -384,12 +432,17 @@ impl Support {
         Support {
             syms,
             width,
-            counts,
+            rows: Rows::Dense(counts),
+            total,
+            lens,
         }
     }
 
     fn row(&self, b: usize) -> &[u32] {
-        &self.counts[b * self.width..(b + 1) * self.width]
+        match &self.rows {
+            Rows::Dense(counts) => &counts[b * self.width..(b + 1) * self.width],
+            Rows::Whole(blocks) => &blocks[b][..],
+        }
     }
 
     /// The summed rows of the blocks of each group: `group(b)` names block `b`'s group (`None`: no
@@ -397,7 +450,6 @@ impl Support {
     /// bits every `FLUSH_ROWS` rows of a group (a row sums to at most 65536, the largest block, so
     /// the 32-bit lanes cannot overflow in between).
     fn group_sums(&self, n: usize, group: impl Fn(usize) -> Option<usize>) -> Vec<Vec<u64>> {
-        const FLUSH_ROWS: u32 = 65535;
         let mut wide = vec![vec![0u64; self.width]; n];
         let mut narrow = vec![vec![0u32; self.width]; n];
         let mut rows = vec![0u32; n];
@@ -415,7 +467,7 @@ impl Support {
                 *a = a.wrapping_add(c);
             }
             rows[g] += 1;
-            if rows[g] == FLUSH_ROWS {
+            if rows[g] == FLUSH_ROWS as u32 {
                 flush(&mut wide[g], &mut narrow[g]);
                 rows[g] = 0;
             }
@@ -427,7 +479,10 @@ impl Support {
     }
 
     fn len(&self) -> usize {
-        self.counts.len() / self.width
+        match &self.rows {
+            Rows::Dense(counts) => counts.len() / self.width,
+            Rows::Whole(blocks) => blocks.len(),
+        }
     }
 
     /// A table's code lengths gathered to the support, as 32-bit values (all below `12 << 16`; 0
@@ -448,21 +503,17 @@ impl Support {
     }
 
     /// The costs of blocks `first..first + out.len()` under a table (`u64::MAX` for a block with a
-    /// symbol the table lacks): [`dense_cost_generic`] row by row, with one feature test for the
-    /// run and no call per row (a bf16 exponent row is only six vectors).
+    /// symbol the table lacks): [`costs_of`] their rows.
     fn costs(&self, first: usize, cl: &SupportCl, out: &mut [u64]) {
-        let rows = &self.counts[first * self.width..(first + out.len()) * self.width];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::cpu::has_avx2() {
-                // SAFETY: AVX2 support was checked at run time.
-                unsafe { costs_avx2(rows, self.width, &cl.lens, &cl.absent, out) };
-                return;
+        let n = out.len();
+        match &self.rows {
+            Rows::Dense(counts) => {
+                let rows = &counts[first * self.width..(first + n) * self.width];
+                costs_of(rows.chunks_exact(self.width), cl, out)
             }
-        }
-        for (o, h) in out.iter_mut().zip(rows.chunks_exact(self.width)) {
-            let (c, covered) = dense_cost_generic(h, &cl.lens, &cl.absent);
-            *o = if covered { c } else { u64::MAX };
+            Rows::Whole(blocks) => {
+                costs_of(blocks[first..first + n].iter().map(|h| &h[..]), cl, out)
+            }
         }
     }
 
@@ -537,12 +588,34 @@ unsafe fn dense_cost_avx2(h: &[u32], cl: &[u32], absent: &[u32]) -> (u64, bool) 
 /// Rows per parallel task of a cost column.
 const COLUMN_ROWS: usize = 256;
 
-/// [`dense_cost_avx2`] for each row of `rows` (`width` counts each) into `out`: `u64::MAX` where
-/// the row is not covered.
+/// The cost of each row of `rows` under the code lengths `cl` into `out` (`u64::MAX` where the table
+/// lacks a symbol of the row), with one feature test for the run and no call per row (a bf16
+/// exponent row is only six vectors).
+fn costs_of<'r>(rows: impl Iterator<Item = &'r [u32]>, cl: &SupportCl, out: &mut [u64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 support was checked at run time.
+            unsafe { costs_avx2(rows, &cl.lens, &cl.absent, out) };
+            return;
+        }
+    }
+    for (o, h) in out.iter_mut().zip(rows) {
+        let (c, covered) = dense_cost_generic(h, &cl.lens, &cl.absent);
+        *o = if covered { c } else { u64::MAX };
+    }
+}
+
+/// [`dense_cost_avx2`] for each row of `rows` into `out`: `u64::MAX` where the row is not covered.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn costs_avx2(rows: &[u32], width: usize, cl: &[u32], absent: &[u32], out: &mut [u64]) {
-    for (o, h) in out.iter_mut().zip(rows.chunks_exact(width)) {
+unsafe fn costs_avx2<'r>(
+    rows: impl Iterator<Item = &'r [u32]>,
+    cl: &[u32],
+    absent: &[u32],
+    out: &mut [u64],
+) {
+    for (o, h) in out.iter_mut().zip(rows) {
         // SAFETY: AVX2 is enabled for this function, as for the callee.
         let (c, covered) = unsafe { dense_cost_avx2(h, cl, absent) };
         *o = if covered { c } else { u64::MAX };
@@ -555,18 +628,68 @@ unsafe fn costs_avx2(rows: &[u32], width: usize, cl: &[u32], absent: &[u32], out
 fn ideal_cost_dense(row: &[u32]) -> u64 {
     let lg = log2_small();
     let n: u32 = row.iter().sum();
-    let sum_h_lg: u64 = row
-        .iter()
+    #[cfg(target_arch = "x86_64")]
+    let sum_h_lg = if crate::cpu::has_avx2() && row.len() % 8 == 0 {
+        // SAFETY: AVX2 support was checked at run time; the row is a whole number of 8-lane steps.
+        unsafe { sum_c_log2_avx2(row, lg) }.unwrap_or_else(|| sum_c_log2(row, lg))
+    } else {
+        sum_c_log2(row, lg)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let sum_h_lg = sum_c_log2(row, lg);
+    let ln = lg
+        .get(n as usize)
+        .map_or_else(|| log2_q16(n as u64), |&l| l as u64);
+    n as u64 * ln - sum_h_lg
+}
+
+/// `sum c * log2_q16(c)` over a row (`lg` is [`log2_small`]).
+fn sum_c_log2(row: &[u32], lg: &[u32]) -> u64 {
+    row.iter()
         .map(|&c| {
             c as u64
                 * lg.get(c as usize)
                     .map_or_else(|| log2_q16(c as u64), |&l| l as u64)
         })
-        .sum();
-    let ln = lg
-        .get(n as usize)
-        .map_or_else(|| log2_q16(n as u64), |&l| l as u64);
-    n as u64 * ln - sum_h_lg
+        .sum()
+}
+
+/// [`sum_c_log2`] with AVX2, eight counts per step: the logarithms gathered from `lg`, the 32 x 32
+/// -> 64-bit products of the even and odd lanes summed apart (the scalar loop was a third of a
+/// mantissa plane's model time: 256 counts per block). `None` if a count is past the table (no
+/// block of the format has one; the caller then takes the scalar path).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn sum_c_log2_avx2(row: &[u32], lg: &[u32]) -> Option<u64> {
+    use std::arch::x86_64::*;
+    let top = lg.len() as i32 - 1;
+    let limit = _mm256_set1_epi32(top);
+    let mut even = _mm256_setzero_si256();
+    let mut odd = _mm256_setzero_si256();
+    let mut over = _mm256_setzero_si256();
+    for c in row.chunks_exact(8) {
+        // SAFETY: the chunk is 8 u32 = 32 bytes; unaligned load.
+        let vc = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+        // Indices clamped to the table, so that the gather stays inside it; a clamped lane marks
+        // the row for the scalar path.
+        let idx = _mm256_min_epu32(vc, limit);
+        over = _mm256_or_si256(over, _mm256_xor_si256(idx, vc));
+        // SAFETY: every index is at most `lg.len() - 1`; 4-byte elements.
+        let vl = unsafe { _mm256_i32gather_epi32::<4>(lg.as_ptr() as *const i32, idx) };
+        even = _mm256_add_epi64(even, _mm256_mul_epu32(vc, vl));
+        odd = _mm256_add_epi64(
+            odd,
+            _mm256_mul_epu32(_mm256_srli_epi64(vc, 32), _mm256_srli_epi64(vl, 32)),
+        );
+    }
+    if _mm256_testz_si256(over, over) == 0 {
+        return None;
+    }
+    let sum = _mm256_add_epi64(even, odd);
+    let mut lanes = [0u64; 4];
+    // SAFETY: `lanes` is 32 bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum) };
+    Some(lanes.iter().sum())
 }
 
 /// Chooses the tables of one plane from the histograms of its non-constant sampled blocks `blocks`
@@ -592,10 +715,7 @@ pub fn cluster(
     }
     let sup = Support::new(blocks);
     let nb = sup.len();
-    let total = sup.group_sums(1, |_| Some(0)).swap_remove(0);
-    let lens: Vec<usize> = (0..nb)
-        .map(|b| sup.row(b).iter().map(|&c| c as usize).sum())
-        .collect();
+    let (total, lens) = (&sup.total[..], &sup.lens[..]);
     let ideal: Vec<u64> = (0..nb).map(|b| ideal_cost_dense(sup.row(b))).collect();
     // The cost of every block under every table is kept per table (a column; u64::MAX where the
     // table does not cover the block), and a column is recomputed only when its table changes.
@@ -625,7 +745,7 @@ pub fn cluster(
         best_c
             .iter()
             .zip(&best_j)
-            .zip(&lens)
+            .zip(lens)
             .map(|((&c, &j), &len)| {
                 if c != u64::MAX && stays_coded(c, len, threshold) {
                     (j, c)
@@ -641,7 +761,7 @@ pub fn cluster(
 
     // Table 0: the summed counts (every support symbol has a positive total, so forcing the
     // support changes nothing).
-    let mut tables = vec![sup.table(&total).expect("non-empty blocks")];
+    let mut tables = vec![sup.table(total).expect("non-empty blocks")];
     let mut cols = vec![column(&tables[0])];
     let mut choice = assign(&cols);
     let mut attempt = 0u64;
@@ -713,7 +833,7 @@ pub fn cluster(
     // whole plane) has to exceed the tables' serialised size. Otherwise the plane has no tables.
     let saving: u64 = choice
         .iter()
-        .zip(&lens)
+        .zip(lens)
         .filter(|(&(sel, _), _)| sel != SEL_RAW)
         .map(|(&(_, c), &len)| raw_cost(len) - c)
         .sum();
@@ -818,6 +938,75 @@ mod tests {
             assert_eq!(c, if covered { want } else { u64::MAX }, "row {b}");
         }
         assert!(col.contains(&u64::MAX) && col.iter().any(|&c| c != u64::MAX));
+    }
+
+    #[test]
+    fn support_of_every_symbol_keeps_the_histograms_as_rows() {
+        let mut r = rng(17);
+        for full in [true, false] {
+            let hists: Vec<[u32; 256]> = (0..70)
+                .map(|_| {
+                    std::array::from_fn(|s| {
+                        if full || s % 3 != 0 {
+                            1 + (r() % 300) as u32
+                        } else {
+                            0
+                        }
+                    })
+                })
+                .collect();
+            let refs: Vec<&[u32; 256]> = hists.iter().collect();
+            let sup = Support::new(&refs);
+            assert_eq!(matches!(sup.rows, Rows::Whole(_)), full);
+            assert_eq!(sup.len(), hists.len());
+            for (b, h) in hists.iter().enumerate() {
+                let row: Vec<u32> = sup.syms.iter().map(|&s| h[s as usize]).collect();
+                assert_eq!(&sup.row(b)[..row.len()], &row[..]);
+                assert!(sup.row(b)[row.len()..].iter().all(|&c| c == 0));
+                assert_eq!(sup.lens[b], h.iter().sum::<u32>() as usize);
+            }
+            let total = sup.group_sums(1, |_| Some(0)).swap_remove(0);
+            assert_eq!(sup.total, total);
+            let t = sup.table(&sup.total).unwrap();
+            let cl = sup.code_lengths(&t);
+            let mut col = vec![0u64; sup.len()];
+            sup.costs(3, &cl, &mut col[3..]);
+            for b in 3..sup.len() {
+                let (want, covered) = dense_cost_generic(sup.row(b), &cl.lens, &cl.absent);
+                assert!(covered);
+                assert_eq!(col[b], want, "row {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn ideal_cost_paths_agree() {
+        let lg = log2_small();
+        let mut r = rng(1234);
+        for width in [8usize, 32, 256] {
+            for k in 0..300 {
+                let mut row: Vec<u32> = (0..width)
+                    .map(|_| {
+                        if r() % 4 == 0 {
+                            0
+                        } else {
+                            (r() % 65537) as u32
+                        }
+                    })
+                    .collect();
+                if k % 50 == 0 {
+                    // Past the table: the vector path declines and the scalar one computes it.
+                    row[width / 2] = 65537 + (r() % 1000) as u32;
+                }
+                let want = sum_c_log2(&row, lg);
+                #[cfg(target_arch = "x86_64")]
+                if crate::cpu::has_avx2() {
+                    // SAFETY: AVX2 support was checked at run time; `width` is a multiple of 8.
+                    let got = unsafe { sum_c_log2_avx2(&row, lg) };
+                    assert_eq!(got, (k % 50 != 0).then_some(want), "width {width} row {k}");
+                }
+            }
+        }
     }
 
     #[test]

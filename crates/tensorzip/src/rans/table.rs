@@ -41,9 +41,9 @@ fn nearest_code(q: u32) -> u8 {
         return q as u8;
     }
     let e = (31 - q.leading_zeros()) - 7; // q in [128 << e, 256 << e)
-    let step = 8u32 << e;
+    let step = 8u32 << e; // 2^(e + 3)
     let base = 128u32 << e;
-    let mut m = (q - base + step / 2 - 1) / step; // round half down
+    let mut m = (q - base + step / 2 - 1) >> (e + 3); // / step, rounded half down
     let mut e = e;
     if m == 16 {
         if e == 4 {

@@ -1,0 +1,65 @@
+//! Development probe: single-thread CPU time of the encoder's two passes on a safetensors file —
+//! the model (sampling, histograms, table search) and the chunk encoding — tensor by tensor,
+//! warm (each pass repeated; the median of `runs` is reported).
+//! `THREADS=n cargo run --release --example phasetime -- FILE [runs]`
+use std::time::Instant;
+
+mod common;
+use common::{num_arg, threads_env};
+use tensorzip::encoder::{with_scratch, TensorEncoder};
+use tensorzip::{CompressOptions, DType};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let bytes = std::fs::read(&args[1]).expect("read the file");
+    let runs = num_arg(&args, 2, 5);
+    let (_, list) = tensorzip::archive::safetensors_layout(&bytes).expect("a safetensors file");
+    let opts = CompressOptions::default();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads_env())
+        .build()
+        .unwrap();
+    let items: Vec<(&[u8], DType, Vec<u64>)> = list
+        .iter()
+        .map(|t| {
+            let dt = DType::from_safetensors_name(&t.dtype_name).expect("dtype");
+            (
+                &bytes[t.begin as usize..t.end as usize],
+                dt,
+                t.shape.clone(),
+            )
+        })
+        .collect();
+    let total: usize = items.iter().map(|i| i.0.len()).sum();
+    pool.install(|| {
+        let (mut tm, mut te) = (Vec::new(), Vec::new());
+        let mut payload = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let encs: Vec<TensorEncoder<'_>> = items
+                .iter()
+                .map(|(d, dt, s)| TensorEncoder::new(d, *dt, s, &opts).unwrap())
+                .collect();
+            tm.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let mut n = 0usize;
+            for e in &encs {
+                for c in 0..e.n_chunks() {
+                    with_scratch(|s| e.encode_chunk(c, s, &mut payload));
+                    n += payload.len();
+                }
+            }
+            te.push(t.elapsed().as_secs_f64());
+            std::hint::black_box(n);
+        }
+        tm.sort_by(f64::total_cmp);
+        te.sort_by(f64::total_cmp);
+        let (m, e) = (tm[runs / 2], te[runs / 2]);
+        println!(
+            "model {:.1} ms, encode {:.1} ms (serial over chunks): {:.3} GB/s together",
+            m * 1e3,
+            e * 1e3,
+            total as f64 / (m + e) / 1e9
+        );
+    });
+}
