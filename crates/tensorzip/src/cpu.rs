@@ -23,6 +23,25 @@ pub fn has_avx2() -> bool {
     })
 }
 
+/// Whether this CPU also has AVX-512F and AVX-512VL, which give the AVX2 code 32 vector registers
+/// (`TENSORZIP_NO_AVX512=1` turns this off, for comparisons).
+pub fn has_avx512vl() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if !has_avx2() || std::env::var_os("TENSORZIP_NO_AVX512").is_some_and(|v| v != "0") {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// For each 8-bit mask of lanes that refill, the source word index of each lane: lane `i` takes word
 /// `popcount(mask & ((1 << i) - 1))` (lanes outside the mask get an index that is ignored).
 pub fn refill_permutations() -> &'static [[u32; 8]; 256] {

@@ -22,6 +22,8 @@ pub struct DecodeScratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<DecodeScratch> = std::cell::RefCell::new(DecodeScratch::default());
+    /// The second chunk's scratch of [`TensorDecoder::decode_chunk_pair`].
+    static SCRATCH_B: std::cell::RefCell<DecodeScratch> = std::cell::RefCell::new(DecodeScratch::default());
 }
 
 /// Runs `f` with this thread's decoder scratch (kept between calls).
@@ -29,6 +31,16 @@ pub fn with_scratch<R>(f: impl FnOnce(&mut DecodeScratch) -> R) -> R {
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut s) => f(&mut s),
         Err(_) => f(&mut DecodeScratch::default()),
+    })
+}
+
+/// Runs `f` with this thread's two decoder scratches (for a pair of chunks; kept between calls).
+pub fn with_scratch_pair<R>(f: impl FnOnce(&mut DecodeScratch, &mut DecodeScratch) -> R) -> R {
+    with_scratch(|a| {
+        SCRATCH_B.with(|s| match s.try_borrow_mut() {
+            Ok(mut b) => f(a, &mut b),
+            Err(_) => f(a, &mut DecodeScratch::default()),
+        })
     })
 }
 
@@ -191,6 +203,22 @@ impl<'d, 'a> Cursor<'d, 'a> {
         self.rans
             .as_mut()
             .ok_or_else(|| Error::Corrupt(format!("chunk {c}: coded symbols but no rANS stream")))
+    }
+
+    /// Decodes block `b` of this chunk into `out` (the chunk's bytes).
+    fn decode_block(
+        &mut self,
+        b: usize,
+        scratch: &mut DecodeScratch,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let blen = self.block_len(b);
+        let mut segs = self.prepare(b, &mut scratch.planes);
+        if !segs.is_empty() {
+            self.rans()?.decode_block(&mut segs, blen)?;
+        }
+        drop(segs);
+        self.finish_block(b, &mut scratch.planes, &mut scratch.bufs, out)
     }
 
     /// Phase 2 of block `b` (after its main segments): the conditioned plane (its condition, its coded
@@ -382,13 +410,55 @@ impl<'a> TensorDecoder<'a> {
         debug_assert_eq!(out.len(), cur.len * self.view.header.planes());
         scratch.planes.resize(self.scratch_len(), 0);
         for b in 0..cur.nb {
-            let blen = cur.block_len(b);
-            let mut segs = cur.prepare(b, &mut scratch.planes);
-            if !segs.is_empty() {
-                cur.rans()?.decode_block(&mut segs, blen)?;
+            cur.decode_block(b, scratch, out)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes chunks `c` and `c + 1` into `out_a` and `out_b` (each exactly its chunk's bytes),
+    /// block by block in lockstep, so that the two chunks' rANS streams are decoded in one loop
+    /// ([`Decoder::decode_block_pair`]): one stream's steps are a chain of dependent operations,
+    /// and two chains overlap. The outputs are those of [`TensorDecoder::decode_chunk`] on each,
+    /// and it fails exactly when either fails (with the error met first, block by block).
+    pub fn decode_chunk_pair(
+        &self,
+        c: usize,
+        out_a: &mut [u8],
+        out_b: &mut [u8],
+        scratch_a: &mut DecodeScratch,
+        scratch_b: &mut DecodeScratch,
+    ) -> Result<()> {
+        debug_assert_eq!(self.view.header.scheme, Scheme::Planes);
+        let mut ca = Cursor::new(self, c)?;
+        let mut cb = Cursor::new(self, c + 1)?;
+        debug_assert_eq!(out_a.len(), ca.len * self.view.header.planes());
+        debug_assert_eq!(out_b.len(), cb.len * self.view.header.planes());
+        scratch_a.planes.resize(self.scratch_len(), 0);
+        scratch_b.planes.resize(self.scratch_len(), 0);
+        for b in 0..ca.nb.max(cb.nb) {
+            if b >= cb.nb {
+                ca.decode_block(b, scratch_a, out_a)?;
+                continue;
             }
-            drop(segs);
-            cur.finish_block(b, &mut scratch.planes, &mut scratch.bufs, out)?;
+            if b >= ca.nb {
+                cb.decode_block(b, scratch_b, out_b)?;
+                continue;
+            }
+            let (la, lb) = (ca.block_len(b), cb.block_len(b));
+            let mut ga = ca.prepare(b, &mut scratch_a.planes);
+            let mut gb = cb.prepare(b, &mut scratch_b.planes);
+            match (ga.is_empty(), gb.is_empty()) {
+                (false, false) => Decoder::decode_block_pair(
+                    (ca.rans()?, &mut ga, la),
+                    (cb.rans()?, &mut gb, lb),
+                )?,
+                (false, true) => ca.rans()?.decode_block(&mut ga, la)?,
+                (true, false) => cb.rans()?.decode_block(&mut gb, lb)?,
+                (true, true) => {}
+            }
+            drop((ga, gb));
+            ca.finish_block(b, &mut scratch_a.planes, &mut scratch_a.bufs, out_a)?;
+            cb.finish_block(b, &mut scratch_b.planes, &mut scratch_b.bufs, out_b)?;
         }
         Ok(())
     }
