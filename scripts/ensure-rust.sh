@@ -13,3 +13,15 @@ fi
 if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
+# The workspace needs Rust 1.89 or newer (`rust-version` in Cargo.toml): update an older toolchain.
+if command -v rustc >/dev/null 2>&1; then
+    minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
+    if [[ $minor =~ ^[0-9]+$ ]] && ((minor < 89)); then
+        if command -v rustup >/dev/null 2>&1; then
+            echo "[setup] rustc 1.$minor is older than 1.89: updating the stable toolchain" >&2
+            rustup update stable >&2 && rustup default stable >&2
+        else
+            echo "[setup] rustc 1.$minor is older than the 1.89 this workspace needs" >&2
+        fi
+    fi
+fi

@@ -23,9 +23,9 @@ pub fn has_avx2() -> bool {
     })
 }
 
-/// Whether this CPU also has AVX-512F and AVX-512VL, which give the AVX2 code 32 vector registers
-/// (`TENSORZIP_NO_AVX512=1` turns this off, for comparisons).
-pub fn has_avx512vl() -> bool {
+/// Whether this CPU also runs our AVX-512 code: AVX-512F (checked once; `TENSORZIP_NO_AVX512=1`
+/// turns it off, for comparisons; `TENSORZIP_NO_SIMD=1` too).
+pub fn has_avx512() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
         if !has_avx2() || std::env::var_os("TENSORZIP_NO_AVX512").is_some_and(|v| v != "0") {
@@ -33,7 +33,7 @@ pub fn has_avx512vl() -> bool {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
+            std::is_x86_feature_detected!("avx512f")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

@@ -143,11 +143,11 @@ impl CpuEngine {
         let n = out.len().div_ceil(cb);
         self.run(|| {
             // Chunks in pairs, their streams decoded in one loop (`decode_chunk_pair`), where the
-            // CPU has AVX-512VL (32 vector registers: two streams' states fit; with 16, pairs were
-            // slower than single chunks) and pairing leaves no worker idle. One core of this
-            // project's Sapphire Rapids-class VM, 2026-12-01 (`examples/hotloop ... dec`): bf16
-            // +8-13%, fp16 +5%, fp32 +2-4%.
-            if !crate::cpu::has_avx512vl() || n.div_ceil(2) < rayon::current_num_threads() {
+            // CPU has AVX-512 (elsewhere the pair loop is not used: `simd_rounds_pair`) and
+            // pairing leaves no worker idle. One core of the Intel VM of 2026-12-01
+            // (`examples/hotloop ... dec`): bf16 1.39-1.43 -> 1.79-1.86 GB/s, fp32 2.19-2.24 ->
+            // 2.62-2.70, fp16 1.41-1.52 -> 1.89-1.97.
+            if !crate::cpu::has_avx512() || n.div_ceil(2) < rayon::current_num_threads() {
                 return out
                     .par_chunks_mut(cb)
                     .enumerate()

@@ -629,7 +629,7 @@ fn ideal_cost_dense(row: &[u32]) -> u64 {
     let lg = log2_small();
     let n: u32 = row.iter().sum();
     #[cfg(target_arch = "x86_64")]
-    let sum_h_lg = if crate::cpu::has_avx2() && row.len() % 8 == 0 {
+    let sum_h_lg = if crate::cpu::has_avx2() && row.len().is_multiple_of(8) {
         // SAFETY: AVX2 support was checked at run time; the row is a whole number of 8-lane steps.
         unsafe { sum_c_log2_avx2(row, lg) }.unwrap_or_else(|| sum_c_log2(row, lg))
     } else {
@@ -882,7 +882,7 @@ mod tests {
             for _ in 0..200 {
                 let h: Vec<u32> = (0..width)
                     .map(|_| {
-                        if r() % 3 == 0 {
+                        if r().is_multiple_of(3) {
                             0
                         } else {
                             (r() % 70_000) as u32
@@ -891,7 +891,7 @@ mod tests {
                     .collect();
                 let cl: Vec<u32> = (0..width).map(|_| (r() % (12 << 16)) as u32).collect();
                 let absent: Vec<u32> = (0..width)
-                    .map(|_| if r() % 17 == 0 { u32::MAX } else { 0 })
+                    .map(|_| if r().is_multiple_of(17) { u32::MAX } else { 0 })
                     .collect();
                 let want_cost: u64 = h.iter().zip(&cl).map(|(&h, &c)| h as u64 * c as u64).sum();
                 let want_cov = h.iter().zip(&absent).all(|(&h, &a)| h == 0 || a == 0);
@@ -987,7 +987,7 @@ mod tests {
             for k in 0..300 {
                 let mut row: Vec<u32> = (0..width)
                     .map(|_| {
-                        if r() % 4 == 0 {
+                        if r().is_multiple_of(4) {
                             0
                         } else {
                             (r() % 65537) as u32
@@ -1015,7 +1015,13 @@ mod tests {
         let mut r = rng(99);
         for _ in 0..500 {
             let row: Vec<u32> = (0..64)
-                .map(|_| if r() % 2 == 0 { 0 } else { (r() % 1000) as u32 })
+                .map(|_| {
+                    if r().is_multiple_of(2) {
+                        0
+                    } else {
+                        (r() % 1000) as u32
+                    }
+                })
                 .collect();
             let n: u32 = row.iter().sum();
             if n == 0 {

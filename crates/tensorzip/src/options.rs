@@ -47,7 +47,9 @@ impl CompressOptions {
     /// Checks every field; the error names the field and the accepted range.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidOption(m));
-        if self.chunk_bytes == 0 || self.chunk_bytes % 8 != 0 || self.chunk_bytes > MAX_CHUNK_BYTES
+        if self.chunk_bytes == 0
+            || !self.chunk_bytes.is_multiple_of(8)
+            || self.chunk_bytes > MAX_CHUNK_BYTES
         {
             return bad(format!(
                 "chunk_bytes = {} must be a positive multiple of 8, at most {MAX_CHUNK_BYTES}",

@@ -56,7 +56,7 @@ pub fn transform_unit(t: Transform, unit: &[u8]) -> Vec<u8> {
 /// Each plane must hold `src.len() / planes.len()` bytes.
 pub fn split(t: Transform, src: &[u8], planes: &mut [&mut [u8]]) {
     let us = planes.len();
-    debug_assert!(us > 0 && src.len() % us == 0);
+    debug_assert!(us > 0 && src.len().is_multiple_of(us));
     let n = src.len() / us;
     match (planes, t) {
         ([p0], _) => p0[..n].copy_from_slice(&src[..n]),
@@ -177,7 +177,7 @@ avx2_dispatch!(merge4, merge4_impl, (p: [&[u8]; 4], dst: &mut [u8]));
 /// Merges byte planes back into units and undoes the transform. Inverse of [`split`].
 pub fn merge(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
     let us = planes.len();
-    debug_assert!(us > 0 && dst.len() % us == 0);
+    debug_assert!(us > 0 && dst.len().is_multiple_of(us));
     let n = dst.len() / us;
     match (planes, t) {
         ([p0], _) => dst.copy_from_slice(&p0[..n]),

@@ -36,7 +36,7 @@ fn step(x: u32, e: u32) -> u32 {
 impl<'a> Decoder<'a> {
     /// Starts decoding `stream` (states, then words).
     pub fn new(stream: &'a [u8]) -> Result<Self> {
-        if stream.len() < STATE_BYTES || (stream.len() - STATE_BYTES) % 2 != 0 {
+        if stream.len() < STATE_BYTES || !(stream.len() - STATE_BYTES).is_multiple_of(2) {
             return corrupt(format!(
                 "rANS stream of {} bytes (need 128 + an even number)",
                 stream.len()
@@ -68,8 +68,7 @@ impl<'a> Decoder<'a> {
     /// [`Decoder::decode_block`] on each, with the steps of the two interleaved in one loop while
     /// both have full steps left. A step is a chain of dependent operations (table lookup, state
     /// update, refill); two chains in one loop overlap where the registers hold both streams'
-    /// states (AVX-512VL: single-thread decode +3-13%, `engine.rs`). The first stream's error is
-    /// reported first.
+    /// states (with AVX-512: see `avx512`). The first stream's error is reported first.
     pub fn decode_block_pair(
         a: (&mut Decoder<'a>, &mut [DecodeSegment<'_, '_>], usize),
         b: (&mut Decoder<'_>, &mut [DecodeSegment<'_, '_>], usize),
@@ -176,8 +175,8 @@ unsafe fn lookup(
     )
 }
 
-/// Full steps `first..` of a block decoded with SIMD where the CPU has it; returns the number of
-/// steps done (the rest, and a partial last step, go to the scalar path).
+/// Full steps `first..` of a block decoded with SIMD where the CPU has it; returns the step it
+/// stopped at (the rest, and a partial last step, go to the scalar path).
 fn simd_rounds(
     dec: &mut Decoder<'_>,
     segs: &mut [DecodeSegment<'_, '_>],
@@ -186,9 +185,9 @@ fn simd_rounds(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::cpu::has_avx512vl() {
-            // SAFETY: AVX2 and AVX-512VL support were checked at run time.
-            return unsafe { avx512_rounds(dec, segs, len, first) };
+        if crate::cpu::has_avx512() {
+            // SAFETY: AVX-512F support was checked at run time.
+            return unsafe { avx512::rounds(dec, segs, len, first) };
         }
         if crate::cpu::has_avx2() {
             // SAFETY: AVX2 support was checked at run time.
@@ -199,7 +198,9 @@ fn simd_rounds(
 }
 
 /// The full steps the two streams of [`Decoder::decode_block_pair`] decode together (from step
-/// 0), with SIMD where the CPU has it; each stream continues alone from there.
+/// 0): with AVX-512, where the two streams' states fit the registers; 0 elsewhere (each stream
+/// then goes on alone: with AVX2's 16 registers, two streams interleaved were 3-8% slower than one
+/// at a time, docs/DESIGN.md).
 fn simd_rounds_pair(
     da: &mut Decoder<'_>,
     sa: &mut [DecodeSegment<'_, '_>],
@@ -210,39 +211,56 @@ fn simd_rounds_pair(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::cpu::has_avx512vl() {
-            // SAFETY: AVX2 and AVX-512VL support were checked at run time.
-            return unsafe { avx512_rounds_pair(da, sa, la, db, sb, lb) };
-        }
-        if crate::cpu::has_avx2() {
-            // SAFETY: AVX2 support was checked at run time.
-            return unsafe { avx2_rounds_pair(da, sa, la, db, sb, lb) };
+        if crate::cpu::has_avx512() {
+            // SAFETY: AVX-512F support was checked at run time.
+            return unsafe { avx512::rounds_pair(da, sa, la, db, sb, lb) };
         }
     }
+    let _ = (da, sa, la, db, sb, lb);
     0
 }
 
-/// The SIMD state of one stream in a run of full steps: 32 lanes as four vectors of eight, the
-/// read position, and the words.
-#[cfg(target_arch = "x86_64")]
-struct Lanes {
-    x: [std::arch::x86_64::__m256i; 4],
-    pos: usize,
-    words: *const u8,
-    wlen: usize,
-}
-
-/// One step `r` of every segment of a stream (`$l`: its [`Lanes`]), inside an `unsafe` block of
-/// a function with AVX2 enabled. A macro rather than a function so that it is compiled inline in
-/// each loop (the states stay in registers; a call kept them in memory).
+/// AVX2 decoding of full steps `first..` of a block: 32 lanes as four vectors of eight, table
+/// lookups through general registers (`lookup`), refills via a permutation table. Returns the step
+/// it stopped at (the rest, and a partial last step, go to the scalar path). (Two streams
+/// interleaved in one loop were measured on this project's Zen 3 VM at 3-8% *slower* than one at a
+/// time, 2026-11-30, docs/DESIGN.md: eight state vectors and the constants do not fit the 16
+/// registers.)
 ///
-/// Safety (the caller's): every segment holds at least `32 (r + 1)` bytes; at least
-/// `64 * segs.len()` bytes of words remain after `pos`. Slots are masked to 12 bits (the tables
-/// hold 4096 entries); a step reads at most 64 bytes of words per segment.
+/// # Safety
+/// The CPU must support AVX2. Every segment must hold at least `len` bytes.
 #[cfg(target_arch = "x86_64")]
-macro_rules! simd_step {
-    ($l:expr, $segs:expr, $r:expr, $perm:expr) => {{
-        use std::arch::x86_64::*;
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn avx2_rounds(
+    dec: &mut Decoder<'_>,
+    segs: &mut [DecodeSegment<'_, '_>],
+    len: usize,
+    first: usize,
+) -> usize {
+    use std::arch::x86_64::*;
+    let full_rounds = len / LANES;
+    let nseg = segs.len();
+    if nseg == 0 {
+        return full_rounds.max(first);
+    }
+    let perm = crate::cpu::refill_permutations();
+    // One step of every segment reads at most 64 bytes per segment.
+    let need_bytes = 64 * nseg;
+    let mut r = first;
+    // SAFETY: every access below stays inside the decoder states, the segment outputs (which hold
+    // `len` bytes, and `r * 32 + 32 <= len` for full steps), the tables (slot masked to 12 bits) and
+    // the word stream (a step runs only while `need_bytes` remain unread).
+    unsafe {
+        let xp = dec.x.as_mut_ptr() as *mut __m256i;
+        let mut x = [
+            _mm256_loadu_si256(xp),
+            _mm256_loadu_si256(xp.add(1)),
+            _mm256_loadu_si256(xp.add(2)),
+            _mm256_loadu_si256(xp.add(3)),
+        ];
+        let mut pos = dec.pos;
+        let words = dec.words.as_ptr();
+        let wlen = dec.words.len();
         let mask = _mm256_set1_epi32(MASK as i32);
         let zero = _mm256_setzero_si256();
         let bytesel = _mm256_setr_epi8(
@@ -250,172 +268,201 @@ macro_rules! simd_step {
             -1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-        let l: &mut Lanes = $l;
-        for seg in $segs.iter_mut() {
-            for (v, xv) in l.x.iter_mut().enumerate() {
-                let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
-                // The frequency is 12 bits, as the slot mask.
-                let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), mask);
-                let nx = _mm256_add_epi32(
-                    _mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(*xv)),
-                    _mm256_srli_epi32::<20>(e),
-                );
-                // Symbols: the low byte of each entry; 8 bytes for these 8 lanes.
-                let sy = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, bytesel), join);
-                let out = seg.out.as_mut_ptr().add($r * LANES + 8 * v);
-                _mm_storel_epi64(out as *mut __m128i, _mm256_castsi256_si128(sy));
-                // Lanes whose state fell below 2^16 read one word each, in lane order.
-                let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(nx), zero);
-                let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-                let w =
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(l.words.add(l.pos) as *const __m128i));
-                let idx = _mm256_loadu_si256($perm.as_ptr().add(m) as *const __m256i);
-                let w = _mm256_permutevar8x32_epi32(w, idx);
-                let refilled = _mm256_or_si256(_mm256_slli_epi32::<16>(nx), w);
-                *xv = _mm256_blendv_epi8(nx, refilled, need);
-                l.pos += 2 * m.count_ones() as usize;
-            }
-        }
-    }};
-}
-
-/// Generates the SIMD step loops for one set of target features: `$single` decodes full steps
-/// `first..` of one stream, `$pair` steps `0..` of two streams interleaved. The same code compiled
-/// with AVX-512VL has 32 vector registers instead of 16: the pair's eight state vectors and the
-/// constants then fit (with AVX2 alone, two streams interleaved were measured 3-8% *slower* than
-/// one at a time on a Zen 3 VM, 2026-11-30, docs/DESIGN.md).
-///
-/// A step of a stream, for each segment and each vector of eight lanes: table lookup through
-/// general registers (`lookup`), state update, symbol bytes stored, and the lanes whose state fell
-/// below 2^16 refilled in lane order through a permutation table.
-#[cfg(target_arch = "x86_64")]
-macro_rules! simd_step_loops {
-    ($features:literal, $single:ident, $pair:ident) => {
-        /// Loads a stream's states for a run of full steps.
-        ///
-        /// # Safety
-        /// The CPU must support the enabled features.
-        #[target_feature(enable = $features)]
-        #[inline]
-        unsafe fn load_lanes(dec: &Decoder<'_>) -> Lanes {
-            use std::arch::x86_64::*;
-            let xp = dec.x.as_ptr() as *const __m256i;
-            // SAFETY: `x` is 32 u32 = four unaligned 32-byte vectors.
-            unsafe {
-                Lanes {
-                    x: [
-                        _mm256_loadu_si256(xp),
-                        _mm256_loadu_si256(xp.add(1)),
-                        _mm256_loadu_si256(xp.add(2)),
-                        _mm256_loadu_si256(xp.add(3)),
-                    ],
-                    pos: dec.pos,
-                    words: dec.words.as_ptr(),
-                    wlen: dec.words.len(),
+        while r < full_rounds && wlen - pos >= need_bytes {
+            for seg in segs.iter_mut() {
+                for (v, xv) in x.iter_mut().enumerate() {
+                    let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
+                    // The frequency is 12 bits, as the slot mask.
+                    let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), mask);
+                    let nx = _mm256_add_epi32(
+                        _mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(*xv)),
+                        _mm256_srli_epi32::<20>(e),
+                    );
+                    // Symbols: the low byte of each entry; 8 bytes for these 8 lanes.
+                    let sy = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, bytesel), join);
+                    let out = seg.out.as_mut_ptr().add(r * LANES + 8 * v);
+                    _mm_storel_epi64(out as *mut __m128i, _mm256_castsi256_si128(sy));
+                    // Lanes whose state fell below 2^16 read one word each, in lane order.
+                    let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(nx), zero);
+                    let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+                    let w =
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(pos) as *const __m128i));
+                    let idx = _mm256_loadu_si256(perm.as_ptr().add(m) as *const __m256i);
+                    let w = _mm256_permutevar8x32_epi32(w, idx);
+                    let refilled = _mm256_or_si256(_mm256_slli_epi32::<16>(nx), w);
+                    *xv = _mm256_blendv_epi8(nx, refilled, need);
+                    pos += 2 * m.count_ones() as usize;
                 }
             }
+            r += 1;
         }
-
-        /// Stores a stream's states and read position back.
-        ///
-        /// # Safety
-        /// The CPU must support the enabled features.
-        #[target_feature(enable = $features)]
-        #[inline]
-        unsafe fn store_lanes(dec: &mut Decoder<'_>, l: &Lanes) {
-            use std::arch::x86_64::*;
-            let xp = dec.x.as_mut_ptr() as *mut __m256i;
-            for (v, xv) in l.x.iter().enumerate() {
-                // SAFETY: as in `load_lanes`.
-                unsafe { _mm256_storeu_si256(xp.add(v), *xv) };
-            }
-            dec.pos = l.pos;
+        for (v, xv) in x.iter().enumerate() {
+            _mm256_storeu_si256(xp.add(v), *xv);
         }
-
-        /// Full steps `first..` of a block of one stream; returns the step it stopped at.
-        ///
-        /// # Safety
-        /// The CPU must support the enabled features. Every segment must hold at least `len` bytes.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $single(
-            dec: &mut Decoder<'_>,
-            segs: &mut [DecodeSegment<'_, '_>],
-            len: usize,
-            first: usize,
-        ) -> usize {
-            let full = len / LANES;
-            if segs.is_empty() {
-                return full.max(first);
-            }
-            let perm = crate::cpu::refill_permutations();
-            let need = 64 * segs.len();
-            // SAFETY: the features are enabled; steps run while `r < full` (so `32 (r + 1) <= len`)
-            // and `need` bytes of words remain.
-            unsafe {
-                let mut l = load_lanes(dec);
-                let mut r = first;
-                while r < full && l.wlen - l.pos >= need {
-                    simd_step!(&mut l, segs, r, perm);
-                    r += 1;
-                }
-                store_lanes(dec, &l);
-                r
-            }
-        }
-
-        /// Full steps `0..` of a block of each of two streams, interleaved; returns the number of
-        /// steps both decoded.
-        ///
-        /// # Safety
-        /// As for the single-stream loop, for both streams.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $pair(
-            da: &mut Decoder<'_>,
-            sa: &mut [DecodeSegment<'_, '_>],
-            la: usize,
-            db: &mut Decoder<'_>,
-            sb: &mut [DecodeSegment<'_, '_>],
-            lb: usize,
-        ) -> usize {
-            if sa.is_empty() || sb.is_empty() {
-                return 0;
-            }
-            let full = (la / LANES).min(lb / LANES);
-            let perm = crate::cpu::refill_permutations();
-            let (need_a, need_b) = (64 * sa.len(), 64 * sb.len());
-            // SAFETY: as in the single-stream loop, for each stream.
-            unsafe {
-                let mut a = load_lanes(da);
-                let mut b = load_lanes(db);
-                let mut r = 0;
-                while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
-                    simd_step!(&mut a, sa, r, perm);
-                    simd_step!(&mut b, sb, r, perm);
-                    r += 1;
-                }
-                store_lanes(da, &a);
-                store_lanes(db, &b);
-                r
-            }
-        }
-    };
+        dec.pos = pos;
+    }
+    r
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::*;
-    simd_step_loops!("avx2,popcnt", avx2_rounds, avx2_rounds_pair);
-}
+/// AVX-512F steps: 32 lanes as two vectors of sixteen, table lookups by `vpgatherdd`, refills by
+/// `vpexpandd` (the next sixteen words widened, the first ones moved to the lanes whose state fell
+/// below 2^16, in lane order): a third of the AVX2 step's instructions. One stream at a time is
+/// bound by the step's latency (the gather's above all); two streams interleaved (`rounds_pair`)
+/// overlap. One thread of the Intel VM of 2026-12-01 (`examples/hotloop {bf16,fp32,fp16} 4096 7
+/// dec`): AVX2 1.27 / 2.07 / 1.38 GB/s; this, one stream 1.39-1.43 / 2.19-2.24 / 1.41-1.52; two
+/// streams 1.79-1.86 / 2.62-2.70 / 1.89-1.97. (`vpexpandw` straight from memory, AVX512-VBMI2, was
+/// no faster.)
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::*;
-    simd_step_loops!(
-        "avx2,popcnt,avx512f,avx512vl",
-        avx512_rounds,
-        avx512_rounds_pair
-    );
+    use std::arch::x86_64::*;
+
+    /// One stream's states in a run of full steps.
+    struct Lanes {
+        x: [__m512i; 2],
+        pos: usize,
+        words: *const u8,
+        wlen: usize,
+    }
+
+    /// # Safety
+    /// AVX-512F required.
+    #[target_feature(enable = "avx512f,popcnt")]
+    #[inline]
+    unsafe fn load(dec: &Decoder<'_>) -> Lanes {
+        let xp = dec.x.as_ptr() as *const __m512i;
+        // SAFETY: `x` is 32 u32 = two unaligned 64-byte vectors.
+        unsafe {
+            Lanes {
+                x: [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))],
+                pos: dec.pos,
+                words: dec.words.as_ptr(),
+                wlen: dec.words.len(),
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F required.
+    #[target_feature(enable = "avx512f,popcnt")]
+    #[inline]
+    unsafe fn store(dec: &mut Decoder<'_>, l: &Lanes) {
+        let xp = dec.x.as_mut_ptr() as *mut __m512i;
+        // SAFETY: as in `load`.
+        unsafe {
+            _mm512_storeu_si512(xp, l.x[0]);
+            _mm512_storeu_si512(xp.add(1), l.x[1]);
+        }
+        dec.pos = l.pos;
+    }
+
+    /// One step `r` of every segment of a stream, inside an `unsafe` block of a function with the
+    /// features enabled (a macro, so that each loop keeps its states in registers).
+    ///
+    /// Safety (the caller's): every segment holds at least `32 (r + 1)` bytes; at least
+    /// `64 * segs.len()` bytes of words remain after `pos`. Slots are masked to 12 bits (the tables
+    /// hold 4096 entries); a step reads at most 64 bytes of words per segment.
+    macro_rules! step512 {
+        ($l:expr, $segs:expr, $r:expr) => {{
+            let mask = _mm512_set1_epi32(MASK as i32);
+            let lower = _mm512_set1_epi32(STATE_LOWER as i32);
+            let l: &mut Lanes = $l;
+            for seg in $segs.iter_mut() {
+                let table = seg.table.as_ptr();
+                let out = seg.out.as_mut_ptr().add($r * LANES);
+                for (v, xv) in l.x.iter_mut().enumerate() {
+                    let e =
+                        _mm512_i32gather_epi32::<4>(_mm512_and_si512(*xv, mask), table as *const _);
+                    // The frequency is 12 bits, as the slot mask.
+                    let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
+                    let nx = _mm512_add_epi32(
+                        _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(*xv)),
+                        _mm512_srli_epi32::<20>(e),
+                    );
+                    // Symbols: the low byte of each entry.
+                    _mm_storeu_si128(out.add(16 * v) as *mut __m128i, _mm512_cvtepi32_epi8(e));
+                    let k = _mm512_cmplt_epu32_mask(nx, lower);
+                    // The 16 words at the read position widened to 32 bits; the first
+                    // `popcount(k)` of them moved to the refilling lanes, in lane order.
+                    let w = _mm512_maskz_expand_epi32(
+                        k,
+                        _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                            l.words.add(l.pos) as *const __m256i
+                        )),
+                    );
+                    *xv = _mm512_mask_blend_epi32(
+                        k,
+                        nx,
+                        _mm512_or_si512(_mm512_slli_epi32::<16>(nx), w),
+                    );
+                    l.pos += 2 * k.count_ones() as usize;
+                }
+            }
+        }};
+    }
+
+    /// Full steps `first..` of a block of one stream; returns the step it stopped at.
+    ///
+    /// # Safety
+    /// The CPU must support the enabled features. Every segment must hold at least `len` bytes.
+    #[target_feature(enable = "avx512f,popcnt")]
+    pub(super) unsafe fn rounds(
+        dec: &mut Decoder<'_>,
+        segs: &mut [DecodeSegment<'_, '_>],
+        len: usize,
+        first: usize,
+    ) -> usize {
+        let full = len / LANES;
+        if segs.is_empty() {
+            return full.max(first);
+        }
+        let need = 64 * segs.len();
+        // SAFETY: the features are enabled; steps run while `r < full` (so `32 (r + 1) <= len`)
+        // and `need` bytes of words remain.
+        unsafe {
+            let mut l = load(dec);
+            let mut r = first;
+            while r < full && l.wlen - l.pos >= need {
+                step512!(&mut l, segs, r);
+                r += 1;
+            }
+            store(dec, &l);
+            r
+        }
+    }
+
+    /// Full steps `0..` of a block of each of two streams, interleaved; returns the number of
+    /// steps both decoded.
+    ///
+    /// # Safety
+    /// As for [`rounds`], for both streams.
+    #[target_feature(enable = "avx512f,popcnt")]
+    pub(super) unsafe fn rounds_pair(
+        da: &mut Decoder<'_>,
+        sa: &mut [DecodeSegment<'_, '_>],
+        la: usize,
+        db: &mut Decoder<'_>,
+        sb: &mut [DecodeSegment<'_, '_>],
+        lb: usize,
+    ) -> usize {
+        if sa.is_empty() || sb.is_empty() {
+            return 0;
+        }
+        let full = (la / LANES).min(lb / LANES);
+        let (need_a, need_b) = (64 * sa.len(), 64 * sb.len());
+        // SAFETY: as in `rounds`, for each stream.
+        unsafe {
+            let mut a = load(da);
+            let mut b = load(db);
+            let mut r = 0;
+            while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
+                step512!(&mut a, sa, r);
+                step512!(&mut b, sb, r);
+                r += 1;
+            }
+            store(da, &a);
+            store(db, &b);
+            r
+        }
+    }
 }
-#[cfg(target_arch = "x86_64")]
-use avx2::{avx2_rounds, avx2_rounds_pair};
-#[cfg(target_arch = "x86_64")]
-use avx512::{avx512_rounds, avx512_rounds_pair};

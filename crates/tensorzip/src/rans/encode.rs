@@ -88,7 +88,7 @@ fn encode_group(
 ) -> usize {
     let len = group[0].syms.len();
     let full = len / LANES;
-    if len % LANES != 0 {
+    if !len.is_multiple_of(LANES) {
         for seq in group.iter().rev() {
             pos = encode_scalar(x, seq, full * LANES, len, words, pos);
         }
