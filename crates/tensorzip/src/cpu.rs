@@ -42,6 +42,26 @@ pub fn has_avx512() -> bool {
     })
 }
 
+/// Whether this CPU also has AVX-512BW and AVX-512VBMI2 (byte expansion), for the conditioned
+/// plane's scatter (off with [`has_avx512`]).
+pub fn has_avx512_vbmi2() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if !has_avx512() {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vbmi2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// For each 8-bit mask of lanes that refill, the source word index of each lane: lane `i` takes word
 /// `popcount(mask & ((1 << i) - 1))` (lanes outside the mask get an index that is ignored).
 pub fn refill_permutations() -> &'static [[u32; 8]; 256] {

@@ -275,8 +275,9 @@ impl<'d, 'a> Cursor<'d, 'a> {
                 self.c
             ));
         }
-        // Eight spare bytes let the scatter read whole groups of eight to the end.
-        bufs.sub.resize(coded + 8, 0);
+        // Spare bytes let the scatter read whole groups (of 64 units with AVX-512, else 8) to
+        // the end.
+        bufs.sub.resize(coded + 64, 0);
         if coded > 0 {
             let (p, _) = self
                 .cond

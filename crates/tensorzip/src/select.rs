@@ -59,16 +59,21 @@ pub fn masks(value: u8, cond: &[u8], masks: &mut Vec<u8>) -> usize {
 
 /// Decoder side, step 2: fills `out` with the coded bytes `sub` at the coded units and the raw bytes
 /// `raw` elsewhere, in unit order, following `masks` from [`masks`]. `sub` must hold at least the
-/// coded units' bytes (extra bytes are ignored; eight spare ones keep the vector loop going to the
+/// coded units' bytes (extra bytes are ignored; 64 spare ones keep the vector loops going to the
 /// end) and `raw` at least the others'.
 pub fn scatter(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) {
     let (mut i, mut k, mut r) = (0, 0, 0);
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::cpu::has_avx512_vbmi2() {
+            // SAFETY: AVX-512 F/BW/VBMI2 were checked; the loop reads 64 bytes of `sub` and `raw`
+            // and 8 mask bytes, and writes 64 of `out`, only while that many remain in each.
+            (i, k, r) = unsafe { scatter_avx512(masks, sub, raw, out) };
+        }
         if crate::cpu::has_avx2() {
             // SAFETY: AVX2 was checked; the loop reads 8 bytes of `sub` and `raw` and writes 8 of
             // `out` only while 8 remain in each.
-            (i, k, r) = unsafe { scatter_simd(masks, sub, raw, out) };
+            (i, k, r) = unsafe { scatter_simd(masks, sub, raw, out, (i, k, r)) };
         }
     }
     for (j, o) in out.iter_mut().enumerate().skip(i) {
@@ -129,10 +134,11 @@ unsafe fn scatter_simd(
     sub: &[u8],
     raw: &[u8],
     out: &mut [u8],
+    from: (usize, usize, usize),
 ) -> (usize, usize, usize) {
     use std::arch::x86_64::*;
     let lut = shuffles();
-    let (mut i, mut k, mut r) = (0, 0, 0);
+    let (mut i, mut k, mut r) = from;
     // SAFETY: 8 bytes are read at sub[k..] and raw[r..] and written at out[i..], each only while 8
     // remain; masks[i / 8] exists while i + 8 <= out.len().
     unsafe {
@@ -148,6 +154,38 @@ unsafe fn scatter_simd(
             k += n;
             r += 8 - n;
             i += 8;
+        }
+    }
+    (i, k, r)
+}
+
+/// [`scatter`] 64 units at a time: the coded and the raw bytes are each expanded (`vpexpandb`)
+/// into the positions of their units and merged under the mask. Returns where it stopped (unit,
+/// coded byte, raw byte), whole groups of eight units (`i` a multiple of 64).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt")]
+unsafe fn scatter_avx512(
+    masks: &[u8],
+    sub: &[u8],
+    raw: &[u8],
+    out: &mut [u8],
+) -> (usize, usize, usize) {
+    use std::arch::x86_64::*;
+    let (mut i, mut k, mut r) = (0, 0, 0);
+    // SAFETY: 64 bytes are read at sub[k..] and raw[r..] and written at out[i..], each only while
+    // 64 remain; 8 mask bytes are read at masks[i / 8..] while i + 64 <= out.len() (masks holds a
+    // byte per 8 units).
+    unsafe {
+        while i + 64 <= out.len() && k + 64 <= sub.len() && r + 64 <= raw.len() {
+            let m = u64::from_le_bytes(masks[i / 8..i / 8 + 8].try_into().unwrap_unchecked());
+            let s = _mm512_loadu_si512(sub.as_ptr().add(k) as *const __m512i);
+            let x = _mm512_loadu_si512(raw.as_ptr().add(r) as *const __m512i);
+            let v = _mm512_mask_expand_epi8(_mm512_maskz_expand_epi8(!m, x), m, s);
+            _mm512_storeu_si512(out.as_mut_ptr().add(i) as *mut __m512i, v);
+            let n = m.count_ones() as usize;
+            k += n;
+            r += 64 - n;
+            i += 64;
         }
     }
     (i, k, r)
@@ -230,7 +268,7 @@ mod tests {
             scatter(&mk, &syms[1..], &raw[1..], &mut out);
             assert_eq!(out, plane);
             // With spare bytes after both (as the decoder has), the vector loop runs to the end.
-            let spare = |v: &[u8]| [v, &[0xEE; 16][..]].concat();
+            let spare = |v: &[u8]| [v, &[0xEE; 64][..]].concat();
             let mut out = vec![0u8; len];
             scatter(&mk, &spare(&syms[1..]), &spare(&raw[1..]), &mut out);
             assert_eq!(out, plane);
