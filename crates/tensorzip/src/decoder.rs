@@ -51,7 +51,15 @@ pub struct TensorDecoder<'a> {
     dec: Vec<Vec<OnceLock<Option<Box<DecodeTable>>>>>,
     /// Conditional table of each plane, built on first use.
     cond_dec: Vec<OnceLock<Box<DecodeTable>>>,
+    /// Whether the decoded bytes are written with non-temporal stores (a tensor of at least
+    /// [`STREAMING_OUTPUT_BYTES`]: see [`transform::merge_streaming`]).
+    streaming: bool,
 }
+
+/// Tensors at least this large are written past the caches (`transform::merge_streaming`): four
+/// times a core's L2 on the CPUs we measure, so the output would leave the caches before anyone
+/// reads it anyway.
+pub const STREAMING_OUTPUT_BYTES: u64 = 8 << 20;
 
 /// Decoding state of one chunk: its parsed layout, where the current block's raw bytes start, its
 /// stream.
@@ -331,7 +339,12 @@ impl<'d, 'a> Cursor<'d, 'a> {
             };
         }
         let start = b * bu * us;
-        transform::merge(
+        let merge = if self.td.streaming {
+            transform::merge_streaming
+        } else {
+            transform::merge
+        };
+        merge(
             h.dtype.transform(),
             &srcs[..us],
             &mut out[start..start + blen * us],
@@ -359,10 +372,12 @@ impl<'a> TensorDecoder<'a> {
             .map(|ts| ts.iter().map(|_| OnceLock::new()).collect())
             .collect();
         let cond_dec = view.cond.iter().map(|_| OnceLock::new()).collect();
+        let streaming = view.header.nbytes() >= STREAMING_OUTPUT_BYTES;
         Ok(TensorDecoder {
             view,
             dec,
             cond_dec,
+            streaming,
         })
     }
 

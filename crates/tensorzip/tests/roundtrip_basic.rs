@@ -88,3 +88,32 @@ fn chunk_pairs_decode_as_single_chunks() {
         assert!(failed > 0, "{dtype}: no corruption was detected");
     }
 }
+
+/// Tensors past `STREAMING_OUTPUT_BYTES` are written with non-temporal stores: the same bytes,
+/// for every unit size and transform that path covers, also at a shifted output buffer.
+#[test]
+fn large_tensors_written_past_the_caches_round_trip() {
+    use tensorzip::decoder::STREAMING_OUTPUT_BYTES;
+    use tensorzip::CpuEngine;
+    for dtype in [DType::BF16, DType::F16, DType::F32, DType::I32, DType::U16] {
+        let isz = dtype.itemsize() as u64;
+        let cols = 4099u64;
+        let rows = (STREAMING_OUTPUT_BYTES / isz).div_ceil(cols) + 1;
+        let data: Vec<u8> = if matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
+            sample::weights(rows as usize, cols as usize, dtype, 9)
+        } else {
+            (0..rows * cols * isz)
+                .map(|i| ((i * 2_654_435_761) >> 7) as u8)
+                .collect()
+        };
+        assert!(data.len() as u64 >= STREAMING_OUTPUT_BYTES);
+        let blob = compress(&data, dtype, &[rows, cols], &CompressOptions::default()).unwrap();
+        assert_eq!(decompress(&blob).unwrap().data, data, "{dtype}");
+        let mut shifted = vec![0u8; data.len() + 3];
+        CpuEngine::new(1)
+            .unwrap()
+            .decompress_into(&blob, &mut shifted[3..])
+            .unwrap();
+        assert!(shifted[3..] == data[..], "{dtype} at an odd address");
+    }
+}
