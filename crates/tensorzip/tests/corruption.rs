@@ -165,7 +165,7 @@ fn decode_everything_inner(blob: &[u8]) -> Outcome {
                     let mut o = vec![0u8; h.chunk_len(c as u64) * h.planes()];
                     let _ = dec.decode_chunk(c, &mut o, &mut s);
                 }
-                check_pairs(&dec, &h);
+                common::check_pairs(&dec);
             }
             let ne = h.numel();
             for (a, b) in [(0, ne.min(1)), (ne / 2, ne), (ne.saturating_sub(3), ne)] {
@@ -195,7 +195,7 @@ fn decode_everything_inner(blob: &[u8]) -> Outcome {
                 .expect("a chunk failed alone but not in the whole tensor");
             assert!(o == want, "chunk {c} decodes differently alone");
         }
-        check_pairs(&dec, &h);
+        common::check_pairs(&dec);
     }
     let ne = h.numel();
     let isz = h.dtype.itemsize() as u64;
@@ -526,37 +526,6 @@ fn cond_blob(dtype: DType) -> Vec<u8> {
 }
 
 /// Small blobs of several kinds (all decode correctly).
-/// `decode_chunk_pair` on chunks `c` and `c + 1` (streams decoded in one loop) agrees with
-/// `decode_chunk` on each: the same bytes when both decode, an error when either fails.
-fn check_pairs(dec: &TensorDecoder<'_>, h: &BlobHeader) {
-    let (mut s, mut sa, mut sb) = (
-        DecodeScratch::default(),
-        DecodeScratch::default(),
-        DecodeScratch::default(),
-    );
-    let len = |c: usize| h.chunk_len(c as u64) * h.planes();
-    for c in 0..(h.n_chunks() as usize).saturating_sub(1) {
-        let (mut a, mut b) = (vec![0u8; len(c)], vec![0u8; len(c + 1)]);
-        let ra = dec.decode_chunk(c, &mut a, &mut s);
-        let rb = dec.decode_chunk(c + 1, &mut b, &mut s);
-        let (mut pa, mut pb) = (vec![0x55u8; len(c)], vec![0x55u8; len(c + 1)]);
-        let rp = dec.decode_chunk_pair(c, &mut pa, &mut pb, &mut sa, &mut sb);
-        assert_eq!(
-            rp.is_ok(),
-            ra.is_ok() && rb.is_ok(),
-            "chunks {c} and {}: pair {rp:?}, alone {ra:?} and {rb:?}",
-            c + 1
-        );
-        if rp.is_ok() {
-            assert!(
-                pa == a && pb == b,
-                "chunks {c} and {} decode differently in a pair",
-                c + 1
-            );
-        }
-    }
-}
-
 fn sample_blobs() -> Vec<(String, Vec<u8>)> {
     let o = small_opts();
     let mut v = vec![

@@ -237,3 +237,43 @@ pub fn boundary_counts(dtype: DType) -> Vec<usize> {
     v.dedup();
     v
 }
+
+/// `decode_chunk_pair` on chunks `c` and `c + 1` (their streams decoded in one loop) agrees with
+/// `decode_chunk` on each, for every pair of a Planes blob: the same bytes when both decode, an
+/// error when either fails. Returns how many pairs failed.
+pub fn check_pairs(dec: &tensorzip::decoder::TensorDecoder<'_>) -> usize {
+    use tensorzip::decoder::DecodeScratch;
+    let h = dec.header();
+    let (mut s, mut sa, mut sb) = (
+        DecodeScratch::default(),
+        DecodeScratch::default(),
+        DecodeScratch::default(),
+    );
+    let len = |c: usize| h.chunk_len(c as u64) * h.planes();
+    let mut failed = 0;
+    for c in 0..(h.n_chunks() as usize).saturating_sub(1) {
+        let (mut a, mut b) = (vec![0u8; len(c)], vec![0u8; len(c + 1)]);
+        let ra = dec.decode_chunk(c, &mut a, &mut s);
+        let rb = dec.decode_chunk(c + 1, &mut b, &mut s);
+        let (mut pa, mut pb) = (vec![0x55u8; len(c)], vec![0x55u8; len(c + 1)]);
+        let rp = dec.decode_chunk_pair(c, &mut pa, &mut pb, &mut sa, &mut sb);
+        assert_eq!(
+            rp.is_ok(),
+            ra.is_ok() && rb.is_ok(),
+            "{}: chunks {c} and {}: pair {rp:?}, alone {ra:?} and {rb:?}",
+            h.dtype,
+            c + 1
+        );
+        if rp.is_ok() {
+            assert!(
+                pa == a && pb == b,
+                "{}: chunks {c} and {} decode differently in a pair",
+                h.dtype,
+                c + 1
+            );
+        } else {
+            failed += 1;
+        }
+    }
+    failed
+}
