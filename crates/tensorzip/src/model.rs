@@ -783,6 +783,11 @@ pub fn cluster(
     let mut cols = vec![column(&tables[0])];
     let mut choice = assign(&cols);
     let mut attempt = 0u64;
+    // Seeds whose candidate was rejected since the tables last changed: the candidate depends only
+    // on the seed's counts and the test only on the tables and choices, so the same seed is
+    // rejected again without normalising its table (a one-block tensor drew the same seed in every
+    // attempt: most of compressing a 1.5 KiB tensor).
+    let mut rejected = vec![false; nb];
     while tables.len() < max_tables && attempt < 2 * max_tables as u64 {
         attempt += 1;
         let regrets: Vec<u64> = choice
@@ -805,6 +810,9 @@ pub fn cluster(
                 break;
             }
         }
+        if rejected[seed] {
+            continue;
+        }
         let seed_counts: Vec<u64> = sup.row(seed).iter().map(|&c| c as u64).collect();
         let cand = sup.table(&seed_counts).expect("seed block is non-empty");
         // Cheap rejection: the candidate must at least improve its own seed block (`choose` with
@@ -817,6 +825,7 @@ pub fn cluster(
             raw_cost(lens[seed])
         };
         if seed_cost >= choice[seed].1 {
+            rejected[seed] = true;
             continue;
         }
         let mut trial = tables.clone();
@@ -841,11 +850,13 @@ pub fn cluster(
         let after: u64 = trial_choice.iter().map(|&(_, c)| c).sum();
         let added = (((table_bytes(&trial) - table_bytes(&tables)) * 8) as u128) << FRAC_BITS;
         if scale(before.saturating_sub(after)) <= added {
+            rejected[seed] = true;
             continue;
         }
         tables = trial;
         cols = trial_cols;
         choice = trial_choice;
+        rejected.fill(false);
     }
     // The plane's tables must pay for themselves: the coded blocks' saving over raw (scaled to the
     // whole plane) has to exceed the tables' serialised size. Otherwise the plane has no tables.
