@@ -174,7 +174,10 @@ def table(path):
         enc_pin = r.get("compress_gbps_to_pinned_host", r.get("pinned_round_trip_encode_gbps"))
         dec = r.get("decode_resident_gbps", r.get("decode_resident_with_planning_gbps"))
         kern = r.get("decode_kernel_gbps")
-        dec_s = f(dec) + (f" (kernel {kern:.1f})" if kern else "")
+        call = r.get("decode_call_gbps")
+        # tensorzip: from the device copy alone (prefixes read back and parsed); the batch call
+        # with the layouts known; the kernel alone.
+        dec_s = f(dec) + (f" (call {call:.1f})" if call else "") + (f" (kernel {kern:.1f})" if kern else "")
         eq = " (GPU blobs = CPU blobs)" if r.get("encode_equal_cpu") else ""
         print(f"| {r.get('file', r.get('dataset'))} | {r['tool']} | {100 * r['ratio']:.2f}% | {f(enc)}{eq} | {f(enc_pin)} | {dec_s} | {f(r.get('pinned_round_trip_decode_gbps'))} |")
 

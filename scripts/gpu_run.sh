@@ -7,7 +7,7 @@
 #   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
 #                                 and the anchors on the same bytes; a markdown table at the end
 #   scripts/gpu_run.sh model F    whole-model batch decode of the safetensors file F (and its bf16
-#                                 and fp16 casts)
+#                                 and fp16 casts), or of the tensorzip archive F.tz as it is
 #   scripts/gpu_run.sh python     the Python package's tests (GPU ones included) and its benchmark
 #                                 against cuZipNN (carry gpu-py/ and gpu-wheels/)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
@@ -73,7 +73,15 @@ if [[ $what == python ]]; then
 fi
 if [[ $what == model ]]; then
     f=$2
-    for cast in none bf16 f16; do
+    casts="none bf16 f16"
+    if [[ $f == *.tz ]]; then
+        # A tensorzip archive (small enough to carry, e.g. the MiniLM bf16 cast): restored to its
+        # safetensors file by the CPU engine, then measured as it is.
+        ./gpu-bin/tensorzip decompress "$f" -o /tmp/gpu-run-model.safetensors -f || rc=1
+        f=/tmp/gpu-run-model.safetensors
+        casts=none
+    fi
+    for cast in $casts; do
         ./gpu-bin/gpu_bench file "$f" "$cast" 20 | tee -a "$results" || rc=1
     done
 fi

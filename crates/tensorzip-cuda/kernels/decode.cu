@@ -363,6 +363,17 @@ __device__ __forceinline__ u32 match16(const u32 (&w)[4], u32 v) {
 }
 
 // Drops the first `c` (0..4) bytes of the 16 bytes in `w` (zeros come in at the top).
+// The 16 bytes at shared address `a` (any alignment; the 20 bytes from `a & ~3` must be readable),
+// as four little-endian words: five aligned loads and four funnel shifts.
+__device__ __forceinline__ void lds16_unaligned(u32 (&w)[4], u32 a) {
+    const u32 wa = a & ~3u, sh = (a & 3u) * 8;
+    u32 x[5];
+    #pragma unroll
+    for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
+    #pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = __funnelshift_r(x[k], x[k + 1], sh);
+}
+
 __device__ __forceinline__ void shift_bytes(u32 (&w)[4], u32 c) {
     const u32 sel = 0x3210u + c * 0x1111u;
     w[0] = __byte_perm(w[0], w[1], sel);
@@ -822,25 +833,11 @@ __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockP
             // at a time: a byte permutation picks each unit's byte from the window it belongs
             // to (`merge_sel`), then each window drops the bytes taken.
             u32 rw[4], aw[4];
-            {
-                // The lane's first raw byte in the window: the window starts at the 16-byte boundary
-                // at or below `area + r` (at most 15 + 496 bytes in, so 20 bytes from there fit).
-                const u32 a = wbuf + (u32)((u64)(area + r) & 15ull) + (min(i0, blen) - g0) - (incl - mine);
-                const u32 wa = a & ~3u, sh = (a & 3u) * 8;
-                u32 x[5];
-                #pragma unroll
-                for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
-                #pragma unroll
-                for (int k = 0; k < 4; k++) rw[k] = __funnelshift_r(x[k], x[k + 1], sh);
-            }
+            // The lane's first raw byte in the window: the window starts at the 16-byte boundary
+            // at or below `area + r` (at most 15 + 496 bytes in, so 20 bytes from there fit).
+            lds16_unaligned(rw, wbuf + (u32)((u64)(area + r) & 15ull) + (min(i0, blen) - g0) - (incl - mine));
             if (sub_shared) {
-                const u32 a = sub_shared + kc;
-                const u32 wa = a & ~3u, sh = (a & 3u) * 8;
-                u32 x[5];
-                #pragma unroll
-                for (int k = 0; k < 5; k++) x[k] = lds32(wa + 4 * k);
-                #pragma unroll
-                for (int k = 0; k < 4; k++) aw[k] = __funnelshift_r(x[k], x[k + 1], sh);
+                lds16_unaligned(aw, sub_shared + kc);
             } else {
                 #pragma unroll
                 for (int k = 0; k < 4; k++) aw[k] = 0;

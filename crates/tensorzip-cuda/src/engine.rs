@@ -45,6 +45,9 @@ pub struct DevicePlan {
     tables: CudaSlice<u32>,
     /// Stored blobs larger than [`KERNEL_COPY_MAX`]: one copy-engine copy each.
     large_copies: Vec<crate::plan::Copy>,
+    /// The error words hold their initial values (uploaded with the plan, not launched since):
+    /// the first launch need not reset them.
+    err_reset: bool,
 }
 
 /// Stored blobs up to this size are copied by the `tz_copy` kernel, all in one launch; larger ones
@@ -301,6 +304,17 @@ pub(crate) struct Shared {
     pinned: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<u32>>>,
     /// Page-locked staging buffers of the pageable host copies (`transfer.rs`).
     pub(crate) staging: std::sync::Mutex<Vec<cudarc::driver::PinnedHostSlice<u8>>>,
+    /// Page-locked memory for a call's small transfers: a plan's arrays on their way up, blob
+    /// prefixes on their way down ([`GpuEngine::upload`], [`GpuEngine::read_ranges`]). A copy
+    /// from pageable memory waits for the stream and goes through the driver's own staging first;
+    /// from this buffer it is one asynchronous DMA.
+    small: std::sync::Mutex<Option<SmallPinned>>,
+}
+
+/// The small-transfer buffer and the event recorded after the last upload from it.
+pub(crate) struct SmallPinned {
+    buf: cudarc::driver::PinnedHostSlice<u8>,
+    done: Option<cudarc::driver::CudaEvent>,
 }
 
 /// The engine's page-locked download buffer, held for one use.
@@ -372,6 +386,7 @@ impl GpuEngine {
                 encode: std::sync::OnceLock::new(),
                 pinned: std::sync::Mutex::new(None),
                 staging: std::sync::Mutex::new(Vec::new()),
+                small: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -414,6 +429,78 @@ impl GpuEngine {
             *g = Some(unsafe { self.ctx.alloc_pinned_with_flags::<u32>(n.max(1 << 20), 0) }?);
         }
         Ok(PinnedGuard(g))
+    }
+
+    /// The small-transfer buffer with room for at least `n` bytes (allocated on first use and grown
+    /// by doubling; pinning is slow), after its last upload has been read by the device.
+    fn small_pinned(&self, n: usize) -> Result<std::sync::MutexGuard<'_, Option<SmallPinned>>> {
+        let mut g = self
+            .shared
+            .small
+            .lock()
+            .map_err(|_| Error::Driver("small-transfer buffer lock poisoned".into()))?;
+        if let Some(done) = g.as_mut().and_then(|p| p.done.take()) {
+            done.synchronize()?;
+        }
+        if g.as_ref().is_none_or(|p| p.buf.len() < n) {
+            drop(g.take());
+            *g = Some(SmallPinned {
+                // SAFETY: plain bytes; every byte read is written first (by the host for an
+                // upload, by a download before the host reads it).
+                buf: unsafe {
+                    self.ctx
+                        .alloc_pinned_with_flags::<u8>(n.next_power_of_two().max(256 << 10), 0)
+                }?,
+                done: None,
+            });
+        }
+        Ok(g)
+    }
+
+    /// Copies `src` to device address `dst` on the engine's stream through the small-transfer
+    /// buffer, without waiting for the copy.
+    ///
+    /// # Safety
+    /// `dst` must be `src.len()` writable bytes of device memory of this engine's context, alive
+    /// until the stream has run the copy.
+    unsafe fn upload_small(&self, src: &[u8], dst: u64) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let s = &self.stream;
+        let mut g = self.small_pinned(src.len())?;
+        let p = g.as_mut().expect("allocated by small_pinned");
+        let host = &mut p.buf.as_mut_slice()?[..src.len()];
+        host.copy_from_slice(src);
+        // SAFETY: `host` is page-locked and is not written again before `done` (recorded just
+        // after the copy) has completed; `dst` is the caller's promise. (cudarc's own event of
+        // the slice is not recorded when the context has one stream, so ours orders the reuse.)
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, &*host, s.cu_stream()) }?;
+        p.done = Some(s.record_event(Some(
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+        ))?);
+        Ok(())
+    }
+
+    /// Copies `n` bytes at device address `src` to a new vector, after the stream's earlier work,
+    /// through the small-transfer buffer; waits for the stream.
+    ///
+    /// # Safety
+    /// `src` must be `n` readable bytes of device memory of this engine's context, alive until
+    /// this returns.
+    unsafe fn download_small(&self, src: u64, n: usize) -> Result<Vec<u8>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let s = &self.stream;
+        let mut g = self.small_pinned(n)?;
+        let p = g.as_mut().expect("allocated by small_pinned");
+        let host = &mut p.buf.as_mut_slice()?[..n];
+        // SAFETY: `host` is page-locked, `n` bytes; the host reads it only after the stream has
+        // completed the copy; `src` is the caller's promise.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut *host, src, s.cu_stream()) }?;
+        s.synchronize()?;
+        Ok(host.to_vec())
     }
 
     /// The encoder kernels (loaded on the first call).
@@ -533,10 +620,12 @@ impl GpuEngine {
         let copies_at = st.push(&small);
         trace(&format!("{} bytes staged", st.0.len()));
         // SAFETY: plain bytes, every one written by the copy below before any kernel reads them.
-        let mut buf = unsafe { s.alloc::<u8>(st.0.len()) }?;
-        s.memcpy_htod(&st.0, &mut buf)?;
-        trace("copied");
+        let buf = unsafe { s.alloc::<u8>(st.0.len()) }?;
         let base = buf.device_ptr(s).0;
+        // SAFETY: `buf` holds `st.0.len()` bytes and lives in the returned plan, which the caller
+        // keeps until its launches have run (the copy is ordered before them on the stream).
+        unsafe { self.upload_small(&st.0, base) }?;
+        trace("copied");
         let at = |off: usize| base + off as u64;
         for (g, &off) in groups.iter_mut().zip(&chunks_at) {
             g.chunks = at(off);
@@ -552,6 +641,7 @@ impl GpuEngine {
             n_copies: small.len() as u32,
             tables,
             large_copies: large,
+            err_reset: true,
             _buf: buf,
         })
     }
@@ -595,11 +685,14 @@ impl GpuEngine {
     /// until the stream has run the launch.
     pub unsafe fn launch(&self, dp: &mut DevicePlan, data: u64, out: u64) -> Result<()> {
         let s = &self.stream;
-        // SAFETY: `dp.err` is the plan's two error words, inside its buffer: no error, and the
-        // lowest failing chunk u32::MAX (all bytes 0xFF).
-        unsafe {
-            cudarc::driver::result::memset_d8_async(dp.err, 0, 4, s.cu_stream())?;
-            cudarc::driver::result::memset_d8_async(dp.err + 4, 0xFF, 4, s.cu_stream())?;
+        // The error words: no error, and the lowest failing chunk u32::MAX (all bytes 0xFF). A
+        // plan's first launch finds them so (they were uploaded with it).
+        if !std::mem::take(&mut dp.err_reset) {
+            // SAFETY: `dp.err` is the plan's two error words, inside its buffer.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(dp.err, 0, 4, s.cu_stream())?;
+                cudarc::driver::result::memset_d8_async(dp.err + 4, 0xFF, 4, s.cu_stream())?;
+            }
         }
         // SAFETY: `dp.copies` holds `n_copies` descriptors whose ranges, offset by `data` and
         // `out`, lie inside the caller's buffers (the caller's promise).
@@ -701,16 +794,19 @@ impl GpuEngine {
         let mut st = Staging::default();
         st.push(&descs);
         // SAFETY: plain bytes, all written by the copy below before the kernel reads them.
-        let mut dev_descs = unsafe { s.alloc::<u8>(st.0.len()) }?;
-        s.memcpy_htod(&st.0, &mut dev_descs)?;
+        let dev_descs = unsafe { s.alloc::<u8>(st.0.len()) }?;
         // SAFETY: plain bytes; the kernel writes every one (the ranges tile `0..total`).
         let mut gathered = unsafe { s.alloc::<u8>(total as usize) }?;
         let descs_ptr = dev_descs.device_ptr(s).0;
         let out = gathered.device_ptr_mut(s).0;
+        // SAFETY: `dev_descs` holds the staged bytes and lives until this returns (after the
+        // download below, which waits for the stream).
+        unsafe { self.upload_small(&st.0, descs_ptr) }?;
         // SAFETY: `descs.len()` descriptors; sources are the caller's readable ranges,
         // destinations tile `gathered`.
         unsafe { self.launch_copies(descs_ptr, descs.len() as u32, 0, out) }?;
-        Ok(s.clone_dtoh(&gathered)?)
+        // SAFETY: `gathered` holds `total` bytes, written by the launch before this copy.
+        unsafe { self.download_small(out, total as usize) }
     }
 
     /// Waits for the stream and reports the error flags of the last launch of `dp`.
@@ -758,11 +854,17 @@ impl GpuEngine {
                 out_offset: out,
             })
             .collect();
+        let trace = step_tracer(&self.stream, "gpu decode_device".into());
         let plan = Plan::new(&js)?;
+        trace("planned");
         let mut dp = self.upload(&plan)?;
+        trace("uploaded");
         // SAFETY: the plan's addresses are absolute (bases 0), valid by the caller's promise.
         unsafe { self.launch(&mut dp, 0, 0)? };
-        self.check(&dp)
+        trace("launched");
+        self.check(&dp)?;
+        trace("checked");
+        Ok(())
     }
 
     /// Decodes blobs held on the host: uploads them, decodes them on the GPU in one launch, and

@@ -524,11 +524,18 @@ fn gpu_reads_ranges_back_in_one_gather() {
         .iter()
         .map(|&(o, n)| (p + o as u64, n as u64))
         .collect();
-    // SAFETY: every range lies inside `dev`, alive until the end of the test.
-    let got = unsafe { eng.read_ranges(&dev_ranges) }.unwrap();
     let want: Vec<u8> = ranges
         .iter()
         .flat_map(|&(o, n)| src[o..o + n].iter().copied())
         .collect();
-    assert!(got == want);
+    // Repeated, the small and the large read back to back: the host must not read the page-locked
+    // buffer before the device has written it (a missed wait shows up as stale or zero bytes).
+    for _ in 0..8 {
+        // SAFETY: every range lies inside `dev`, alive until the end of the test.
+        let got = unsafe { eng.read_ranges(&dev_ranges) }.unwrap();
+        assert!(got == want);
+        // SAFETY: as above.
+        let got = unsafe { eng.read_ranges(&dev_ranges[2..4]) }.unwrap();
+        assert!(got[..] == want[1..1 + 17 + 16]);
+    }
 }
