@@ -162,6 +162,8 @@ impl<'a> TensorEncoder<'a> {
         scratch.sels.resize(us * nb, 0);
         let mut modes = [PlaneMode::Raw; 8];
         let mut hist = [0u32; 256];
+        // Global index of the chunk's first block (as `Sampling::block_range` numbers them).
+        let g0 = c * (h.chunk_units as u64).div_ceil(bu as u64);
         for p in 0..us {
             let pm = &model.planes[p];
             let tables = &pm.tables;
@@ -176,13 +178,19 @@ impl<'a> TensorEncoder<'a> {
                     is_const = blk.iter().all(|&v| v == first);
                     *sel = if is_const { SEL_CONST } else { SEL_RAW };
                 } else {
-                    histogram(blk, &mut hist);
+                    let hist = match model.block_hist(g0 + b as u64, p) {
+                        Some(kept) => kept,
+                        None => {
+                            histogram(blk, &mut hist);
+                            &hist
+                        }
+                    };
                     is_const = hist[first as usize] as usize == blk.len();
                     *sel = if is_const {
                         const_selector(first, tables)
                     } else {
                         choose(
-                            &crate::model::sparse(&hist),
+                            &crate::model::sparse(hist),
                             blk.len(),
                             tables,
                             self.threshold,
