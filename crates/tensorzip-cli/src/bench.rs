@@ -6,10 +6,13 @@
 //! blobs ("compress", end-to-end) and into blob buffers reused from run to run ("compress warm"),
 //! of decompress time into buffers the caller owns and has touched before ("warm"), and of
 //! decompress time into fresh allocations ("end-to-end"), plus the order-0 entropy bound of the
-//! byte planes with one table per tensor and with one table per 256 KiB chunk.
+//! byte planes with one table per tensor and with one table per 256 KiB chunk. Compression takes the
+//! tensors as `tensorzip compress` does: runs of small tensors coded concurrently
+//! (`CpuEngine::compress_many_into`, `archive::small_runs`), each larger tensor on its own.
 
 use std::time::Instant;
 
+use tensorzip::archive::{small_runs, BlobEncoder, BlobItem};
 use tensorzip::{sample, transform, CpuEngine, DType};
 
 use crate::output::map_file;
@@ -108,21 +111,31 @@ pub fn run(
                 .map_err(|e| e.to_string())?;
             warm_blobs.push(b);
         }
+        // Tensors are compressed as `tensorzip compress` codes a file: runs of small tensors
+        // together (concurrently), each larger one alone (archive::small_runs).
+        let lens: Vec<u64> = items.iter().map(|i| i.data.len() as u64).collect();
+        let runs_of = small_runs(&lens);
+        let blob_items: Vec<BlobItem<'_>> = items
+            .iter()
+            .map(|i| (&i.data[..], i.dtype, &i.shape[..]))
+            .collect();
         let (mut tc, mut tcw, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut comp = 0u64;
         for _ in 0..runs {
             let t = Instant::now();
-            for (i, b) in items.iter().zip(warm_blobs.iter_mut()) {
-                eng.compress_into(&i.data, i.dtype, &i.shape, &opts, b)
+            for r in &runs_of {
+                eng.compress_many_into(&blob_items[r.clone()], &opts, &mut warm_blobs[r.clone()])
                     .map_err(|e| e.to_string())?;
             }
             tcw.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
-            let blobs: Vec<Vec<u8>> = items
-                .iter()
-                .map(|i| eng.compress(&i.data, i.dtype, &i.shape, &opts))
-                .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?;
+            let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+            for r in &runs_of {
+                blobs.extend(
+                    eng.encode_blobs(&blob_items[r.clone()], &opts)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
             tc.push(t.elapsed().as_secs_f64());
             comp = blobs.iter().map(|b| b.len() as u64).sum();
             if blobs != warm_blobs {

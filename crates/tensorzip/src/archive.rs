@@ -385,14 +385,36 @@ impl BlobEncoder for CpuEngine {
     /// tensors have a few chunks each and a table search that is mostly sequential, so one at a
     /// time they left a second core idle (MiniLM fp32 on 2 cores: 1.3x one core).
     fn encode_blobs(&self, items: &[BlobItem<'_>], opts: &CompressOptions) -> Result<Vec<Vec<u8>>> {
-        use rayon::prelude::*;
-        self.run(|| {
-            items
-                .par_iter()
-                .map(|&(data, dtype, shape)| self.compress(data, dtype, shape, opts))
-                .collect()
-        })
+        let mut blobs: Vec<Vec<u8>> = items
+            .iter()
+            .map(|i| crate::fresh::with_capacity(i.0.len() + 64 * 1024))
+            .collect();
+        self.compress_many_into(items, opts, &mut blobs)?;
+        Ok(blobs)
     }
+}
+
+/// The runs of segments of `lens` bytes that [`write_archive`] codes together: consecutive segments
+/// each under [`SMALL_SEGMENT_BYTES`], at most [`SMALL_GROUP_BYTES`] in all (a larger segment is a
+/// run of its own).
+pub fn small_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < lens.len() {
+        let mut j = i;
+        let mut group = 0;
+        while j < lens.len()
+            && lens[j] < SMALL_SEGMENT_BYTES
+            && group + lens[j] <= SMALL_GROUP_BYTES
+        {
+            group += lens[j];
+            j += 1;
+        }
+        let end = j.max(i + 1);
+        runs.push(i..end);
+        i = end;
+    }
+    runs
 }
 
 /// `write_archive` codes runs of segments smaller than this together ([`BlobEncoder::encode_blobs`]),
@@ -453,20 +475,12 @@ pub fn write_archive(
         orig_crc: crc32fast::hash(data),
         blob_crcs: Vec::new(),
     };
-    let mut i = 0;
-    while i < segments.len() {
+    let lens: Vec<u64> = segments.iter().map(|s| s.len).collect();
+    for run in small_runs(&lens) {
+        let (i, j) = (run.start, run.end);
         // A run of small segments is coded together, into memory, then written in order; a large
         // one is streamed into the file.
-        let mut j = i;
-        let mut group = 0;
-        while j < segments.len()
-            && segments[j].len < SMALL_SEGMENT_BYTES
-            && group + segments[j].len <= SMALL_GROUP_BYTES
-        {
-            group += segments[j].len;
-            j += 1;
-        }
-        if j > i {
+        if segments[i].len < SMALL_SEGMENT_BYTES {
             let items = (i..j)
                 .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
                 .collect::<Result<Vec<BlobItem<'_>>>>()?;
@@ -477,7 +491,6 @@ pub fn write_archive(
                 pos += blob.len() as u64;
                 progress(s.offset + s.len);
             }
-            i = j;
             continue;
         }
         let s = &segments[i];
@@ -489,7 +502,6 @@ pub fn write_archive(
         entries.push(entry(s, data, pos, len));
         pos += len;
         w.seek(SeekFrom::Start(pos)).map_err(io)?;
-        i += 1;
     }
     w.flush().map_err(io)?;
     drop(w);

@@ -94,6 +94,31 @@ impl CpuEngine {
         Ok(())
     }
 
+    /// Compresses several tensors (`(bytes, dtype, shape)`) concurrently, blob `i` replacing the
+    /// contents of `outs[i]` (as [`CpuEngine::compress_into`], reusing its memory). Each tensor
+    /// also uses the chunk parallelism it has: a model's small tensors have a few chunks each and
+    /// a table search that is mostly sequential, so one at a time they leave cores idle (MiniLM
+    /// fp32 on 2 cores: 1.3x one core).
+    pub fn compress_many_into(
+        &self,
+        items: &[crate::archive::BlobItem<'_>],
+        opts: &CompressOptions,
+        outs: &mut [Vec<u8>],
+    ) -> Result<()> {
+        if items.len() != outs.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} tensors and {} output buffers",
+                items.len(),
+                outs.len()
+            )));
+        }
+        self.run(|| {
+            items.par_iter().zip(outs.par_iter_mut()).try_for_each(
+                |(&(data, dtype, shape), out)| self.compress_into(data, dtype, shape, opts, out),
+            )
+        })
+    }
+
     /// Decompresses a blob into a new buffer.
     pub fn decompress(&self, blob: &[u8]) -> Result<Tensor> {
         let dec = TensorDecoder::new(blob)?;

@@ -95,3 +95,49 @@ fn large_tensors_written_past_the_caches_round_trip() {
         assert!(shifted[3..] == data[..], "{dtype} at an odd address");
     }
 }
+
+#[test]
+fn tensors_compressed_together_equal_tensors_compressed_alone() {
+    use tensorzip::archive::{small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES};
+    use tensorzip::CpuEngine;
+    let eng = CpuEngine::new(2).unwrap();
+    let opts = CompressOptions::default();
+    let tensors: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
+        (
+            sample::weights(64, 300, DType::BF16, 3),
+            DType::BF16,
+            vec![64, 300],
+        ),
+        (vec![7u8; 12], DType::F32, vec![3]),
+        (
+            sample::weights(20, 1111, DType::F32, 4),
+            DType::F32,
+            vec![20, 1111],
+        ),
+        (Vec::new(), DType::F16, vec![0, 5]),
+        (sample::weights(3, 5, DType::F16, 5), DType::F16, vec![15]),
+    ];
+    let items: Vec<BlobItem<'_>> = tensors
+        .iter()
+        .map(|(d, t, s)| (&d[..], *t, &s[..]))
+        .collect();
+    // Buffers holding other bytes first: each is replaced.
+    let mut outs = vec![vec![0xAAu8; 100]; items.len()];
+    eng.compress_many_into(&items, &opts, &mut outs).unwrap();
+    for (out, (d, t, s)) in outs.iter().zip(&tensors) {
+        assert!(*out == eng.compress(d, *t, s, &opts).unwrap());
+        assert_eq!(decompress(out).unwrap().data, *d);
+    }
+    // As many buffers as tensors, or an error.
+    assert!(eng
+        .compress_many_into(&items, &opts, &mut outs[..4])
+        .is_err());
+
+    // The runs the archive writer codes together.
+    let small = SMALL_SEGMENT_BYTES - 1;
+    let runs = small_runs(&[10, small, SMALL_SEGMENT_BYTES, 5, 6, small, small, small, 0]);
+    assert!(SMALL_GROUP_BYTES < 3 * small);
+    assert_eq!(runs, vec![0..2, 2..3, 3..6, 6..9]);
+    assert_eq!(small_runs(&[small, small, small]), vec![0..2, 2..3]);
+    assert!(small_runs(&[]).is_empty());
+}
