@@ -6,9 +6,10 @@
 //! blobs ("compress", end-to-end) and into blob buffers reused from run to run ("compress warm"),
 //! of decompress time into buffers the caller owns and has touched before ("warm"), and of
 //! decompress time into fresh allocations ("end-to-end"), plus the order-0 entropy bound of the
-//! byte planes with one table per tensor and with one table per 256 KiB chunk. Compression takes the
-//! tensors as `tensorzip compress` does: runs of small tensors coded concurrently
-//! (`CpuEngine::compress_many_into`, `archive::small_runs`), each larger tensor on its own.
+//! byte planes with one table per tensor and with one table per 256 KiB chunk. Both directions take
+//! the tensors as `tensorzip compress` and `decompress` do: runs of small tensors concurrently
+//! (`CpuEngine::compress_many_into` / `decompress_many_into`, `archive::small_runs`), each larger
+//! tensor on its own.
 
 use std::time::Instant;
 
@@ -144,14 +145,18 @@ pub fn run(
                     path.display()
                 ));
             }
+            let blob_refs: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
             let t = Instant::now();
-            for (b, out) in blobs.iter().zip(warm.iter_mut()) {
-                eng.decompress_into(b, out).map_err(|e| e.to_string())?;
+            for r in &runs_of {
+                eng.decompress_many_into(&blob_refs[r.clone()], &mut warm[r.clone()])
+                    .map_err(|e| e.to_string())?;
             }
             tw.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
-            for b in &blobs {
-                let out = eng.decompress(b).map_err(|e| e.to_string())?;
+            for r in &runs_of {
+                let out = eng
+                    .decompress_many(&blob_refs[r.clone()])
+                    .map_err(|e| e.to_string())?;
                 std::hint::black_box(&out);
             }
             te.push(t.elapsed().as_secs_f64());

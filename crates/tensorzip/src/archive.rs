@@ -764,6 +764,26 @@ impl<'a> Archive<'a> {
         Ok(())
     }
 
+    /// Decodes segments `range` into memory, concurrently (checksums checked): for runs of small
+    /// segments ([`small_runs`]), which one at a time leave cores idle.
+    pub fn decode_segments(
+        &self,
+        engine: &CpuEngine,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<Vec<u8>>> {
+        use rayon::prelude::*;
+        let segs = self.segments.get(range.clone()).ok_or_else(|| {
+            Error::InvalidInput(format!("segments {range:?} of {}", self.segments.len()))
+        })?;
+        let first = range.start;
+        engine.run(|| {
+            (0..segs.len())
+                .into_par_iter()
+                .map(|k| self.decode_segment(engine, first + k))
+                .collect()
+        })
+    }
+
     /// Decodes segment `i` into memory (checksums checked).
     pub fn decode_segment(&self, engine: &CpuEngine, i: usize) -> Result<Vec<u8>> {
         // Only a length the blob itself confirms is allocated.

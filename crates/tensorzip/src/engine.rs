@@ -139,6 +139,30 @@ impl CpuEngine {
         Ok(dec.header().clone())
     }
 
+    /// Decompresses several blobs concurrently, blob `i` into `outs[i]` (which must hold exactly its
+    /// tensor's bytes), as [`CpuEngine::decompress_into`]; a model's small tensors have a chunk or
+    /// two each, too few to keep every core busy one tensor at a time.
+    pub fn decompress_many_into(&self, blobs: &[&[u8]], outs: &mut [Vec<u8>]) -> Result<()> {
+        if blobs.len() != outs.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} blobs and {} output buffers",
+                blobs.len(),
+                outs.len()
+            )));
+        }
+        self.run(|| {
+            blobs
+                .par_iter()
+                .zip(outs.par_iter_mut())
+                .try_for_each(|(b, out)| self.decompress_into(b, out).map(|_| ()))
+        })
+    }
+
+    /// Decompresses several blobs concurrently into new buffers (as [`CpuEngine::decompress`]).
+    pub fn decompress_many(&self, blobs: &[&[u8]]) -> Result<Vec<Tensor>> {
+        self.run(|| blobs.par_iter().map(|b| self.decompress(b)).collect())
+    }
+
     fn decode_all(&self, dec: &TensorDecoder<'_>, out: &mut [u8]) -> Result<()> {
         let h = dec.header();
         if out.len() as u64 != h.nbytes() {

@@ -132,6 +132,22 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     assert!(eng
         .compress_many_into(&items, &opts, &mut outs[..4])
         .is_err());
+    // Decompressed together, into new buffers and into the caller's.
+    let blobs: Vec<&[u8]> = outs.iter().map(|b| &b[..]).collect();
+    let back = eng.decompress_many(&blobs).unwrap();
+    let mut into: Vec<Vec<u8>> = tensors.iter().map(|t| vec![0x55; t.0.len()]).collect();
+    eng.decompress_many_into(&blobs, &mut into).unwrap();
+    for ((b, i), (d, t, s)) in back.iter().zip(&into).zip(&tensors) {
+        assert_eq!((&b.data, b.dtype, &b.shape), (d, *t, s));
+        assert_eq!(i, d);
+    }
+    assert!(eng.decompress_many_into(&blobs[1..], &mut into).is_err());
+    // A buffer of the wrong size, or a damaged blob: an error, not a panic.
+    into[2].pop();
+    assert!(eng.decompress_many_into(&blobs, &mut into).is_err());
+    let mut bad = outs[0].clone();
+    bad.truncate(bad.len() / 2);
+    assert!(eng.decompress_many(&[&bad[..], blobs[1]]).is_err());
 
     // The runs the archive writer codes together.
     let small = SMALL_SEGMENT_BYTES - 1;
