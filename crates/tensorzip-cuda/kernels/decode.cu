@@ -1093,15 +1093,20 @@ ENTRY(tz_decode_4e8, 4, 8)
 ENTRY(tz_decode_8, 8, 0)
 ENTRY(tz_decode_8e11, 8, 11)
 
-// Decoder tables from frequencies: block `t` expands table `t`'s 256 frequencies (summing to 4096,
-// validated on the host) into its 4096 entries `sym | freq << 8 | bias << 20`, where `bias` is the
-// slot's offset within its symbol's range (`FreqTable::decode_table` on the CPU). Each thread finds
-// the symbol of 16 slots by binary search over the cumulative frequencies.
-extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u16* __restrict__ freqs, u32* __restrict__ tables) {
-    __shared__ u32 cum[257];
-    const u32 t = blockIdx.x, s = threadIdx.x;
-    const u32 f = freqs[(u64)t * 256 + s];
-    // Inclusive scan of the frequencies (Hillis-Steele over 256 threads).
+// Frequency of a table's code byte (docs/FORMAT.md, "Frequency tables"): 0 for an absent symbol
+// and for the anchor (whose frequency is what the others leave of 4096). Codes were validated on
+// the host (1..=207 or 255 in `lo..=hi`).
+__device__ __forceinline__ u32 code_freq(u32 c) {
+    if (c == 0u || c == 255u) return 0u;
+    if (c < 128u) return c;
+    const u32 k = c - 128u;
+    return (16u + (k & 15u)) << ((k >> 4) + 3u);
+}
+
+// Inclusive scan of one value per thread into cum[1..=256] (cum[0] = 0; Hillis-Steele over 256
+// threads). Every thread of the block must call it.
+__device__ __forceinline__ void scan256(u32* cum, u32 f, u32 s) {
+    __syncthreads();
     cum[s + 1] = f;
     if (s == 0) cum[0] = 0;
     __syncthreads();
@@ -1111,6 +1116,24 @@ extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u16* __r
         cum[s + 1] += v;
         __syncthreads();
     }
+}
+
+// Decoder tables from serialised frequency tables: block `t` expands table `t` (`lo`, `hi`, the
+// codes of `lo..=hi`, from byte `offsets[t]` of `ser`; validated on the host) into its 4096 entries
+// `sym | freq << 8 | bias << 20`, where `bias` is the slot's offset within its symbol's range
+// (`FreqTable::decode_table` on the CPU). One scan sums the frequencies other than the anchor's,
+// a second the cumulative frequencies; then each thread finds the symbol of 16 slots by binary
+// search over them.
+extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u8* __restrict__ ser, const u32* __restrict__ offsets, u32* __restrict__ tables) {
+    __shared__ u32 cum[257];
+    const u32 t = blockIdx.x, s = threadIdx.x;
+    const u8* tb = ser + offsets[t];
+    const u32 first = tb[0], last = tb[1];
+    const u32 code = (s >= first && s <= last) ? (u32)tb[2 + s - first] : 0u;
+    u32 f = code_freq(code);
+    scan256(cum, f, s);
+    if (code == 255u) f = 4096u - cum[256];
+    scan256(cum, f, s);
     for (u32 slot = s; slot < 4096; slot += 256) {
         // The symbol whose range [cum[sym], cum[sym + 1]) holds `slot`.
         u32 lo = 0, hi = 256;

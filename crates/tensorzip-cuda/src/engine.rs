@@ -534,7 +534,8 @@ impl GpuEngine {
             (n_chunks + 16 * plan.tensors.len()) * std::mem::size_of::<ChunkDesc>()
                 + std::mem::size_of_val(&plan.tensors[..])
                 + 4 * plan.table_info.len()
-                + 2 * plan.freqs.len()
+                + plan.table_bytes.len()
+                + 4 * plan.table_offsets.len()
                 + std::mem::size_of_val(&plan.copies[..])
                 + 16 * 16,
         ));
@@ -610,7 +611,8 @@ impl GpuEngine {
         } else {
             &plan.table_info
         });
-        let freqs_at = st.push(&plan.freqs);
+        let table_bytes_at = st.push(&plan.table_bytes);
+        let table_offsets_at = st.push(&plan.table_offsets);
         let err_at = st.push(&[0u32, u32::MAX]);
         let (small, large): (Vec<_>, Vec<_>) = plan
             .copies
@@ -630,7 +632,11 @@ impl GpuEngine {
         for (g, &off) in groups.iter_mut().zip(&chunks_at) {
             g.chunks = at(off);
         }
-        let tables = self.build_tables(at(freqs_at), plan.freqs.len() / 256)?;
+        let tables = self.build_tables(
+            at(table_bytes_at),
+            at(table_offsets_at),
+            plan.table_offsets.len(),
+        )?;
         trace("tables built");
         Ok(DevicePlan {
             groups,
@@ -746,9 +752,10 @@ impl GpuEngine {
         Ok(())
     }
 
-    /// Expands `n` tables of 256 frequencies (at device address `freqs`) on the device into decoder
-    /// tables of 4096 entries each (`sym | freq << 8 | bias << 20`, as `FreqTable::decode_table`).
-    fn build_tables(&self, freqs: u64, n: usize) -> Result<CudaSlice<u32>> {
+    /// Expands `n` serialised tables (at device address `bytes`, table `i` from byte `offsets[i]`,
+    /// `Plan::table_bytes`) on the device into decoder tables of 4096 entries each (`sym | freq << 8
+    /// | bias << 20`, as `FreqTable::decode_table`).
+    fn build_tables(&self, bytes: u64, offsets: u64, n: usize) -> Result<CudaSlice<u32>> {
         let s = &self.stream;
         // SAFETY: plain integers; `tz_build_tables` writes every entry of every table.
         let mut tables = unsafe { s.alloc::<u32>((n * 4096).max(1)) }?;
@@ -761,9 +768,10 @@ impl GpuEngine {
             shared_mem_bytes: 0,
         };
         let mut b = s.launch_builder(&self.shared.build_tables);
-        b.arg(&freqs).arg(&mut tables);
-        // SAFETY: `freqs` holds `n` tables of 256 frequencies, each validated to sum to 4096 when
-        // its blob was parsed; `tables` holds `n * 4096` entries; one block per table.
+        b.arg(&bytes).arg(&offsets).arg(&mut tables);
+        // SAFETY: `bytes` holds `n` serialised tables at `offsets`, each validated when its blob
+        // was parsed (codes of `lo..=hi` only, one anchor, frequencies summing to 4096);
+        // `tables` holds `n * 4096` entries; one block per table.
         unsafe { b.launch(cfg) }?;
         Ok(tables)
     }
