@@ -31,6 +31,16 @@ pub struct CpuEngine {
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
+/// An error unless there are as many output buffers as inputs (`what`: the inputs' name).
+fn one_buffer_each(inputs: usize, outs: usize, what: &str) -> Result<()> {
+    if inputs == outs {
+        return Ok(());
+    }
+    Err(Error::InvalidInput(format!(
+        "{inputs} {what} and {outs} output buffers"
+    )))
+}
+
 impl CpuEngine {
     /// An engine on `threads` threads (0 = all cores).
     pub fn new(threads: usize) -> Result<Self> {
@@ -105,13 +115,7 @@ impl CpuEngine {
         opts: &CompressOptions,
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
-        if items.len() != outs.len() {
-            return Err(Error::InvalidInput(format!(
-                "{} tensors and {} output buffers",
-                items.len(),
-                outs.len()
-            )));
-        }
+        one_buffer_each(items.len(), outs.len(), "tensors")?;
         self.run(|| {
             items.par_iter().zip(outs.par_iter_mut()).try_for_each(
                 |(&(data, dtype, shape), out)| self.compress_into(data, dtype, shape, opts, out),
@@ -143,13 +147,7 @@ impl CpuEngine {
     /// tensor's bytes), as [`CpuEngine::decompress_into`]; a model's small tensors have a chunk or
     /// two each, too few to keep every core busy one tensor at a time.
     pub fn decompress_many_into(&self, blobs: &[&[u8]], outs: &mut [Vec<u8>]) -> Result<()> {
-        if blobs.len() != outs.len() {
-            return Err(Error::InvalidInput(format!(
-                "{} blobs and {} output buffers",
-                blobs.len(),
-                outs.len()
-            )));
-        }
+        one_buffer_each(blobs.len(), outs.len(), "blobs")?;
         self.run(|| {
             blobs
                 .par_iter()
