@@ -238,8 +238,35 @@ impl<'d, 'a> Cursor<'d, 'a> {
         bufs: &mut BlockBufs,
         out: &mut [u8],
     ) -> Result<()> {
+        let st = self.finish_start(b, scratch, bufs)?;
+        if st.coded > 0 {
+            let table = self.cond_table();
+            let mut seg = [DecodeSegment {
+                table,
+                out: &mut bufs.sub[..st.coded],
+            }];
+            self.rans()?.decode_block(&mut seg, st.coded)?;
+        }
+        self.finish_end(b, &st, scratch, bufs, out)
+    }
+
+    /// The decoder table of the conditioned plane (only where the chunk has one).
+    fn cond_table(&self) -> &'d DecodeTable {
+        let (p, _) = self
+            .cond
+            .expect("coded units only with a conditioned plane");
+        self.td.cond_table(p)
+    }
+
+    /// Phase 2a of block `b`: which units of the conditioned plane are coded (their masks in
+    /// `bufs.masks`, room for their bytes in `bufs.sub`), and how the block's raw bytes lie.
+    fn finish_start(
+        &mut self,
+        b: usize,
+        scratch: &mut [u8],
+        bufs: &mut BlockBufs,
+    ) -> Result<Finish> {
         let h = &self.td.view.header;
-        let us = h.planes();
         let bu = h.block_units as usize;
         let blen = self.block_len(b);
         let (off, size, fixed) = self.layout(b);
@@ -286,32 +313,48 @@ impl<'d, 'a> Cursor<'d, 'a> {
         // Spare bytes let the scatter read whole groups (of 64 units with AVX-512, else 8) to
         // the end.
         bufs.sub.resize(coded + 64, 0);
-        if coded > 0 {
-            let (p, _) = self
-                .cond
-                .expect("coded units only with a conditioned plane");
-            let table = self.td.cond_table(p);
-            let mut seg = [DecodeSegment {
-                table,
-                out: &mut bufs.sub[..coded],
-            }];
-            self.rans()?.decode_block(&mut seg, coded)?;
-        }
+        Ok(Finish {
+            off,
+            fixed,
+            coded,
+            total,
+            last,
+            stash_len,
+            from_area,
+        })
+    }
+
+    /// Phase 2c of block `b`, once the conditioned plane's coded bytes are in `bufs.sub`: the
+    /// stash at the last block, the scatter of the conditioned plane, and the merge into `out`.
+    fn finish_end(
+        &mut self,
+        b: usize,
+        st: &Finish,
+        scratch: &mut [u8],
+        bufs: &mut BlockBufs,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let h = &self.td.view.header;
+        let us = h.planes();
+        let bu = h.block_units as usize;
+        let blen = self.block_len(b);
+        let (off, fixed, total, from_area) = (st.off, st.fixed, st.total, st.from_area);
+        let area = &self.raw[self.raw_off..];
         // The block's raw bytes: from the area, plus the stash at the end of the chunk.
-        let seg: &[u8] = if last && self.rans.is_some() {
+        let seg: &[u8] = if st.last && self.rans.is_some() {
             let c = self.c;
             let stash = self
                 .rans
                 .take()
                 .expect("checked")
-                .finish(stash_len)
+                .finish(st.stash_len)
                 .map_err(|e| match e {
                     Error::Corrupt(m) => Error::Corrupt(format!("chunk {c}: {m}")),
                     other => other,
                 })?;
             bufs.tail.clear();
             bufs.tail.extend_from_slice(&area[..from_area]);
-            bufs.tail.extend_from_slice(&stash[..stash_len]);
+            bufs.tail.extend_from_slice(&stash[..st.stash_len]);
             &bufs.tail
         } else {
             &area[..total]
@@ -352,6 +395,23 @@ impl<'d, 'a> Cursor<'d, 'a> {
         self.raw_off += from_area;
         Ok(())
     }
+}
+
+/// How a block's raw bytes lie (phase 2 of the decoder, between its steps).
+struct Finish {
+    /// Offset of each plane's raw bytes within the block's.
+    off: [usize; 8],
+    /// Raw bytes of the planes other than the conditioned one.
+    fixed: usize,
+    /// Coded units of the conditioned plane.
+    coded: usize,
+    /// Raw bytes of the block in all.
+    total: usize,
+    /// Whether this is the chunk's last block (its raw bytes end with the stash).
+    last: bool,
+    stash_len: usize,
+    /// Raw bytes of the block read from the raw area (`total - stash_len`).
+    from_area: usize,
 }
 
 /// Per-thread buffers of phase 2.
@@ -473,8 +533,36 @@ impl<'a> TensorDecoder<'a> {
                 (true, true) => {}
             }
             drop((ga, gb));
-            ca.finish_block(b, &mut scratch_a.planes, &mut scratch_a.bufs, out_a)?;
-            cb.finish_block(b, &mut scratch_b.planes, &mut scratch_b.bufs, out_b)?;
+            // The conditioned sub-segments of the two blocks in one loop too (a fifth of a bf16
+            // decode's steps).
+            let sa = ca.finish_start(b, &mut scratch_a.planes, &mut scratch_a.bufs)?;
+            let sb = cb.finish_start(b, &mut scratch_b.planes, &mut scratch_b.bufs)?;
+            if sa.coded > 0 || sb.coded > 0 {
+                let mut sega: Vec<DecodeSegment<'_, '_>> = Vec::with_capacity(1);
+                let mut segb: Vec<DecodeSegment<'_, '_>> = Vec::with_capacity(1);
+                if sa.coded > 0 {
+                    sega.push(DecodeSegment {
+                        table: ca.cond_table(),
+                        out: &mut scratch_a.bufs.sub[..sa.coded],
+                    });
+                }
+                if sb.coded > 0 {
+                    segb.push(DecodeSegment {
+                        table: cb.cond_table(),
+                        out: &mut scratch_b.bufs.sub[..sb.coded],
+                    });
+                }
+                match (sa.coded > 0, sb.coded > 0) {
+                    (true, true) => Decoder::decode_block_pair(
+                        (ca.rans()?, &mut sega, sa.coded),
+                        (cb.rans()?, &mut segb, sb.coded),
+                    )?,
+                    (true, false) => ca.rans()?.decode_block(&mut sega, sa.coded)?,
+                    _ => cb.rans()?.decode_block(&mut segb, sb.coded)?,
+                }
+            }
+            ca.finish_end(b, &sa, &mut scratch_a.planes, &mut scratch_a.bufs, out_a)?;
+            cb.finish_end(b, &sb, &mut scratch_b.planes, &mut scratch_b.bufs, out_b)?;
         }
         Ok(())
     }

@@ -39,8 +39,23 @@ fn chunk_pairs_decode_as_single_chunks() {
         block_units: 1024,
         ..Default::default()
     };
-    for (dtype, cols) in [(DType::BF16, 1000), (DType::F32, 777), (DType::F16, 999)] {
-        let data = sample::weights(90, cols, dtype, 5);
+    // bf16 whose second half has exponents 20 higher: its chunks code no unit of the
+    // conditioned plane, so pairs meet blocks with and without a sub-segment.
+    let mut shifted = sample::weights(90, 1000, DType::BF16, 6);
+    let half = shifted.len() / 2;
+    for u in shifted[half..].chunks_exact_mut(2) {
+        let v = u16::from_le_bytes([u[0], u[1]]);
+        let e = (v >> 7) & 0xFF;
+        if e != 0 && e < 200 {
+            u.copy_from_slice(&(v + (20 << 7)).to_le_bytes());
+        }
+    }
+    for (dtype, cols, data) in [
+        (DType::BF16, 1000, sample::weights(90, 1000, DType::BF16, 5)),
+        (DType::BF16, 1000, shifted),
+        (DType::F32, 777, sample::weights(90, 777, DType::F32, 5)),
+        (DType::F16, 999, sample::weights(90, 999, DType::F16, 5)),
+    ] {
         let blob = compress(&data, dtype, &[90, cols as u64], &opts).unwrap();
         let dec = TensorDecoder::new(&blob).unwrap();
         let h = dec.header();
