@@ -188,28 +188,36 @@ impl CpuEngine {
         let h = dec.header();
         let cb = h.chunk_units as usize * h.planes();
         let n = out.len().div_ceil(cb);
-        self.run(|| {
-            // Chunks in pairs, their streams decoded in one loop (`decode_chunk_pair`), where the
-            // CPU has AVX-512 (elsewhere the pair loop is not used: `simd_rounds_pair`) and
-            // pairing leaves no worker idle. One core of the Intel VM of 2026-12-01
-            // (`examples/hotloop ... dec`): bf16 1.39-1.43 -> 1.79-1.86 GB/s, fp32 2.19-2.24 ->
-            // 2.62-2.70, fp16 1.41-1.52 -> 1.89-1.97.
-            if !crate::cpu::has_avx512() || n.div_ceil(2) < rayon::current_num_threads() {
-                return out
-                    .par_chunks_mut(cb)
-                    .enumerate()
-                    .try_for_each(|(i, o)| with_scratch(|s| dec.decode_chunk(first + i, o, s)));
+        let single =
+            |(i, o): (usize, &mut [u8])| with_scratch(|s| dec.decode_chunk(first + i, o, s));
+        // Chunks in pairs, their streams decoded in one loop (`decode_chunk_pair`), where the CPU
+        // has AVX-512 (elsewhere the pair loop is not used: `simd_rounds_pair`). One core of the
+        // Intel VM of 2026-12-01 (`examples/hotloop ... dec`): bf16 1.39-1.43 -> 1.79-1.86 GB/s,
+        // fp32 2.19-2.24 -> 2.62-2.70, fp16 1.41-1.52 -> 1.89-1.97.
+        let pair = |(i, o): (usize, &mut [u8])| {
+            let c = first + 2 * i;
+            if o.len() <= cb {
+                return with_scratch(|s| dec.decode_chunk(c, o, s));
             }
-            out.par_chunks_mut(2 * cb)
-                .enumerate()
-                .try_for_each(|(i, o)| {
-                    let c = first + 2 * i;
-                    if o.len() <= cb {
-                        return with_scratch(|s| dec.decode_chunk(c, o, s));
-                    }
-                    let (oa, ob) = o.split_at_mut(cb);
-                    with_scratch_pair(|sa, sb| dec.decode_chunk_pair(c, oa, ob, sa, sb))
-                })
+            let (oa, ob) = o.split_at_mut(cb);
+            with_scratch_pair(|sa, sb| dec.decode_chunk_pair(c, oa, ob, sa, sb))
+        };
+        let avx512 = crate::cpu::has_avx512();
+        if n <= 1 || self.threads() == 1 {
+            // One task, or one worker: decoded on the calling thread, without the hand-off to
+            // the pool and back (two thread switches: ~80 us on this VM, more than decoding a
+            // 128 KiB chunk takes; a 1.5 KiB tensor decompressed in 77-87 us, now 2).
+            return match avx512 {
+                true => out.chunks_mut(2 * cb).enumerate().try_for_each(pair),
+                false => out.chunks_mut(cb).enumerate().try_for_each(single),
+            };
+        }
+        self.run(|| {
+            // Pairs only where pairing leaves no worker idle.
+            if !avx512 || n.div_ceil(2) < rayon::current_num_threads() {
+                return out.par_chunks_mut(cb).enumerate().try_for_each(single);
+            }
+            out.par_chunks_mut(2 * cb).enumerate().try_for_each(pair)
         })
     }
 
