@@ -196,11 +196,23 @@ struct DeviceGroup {
 }
 
 /// With `TENSORZIP_GPU_TRACE=1`, a function that prints the time since its creation at each step it
-/// is called with, after waiting for the stream (the host's time before the wait too); otherwise
-/// one that does nothing.
+/// is called with, after waiting for the stream (the host's time before the wait too). With
+/// `TENSORZIP_GPU_TRACE=events` it does not wait: it records an event on the stream at each step
+/// and, when dropped (the caller's work done), prints for each step the host's time and the
+/// stream's (the step's event, from an event recorded at creation) — where an untraced call
+/// waits. Otherwise it does nothing.
 pub(crate) fn step_tracer(s: &CudaStream, label: String) -> impl Fn(&str) + '_ {
-    let tracing = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
+    let mode = std::env::var("TENSORZIP_GPU_TRACE").ok();
+    let events = mode.as_deref() == Some("events");
+    let tracing = mode.is_some() && !events;
     let t0 = std::time::Instant::now();
+    let log = EventLog {
+        s,
+        label: label.clone(),
+        t0,
+        start: if events { record_timed(s) } else { None },
+        steps: std::cell::RefCell::new(Vec::new()),
+    };
     move |what: &str| {
         if tracing {
             let host = t0.elapsed().as_secs_f64() * 1e3;
@@ -209,7 +221,48 @@ pub(crate) fn step_tracer(s: &CudaStream, label: String) -> impl Fn(&str) + '_ {
                 "{label}: {what} at {:.3} ms (host at {host:.3} ms)",
                 t0.elapsed().as_secs_f64() * 1e3
             );
+        } else if log.start.is_some() {
+            let host = t0.elapsed().as_secs_f64() * 1e3;
+            log.steps
+                .borrow_mut()
+                .push((what.to_string(), record_timed(s), host));
         }
+    }
+}
+
+/// An event with timing recorded on `s` now (`None` if the driver refuses: the trace then omits it).
+fn record_timed(s: &CudaStream) -> Option<cudarc::driver::CudaEvent> {
+    s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .ok()
+}
+
+/// The steps of an event trace (`TENSORZIP_GPU_TRACE=events`), printed when dropped.
+struct EventLog<'a> {
+    s: &'a CudaStream,
+    label: String,
+    t0: std::time::Instant,
+    start: Option<cudarc::driver::CudaEvent>,
+    steps: std::cell::RefCell<Vec<(String, Option<cudarc::driver::CudaEvent>, f64)>>,
+}
+
+impl Drop for EventLog<'_> {
+    fn drop(&mut self) {
+        let Some(start) = &self.start else {
+            return;
+        };
+        let _ = self.s.synchronize();
+        for (what, ev, host) in self.steps.borrow().iter() {
+            let gpu = ev
+                .as_ref()
+                .and_then(|e| start.elapsed_ms(e).ok())
+                .map_or("?".to_string(), |ms| format!("{ms:.3}"));
+            eprintln!("{}: {what}: host {host:.3} ms, stream {gpu} ms", self.label);
+        }
+        eprintln!(
+            "{}: dropped at host {:.3} ms",
+            self.label,
+            self.t0.elapsed().as_secs_f64() * 1e3
+        );
     }
 }
 
