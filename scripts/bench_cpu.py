@@ -8,8 +8,10 @@ Two subcommands:
             that cannot be made (no network) is skipped with a message; the others are still made.
   run       for each dataset present and each thread count: ZipNN tensor by tensor (median of --runs,
             compress and decompress timed separately, round trip checked), then `tensorzip bench` on
-            the same file with the same thread count; prints a markdown table and saves the raw
-            results to bench-data/results-<date>.json.
+            the same file with the same thread count (which, like `tensorzip compress`/`decompress`,
+            codes runs of tensors under 4 MiB concurrently and larger ones alone; tensor by tensor
+            before 2026-12-01 04:3x UTC); prints a markdown table and saves the raw results to
+            bench-data/results-<date>.json.
 
 GB/s everywhere is 1e9 bytes of *original* tensor data per second. Ratios are compressed/original
 (smaller is better), printed in percent of the original size.
@@ -485,6 +487,9 @@ def cmd_run(args):
     if nf:
         notes.append(f"Non-float tensors ({', '.join(nf)}) are in both tools' figures; ZipNN codes them as "
                      "bytearray_dtype='float32' (as its whole-file path would), tensorzip with its integer path.")
+    notes.append("tensorzip takes a file's tensors as its command line does: runs of tensors under 4 MiB "
+                 "(at most 8 MiB a run) concurrently, larger ones alone; ZipNN tensor by tensor with its own "
+                 "threads.")
     notes.append("ZipNN 0.5.4's compress_bin makes an unused copy of its whole input (`ba_saved = bytearray(ba)`) "
                  "on every call; that copy is inside its timed compress, as it is for every ZipNN user.")
     if any(r["zipnn"]["compressed_bytes_varied"] for r in results):
