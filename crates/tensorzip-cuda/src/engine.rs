@@ -77,15 +77,31 @@ unsafe impl Plain for crate::plan::Copy {}
 struct Staging(Vec<u8>);
 
 impl Staging {
-    /// Appends `v` and returns its offset.
-    fn push<T: Plain>(&mut self, v: &[T]) -> usize {
+    /// Pads to the next 16-byte boundary and returns it: where values appended from now on start.
+    fn align(&mut self) -> usize {
         let at = self.0.len().div_ceil(16) * 16;
         self.0.resize(at, 0);
+        at
+    }
+
+    /// Appends one value (after [`Staging::align`], as part of an array).
+    fn push_one<T: Plain>(&mut self, v: &T) {
+        self.push_bytes(std::slice::from_ref(v));
+    }
+
+    /// Appends the bytes of `v` where the buffer ends.
+    fn push_bytes<T: Plain>(&mut self, v: &[T]) {
         // SAFETY: `T: Plain` has no padding, so all `size_of_val(v)` bytes are initialised.
         let bytes = unsafe {
             std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
         };
         self.0.extend_from_slice(bytes);
+    }
+
+    /// Appends `v` and returns its offset.
+    fn push<T: Plain>(&mut self, v: &[T]) -> usize {
+        let at = self.align();
+        self.push_bytes(v);
         at
     }
 }
@@ -267,25 +283,37 @@ impl Drop for EventLog<'_> {
 }
 
 /// The chunks laid out in blocks of `warps` that each hold chunks of one tensor only (empty
-/// chunks fill the gaps; the kernel skips them).
-fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
-    let mut out = Vec::with_capacity(chunks.len() + chunks.len() / 4);
+/// chunks fill the gaps; the kernel skips them), handed to `emit` in order; returns how many.
+fn pad_blocks(chunks: &[ChunkDesc], warps: usize, mut emit: impl FnMut(&ChunkDesc)) -> usize {
+    let mut n = 0usize;
+    let mut last: Option<ChunkDesc> = None;
     for c in chunks {
-        let fill = out.len() % warps;
-        if fill != 0 && out.last().is_some_and(|p: &ChunkDesc| p.tensor != c.tensor) {
-            let last = *out.last().unwrap_or(c);
+        let fill = n % warps;
+        if let Some(prev) = last.filter(|p| fill != 0 && p.tensor != c.tensor) {
+            let pad = ChunkDesc {
+                len: 0,
+                payload_len: 0,
+                rans_len: 0,
+                sel_len: 0,
+                ..prev
+            };
             for _ in fill..warps {
-                out.push(ChunkDesc {
-                    len: 0,
-                    payload_len: 0,
-                    rans_len: 0,
-                    sel_len: 0,
-                    ..last
-                });
+                emit(&pad);
+                n += 1;
             }
         }
-        out.push(*c);
+        emit(c);
+        n += 1;
+        last = Some(*c);
     }
+    n
+}
+
+/// [`pad_blocks`] into a vector.
+#[cfg(test)]
+fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
+    let mut out = Vec::new();
+    pad_blocks(chunks, warps, |c| out.push(*c));
     out
 }
 
@@ -626,8 +654,9 @@ impl GpuEngine {
                 .filter(|w| w[0].tensor != w[1].tensor)
                 .count();
             let warps = (g.chunks.len().div_ceil(tensors) as u32).clamp(1, most);
-            let chunks = pad_to_blocks(&g.chunks, warps as usize);
-            let n = chunks.len() as u32;
+            // Straight into the staging buffer (a 1 GiB tensor has 8192 descriptors).
+            chunks_at.push(st.align());
+            let n = pad_blocks(&g.chunks, warps as usize, |c| st.push_one(c)) as u32;
             let (smem, scratch) = if global {
                 (
                     warps * RING_STASH_BYTES + CACHE_BYTES,
@@ -639,7 +668,6 @@ impl GpuEngine {
                     None,
                 )
             };
-            chunks_at.push(st.push(&chunks));
             groups.push(DeviceGroup {
                 kernel: g.kernel,
                 split,
