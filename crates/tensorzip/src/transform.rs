@@ -203,6 +203,40 @@ pub fn merge_streaming(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
     merge(t, planes, dst)
 }
 
+/// Units of `unit` bytes written by the scalar loop before a loop of 32-byte aligned stores to `dst`:
+/// those before the first aligned unit among the first `32 / unit` (all `n` if none is aligned).
+/// Ordinary stores need no alignment: none.
+#[cfg(target_arch = "x86_64")]
+fn aligned_head<const NT: bool>(dst: &[u8], unit: usize, n: usize) -> usize {
+    if !NT {
+        return 0;
+    }
+    (0..n.min(32 / unit))
+        .find(|&i| (dst.as_ptr() as usize + unit * i).is_multiple_of(32))
+        .unwrap_or(n)
+}
+
+/// Stores 32 bytes at `at`: non-temporal with `NT` (`at` 32-byte aligned), else ordinary.
+///
+/// # Safety
+/// AVX2 required; `at` must be 32 writable bytes (32-byte aligned with `NT`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store256<const NT: bool>(
+    at: *mut std::arch::x86_64::__m256i,
+    v: std::arch::x86_64::__m256i,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's promise.
+    unsafe {
+        match NT {
+            true => _mm256_stream_si256(at, v),
+            false => _mm256_storeu_si256(at, v),
+        }
+    }
+}
+
 /// [`merge2_impl`] in 64-byte steps of byte unpacks. With `NT`, the steps are written by
 /// non-temporal stores from the first 32-byte aligned unit on (the ends by the scalar loop), then
 /// a store fence; without, by ordinary stores from the first unit.
@@ -212,23 +246,13 @@ unsafe fn merge2_wide<const E: u32, const NT: bool>(p0: &[u8], p1: &[u8], dst: &
     use std::arch::x86_64::*;
     let n = dst.len() / 2;
     let (p0, p1) = (&p0[..n], &p1[..n]);
-    // Units before the first 32-byte aligned output byte (none if it cannot be reached).
-    let head = match NT {
-        true => (0..n.min(16))
-            .find(|&i| (dst.as_ptr() as usize + 2 * i).is_multiple_of(32))
-            .unwrap_or(n),
-        false => 0,
-    };
+    let head = aligned_head::<NT>(dst, 2, n);
     merge2_impl::<E>(&p0[..head], &p1[..head], &mut dst[..2 * head]);
     let mut i = head;
     // SAFETY: loads of 32 bytes at p0[i..], p1[i..] and stores of 64 bytes at dst[2i..] only while
     // 32 units remain; with `NT` the stores are 32-byte aligned (2i advances by 64 from an aligned
     // start).
     unsafe {
-        let store = |at: *mut __m256i, v: __m256i| match NT {
-            true => _mm256_stream_si256(at, v),
-            false => _mm256_storeu_si256(at, v),
-        };
         let exp = _mm256_set1_epi16(0x7F80);
         let sign = _mm256_set1_epi16(-0x8000);
         let mant = _mm256_set1_epi16(0x7F);
@@ -252,8 +276,8 @@ unsafe fn merge2_wide<const E: u32, const NT: bool>(p0: &[u8], p1: &[u8], dst: &
             let lo = _mm256_unpacklo_epi8(a, b);
             let hi = _mm256_unpackhi_epi8(a, b);
             let out = dst.as_mut_ptr().add(2 * i) as *mut __m256i;
-            store(out, inv(_mm256_permute2x128_si256::<0x20>(lo, hi)));
-            store(out.add(1), inv(_mm256_permute2x128_si256::<0x31>(lo, hi)));
+            store256::<NT>(out, inv(_mm256_permute2x128_si256::<0x20>(lo, hi)));
+            store256::<NT>(out.add(1), inv(_mm256_permute2x128_si256::<0x31>(lo, hi)));
             i += 32;
         }
         if NT {
@@ -270,12 +294,7 @@ unsafe fn merge4_wide<const E: u32, const NT: bool>(p: [&[u8]; 4], dst: &mut [u8
     use std::arch::x86_64::*;
     let n = dst.len() / 4;
     let p = [&p[0][..n], &p[1][..n], &p[2][..n], &p[3][..n]];
-    let head = match NT {
-        true => (0..n.min(8))
-            .find(|&i| (dst.as_ptr() as usize + 4 * i).is_multiple_of(32))
-            .unwrap_or(n),
-        false => 0,
-    };
+    let head = aligned_head::<NT>(dst, 4, n);
     let cut = |k: std::ops::Range<usize>| {
         [
             &p[0][k.clone()],
@@ -290,10 +309,6 @@ unsafe fn merge4_wide<const E: u32, const NT: bool>(p: [&[u8]; 4], dst: &mut [u8
     // 16 units remain; with `NT` the stores are 32-byte aligned (4i advances by 64 from an aligned
     // start).
     unsafe {
-        let store = |at: *mut __m256i, v: __m256i| match NT {
-            true => _mm256_stream_si256(at, v),
-            false => _mm256_storeu_si256(at, v),
-        };
         let exp = _mm256_set1_epi32(0x7F80_0000);
         let sign = _mm256_set1_epi32(i32::MIN);
         let mant = _mm256_set1_epi32(0x7F_FFFF);
@@ -324,8 +339,8 @@ unsafe fn merge4_wide<const E: u32, const NT: bool>(p: [&[u8]; 4], dst: &mut [u8
             let u2 = _mm_unpacklo_epi16(ab_hi, cd_hi);
             let u3 = _mm_unpackhi_epi16(ab_hi, cd_hi);
             let out = dst.as_mut_ptr().add(4 * i) as *mut __m256i;
-            store(out, inv(_mm256_set_m128i(u1, u0)));
-            store(out.add(1), inv(_mm256_set_m128i(u3, u2)));
+            store256::<NT>(out, inv(_mm256_set_m128i(u1, u0)));
+            store256::<NT>(out.add(1), inv(_mm256_set_m128i(u3, u2)));
             i += 16;
         }
         if NT {
