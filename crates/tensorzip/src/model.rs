@@ -289,15 +289,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         .flatten_iter()
         .collect();
     let joint = |p: usize, q: usize| -> Vec<u32> {
-        // One part of the sampled blocks per worker (at least 64 blocks each): every part zeroes
-        // 256 KiB of counters and the reduction adds them up, which with rayon's adaptive
-        // splitting cost more than the counting on a small tensor and made two threads slower
-        // than one.
-        let per = sampling
-            .picks
-            .len()
-            .div_ceil(rayon::current_num_threads())
-            .max(64);
+        let per = joint_part_blocks(sampling.picks.len());
         sampling
             .picks
             .par_chunks(per)
@@ -325,6 +317,14 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     model_from_counts(header, opts, &sampling, &hists, joint).keeping(&sampling, &hists)
 }
 
+/// Sampled blocks per part when joint counts are taken in parallel: one part per worker, at least 64
+/// blocks each. Every part zeroes 256 KiB of counters and the parts are summed, which with rayon's
+/// adaptive splitting cost more than the counting on a small tensor and made two threads slower
+/// than one.
+fn joint_part_blocks(n_sampled: usize) -> usize {
+    n_sampled.div_ceil(rayon::current_num_threads()).max(64)
+}
+
 /// The histograms of both planes of every sampled block of a tensor of two-byte units, and the joint
 /// counts `J[e * 256 + m]` of plane 1 (`e`) and plane 0 (`m`) over the blocks whose plane 0 is not
 /// one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g` into `scratch`
@@ -339,13 +339,7 @@ where
     F: for<'s> Fn(u64, &'s mut [u8]) -> (usize, (&'s [u8], &'s [u8])) + Sync,
 {
     debug_assert_eq!(us, 2);
-    // One part of the sampled blocks per worker, at least 64 blocks each (see `joint` in
-    // `build_model`: every part zeroes 256 KiB of joint counters).
-    let per = sampling
-        .picks
-        .len()
-        .div_ceil(rayon::current_num_threads())
-        .max(64);
+    let per = joint_part_blocks(sampling.picks.len());
     let parts: Vec<(Vec<[u32; 256]>, Vec<u32>)> = sampling
         .picks
         .par_chunks(per)
