@@ -169,8 +169,156 @@ macro_rules! avx2_dispatch {
     };
 }
 
-avx2_dispatch!(split2, split2_impl, (src: &[u8], p0: &mut [u8], p1: &mut [u8]));
-avx2_dispatch!(split4, split4_impl, (src: &[u8], planes: [&mut &mut [u8]; 4]));
+/// [`split2_impl`], with [`split2_wide`]'s shuffles where the CPU has AVX2.
+#[inline(always)]
+fn split2<const E: u32>(src: &[u8], p0: &mut [u8], p1: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2() {
+        // SAFETY: AVX2 support was checked at run time.
+        return unsafe { split2_wide::<E>(src, p0, p1) };
+    }
+    split2_impl::<E>(src, p0, p1)
+}
+
+/// [`split4_impl`], with [`split4_wide`]'s shuffles where the CPU has AVX2.
+#[inline(always)]
+fn split4<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2() {
+        // SAFETY: AVX2 support was checked at run time.
+        return unsafe { split4_wide::<E>(src, planes) };
+    }
+    split4_impl::<E>(src, planes)
+}
+
+/// [`split2_impl`] in steps of 32 units: the transform on 16-bit lanes, then one byte shuffle per
+/// 16 units (low bytes to the lane's first half, high bytes to its second) and two lane
+/// permutations. The compiler's vectorisation of the plain loop ran at ~6 GB/s on the Intel VM of
+/// 2026-12-01 and was 14% of a MiniLM bf16 compress (`examples/phasetime`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn split2_wide<const E: u32>(src: &[u8], p0: &mut [u8], p1: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let n = p0.len();
+    let (src, p1) = (&src[..2 * n], &mut p1[..n]);
+    let mut i = 0;
+    // SAFETY: loads of 64 bytes at src[2i..] and stores of 32 bytes at p0[i..], p1[i..] only while
+    // 32 units remain.
+    unsafe {
+        let exp = _mm256_set1_epi16(-0x100); // 0xFF00
+        let sign = _mm256_set1_epi16(0x80);
+        let mant = _mm256_set1_epi16(0x7F);
+        let fwd = |u: __m256i| {
+            if E == 0 {
+                u
+            } else {
+                // w16::fwd with an 8-bit exponent: bits 14..7 -> 15..8, bit 15 -> 7.
+                _mm256_or_si256(
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_slli_epi16::<1>(u), exp),
+                        _mm256_and_si256(_mm256_srli_epi16::<8>(u), sign),
+                    ),
+                    _mm256_and_si256(u, mant),
+                )
+            }
+        };
+        let sel = _mm256_setr_epi8(
+            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
+            5, 7, 9, 11, 13, 15,
+        );
+        while i + 32 <= n {
+            let s = src.as_ptr().add(2 * i) as *const __m256i;
+            // Per 128-bit lane: 8 low bytes, then 8 high bytes; then plane 0's 16 bytes in the
+            // low half, plane 1's in the high half.
+            let a = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(
+                fwd(_mm256_loadu_si256(s)),
+                sel,
+            ));
+            let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(
+                fwd(_mm256_loadu_si256(s.add(1))),
+                sel,
+            ));
+            _mm256_storeu_si256(
+                p0.as_mut_ptr().add(i) as *mut __m256i,
+                _mm256_permute2x128_si256::<0x20>(a, b),
+            );
+            _mm256_storeu_si256(
+                p1.as_mut_ptr().add(i) as *mut __m256i,
+                _mm256_permute2x128_si256::<0x31>(a, b),
+            );
+            i += 32;
+        }
+    }
+    split2_impl::<E>(&src[2 * i..], &mut p0[i..], &mut p1[i..]);
+}
+
+/// [`split4_impl`] in steps of 32 units: the transform on 32-bit lanes, one byte shuffle per 8
+/// units (each plane's 4 bytes together in each 128-bit lane), a lane permutation (each plane's 8
+/// bytes together), then a 4 x 4 transpose of 64-bit pieces across four such vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn split4_wide<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
+    use std::arch::x86_64::*;
+    let n = src.len() / 4;
+    let [q0, q1, q2, q3] = planes;
+    let (q0, q1, q2, q3) = (&mut q0[..n], &mut q1[..n], &mut q2[..n], &mut q3[..n]);
+    let mut i = 0;
+    // SAFETY: loads of 128 bytes at src[4i..] and stores of 32 bytes at each plane[i..] only while
+    // 32 units remain.
+    unsafe {
+        let exp = _mm256_set1_epi32(-0x100_0000); // 0xFF00_0000
+        let sign = _mm256_set1_epi32(0x80_0000);
+        let mant = _mm256_set1_epi32(0x7F_FFFF);
+        let fwd = |u: __m256i| {
+            if E == 0 {
+                u
+            } else {
+                // w32::fwd with an 8-bit exponent: bits 30..23 -> 31..24, bit 31 -> 23.
+                _mm256_or_si256(
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_slli_epi32::<1>(u), exp),
+                        _mm256_and_si256(_mm256_srli_epi32::<8>(u), sign),
+                    ),
+                    _mm256_and_si256(u, mant),
+                )
+            }
+        };
+        let sel = _mm256_setr_epi8(
+            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6,
+            10, 14, 3, 7, 11, 15,
+        );
+        let gather = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let s = src.as_ptr() as *const __m256i;
+        // 8 units as [plane 0 | plane 1 | plane 2 | plane 3], 8 bytes each.
+        let ld = |k: usize| {
+            _mm256_permutevar8x32_epi32(
+                _mm256_shuffle_epi8(fwd(_mm256_loadu_si256(s.add(k))), sel),
+                gather,
+            )
+        };
+        while i + 32 <= n {
+            let k = i / 8;
+            let (a, b, c, d) = (ld(k), ld(k + 1), ld(k + 2), ld(k + 3));
+            // [a0 b0 a2 b2], [a1 b1 a3 b3], [c0 d0 c2 d2], [c1 d1 c3 d3] (64-bit pieces).
+            let ab02 = _mm256_unpacklo_epi64(a, b);
+            let ab13 = _mm256_unpackhi_epi64(a, b);
+            let cd02 = _mm256_unpacklo_epi64(c, d);
+            let cd13 = _mm256_unpackhi_epi64(c, d);
+            let st = |q: &mut [u8], v: __m256i| {
+                _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, v)
+            };
+            st(q0, _mm256_permute2x128_si256::<0x20>(ab02, cd02));
+            st(q1, _mm256_permute2x128_si256::<0x20>(ab13, cd13));
+            st(q2, _mm256_permute2x128_si256::<0x31>(ab02, cd02));
+            st(q3, _mm256_permute2x128_si256::<0x31>(ab13, cd13));
+            i += 32;
+        }
+    }
+    split4_impl::<E>(
+        &src[4 * i..],
+        [&mut &mut q0[i..], &mut &mut q1[i..], &mut &mut q2[i..], &mut &mut q3[i..]],
+    );
+}
 avx2_dispatch!(merge2, merge2_impl, (p0: &[u8], p1: &[u8], dst: &mut [u8]));
 avx2_dispatch!(merge4, merge4_impl, (p: [&[u8]; 4], dst: &mut [u8]));
 
@@ -487,7 +635,22 @@ mod tests {
 
     #[test]
     fn split_merge_round_trip_all_widths() {
-        let src: Vec<u8> = (0..8 * 37).map(|i| (i * 97 + 13) as u8).collect();
+        // Lengths around the SIMD loops' 32-unit steps, from an odd offset (unaligned loads).
+        let mut x = 0x2545_F491u32;
+        let bytes: Vec<u8> = (0..8 * 301 + 1)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for units in [0, 1, 31, 32, 33, 37, 64, 95, 300] {
+            split_merge_round_trip(&bytes[1..1 + 8 * units]);
+        }
+    }
+
+    fn split_merge_round_trip(src: &[u8]) {
         for (us, t) in [
             (1, Transform::Identity),
             (2, Transform::Identity),
