@@ -316,7 +316,12 @@ unsafe fn split4_wide<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
     }
     split4_impl::<E>(
         &src[4 * i..],
-        [&mut &mut q0[i..], &mut &mut q1[i..], &mut &mut q2[i..], &mut &mut q3[i..]],
+        [
+            &mut &mut q0[i..],
+            &mut &mut q1[i..],
+            &mut &mut q2[i..],
+            &mut &mut q3[i..],
+        ],
     );
 }
 avx2_dispatch!(merge2, merge2_impl, (p0: &[u8], p1: &[u8], dst: &mut [u8]));
@@ -663,7 +668,7 @@ mod tests {
             let n = src.len() / us;
             let mut bufs = vec![vec![0u8; n]; us];
             let mut planes: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-            split(t, &src, &mut planes);
+            split(t, src, &mut planes);
             for i in 0..n {
                 let tu = transform_unit(t, &src[i * us..(i + 1) * us]);
                 for p in 0..us {
