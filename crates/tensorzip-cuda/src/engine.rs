@@ -309,6 +309,31 @@ fn pad_blocks(chunks: &[ChunkDesc], warps: usize, mut emit: impl FnMut(&ChunkDes
     n
 }
 
+/// The block width (chunks per thread block) of a two-warp launch that spreads `chunks` over
+/// the SMs: the narrowest width, up to `most`, whose blocks (each of one tensor's chunks: see
+/// [`pad_blocks`]) number at most `sms`, so that each SM runs one block and as few decoding
+/// warps as the launch allows. `None` when even `most` needs more blocks than SMs.
+///
+/// Why: a two-warp launch lasts as long as its slowest chunk's dependent chain, and the chains of
+/// the decoding warps that share an SM's schedulers slow each other. The width that was used
+/// before — the average chunks per tensor, up to 8 — put all-MiniLM-L6-v2's ~360 bf16 chunks in
+/// ~71 blocks of 8 on 71 of the H200's 132 SMs (two decoding warps per scheduler), the other 61
+/// idle; width 3 gives ~120 blocks of at most 3 chunks.
+fn spread_width(chunks: &[ChunkDesc], most: u32, sms: u32) -> Option<u32> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for i in 1..=chunks.len() {
+        if i == chunks.len() || chunks[i].tensor != chunks[start].tensor {
+            runs.push(i - start);
+            start = i;
+        }
+    }
+    (1..=most.max(1)).find(|&w| {
+        let blocks: usize = runs.iter().map(|r| r.div_ceil(w as usize)).sum();
+        blocks <= sms as usize
+    })
+}
+
 /// [`pad_blocks`] into a vector.
 #[cfg(test)]
 fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
@@ -379,6 +404,9 @@ pub(crate) struct Shared {
     copy: CudaFunction,
     /// The device's multiprocessors.
     sms: u32,
+    /// Whether two-warp launches spread their chunks over the SMs ([`spread_width`]); off with
+    /// `TENSORZIP_DEV_BLOCK_SPREAD=0` (the average chunks per tensor, for comparisons).
+    spread_blocks: bool,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
     /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
@@ -448,7 +476,9 @@ impl GpuEngine {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )?
             .max(1) as u32;
-        // Development override of the decoder's layout, for same-binary comparisons.
+        // Development overrides of the decoder's layout and block widths, for same-binary
+        // comparisons.
+        let spread_blocks = std::env::var_os("TENSORZIP_DEV_BLOCK_SPREAD").is_none_or(|v| v != "0");
         let layout = match std::env::var("TENSORZIP_DEV_DECODE_LAYOUT").as_deref() {
             Ok("one") => DecodeLayout::OneWarp,
             Ok("two") => DecodeLayout::TwoWarps,
@@ -464,6 +494,7 @@ impl GpuEngine {
                 build_tables,
                 copy,
                 sms,
+                spread_blocks,
                 encode: std::sync::OnceLock::new(),
                 pinned: std::sync::Mutex::new(None),
                 staging: std::sync::Mutex::new(Vec::new()),
@@ -653,7 +684,11 @@ impl GpuEngine {
                 .windows(2)
                 .filter(|w| w[0].tensor != w[1].tensor)
                 .count();
-            let warps = (g.chunks.len().div_ceil(tensors) as u32).clamp(1, most);
+            let avg = (g.chunks.len().div_ceil(tensors) as u32).clamp(1, most);
+            let warps = match split && self.shared.spread_blocks {
+                true => spread_width(&g.chunks, most, self.shared.sms).unwrap_or(avg),
+                false => avg,
+            };
             // Straight into the staging buffer (a 1 GiB tensor has 8192 descriptors).
             chunks_at.push(st.align());
             let n = pad_blocks(&g.chunks, warps as usize, |c| st.push_one(c)) as u32;
@@ -1067,5 +1102,24 @@ mod tests {
             .all(|c| c.payload_len == 0 && c.rans_len == 0 && c.sel_len == 0));
         assert_eq!(out.len(), 4 + 4 + 5);
         assert_eq!(pad_to_blocks(&chunks, 1).len(), 9);
+    }
+
+    #[test]
+    fn spread_width_is_the_narrowest_that_fits_the_sms() {
+        // Tensors of 3, 1 and 5 chunks.
+        let chunks: Vec<ChunkDesc> = [0, 0, 0, 1, 2, 2, 2, 2, 2]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| chunk(t, i as u32))
+            .collect();
+        // Blocks by width: 1 -> 9, 2 -> 2 + 1 + 3 = 6, 3 -> 1 + 1 + 2 = 4, 5 -> 3.
+        assert_eq!(spread_width(&chunks, 8, 9), Some(1));
+        assert_eq!(spread_width(&chunks, 8, 8), Some(2));
+        assert_eq!(spread_width(&chunks, 8, 4), Some(3));
+        assert_eq!(spread_width(&chunks, 8, 3), Some(5));
+        assert_eq!(spread_width(&chunks, 4, 3), None);
+        // The blocks `pad_blocks` makes at that width are as many as counted.
+        assert_eq!(pad_to_blocks(&chunks, 3).len().div_ceil(3), 4);
+        assert_eq!(spread_width(&[], 8, 1), Some(1));
     }
 }
