@@ -824,6 +824,18 @@ pub fn cluster(
     let nb = sup.len();
     let (total, lens) = (&sup.total[..], &sup.lens[..]);
     let ideal: Vec<u64> = (0..nb).map(|b| ideal_cost_dense(sup.row(b))).collect();
+    // No table codes a block below its entropy, and `ideal` is at most that entropy, so a block
+    // whose `ideal` fails the passthrough test is raw under every table. If every block is, every
+    // choice below is raw, the saving is 0 and the tables are dropped at the end: return that
+    // now. (A near-uniform plane — a float's low mantissa bytes — took a third of a small
+    // tensor's model time in attempts that could not succeed.)
+    if !ideal
+        .iter()
+        .zip(lens)
+        .any(|(&c, &len)| stays_coded(c, len, threshold))
+    {
+        return Vec::new();
+    }
     // The cost of every block under every table is kept per table (a column; u64::MAX where the
     // table does not cover the block), and a column is recomputed only when its table changes.
     // Columns are computed in parallel: this is most of the model's time, and the GPU engine waits

@@ -73,13 +73,19 @@ struct Rounded {
 
 impl Rounded {
     fn of(counts: &[u64; 256], forced: Option<&[bool; 256]>) -> Option<Rounded> {
-        let n: u128 = counts.iter().map(|&c| c as u128).sum();
+        let present = |s: usize| counts[s] > 0 || forced.is_some_and(|f| f[s]);
+        // Every symbol with a count is present, so the loops below run over the present range
+        // only (an exponent plane's tables span ~40 symbols: whole-range loops made this the
+        // largest part of a small tensor's table search).
+        let lo = (0..256).find(|&s| present(s))?;
+        let hi = (lo..256).rev().find(|&s| present(s)).unwrap_or(lo);
+        let n: u128 = counts[lo..=hi].iter().map(|&c| c as u128).sum();
         if n == 0 {
             return None;
         }
-        let present = |s: usize| counts[s] > 0 || forced.is_some_and(|f| f[s]);
-        let mut anchor = 0usize;
-        for s in 1..256 {
+        // The first symbol of the largest count (which is present: n > 0).
+        let mut anchor = lo;
+        for s in lo + 1..=hi {
             if counts[s] > counts[anchor] {
                 anchor = s;
             }
@@ -87,7 +93,7 @@ impl Rounded {
         let mut codes = [0u8; 256];
         let mut sum = 0u32;
         let mut count_present = 0;
-        for s in 0..256 {
+        for s in lo..=hi {
             if !present(s) {
                 continue;
             }
