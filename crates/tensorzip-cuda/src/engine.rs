@@ -1080,13 +1080,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn blocks_hold_chunks_of_one_tensor() {
-        let chunks: Vec<ChunkDesc> = [0, 0, 0, 1, 2, 2, 2, 2, 2]
+    /// Chunks of tensors with 3, 1 and 5 chunks, indexed in order.
+    fn three_tensors() -> Vec<ChunkDesc> {
+        [0, 0, 0, 1, 2, 2, 2, 2, 2]
             .iter()
             .enumerate()
             .map(|(i, &t)| chunk(t, i as u32))
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn blocks_hold_chunks_of_one_tensor() {
+        let chunks = three_tensors();
         let out = pad_to_blocks(&chunks, 4);
         // Every real chunk is there once, in order.
         let real: Vec<u32> = out.iter().filter(|c| c.len > 0).map(|c| c.index).collect();
@@ -1106,12 +1111,7 @@ mod tests {
 
     #[test]
     fn spread_width_is_the_narrowest_that_fits_the_sms() {
-        // Tensors of 3, 1 and 5 chunks.
-        let chunks: Vec<ChunkDesc> = [0, 0, 0, 1, 2, 2, 2, 2, 2]
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| chunk(t, i as u32))
-            .collect();
+        let chunks = three_tensors();
         // Blocks by width: 1 -> 9, 2 -> 2 + 1 + 3 = 6, 3 -> 1 + 1 + 2 = 4, 5 -> 3.
         assert_eq!(spread_width(&chunks, 8, 9), Some(1));
         assert_eq!(spread_width(&chunks, 8, 8), Some(2));
