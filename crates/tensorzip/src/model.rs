@@ -351,11 +351,17 @@ where
                 let (len, (m, e)) = split(g, &mut scratch);
                 let (m, e) = (&m[..len], &e[..len]);
                 let (mut hm, mut he) = ([0u32; 256], [0u32; 256]);
-                histogram(m, &mut hm);
                 histogram(e, &mut he);
-                if hm[m[0] as usize] as usize != len {
-                    for (&e, &m) in e.iter().zip(m) {
-                        joint[(e as usize) << 8 | m as usize] += 1;
+                // Plane 0's histogram in the joint counts' pass (one read of its bytes instead of
+                // two; its bytes rarely repeat, so one table of counters does). A block whose
+                // plane 0 is one repeated byte adds nothing to the joint counts: taken back.
+                for (&ev, &mv) in e.iter().zip(m) {
+                    joint[(ev as usize) << 8 | mv as usize] += 1;
+                    hm[mv as usize] += 1;
+                }
+                if hm[m[0] as usize] as usize == len {
+                    for &ev in e {
+                        joint[(ev as usize) << 8 | m[0] as usize] -= 1;
                     }
                 }
                 hists.push(hm);
