@@ -397,6 +397,21 @@ impl<'d, 'a> Cursor<'d, 'a> {
     }
 }
 
+/// The steps of a block's segments in each of two chunks (`(cursor, segments, length)`): both
+/// streams in one loop ([`Decoder::decode_block_pair`]) when both have segments, else the one
+/// that has (a chunk without segments here may have no stream at all).
+fn steps_of_both<'a>(
+    (ca, ga, la): (&mut Cursor<'_, 'a>, &mut [DecodeSegment<'_, '_>], usize),
+    (cb, gb, lb): (&mut Cursor<'_, 'a>, &mut [DecodeSegment<'_, '_>], usize),
+) -> Result<()> {
+    match (ga.is_empty(), gb.is_empty()) {
+        (false, false) => Decoder::decode_block_pair((ca.rans()?, ga, la), (cb.rans()?, gb, lb)),
+        (false, true) => ca.rans()?.decode_block(ga, la),
+        (true, false) => cb.rans()?.decode_block(gb, lb),
+        (true, true) => Ok(()),
+    }
+}
+
 /// How a block's raw bytes lie (phase 2 of the decoder, between its steps).
 struct Finish {
     /// Offset of each plane's raw bytes within the block's.
@@ -523,44 +538,30 @@ impl<'a> TensorDecoder<'a> {
             let (la, lb) = (ca.block_len(b), cb.block_len(b));
             let mut ga = ca.prepare(b, &mut scratch_a.planes);
             let mut gb = cb.prepare(b, &mut scratch_b.planes);
-            match (ga.is_empty(), gb.is_empty()) {
-                (false, false) => Decoder::decode_block_pair(
-                    (ca.rans()?, &mut ga, la),
-                    (cb.rans()?, &mut gb, lb),
-                )?,
-                (false, true) => ca.rans()?.decode_block(&mut ga, la)?,
-                (true, false) => cb.rans()?.decode_block(&mut gb, lb)?,
-                (true, true) => {}
-            }
+            steps_of_both((&mut ca, &mut ga, la), (&mut cb, &mut gb, lb))?;
             drop((ga, gb));
             // The conditioned sub-segments of the two blocks in one loop too (a fifth of a bf16
             // decode's steps).
             let sa = ca.finish_start(b, &mut scratch_a.planes, &mut scratch_a.bufs)?;
             let sb = cb.finish_start(b, &mut scratch_b.planes, &mut scratch_b.bufs)?;
-            if sa.coded > 0 || sb.coded > 0 {
-                let mut sega: Vec<DecodeSegment<'_, '_>> = Vec::with_capacity(1);
-                let mut segb: Vec<DecodeSegment<'_, '_>> = Vec::with_capacity(1);
-                if sa.coded > 0 {
-                    sega.push(DecodeSegment {
-                        table: ca.cond_table(),
-                        out: &mut scratch_a.bufs.sub[..sa.coded],
-                    });
-                }
-                if sb.coded > 0 {
-                    segb.push(DecodeSegment {
-                        table: cb.cond_table(),
-                        out: &mut scratch_b.bufs.sub[..sb.coded],
-                    });
-                }
-                match (sa.coded > 0, sb.coded > 0) {
-                    (true, true) => Decoder::decode_block_pair(
-                        (ca.rans()?, &mut sega, sa.coded),
-                        (cb.rans()?, &mut segb, sb.coded),
-                    )?,
-                    (true, false) => ca.rans()?.decode_block(&mut sega, sa.coded)?,
-                    _ => cb.rans()?.decode_block(&mut segb, sb.coded)?,
-                }
-            }
+            let mut suba = match sa.coded {
+                0 => None,
+                n => Some(DecodeSegment {
+                    table: ca.cond_table(),
+                    out: &mut scratch_a.bufs.sub[..n],
+                }),
+            };
+            let mut subb = match sb.coded {
+                0 => None,
+                n => Some(DecodeSegment {
+                    table: cb.cond_table(),
+                    out: &mut scratch_b.bufs.sub[..n],
+                }),
+            };
+            steps_of_both(
+                (&mut ca, suba.as_mut_slice(), sa.coded),
+                (&mut cb, subb.as_mut_slice(), sb.coded),
+            )?;
             ca.finish_end(b, &sa, &mut scratch_a.planes, &mut scratch_a.bufs, out_a)?;
             cb.finish_end(b, &sb, &mut scratch_b.planes, &mut scratch_b.bufs, out_b)?;
         }
