@@ -1,7 +1,8 @@
 //! The bit transform and the split of units into byte planes (and back).
 //!
 //! `split` turns `n` units of `unit_size` bytes into `unit_size` planes of `n` bytes; `merge` is its
-//! exact inverse. Both are plain loops over fixed-width integers that the compiler vectorises.
+//! exact inverse. Each has a plain loop over fixed-width integers (the portable path, and the
+//! ends of the wide loops) and, for 2- and 4-byte units, AVX2 shuffle loops chosen at run time.
 
 use crate::dtype::Transform;
 
@@ -87,7 +88,7 @@ pub fn split(t: Transform, src: &[u8], planes: &mut [&mut [u8]]) {
     }
 }
 
-// Monomorphic loops (E = exponent bits, 0 = identity) written so that the compiler vectorises them.
+// Monomorphic plain loops (E = exponent bits, 0 = identity).
 #[inline(always)]
 fn split2_impl<const E: u32>(src: &[u8], p0: &mut [u8], p1: &mut [u8]) {
     let n = p0.len();
@@ -146,27 +147,6 @@ fn merge4_impl<const E: u32>(p: [&[u8]; 4], dst: &mut [u8]) {
         }
         dst[4 * i..4 * i + 4].copy_from_slice(&u.to_le_bytes());
     }
-}
-
-/// Runs `$body` compiled for AVX2 when the CPU has it, else the baseline build of the same code.
-macro_rules! avx2_dispatch {
-    ($name:ident, $impl_:ident, ($($arg:ident : $ty:ty),*)) => {
-        #[inline(always)]
-        fn $name<const E: u32>($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,popcnt")]
-                unsafe fn avx2<const E: u32>($($arg: $ty),*) {
-                    $impl_::<E>($($arg),*)
-                }
-                if crate::cpu::has_avx2() {
-                    // SAFETY: AVX2 support was checked at run time.
-                    return unsafe { avx2::<E>($($arg),*) };
-                }
-            }
-            $impl_::<E>($($arg),*)
-        }
-    };
 }
 
 /// [`split2_impl`], with [`split2_wide`]'s shuffles where the CPU has AVX2.
@@ -351,8 +331,6 @@ unsafe fn split4_wide<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
         ],
     );
 }
-avx2_dispatch!(merge2, merge2_impl, (p0: &[u8], p1: &[u8], dst: &mut [u8]));
-avx2_dispatch!(merge4, merge4_impl, (p: [&[u8]; 4], dst: &mut [u8]));
 
 /// [`merge`] for output that will not be read again soon (a large tensor: it leaves the caches before
 /// anyone reads it): 2- and 4-byte units are written with non-temporal stores where the CPU has
@@ -559,13 +537,14 @@ pub fn merge(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
             _ => {}
         }
     }
+    // Without AVX2: the plain loops (the AVX2 paths returned above).
     match (planes, t) {
         ([p0], _) => dst.copy_from_slice(&p0[..n]),
-        ([p0, p1], Transform::Identity) => merge2::<0>(p0, p1, dst),
-        ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => merge2::<8>(p0, p1, dst),
-        ([p0, p1, p2, p3], Transform::Identity) => merge4::<0>([p0, p1, p2, p3], dst),
+        ([p0, p1], Transform::Identity) => merge2_impl::<0>(p0, p1, dst),
+        ([p0, p1], Transform::SignBelowExponent { exp_bits: 8 }) => merge2_impl::<8>(p0, p1, dst),
+        ([p0, p1, p2, p3], Transform::Identity) => merge4_impl::<0>([p0, p1, p2, p3], dst),
         ([p0, p1, p2, p3], Transform::SignBelowExponent { exp_bits: 8 }) => {
-            merge4::<8>([p0, p1, p2, p3], dst)
+            merge4_impl::<8>([p0, p1, p2, p3], dst)
         }
         (planes, t) => {
             let e = match t {
