@@ -262,7 +262,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // are taken in the same pass as the histograms, which saves splitting every sampled block a
     // second time. (For four-byte units the fused pass was slower: fp32 -3%.)
     if us == 2 && opts.condition && header.dtype.conditioned_plane() == Some((0, 1)) {
-        let (hists, joint) = fused_counts(&sampling, us, bu, |g, scratch| {
+        let (hists, joint) = fused_counts(&sampling, bu, |g, scratch| {
             let len = split_block(g, scratch);
             (len, scratch.split_at(bu))
         });
@@ -329,16 +329,10 @@ fn joint_part_blocks(n_sampled: usize) -> usize {
 /// counts `J[e * 256 + m]` of plane 1 (`e`) and plane 0 (`m`) over the blocks whose plane 0 is not
 /// one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g` into `scratch`
 /// (`2 * bu` bytes) and returns its length and the scratch's two halves (planes 0 and 1).
-fn fused_counts<F>(
-    sampling: &Sampling,
-    us: usize,
-    bu: usize,
-    split: F,
-) -> (Vec<[u32; 256]>, Vec<u32>)
+fn fused_counts<F>(sampling: &Sampling, bu: usize, split: F) -> (Vec<[u32; 256]>, Vec<u32>)
 where
     F: for<'s> Fn(u64, &'s mut [u8]) -> (usize, (&'s [u8], &'s [u8])) + Sync,
 {
-    debug_assert_eq!(us, 2);
     let per = joint_part_blocks(sampling.picks.len());
     let parts: Vec<(Vec<[u32; 256]>, Vec<u32>)> = sampling
         .picks
@@ -346,7 +340,7 @@ where
         .map(|part| {
             let mut joint = vec![0u32; 65536];
             let mut hists = Vec::with_capacity(2 * part.len());
-            let mut scratch = vec![0u8; bu * us];
+            let mut scratch = vec![0u8; 2 * bu];
             for &g in part {
                 let (len, (m, e)) = split(g, &mut scratch);
                 let (m, e) = (&m[..len], &e[..len]);
@@ -1141,7 +1135,7 @@ mod tests {
                 );
                 len
             };
-            let (hists, joint) = fused_counts(&sampling, 2, 256, |g, sc| {
+            let (hists, joint) = fused_counts(&sampling, 256, |g, sc| {
                 let len = split(g, sc);
                 (len, sc.split_at(256))
             });
