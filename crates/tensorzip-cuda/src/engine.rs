@@ -309,17 +309,8 @@ fn pad_blocks(chunks: &[ChunkDesc], warps: usize, mut emit: impl FnMut(&ChunkDes
     n
 }
 
-/// The block width (chunks per thread block) of a two-warp launch that spreads `chunks` over
-/// the SMs: the narrowest width, up to `most`, whose blocks (each of one tensor's chunks: see
-/// [`pad_blocks`]) number at most `sms`, so that each SM runs one block and as few decoding
-/// warps as the launch allows. `None` when even `most` needs more blocks than SMs.
-///
-/// Why: a two-warp launch lasts as long as its slowest chunk's dependent chain, and the chains of
-/// the decoding warps that share an SM's schedulers slow each other. The width that was used
-/// before — the average chunks per tensor, up to 8 — put all-MiniLM-L6-v2's ~360 bf16 chunks in
-/// ~71 blocks of 8 on 71 of the H200's 132 SMs (two decoding warps per scheduler), the other 61
-/// idle; width 3 gives ~120 blocks of at most 3 chunks.
-fn spread_width(chunks: &[ChunkDesc], most: u32, sms: u32) -> Option<u32> {
+/// The number of chunks of each tensor, in order (`chunks` hold each tensor's chunks together).
+fn tensor_runs(chunks: &[ChunkDesc]) -> Vec<usize> {
     let mut runs = Vec::new();
     let mut start = 0;
     for i in 1..=chunks.len() {
@@ -328,6 +319,21 @@ fn spread_width(chunks: &[ChunkDesc], most: u32, sms: u32) -> Option<u32> {
             start = i;
         }
     }
+    runs
+}
+
+/// The block width (chunks per thread block) of a two-warp launch that spreads tensors of `runs`
+/// chunks ([`tensor_runs`]) over the SMs: the narrowest width, up to `most`, whose blocks (each
+/// of one tensor's chunks: see [`pad_blocks`]) number at most `sms`, so that each SM runs one
+/// block and as few decoding warps as the launch allows. `None` when even `most` needs more
+/// blocks than SMs.
+///
+/// Why: a two-warp launch lasts as long as its slowest chunk's dependent chain, and the chains of
+/// the decoding warps that share an SM's schedulers slow each other. The width that was used
+/// before — the average chunks per tensor, up to 8 — put all-MiniLM-L6-v2's ~360 bf16 chunks in
+/// ~71 blocks of 8 on 71 of the H200's 132 SMs (two decoding warps per scheduler), the other 61
+/// idle; width 3 gives ~120 blocks of at most 3 chunks.
+fn spread_width(runs: &[usize], most: u32, sms: u32) -> Option<u32> {
     (1..=most.max(1)).find(|&w| {
         let blocks: usize = runs.iter().map(|r| r.div_ceil(w as usize)).sum();
         blocks <= sms as usize
@@ -679,14 +685,10 @@ impl GpuEngine {
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
             // blocks (several per SM) rather than wide blocks padded with empty chunks.
-            let tensors = 1 + g
-                .chunks
-                .windows(2)
-                .filter(|w| w[0].tensor != w[1].tensor)
-                .count();
-            let avg = (g.chunks.len().div_ceil(tensors) as u32).clamp(1, most);
+            let runs = tensor_runs(&g.chunks);
+            let avg = (g.chunks.len().div_ceil(runs.len().max(1)) as u32).clamp(1, most);
             let warps = match split && self.shared.spread_blocks {
-                true => spread_width(&g.chunks, most, self.shared.sms).unwrap_or(avg),
+                true => spread_width(&runs, most, self.shared.sms).unwrap_or(avg),
                 false => avg,
             };
             // Straight into the staging buffer (a 1 GiB tensor has 8192 descriptors).
@@ -1112,14 +1114,17 @@ mod tests {
     #[test]
     fn spread_width_is_the_narrowest_that_fits_the_sms() {
         let chunks = three_tensors();
+        let runs = tensor_runs(&chunks);
+        assert_eq!(runs, [3, 1, 5]);
         // Blocks by width: 1 -> 9, 2 -> 2 + 1 + 3 = 6, 3 -> 1 + 1 + 2 = 4, 5 -> 3.
-        assert_eq!(spread_width(&chunks, 8, 9), Some(1));
-        assert_eq!(spread_width(&chunks, 8, 8), Some(2));
-        assert_eq!(spread_width(&chunks, 8, 4), Some(3));
-        assert_eq!(spread_width(&chunks, 8, 3), Some(5));
-        assert_eq!(spread_width(&chunks, 4, 3), None);
+        assert_eq!(spread_width(&runs, 8, 9), Some(1));
+        assert_eq!(spread_width(&runs, 8, 8), Some(2));
+        assert_eq!(spread_width(&runs, 8, 4), Some(3));
+        assert_eq!(spread_width(&runs, 8, 3), Some(5));
+        assert_eq!(spread_width(&runs, 4, 3), None);
         // The blocks `pad_blocks` makes at that width are as many as counted.
         assert_eq!(pad_to_blocks(&chunks, 3).len().div_ceil(3), 4);
+        assert!(tensor_runs(&[]).is_empty());
         assert_eq!(spread_width(&[], 8, 1), Some(1));
     }
 }
