@@ -297,21 +297,20 @@ fn main() {
     }
     drop((dev_data, dev_out, dev_in, dplan));
     let gb = |t: f64| orig as f64 / t / 1e9;
+    // The decoder's figures, reported in both modes.
+    let k = median(kernel);
+    let mut report = serde_json::json!({
+        "dataset": name, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
+        "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
+        "decode_call_gbps": gb(median(call)),
+        "decode_resident_with_planning_gbps": gb(median(resident)),
+        "planning_steps_us": {"read_prefixes": steps_us[0], "parse": steps_us[1],
+            "plan": steps_us[2], "upload": steps_us[3], "launch_and_wait": steps_us[4]},
+        "pinned_round_trip_decode_gbps": gb(median(round)),
+    });
     if std::env::var_os("BENCH_DECODE_ONLY").is_some() {
         // Decoder comparisons (scripts/gpu_ab.sh): no encoder runs.
-        let k = median(kernel);
-        println!(
-            "{}",
-            serde_json::json!({
-                "dataset": name, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
-                "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
-                "decode_call_gbps": gb(median(call.clone())),
-                "decode_resident_with_planning_gbps": gb(median(resident.clone())),
-                "planning_steps_us": {"read_prefixes": steps_us[0], "parse": steps_us[1],
-                    "plan": steps_us[2], "upload": steps_us[3], "launch_and_wait": steps_us[4]},
-                "pinned_round_trip_decode_gbps": gb(median(round)),
-            })
-        );
+        println!("{report}");
         return;
     }
     // GPU encode, device-resident: tensors in device memory -> blobs in device memory.
@@ -390,22 +389,16 @@ fn main() {
         s.synchronize().unwrap();
         enc_round.push(t0.elapsed().as_secs_f64());
     }
-    let k = median(kernel);
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": if opts.condition { "tensorzip" } else { "tensorzip (condition off)" },
-            "dataset": name, "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
-            "ratio": comp as f64 / orig as f64, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
-            "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
-            "decode_call_gbps": gb(median(call)),
-            "decode_resident_with_planning_gbps": gb(median(resident)),
-            "planning_steps_us": {"read_prefixes": steps_us[0], "parse": steps_us[1],
-                "plan": steps_us[2], "upload": steps_us[3], "launch_and_wait": steps_us[4]},
-            "pinned_round_trip_decode_gbps": gb(median(round)),
-            "encode_resident_gbps": gb(median(enc)), "encode_equal_cpu": encode_equal_cpu,
-            "pinned_round_trip_encode_gbps": gb(median(enc_round)),
-            "cpu_compress_gbps": orig as f64 / cpu_compress_s / 1e9, "cpu_threads": rayon::current_num_threads(),
-        })
-    );
+    let encoder = serde_json::json!({
+        "tool": if opts.condition { "tensorzip" } else { "tensorzip (condition off)" },
+        "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
+        "ratio": comp as f64 / orig as f64,
+        "encode_resident_gbps": gb(median(enc)), "encode_equal_cpu": encode_equal_cpu,
+        "pinned_round_trip_encode_gbps": gb(median(enc_round)),
+        "cpu_compress_gbps": orig as f64 / cpu_compress_s / 1e9, "cpu_threads": rayon::current_num_threads(),
+    });
+    if let (Some(r), serde_json::Value::Object(e)) = (report.as_object_mut(), encoder) {
+        r.extend(e);
+    }
+    println!("{report}");
 }
