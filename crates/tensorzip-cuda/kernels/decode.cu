@@ -258,20 +258,93 @@ __device__ __forceinline__ void lean_step(Stream& s, const Table& t, u32& p2, u3
     if (COUNT) cnt += sym == cv;
 }
 
-template <bool COUNT, bool SHFL>
+// The symbol and frequency/cumulative entry of slot `x & 4095` of a cached table (the first two
+// loads of `next_cached`).
+__device__ __forceinline__ void lookup_cached(u32 x, const Table& t, u32& sym, u32& e) {
+    u32 a;
+    asm("lop3.b32 %0, %1, 4095, %2, 0xEA;" : "=r"(a) : "r"(x), "r"(t.sym));
+    sym = lds8(a);
+    e = lds32(t.fc + 4 * sym);
+}
+
+// Ring word `pos + lane` (`p2` = 2 pos) with the symbol and entry its slot would decode to: what
+// a lane renormalising into that word decodes next (its state's low 12 bits are the word's).
+__device__ __forceinline__ void decorate(const Stream& s, const Table& t, u32 p2, int lane, u32& dw, u32& de) {
+    const u32 w = lds16(s.ring | ((p2 + 2 * lane) & (2 * RING - 2)));
+    u32 sym;
+    lookup_cached(w, t, sym, de);
+    dw = w | sym << 16;
+}
+
+// The lean step with the next step's lookups done ahead (`LEAN_AHEAD`): the step's symbol `sym`
+// and entry `e` were found during the previous step, for both outcomes of its renormalisation —
+// the lanes that keep their state look up the slot of the new state right after it is known,
+// while the ballot runs, and the ring words a renormalising lane can take were looked up one step
+// ahead (`decorate`), so a renormalising lane gets its word, symbol and entry with the shuffles.
+// The step's dependent chain then holds one shared-memory round trip (or the shuffle) per step
+// instead of three. Symbols are returned for the caller to store (stores would keep the compiler
+// from moving the next step's loads up).
+template <bool COUNT>
+__device__ __forceinline__ u32 ahead_step(Stream& s, const Table& t, u32& p2, u32 lt, int lane, u32 cv, u32& cnt,
+                                          u32& sym, u32& e, u32& dw, u32& de, bool next) {
+    const u32 out = sym;
+    const u32 nx = (e & 0xFFFu) * (s.x >> 12) + (s.x & 4095u) - (e >> 16);
+    const bool need = nx < STATE_LOWER;
+    const u32 mask = __ballot_sync(0xFFFFFFFFu, need);
+    u32 s_nr, e_nr;
+    lookup_cached(nx, t, s_nr, e_nr);
+    const u32 rank = __popc(mask & lt);
+    const u32 pk = __shfl_sync(0xFFFFFFFFu, dw, rank);
+    const u32 pe = __shfl_sync(0xFFFFFFFFu, de, rank);
+    p2 += 2 * __popc(mask);
+    if (next) decorate(s, t, p2, lane, dw, de);
+    s.x = need ? (nx << 16) | (pk & 0xFFFFu) : nx;
+    sym = need ? pk >> 16 : s_nr;
+    e = need ? pe : e_nr;
+    if (COUNT) cnt += out == cv;
+    return out;
+}
+
+// Which lean step a kernel uses: `lean_step` without (LEAN_PLAIN) or with (LEAN_SHFL) the ring
+// word by shuffle, or `ahead_step` (LEAN_AHEAD).
+#define LEAN_PLAIN 0
+#define LEAN_SHFL 1
+#define LEAN_AHEAD 2
+
+template <bool COUNT, int MODE>
 __device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u32 r1, u32 out, int lane, u32 cv, u32& cnt) {
     const u32 lt = lanemask_lt();
+    // LEAN_AHEAD: the next step's symbol and entry, carried from group to group (the table
+    // does not change inside this call).
+    u32 sym = 0, e = 0;
+    if (MODE == LEAN_AHEAD && r0 < r1) lookup_cached(s.x, t, sym, e);
     for (u32 r = r0; r < r1; r += 8) {
         refill(s, lane);
         // The read position in bytes; `t.sym` is 4096-aligned and the ring 1024-aligned, so both
         // lookups address by OR.
         u32 p2 = 2 * s.pos;
         const u32 at = out + r * LANES + lane;
-        if (r + 8 <= r1) {
+        if (MODE == LEAN_AHEAD) {
+            // The ring words of the group's first step, after `refill` (a group reads at most
+            // 256 words and 256 are buffered, so the decorations inside the group read
+            // committed words unless the stream ends, which `pos > fetched` reveals).
+            u32 dw, de;
+            decorate(s, t, p2, lane, dw, de);
+            if (r + 8 <= r1) {
+                u32 o[8];
+                #pragma unroll
+                for (u32 q = 0; q < 8; q++) o[q] = ahead_step<COUNT>(s, t, p2, lt, lane, cv, cnt, sym, e, dw, de, q < 7);
+                #pragma unroll
+                for (u32 q = 0; q < 8; q++) sts8(at + q * LANES, o[q]);
+            } else {
+                for (u32 q = 0; q < r1 - r; q++)
+                    sts8(at + q * LANES, ahead_step<COUNT>(s, t, p2, lt, lane, cv, cnt, sym, e, dw, de, true));
+            }
+        } else if (r + 8 <= r1) {
             #pragma unroll
-            for (u32 q = 0; q < 8; q++) lean_step<COUNT, SHFL>(s, t, p2, lt, at + q * LANES, cv, cnt);
+            for (u32 q = 0; q < 8; q++) lean_step<COUNT, MODE == LEAN_SHFL>(s, t, p2, lt, at + q * LANES, cv, cnt);
         } else {
-            for (u32 q = 0; q < r1 - r; q++) lean_step<COUNT, SHFL>(s, t, p2, lt, at + q * LANES, cv, cnt);
+            for (u32 q = 0; q < r1 - r; q++) lean_step<COUNT, MODE == LEAN_SHFL>(s, t, p2, lt, at + q * LANES, cv, cnt);
         }
         s.pos = p2 / 2;
         if (s.pos > s.fetched) {
@@ -576,7 +649,7 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
 // slots; the count of conditioned units; B, the sub-segment; at the last block, the end of the
 // stream and the stash. Returns 0 or an error code for `fail`; `from_area` gets the number of
 // the block's raw bytes in the area (the rest, at the last block, are in the stash).
-template <int U, bool SHFL>
+template <int U, int MODE>
 __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkInfo<U>& ci, const BlockPlan<U>& bp,
                                             const TensorDesc* tdp, const u32* tables, const Cache& cache, u32 b,
                                             u32 blen, u32 raw_off, u32 rans_len, int lane, u8* slots, u32 su, u8* sub,
@@ -624,12 +697,12 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
             // The conditioned units are counted on the way when this is the condition plane.
             if (ci.cond_chunk && only == ci.cq) {
                 u32 cnt = 0;
-                steps_lean<true, SHFL>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, ci.cvalue, cnt);
+                steps_lean<true, MODE>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, ci.cvalue, cnt);
                 counted_to = r_start * LANES;
                 coded = warp_sum(cnt);
             } else {
                 u32 none = 0;
-                steps_lean<false, SHFL>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
+                steps_lean<false, MODE>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
             }
             if (s.bad) return 2;
         }
@@ -697,7 +770,7 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
         if (sub_shared && t.sym != NOT_CACHED) {
             r_sub = coded / LANES;
             u32 none = 0;
-            steps_lean<false, SHFL>(s, t, 0, r_sub, sub_shared, lane, 0, none);
+            steps_lean<false, MODE>(s, t, 0, r_sub, sub_shared, lane, 0, none);
             if (s.bad) return 2;
         }
         for (u32 r = r_sub; r * LANES < coded; r++) {
@@ -940,7 +1013,7 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
             const u32 blen = min(ci.bu, ci.len - t * ci.bu);
             code = plan_block<U>(bp, ci, tdp, table_info, t, blen) ? 0u : 1u;
             if (!code)
-                code = decode_block<U, PAIR || U >= 4>(s, used, ci, bp, tdp, tables, cache, t, blen, raw_off, rans_len, lane,
+                code = decode_block<U, PAIR ? LEAN_AHEAD : (U >= 4 ? LEAN_SHFL : LEAN_PLAIN)>(s, used, ci, bp, tdp, tables, cache, t, blen, raw_off, rans_len, lane,
                                        slots + k, su, sub + k, stash, slots_shared ? slots_shared + k : 0u,
                                        sub_shared ? sub_shared + k : 0u, from_area);
             if (!code && role == ROLE_DECODE) {
