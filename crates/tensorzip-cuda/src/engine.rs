@@ -340,6 +340,23 @@ fn spread_width(runs: &[usize], most: u32, sms: u32) -> Option<u32> {
     })
 }
 
+/// [`DecodeLayout::Auto`]'s choice for a launch of tensors of `runs` chunks ([`tensor_runs`]) with
+/// `per_warp` bytes of buffers per chunk and warp: two warps per chunk when the launch has at most
+/// [`SPLIT_MAX_CHUNKS_PER_SM`] chunks per SM and (with `spread`) fits one wave of one two-warp
+/// block per SM ([`spread_width`]). A second wave doubles a two-warp launch's time, while one
+/// warp per chunk holds twice the chunks per SM: all-MiniLM-L6-v2 fp32's 770 chunks (two-warp
+/// blocks of at most 4 chunks) decoded at 92.8 GB/s in two waves of two-warp blocks and 109.5 in
+/// one wave of one-warp blocks (kernel, H200, 2026-12-01); bf16 launches of 1024 and 1536 chunks
+/// (one tensor) went 236 → 327 and 343 → 262 GB/s from one to two warps (2026-11-30), as this
+/// rule says. The caller checks that two buffers per chunk fit at all.
+fn auto_two_warps(runs: &[usize], per_warp: u32, sms: u32, spread: bool) -> bool {
+    let chunks: usize = runs.iter().sum();
+    let most2 = ((MAX_SMEM - CACHE_BYTES) / (2 * per_warp + RING_STASH_BYTES).max(1))
+        .clamp(1, SPLIT_MAX_CHUNKS_PER_SM);
+    chunks as u64 <= SPLIT_MAX_CHUNKS_PER_SM as u64 * sms as u64
+        && (!spread || spread_width(runs, most2, sms).is_some())
+}
+
 /// [`pad_blocks`] into a vector.
 #[cfg(test)]
 fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
@@ -375,7 +392,8 @@ fn keep_pool_memory(ctx: &CudaContext) {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeLayout {
     /// Two warps per chunk for launches of few chunks, where a chunk's latency is the decode
-    /// time; one warp per chunk otherwise (see [`SPLIT_MAX_CHUNKS_PER_SM`]).
+    /// time, as long as they fit one wave of two-warp blocks; one warp per chunk otherwise
+    /// (`auto_two_warps`).
     #[default]
     Auto,
     /// One warp per chunk decodes and merges each block in turn.
@@ -663,6 +681,7 @@ impl GpuEngine {
         let mut chunks_at = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
             let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + CACHE_BYTES > MAX_SMEM;
+            let runs = tensor_runs(&g.chunks);
             // Two warps per chunk need two buffers per chunk in shared memory and at most 8
             // chunks per block (512 threads).
             let split = !global
@@ -670,10 +689,12 @@ impl GpuEngine {
                 && match self.layout {
                     DecodeLayout::OneWarp => false,
                     DecodeLayout::TwoWarps => true,
-                    DecodeLayout::Auto => {
-                        g.chunks.len() as u64
-                            <= SPLIT_MAX_CHUNKS_PER_SM as u64 * self.shared.sms as u64
-                    }
+                    DecodeLayout::Auto => auto_two_warps(
+                        &runs,
+                        g.per_warp,
+                        self.shared.sms,
+                        self.shared.spread_blocks,
+                    ),
                 };
             let nbuf = if split { 2 } else { 1 };
             let most = if global {
@@ -685,7 +706,6 @@ impl GpuEngine {
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
             // blocks (several per SM) rather than wide blocks padded with empty chunks.
-            let runs = tensor_runs(&g.chunks);
             let avg = (g.chunks.len().div_ceil(runs.len().max(1)) as u32).clamp(1, most);
             let warps = match split && self.shared.spread_blocks {
                 true => spread_width(&runs, most, self.shared.sms).unwrap_or(avg),
@@ -1109,6 +1129,29 @@ mod tests {
             .all(|c| c.payload_len == 0 && c.rans_len == 0 && c.sel_len == 0));
         assert_eq!(out.len(), 4 + 4 + 5);
         assert_eq!(pad_to_blocks(&chunks, 1).len(), 9);
+    }
+
+    #[test]
+    fn auto_takes_two_warps_only_for_one_wave() {
+        // bf16 slots (one plane of 4096 units) and fp32 slots (three planes).
+        let (bf16, fp32) = (8224, 16416);
+        let most2 = |pw: u32| (MAX_SMEM - CACHE_BYTES) / (2 * pw + RING_STASH_BYTES);
+        assert_eq!((most2(bf16), most2(fp32)), (9, 4));
+        // all-MiniLM-L6-v2: 104 tensors, one of them most of the chunks.
+        let mut minilm = vec![2usize; 100];
+        minilm.push(173);
+        assert!(auto_two_warps(&minilm, bf16, 132, true));
+        // Its fp32 cast: ~770 chunks do not fit 132 blocks of 4.
+        let mut minilm32 = vec![4usize; 100];
+        minilm32.push(370);
+        assert!(!auto_two_warps(&minilm32, fp32, 132, true));
+        // One bf16 tensor of 1024 chunks fits 128 blocks of 8; 1536 chunks do not.
+        assert!(auto_two_warps(&[1024], bf16, 132, true));
+        assert!(!auto_two_warps(&[1536], bf16, 132, true));
+        // Without spreading (a development knob) only the chunk count decides.
+        assert!(auto_two_warps(&minilm32, fp32, 132, false));
+        assert!(!auto_two_warps(&[1057], bf16, 132, false));
+        assert!(auto_two_warps(&[], bf16, 132, true));
     }
 
     #[test]
