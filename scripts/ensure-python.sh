@@ -1,7 +1,7 @@
 # Sourced by the set-up scripts: makes sure .venv exists (python3 -m venv, installing the Debian
 # package python3-venv if the module is missing) with maturin and pytest, and, with
-# TENSORZIP_NEED_TORCH=1, torch from PyPI (the CUDA build PyPI serves; on a machine without a GPU it
-# runs on the CPU). Sets PY to the venv's python.
+# TENSORZIP_NEED_TORCH=1, torch (and numpy) from PyPI (the CUDA build PyPI serves; on a machine
+# without a GPU it runs on the CPU). Sets PY to the venv's python.
 VENV="$(pwd)/.venv"
 PY="$VENV/bin/python"
 if [[ ! -x $PY ]]; then
@@ -20,9 +20,10 @@ pip_install() {
 }
 "$PY" -c "import maturin, pytest" >/dev/null 2>&1 || pip_install "maturin>=1.5,<2" pytest
 if [[ ${TENSORZIP_NEED_TORCH:-0} == 1 ]]; then
-    if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-        echo "[setup] installing torch from PyPI into .venv (a few GB the first time)" >&2
-        pip_install torch
+    # numpy too: torch imports it when present and warns in every test run when it is not.
+    if ! "$PY" -c "import torch, numpy" >/dev/null 2>&1; then
+        echo "[setup] installing torch and numpy from PyPI into .venv (a few GB the first time)" >&2
+        pip_install torch numpy
     fi
 fi
 export PATH="$VENV/bin:$PATH"
