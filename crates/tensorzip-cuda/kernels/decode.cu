@@ -240,8 +240,10 @@ __device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, 
 // in every kernel (H200, 2026-12-01 00:2x, same call, kernel GB/s): MiniLM bf16 whole model
 // (two-warp kernels) 114.3 / 113.6 -> 115.7 / 115.6, 1 GiB fp32 684 / 682 -> 700 / 701, but 1 GiB
 // bf16 538 / 542 -> 534 / 533 (the most shared-memory bound kernel). So only the two-warp kernels
-// and units of 4 and 8 bytes use it: then 1 GiB fp32 682 / 687 -> 706 / 701, bf16 543 / 542 ->
-// 543 / 543, MiniLM bf16 115.0 / 116.1 -> 115.8 / 115.0 (within the noise).
+// and units of 4 and 8 bytes used it: then 1 GiB fp32 682 / 687 -> 706 / 701, bf16 543 / 542 ->
+// 543 / 543, MiniLM bf16 115.0 / 116.1 -> 115.8 / 115.0 (within the noise). Since 2026-12-01 the
+// two-warp kernels take `ahead_step` (LEAN_AHEAD) instead; the one-warp kernels of 4- and 8-byte
+// units keep this one.
 template <bool COUNT, bool SHFL>
 __device__ __forceinline__ void lean_step(Stream& s, const Table& t, u32& p2, u32 lt, u32 at, u32 cv, u32& cnt) {
     u32 sym;
@@ -276,14 +278,20 @@ __device__ __forceinline__ void decorate(const Stream& s, const Table& t, u32 p2
     dw = w | sym << 16;
 }
 
-// The lean step with the next step's lookups done ahead (`LEAN_AHEAD`): the step's symbol `sym`
-// and entry `e` were found during the previous step, for both outcomes of its renormalisation —
-// the lanes that keep their state look up the slot of the new state right after it is known,
-// while the ballot runs, and the ring words a renormalising lane can take were looked up one step
-// ahead (`decorate`), so a renormalising lane gets its word, symbol and entry with the shuffles.
-// The step's dependent chain then holds one shared-memory round trip (or the shuffle) per step
-// instead of three. Symbols are returned for the caller to store (stores would keep the compiler
-// from moving the next step's loads up).
+// The lean step with the next step's lookups done ahead (`LEAN_AHEAD`, the two-warp kernels): the
+// step's symbol `sym` and entry `e` were found during the previous step, for both outcomes of its
+// renormalisation — the lanes that keep their state look up the slot of the new state right after
+// it is known, while the ballot runs, and the ring words a renormalising lane can take were looked
+// up one step ahead (`decorate`), so a renormalising lane gets its word, symbol and entry with the
+// shuffles. The symbol and entry loads leave the step's chain; the decoration's own chain (ring
+// word, symbol, entry, from the ballot's count) and 36 instructions instead of 29 remain. Symbols
+// are returned for the caller to store (stores would keep the compiler from moving the next step's
+// loads up). Measured (H200, 2026-12-01, same calls, kernel GB/s): MiniLM bf16 whole model
+// 121.8-125.0 -> 131.5-136.1, the sample model 97.2-98.4 -> 105.6-107.8, one 128 MiB bf16 tensor
+// (two warps, 1024 chunks) unchanged; in the one-warp kernels it was slower (1 GiB bf16 541 -> 502,
+// fp32 698 -> 672: with 16 warps per SM the instructions count more than the chain). Tried and
+// dropped: decorating the ring's entries at commit (8 bytes each, redone when the table changes)
+// instead of one step ahead, MiniLM 129.5-131.8 against 132.7-136.1 (docs/GPU.md).
 template <bool COUNT>
 __device__ __forceinline__ u32 ahead_step(Stream& s, const Table& t, u32& p2, u32 lt, int lane, u32 cv, u32& cnt,
                                           u32& sym, u32& e, u32& dw, u32& de, bool next) {
