@@ -186,15 +186,24 @@ struct Table {
     const u32* full;      // global: 4096 x (sym | freq << 8 | bias << 20)
 };
 
-// The symbol of state `x` (into `sym`) and the state before renormalisation, from a table in the
-// block's cache. Cached tables start at multiples of 4096 in the shared window, so the symbol's
-// address is (x & 4095) | base: one instruction, and the lookup does not wait for `slot`.
-__device__ __forceinline__ u32 next_cached(u32 x, const Table& t, u32& sym) {
-    const u32 slot = x & 4095u;
+// The symbol and frequency/cumulative entry of slot `x & 4095` of a table in the block's cache.
+// Cached tables start at multiples of 4096 in the shared window, so the symbol's address is
+// (x & 4095) | base: one instruction, which does not wait for a separate `x & 4095`.
+__device__ __forceinline__ void lookup_cached(u32 x, const Table& t, u32& sym, u32& e) {
     u32 a;
     asm("lop3.b32 %0, %1, 4095, %2, 0xEA;" : "=r"(a) : "r"(x), "r"(t.sym));
     sym = lds8(a);
-    const u32 e = lds32(t.fc + 4 * sym);
+    e = lds32(t.fc + 4 * sym);
+}
+
+// The symbol of state `x` (into `sym`) and the state before renormalisation, from a table in the
+// block's cache. (`ahead_step` writes the same state update with its terms in another order; one
+// shared helper changes the compiled code of one kind of kernel or the other (NVRTC 13.2, sm_90),
+// and each was measured as it stands, so the line is written twice.)
+__device__ __forceinline__ u32 next_cached(u32 x, const Table& t, u32& sym) {
+    const u32 slot = x & 4095u;
+    u32 e;
+    lookup_cached(x, t, sym, e);
     return (e & 0xFFFu) * (x >> 12) + slot - (e >> 16);
 }
 
@@ -258,15 +267,6 @@ __device__ __forceinline__ void lean_step(Stream& s, const Table& t, u32& p2, u3
     p2 += 2 * __popc(mask);
     sts8(at, sym);
     if (COUNT) cnt += sym == cv;
-}
-
-// The symbol and frequency/cumulative entry of slot `x & 4095` of a cached table (the first two
-// loads of `next_cached`).
-__device__ __forceinline__ void lookup_cached(u32 x, const Table& t, u32& sym, u32& e) {
-    u32 a;
-    asm("lop3.b32 %0, %1, 4095, %2, 0xEA;" : "=r"(a) : "r"(x), "r"(t.sym));
-    sym = lds8(a);
-    e = lds32(t.fc + 4 * sym);
 }
 
 // Ring word `pos + lane` (`p2` = 2 pos) with the symbol and entry its slot would decode to: what
