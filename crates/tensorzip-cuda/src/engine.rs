@@ -351,10 +351,14 @@ fn spread_width(runs: &[usize], most: u32, sms: u32) -> Option<u32> {
 /// rule says. The caller checks that two buffers per chunk fit at all.
 fn auto_two_warps(runs: &[usize], per_warp: u32, sms: u32, spread: bool) -> bool {
     let chunks: usize = runs.iter().sum();
-    let most2 = ((MAX_SMEM - CACHE_BYTES) / (2 * per_warp + RING_STASH_BYTES).max(1))
-        .clamp(1, SPLIT_MAX_CHUNKS_PER_SM);
     chunks as u64 <= SPLIT_MAX_CHUNKS_PER_SM as u64 * sms as u64
-        && (!spread || spread_width(runs, most2, sms).is_some())
+        && (!spread || spread_width(runs, most_in_shared(per_warp, 2), sms).is_some())
+}
+
+/// The chunks a block can take when each has `nbuf` buffers of `per_warp` bytes in shared memory
+/// (besides its ring and stash, and the block's table cache): at most 16 warps per block.
+fn most_in_shared(per_warp: u32, nbuf: u32) -> u32 {
+    ((MAX_SMEM - CACHE_BYTES) / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, 16 / nbuf)
 }
 
 /// [`pad_blocks`] into a vector.
@@ -700,8 +704,7 @@ impl GpuEngine {
             let most = if global {
                 8
             } else {
-                ((MAX_SMEM - CACHE_BYTES) / (nbuf * g.per_warp + RING_STASH_BYTES))
-                    .clamp(1, 16 / nbuf)
+                most_in_shared(g.per_warp, nbuf)
             };
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
