@@ -3,6 +3,8 @@
 # scripts/gpu_build.sh) and the kernel sources given as files (the built-in one is `builtin`):
 #   scripts/gpu_ab.sh ROUNDS "BENCH ARGS" builtin /path/to/variant.cu ...
 # e.g. scripts/gpu_ab.sh 3 "synth bf16 8 5" builtin gpu-ab/decode.cu
+# A variant `env:NAME=VALUE` runs the built-in kernels with that environment variable set (a
+# development switch of the host side, e.g. env:TENSORZIP_DEV_BLOCK_SPREAD=pair).
 # Variants alternate within each round (the machine is shared: compare within a round). Every run
 # also checks that the decoded bytes equal the original (gpu_bench asserts it). A variant file is
 # compiled with kernels/smem.cuh in front, as the built-in source is: it must not define those
@@ -18,6 +20,8 @@ for ((r = 1; r <= rounds; r++)); do
     for v in "$@"; do
         if [[ $v == builtin ]]; then
             line=$(./gpu-bin/gpu_bench $args)
+        elif [[ $v == env:* ]]; then
+            line=$(env "${v#env:}" ./gpu-bin/gpu_bench $args)
         else
             if [[ ${AB_ENCODER:-0} == 1 ]]; then
                 line=$(TENSORZIP_DEV_TZ_ENCODE_SRC=$v ./gpu-bin/gpu_bench $args)
