@@ -725,13 +725,13 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
                        planes, stage_bytes > 0);
 }
 
-#define ENTRIES(SUFFIX, U, E)                                                                               \
+#define ENTRIES(SUFFIX, U, E, LB)                                                                           \
     extern "C" __global__ void __launch_bounds__(1024) tz_hist_##SUFFIX(                                     \
         const HistJob* __restrict__ jobs, const EncParams* __restrict__ params, const u64* __restrict__ picks, \
         u32* __restrict__ hists, u32* __restrict__ joint, u32 joint_smem) {                                 \
         hist_entry<U, E>(jobs, params, picks, hists, joint, joint_smem);                                    \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) tz_encode_##SUFFIX(                                   \
+    extern "C" __global__ void __launch_bounds__ LB tz_encode_##SUFFIX(                                     \
         const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,                  \
         const uint2* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
         const u8* __restrict__ const_sel, u8* __restrict__ scratch, ChunkOut* __restrict__ outs,            \
@@ -739,13 +739,18 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
         encode_entry<U, E>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, stage_bytes,    \
                            warps);                                                                          \
     }
-ENTRIES(1, 1, 0)
-ENTRIES(2, 2, 0)
-ENTRIES(2e8, 2, 8)
-ENTRIES(4, 4, 0)
-ENTRIES(4e8, 4, 8)
-ENTRIES(8, 8, 0)
-ENTRIES(8e11, 8, 11)
+// The encoder's launch bounds: blocks of up to 8 warps for 1- and 2-byte units (compiled as tuned; the
+// bounds of the wider kernels made the bf16 one 2-3% slower), up to 11 for 4- and 8-byte units, whose
+// 20-40 KiB of shared memory per warp left an SM 8 warps in blocks of 8 at most. The host picks the width
+// that keeps the most warps resident (`enc_block_width` in encode.rs). (`(352)` without the minimum of
+// one block made NVRTC cap the kernels at 80 registers and spill.)
+ENTRIES(1, 1, 0, (256))
+ENTRIES(2, 2, 0, (256))
+ENTRIES(2e8, 2, 8, (256))
+ENTRIES(4, 4, 0, (352, 1))
+ENTRIES(4e8, 4, 8, (352, 1))
+ENTRIES(8, 8, 0, (352, 1))
+ENTRIES(8e11, 8, 11, (352, 1))
 
 // ---------------------------------------------------------------------------------------------
 // Compaction: the pieces of each chunk's payload, from its slot to its place in its blob.

@@ -257,8 +257,54 @@ fn variant(dtype: DType) -> Result<usize> {
 
 /// A block's planes are staged in shared memory up to this size (else in the chunk's slot).
 const STAGE_SMEM_MAX: u64 = 32 << 10;
-/// Shared memory one encoder thread block may use.
-const ENC_SMEM: u64 = 96 << 10;
+/// Most warps per encoder thread block for units of `us` bytes (the kernels' launch bounds:
+/// 256 threads for 1- and 2-byte units, 352 for 4 and 8).
+fn enc_max_warps(us: u64) -> u32 {
+    if us <= 2 {
+        8
+    } else {
+        11
+    }
+}
+/// Shared memory one thread block may use (the H200 allows 227 KiB).
+const ENC_MAX_SMEM: u64 = 227 << 10;
+
+/// The encoder's block width for warps of `per_warp` shared bytes: the one, up to `most`
+/// ([`enc_max_warps`]), that keeps the most warps resident per SM, as the driver counts it for `f`
+/// (its registers, the shared memory, the SM's limits); the narrower on a tie. The kernel is
+/// latency-bound, so resident warps are its speed: fp32's 20 KiB warps ran 4 per block and 2
+/// blocks per SM (8 warps) with the fixed 96 KiB blocks used before; one block of 11 encoded 1 GiB
+/// at 131.6-134.8 GB/s against 124.6-127.0 (H200, 2026-12-01, docs/BENCHMARKS.md). bf16's 10 KiB
+/// warps stay at 2 blocks of 8 (their 121 registers allow 16 warps). A development override,
+/// `TENSORZIP_DEV_ENC_BLOCK=BYTES,WARPS`, sets the block's shared bytes and most warps instead.
+fn enc_block_width(f: &CudaFunction, per_warp: u64, most: u32) -> Result<u32> {
+    let dev = std::env::var("TENSORZIP_DEV_ENC_BLOCK").ok().and_then(|v| {
+        let (a, b) = v.split_once(',')?;
+        let (bytes, warps): (u64, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        (bytes > 0 && (1..=most).contains(&warps)).then_some((bytes, warps))
+    });
+    if let Some((bytes, warps)) = dev {
+        return Ok((bytes / per_warp).clamp(1, warps as u64) as u32);
+    }
+    let most = ((ENC_MAX_SMEM / per_warp) as u32).clamp(1, most);
+    // The occupancy query counts a block's dynamic shared memory only up to the function's limit.
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        (most as u64 * per_warp) as i32,
+    )?;
+    let mut best = (0u32, 1u32);
+    for w in 1..=most {
+        let blocks = f.occupancy_max_active_blocks_per_multiprocessor(
+            32 * w,
+            (w as u64 * per_warp) as usize,
+            None,
+        )?;
+        if blocks * w > best.0 {
+            best = (blocks * w, w);
+        }
+    }
+    Ok(best.1)
+}
 
 /// Sampled blocks per thread block of `tz_hist_*` (`PICKS_PER_BLOCK` in encode.cu).
 const PICKS_PER_BLOCK: u64 = 8;
@@ -705,9 +751,9 @@ impl GpuEngine {
                 0
             };
             let per_warp = us * 1024 + stage_bytes;
-            let warps = (ENC_SMEM / per_warp).clamp(1, 8) as u32;
-            let smem = (warps as u64 * per_warp) as u32;
             let f = &k.encode[v];
+            let warps = enc_block_width(f, per_warp, enc_max_warps(us))?;
+            let smem = (warps as u64 * per_warp) as u32;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
