@@ -273,9 +273,10 @@ const ENC_MAX_SMEM: u64 = 227 << 10;
 /// ([`enc_max_warps`]), that keeps the most warps resident per SM, as the driver counts it for `f`
 /// (its registers, the shared memory, the SM's limits); the narrower on a tie. The kernel is
 /// latency-bound, so resident warps are its speed: fp32's 20 KiB warps ran 4 per block and 2
-/// blocks per SM (8 warps) with the fixed 96 KiB blocks used before; one block of 11 encoded 1 GiB
-/// at 131.6-134.8 GB/s against 124.6-127.0 (H200, 2026-12-01, docs/BENCHMARKS.md). bf16's 10 KiB
-/// warps stay at 2 blocks of 8 (their 121 registers allow 16 warps). A development override,
+/// blocks per SM (8 warps) with the fixed 96 KiB blocks used before; one block of 11 encodes 1 GiB
+/// at 126-132 GB/s against 116-125 (H200, 2026-12-01, docs/BENCHMARKS.md). bf16's 10 KiB warps
+/// stay at 2 blocks of 8 (their 121 registers allow 16 warps); 1-byte units (5 KiB, 96 registers)
+/// get 3 blocks of 7 by this count instead of 2 of 8 (not timed). A development override,
 /// `TENSORZIP_DEV_ENC_BLOCK=BYTES,WARPS`, sets the block's shared bytes and most warps instead.
 fn enc_block_width(f: &CudaFunction, per_warp: u64, most: u32) -> Result<u32> {
     let dev = std::env::var("TENSORZIP_DEV_ENC_BLOCK").ok().and_then(|v| {
