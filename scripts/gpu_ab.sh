@@ -4,7 +4,8 @@
 #   scripts/gpu_ab.sh ROUNDS "BENCH ARGS" builtin /path/to/variant.cu ...
 # e.g. scripts/gpu_ab.sh 3 "synth bf16 8 5" builtin gpu-ab/decode.cu
 # A variant `env:NAME=VALUE` runs the built-in kernels with that environment variable set (a
-# development switch of the host side, e.g. env:TENSORZIP_DEV_BLOCK_SPREAD=pair).
+# development switch of the host side, e.g. env:TENSORZIP_DEV_DECODE_LAYOUT=one or
+# env:TENSORZIP_DEV_ENC_BLOCK=225280,11).
 # Variants alternate within each round (the machine is shared: compare within a round). Every run
 # also checks that the decoded bytes equal the original (gpu_bench asserts it). A variant file is
 # compiled with kernels/smem.cuh in front, as the built-in source is: it must not define those
