@@ -274,9 +274,11 @@ const ENC_MAX_SMEM: u64 = 227 << 10;
 /// (its registers, the shared memory, the SM's limits); the narrower on a tie. The kernel is
 /// latency-bound, so resident warps are its speed: fp32's 20 KiB warps ran 4 per block and 2
 /// blocks per SM (8 warps) with the fixed 96 KiB blocks used before; one block of 11 encodes 1 GiB
-/// at 126-132 GB/s against 116-125 (H200, 2026-12-01, docs/BENCHMARKS.md). bf16's 10 KiB warps
-/// stay at 2 blocks of 8 (their 121 registers allow 16 warps); 1-byte units (5 KiB, 96 registers)
-/// get 3 blocks of 7 by this count instead of 2 of 8 (not timed). A development override,
+/// at 126-132 GB/s against 116-125 (H200, 2026-12-01, docs/BENCHMARKS.md). Where the registers
+/// bound the warps, one-warp blocks keep as many as wider ones and the narrowest is taken: bf16
+/// (121 registers: 16 warps, as 2 blocks of 8 had) then runs blocks of one warp, at the same speed
+/// in the same calls (117.8-119.5 against 112.5-120.5); 1-byte units (80 registers) get 25 warps
+/// instead of 24. (The warps of a block share nothing but the launch.) A development override,
 /// `TENSORZIP_DEV_ENC_BLOCK=BYTES,WARPS`, sets the block's shared bytes and most warps instead.
 fn enc_block_width(f: &CudaFunction, per_warp: u64, most: u32) -> Result<u32> {
     let dev = std::env::var("TENSORZIP_DEV_ENC_BLOCK").ok().and_then(|v| {
