@@ -10,7 +10,8 @@
 //! prefixes read back and parsed first), and the pinned host round trip
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
 //! `BENCH_DECODE_ONLY=1` skips the encoder's measurements; `CHUNK_BYTES=N` compresses with chunks of
-//! N bytes instead of the default; `NO_COND=1` without the conditioned plane.
+//! N bytes instead of the default; `BLOCK_UNITS=N` with blocks of N units; `NO_COND=1` without the
+//! conditioned plane.
 
 use std::time::Instant;
 
@@ -123,6 +124,10 @@ fn main() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(CompressOptions::default().chunk_bytes),
+        block_units: std::env::var("BLOCK_UNITS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(CompressOptions::default().block_units),
         ..Default::default()
     };
     let blobs: Vec<Vec<u8>> = tensors
