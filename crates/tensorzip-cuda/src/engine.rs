@@ -27,6 +27,9 @@ const CACHE_TABLES: u32 = 10;
 /// The table cache, plus the slack the kernel uses to align it to 4096 bytes (`ALIGN_SLACK` in
 /// `kernels/decode.cu`).
 const CACHE_BYTES: u32 = CACHE_TABLES * (4096 + 1024) + 4096;
+/// Most warps of a decode block: the kernels' launch bounds (`__launch_bounds__(512)` in
+/// `kernels/decode.cu`).
+const DECODE_WARPS: u32 = 16;
 
 /// A plan in device memory, ready to launch (again and again).
 pub struct DevicePlan {
@@ -352,28 +355,14 @@ fn spread_width(runs: &[usize], most: u32, sms: u32) -> Option<u32> {
 fn auto_two_warps(runs: &[usize], per_warp: u32, sms: u32, spread: bool) -> bool {
     let chunks: usize = runs.iter().sum();
     chunks as u64 <= SPLIT_MAX_CHUNKS_PER_SM as u64 * sms as u64
-        && (!spread || spread_width(runs, most_in_shared(per_warp, 2), sms).is_some())
+        && (!spread || spread_width(runs, most_in_shared(per_warp, 2, DECODE_WARPS), sms).is_some())
 }
 
 /// The chunks a block can take when each has `nbuf` buffers of `per_warp` bytes in shared memory
-/// (besides its ring and stash, and the block's table cache): at most 16 warps per block (the
-/// kernels' launch bounds). `TENSORZIP_DEV_DECODE_MAX_WARPS=N` raises that bound for one-warp
-/// blocks, for a kernel source given with `TENSORZIP_DEV_TZ_DECODE_SRC` whose launch bounds allow
-/// `32 N` threads (the two-warp kernels hand over through 8 pairs' words: they keep 16). Measured
-/// with it (H200, 2026-12-01, 1 GiB synthetic, 2048-unit blocks so that 20 warps fit, the same
-/// 96-register build at both widths): 20 warps per SM against 16, fp32 438-440 against 424-425
-/// GB/s, bf16 436-437 against 456-457. More resident warps do not pay, and capping the
-/// registers at 96 to allow them cost 6% (bf16) and 32% (fp32) at the default blocks.
-fn most_in_shared(per_warp: u32, nbuf: u32) -> u32 {
-    let most = match nbuf {
-        1 => std::env::var("TENSORZIP_DEV_DECODE_MAX_WARPS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(16)
-            .clamp(1, 32),
-        _ => 16,
-    };
-    ((MAX_SMEM - CACHE_BYTES) / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, most / nbuf)
+/// (besides its ring and stash, and the block's table cache), with at most `max_warps` warps per
+/// block ([`DECODE_WARPS`], or the development switch of [`Shared::decode_max_warps`]).
+fn most_in_shared(per_warp: u32, nbuf: u32, max_warps: u32) -> u32 {
+    ((MAX_SMEM - CACHE_BYTES) / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, max_warps / nbuf)
 }
 
 /// [`pad_blocks`] into a vector.
@@ -450,6 +439,15 @@ pub(crate) struct Shared {
     /// Whether two-warp launches spread their chunks over the SMs ([`spread_width`]); off with
     /// `TENSORZIP_DEV_BLOCK_SPREAD=0` (the average chunks per tensor, for comparisons).
     spread_blocks: bool,
+    /// Most warps of a one-warp-per-chunk decode block: [`DECODE_WARPS`], or N with
+    /// `TENSORZIP_DEV_DECODE_MAX_WARPS=N`, for a kernel source given with
+    /// `TENSORZIP_DEV_TZ_DECODE_SRC` whose launch bounds allow `32 N` threads (two-warp blocks keep
+    /// [`DECODE_WARPS`]: their hand-over words are sized for 8 pairs). Measured with it (H200,
+    /// 2026-12-01, 1 GiB synthetic, 2048-unit blocks so that 20 warps fit, the same 96-register
+    /// build at both widths): 20 warps per SM against 16, fp32 438-440 against 424-425 GB/s, bf16
+    /// 436-437 against 456-457. More resident warps do not pay, and capping the registers at 96 to
+    /// allow them cost 6% (bf16) and 32% (fp32) at the default blocks.
+    decode_max_warps: u32,
     /// The encoder kernels, compiled (or read from the cache) on first use.
     encode: std::sync::OnceLock<crate::encode::EncodeKernels>,
     /// Page-locked host memory for the encoder's downloads, kept between calls (pinning is slow).
@@ -522,6 +520,10 @@ impl GpuEngine {
         // Development overrides of the decoder's layout and block widths, for same-binary
         // comparisons.
         let spread_blocks = std::env::var_os("TENSORZIP_DEV_BLOCK_SPREAD").is_none_or(|v| v != "0");
+        let decode_max_warps = std::env::var("TENSORZIP_DEV_DECODE_MAX_WARPS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .map_or(DECODE_WARPS, |n| n.clamp(1, 32));
         let layout = match std::env::var("TENSORZIP_DEV_DECODE_LAYOUT").as_deref() {
             Ok("one") => DecodeLayout::OneWarp,
             Ok("two") => DecodeLayout::TwoWarps,
@@ -538,6 +540,7 @@ impl GpuEngine {
                 copy,
                 sms,
                 spread_blocks,
+                decode_max_warps,
                 encode: std::sync::OnceLock::new(),
                 pinned: std::sync::Mutex::new(None),
                 staging: std::sync::Mutex::new(Vec::new()),
@@ -719,7 +722,12 @@ impl GpuEngine {
             let most = if global {
                 8
             } else {
-                most_in_shared(g.per_warp, nbuf)
+                let max_warps = if split {
+                    DECODE_WARPS
+                } else {
+                    self.shared.decode_max_warps
+                };
+                most_in_shared(g.per_warp, nbuf, max_warps)
             };
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
