@@ -362,8 +362,52 @@ __device__ __forceinline__ void steps_lean(Stream& s, const Table& t, u32 r0, u3
     }
 }
 
+// Full steps `r0 .. r1` of a block that codes `N` (2 or 3) planes, each with a cached table (`t[k]`,
+// symbols to the shared slot at `out[k]`, planes in the format's order within a step): the lean form
+// of the general loop, which such blocks took before (2026-12-01). A one-wave launch lasts as long
+// as its slowest chunk, and all-MiniLM-L6-v2 fp32's word and position embeddings code two or three
+// planes in every block of 19 chunks. Measured (H200, kernel GB/s, same calls): with the block's
+// table cache sized for that tensor's 13 tables (src/engine.rs, `MAX_CACHE_TABLES`), the whole
+// model 107.7 without this loop, 214.6-215.8 with it (109.9 before either); 1 GiB fp32 and bf16
+// unchanged (692.8-698.3 against 694.9-701.5, 541.3-541.5 against 536.0-543.3). Four planes
+// (instantiated too) cost the one-warp 4-byte kernel 8 bytes of stack and 1-2% on 1 GiB fp32, so
+// blocks coding four or more planes keep the general loop.
+// A group is `8 / N` steps, so that it reads at most the 256 words `refill` leaves buffered. With
+// `COUNT`, the symbols of plane `cq` (an index into `t`; `N` for none) equal to `cv` are counted.
+template <int N, bool COUNT, bool SHFL>
+__device__ __forceinline__ void steps_lean_multi(Stream& s, const Table* t, const u32* out, u32 r0, u32 r1, int lane,
+                                                 u32 cq, u32 cv, u32& cnt) {
+    constexpr u32 G = 8 / N;
+    const u32 lt = lanemask_lt();
+    // A value no symbol has (symbols are bytes) for the planes that are not counted.
+    u32 cvk[N];
+    #pragma unroll
+    for (int k = 0; k < N; k++) cvk[k] = (u32)k == cq ? cv : 256u;
+    for (u32 r = r0; r < r1; r += G) {
+        refill(s, lane);
+        u32 p2 = 2 * s.pos;
+        if (r + G <= r1) {
+            #pragma unroll
+            for (u32 q = 0; q < G; q++) {
+                #pragma unroll
+                for (int k = 0; k < N; k++) lean_step<COUNT, SHFL>(s, t[k], p2, lt, out[k] + (r + q) * LANES + lane, cvk[k], cnt);
+            }
+        } else {
+            for (u32 q = 0; q < r1 - r; q++) {
+                #pragma unroll
+                for (int k = 0; k < N; k++) lean_step<COUNT, SHFL>(s, t[k], p2, lt, out[k] + (r + q) * LANES + lane, cvk[k], cnt);
+            }
+        }
+        s.pos = p2 / 2;
+        if (s.pos > s.fetched) {
+            s.bad = true;
+            return;
+        }
+    }
+}
+
 // The block's table cache: `ids[k]` is the global index of cached table `k`.
-#define MAX_CACHED 10
+#define MAX_CACHED 16     // `MAX_CACHE_TABLES` in src/engine.rs
 struct Cache {
     u32 n;
     u32 ids[MAX_CACHED];
@@ -711,6 +755,47 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
             } else {
                 u32 none = 0;
                 steps_lean<false, MODE>(s, t1, 0, r_start, slots_shared + slot1 * su, lane, 0, none);
+            }
+            if (s.bad) return 2;
+        }
+    } else if (U >= 2 && n_coded >= 2 && n_coded <= 3 && slots_shared && rans_len) {
+        // Two or three coded planes: their tables and slots in plane order (indices fixed at
+        // compile time, so that everything stays in registers). Arrays of 4 as measured: with
+        // arrays of 3 NVRTC 13.2 gave the one-warp 4-byte kernel 24 bytes of stack instead of 0.
+        Table tn[4];
+        u32 on[4], cq = 4, k = 0;
+        bool cached = true;
+        #pragma unroll
+        for (int p = 0; p < U; p++) {
+            if (bp.src[p] == SRC_CODED) {
+                #pragma unroll
+                for (u32 j = 0; j < 4; j++) {
+                    if (k == j) {
+                        tn[j] = tt[p];
+                        on[j] = slots_shared + ci.slot[p] * su;
+                        if ((u32)p == ci.cq) cq = j;
+                    }
+                }
+                cached = cached && tt[p].sym != NOT_CACHED;
+                k++;
+            }
+        }
+        if (cached) {
+            used = true;
+            r_start = blen / LANES;
+            constexpr bool SH = MODE != LEAN_PLAIN;
+            u32 cnt = 0;
+            const bool count = ci.cond_chunk && cq < n_coded;
+            if (n_coded == 2) {
+                if (count) steps_lean_multi<2, true, SH>(s, tn, on, 0, r_start, lane, cq, ci.cvalue, cnt);
+                else steps_lean_multi<2, false, SH>(s, tn, on, 0, r_start, lane, 2, 0, cnt);
+            } else if (U >= 4 && n_coded == 3) {
+                if (count) steps_lean_multi<3, true, SH>(s, tn, on, 0, r_start, lane, cq, ci.cvalue, cnt);
+                else steps_lean_multi<3, false, SH>(s, tn, on, 0, r_start, lane, 3, 0, cnt);
+            }
+            if (count) {
+                counted_to = r_start * LANES;
+                coded = warp_sum(cnt);
             }
             if (s.bad) return 2;
         }
@@ -1094,17 +1179,22 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     u8* cache_sym = cache_mem;
     u32* cache_fc = (u32*)(cache_mem + cache_tables * 4096);
     if (threadIdx.x == 0) {
+        // The host sizes the cache for the launch's largest set of tables (up to MAX_CACHED). Past
+        // that, the conditional table first (every block with conditioned units uses it), then the
+        // planes from the top down (a float's exponent plane, coded in every block, is its top
+        // plane).
         const TensorDesc* td = tensors + chunks[first].tensor;
+        const u32 room = min(cache_tables, (u32)MAX_CACHED);
         cache.n = 0;
         cache.sym = shared_addr(cache_sym);
         cache.fc = shared_addr(cache_fc);
-        for (u32 p = 0; p < td->unit_size; p++) {
+        if (td->cond_plane < 8 && cache.n < room) cache.ids[cache.n++] = td->cond_table;
+        for (u32 p = td->unit_size; p-- > 0;) {
             for (u32 j = 0; j < td->n_tables[p]; j++) {
                 u32 g = td->table_base[p] + j;
-                if (cache.n < cache_tables && !(table_info[g] >> 31)) cache.ids[cache.n++] = g;
+                if (cache.n < room && !(table_info[g] >> 31)) cache.ids[cache.n++] = g;
             }
         }
-        if (td->cond_plane < 8 && cache.n < cache_tables) cache.ids[cache.n++] = td->cond_table;
     }
     __syncthreads();
     // The cached tables' entries, 4 per 16-byte load and 4 loads in flight per thread: with one

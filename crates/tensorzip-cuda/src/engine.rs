@@ -22,11 +22,21 @@ pub const DECODE_SRC: &str = concat!(
 
 /// Shared memory one block of the decoder may use (the H200 allows 227 KiB).
 const MAX_SMEM: u32 = 220 * 1024;
-/// Tables a block caches in shared memory (compact form: 4096 + 1024 bytes each).
+/// Tables a block's cache in shared memory holds at least (compact form: 4096 + 1024 bytes each):
+/// launches whose tensors have no more keep the shared-memory shapes measured with it.
 const CACHE_TABLES: u32 = 10;
-/// The table cache, plus the slack the kernel uses to align it to 4096 bytes (`ALIGN_SLACK` in
-/// `kernels/decode.cu`).
-const CACHE_BYTES: u32 = CACHE_TABLES * (4096 + 1024) + 4096;
+/// Tables a block's cache holds at most (`MAX_CACHED` in `kernels/decode.cu`). A launch whose
+/// tensors have more than [`CACHE_TABLES`] caches as many as its largest one has, up to this: a
+/// table left out is read from global memory by the general step loop in every block that uses
+/// it. all-MiniLM-L6-v2 fp32's word embedding has 13 (2 + 2 + 8 block tables of planes 0, 1 and
+/// 3, and the conditional table of plane 2); with 10 its conditional table and two exponent
+/// tables were left out, in 358 of the model's 770 chunks.
+const MAX_CACHE_TABLES: u32 = 16;
+/// Shared memory of a table cache of `tables` tables, plus the slack the kernel uses to align it to
+/// 4096 bytes (`ALIGN_SLACK` in `kernels/decode.cu`).
+const fn cache_bytes(tables: u32) -> u32 {
+    tables * (4096 + 1024) + 4096
+}
 /// Most warps of a decode block: the kernels' launch bounds (`__launch_bounds__(512)` in
 /// `kernels/decode.cu`).
 const DECODE_WARPS: u32 = 16;
@@ -212,6 +222,8 @@ struct DeviceGroup {
     per_warp: u32,
     n_slots: u32,
     slot_units: u32,
+    /// Tables each block caches (the kernel's `cache_tables`).
+    cache_tables: u32,
 }
 
 /// With `TENSORZIP_GPU_TRACE=1`, a function that prints the time since its creation at each step it
@@ -352,17 +364,19 @@ fn spread_width(runs: &[usize], most: u32, sms: u32) -> Option<u32> {
 /// one wave of one-warp blocks (kernel, H200, 2026-12-01); bf16 launches of 1024 and 1536 chunks
 /// (one tensor) went 236 → 327 and 343 → 262 GB/s from one to two warps (2026-11-30), as this
 /// rule says. The caller checks that two buffers per chunk fit at all.
-fn auto_two_warps(runs: &[usize], per_warp: u32, sms: u32, spread: bool) -> bool {
+fn auto_two_warps(runs: &[usize], per_warp: u32, cache: u32, sms: u32, spread: bool) -> bool {
     let chunks: usize = runs.iter().sum();
     chunks as u64 <= SPLIT_MAX_CHUNKS_PER_SM as u64 * sms as u64
-        && (!spread || spread_width(runs, most_in_shared(per_warp, 2, DECODE_WARPS), sms).is_some())
+        && (!spread
+            || spread_width(runs, most_in_shared(per_warp, 2, DECODE_WARPS, cache), sms).is_some())
 }
 
 /// The chunks a block can take when each has `nbuf` buffers of `per_warp` bytes in shared memory
-/// (besides its ring and stash, and the block's table cache), with at most `max_warps` warps per
-/// block ([`DECODE_WARPS`], or the development switch of [`Shared::decode_max_warps`]).
-fn most_in_shared(per_warp: u32, nbuf: u32, max_warps: u32) -> u32 {
-    ((MAX_SMEM - CACHE_BYTES) / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, max_warps / nbuf)
+/// (besides its ring and stash, and the block's table cache of `cache` bytes), with at most
+/// `max_warps` warps per block ([`DECODE_WARPS`], or the development switch of
+/// [`Shared::decode_max_warps`]).
+fn most_in_shared(per_warp: u32, nbuf: u32, max_warps: u32, cache: u32) -> u32 {
+    ((MAX_SMEM - cache) / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, max_warps / nbuf)
 }
 
 /// [`pad_blocks`] into a vector.
@@ -702,18 +716,21 @@ impl GpuEngine {
         let mut groups = Vec::with_capacity(plan.groups.len());
         let mut chunks_at = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
-            let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + CACHE_BYTES > MAX_SMEM;
+            let cache_tables = g.cache_tables.clamp(CACHE_TABLES, MAX_CACHE_TABLES);
+            let cache = cache_bytes(cache_tables);
+            let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + cache > MAX_SMEM;
             let runs = tensor_runs(&g.chunks);
             // Two warps per chunk need two buffers per chunk in shared memory and at most 8
             // chunks per block (512 threads).
             let split = !global
-                && 2 * g.per_warp + RING_STASH_BYTES + CACHE_BYTES <= MAX_SMEM
+                && 2 * g.per_warp + RING_STASH_BYTES + cache <= MAX_SMEM
                 && match self.layout {
                     DecodeLayout::OneWarp => false,
                     DecodeLayout::TwoWarps => true,
                     DecodeLayout::Auto => auto_two_warps(
                         &runs,
                         g.per_warp,
+                        cache,
                         self.shared.sms,
                         self.shared.spread_blocks,
                     ),
@@ -727,7 +744,7 @@ impl GpuEngine {
                 } else {
                     self.shared.decode_max_warps
                 };
-                most_in_shared(g.per_warp, nbuf, max_warps)
+                most_in_shared(g.per_warp, nbuf, max_warps, cache)
             };
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
@@ -742,14 +759,11 @@ impl GpuEngine {
             let n = pad_blocks(&g.chunks, warps as usize, |c| st.push_one(c)) as u32;
             let (smem, scratch) = if global {
                 (
-                    warps * RING_STASH_BYTES + CACHE_BYTES,
+                    warps * RING_STASH_BYTES + cache,
                     Some(s.alloc_zeros::<u8>(n as usize * g.per_warp as usize)?),
                 )
             } else {
-                (
-                    warps * (nbuf * g.per_warp + RING_STASH_BYTES) + CACHE_BYTES,
-                    None,
-                )
+                (warps * (nbuf * g.per_warp + RING_STASH_BYTES) + cache, None)
             };
             groups.push(DeviceGroup {
                 kernel: g.kernel,
@@ -762,6 +776,7 @@ impl GpuEngine {
                 per_warp: g.per_warp,
                 n_slots: g.n_slots,
                 slot_units: g.slot_units,
+                cache_tables,
             });
         }
         let no_tensor = [TensorDesc::default()];
@@ -908,7 +923,7 @@ impl GpuEngine {
                 .arg(&g.warps)
                 .arg(&g.n_slots)
                 .arg(&g.slot_units)
-                .arg(&CACHE_TABLES);
+                .arg(&g.cache_tables);
             // SAFETY: the arguments match the kernel's signature; every pointer is valid for the
             // sizes the plan describes (guaranteed by the caller for `data` and `out`).
             unsafe { b.launch(cfg) }?;
@@ -1161,23 +1176,24 @@ mod tests {
     fn auto_takes_two_warps_only_for_one_wave() {
         // bf16 slots (one plane of 4096 units) and fp32 slots (three planes).
         let (bf16, fp32) = (8224, 16416);
-        let most2 = |pw: u32| (MAX_SMEM - CACHE_BYTES) / (2 * pw + RING_STASH_BYTES);
+        let c10 = cache_bytes(CACHE_TABLES);
+        let most2 = |pw: u32| (MAX_SMEM - c10) / (2 * pw + RING_STASH_BYTES);
         assert_eq!((most2(bf16), most2(fp32)), (9, 4));
         // all-MiniLM-L6-v2: 104 tensors, one of them most of the chunks.
         let mut minilm = vec![2usize; 100];
         minilm.push(173);
-        assert!(auto_two_warps(&minilm, bf16, 132, true));
+        assert!(auto_two_warps(&minilm, bf16, c10, 132, true));
         // Its fp32 cast: ~770 chunks do not fit 132 blocks of 4.
         let mut minilm32 = vec![4usize; 100];
         minilm32.push(370);
-        assert!(!auto_two_warps(&minilm32, fp32, 132, true));
+        assert!(!auto_two_warps(&minilm32, fp32, c10, 132, true));
         // One bf16 tensor of 1024 chunks fits 128 blocks of 8; 1536 chunks do not.
-        assert!(auto_two_warps(&[1024], bf16, 132, true));
-        assert!(!auto_two_warps(&[1536], bf16, 132, true));
+        assert!(auto_two_warps(&[1024], bf16, c10, 132, true));
+        assert!(!auto_two_warps(&[1536], bf16, c10, 132, true));
         // Without spreading (a development knob) only the chunk count decides.
-        assert!(auto_two_warps(&minilm32, fp32, 132, false));
-        assert!(!auto_two_warps(&[1057], bf16, 132, false));
-        assert!(auto_two_warps(&[], bf16, 132, true));
+        assert!(auto_two_warps(&minilm32, fp32, c10, 132, false));
+        assert!(!auto_two_warps(&[1057], bf16, c10, 132, false));
+        assert!(auto_two_warps(&[], bf16, c10, 132, true));
     }
 
     #[test]

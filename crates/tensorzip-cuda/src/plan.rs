@@ -92,6 +92,9 @@ pub struct Group {
     pub per_warp: u32,
     /// Whether those buffers must live in global memory (blocks over `SMEM_BLOCK_UNITS` units).
     pub global_scratch: bool,
+    /// The most tables one of the group's tensors has for the block's table cache (its
+    /// multi-symbol block tables and its conditional table).
+    pub cache_tables: u32,
 }
 
 /// Everything one decode needs: a launch per unit size, the tensors' descriptors and every table.
@@ -196,6 +199,11 @@ impl Plan {
                 }
             }
             group.n_slots = group.n_slots.max(n_slots);
+            let mut cacheable = l.tables[..us]
+                .iter()
+                .flatten()
+                .filter(|t| !t.is_single())
+                .count() as u32;
             if let Some((p, q)) = h.dtype.conditioned_plane() {
                 if let Some((v, t)) = &l.cond[p] {
                     td.cond_plane = p as u32;
@@ -203,8 +211,10 @@ impl Plan {
                     td.cond_value = *v as u32;
                     td.cond_table = plan.table_info.len() as u32;
                     plan.push_table(t);
+                    cacheable += 1;
                 }
             }
+            group.cache_tables = group.cache_tables.max(cacheable);
             let tensor = plan.tensors.len() as u32;
             plan.tensors.push(td);
             let cu = h.chunk_units as u64;
@@ -268,5 +278,79 @@ impl Plan {
         }
         self.table_offsets.push(self.table_bytes.len() as u32);
         t.write(&mut self.table_bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorzip::{compress, sample, CompressOptions, DType};
+
+    /// 16-bit units whose two byte planes drift every 4096 units: several tables per plane.
+    fn drifting_i16(n: usize) -> Vec<u8> {
+        let mut rng = sample::Rng::new(5);
+        (0..2 * n)
+            .map(|k| {
+                let m = 3 + 5 * (k as u64 % 2) + 6 * ((k / 2 / 4096) % 8) as u64;
+                let r = rng.next_u64();
+                ((r % m) + ((r >> 32) % m)) as u8
+            })
+            .collect()
+    }
+
+    /// Tables the kernel's block cache takes for a blob: multi-symbol block tables and the
+    /// conditional table.
+    fn cacheable(l: &BlobLayout) -> u32 {
+        let blocks = l.tables.iter().flatten().filter(|t| !t.is_single()).count();
+        (blocks + l.cond.iter().flatten().count()) as u32
+    }
+
+    #[test]
+    fn groups_know_the_most_tables_one_tensor_caches() {
+        let opts = CompressOptions::default();
+        let many = compress(&drifting_i16(70_001), DType::I16, &[70_001], &opts).unwrap();
+        let few = compress(
+            &sample::weights(1, 70_001, DType::BF16, 3),
+            DType::BF16,
+            &[70_001],
+            &opts,
+        )
+        .unwrap();
+        let weights32 = sample::weights(1, 70_001, DType::F32, 4);
+        let cond = compress(&weights32, DType::F32, &[70_001], &opts).unwrap();
+        let lay = |b: &[u8]| BlobLayout::parse(b, b.len()).unwrap();
+        let (lm, lf, lc) = (lay(&many), lay(&few), lay(&cond));
+        // The drifting tensor needs more than the cache's floor of 10 tables; the fp32 weights
+        // have a conditional table.
+        assert!(cacheable(&lm) > 10, "{}", cacheable(&lm));
+        assert!(lc.cond.iter().flatten().count() == 1);
+        let job = |l, at| Job {
+            layout: l,
+            data_offset: at,
+            out_offset: at,
+        };
+        // I16 and BF16 share no kernel (the transform differs): one group each.
+        let plan = Plan::new(&[job(&lf, 0), job(&lm, 1 << 20), job(&lc, 2 << 20)]).unwrap();
+        let of = |k: &str| {
+            plan.groups
+                .iter()
+                .find(|g| KERNELS[g.kernel].0 == k)
+                .unwrap()
+                .cache_tables
+        };
+        assert_eq!(of("tz_decode_2"), cacheable(&lm));
+        assert_eq!(of("tz_decode_2e8"), cacheable(&lf));
+        assert_eq!(of("tz_decode_4e8"), cacheable(&lc));
+        // Two tensors of one kernel: the larger count, whichever comes first.
+        let small = compress(&drifting_i16(4096), DType::I16, &[4096], &opts).unwrap();
+        let ls = lay(&small);
+        assert!(cacheable(&ls) < cacheable(&lm));
+        for jobs in [
+            [job(&ls, 0), job(&lm, 1 << 20)],
+            [job(&lm, 0), job(&ls, 1 << 20)],
+        ] {
+            let plan = Plan::new(&jobs).unwrap();
+            assert_eq!(plan.groups[0].cache_tables, cacheable(&lm));
+        }
     }
 }

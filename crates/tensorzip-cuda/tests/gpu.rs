@@ -35,9 +35,42 @@ fn cases(dtype: DType, n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
     if float {
         out.push(("weights".into(), sample::weights(1, n, dtype, seed)));
     }
+    if float && isz >= 4 {
+        // Weights whose two lowest bytes are skewed: blocks code those planes and the exponent
+        // plane, with the plane below the exponent conditioned (fp32), so the multi-plane lean
+        // loop also counts the conditioned units.
+        let mut w = sample::weights(1, n, dtype, seed + 2);
+        for (k, b) in w.iter_mut().enumerate() {
+            if k % isz < 2 {
+                let r = rng.next_u64();
+                *b = ((r % 5) + ((r >> 32) % 5)) as u8;
+            }
+        }
+        out.push(("weights, skewed low bytes".into(), w));
+    }
     out.push((
         "random".into(),
         (0..n * isz).map(|_| rng.next_u64() as u8).collect(),
+    ));
+    // Every byte plane skewed (a triangular distribution, its width growing with the plane and
+    // changing every 4096 units), so that blocks code several planes each (the decoder's
+    // multi-plane lean loop; the general loop above four) and planes get several tables (more than
+    // a block's cache holds for 4- and 8-byte units: the rest are read from global memory);
+    // plane 1 uniform in the second half, so that blocks there code one plane fewer.
+    out.push((
+        "skewed planes".into(),
+        (0..n * isz)
+            .map(|k| {
+                let (i, j) = (k / isz, (k % isz) as u64);
+                let r = rng.next_u64();
+                if j == 1 && i >= n / 2 {
+                    r as u8
+                } else {
+                    let m = 3 + 5 * j + 6 * ((i / 4096) % 8) as u64;
+                    ((r % m) + ((r >> 32) % m)) as u8
+                }
+            })
+            .collect(),
     ));
     out.push(("zeros".into(), vec![0u8; n * isz]));
     out.push((
