@@ -1256,13 +1256,27 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     }
 #define ENTRY(NAME, U, E) ENTRY1(NAME, U, E, false) ENTRY1(NAME##_pair, U, E, true)
 // One kernel per unit size and transform, and each with two warps per chunk (`_pair`).
+#if TZ_ALL || TZ_UNIT == 0
 ENTRY(tz_decode_1, 1, 0)
+#endif
+#if TZ_ALL || TZ_UNIT == 1
 ENTRY(tz_decode_2, 2, 0)
+#endif
+#if TZ_ALL || TZ_UNIT == 2
 ENTRY(tz_decode_2e8, 2, 8)
+#endif
+#if TZ_ALL || TZ_UNIT == 3
 ENTRY(tz_decode_4, 4, 0)
+#endif
+#if TZ_ALL || TZ_UNIT == 4
 ENTRY(tz_decode_4e8, 4, 8)
+#endif
+#if TZ_ALL || TZ_UNIT == 5
 ENTRY(tz_decode_8, 8, 0)
+#endif
+#if TZ_ALL || TZ_UNIT == 6
 ENTRY(tz_decode_8e11, 8, 11)
+#endif
 
 // Frequency of a table's code byte (docs/FORMAT.md, "Frequency tables"): 0 for an absent symbol
 // and for the anchor (whose frequency is what the others leave of 4096). Codes were validated on
@@ -1295,6 +1309,7 @@ __device__ __forceinline__ void scan256(u32* cum, u32 f, u32 s) {
 // (`FreqTable::decode_table` on the CPU). One scan sums the frequencies other than the anchor's,
 // a second the cumulative frequencies; then each thread finds the symbol of 16 slots by binary
 // search over them.
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u8* __restrict__ ser, const u32* __restrict__ offsets, u32* __restrict__ tables) {
     __shared__ u32 cum[257];
     const u32 t = blockIdx.x, s = threadIdx.x;
@@ -1316,6 +1331,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_build_tables(const u8* __re
         tables[(u64)t * 4096 + slot] = lo | (fr << 8) | ((slot - cum[lo]) << 20);
     }
 }
+#endif
 
 // Byte copies, one thread block per copy (`struct Copy` in plan.rs: `from` relative to `data`, `to`
 // relative to `out`, `len` bytes). Used for the stored blobs of a decode batch — a model has many
@@ -1328,6 +1344,7 @@ struct CopyDesc {
     u64 len;
 };
 
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void __launch_bounds__(256) tz_copy(const CopyDesc* __restrict__ copies, u32 n, u64 data, u64 out) {
     if (blockIdx.x >= n) return;
     CopyDesc c = copies[blockIdx.x];
@@ -1350,3 +1367,4 @@ extern "C" __global__ void __launch_bounds__(256) tz_copy(const CopyDesc* __rest
     }
     for (u64 i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
 }
+#endif

@@ -745,13 +745,27 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
 // that keeps the most warps resident (`enc_block_width` in encode.rs, which reads these bounds back from
 // the compiled function: they are stated only here). (`(352)` without the minimum of
 // one block made NVRTC cap the kernels at 80 registers and spill.)
+#if TZ_ALL || TZ_UNIT == 0
 ENTRIES(1, 1, 0, (256))
+#endif
+#if TZ_ALL || TZ_UNIT == 1
 ENTRIES(2, 2, 0, (256))
+#endif
+#if TZ_ALL || TZ_UNIT == 2
 ENTRIES(2e8, 2, 8, (256))
+#endif
+#if TZ_ALL || TZ_UNIT == 3
 ENTRIES(4, 4, 0, (352, 1))
+#endif
+#if TZ_ALL || TZ_UNIT == 4
 ENTRIES(4e8, 4, 8, (352, 1))
+#endif
+#if TZ_ALL || TZ_UNIT == 5
 ENTRIES(8, 8, 0, (352, 1))
+#endif
+#if TZ_ALL || TZ_UNIT == 6
 ENTRIES(8e11, 8, 11, (352, 1))
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Compaction: the pieces of each chunk's payload, from its slot to its place in its blob.
@@ -775,6 +789,7 @@ __device__ __forceinline__ void copy_bytes(u8* __restrict__ dst, const u8* __res
     for (u32 i = head + nw * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJob* __restrict__ jobs,
                                       const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n) {
     const u32 k = blockIdx.x;
@@ -800,6 +815,7 @@ extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJ
     }
     copy_bytes(dst + w, slot + P.off_area, o.kept);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // CRC-32 (zlib: reflected 0xEDB88320, initial and final XOR 0xFFFFFFFF) of each `piece` bytes.
@@ -894,6 +910,7 @@ __device__ u32 piece_crc(const u8* piece, u64 plen, int lane, const u32 (&T)[4][
 }
 
 // The CRC of each `piece` bytes of one buffer (the last piece may be shorter): one warp per piece.
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void tz_crc32(const u8* __restrict__ data, u64 len, u64 piece, u32* __restrict__ out, u64 n_pieces) {
     __shared__ u32 T[4][256];
     __shared__ u32 x2n[32];
@@ -906,6 +923,7 @@ extern "C" __global__ void tz_crc32(const u8* __restrict__ data, u64 len, u64 pi
         if (lane == 0) out[pc] = c;
     }
 }
+#endif
 
 // One range of `tz_crc32_list` (shared with `CrcRange` in src/checksum.rs).
 struct CrcRange {
@@ -915,6 +933,7 @@ struct CrcRange {
 
 // The CRC of each of `n` ranges anywhere in device memory (the host combines the pieces of a long
 // range): one warp per range.
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void tz_crc32_list(const CrcRange* __restrict__ ranges, u64 n, u32* __restrict__ out) {
     __shared__ u32 T[4][256];
     __shared__ u32 x2n[32];
@@ -927,3 +946,4 @@ extern "C" __global__ void tz_crc32_list(const CrcRange* __restrict__ ranges, u6
         if (lane == 0) out[i] = c;
     }
 }
+#endif

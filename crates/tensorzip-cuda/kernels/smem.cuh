@@ -2,6 +2,16 @@
 // they compile to LDS/STS instead of generic 64-bit loads and stores. `volatile` keeps them ordered
 // with the barriers. Prepended to `decode.cu` and `encode.cu` by the engine (`src/compile.rs`), so
 // it uses no type of theirs.
+//
+// Both sources are compiled in units (`Units` in src/compile.rs): with TZ_UNIT = -1 only their
+// common kernels, with TZ_UNIT = k only the kernels of variant k (unit size and transform, in the
+// order of `KERNELS` in src/plan.rs and `VARIANTS` in src/encode.rs); without TZ_UNIT, everything.
+#ifndef TZ_UNIT
+#define TZ_ALL 1
+#define TZ_UNIT -2
+#else
+#define TZ_ALL 0
+#endif
 
 __device__ __forceinline__ unsigned int shared_addr(const void* p) {
     unsigned int r;

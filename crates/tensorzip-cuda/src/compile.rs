@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaModule};
+use cudarc::nvrtc::Ptx;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use crate::error::{Error, Result};
@@ -79,16 +80,25 @@ pub fn source(name: &str, src: &'static str) -> std::borrow::Cow<'static, str> {
 /// The cubin of `src` for `ctx`'s device: from this process's memory, from the disk cache, or
 /// compiled now (and cached in both). `rebuild` skips both caches (a cached cubin that the driver
 /// refused) and replaces their entries.
-pub fn cubin(ctx: &CudaContext, name: &str, src: &str, rebuild: bool) -> Result<Vec<u8>> {
+/// `defines` are `NAME=VALUE` macro definitions given to NVRTC (and part of the cache key).
+pub fn cubin(
+    ctx: &CudaContext,
+    name: &str,
+    src: &str,
+    defines: &[String],
+    rebuild: bool,
+) -> Result<Vec<u8>> {
     let (maj, min) = ctx.compute_capability()?;
     let arch = format!("sm_{maj}{min}");
     let (driver, nv_major, nv_minor) = versions();
+    let defs = defines.join("\n");
     let key = fnv(&[
         src.as_bytes(),
         arch.as_bytes(),
         &driver.to_le_bytes(),
         &nv_major.to_le_bytes(),
         &nv_minor.to_le_bytes(),
+        defs.as_bytes(),
     ]);
     let file = format!("{name}-{arch}-{key:016x}.cubin");
     let built = BUILT.get_or_init(Default::default);
@@ -111,7 +121,7 @@ pub fn cubin(ctx: &CudaContext, name: &str, src: &str, rebuild: bool) -> Result<
             }
         }
     }
-    let bin = compile(name, src, &arch)?;
+    let bin = compile(name, src, &arch, defines)?;
     remember(&bin);
     if let Some(p) = &path {
         // Best effort: a cache that cannot be written only costs a compile next time.
@@ -127,16 +137,17 @@ pub fn cubin(ctx: &CudaContext, name: &str, src: &str, rebuild: bool) -> Result<
     Ok(bin)
 }
 
-fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
+fn compile(name: &str, src: &str, arch: &str, defines: &[String]) -> Result<Vec<u8>> {
     let csrc = std::ffi::CString::new(src).map_err(|e| Error::Compile(e.to_string()))?;
     let cname =
         std::ffi::CString::new(format!("{name}.cu")).map_err(|e| Error::Compile(e.to_string()))?;
     let prog = nvrtc::create_program(&csrc, Some(&cname))?;
-    let opts = [
+    let mut opts = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "-lineinfo".to_string(),
     ];
+    opts.extend(defines.iter().map(|d| format!("-D{d}")));
     // SAFETY: `prog` was just created and is destroyed below, once.
     let res = unsafe { nvrtc::compile_program(prog, &opts) };
     let out = match res {
@@ -169,4 +180,169 @@ fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
         let _ = nvrtc::destroy_program(prog);
     }
     out
+}
+
+/// A kernel source compiled in *units*, each on first use: unit 0 holds the source's common
+/// kernels, unit `v + 1` the kernels of variant `v` (a unit size and transform), selected by the
+/// macro `<macro>=-1` or `<macro>=v`. A call compiles only the variants its tensors need, and
+/// several at once on parallel threads (one NVRTC program each): compiling every variant of the
+/// decoder took ~100 s on the 2-core development VM (~10-13 s for one), which a first
+/// `decompress --gpu` of a bf16 model paid in full.
+pub(crate) struct Units {
+    name: &'static str,
+    macro_name: &'static str,
+    labels: &'static [&'static str],
+    src: std::borrow::Cow<'static, str>,
+    modules: Vec<OnceLock<Arc<CudaModule>>>,
+    /// Held while compiling, so that two calls do not compile the same unit twice.
+    compiling: Mutex<()>,
+}
+
+impl Units {
+    /// `labels` names the variants (in cache file names); `src` as [`source`] returns it.
+    pub(crate) fn new(
+        name: &'static str,
+        macro_name: &'static str,
+        labels: &'static [&'static str],
+        src: std::borrow::Cow<'static, str>,
+    ) -> Units {
+        Units {
+            name,
+            macro_name,
+            labels,
+            src,
+            modules: (0..=labels.len()).map(|_| OnceLock::new()).collect(),
+            compiling: Mutex::new(()),
+        }
+    }
+
+    /// The module of the common kernels.
+    pub(crate) fn common(&self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
+        self.load(ctx, &[0]).map(|mut m| m.remove(0))
+    }
+
+    /// The modules of `variants`, compiling those not built yet together.
+    pub(crate) fn variants(
+        &self,
+        ctx: &Arc<CudaContext>,
+        variants: &[usize],
+    ) -> Result<Vec<Arc<CudaModule>>> {
+        let units: Vec<usize> = variants.iter().map(|&v| v + 1).collect();
+        self.load(ctx, &units)
+    }
+
+    fn load(&self, ctx: &Arc<CudaContext>, units: &[usize]) -> Result<Vec<Arc<CudaModule>>> {
+        if let Some(ms) = units
+            .iter()
+            .map(|&u| self.modules.get(u).and_then(|m| m.get().cloned()))
+            .collect::<Option<Vec<_>>>()
+        {
+            return Ok(ms);
+        }
+        let _held = self
+            .compiling
+            .lock()
+            .map_err(|_| Error::Compile("kernel compile lock poisoned".into()))?;
+        let mut missing: Vec<usize> = units
+            .iter()
+            .copied()
+            .filter(|&u| self.modules.get(u).is_some_and(|m| m.get().is_none()))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let unit_name = |u: usize| match u {
+            0 => format!("{}-common", self.name),
+            _ => format!("{}-{}", self.name, self.labels[u - 1]),
+        };
+        let defines = |u: usize| vec![format!("{}={}", self.macro_name, u as i64 - 1)];
+        // The cubins in parallel (from the caches, or compiled), then loaded here; a cached cubin
+        // the driver refuses (damaged on disk) is compiled again.
+        let bins: Vec<Result<Vec<u8>>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = missing
+                .iter()
+                .map(|&u| {
+                    sc.spawn(move || cubin(ctx, &unit_name(u), &self.src, &defines(u), false))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Compile("kernel compile thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        for (&u, bin) in missing.iter().zip(bins) {
+            let module = match ctx.load_module(Ptx::from_binary(bin?)) {
+                Ok(m) => m,
+                Err(_) => {
+                    let bin = cubin(ctx, &unit_name(u), &self.src, &defines(u), true)?;
+                    ctx.load_module(Ptx::from_binary(bin))?
+                }
+            };
+            let _ = self.modules[u].set(module);
+        }
+        units
+            .iter()
+            .map(|&u| {
+                self.modules
+                    .get(u)
+                    .and_then(|m| m.get().cloned())
+                    .ok_or_else(|| Error::Compile(format!("no kernel unit {u} of {}", self.name)))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kernel names each unit of `src` defines, by unit (`#if TZ_ALL || TZ_UNIT == k` before
+    /// the line that instantiates them), read from the source text.
+    fn units_of(src: &str, entry: &str) -> Vec<(i64, String)> {
+        let lines: Vec<&str> = src.lines().collect();
+        let mut out = Vec::new();
+        for w in lines.windows(2) {
+            if let Some(k) = w[0].strip_prefix("#if TZ_ALL || TZ_UNIT == ") {
+                let k: i64 = k.trim().parse().unwrap();
+                if let Some(rest) = w[1].strip_prefix(entry) {
+                    out.push((k, rest.split([',', ')']).next().unwrap().to_string()));
+                } else if let Some(i) = w[1].find(" tz_") {
+                    let name = &w[1][i + 1..];
+                    out.push((k, name[..name.find('(').unwrap()].to_string()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn decoder_units_are_the_kernels_of_their_index() {
+        let units = units_of(crate::engine::DECODE_SRC, "ENTRY(");
+        let want: Vec<(i64, String)> = crate::plan::KERNELS
+            .iter()
+            .enumerate()
+            .map(|(k, (name, _, _))| (k as i64, name.to_string()))
+            .chain([(-1, "tz_build_tables".into()), (-1, "tz_copy".into())])
+            .collect();
+        assert_eq!(units, want);
+        for (k, (name, _, _)) in crate::plan::KERNELS.iter().enumerate() {
+            assert_eq!(
+                Some(crate::engine::DECODE_LABELS[k]),
+                name.strip_prefix("tz_decode_")
+            );
+        }
+    }
+
+    #[test]
+    fn encoder_units_are_the_kernels_of_their_index() {
+        let units = units_of(crate::encode::ENCODE_SRC, "ENTRIES(");
+        let mut want: Vec<(i64, String)> = crate::encode::variant_suffixes()
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (k as i64, s.to_string()))
+            .collect();
+        want.extend(["tz_compact", "tz_crc32", "tz_crc32_list"].map(|n| (-1, n.to_string())));
+        assert_eq!(units, want);
+    }
 }

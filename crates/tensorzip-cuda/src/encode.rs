@@ -16,15 +16,12 @@
 //! Host synchronisations: one after step 1, one per wave of chunks after step 3 (a wave is as many
 //! chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is one wave). None per chunk.
 
-use std::sync::Arc;
-
 use rayon::prelude::*;
 
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    ValidAsZeroBits,
 };
-use cudarc::nvrtc::Ptx;
 use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme, SEL_CONST};
 use tensorzip::encoder::{check_len, stored_header};
 use tensorzip::model::{const_selector, model_from_counts, Model, Sampling};
@@ -113,11 +110,12 @@ unsafe impl DeviceRepr for ChunkOut {}
 // SAFETY: all-zero bytes are a valid value of every field.
 unsafe impl ValidAsZeroBits for ChunkOut {}
 
-/// The encoder's kernels, loaded on first use.
+/// The encoder's kernels: the common ones (compaction, CRC-32) loaded on first use, the counting
+/// and encoding kernels of each variant when a call first needs them (`Units`).
 pub(crate) struct EncodeKernels {
-    _module: Arc<CudaModule>,
-    hist: Vec<CudaFunction>,
-    encode: Vec<CudaFunction>,
+    units: crate::compile::Units,
+    /// `tz_hist_*` and `tz_encode_*` of each of [`VARIANTS`], once compiled.
+    variants: Vec<std::sync::OnceLock<(CudaFunction, CudaFunction)>>,
     compact: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
@@ -134,33 +132,68 @@ const VARIANTS: [(usize, u32, &str); 7] = [
     (8, 11, "8e11"),
 ];
 
+/// [`VARIANTS`]' suffixes (the compile units' names).
+const LABELS: [&str; 7] = ["1", "2", "2e8", "4", "4e8", "8", "8e11"];
+
+/// The kernel name suffix of each variant, in order (for the unit test of the compile units).
+#[cfg(test)]
+pub(crate) fn variant_suffixes() -> Vec<&'static str> {
+    assert_eq!(LABELS.to_vec(), VARIANTS.map(|v| v.2).to_vec());
+    VARIANTS.map(|v| v.2).to_vec()
+}
+
 impl EncodeKernels {
     pub(crate) fn load(eng: &GpuEngine) -> Result<EncodeKernels> {
-        let ctx = eng.context();
-        let src = crate::compile::source("tz_encode", ENCODE_SRC);
-        let load = |rebuild| -> Result<_> {
-            let bin = crate::compile::cubin(ctx, "tz_encode", &src, rebuild)?;
-            Ok(ctx.load_module(Ptx::from_binary(bin))?)
-        };
-        let module = match load(false) {
-            Ok(m) => m,
-            Err(_) => load(true)?,
-        };
-        let get = |n: String| module.load_function(&n);
+        let units = crate::compile::Units::new(
+            "tz_encode",
+            "TZ_UNIT",
+            &LABELS,
+            crate::compile::source("tz_encode", ENCODE_SRC),
+        );
+        let module = units.common(eng.context())?;
         Ok(EncodeKernels {
-            hist: VARIANTS
+            compact: module.load_function("tz_compact")?,
+            crc: module.load_function("tz_crc32")?,
+            crc_list: module.load_function("tz_crc32_list")?,
+            variants: VARIANTS
                 .iter()
-                .map(|v| get(format!("tz_hist_{}", v.2)))
-                .collect::<std::result::Result<_, _>>()?,
-            encode: VARIANTS
-                .iter()
-                .map(|v| get(format!("tz_encode_{}", v.2)))
-                .collect::<std::result::Result<_, _>>()?,
-            compact: get("tz_compact".into())?,
-            crc: get("tz_crc32".into())?,
-            crc_list: get("tz_crc32_list".into())?,
-            _module: module,
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            units,
         })
+    }
+
+    /// The counting and encoding kernels of each of `variants` (indices into [`VARIANTS`]),
+    /// compiling those not built yet, together.
+    fn variants(
+        &self,
+        eng: &GpuEngine,
+        variants: &[usize],
+    ) -> Result<Vec<&(CudaFunction, CudaFunction)>> {
+        let missing: Vec<usize> = variants
+            .iter()
+            .copied()
+            .filter(|&v| self.variants.get(v).is_some_and(|f| f.get().is_none()))
+            .collect();
+        if !missing.is_empty() {
+            let modules = self.units.variants(eng.context(), &missing)?;
+            for (&v, m) in missing.iter().zip(modules) {
+                let fns = (
+                    m.load_function(&format!("tz_hist_{}", VARIANTS[v].2))?,
+                    m.load_function(&format!("tz_encode_{}", VARIANTS[v].2))?,
+                );
+                let _ = self.variants[v].set(fns);
+            }
+        }
+        variants
+            .iter()
+            .map(|&v| {
+                self.variants
+                    .get(v)
+                    .and_then(|f| f.get())
+                    .ok_or_else(|| Error::Driver(format!("encoder kernel {v} not loaded")))
+            })
+            .collect()
     }
 }
 
@@ -564,6 +597,11 @@ impl GpuEngine {
             return Ok(blobs.into_iter().flatten().collect());
         }
         let k = self.encode_kernels()?;
+        // Every variant the batch needs, compiled together on first use.
+        let mut needed: Vec<usize> = counting.iter().map(|c| c.variant).collect();
+        needed.sort_unstable();
+        needed.dedup();
+        k.variants(self, &needed)?;
         let count_params = s.clone_htod(&counting.iter().map(|c| c.params).collect::<Vec<_>>())?;
         // Counts of every launch go to one device buffer, downloaded at once.
         let mut total_u32 = 0usize;
@@ -623,7 +661,7 @@ impl GpuEngine {
             let picks = s.clone_htod(picks)?;
             let jobs_dev = s.clone_htod(jobs)?;
             let hist_ptr = counts_ptr + 4 * *hist_base as u64;
-            let f = &k.hist[*v];
+            let f = &k.variants(self, &[*v])?[0].0;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
@@ -748,7 +786,7 @@ impl GpuEngine {
                 0
             };
             let per_warp = us * 1024 + stage_bytes;
-            let f = &k.encode[v];
+            let f = &k.variants(self, &[v])?[0].1;
             let warps = enc_block_width(f, per_warp)?;
             let smem = (warps as u64 * per_warp) as u32;
             f.set_attribute(

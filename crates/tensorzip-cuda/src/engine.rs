@@ -6,7 +6,6 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::Ptx;
 use rayon::prelude::*;
 use tensorzip::blob::BlobLayout;
 use tensorzip::Tensor;
@@ -19,6 +18,9 @@ pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/smem.cuh"),
     include_str!("../kernels/decode.cu")
 );
+
+/// [`KERNELS`]' names without their `tz_decode_` prefix (the compile units' cache file names).
+pub(crate) const DECODE_LABELS: [&str; KERNELS.len()] = ["1", "2", "2e8", "4", "4e8", "8", "8e11"];
 
 /// Shared memory one block of the decoder may use (the H200 allows 227 KiB).
 const MAX_SMEM: u32 = 220 * 1024;
@@ -440,10 +442,11 @@ pub struct GpuEngine {
 }
 
 pub(crate) struct Shared {
-    /// The decoder kernels, indexed as [`KERNELS`].
-    decode: Vec<CudaFunction>,
-    /// The same with two warps per chunk (`NAME_pair`, [`DecodeLayout::TwoWarps`]).
-    decode_pair: Vec<CudaFunction>,
+    /// The decoder's source, compiled a variant at a time on first use.
+    decode_units: crate::compile::Units,
+    /// The decoder kernels of each of [`KERNELS`] once compiled: one warp per chunk, and two
+    /// (`NAME_pair`, [`DecodeLayout::TwoWarps`]).
+    decode: Vec<std::sync::OnceLock<(CudaFunction, CudaFunction)>>,
     /// `tz_build_tables`: frequencies to decoder tables.
     build_tables: CudaFunction,
     /// `tz_copy`: the small stored blobs of a batch, in one launch.
@@ -504,24 +507,14 @@ impl GpuEngine {
     pub fn new(ordinal: usize) -> Result<GpuEngine> {
         crate::available().map_err(Error::Unavailable)?;
         let ctx = CudaContext::new(ordinal)?;
-        let src = crate::compile::source("tz_decode", DECODE_SRC);
-        let load = |rebuild| -> Result<_> {
-            let bin = crate::compile::cubin(&ctx, "tz_decode", &src, rebuild)?;
-            Ok(ctx.load_module(Ptx::from_binary(bin))?)
-        };
-        // A cached cubin the driver refuses (damaged on disk) is compiled again.
-        let module = match load(false) {
-            Ok(m) => m,
-            Err(_) => load(true)?,
-        };
-        let decode = KERNELS
-            .iter()
-            .map(|(name, _, _)| module.load_function(name))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let decode_pair = KERNELS
-            .iter()
-            .map(|(name, _, _)| module.load_function(&format!("{name}_pair")))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // The common kernels now (quick to compile; the decode kernels on first use, per variant).
+        let decode_units = crate::compile::Units::new(
+            "tz_decode",
+            "TZ_UNIT",
+            &DECODE_LABELS,
+            crate::compile::source("tz_decode", DECODE_SRC),
+        );
+        let module = decode_units.common(&ctx)?;
         let build_tables = module.load_function("tz_build_tables")?;
         let copy = module.load_function("tz_copy")?;
         let stream = ctx.default_stream();
@@ -548,8 +541,8 @@ impl GpuEngine {
             stream,
             layout,
             shared: Arc::new(Shared {
-                decode,
-                decode_pair,
+                decode_units,
+                decode: KERNELS.iter().map(|_| std::sync::OnceLock::new()).collect(),
                 build_tables,
                 copy,
                 sms,
@@ -561,6 +554,37 @@ impl GpuEngine {
                 small: std::sync::Mutex::new(None),
             }),
         })
+    }
+
+    /// The decoder kernels (one warp, two warps per chunk) of each of `kernels` (indices into
+    /// [`KERNELS`]), compiling the variants not built yet, together.
+    fn decode_kernels(&self, kernels: &[usize]) -> Result<Vec<&(CudaFunction, CudaFunction)>> {
+        let sh = &self.shared;
+        let missing: Vec<usize> = kernels
+            .iter()
+            .copied()
+            .filter(|&k| sh.decode.get(k).is_some_and(|f| f.get().is_none()))
+            .collect();
+        if !missing.is_empty() {
+            let modules = sh.decode_units.variants(&self.ctx, &missing)?;
+            for (&k, m) in missing.iter().zip(modules) {
+                let name = KERNELS[k].0;
+                let fns = (
+                    m.load_function(name)?,
+                    m.load_function(&format!("{name}_pair"))?,
+                );
+                let _ = sh.decode[k].set(fns);
+            }
+        }
+        kernels
+            .iter()
+            .map(|&k| {
+                sh.decode
+                    .get(k)
+                    .and_then(|f| f.get())
+                    .ok_or_else(|| Error::Driver(format!("decoder kernel {k} not loaded")))
+            })
+            .collect()
     }
 
     /// The same engine (context, kernels, buffers) working on `stream` instead: e.g. a stream of
@@ -893,12 +917,10 @@ impl GpuEngine {
                 )?;
             }
         }
-        for g in &dp.groups {
-            let f = if g.split {
-                &self.shared.decode_pair[g.kernel]
-            } else {
-                &self.shared.decode[g.kernel]
-            };
+        let kernels: Vec<usize> = dp.groups.iter().map(|g| g.kernel).collect();
+        let fns = self.decode_kernels(&kernels)?;
+        for (g, (one, pair)) in dp.groups.iter().zip(fns) {
+            let f = if g.split { pair } else { one };
             f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
             let cfg = LaunchConfig {
                 grid_dim: (g.n.div_ceil(g.warps), 1, 1),
