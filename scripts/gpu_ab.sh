@@ -9,7 +9,9 @@
 # Variants alternate within each round (the machine is shared: compare within a round). Every run
 # also checks that the decoded bytes equal the original (gpu_bench asserts it). A variant file is
 # compiled with kernels/smem.cuh in front, as the built-in source is: it must not define those
-# accessors itself (copies of decode.cu from before commit 167574c do).
+# accessors itself (copies of decode.cu from before commit 167574c do). The engine compiles a source
+# in units (one per unit size and transform, `-DTZ_UNIT=k`); a copy from before f9cefc7, without
+# the TZ_UNIT guards, compiles all its kernels in every unit: slower to build, the same kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TENSORZIP_CACHE_DIR=${TENSORZIP_CACHE_DIR:-/tmp/tensorzip-cache}

@@ -2,7 +2,7 @@
 //!
 //! The GPU engine of tensorzip: it reads (and writes) exactly the format of the core crate
 //! (`docs/FORMAT.md`), with CUDA kernels that are `.cu` sources compiled at run time by NVRTC for the
-//! device's architecture and cached on disk. CUDA is loaded dynamically, so this crate builds, and its
+//! device's architecture — each unit size's kernels when first needed — and cached on disk. CUDA is loaded dynamically, so this crate builds, and its
 //! tests skip with a visible reason, on machines without CUDA.
 
 pub mod archive;
