@@ -185,9 +185,10 @@ fn compile(name: &str, src: &str, arch: &str, defines: &[String]) -> Result<Vec<
 /// A kernel source compiled in *units*, each on first use: unit 0 holds the source's common
 /// kernels, unit `v + 1` the kernels of variant `v` (a unit size and transform), selected by the
 /// macro `<macro>=-1` or `<macro>=v`. A call compiles only the variants its tensors need, and
-/// several at once on parallel threads (one NVRTC program each): compiling every variant of the
-/// decoder took ~100 s on the 2-core development VM (~10-13 s for one), which a first
-/// `decompress --gpu` of a bf16 model paid in full.
+/// several at once on parallel threads (one NVRTC program each). One program of every kernel made
+/// the first `compress --gpu` of the fp32 sample on a new H200 host take 79.8 s (2.4 s in units,
+/// then 7.2 s for the fp32 decoder at the first decode; docs/BENCHMARKS.md, 2026-12-01); the whole
+/// decoder takes ~100 s on the 2-core development VM, one variant ~7-13 s.
 pub(crate) struct Units {
     name: &'static str,
     macro_name: &'static str,
