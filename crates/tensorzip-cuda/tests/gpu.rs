@@ -55,9 +55,9 @@ fn cases(dtype: DType, n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
     // Every byte plane skewed (a triangular distribution, its width growing with the plane and
     // changing every 4096 units), so that blocks code several planes each (the decoder's
     // multi-plane lean loop for two or three, the general loop for more) and planes get several
-    // tables (more than
-    // a block's cache holds for 4- and 8-byte units: the rest are read from global memory);
-    // plane 1 uniform in the second half, so that blocks there code one plane fewer.
+    // tables (more than a block's cache holds for 4- and 8-byte units: the rest are read from
+    // global memory); plane 1 uniform in the second half, so that blocks there code one plane
+    // fewer.
     out.push((
         "skewed planes".into(),
         (0..n * isz)
