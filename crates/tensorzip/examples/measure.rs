@@ -113,7 +113,8 @@ fn main() {
         rans += st.rans_bytes;
         raw += st.raw_bytes;
         for (i, p) in st.planes.iter().enumerate() {
-            agg[i].0 += p.coded_units;
+            // Conditioned units counted with the coded ones, as before the split.
+            agg[i].0 += p.coded_units + p.cond_units;
             agg[i].1 += p.raw_units;
             agg[i].2 += p.const_units;
             agg[i].3 += p.table_bytes;

@@ -17,15 +17,21 @@ pub struct PlaneStats {
     pub raw_units: u64,
     /// Units in constant chunks or blocks.
     pub const_units: u64,
+    /// Units of chunks where the plane is conditioned (coded with the conditional table where the
+    /// condition plane has the conditioning value, raw elsewhere; which is which only decoding
+    /// tells).
+    pub cond_units: u64,
 }
 
 impl PlaneStats {
-    /// A short mode summary such as `"coded 97% raw 3%"`.
+    /// A short mode summary such as `"coded 97% raw 3%"` (`cond` for conditioned units).
     pub fn summary(&self) -> String {
-        let total = (self.coded_units + self.raw_units + self.const_units).max(1) as f64;
+        let total =
+            (self.coded_units + self.raw_units + self.const_units + self.cond_units).max(1) as f64;
         let mut parts = Vec::new();
         for (name, v) in [
             ("coded", self.coded_units),
+            ("cond", self.cond_units),
             ("raw", self.raw_units),
             ("const", self.const_units),
         ] {
@@ -89,8 +95,7 @@ impl BlobStats {
             for p in 0..us {
                 let ps = &mut st.planes[p];
                 match e.modes[p] {
-                    // Conditioned planes mix coded and raw units; counted as coded here.
-                    PlaneMode::Cond => ps.coded_units += len as u64,
+                    PlaneMode::Cond => ps.cond_units += len as u64,
                     PlaneMode::Raw => ps.raw_units += len as u64,
                     PlaneMode::Const(_) => ps.const_units += len as u64,
                     PlaneMode::Blocks => {
@@ -112,5 +117,32 @@ impl BlobStats {
             st.raw_bytes += payload.len().saturating_sub(cursor + e.rans_len as usize);
         }
         Ok(st)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compress, sample, CompressOptions, DType};
+
+    #[test]
+    fn conditioned_planes_are_summarised_as_such() {
+        let w = sample::weights(64, 1024, DType::F32, 3);
+        let shape = [64u64, 1024];
+        let on = compress(&w, DType::F32, &shape, &CompressOptions::default()).unwrap();
+        let st = BlobStats::of(&on).unwrap();
+        // fp32 weights: the plane below the exponent (plane 2) is conditioned on the exponent.
+        assert_eq!(st.planes[2].cond_units, 64 * 1024);
+        assert_eq!(st.planes[2].summary(), "cond 100%");
+        assert_eq!(st.planes[2].coded_units, 0);
+        assert!(st.planes[3].summary().starts_with("coded"));
+        let opts = CompressOptions {
+            condition: false,
+            ..Default::default()
+        };
+        let off = compress(&w, DType::F32, &shape, &opts).unwrap();
+        let st = BlobStats::of(&off).unwrap();
+        assert!(st.planes.iter().all(|p| p.cond_units == 0));
+        assert!(st.planes.iter().all(|p| !p.summary().contains("cond")));
     }
 }
