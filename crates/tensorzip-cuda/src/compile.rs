@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaModule};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
@@ -192,27 +192,32 @@ fn compile(name: &str, src: &str, arch: &str, defines: &[String]) -> Result<Vec<
 pub(crate) struct Units {
     name: &'static str,
     macro_name: &'static str,
-    labels: &'static [&'static str],
+    /// Per variant: its label (in cache file names) and the names of its two kernels.
+    variants: Vec<(String, [String; 2])>,
     src: std::borrow::Cow<'static, str>,
     modules: Vec<OnceLock<Arc<CudaModule>>>,
+    /// Each variant's two kernels, once loaded.
+    kernels: Vec<OnceLock<(CudaFunction, CudaFunction)>>,
     /// Held while compiling, so that two calls do not compile the same unit twice.
     compiling: Mutex<()>,
 }
 
 impl Units {
-    /// `labels` names the variants (in cache file names); `src` as [`source`] returns it.
+    /// `variants` gives each variant's label and the names of its two kernels; `src` as
+    /// [`source`] returns it.
     pub(crate) fn new(
         name: &'static str,
         macro_name: &'static str,
-        labels: &'static [&'static str],
+        variants: Vec<(String, [String; 2])>,
         src: std::borrow::Cow<'static, str>,
     ) -> Units {
         Units {
             name,
             macro_name,
-            labels,
+            modules: (0..=variants.len()).map(|_| OnceLock::new()).collect(),
+            kernels: variants.iter().map(|_| OnceLock::new()).collect(),
+            variants,
             src,
-            modules: (0..=labels.len()).map(|_| OnceLock::new()).collect(),
             compiling: Mutex::new(()),
         }
     }
@@ -222,14 +227,40 @@ impl Units {
         self.load(ctx, &[0]).map(|mut m| m.remove(0))
     }
 
-    /// The modules of `variants`, compiling those not built yet together.
-    pub(crate) fn variants(
+    /// The two kernels of each of `variants`, compiling the variants not built yet together.
+    pub(crate) fn kernels(
         &self,
         ctx: &Arc<CudaContext>,
         variants: &[usize],
-    ) -> Result<Vec<Arc<CudaModule>>> {
-        let units: Vec<usize> = variants.iter().map(|&v| v + 1).collect();
-        self.load(ctx, &units)
+    ) -> Result<Vec<&(CudaFunction, CudaFunction)>> {
+        let loaded = |v: usize| self.kernels.get(v).and_then(|k| k.get());
+        let missing: Vec<usize> = variants
+            .iter()
+            .copied()
+            .filter(|&v| v < self.kernels.len() && loaded(v).is_none())
+            .collect();
+        if !missing.is_empty() {
+            let units: Vec<usize> = missing.iter().map(|&v| v + 1).collect();
+            for (&v, m) in missing.iter().zip(self.load(ctx, &units)?) {
+                let [a, b] = &self.variants[v].1;
+                let _ = self.kernels[v].set((m.load_function(a)?, m.load_function(b)?));
+            }
+        }
+        variants
+            .iter()
+            .map(|&v| {
+                loaded(v)
+                    .ok_or_else(|| Error::Driver(format!("no kernel variant {v} of {}", self.name)))
+            })
+            .collect()
+    }
+
+    /// Unit `u`'s name (its cache files start with it): `NAME-common`, `NAME-LABEL`.
+    fn unit_name(&self, u: usize) -> String {
+        match u {
+            0 => format!("{}-common", self.name),
+            _ => format!("{}-{}", self.name, self.variants[u - 1].0),
+        }
     }
 
     fn load(&self, ctx: &Arc<CudaContext>, units: &[usize]) -> Result<Vec<Arc<CudaModule>>> {
@@ -251,10 +282,7 @@ impl Units {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        let unit_name = |u: usize| match u {
-            0 => format!("{}-common", self.name),
-            _ => format!("{}-{}", self.name, self.labels[u - 1]),
-        };
+        let unit_name = |u: usize| self.unit_name(u);
         let defines = |u: usize| vec![format!("{}={}", self.macro_name, u as i64 - 1)];
         // The cubins in parallel (from the caches, or compiled), then loaded here; a cached cubin
         // the driver refuses (damaged on disk) is compiled again.
@@ -327,21 +355,28 @@ mod tests {
             .chain([(-1, "tz_build_tables".into()), (-1, "tz_copy".into())])
             .collect();
         assert_eq!(units, want);
-        for (k, (name, _, _)) in crate::plan::KERNELS.iter().enumerate() {
-            assert_eq!(
-                Some(crate::engine::DECODE_LABELS[k]),
-                name.strip_prefix("tz_decode_")
-            );
-        }
+    }
+
+    #[test]
+    fn units_keep_their_cache_names() {
+        let d = crate::engine::decode_units();
+        let names: Vec<String> = (0..=7).map(|u| d.unit_name(u)).collect();
+        assert_eq!(names[0], "tz_decode-common");
+        assert_eq!(names[3], "tz_decode-2e8");
+        assert_eq!(names[7], "tz_decode-8e11");
+        assert_eq!(d.variants[4].1, ["tz_decode_4e8", "tz_decode_4e8_pair"]);
+        let e = crate::encode::encode_units();
+        assert_eq!(e.unit_name(5), "tz_encode-4e8");
+        assert_eq!(e.variants[2].1, ["tz_hist_2e8", "tz_encode_2e8"]);
     }
 
     #[test]
     fn encoder_units_are_the_kernels_of_their_index() {
         let units = units_of(crate::encode::ENCODE_SRC, "ENTRIES(");
-        let mut want: Vec<(i64, String)> = crate::encode::variant_suffixes()
+        let mut want: Vec<(i64, String)> = crate::encode::VARIANTS
             .iter()
             .enumerate()
-            .map(|(k, s)| (k as i64, s.to_string()))
+            .map(|(k, v)| (k as i64, v.2.to_string()))
             .collect();
         want.extend(["tz_compact", "tz_crc32", "tz_crc32_list"].map(|n| (-1, n.to_string())));
         assert_eq!(units, want);

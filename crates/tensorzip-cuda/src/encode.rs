@@ -111,18 +111,17 @@ unsafe impl DeviceRepr for ChunkOut {}
 unsafe impl ValidAsZeroBits for ChunkOut {}
 
 /// The encoder's kernels: the common ones (compaction, CRC-32) loaded on first use, the counting
-/// and encoding kernels of each variant when a call first needs them (`Units`).
+/// and encoding kernels (`tz_hist_*`, `tz_encode_*`) of each of [`VARIANTS`] when a call first
+/// needs them (`compile::Units`).
 pub(crate) struct EncodeKernels {
     units: crate::compile::Units,
-    /// `tz_hist_*` and `tz_encode_*` of each of [`VARIANTS`], once compiled.
-    variants: Vec<std::sync::OnceLock<(CudaFunction, CudaFunction)>>,
     compact: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
 }
 
 /// (unit size, exponent bits) of each kernel instantiation, and its name suffix.
-const VARIANTS: [(usize, u32, &str); 7] = [
+pub(crate) const VARIANTS: [(usize, u32, &str); 7] = [
     (1, 0, "1"),
     (2, 0, "2"),
     (2, 8, "2e8"),
@@ -132,33 +131,35 @@ const VARIANTS: [(usize, u32, &str); 7] = [
     (8, 11, "8e11"),
 ];
 
-/// [`VARIANTS`]' suffixes (the compile units' names).
-const LABELS: [&str; 7] = ["1", "2", "2e8", "4", "4e8", "8", "8e11"];
-
-/// The kernel name suffix of each variant, in order (for the unit test of the compile units).
-#[cfg(test)]
-pub(crate) fn variant_suffixes() -> Vec<&'static str> {
-    assert_eq!(LABELS.to_vec(), VARIANTS.map(|v| v.2).to_vec());
-    VARIANTS.map(|v| v.2).to_vec()
+/// The encoder's compile units: one per [`VARIANTS`] entry (labelled by its suffix), its
+/// counting and encoding kernels.
+pub(crate) fn encode_units() -> crate::compile::Units {
+    let variants = VARIANTS
+        .iter()
+        .map(|v| {
+            let s = v.2;
+            (
+                s.to_string(),
+                [format!("tz_hist_{s}"), format!("tz_encode_{s}")],
+            )
+        })
+        .collect();
+    crate::compile::Units::new(
+        "tz_encode",
+        "TZ_UNIT",
+        variants,
+        crate::compile::source("tz_encode", ENCODE_SRC),
+    )
 }
 
 impl EncodeKernels {
     pub(crate) fn load(eng: &GpuEngine) -> Result<EncodeKernels> {
-        let units = crate::compile::Units::new(
-            "tz_encode",
-            "TZ_UNIT",
-            &LABELS,
-            crate::compile::source("tz_encode", ENCODE_SRC),
-        );
+        let units = encode_units();
         let module = units.common(eng.context())?;
         Ok(EncodeKernels {
             compact: module.load_function("tz_compact")?,
             crc: module.load_function("tz_crc32")?,
             crc_list: module.load_function("tz_crc32_list")?,
-            variants: VARIANTS
-                .iter()
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
             units,
         })
     }
@@ -170,30 +171,7 @@ impl EncodeKernels {
         eng: &GpuEngine,
         variants: &[usize],
     ) -> Result<Vec<&(CudaFunction, CudaFunction)>> {
-        let missing: Vec<usize> = variants
-            .iter()
-            .copied()
-            .filter(|&v| self.variants.get(v).is_some_and(|f| f.get().is_none()))
-            .collect();
-        if !missing.is_empty() {
-            let modules = self.units.variants(eng.context(), &missing)?;
-            for (&v, m) in missing.iter().zip(modules) {
-                let fns = (
-                    m.load_function(&format!("tz_hist_{}", VARIANTS[v].2))?,
-                    m.load_function(&format!("tz_encode_{}", VARIANTS[v].2))?,
-                );
-                let _ = self.variants[v].set(fns);
-            }
-        }
-        variants
-            .iter()
-            .map(|&v| {
-                self.variants
-                    .get(v)
-                    .and_then(|f| f.get())
-                    .ok_or_else(|| Error::Driver(format!("encoder kernel {v} not loaded")))
-            })
-            .collect()
+        self.units.kernels(eng.context(), variants)
     }
 }
 

@@ -19,8 +19,23 @@ pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/decode.cu")
 );
 
-/// [`KERNELS`]' names without their `tz_decode_` prefix (the compile units' cache file names).
-pub(crate) const DECODE_LABELS: [&str; KERNELS.len()] = ["1", "2", "2e8", "4", "4e8", "8", "8e11"];
+/// The decoder's compile units: one per [`KERNELS`] entry (labelled by the name after
+/// `tz_decode_`), its kernels one and two warps per chunk.
+pub(crate) fn decode_units() -> crate::compile::Units {
+    let variants = KERNELS
+        .iter()
+        .map(|(n, _, _)| {
+            let label = n.trim_start_matches("tz_decode_").to_string();
+            (label, [n.to_string(), format!("{n}_pair")])
+        })
+        .collect();
+    crate::compile::Units::new(
+        "tz_decode",
+        "TZ_UNIT",
+        variants,
+        crate::compile::source("tz_decode", DECODE_SRC),
+    )
+}
 
 /// Shared memory one block of the decoder may use (the H200 allows 227 KiB).
 const MAX_SMEM: u32 = 220 * 1024;
@@ -442,11 +457,9 @@ pub struct GpuEngine {
 }
 
 pub(crate) struct Shared {
-    /// The decoder's source, compiled a variant at a time on first use.
-    decode_units: crate::compile::Units,
-    /// The decoder kernels of each of [`KERNELS`] once compiled: one warp per chunk, and two
-    /// (`NAME_pair`, [`DecodeLayout::TwoWarps`]).
-    decode: Vec<std::sync::OnceLock<(CudaFunction, CudaFunction)>>,
+    /// The decoder's source, compiled a variant of [`KERNELS`] at a time on first use; each
+    /// variant's kernels are one warp per chunk and two (`NAME_pair`, [`DecodeLayout::TwoWarps`]).
+    decode: crate::compile::Units,
     /// `tz_build_tables`: frequencies to decoder tables.
     build_tables: CudaFunction,
     /// `tz_copy`: the small stored blobs of a batch, in one launch.
@@ -508,13 +521,8 @@ impl GpuEngine {
         crate::available().map_err(Error::Unavailable)?;
         let ctx = CudaContext::new(ordinal)?;
         // The common kernels now (quick to compile; the decode kernels on first use, per variant).
-        let decode_units = crate::compile::Units::new(
-            "tz_decode",
-            "TZ_UNIT",
-            &DECODE_LABELS,
-            crate::compile::source("tz_decode", DECODE_SRC),
-        );
-        let module = decode_units.common(&ctx)?;
+        let decode = decode_units();
+        let module = decode.common(&ctx)?;
         let build_tables = module.load_function("tz_build_tables")?;
         let copy = module.load_function("tz_copy")?;
         let stream = ctx.default_stream();
@@ -541,8 +549,7 @@ impl GpuEngine {
             stream,
             layout,
             shared: Arc::new(Shared {
-                decode_units,
-                decode: KERNELS.iter().map(|_| std::sync::OnceLock::new()).collect(),
+                decode,
                 build_tables,
                 copy,
                 sms,
@@ -554,37 +561,6 @@ impl GpuEngine {
                 small: std::sync::Mutex::new(None),
             }),
         })
-    }
-
-    /// The decoder kernels (one warp, two warps per chunk) of each of `kernels` (indices into
-    /// [`KERNELS`]), compiling the variants not built yet, together.
-    fn decode_kernels(&self, kernels: &[usize]) -> Result<Vec<&(CudaFunction, CudaFunction)>> {
-        let sh = &self.shared;
-        let missing: Vec<usize> = kernels
-            .iter()
-            .copied()
-            .filter(|&k| sh.decode.get(k).is_some_and(|f| f.get().is_none()))
-            .collect();
-        if !missing.is_empty() {
-            let modules = sh.decode_units.variants(&self.ctx, &missing)?;
-            for (&k, m) in missing.iter().zip(modules) {
-                let name = KERNELS[k].0;
-                let fns = (
-                    m.load_function(name)?,
-                    m.load_function(&format!("{name}_pair"))?,
-                );
-                let _ = sh.decode[k].set(fns);
-            }
-        }
-        kernels
-            .iter()
-            .map(|&k| {
-                sh.decode
-                    .get(k)
-                    .and_then(|f| f.get())
-                    .ok_or_else(|| Error::Driver(format!("decoder kernel {k} not loaded")))
-            })
-            .collect()
     }
 
     /// The same engine (context, kernels, buffers) working on `stream` instead: e.g. a stream of
@@ -918,7 +894,7 @@ impl GpuEngine {
             }
         }
         let kernels: Vec<usize> = dp.groups.iter().map(|g| g.kernel).collect();
-        let fns = self.decode_kernels(&kernels)?;
+        let fns = self.shared.decode.kernels(&self.ctx, &kernels)?;
         for (g, (one, pair)) in dp.groups.iter().zip(fns) {
             let f = if g.split { pair } else { one };
             f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
