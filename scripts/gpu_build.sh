@@ -28,6 +28,12 @@ if ! ls gpu-py/pytest-*.whl >/dev/null 2>&1; then
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d gpu-py pytest pluggy iniconfig packaging pygments ||
         echo "pytest wheels not downloadable: scripts/gpu_run.sh python needs pytest on the device"
 fi
+# safetensors, the baseline of `scripts/gpu_run.sh load` (the GPU machine has no package index).
+if ! ls gpu-py/safetensors-*.whl >/dev/null 2>&1; then
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux2014_x86_64 -d gpu-py safetensors ||
+        echo "safetensors wheel not downloadable: scripts/gpu_run.sh load compares with the plain reader only"
+fi
 ls -la gpu-py
 # The anchors' wheels (cuZipNN needs nvCOMP), for scripts/gpu_run.sh bench.
 anchors=../shared/anchor-wheels

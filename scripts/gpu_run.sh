@@ -10,6 +10,9 @@
 #                                 and fp16 casts), or of the tensorzip archive F.tz as it is
 #   scripts/gpu_run.sh python     the Python package's tests (GPU ones included) and its benchmark
 #                                 against cuZipNN (carry gpu-py/ and gpu-wheels/)
+#   scripts/gpu_run.sh load [F..] whole files loaded onto the GPU: tensorzip.load_file against
+#                                 safetensors and a plain reader, synthetic 1 GiB models and the
+#                                 safetensors files F (carry gpu-py/)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -70,6 +73,13 @@ if [[ $what == python ]]; then
     fi
     PYTHONPATH=$site python3 -m pytest bindings/python/tests -q -rs -p no:cacheprovider || rc=1
     PYTHONPATH=$site python3 bindings/python/bench/bench.py gpu || rc=1
+fi
+if [[ $what == load ]]; then
+    echo "== loading whole files onto the GPU"
+    site=/tmp/tz-load-site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" gpu-py/*.whl || rc=1
+    shift
+    PYTHONPATH=$site python3 bindings/python/bench/bench.py load "$@" || rc=1
 fi
 if [[ $what == model ]]; then
     f=$2

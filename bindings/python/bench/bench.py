@@ -2,6 +2,7 @@
 
     python bench/bench.py cpu [CLI]    # Python API vs the Rust engine alone, 64 MiB tensors, this machine
     python bench/bench.py gpu          # compress_tensor / decompress_tensor on CUDA vs cuZipNN 0.1.0
+    python bench/bench.py load [ST...] # a whole file onto the GPU: tensorzip.load_file vs safetensors
 
 cpu: the same tensors (64 MiB bf16 and fp32 of randn * 0.02 * exp(0.3 * randn(rows, 1))) are written
 to a .safetensors file and measured by `tensorzip bench` (the Rust engine alone, same options,
@@ -13,6 +14,15 @@ README: `compress_tensor(t)` (CUDA tensor -> CPU blob) and `decompress_tensor(bl
 (CPU blob -> CUDA tensor), for tensorzip and cuZipNN 0.1.0, median of 5 after a warm-up, with
 torch.cuda.synchronize() around each call; plus the blob sizes. One JSON line per measurement and a
 table at the end.
+
+load: a model file loaded onto the GPU, `tensorzip.load_file(archive, device="cuda")` against
+`safetensors.torch.load_file(file, device="cuda")` (if the package is importable) and a plain
+reader (the file mapped, each tensor `torch.frombuffer(...).to("cuda")`), on synthetic 1 GiB bf16
+(8 x 8192 x 8192) and fp32 (4 x 8192 x 8192) models and on each safetensors file named (e.g.
+all-MiniLM-L6-v2): the archive is written by `tensorzip.save_file`, both files are read once before
+timing (page cache warm: this measures the host-to-GPU path, not the disk), every tensor is checked
+against the original bits, median of 5 after a warm-up; throughput = original bytes / second.
+With TZ_LABEL set, the tensorzip rows carry that label (to compare two builds in one run).
 """
 
 from __future__ import annotations
@@ -26,10 +36,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 
 import tensorzip as tz
+
+
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                      "U8": torch.uint8, "BOOL": torch.bool}
 
 
 def weights(rows: int, cols: int, dtype: torch.dtype, seed: int, device="cpu") -> torch.Tensor:
@@ -55,7 +71,7 @@ def median_time(fn, runs: int = 5, sync: bool = False) -> float:
 
 def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     header, off, blobs = {}, 0, []
-    st = {torch.bfloat16: "BF16", torch.float32: "F32"}
+    st = {v: k for k, v in SAFETENSORS_DTYPES.items()}
     for k, v in tensors.items():
         u = v.contiguous().view(torch.uint8).reshape(-1)
         b = ctypes.string_at(u.data_ptr(), u.numel())
@@ -142,12 +158,100 @@ def gpu() -> None:
               f"decompress {a['decompress_gbps'] / b['decompress_gbps']:.2f}x, blob {a['ratio'] / b['ratio']:.3f}x")
 
 
+def read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, read with the standard library and torch only."""
+    dtypes = SAFETENSORS_DTYPES
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        raw = torch.frombuffer(bytearray(data[8 + n + a:8 + n + b]), dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
+        out[k] = raw.view(dtypes[v["dtype"]]).reshape(v["shape"])
+    return out
+
+
+def plain_load_cuda(path: str) -> dict[str, torch.Tensor]:
+    """What a reader without a codec does: the file mapped, each tensor copied to the GPU."""
+    import mmap
+
+    dtypes = SAFETENSORS_DTYPES
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    n = struct.unpack("<Q", mm[:8])[0]
+    header = json.loads(mm[8:8 + n])
+    with warnings.catch_warnings():
+        # The map is read-only; nothing here writes to it.
+        warnings.simplefilter("ignore", UserWarning)
+        buf = torch.frombuffer(mm, dtype=torch.uint8)
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        out[k] = buf[8 + n + a:8 + n + b].view(dtypes[v["dtype"]]).reshape(v["shape"]).to("cuda")
+    return out
+
+
+def load(files: list[str]) -> None:
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        st = None
+        print("safetensors not importable: only the plain reader as the baseline", flush=True)
+    label = os.environ.get("TZ_LABEL", "tensorzip")
+    models = []
+    for dtype, name, n in ((torch.bfloat16, "bf16", 8), (torch.float32, "fp32", 4)):
+        models.append((f"synthetic {name} {n}x8192x8192",
+                       {f"w{i}": weights(8192, 8192, dtype, i + 1) for i in range(n)}))
+    for f in files:
+        models.append((os.path.basename(f), read_safetensors(f)))
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, tensors in models:
+            size = sum(t.numel() * t.element_size() for t in tensors.values())
+            sp, zp = os.path.join(d, "m.safetensors"), os.path.join(d, "m.tz")
+            write_safetensors(sp, tensors)
+            tz.save_file(tensors, zp)
+            for path in (sp, zp):
+                with open(path, "rb") as fh:
+                    while fh.read(64 << 20):
+                        pass
+            tools = [(label, lambda: tz.load_file(zp, device="cuda"))]
+            if st is not None:
+                tools.append(("safetensors", lambda: st.load_file(sp, device="cuda")))
+            tools.append(("plain reader", lambda: plain_load_cuda(sp)))
+            for tool, fn in tools:
+                got = fn()
+                for k, t in tensors.items():
+                    assert torch.equal(got[k].cpu().view(torch.uint8), t.view(torch.uint8)), (tool, k)
+                del got
+                t_load = median_time(fn, sync=True)
+                row = {"tool": tool, "model": name, "bytes": size, "file_bytes": os.path.getsize(zp if tool == label else sp),
+                       "load_gbps": size / t_load / 1e9, "load_ms": t_load * 1e3}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                torch.cuda.empty_cache()
+            os.remove(sp)
+            os.remove(zp)
+    print("| model | tool | file / original | load onto the GPU GB/s | ms |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['tool']} | {100 * r['file_bytes'] / r['bytes']:.2f}% | {r['load_gbps']:.2f} | {r['load_ms']:.1f} |")
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "cpu":
         cpu(sys.argv[2] if len(sys.argv) > 2 else "target/release/tensorzip")
     elif what == "gpu":
         gpu()
+    elif what == "load":
+        load(sys.argv[2:])
     else:
         print(__doc__)
         sys.exit(2)

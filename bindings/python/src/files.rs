@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use cudarc::driver::DevicePtr;
+use cudarc::driver::DevicePtrMut;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use rayon::prelude::*;
@@ -19,7 +19,7 @@ use tensorzip::archive::{
 };
 use tensorzip::blob::BlobLayout;
 
-use crate::gpu::{engine_on, gpu_err, restoring, upload};
+use crate::gpu::{engine_on, gpu_err, restoring};
 use crate::{cpu, host, host_mut, to_py, OptionArgs};
 
 /// Writes `entries` — (name, safetensors dtype name, shape, host address, byte count) — and the
@@ -293,19 +293,25 @@ impl ArchiveFile {
                     .into_iter()
                     .collect::<tensorzip::Result<Vec<_>>>()
                     .map_err(named)?;
-                let mut host_bytes = Vec::new();
+                // Blobs 16-byte aligned in one device buffer, copied there straight from the
+                // mapped file (gathering them into one host buffer first was a full copy into
+                // fresh memory).
                 let mut placed = Vec::with_capacity(segs.len());
+                let mut len = 0u64;
                 for (layout, &i) in layouts.into_iter().zip(&segs) {
-                    // Blobs 16-byte aligned in the upload.
-                    while host_bytes.len() % 16 != 0 {
-                        host_bytes.push(0);
-                    }
-                    placed.push((layout, host_bytes.len() as u64, i));
-                    host_bytes.extend_from_slice(ar.blob(i));
+                    len = len.next_multiple_of(16);
+                    placed.push((layout, len, i));
+                    len += ar.blob(i).len() as u64;
                 }
-                let dev = upload(&eng, &host_bytes).map_err(gpu_err)?;
-                drop(host_bytes);
-                let base = dev.device_ptr(eng.stream()).0;
+                let pieces: Vec<(&[u8], u64)> =
+                    placed.iter().map(|&(_, at, i)| (ar.blob(i), at)).collect();
+                let s = eng.stream();
+                // SAFETY: plain bytes, all written by the upload below before the decoder reads.
+                let mut dev =
+                    unsafe { s.alloc::<u8>(len.max(1) as usize) }.map_err(|e| gpu_err(e.into()))?;
+                let base = dev.device_ptr_mut(s).0;
+                // SAFETY: `dev` holds `len` bytes, the end of the last piece.
+                unsafe { eng.upload_gather(&pieces, base) }.map_err(gpu_err)?;
                 let jobs: Vec<(&BlobLayout, u64, u64)> = placed
                     .iter()
                     .zip(&outs)

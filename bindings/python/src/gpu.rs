@@ -268,19 +268,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Uploads host bytes to a new device buffer of the engine (staged, all host cores).
-pub(crate) fn upload(
-    eng: &GpuEngine,
-    bytes: &[u8],
-) -> tensorzip_cuda::Result<cudarc::driver::CudaSlice<u8>> {
-    let s = eng.stream();
-    let mut dev = s.alloc_zeros::<u8>(bytes.len().max(1))?;
-    let p = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, s).0;
-    // SAFETY: `dev` holds at least `bytes.len()` bytes.
-    unsafe { eng.upload_to(bytes, p)? };
-    Ok(dev)
-}
-
 /// [`on`] for the files module.
 pub(crate) fn engine_on(device: usize, stream: usize) -> PyResult<GpuEngine> {
     on(device, stream)

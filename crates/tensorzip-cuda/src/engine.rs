@@ -1085,17 +1085,23 @@ impl GpuEngine {
         blobs: &[&[u8]],
         layouts: &[BlobLayout],
     ) -> Result<HostBatch> {
-        let mut data = Vec::with_capacity(blobs.iter().map(|b| b.len()).sum());
+        // Blobs 16-byte aligned in one device buffer, copied there from the caller's memory
+        // through the staging buffers (no gathered host copy; a direct copy from pageable memory
+        // runs at ~8-10 GB/s on the H200's host, the staged one at the PCIe limit).
+        let mut pieces = Vec::with_capacity(blobs.len());
         let mut jobs = Vec::with_capacity(blobs.len());
+        let mut in_len = 0u64;
         let mut out_len = 0u64;
         let mut tensors = Vec::with_capacity(blobs.len());
         for (b, l) in blobs.iter().zip(layouts) {
+            in_len = in_len.next_multiple_of(16);
             jobs.push(Job {
                 layout: l,
-                data_offset: data.len() as u64,
+                data_offset: in_len,
                 out_offset: out_len,
             });
-            data.extend_from_slice(b);
+            pieces.push((*b, in_len));
+            in_len += b.len() as u64;
             let n = l.header.nbytes();
             tensors.push((l.header.dtype, l.header.shape.clone(), out_len, n));
             // Keep every tensor aligned to 16 bytes.
@@ -1104,19 +1110,23 @@ impl GpuEngine {
         let plan = Plan::new(&jobs)?;
         let mut dplan = self.upload(&plan)?;
         let s = &self.stream;
-        let dev_data = s.clone_htod(if data.is_empty() { &[0u8][..] } else { &data })?;
-        drop(data);
+        // SAFETY: plain bytes, all written by the upload before the decoder reads them.
+        let mut dev_data = unsafe { s.alloc::<u8>(in_len.max(1) as usize) }?;
         let mut dev_out = s.alloc_zeros::<u8>(out_len.max(1) as usize)?;
+        let mut data = vec![0u8; out_len as usize];
         {
-            let (dp, _g1) = dev_data.device_ptr(s);
+            let (dp, _g1) = dev_data.device_ptr_mut(s);
             let (op, _g2) = dev_out.device_ptr_mut(s);
+            // SAFETY: `dev_data` holds `in_len` bytes, the end of the last piece.
+            unsafe { self.upload_gather(&pieces, dp)? };
             // SAFETY: the plan's offsets lie inside `dev_data` (layouts were parsed from these
             // bytes) and its outputs inside `dev_out` (sized above); both outlive the launch, which
             // `check` waits for.
             unsafe { self.launch(&mut dplan, dp, op)? };
             self.check(&dplan)?;
+            // SAFETY: `dev_out` holds `out_len` bytes, the length of `data`.
+            unsafe { self.download_from(op, &mut data)? };
         }
-        let data = s.clone_dtoh(&dev_out)?;
         Ok(HostBatch { data, tensors })
     }
 }

@@ -20,6 +20,60 @@ pub const STAGES: usize = 3;
 /// Bytes per host-thread copy task.
 const TASK_BYTES: usize = 1 << 20;
 
+/// Fills `stage`, the bytes `w0 .. w0 + stage.len()` of a gathered upload, from `pieces` (sorted,
+/// disjoint; zeros between them) with all cores. `first` is the first piece that can reach into
+/// this window and is advanced past the pieces that end inside it.
+fn fill_window(stage: &mut [u8], w0: u64, pieces: &[(&[u8], u64)], first: &mut usize) {
+    let w1 = w0 + stage.len() as u64;
+    // The window as consecutive parts, each a piece's bytes or a gap (`None`: `n` zeros).
+    let mut parts: Vec<(usize, Option<&[u8]>)> = Vec::new();
+    let mut pos = w0;
+    let mut i = *first;
+    while i < pieces.len() && pos < w1 {
+        let (bytes, at) = pieces[i];
+        if at >= w1 {
+            break;
+        }
+        if at > pos {
+            parts.push(((at - pos) as usize, None));
+            pos = at;
+        }
+        let pend = at + bytes.len() as u64;
+        let upto = pend.min(w1);
+        if upto > pos {
+            let from = (pos - at) as usize;
+            let n = (upto - pos) as usize;
+            parts.push((n, Some(&bytes[from..from + n])));
+            pos = upto;
+        }
+        if pend > w1 {
+            break;
+        }
+        i += 1;
+    }
+    *first = i;
+    if pos < w1 {
+        parts.push(((w1 - pos) as usize, None));
+    }
+    // Cut to at most TASK_BYTES, so that a large piece is copied by several threads.
+    let mut tasks: Vec<(&mut [u8], Option<&[u8]>)> = Vec::new();
+    let mut rest = stage;
+    for (n, src) in parts {
+        let mut off = 0;
+        while off < n {
+            let m = (n - off).min(TASK_BYTES);
+            let (head, tail) = rest.split_at_mut(m);
+            rest = tail;
+            tasks.push((head, src.map(|b| &b[off..off + m])));
+            off += m;
+        }
+    }
+    tasks.into_par_iter().for_each(|(d, src)| match src {
+        Some(src) => d.copy_from_slice(src),
+        None => d.fill(0),
+    });
+}
+
 /// `dst.copy_from_slice(src)` with all cores.
 fn par_copy(dst: &mut [u8], src: &[u8]) {
     dst.par_chunks_mut(TASK_BYTES)
@@ -47,28 +101,51 @@ impl GpuEngine {
     /// # Safety
     /// `dst` must be a device address of `src.len()` writable bytes in this engine's context.
     pub unsafe fn upload_to(&self, src: &[u8], dst: u64) -> Result<()> {
-        if src.is_empty() {
+        // SAFETY: the one piece covers `dst .. dst + src.len()`, the caller's range.
+        unsafe { self.upload_gather(&[(src, 0)], dst) }
+    }
+
+    /// Copies host byte strings to the device, `pieces[k] = (bytes, at)` to `dst + at`, and waits:
+    /// the device range `dst .. dst + end` (`end` = the last piece's end) is written in
+    /// `STAGE_BYTES` windows, each assembled in a staging buffer from the pieces it holds (bytes
+    /// between pieces become zeros) by all cores and copied while the next one is assembled. So
+    /// many blobs (a model's, from a mapped archive) go up without first being gathered into one
+    /// new host buffer — which cost a full copy into fresh memory before a GPU load.
+    /// The pieces must be in increasing order of `at` and must not overlap (else `Error::Unsupported`).
+    ///
+    /// # Safety
+    /// `dst .. dst + end` must be writable device memory in this engine's context.
+    pub unsafe fn upload_gather(&self, pieces: &[(&[u8], u64)], dst: u64) -> Result<()> {
+        let mut end = 0u64;
+        for &(b, at) in pieces {
+            if at < end {
+                return Err(Error::Unsupported(
+                    "upload pieces overlap or are out of order".into(),
+                ));
+            }
+            end = at + b.len() as u64;
+        }
+        if end == 0 {
             return Ok(());
         }
         let s = self.stream();
         let mut bufs = self.staging()?;
         let mut done: Vec<Option<cudarc::driver::CudaEvent>> = (0..STAGES).map(|_| None).collect();
-        for (k, piece) in src.chunks(STAGE_BYTES).enumerate() {
+        // The first piece that may reach into the current window.
+        let mut first = 0usize;
+        let n_windows = end.div_ceil(STAGE_BYTES as u64) as usize;
+        for k in 0..n_windows {
+            let w0 = (k * STAGE_BYTES) as u64;
+            let len = (end - w0).min(STAGE_BYTES as u64) as usize;
             let b = k % STAGES;
             if let Some(e) = done[b].take() {
                 e.synchronize()?;
             }
-            let stage = bufs[b].as_mut_slice()?;
-            par_copy(&mut stage[..piece.len()], piece);
-            // SAFETY: `dst + k * STAGE_BYTES` .. + len lies inside the caller's range; the staging
-            // buffer is page-locked and not touched again until this copy's event has completed.
-            unsafe {
-                result::memcpy_htod_async(
-                    dst + (k * STAGE_BYTES) as u64,
-                    &stage[..piece.len()],
-                    s.cu_stream(),
-                )?;
-            }
+            let stage = &mut bufs[b].as_mut_slice()?[..len];
+            fill_window(stage, w0, pieces, &mut first);
+            // SAFETY: `dst + w0 .. + len` lies inside the caller's range; the staging buffer is
+            // page-locked and not touched again until this copy's event has completed.
+            unsafe { result::memcpy_htod_async(dst + w0, &*stage, s.cu_stream())? };
             done[b] = Some(s.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
         }
         s.synchronize()?;
@@ -127,5 +204,51 @@ impl GpuEngine {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes `upload_gather` writes to `dst .. dst + end`, assembled one window at a time with
+    /// windows of `w` bytes, against the pieces placed into zeros directly.
+    fn gathered(pieces: &[(&[u8], u64)], w: usize) -> (Vec<u8>, Vec<u8>) {
+        let end = pieces.last().map_or(0, |&(b, at)| at as usize + b.len());
+        let mut want = vec![0u8; end];
+        for &(b, at) in pieces {
+            want[at as usize..at as usize + b.len()].copy_from_slice(b);
+        }
+        let mut got = vec![0xAAu8; end];
+        let mut first = 0;
+        for (k, stage) in got.chunks_mut(w).enumerate() {
+            fill_window(stage, (k * w) as u64, pieces, &mut first);
+        }
+        (got, want)
+    }
+
+    #[test]
+    fn gathered_windows_hold_the_pieces_and_zeros_between() {
+        let data: Vec<u8> = (0..3 * TASK_BYTES as u32 + 77)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect();
+        let (a, b, c) = (
+            &data[..10],
+            &data[10..10 + 2 * TASK_BYTES + 5],
+            &data[100..100],
+        );
+        let cases: Vec<Vec<(&[u8], u64)>> = vec![
+            vec![(a, 0)],
+            vec![(a, 3), (c, 13), (a, 16), (c, 40)],
+            vec![(a, 0), (b, 16), (a, 16 + b.len() as u64 + 5)],
+            vec![(c, 0), (b, 1)],
+        ];
+        for pieces in &cases {
+            // Windows that cut pieces anywhere, and one window for everything.
+            for w in [1usize, 3, 7, 16, 4096, TASK_BYTES + 3, 4 * TASK_BYTES] {
+                let (got, want) = gathered(pieces, w);
+                assert!(got == want, "window {w}");
+            }
+        }
     }
 }

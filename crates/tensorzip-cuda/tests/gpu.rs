@@ -472,6 +472,33 @@ fn gpu_staged_transfers_round_trip() {
         assert!(down == src, "download of {len} bytes");
         let _ = &mut dev;
     }
+    // Gathered uploads: pieces 16-aligned with gaps (zeros on the device, over bytes that were
+    // not zero), a piece across several staging windows, empty pieces; and refused orders.
+    let src: Vec<u8> = (0..3 * stage + 999)
+        .map(|i| (i * 13 + i / 5) as u8 | 1)
+        .collect();
+    let pieces: Vec<(&[u8], u64)> = vec![
+        (&src[..5], 0),
+        (&src[5..5], 16),
+        (&src[5..2 * stage + 3], 16),
+        (&src[100..117], (2 * stage + 19).next_multiple_of(16) as u64),
+        (&src[117..], (2 * stage + 64) as u64),
+    ];
+    let end = pieces.last().map_or(0, |&(b, at)| at as usize + b.len());
+    let mut want = vec![0u8; end];
+    for &(b, at) in &pieces {
+        want[at as usize..at as usize + b.len()].copy_from_slice(b);
+    }
+    let mut dev = s.clone_htod(&vec![0xFFu8; end]).unwrap();
+    let (p, g) = dev.device_ptr(s);
+    drop(g);
+    // SAFETY: `dev` holds `end` bytes and lives until the end of the test.
+    unsafe { eng.upload_gather(&pieces, p) }.unwrap();
+    assert!(s.clone_dtoh(&dev).unwrap() == want, "gathered upload");
+    // SAFETY: refused before anything is written.
+    let bad = unsafe { eng.upload_gather(&[(&src[..8], 8), (&src[..8], 4)], p) };
+    assert!(bad.is_err(), "overlapping pieces accepted");
+    let _ = &mut dev;
 }
 
 #[test]

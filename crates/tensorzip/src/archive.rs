@@ -472,7 +472,7 @@ pub fn write_archive(
         orig_len: s.len,
         blob_offset,
         blob_len,
-        orig_crc: crc32fast::hash(data),
+        orig_crc: crate::checksum::crc32(data),
         blob_crcs: Vec::new(),
     };
     let lens: Vec<u64> = segments.iter().map(|s| s.len).collect();
@@ -710,7 +710,7 @@ impl<'a> Archive<'a> {
     pub fn check_blob(&self, i: usize) -> Result<()> {
         let blob = self.blob(i);
         let got = if self.checksum_piece_bytes == 0 {
-            vec![crc32fast::hash(blob)]
+            vec![crate::checksum::crc32(blob)]
         } else {
             crc32_pieces(blob, self.checksum_piece_bytes as usize)?
         };
