@@ -285,10 +285,21 @@ impl ArchiveFile {
         restoring(|| {
             py.detach(|| -> PyResult<()> {
                 let named = |e| named(path, e);
-                // Every blob's checksum and layout, on all cores (a model's ~100 blobs took ~0.2 ms
-                // one after the other); the first failure in order is reported.
-                let parsed: Vec<tensorzip::Result<BlobLayout>> =
-                    segs.par_iter().map(|&i| ar.segment_layout(i)).collect();
+                // Every blob's layout, on all cores (a model's ~100 blobs took ~0.2 ms one after
+                // the other); the first failure in order is reported. With one checksum per blob
+                // (the default) the checksums are taken by the upload, from the bytes it copies,
+                // and compared before anything is decoded; with pieces, checked here first.
+                let whole = segs.iter().all(|&i| ar.whole_blob_crc(i).is_some());
+                let parsed: Vec<tensorzip::Result<BlobLayout>> = segs
+                    .par_iter()
+                    .map(|&i| {
+                        if whole {
+                            ar.segment_layout_unverified(i)
+                        } else {
+                            ar.segment_layout(i)
+                        }
+                    })
+                    .collect();
                 let layouts = parsed
                     .into_iter()
                     .collect::<tensorzip::Result<Vec<_>>>()
@@ -310,8 +321,20 @@ impl ArchiveFile {
                 let mut dev =
                     unsafe { s.alloc::<u8>(len.max(1) as usize) }.map_err(|e| gpu_err(e.into()))?;
                 let base = dev.device_ptr_mut(s).0;
-                // SAFETY: `dev` holds `len` bytes, the end of the last piece.
-                unsafe { eng.upload_gather(&pieces, base) }.map_err(gpu_err)?;
+                if whole {
+                    // SAFETY: `dev` holds `len` bytes, the end of the last piece.
+                    let crcs = unsafe { eng.upload_gather_crc(&pieces, base) }.map_err(gpu_err)?;
+                    for (&(_, _, i), &c) in placed.iter().zip(&crcs) {
+                        if Some(c) != ar.whole_blob_crc(i) {
+                            return Err(named(tensorzip::Error::Checksum(format!(
+                                "segment {i}: blob piece 0"
+                            ))));
+                        }
+                    }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { eng.upload_gather(&pieces, base) }.map_err(gpu_err)?;
+                }
                 let jobs: Vec<(&BlobLayout, u64, u64)> = placed
                     .iter()
                     .zip(&outs)

@@ -129,9 +129,18 @@ def test_load_file_on_the_gpu(gen, tmp_path):
         assert back[k].is_cuda and same(back[k], v), k
     with tz.safe_open(path, framework="pt", device="cuda") as f:
         assert same(f.get_tensor("b"), tensors["b"])
+    # Damage anywhere — archive header, index, a blob's header or payload (whose checksum the
+    # upload takes on the way), the end — and a truncated file: ValueError naming the file, and
+    # nothing decoded from damaged bytes is returned.
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 4
-    bad = tmp_path / "bad.tz"
-    bad.write_bytes(data)
-    with pytest.raises(ValueError, match="bad.tz"):
-        tz.load_file(bad, device="cuda")
+    for i in (0, 40, len(data) // 3, len(data) // 2, len(data) - 3):
+        d = bytearray(data)
+        d[i] ^= 4
+        bad = tmp_path / f"bad{i}.tz"
+        bad.write_bytes(d)
+        with pytest.raises(ValueError, match=bad.name):
+            tz.load_file(bad, device="cuda")
+    trunc = tmp_path / "t.tz"
+    trunc.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match="t.tz"):
+        tz.load_file(trunc, device="cuda")

@@ -20,13 +20,24 @@ pub const STAGES: usize = 3;
 /// Bytes per host-thread copy task.
 const TASK_BYTES: usize = 1 << 20;
 
+/// Bytes of a gathered upload's piece: its index and the bytes.
+type Src<'a> = (usize, &'a [u8]);
+
 /// Fills `stage`, the bytes `w0 .. w0 + stage.len()` of a gathered upload, from `pieces` (sorted,
 /// disjoint; zeros between them) with all cores. `first` is the first piece that can reach into
-/// this window and is advanced past the pieces that end inside it.
-fn fill_window(stage: &mut [u8], w0: u64, pieces: &[(&[u8], u64)], first: &mut usize) {
+/// this window and is advanced past the pieces that end inside it. With `crc`, returns the CRC
+/// state of each piece's bytes in the window (piece index, state), in order; else nothing.
+fn fill_window(
+    stage: &mut [u8],
+    w0: u64,
+    pieces: &[(&[u8], u64)],
+    first: &mut usize,
+    crc: bool,
+) -> Vec<(usize, crc32fast::Hasher)> {
     let w1 = w0 + stage.len() as u64;
-    // The window as consecutive parts, each a piece's bytes or a gap (`None`: `n` zeros).
-    let mut parts: Vec<(usize, Option<&[u8]>)> = Vec::new();
+    // The window as consecutive parts, each bytes of a piece (its index and the bytes) or a gap
+    // (`None`: `n` zeros).
+    let mut parts: Vec<(usize, Option<Src<'_>>)> = Vec::new();
     let mut pos = w0;
     let mut i = *first;
     while i < pieces.len() && pos < w1 {
@@ -43,7 +54,7 @@ fn fill_window(stage: &mut [u8], w0: u64, pieces: &[(&[u8], u64)], first: &mut u
         if upto > pos {
             let from = (pos - at) as usize;
             let n = (upto - pos) as usize;
-            parts.push((n, Some(&bytes[from..from + n])));
+            parts.push((n, Some((i, &bytes[from..from + n]))));
             pos = upto;
         }
         if pend > w1 {
@@ -56,7 +67,7 @@ fn fill_window(stage: &mut [u8], w0: u64, pieces: &[(&[u8], u64)], first: &mut u
         parts.push(((w1 - pos) as usize, None));
     }
     // Cut to at most TASK_BYTES, so that a large piece is copied by several threads.
-    let mut tasks: Vec<(&mut [u8], Option<&[u8]>)> = Vec::new();
+    let mut tasks: Vec<(&mut [u8], Option<Src<'_>>)> = Vec::new();
     let mut rest = stage;
     for (n, src) in parts {
         let mut off = 0;
@@ -64,14 +75,28 @@ fn fill_window(stage: &mut [u8], w0: u64, pieces: &[(&[u8], u64)], first: &mut u
             let m = (n - off).min(TASK_BYTES);
             let (head, tail) = rest.split_at_mut(m);
             rest = tail;
-            tasks.push((head, src.map(|b| &b[off..off + m])));
+            tasks.push((head, src.map(|(k, b)| (k, &b[off..off + m]))));
             off += m;
         }
     }
-    tasks.into_par_iter().for_each(|(d, src)| match src {
-        Some(src) => d.copy_from_slice(src),
-        None => d.fill(0),
-    });
+    tasks
+        .into_par_iter()
+        .filter_map(|(d, src)| match src {
+            Some((k, src)) => {
+                d.copy_from_slice(src);
+                // Hashed from the copy, which is in this core's cache.
+                crc.then(|| {
+                    let mut h = crc32fast::Hasher::new();
+                    h.update(d);
+                    (k, h)
+                })
+            }
+            None => {
+                d.fill(0);
+                None
+            }
+        })
+        .collect()
 }
 
 /// `dst.copy_from_slice(src)` with all cores.
@@ -116,6 +141,24 @@ impl GpuEngine {
     /// # Safety
     /// `dst .. dst + end` must be writable device memory in this engine's context.
     pub unsafe fn upload_gather(&self, pieces: &[(&[u8], u64)], dst: u64) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { self.gather(pieces, dst, false) }.map(|_| ())
+    }
+
+    /// [`GpuEngine::upload_gather`] that also returns the CRC-32 (zlib's) of each piece, computed
+    /// by the threads that copy it, from the bytes they copied: a load that checks blob checksums
+    /// reads the blobs once instead of twice (the check was a separate pass over the mapped file
+    /// before the upload).
+    ///
+    /// # Safety
+    /// As [`GpuEngine::upload_gather`].
+    pub unsafe fn upload_gather_crc(&self, pieces: &[(&[u8], u64)], dst: u64) -> Result<Vec<u32>> {
+        // SAFETY: the caller's promise.
+        unsafe { self.gather(pieces, dst, true) }
+    }
+
+    /// The gathered upload; with `crc`, the pieces' CRC-32s (else an empty vector).
+    unsafe fn gather(&self, pieces: &[(&[u8], u64)], dst: u64, crc: bool) -> Result<Vec<u32>> {
         let mut end = 0u64;
         for &(b, at) in pieces {
             if at < end {
@@ -125,8 +168,19 @@ impl GpuEngine {
             }
             end = at + b.len() as u64;
         }
+        // Per piece, the CRC state of its bytes copied so far (pieces span windows).
+        let mut hashers: Vec<Option<crc32fast::Hasher>> = Vec::new();
+        if crc {
+            hashers.resize_with(pieces.len(), || None);
+        }
+        let finish = |hashers: Vec<Option<crc32fast::Hasher>>| -> Vec<u32> {
+            hashers
+                .into_iter()
+                .map(|h| h.map_or_else(|| crc32fast::hash(&[]), |h| h.finalize()))
+                .collect()
+        };
         if end == 0 {
-            return Ok(());
+            return Ok(finish(hashers));
         }
         let s = self.stream();
         let mut bufs = self.staging()?;
@@ -142,14 +196,19 @@ impl GpuEngine {
                 e.synchronize()?;
             }
             let stage = &mut bufs[b].as_mut_slice()?[..len];
-            fill_window(stage, w0, pieces, &mut first);
+            for (k, h) in fill_window(stage, w0, pieces, &mut first, crc) {
+                match &mut hashers[k] {
+                    Some(acc) => acc.combine(&h),
+                    slot => *slot = Some(h),
+                }
+            }
             // SAFETY: `dst + w0 .. + len` lies inside the caller's range; the staging buffer is
             // page-locked and not touched again until this copy's event has completed.
             unsafe { result::memcpy_htod_async(dst + w0, &*stage, s.cu_stream())? };
             done[b] = Some(s.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
         }
         s.synchronize()?;
-        Ok(())
+        Ok(finish(hashers))
     }
 
     /// Copies the device bytes at `src` to host memory `dst` (on the engine's stream; the stream's
@@ -221,8 +280,18 @@ mod tests {
         }
         let mut got = vec![0xAAu8; end];
         let mut first = 0;
+        let mut hashers: Vec<Option<crc32fast::Hasher>> = vec![None; pieces.len()];
         for (k, stage) in got.chunks_mut(w).enumerate() {
-            fill_window(stage, (k * w) as u64, pieces, &mut first);
+            for (i, h) in fill_window(stage, (k * w) as u64, pieces, &mut first, true) {
+                match &mut hashers[i] {
+                    Some(acc) => acc.combine(&h),
+                    slot => *slot = Some(h),
+                }
+            }
+        }
+        for (&(b, _), h) in pieces.iter().zip(hashers) {
+            let c = h.map_or_else(|| crc32fast::hash(&[]), |h| h.finalize());
+            assert_eq!(c, crc32fast::hash(b), "CRC of a {}-byte piece", b.len());
         }
         (got, want)
     }

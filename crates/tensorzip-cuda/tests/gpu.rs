@@ -495,6 +495,13 @@ fn gpu_staged_transfers_round_trip() {
     // SAFETY: `dev` holds `end` bytes and lives until the end of the test.
     unsafe { eng.upload_gather(&pieces, p) }.unwrap();
     assert!(s.clone_dtoh(&dev).unwrap() == want, "gathered upload");
+    // The same with each piece's CRC-32 taken on the way.
+    s.memset_zeros(&mut dev).unwrap();
+    // SAFETY: as above.
+    let crcs = unsafe { eng.upload_gather_crc(&pieces, p) }.unwrap();
+    assert!(s.clone_dtoh(&dev).unwrap() == want, "gathered upload with CRCs");
+    let expected: Vec<u32> = pieces.iter().map(|&(b, _)| crc32fast::hash(b)).collect();
+    assert_eq!(crcs, expected);
     // SAFETY: refused before anything is written.
     let bad = unsafe { eng.upload_gather(&[(&src[..8], 8), (&src[..8], 4)], p) };
     assert!(bad.is_err(), "overlapping pieces accepted");

@@ -706,6 +706,15 @@ impl<'a> Archive<'a> {
         &self.data[s.blob_offset as usize..(s.blob_offset + s.blob_len) as usize]
     }
 
+    /// The stored CRC-32 of the whole of segment `i`'s blob, if the archive keeps one checksum per
+    /// blob (`checksum_piece_bytes` 0, the default), else `None`.
+    pub fn whole_blob_crc(&self, i: usize) -> Option<u32> {
+        match (self.checksum_piece_bytes, &self.segments[i].blob_crcs[..]) {
+            (0, &[c]) => Some(c),
+            _ => None,
+        }
+    }
+
     /// Checks segment `i`'s blob against its stored checksums.
     pub fn check_blob(&self, i: usize) -> Result<()> {
         let blob = self.blob(i);
@@ -733,6 +742,14 @@ impl<'a> Archive<'a> {
     /// the decoding themselves, e.g. the GPU engine, instead of parsing the blob a second time).
     pub fn segment_layout(&self, i: usize) -> Result<crate::blob::BlobLayout> {
         self.check_blob(i)?;
+        self.segment_layout_unverified(i)
+    }
+
+    /// [`Archive::segment_layout`] without the blob's checksums: the layout parsed (the parser
+    /// accepts any bytes safely) and checked against the index. For a caller that checksums the
+    /// blob on its way elsewhere (the GPU engine's upload, against [`Archive::whole_blob_crc`]);
+    /// nothing decoded from the blob may be used before that check passes.
+    pub fn segment_layout_unverified(&self, i: usize) -> Result<crate::blob::BlobLayout> {
         let s = &self.segments[i];
         let blob = self.blob(i);
         // A full parse (directory included) bounds the length by what the blob can hold.
@@ -872,6 +889,45 @@ mod tests {
             }),
         ];
         assert_eq!(written[0], written[1]);
+    }
+
+    /// An archive keeps one checksum per blob by default (`whole_blob_crc`, the CRC-32 of the blob)
+    /// and pieces otherwise (`None`); `segment_layout_unverified` parses a blob whose payload was
+    /// damaged (the checksum is left to the caller) while `segment_layout` refuses it.
+    #[test]
+    fn whole_blob_checksums_and_unverified_layouts() {
+        let a: Vec<u8> = (0..40_000u32)
+            .flat_map(|i| ((i % 97) as f32 * 0.01).to_le_bytes())
+            .collect();
+        let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![("a", "F32", &[400, 100], &a)];
+        let file = serialize_safetensors(&tensors, None).unwrap();
+        let segs = plan_safetensors(&file).unwrap();
+        let eng = CpuEngine::new(1).unwrap();
+        for piece in [0u32, 4096] {
+            let opts = ArchiveOptions {
+                checksum_piece_bytes: piece,
+                ..Default::default()
+            };
+            let mut bytes = archive(&|f| {
+                write_archive(&eng, &file[..], &segs, &opts, f, &|_| {}).unwrap();
+            });
+            let ar = Archive::parse(&bytes).unwrap();
+            let t = (0..ar.segments.len())
+                .find(|&i| ar.segments[i].kind == SegmentKind::Tensor)
+                .unwrap();
+            let whole = ar.whole_blob_crc(t);
+            assert_eq!(whole, (piece == 0).then(|| crc32fast::hash(ar.blob(t))));
+            // The last byte of the blob: payload, not header or directory.
+            let at = (ar.segments[t].blob_offset + ar.segments[t].blob_len - 1) as usize;
+            drop(ar);
+            bytes[at] ^= 0x10;
+            let ar = Archive::parse(&bytes).unwrap();
+            assert!(ar.segment_layout(t).is_err());
+            assert!(ar.segment_layout_unverified(t).is_ok());
+            if piece == 0 {
+                assert_ne!(ar.whole_blob_crc(t), Some(crc32fast::hash(ar.blob(t))));
+            }
+        }
     }
 
     /// The bytes of the archive `src` writes into a temporary file.
