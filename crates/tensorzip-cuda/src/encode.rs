@@ -40,8 +40,7 @@ pub const ENCODE_SRC: &str = concat!(
     include_str!("../kernels/encode.cu")
 );
 
-/// Tensors from this size on are moved between host and device through the staging buffers.
-const STAGED_MIN: usize = 32 << 20;
+use crate::transfer::STAGED_MIN;
 
 /// Most scratch memory one wave of chunks may use (a chunk's slot is ~2.5x its size: 1 GiB of
 /// tensors is one wave).

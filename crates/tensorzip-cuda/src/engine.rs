@@ -1085,9 +1085,10 @@ impl GpuEngine {
         blobs: &[&[u8]],
         layouts: &[BlobLayout],
     ) -> Result<HostBatch> {
-        // Blobs 16-byte aligned in one device buffer, copied there from the caller's memory
-        // through the staging buffers (no gathered host copy; a direct copy from pageable memory
-        // runs at ~8-10 GB/s on the H200's host, the staged one at the PCIe limit).
+        // Blobs 16-byte aligned in one device buffer. From `STAGED_MIN` on, copied there from the
+        // caller's memory through the staging buffers and the tensors back the same way (no
+        // gathered host copy; a direct copy from pageable memory runs at ~8-10 GB/s on the H200's
+        // host, the staged one at the PCIe limit).
         let mut pieces = Vec::with_capacity(blobs.len());
         let mut jobs = Vec::with_capacity(blobs.len());
         let mut in_len = 0u64;
@@ -1110,22 +1111,45 @@ impl GpuEngine {
         let plan = Plan::new(&jobs)?;
         let mut dplan = self.upload(&plan)?;
         let s = &self.stream;
-        // SAFETY: plain bytes, all written by the upload before the decoder reads them.
-        let mut dev_data = unsafe { s.alloc::<u8>(in_len.max(1) as usize) }?;
+        let staged = in_len.max(out_len) as usize >= crate::transfer::STAGED_MIN;
+        let mut dev_data = if staged {
+            // SAFETY: plain bytes, all written by the upload below before the decoder reads them.
+            unsafe { s.alloc::<u8>(in_len.max(1) as usize) }?
+        } else {
+            // A small batch: the blobs gathered on the host and copied plainly (no staging buffers
+            // to allocate in a short-lived process, e.g. the command line on a small file).
+            let mut host = vec![0u8; in_len.max(1) as usize];
+            for &(b, at) in &pieces {
+                host[at as usize..at as usize + b.len()].copy_from_slice(b);
+            }
+            s.clone_htod(&host)?
+        };
         let mut dev_out = s.alloc_zeros::<u8>(out_len.max(1) as usize)?;
-        let mut data = vec![0u8; out_len as usize];
+        let mut data = if staged {
+            vec![0u8; out_len as usize]
+        } else {
+            Vec::new()
+        };
         {
             let (dp, _g1) = dev_data.device_ptr_mut(s);
             let (op, _g2) = dev_out.device_ptr_mut(s);
-            // SAFETY: `dev_data` holds `in_len` bytes, the end of the last piece.
-            unsafe { self.upload_gather(&pieces, dp)? };
+            if staged {
+                // SAFETY: `dev_data` holds `in_len` bytes, the end of the last piece.
+                unsafe { self.upload_gather(&pieces, dp)? };
+            }
             // SAFETY: the plan's offsets lie inside `dev_data` (layouts were parsed from these
             // bytes) and its outputs inside `dev_out` (sized above); both outlive the launch, which
             // `check` waits for.
             unsafe { self.launch(&mut dplan, dp, op)? };
             self.check(&dplan)?;
-            // SAFETY: `dev_out` holds `out_len` bytes, the length of `data`.
-            unsafe { self.download_from(op, &mut data)? };
+            if staged {
+                // SAFETY: `dev_out` holds `out_len` bytes, the length of `data`.
+                unsafe { self.download_from(op, &mut data)? };
+            }
+        }
+        if !staged {
+            data = s.clone_dtoh(&dev_out)?;
+            data.truncate(out_len as usize);
         }
         Ok(HostBatch { data, tensors })
     }

@@ -499,7 +499,10 @@ fn gpu_staged_transfers_round_trip() {
     s.memset_zeros(&mut dev).unwrap();
     // SAFETY: as above.
     let crcs = unsafe { eng.upload_gather_crc(&pieces, p) }.unwrap();
-    assert!(s.clone_dtoh(&dev).unwrap() == want, "gathered upload with CRCs");
+    assert!(
+        s.clone_dtoh(&dev).unwrap() == want,
+        "gathered upload with CRCs"
+    );
     let expected: Vec<u32> = pieces.iter().map(|&(b, _)| crc32fast::hash(b)).collect();
     assert_eq!(crcs, expected);
     // SAFETY: refused before anything is written.
@@ -510,7 +513,7 @@ fn gpu_staged_transfers_round_trip() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
-fn gpu_encodes_large_host_tensors_through_the_staging_buffers() {
+fn gpu_encodes_and_decodes_large_host_tensors_through_the_staging_buffers() {
     let eng = engine();
     // 48 MiB: above the size from which compress_host stages its copies.
     let data = sample::weights(3 << 10, 8 << 10, DType::BF16, 21);
@@ -526,6 +529,15 @@ fn gpu_encodes_large_host_tensors_through_the_staging_buffers() {
         gpu.len(),
         cpu.len()
     );
+    // And back through the staged upload and download of `decompress_host` (the batch is above
+    // the size from which it stages), next to a small blob in the same batch.
+    let small = compress(&data[..4096], DType::BF16, &[2048], &opts).unwrap();
+    let out = eng.decompress_host(&[&small, &cpu]).unwrap();
+    assert!(
+        out[0].data == data[..4096],
+        "small tensor of a staged batch"
+    );
+    assert!(out[1].data == data, "large tensor of a staged batch");
 }
 
 #[test]
