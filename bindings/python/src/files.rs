@@ -284,6 +284,7 @@ impl ArchiveFile {
         let eng = engine_on(device, stream)?;
         restoring(|| {
             py.detach(|| -> PyResult<()> {
+                let trace = eng.tracer(format!("gpu_decode of {} tensors", segs.len()));
                 let named = |e| named(path, e);
                 // Every blob's layout, on all cores (a model's ~100 blobs took ~0.2 ms one after
                 // the other); the first failure in order is reported. With one checksum per blob
@@ -304,6 +305,7 @@ impl ArchiveFile {
                     .into_iter()
                     .collect::<tensorzip::Result<Vec<_>>>()
                     .map_err(named)?;
+                trace("layouts");
                 // Blobs 16-byte aligned in one device buffer, copied there straight from the
                 // mapped file (gathering them into one host buffer first was a full copy into
                 // fresh memory).
@@ -321,6 +323,7 @@ impl ArchiveFile {
                 let mut dev =
                     unsafe { s.alloc::<u8>(len.max(1) as usize) }.map_err(|e| gpu_err(e.into()))?;
                 let base = dev.device_ptr_mut(s).0;
+                trace("buffer");
                 if whole {
                     // SAFETY: `dev` holds `len` bytes, the end of the last piece.
                     let crcs = unsafe { eng.upload_gather_crc(&pieces, base) }.map_err(gpu_err)?;
@@ -335,6 +338,7 @@ impl ArchiveFile {
                     // SAFETY: as above.
                     unsafe { eng.upload_gather(&pieces, base) }.map_err(gpu_err)?;
                 }
+                trace("uploaded");
                 let jobs: Vec<(&BlobLayout, u64, u64)> = placed
                     .iter()
                     .zip(&outs)
@@ -344,6 +348,7 @@ impl ArchiveFile {
                 // live CUDA tensor of the tensor's byte count (the torch layer allocates it from
                 // `info`), distinct from the others.
                 unsafe { eng.decode_device(&jobs) }.map_err(gpu_err)?;
+                trace("decoded");
                 let ranges: Vec<(u64, u64)> = placed
                     .iter()
                     .zip(&outs)
@@ -351,6 +356,7 @@ impl ArchiveFile {
                     .collect();
                 // SAFETY: as above; each output holds `nbytes` decoded bytes.
                 let crcs = unsafe { eng.crc32_ranges_device(&ranges) }.map_err(gpu_err)?;
+                trace("checked");
                 for ((_, _, i), crc) in placed.iter().zip(&crcs) {
                     if *crc != ar.segments[*i].orig_crc {
                         return Err(PyValueError::new_err(format!(

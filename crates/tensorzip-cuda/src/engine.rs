@@ -689,6 +689,13 @@ impl GpuEngine {
         &self.ctx
     }
 
+    /// The engine's step tracer for a caller's own sequence of steps (the Python loader's): with
+    /// `TENSORZIP_GPU_TRACE` set, each call prints the time since creation (see `step_tracer`);
+    /// otherwise it does nothing.
+    pub fn tracer(&self, label: String) -> impl Fn(&str) + '_ {
+        step_tracer(&self.stream, label)
+    }
+
     /// The stream the engine's work runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
