@@ -165,12 +165,14 @@ impl GpuEngine {
     unsafe fn gather(&self, pieces: &[(&[u8], u64)], dst: u64, crc: bool) -> Result<Vec<u32>> {
         let mut end = 0u64;
         for &(b, at) in pieces {
-            if at < end {
-                return Err(Error::Unsupported(
-                    "upload pieces overlap or are out of order".into(),
-                ));
-            }
-            end = at + b.len() as u64;
+            end = match at.checked_add(b.len() as u64) {
+                Some(e) if at >= end => e,
+                _ => {
+                    return Err(Error::Unsupported(
+                        "upload pieces overlap, are out of order or end past 2^64".into(),
+                    ))
+                }
+            };
         }
         // Per piece, the CRC state of its bytes copied so far (pieces span windows).
         let mut hashers: Vec<Option<crc32fast::Hasher>> = Vec::new();
