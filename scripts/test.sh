@@ -8,6 +8,14 @@ source scripts/ensure-rust.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# The fuzz targets and their seed generator live in their own workspace (fuzzing itself needs
+# nightly and cargo-fuzz: docs/FUZZING.md); they must keep compiling against the library (the seed
+# generator once stopped unnoticed). libfuzzer-sys builds libFuzzer, which needs a C++ compiler.
+if command -v c++ >/dev/null 2>&1; then
+    cargo check --manifest-path fuzz/Cargo.toml --all-targets
+else
+    echo "SKIPPED: compile check of fuzz/ (no C++ compiler for libfuzzer-sys)"
+fi
 # The Python package: its own cargo workspace (an extension module), built into .venv by maturin.
 TENSORZIP_NEED_TORCH=1 source scripts/ensure-python.sh
 export CARGO_TARGET_DIR="$(pwd)/target/py"

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use tensorzip::blob::BlobView;
 use tensorzip::archive::{plan_safetensors, serialize_safetensors, write_archive, ArchiveOptions};
+use tensorzip::blob::BlobView;
 use tensorzip::sample::{self, Rng};
 use tensorzip::{CompressOptions, CpuEngine, DType};
 
@@ -15,9 +15,13 @@ fn bytes_of(dtype: DType, n: usize, kind: u32, seed: u64) -> Vec<u8> {
     match kind {
         // Weights (floats) or skewed small values (everything else).
         0 => match dtype {
-            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => sample::weights(1, n, dtype, seed),
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
+                sample::weights(1, n, dtype, seed)
+            }
             DType::Complex64 => sample::weights(1, 2 * n, DType::F32, seed),
-            _ => (0..n).flat_map(|_| ((r.normal() * 6.0).round() as i64).to_le_bytes()[..isz].to_vec()).collect(),
+            _ => (0..n)
+                .flat_map(|_| ((r.normal() * 6.0).round() as i64).to_le_bytes()[..isz].to_vec())
+                .collect(),
         },
         // Constant.
         1 => vec![0x3C; n * isz],
@@ -63,10 +67,32 @@ fn main() {
     std::fs::create_dir_all(&archives).unwrap();
     let eng = CpuEngine::new(1).unwrap();
     let opts = [
-        CompressOptions { chunk_bytes: 1024, block_units: 64, min_compress_bytes: 0, ..Default::default() },
-        CompressOptions { chunk_bytes: 256, block_units: 32, min_compress_bytes: 0, max_tables: 2, ..Default::default() },
-        CompressOptions { chunk_bytes: 8, block_units: 32, min_compress_bytes: 0, ..Default::default() },
-        CompressOptions { chunk_bytes: 4096, block_units: 1024, min_compress_bytes: 0, passthrough_threshold: 1.0, ..Default::default() },
+        CompressOptions {
+            chunk_bytes: 1024,
+            block_units: 64,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
+        CompressOptions {
+            chunk_bytes: 256,
+            block_units: 32,
+            min_compress_bytes: 0,
+            max_tables: 2,
+            ..Default::default()
+        },
+        CompressOptions {
+            chunk_bytes: 8,
+            block_units: 32,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
+        CompressOptions {
+            chunk_bytes: 4096,
+            block_units: 1024,
+            min_compress_bytes: 0,
+            passthrough_threshold: 1.0,
+            ..Default::default()
+        },
     ];
     let mut count = 0;
     for (di, dtype) in DType::ALL.into_iter().enumerate() {
@@ -87,7 +113,12 @@ fn main() {
     for (name, dtype, shape, data) in [
         ("empty", DType::F32, vec![3u64, 0], vec![]),
         ("scalar", DType::F64, vec![], 1.5f64.to_le_bytes().to_vec()),
-        ("rank3", DType::BF16, vec![3, 5, 7], sample::weights(1, 105, DType::BF16, 9)),
+        (
+            "rank3",
+            DType::BF16,
+            vec![3, 5, 7],
+            sample::weights(1, 105, DType::BF16, 9),
+        ),
     ] {
         let blob = eng.compress(&data, dtype, &shape, &opts[0]).unwrap();
         write(&blobs, name, &blob);
@@ -96,12 +127,21 @@ fn main() {
 
     // Large float tensors code the byte below the exponent conditioned on the exponent; their first
     // chunks make small seeds with conditioned planes.
-    for dtype in [DType::BF16, DType::F32, DType::F64, DType::Complex64, DType::F16] {
+    for dtype in [
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::Complex64,
+        DType::F16,
+    ] {
         let n = 512_000 / dtype.itemsize();
         let data = bytes_of(dtype, n, 0, 77);
         let blob = eng.compress(&data, dtype, &[n as u64], &opts[0]).unwrap();
         let small = first_chunks(&blob, 2);
-        assert_eq!(tensorzip::decompress(&small).unwrap().data, data[..2 * 1024]);
+        assert_eq!(
+            tensorzip::decompress(&small).unwrap().data,
+            data[..2 * 1024]
+        );
         write(&blobs, &format!("{}-cond", dtype.torch_name()), &small);
         count += 1;
     }
@@ -121,9 +161,18 @@ fn main() {
     let segs = plan_safetensors(&file).unwrap();
     for (i, piece) in [0u32, 256].into_iter().enumerate() {
         let tmp = std::env::temp_dir().join(format!("tensorzip-seed-{}-{i}", std::process::id()));
-        let mut out = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).unwrap();
-        let ao = ArchiveOptions { compress: opts[i].clone(), checksum_piece_bytes: piece };
-        write_archive(&eng, &file, &segs, &ao, &mut out, &|_| {}).unwrap();
+        let mut out = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .unwrap();
+        let ao = ArchiveOptions {
+            compress: opts[i].clone(),
+            checksum_piece_bytes: piece,
+        };
+        write_archive(&eng, &file[..], &segs, &ao, &mut out, &|_| {}).unwrap();
         drop(out);
         let ar = std::fs::read(&tmp).unwrap();
         std::fs::remove_file(&tmp).unwrap();

@@ -22,7 +22,25 @@ pub fn check_archive(data: &[u8]) {
     // Lists the tensors: decodes segment 0 (the safetensors header) in memory.
     let _ = ar.tensors(eng);
     for i in 0..ar.segments.len() {
-        let _ = ar.check_blob(i);
+        let checked = ar.check_blob(i);
+        // The GPU loader's order: layout unverified, the whole-blob CRC compared by the caller.
+        // A layout `segment_layout` accepts is accepted unverified too, and a whole-blob CRC
+        // agrees with `check_blob`.
+        let unverified = ar.segment_layout_unverified(i);
+        if ar.segment_layout(i).is_ok() {
+            assert!(
+                unverified.is_ok(),
+                "segment {i}: checked layout but not unverified"
+            );
+        }
+        if let Some(c) = ar.whole_blob_crc(i) {
+            let same = tensorzip::checksum::crc32(ar.blob(i)) == c;
+            assert_eq!(
+                same,
+                checked.is_ok(),
+                "segment {i}: whole-blob CRC and check_blob disagree"
+            );
+        }
         let claimed = peek_header(ar.blob(i)).map(|h| h.nbytes()).unwrap_or(0);
         if claimed > SEGMENT_LIMIT {
             continue;
@@ -31,9 +49,16 @@ pub fn check_archive(data: &[u8]) {
         let r = ar.decode_segment_to(eng, i, &mut streamed, &|_| {});
         // In memory, whatever length the index claims.
         let m = ar.decode_segment(eng, i);
-        assert_eq!(r.is_ok(), m.is_ok(), "segment {i}: streamed and in-memory decoding disagree");
+        assert_eq!(
+            r.is_ok(),
+            m.is_ok(),
+            "segment {i}: streamed and in-memory decoding disagree"
+        );
         if let Ok(m) = m {
-            assert!(m == streamed, "segment {i}: streamed and in-memory bytes differ");
+            assert!(
+                m == streamed,
+                "segment {i}: streamed and in-memory bytes differ"
+            );
             assert_eq!(m.len() as u64, ar.segments[i].orig_len);
         }
     }

@@ -11,10 +11,14 @@ use tensorzip::{crc32, crc32_pieces};
 mod archive_checks;
 
 fn u32_at(d: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(d.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        d.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(d: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(d.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        d.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// Rewrites the blob checksums and the index CRC in place (where the layout allows it).
@@ -36,7 +40,11 @@ fn seal(d: &mut [u8]) -> Option<()> {
             return None;
         }
         if let Some(blob) = off.checked_add(len).and_then(|end| d.get(off..end)) {
-            let got = if piece == 0 { vec![crc32(blob)] } else { crc32_pieces(blob, piece).ok()? };
+            let got = if piece == 0 {
+                vec![crc32(blob)]
+            } else {
+                crc32_pieces(blob, piece).ok()?
+            };
             if got.len() == nc {
                 let bytes: Vec<u8> = got.iter().flat_map(|c| c.to_le_bytes()).collect();
                 d[crcs_at..crcs_at + 4 * nc].copy_from_slice(&bytes);

@@ -58,7 +58,11 @@ fuzz_target!(|data: &[u8]| {
     let whole = eng.decompress(data);
     let mut streamed = Vec::new();
     let crc = eng.decompress_to(data, &mut streamed, &|_| {});
-    assert_eq!(whole.is_ok(), crc.is_ok(), "decompress and decompress_to disagree");
+    assert_eq!(
+        whole.is_ok(),
+        crc.is_ok(),
+        "decompress and decompress_to disagree"
+    );
     if let Ok(t) = &whole {
         assert_eq!(t.shape, h.shape);
         assert_eq!(t.dtype, h.dtype);
@@ -72,20 +76,36 @@ fuzz_target!(|data: &[u8]| {
             let mut o = vec![0u8; h.chunk_len(c as u64) * h.planes()];
             let r = dec.decode_chunk(c, &mut o, &mut scratch);
             if let Ok(t) = &whole {
-                assert!(r.is_ok(), "chunk {c} fails alone but the whole tensor decodes");
-                assert!(o[..] == t.data[c * cb..c * cb + o.len()], "chunk {c} decodes differently alone");
+                assert!(
+                    r.is_ok(),
+                    "chunk {c} fails alone but the whole tensor decodes"
+                );
+                assert!(
+                    o[..] == t.data[c * cb..c * cb + o.len()],
+                    "chunk {c} decodes differently alone"
+                );
             }
         }
     }
 
     // A few short ranges (elements), around the start, the middle and the end.
     let mid = numel / 2;
-    for (a, b) in [(0, numel.min(3)), (mid, (mid + 5).min(numel)), (numel.saturating_sub(2), numel)] {
+    for (a, b) in [
+        (0, numel.min(3)),
+        (mid, (mid + 5).min(numel)),
+        (numel.saturating_sub(2), numel),
+    ] {
         let mut o = vec![0u8; ((b - a) * isz) as usize];
         let r = eng.decompress_range_into(data, a, b, &mut o);
         if let Ok(t) = &whole {
-            assert!(r.is_ok(), "range {a}..{b} fails but the whole tensor decodes");
-            assert!(o[..] == t.data[(a * isz) as usize..(b * isz) as usize], "range {a}..{b} differs");
+            assert!(
+                r.is_ok(),
+                "range {a}..{b} fails but the whole tensor decodes"
+            );
+            assert!(
+                o[..] == t.data[(a * isz) as usize..(b * isz) as usize],
+                "range {a}..{b} differs"
+            );
         }
     }
 });
