@@ -24,6 +24,34 @@ pub(crate) const STAGED_MIN: usize = 32 << 20;
 /// Bytes per host-thread copy task.
 const TASK_BYTES: usize = 1 << 20;
 
+/// Per piece of a gathered upload, the CRC state of its bytes copied so far (a piece spans
+/// windows, and a window's tasks report in order).
+struct PieceCrcs(Vec<Option<crc32fast::Hasher>>);
+
+impl PieceCrcs {
+    fn new(pieces: usize) -> PieceCrcs {
+        PieceCrcs(vec![None; pieces])
+    }
+
+    /// Adds the states [`fill_window`] returned for one window.
+    fn add(&mut self, parts: Vec<(usize, crc32fast::Hasher)>) {
+        for (k, h) in parts {
+            match &mut self.0[k] {
+                Some(acc) => acc.combine(&h),
+                slot => *slot = Some(h),
+            }
+        }
+    }
+
+    /// Each piece's CRC-32 (that of no bytes for a piece no window held).
+    fn finish(self) -> Vec<u32> {
+        self.0
+            .into_iter()
+            .map(|h| h.map_or_else(|| crc32fast::hash(&[]), |h| h.finalize()))
+            .collect()
+    }
+}
+
 /// Bytes of a gathered upload's piece: its index and the bytes.
 type Src<'a> = (usize, &'a [u8]);
 
@@ -174,19 +202,9 @@ impl GpuEngine {
                 }
             };
         }
-        // Per piece, the CRC state of its bytes copied so far (pieces span windows).
-        let mut hashers: Vec<Option<crc32fast::Hasher>> = Vec::new();
-        if crc {
-            hashers.resize_with(pieces.len(), || None);
-        }
-        let finish = |hashers: Vec<Option<crc32fast::Hasher>>| -> Vec<u32> {
-            hashers
-                .into_iter()
-                .map(|h| h.map_or_else(|| crc32fast::hash(&[]), |h| h.finalize()))
-                .collect()
-        };
+        let mut crcs = PieceCrcs::new(if crc { pieces.len() } else { 0 });
         if end == 0 {
-            return Ok(finish(hashers));
+            return Ok(crcs.finish());
         }
         let s = self.stream();
         let mut bufs = self.staging()?;
@@ -202,19 +220,14 @@ impl GpuEngine {
                 e.synchronize()?;
             }
             let stage = &mut bufs[b].as_mut_slice()?[..len];
-            for (k, h) in fill_window(stage, w0, pieces, &mut first, crc) {
-                match &mut hashers[k] {
-                    Some(acc) => acc.combine(&h),
-                    slot => *slot = Some(h),
-                }
-            }
+            crcs.add(fill_window(stage, w0, pieces, &mut first, crc));
             // SAFETY: `dst + w0 .. + len` lies inside the caller's range; the staging buffer is
             // page-locked and not touched again until this copy's event has completed.
             unsafe { result::memcpy_htod_async(dst + w0, &*stage, s.cu_stream())? };
             done[b] = Some(s.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
         }
         s.synchronize()?;
-        Ok(finish(hashers))
+        Ok(crcs.finish())
     }
 
     /// Copies the device bytes at `src` to host memory `dst` (on the engine's stream; the stream's
@@ -286,17 +299,11 @@ mod tests {
         }
         let mut got = vec![0xAAu8; end];
         let mut first = 0;
-        let mut hashers: Vec<Option<crc32fast::Hasher>> = vec![None; pieces.len()];
+        let mut crcs = PieceCrcs::new(pieces.len());
         for (k, stage) in got.chunks_mut(w).enumerate() {
-            for (i, h) in fill_window(stage, (k * w) as u64, pieces, &mut first, true) {
-                match &mut hashers[i] {
-                    Some(acc) => acc.combine(&h),
-                    slot => *slot = Some(h),
-                }
-            }
+            crcs.add(fill_window(stage, (k * w) as u64, pieces, &mut first, true));
         }
-        for (&(b, _), h) in pieces.iter().zip(hashers) {
-            let c = h.map_or_else(|| crc32fast::hash(&[]), |h| h.finalize());
+        for (&(b, _), c) in pieces.iter().zip(crcs.finish()) {
             assert_eq!(c, crc32fast::hash(b), "CRC of a {}-byte piece", b.len());
         }
         (got, want)
