@@ -158,20 +158,23 @@ def gpu() -> None:
               f"decompress {a['decompress_gbps'] / b['decompress_gbps']:.2f}x, blob {a['ratio'] / b['ratio']:.3f}x")
 
 
-def read_safetensors(path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, read with the standard library and torch only."""
-    dtypes = SAFETENSORS_DTYPES
-    with open(path, "rb") as f:
-        data = f.read()
+def safetensors_index(data) -> list[tuple[str, torch.dtype, list[int], int, int]]:
+    """The tensors of a safetensors file's bytes (anything sliceable: bytes, a map): name, dtype,
+    shape and the byte range in `data`."""
     n = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + n])
+    return [(k, SAFETENSORS_DTYPES[v["dtype"]], v["shape"], 8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
+            for k, v in header.items() if k != "__metadata__"]
+
+
+def read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, read with the standard library and torch only."""
+    with open(path, "rb") as f:
+        data = f.read()
     out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        raw = torch.frombuffer(bytearray(data[8 + n + a:8 + n + b]), dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
-        out[k] = raw.view(dtypes[v["dtype"]]).reshape(v["shape"])
+    for k, dtype, shape, a, b in safetensors_index(data):
+        raw = torch.frombuffer(bytearray(data[a:b]), dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
+        out[k] = raw.view(dtype).reshape(shape)
     return out
 
 
@@ -179,22 +182,13 @@ def plain_load_cuda(path: str) -> dict[str, torch.Tensor]:
     """What a reader without a codec does: the file mapped, each tensor copied to the GPU."""
     import mmap
 
-    dtypes = SAFETENSORS_DTYPES
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    n = struct.unpack("<Q", mm[:8])[0]
-    header = json.loads(mm[8:8 + n])
     with warnings.catch_warnings():
         # The map is read-only; nothing here writes to it.
         warnings.simplefilter("ignore", UserWarning)
         buf = torch.frombuffer(mm, dtype=torch.uint8)
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        out[k] = buf[8 + n + a:8 + n + b].view(dtypes[v["dtype"]]).reshape(v["shape"]).to("cuda")
-    return out
+    return {k: buf[a:b].view(dtype).reshape(shape).to("cuda") for k, dtype, shape, a, b in safetensors_index(mm)}
 
 
 def load(files: list[str]) -> None:
