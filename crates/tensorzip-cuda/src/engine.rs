@@ -102,15 +102,28 @@ unsafe impl Plain for TensorDesc {}
 // SAFETY: `repr(C)`: three u64.
 unsafe impl Plain for crate::plan::Copy {}
 
-/// The host image of a plan's small arrays, each at a 16-byte aligned offset.
-#[derive(Default)]
-struct Staging(Vec<u8>);
+/// The host image of small arrays to upload (a plan's descriptors, copy lists), each at a 16-byte
+/// aligned offset, written straight into the engine's page-locked small-transfer buffer
+/// ([`GpuEngine::upload_staged`]): a 1 GiB tensor's plan is ~460 KB, which went through a fresh
+/// vector and a second copy before.
+struct Staging<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+    /// Set when a write did not fit `buf` (nothing is written past it; the upload then fails).
+    overflow: bool,
+}
 
-impl Staging {
+impl Staging<'_> {
     /// Pads to the next 16-byte boundary and returns it: where values appended from now on start.
     fn align(&mut self) -> usize {
-        let at = self.0.len().div_ceil(16) * 16;
-        self.0.resize(at, 0);
+        let at = self.len.div_ceil(16) * 16;
+        match self.buf.get_mut(self.len..at) {
+            Some(pad) => {
+                pad.fill(0);
+                self.len = at;
+            }
+            None => self.overflow = true,
+        }
         at
     }
 
@@ -119,13 +132,19 @@ impl Staging {
         self.push_bytes(std::slice::from_ref(v));
     }
 
-    /// Appends the bytes of `v` where the buffer ends.
+    /// Appends the bytes of `v` where the staged bytes end.
     fn push_bytes<T: Plain>(&mut self, v: &[T]) {
         // SAFETY: `T: Plain` has no padding, so all `size_of_val(v)` bytes are initialised.
         let bytes = unsafe {
             std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
         };
-        self.0.extend_from_slice(bytes);
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.overflow = true,
+        }
     }
 
     /// Appends `v` and returns its offset.
@@ -134,6 +153,11 @@ impl Staging {
         self.push_bytes(v);
         at
     }
+}
+
+/// Bytes a [`Staging`] needs for `n` values of `T` pushed as one array (its alignment included).
+fn staged_len<T>(n: usize) -> usize {
+    n * std::mem::size_of::<T>() + 15
 }
 
 /// Writes into device memory collected from the host and run together: byte strings from the host
@@ -188,29 +212,24 @@ impl DeviceWrites {
         let staged = if self.puts.is_empty() && descs.is_empty() {
             None
         } else {
-            let mut st = Staging::default();
-            let bytes_at = st.push(&self.bytes);
-            // The strings' source addresses are known once the buffer is allocated: the
-            // descriptors are laid out after the strings, sized now and written below.
             let n = self.puts.len() + descs.len();
-            let descs_at = st.0.len().div_ceil(16) * 16;
-            let total = descs_at + n * std::mem::size_of::<crate::plan::Copy>();
-            // SAFETY: plain bytes, all written by the copy below before the launch reads them.
-            let mut buf = unsafe { s.alloc::<u8>(total) }?;
+            // The strings, then the descriptors, whose sources point into the same buffer.
+            let cap = staged_len::<u8>(self.bytes.len()) + staged_len::<crate::plan::Copy>(n);
+            let (buf, descs_at) = eng.upload_staged(cap, |st, base| {
+                let bytes_at = st.push(&self.bytes);
+                let mut all: Vec<crate::plan::Copy> = self
+                    .puts
+                    .iter()
+                    .map(|&(off, len, dst)| crate::plan::Copy {
+                        from: base + (bytes_at + off) as u64,
+                        to: dst,
+                        len: len as u64,
+                    })
+                    .collect();
+                all.extend_from_slice(&descs);
+                Ok(st.push(&all))
+            })?;
             let base = buf.device_ptr(s).0;
-            let mut all: Vec<crate::plan::Copy> = self
-                .puts
-                .iter()
-                .map(|&(off, len, dst)| crate::plan::Copy {
-                    from: base + (bytes_at + off) as u64,
-                    to: dst,
-                    len: len as u64,
-                })
-                .collect();
-            all.extend_from_slice(&descs);
-            let at = st.push(&all);
-            debug_assert_eq!(at, descs_at);
-            s.memcpy_htod(&st.0, &mut buf)?;
             // SAFETY: `n` descriptors with absolute addresses: sources in `buf` or the caller's
             // readable memory, destinations the caller's writable memory.
             unsafe { eng.launch_copies(base + descs_at as u64, n as u32, 0, 0) }?;
@@ -339,6 +358,16 @@ fn pad_blocks(chunks: &[ChunkDesc], warps: usize, mut emit: impl FnMut(&ChunkDes
         last = Some(*c);
     }
     n
+}
+
+/// How many chunks [`pad_blocks`] hands out for tensors of `runs` chunks ([`tensor_runs`]): every
+/// tensor but the last is rounded up to whole blocks of `warps`.
+fn padded_len(runs: &[usize], warps: usize) -> usize {
+    let w = warps.max(1);
+    match runs.split_last() {
+        Some((last, rest)) => rest.iter().map(|r| r.div_ceil(w) * w).sum::<usize>() + last,
+        None => 0,
+    }
 }
 
 /// The number of chunks of each tensor, in order (`chunks` hold each tensor's chunks together).
@@ -629,29 +658,52 @@ impl GpuEngine {
         Ok(g)
     }
 
-    /// Copies `src` to device address `dst` on the engine's stream through the small-transfer
-    /// buffer, without waiting for the copy.
-    ///
-    /// # Safety
-    /// `dst` must be `src.len()` writable bytes of device memory of this engine's context, alive
-    /// until the stream has run the copy.
-    unsafe fn upload_small(&self, src: &[u8], dst: u64) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
+    /// Stages at most `cap` bytes with `fill` in the small-transfer buffer and queues their copy to
+    /// a new device buffer of `cap` bytes, which is returned with what `fill` returned. `fill` gets
+    /// the buffer's device address (descriptors may point into the buffer itself). Fails, copying
+    /// nothing, if `fill` fails or staged more than `cap` bytes.
+    fn upload_staged<R>(
+        &self,
+        cap: usize,
+        fill: impl FnOnce(&mut Staging<'_>, u64) -> Result<R>,
+    ) -> Result<(CudaSlice<u8>, R)> {
         let s = &self.stream;
-        let mut g = self.small_pinned(src.len())?;
+        let cap = cap.max(1);
+        // SAFETY: plain bytes; the staged ones are written by the copy below before any launch
+        // reads them, and nothing reads the rest.
+        let buf = unsafe { s.alloc::<u8>(cap) }?;
+        let base = buf.device_ptr(s).0;
+        let mut g = self.small_pinned(cap)?;
         let p = g.as_mut().expect("allocated by small_pinned");
-        let host = &mut p.buf.as_mut_slice()?[..src.len()];
-        host.copy_from_slice(src);
-        // SAFETY: `host` is page-locked and is not written again before `done` (recorded just
-        // after the copy) has completed; `dst` is the caller's promise. (cudarc's own event of
-        // the slice is not recorded when the context has one stream, so ours orders the reuse.)
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, &*host, s.cu_stream()) }?;
-        p.done = Some(s.record_event(Some(
-            cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-        ))?);
-        Ok(())
+        let host = &mut p.buf.as_mut_slice()?[..cap];
+        let mut st = Staging {
+            buf: host,
+            len: 0,
+            overflow: false,
+        };
+        let r = fill(&mut st, base)?;
+        let (len, overflow) = (st.len, st.overflow);
+        if overflow {
+            return Err(Error::Driver(format!(
+                "staged upload exceeds its bound of {cap} bytes"
+            )));
+        }
+        if len > 0 {
+            // SAFETY: the staged bytes are page-locked and not written again before `done`
+            // (recorded just after the copy) has completed; `buf` holds `cap >= len` bytes and is
+            // returned to the caller, who keeps it until the stream has run what reads it.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    base,
+                    &p.buf.as_slice()?[..len],
+                    s.cu_stream(),
+                )
+            }?;
+            p.done = Some(s.record_event(Some(
+                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            ))?);
+        }
+        Ok((buf, r))
     }
 
     /// Copies `n` bytes at device address `src` to a new vector, after the stream's earlier work,
@@ -706,22 +758,11 @@ impl GpuEngine {
     pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
         let s = &self.stream;
         let trace = step_tracer(s, "gpu plan upload".into());
-        // Every descriptor array is staged once, without regrowing (padding adds at most a block
-        // of empty descriptors per tensor).
-        let n_chunks: usize = plan.groups.iter().map(|g| g.chunks.len()).sum();
-        let mut st = Staging(Vec::with_capacity(
-            (n_chunks + 16 * plan.tensors.len()) * std::mem::size_of::<ChunkDesc>()
-                + std::mem::size_of_val(&plan.tensors[..])
-                + 4 * plan.table_info.len()
-                + plan.table_bytes.len()
-                + 4 * plan.table_offsets.len()
-                + std::mem::size_of_val(&plan.copies[..])
-                + 16 * 16,
-        ));
-        // Each group's chunk descriptors go into the staging buffer; their device address is set
-        // once the buffer is on the device.
+        // Each group's launch shape first; the descriptors are then staged in one pass straight
+        // into page-locked memory (a 1 GiB tensor has 8192 of them) and their device addresses
+        // set once the buffer exists.
         let mut groups = Vec::with_capacity(plan.groups.len());
-        let mut chunks_at = Vec::with_capacity(plan.groups.len());
+        let mut cap = 0usize;
         for g in &plan.groups {
             let cache_tables = g.cache_tables.clamp(CACHE_TABLES, MAX_CACHE_TABLES);
             let cache = cache_bytes(cache_tables);
@@ -761,9 +802,8 @@ impl GpuEngine {
                 true => spread_width(&runs, most, self.shared.sms).unwrap_or(avg),
                 false => avg,
             };
-            // Straight into the staging buffer (a 1 GiB tensor has 8192 descriptors).
-            chunks_at.push(st.align());
-            let n = pad_blocks(&g.chunks, warps as usize, |c| st.push_one(c)) as u32;
+            let n = padded_len(&runs, warps as usize) as u32;
+            cap += staged_len::<ChunkDesc>(n as usize);
             let (smem, scratch) = if global {
                 (
                     warps * RING_STASH_BYTES + cache,
@@ -787,33 +827,52 @@ impl GpuEngine {
             });
         }
         let no_tensor = [TensorDesc::default()];
-        let tensors_at = st.push(if plan.tensors.is_empty() {
-            &no_tensor[..]
+        let tensors: &[TensorDesc] = if plan.tensors.is_empty() {
+            &no_tensor
         } else {
             &plan.tensors
-        });
-        let info_at = st.push(if plan.table_info.is_empty() {
-            &[0u32][..]
+        };
+        let info: &[u32] = if plan.table_info.is_empty() {
+            &[0]
         } else {
             &plan.table_info
-        });
-        let table_bytes_at = st.push(&plan.table_bytes);
-        let table_offsets_at = st.push(&plan.table_offsets);
-        let err_at = st.push(&[0u32, u32::MAX]);
+        };
         let (small, large): (Vec<_>, Vec<_>) = plan
             .copies
             .iter()
             .filter(|c| c.len > 0)
             .partition(|c| c.len <= KERNEL_COPY_MAX);
-        let copies_at = st.push(&small);
-        trace(&format!("{} bytes staged", st.0.len()));
-        // SAFETY: plain bytes, every one written by the copy below before any kernel reads them.
-        let buf = unsafe { s.alloc::<u8>(st.0.len()) }?;
-        let base = buf.device_ptr(s).0;
-        // SAFETY: `buf` holds `st.0.len()` bytes and lives in the returned plan, which the caller
-        // keeps until its launches have run (the copy is ordered before them on the stream).
-        unsafe { self.upload_small(&st.0, base) }?;
+        cap += staged_len::<TensorDesc>(tensors.len())
+            + staged_len::<u32>(info.len())
+            + staged_len::<u8>(plan.table_bytes.len())
+            + staged_len::<u32>(plan.table_offsets.len())
+            + staged_len::<u32>(2)
+            + staged_len::<crate::plan::Copy>(small.len());
+        // The buffer lives in the returned plan, which the caller keeps until its launches have
+        // run (the copy is ordered before them on the stream).
+        let (
+            buf,
+            (chunks_at, [tensors_at, info_at, table_bytes_at, table_offsets_at, err_at, copies_at]),
+        ) = self.upload_staged(cap, |st, _| {
+            let mut chunks_at = Vec::with_capacity(plan.groups.len());
+            for (g, dg) in plan.groups.iter().zip(&groups) {
+                chunks_at.push(st.align());
+                let n = pad_blocks(&g.chunks, dg.warps as usize, |c| st.push_one(c));
+                debug_assert_eq!(n, dg.n as usize);
+            }
+            let offsets = [
+                st.push(tensors),
+                st.push(info),
+                st.push(&plan.table_bytes),
+                st.push(&plan.table_offsets),
+                st.push(&[0u32, u32::MAX]),
+                st.push(&small),
+            ];
+            trace(&format!("{} bytes staged", st.len));
+            Ok((chunks_at, offsets))
+        })?;
         trace("copied");
+        let base = buf.device_ptr(s).0;
         let at = |off: usize| base + off as u64;
         for (g, &off) in groups.iter_mut().zip(&chunks_at) {
             g.chunks = at(off);
@@ -983,17 +1042,16 @@ impl GpuEngine {
         if total == 0 {
             return Ok(Vec::new());
         }
-        let mut st = Staging::default();
-        st.push(&descs);
-        // SAFETY: plain bytes, all written by the copy below before the kernel reads them.
-        let dev_descs = unsafe { s.alloc::<u8>(st.0.len()) }?;
+        let (dev_descs, at) = self
+            .upload_staged(staged_len::<crate::plan::Copy>(descs.len()), |st, _| {
+                Ok(st.push(&descs))
+            })?;
         // SAFETY: plain bytes; the kernel writes every one (the ranges tile `0..total`).
         let mut gathered = unsafe { s.alloc::<u8>(total as usize) }?;
-        let descs_ptr = dev_descs.device_ptr(s).0;
+        // `dev_descs` lives until this returns (after the download below, which waits for the
+        // stream).
+        let descs_ptr = dev_descs.device_ptr(s).0 + at as u64;
         let out = gathered.device_ptr_mut(s).0;
-        // SAFETY: `dev_descs` holds the staged bytes and lives until this returns (after the
-        // download below, which waits for the stream).
-        unsafe { self.upload_small(&st.0, descs_ptr) }?;
         // SAFETY: `descs.len()` descriptors; sources are the caller's readable ranges,
         // destinations tile `gathered`.
         unsafe { self.launch_copies(descs_ptr, descs.len() as u32, 0, out) }?;
@@ -1209,6 +1267,25 @@ mod tests {
             .all(|c| c.payload_len == 0 && c.rans_len == 0 && c.sel_len == 0));
         assert_eq!(out.len(), 4 + 4 + 5);
         assert_eq!(pad_to_blocks(&chunks, 1).len(), 9);
+    }
+
+    #[test]
+    fn padded_len_counts_what_pad_blocks_hands_out() {
+        let mut chunks = three_tensors();
+        // Runs of 1..=6 chunks over more tensors, so that blocks of every width end anywhere.
+        for (t, run) in (3u32..9).zip(1u32..) {
+            chunks.extend((0..run).map(|i| chunk(t, i)));
+        }
+        let runs = tensor_runs(&chunks);
+        for warps in 1..=16 {
+            assert_eq!(
+                padded_len(&runs, warps),
+                pad_to_blocks(&chunks, warps).len(),
+                "{warps} warps"
+            );
+            assert_eq!(padded_len(&runs[..1], warps), runs[0]);
+        }
+        assert_eq!(padded_len(&[], 4), 0);
     }
 
     #[test]
