@@ -13,6 +13,11 @@
 #   scripts/gpu_run.sh load [F..] whole files loaded onto the GPU: tensorzip.load_file against
 #                                 safetensors and a plain reader, synthetic 1 GiB models and the
 #                                 safetensors files F (carry gpu-py/)
+#   scripts/gpu_run.sh profile [ARGS]
+#                                 ncu source counters of one decode launch of `gpu_bench ARGS`
+#                                 (default `synth bf16 2 1`: 2048 chunks, the one-warp kernel) and
+#                                 the kernel's SASS with source lines, into $OUT (or /tmp/gpu-profile);
+#                                 `scripts/ncu_lines.py` on this machine attributes them to source
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -94,6 +99,25 @@ if [[ $what == model ]]; then
     for cast in $casts; do
         ./gpu-bin/gpu_bench file "$f" "$cast" 20 | tee -a "$results" || rc=1
     done
+fi
+if [[ $what == profile ]]; then
+    shift
+    args=${*:-synth bf16 2 1}
+    out=${OUT:-/tmp/gpu-profile}
+    mkdir -p "$out"
+    cuda=$(dirname "$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)")
+    # The second decode launch (the first one compiles and warms up); replayed per section.
+    BENCH_DECODE_ONLY=1 "$cuda/ncu" --clock-control none -k regex:tz_decode --launch-skip 1 --launch-count 1 \
+        --section SourceCounters --section WarpStateStats --section LaunchStats --section Occupancy \
+        -o /tmp/gpu-profile-rep -f ./gpu-bin/gpu_bench $args > "$out/ncu.log" 2>&1 || rc=1
+    "$cuda/ncu" -i /tmp/gpu-profile-rep.ncu-rep --page source --csv --print-source sass > "$out/sass.csv" || rc=1
+    "$cuda/ncu" -i /tmp/gpu-profile-rep.ncu-rep --page details --csv > "$out/details.csv" || rc=1
+    # The cubins of this run (cached by source, architecture and driver), disassembled with their
+    # line table: NVRTC compiles with -lineinfo.
+    for c in "$TENSORZIP_CACHE_DIR"/tz_decode-*.cubin; do
+        "$cuda/nvdisasm" -g -c "$c" > "$out/$(basename "$c" .cubin).sass.txt" || rc=1
+    done
+    ls -la "$out"
 fi
 [[ -f $results ]] && python3 scripts/gpu_anchors.py table "$results"
 exit $rc
