@@ -690,8 +690,10 @@ impl GpuEngine {
         }
         if len > 0 {
             // SAFETY: the staged bytes are page-locked and not written again before `done`
-            // (recorded just after the copy) has completed; `buf` holds `cap >= len` bytes and is
-            // returned to the caller, who keeps it until the stream has run what reads it.
+            // (recorded just after the copy) has completed (cudarc's own event of the slice is not
+            // recorded when the context has one stream, so ours orders the reuse); `buf` holds
+            // `cap >= len` bytes and is returned to the caller, who keeps it until the stream has
+            // run what reads it.
             unsafe {
                 cudarc::driver::result::memcpy_htod_async(
                     base,
@@ -858,7 +860,13 @@ impl GpuEngine {
             for (g, dg) in plan.groups.iter().zip(&groups) {
                 chunks_at.push(st.align());
                 let n = pad_blocks(&g.chunks, dg.warps as usize, |c| st.push_one(c));
-                debug_assert_eq!(n, dg.n as usize);
+                // The launch reads `dg.n` descriptors: exactly as many must have been staged.
+                if n != dg.n as usize {
+                    return Err(Error::Driver(format!(
+                        "{n} chunk descriptors staged, {} counted",
+                        dg.n
+                    )));
+                }
             }
             let offsets = [
                 st.push(tensors),
