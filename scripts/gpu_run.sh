@@ -15,8 +15,9 @@
 #                                 safetensors files F (carry gpu-py/)
 #   scripts/gpu_run.sh profile [ARGS]
 #                                 ncu source counters of one decode launch of `gpu_bench ARGS`
-#                                 (default `synth bf16 2 1`: 2048 chunks, the one-warp kernel) and
-#                                 the kernel's SASS with source lines, into $OUT (or /tmp/gpu-profile);
+#                                 (default `synth bf16 2 1`: 2048 chunks, the one-warp kernel; with
+#                                 PROFILE_KERNEL=tz_encode, one encode launch) and the kernels' SASS
+#                                 with source lines, into $OUT (or /tmp/gpu-profile);
 #                                 `scripts/ncu_lines.py` on this machine attributes them to source
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
@@ -106,15 +107,17 @@ if [[ $what == profile ]]; then
     out=${OUT:-/tmp/gpu-profile}
     mkdir -p "$out"
     cuda=$(dirname "$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)")
-    # The second decode launch (the first one compiles and warms up); replayed per section.
-    BENCH_DECODE_ONLY=1 "$cuda/ncu" --clock-control none -k regex:tz_decode --launch-skip 1 --launch-count 1 \
+    # The second launch of the kernel (the first one compiles and warms up); replayed per section.
+    kernel=${PROFILE_KERNEL:-tz_decode}
+    if [[ $kernel == tz_decode* ]]; then export BENCH_DECODE_ONLY=1; else unset BENCH_DECODE_ONLY; fi
+    "$cuda/ncu" --clock-control none -k regex:"$kernel" --launch-skip 1 --launch-count 1 \
         --section SourceCounters --section WarpStateStats --section LaunchStats --section Occupancy \
         -o /tmp/gpu-profile-rep -f ./gpu-bin/gpu_bench $args > "$out/ncu.log" 2>&1 || rc=1
     "$cuda/ncu" -i /tmp/gpu-profile-rep.ncu-rep --page source --csv --print-source sass > "$out/sass.csv" || rc=1
     "$cuda/ncu" -i /tmp/gpu-profile-rep.ncu-rep --page details --csv > "$out/details.csv" || rc=1
     # The cubins of this run (cached by source, architecture and driver), disassembled with their
     # line table: NVRTC compiles with -lineinfo.
-    for c in "$TENSORZIP_CACHE_DIR"/tz_decode-*.cubin; do
+    for c in "$TENSORZIP_CACHE_DIR"/tz_*.cubin; do
         "$cuda/nvdisasm" -g -c "$c" > "$out/$(basename "$c" .cubin).sass.txt" || rc=1
     done
     ls -la "$out"

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Attributes an ncu source-counter profile of a decode kernel to the lines and functions of
-crates/tensorzip-cuda/kernels/decode.cu (run here, on the files `scripts/gpu_run.sh profile` wrote).
+"""Attributes an ncu source-counter profile of a kernel to the lines and functions of its source,
+crates/tensorzip-cuda/kernels/decode.cu or encode.cu (run here, on the files `scripts/gpu_run.sh
+profile` wrote).
 
     scripts/ncu_lines.py SASS_CSV DISASM KERNEL [LINES]
 
 SASS_CSV: `ncu --page source --csv --print-source sass` of one launch of KERNEL (e.g. tz_decode_2e8);
 DISASM: `nvdisasm -g -c` of the cubin holding it (its `//## File ..., line N` comments map each
 instruction offset to a line of the compiled source, which is kernels/smem.cuh followed by
-decode.cu). Prints each function's share of the executed warp instructions and of the warp stall
+decode.cu, or encode.cu for `tz_encode*`, `tz_hist*`, `tz_compact` and `tz_crc32`). Prints each function's share of the executed warp instructions and of the warp stall
 samples, then the LINES (default 40) heaviest lines. Inlined code is booked to its innermost line
 (a lookup inside the lean step counts as `lookup_cached`).
 """
@@ -25,7 +26,8 @@ def main():
     sass_csv, disasm, kernel = sys.argv[1:4]
     n_lines = int(sys.argv[4]) if len(sys.argv) > 4 else 40
     prefix = len((KERNELS / "smem.cuh").read_text().splitlines())
-    src = (KERNELS / "decode.cu").read_text().splitlines()
+    name = "decode.cu" if kernel.startswith(("tz_decode", "tz_build_tables", "tz_copy")) else "encode.cu"
+    src = (KERNELS / name).read_text().splitlines()
 
     # Instruction offset -> line of decode.cu (<= 0: a line of smem.cuh), for KERNEL's section only.
     off_line, cur, inside = {}, None, False
