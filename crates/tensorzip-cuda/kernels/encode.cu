@@ -312,6 +312,45 @@ __device__ __forceinline__ void stage(const u8* __restrict__ src, u32 bl, u32 bl
             const u32 i0 = j * PER;
             if (U == 1) {
                 *(uint4*)(planes + i0) = w[k];
+            } else if constexpr ((U == 2 || U == 4) && (E == 0 || E == 8)) {
+                // 32-bit byte permutes: the planes' bytes of these units gathered into words, and
+                // the transform (E = 8: the exponent moved into the top byte, the sign below it)
+                // applied to the words of the top two bytes, four units at once. Splitting unit by
+                // unit in 64-bit arithmetic was 15% of a bf16 encode launch's instructions (ncu).
+                // Encode kernel, H200, 2026-12-01, event trace of the same calls (median of 12):
+                // 1 GiB bf16 4.25 -> 4.05 ms, fp32 3.65 -> 3.57 ms; blobs equal to the CPU's.
+                u32 pw[U][2];
+                if constexpr (U == 2) {
+                    // Low and high bytes of units 0-3 (words x, y) and 4-7 (z, w).
+                    pw[0][0] = __byte_perm(w[k].x, w[k].y, 0x6420);
+                    pw[1][0] = __byte_perm(w[k].x, w[k].y, 0x7531);
+                    pw[0][1] = __byte_perm(w[k].z, w[k].w, 0x6420);
+                    pw[1][1] = __byte_perm(w[k].z, w[k].w, 0x7531);
+                } else {
+                    const u32 a = __byte_perm(w[k].x, w[k].y, 0x5140), b = __byte_perm(w[k].z, w[k].w, 0x5140);
+                    const u32 c = __byte_perm(w[k].x, w[k].y, 0x7362), d = __byte_perm(w[k].z, w[k].w, 0x7362);
+                    pw[0][0] = __byte_perm(a, b, 0x5410);
+                    pw[1][0] = __byte_perm(a, b, 0x7632);
+                    pw[2][0] = __byte_perm(c, d, 0x5410);
+                    pw[3][0] = __byte_perm(c, d, 0x7632);
+                }
+                if constexpr (E == 8) {
+                    // Top byte (sign, exponent high bits) h, the one below (exponent low bit,
+                    // mantissa) l: the exponent h << 1 | l >> 7 goes on top, the sign above the
+                    // mantissa below it.
+                    #pragma unroll
+                    for (int q = 0; q < (U == 2 ? 2 : 1); q++) {
+                        const u32 h = pw[U - 1][q], l = pw[U - 2][q];
+                        pw[U - 1][q] = ((h << 1) & 0xFEFEFEFEu) | ((l >> 7) & 0x01010101u);
+                        pw[U - 2][q] = (h & 0x80808080u) | (l & 0x7F7F7F7Fu);
+                    }
+                }
+                #pragma unroll
+                for (int p = 0; p < U; p++) {
+                    u8* d = planes + (u64)p * bu + i0;
+                    if constexpr (U == 2) *(uint2*)d = make_uint2(pw[p][0], pw[p][1]);
+                    else *(u32*)d = pw[p][0];
+                }
             } else {
                 u64 lo = (u64)w[k].x | ((u64)w[k].y << 32), hi = (u64)w[k].z | ((u64)w[k].w << 32);
                 u64 pb[U];
