@@ -290,7 +290,8 @@ impl ArchiveFile {
                 // the other); the first failure in order is reported. With one checksum per blob
                 // (the default) the checksums are taken by the upload, from the bytes it copies,
                 // and compared before anything is decoded; with pieces, checked here first.
-                let whole = segs.iter().all(|&i| ar.whole_blob_crc(i).is_some());
+                let stored: Option<Vec<u32>> = segs.iter().map(|&i| ar.whole_blob_crc(i)).collect();
+                let whole = stored.is_some();
                 let parsed: Vec<tensorzip::Result<BlobLayout>> = segs
                     .par_iter()
                     .map(|&i| {
@@ -324,11 +325,11 @@ impl ArchiveFile {
                     unsafe { s.alloc::<u8>(len.max(1) as usize) }.map_err(|e| gpu_err(e.into()))?;
                 let base = dev.device_ptr_mut(s).0;
                 trace("buffer");
-                if whole {
+                if let Some(stored) = &stored {
                     // SAFETY: `dev` holds `len` bytes, the end of the last piece.
                     let crcs = unsafe { eng.upload_gather_crc(&pieces, base) }.map_err(gpu_err)?;
-                    for (&(_, _, i), &c) in placed.iter().zip(&crcs) {
-                        if Some(c) != ar.whole_blob_crc(i) {
+                    for ((&(_, _, i), &c), &want) in placed.iter().zip(&crcs).zip(stored) {
+                        if c != want {
                             return Err(named(tensorzip::Error::Checksum(format!(
                                 "segment {i}: blob piece 0"
                             ))));

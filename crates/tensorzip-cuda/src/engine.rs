@@ -1198,12 +1198,9 @@ impl GpuEngine {
             s.clone_htod(&host)?
         };
         let mut dev_out = s.alloc_zeros::<u8>(out_len.max(1) as usize)?;
-        let mut data = if staged {
-            vec![0u8; out_len as usize]
-        } else {
-            Vec::new()
-        };
-        {
+        // The tensors: downloaded through the staging buffers inside the pointer guards' scope
+        // (`Some`), or copied plainly from `dev_out` after it (`None`, a small batch).
+        let staged_data = {
             let (dp, _g1) = dev_data.device_ptr_mut(s);
             let (op, _g2) = dev_out.device_ptr_mut(s);
             if staged {
@@ -1216,14 +1213,22 @@ impl GpuEngine {
             unsafe { self.launch(&mut dplan, dp, op)? };
             self.check(&dplan)?;
             if staged {
+                let mut data = vec![0u8; out_len as usize];
                 // SAFETY: `dev_out` holds `out_len` bytes, the length of `data`.
                 unsafe { self.download_from(op, &mut data)? };
+                Some(data)
+            } else {
+                None
             }
-        }
-        if !staged {
-            data = s.clone_dtoh(&dev_out)?;
-            data.truncate(out_len as usize);
-        }
+        };
+        let data = match staged_data {
+            Some(data) => data,
+            None => {
+                let mut data = s.clone_dtoh(&dev_out)?;
+                data.truncate(out_len as usize);
+                data
+            }
+        };
         Ok(HostBatch { data, tensors })
     }
 }
