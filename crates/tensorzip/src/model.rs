@@ -11,9 +11,9 @@ use crate::rans::log2::{code_len_table, log2_q16, log2_small, CL_ABSENT, FRAC_BI
 use crate::rans::table::{EncTable, FreqTable};
 use crate::transform;
 
-/// Lloyd iterations after each new table is seeded. One, not three (until 2026-12-01): a third
-/// iteration changed a few tables and a second most of the rest, so one halves the cost columns
-/// the search computes (a bf16 exponent plane: 69 → 36), for blobs at most 0.0045 points larger
+/// Lloyd iterations after each new table is seeded. One, not three (until 2026-12-01): the cost
+/// columns the search computes are most of its time, and a synthetic bf16 exponent plane needs 36
+/// with one iteration, 63 with two, 69 with three, for blobs at most 0.0045 points larger
 /// (MiniLM fp16; ≤ 0.0022 on the other benchmark sets). The GPU encoder waits for this search:
 /// its 1 GiB call went 10–14% faster on the H200 (docs/DESIGN.md, "Lloyd iterations").
 pub const LLOYD_ITERS: usize = 1;
