@@ -267,6 +267,51 @@ fn variant(dtype: DType) -> Result<usize> {
 
 /// A block's planes are staged in shared memory up to this size (else in the chunk's slot).
 const STAGE_SMEM_MAX: u64 = 32 << 10;
+
+/// Lays out one chunk's scratch slot in `p` (offsets of the selectors, the conditioned split's
+/// block offsets, the states, the raw area, the conditioned symbols, the words and, when a block's
+/// planes do not fit in shared memory, their staging), sized for the tensor's longest chunk.
+/// Returns the slot's bytes and whether a block is staged in shared memory.
+fn slot_layout(p: &mut EncParams, header: &BlobHeader, units: u64, us: u64) -> (u64, bool) {
+    let cmax = (header.chunk_units as u64).min(units);
+    let bu = header.block_units as u64;
+    let nbmax = cmax.div_ceil(bu);
+    let r16 = |x: u64| x.div_ceil(16) * 16;
+    let smem_stage = us * bu <= STAGE_SMEM_MAX;
+    p.off_sels = 0;
+    p.off_coff = r16(us * nbmax);
+    p.off_states = p.off_coff + r16(4 * (nbmax + 1));
+    p.off_area = p.off_states + 128;
+    p.off_csyms = p.off_area + r16(cmax * us + 64);
+    p.off_words = p.off_csyms + r16(cmax + 64);
+    p.cap_words = (cmax * us / 2 + 1) as u32;
+    p.off_stage = p.off_words + r16(2 * p.cap_words as u64);
+    let slot_bytes = p.off_stage + if smem_stage { 0 } else { r16(us * bu) };
+    (slot_bytes, smem_stage)
+}
+
+/// Scratch bytes that hold the largest wave of any launch group, given per tensor its group key,
+/// slot bytes and chunk count. A wave takes a group's slots in order while they fit in
+/// [`SCRATCH_BYTES`] (at least one), so it holds at most the group's total and at most
+/// `max(SCRATCH_BYTES, largest slot)`.
+fn scratch_bytes<K: PartialEq>(tensors: impl Iterator<Item = (K, u64, u64)>) -> u64 {
+    // Per group: total bytes and largest slot.
+    let mut groups: Vec<(K, u64, u64)> = Vec::new();
+    for (key, slot, chunks) in tensors {
+        match groups.iter_mut().find(|g| g.0 == key) {
+            Some(g) => {
+                g.1 += slot * chunks;
+                g.2 = g.2.max(slot);
+            }
+            None => groups.push((key, slot * chunks, slot)),
+        }
+    }
+    groups
+        .iter()
+        .map(|&(_, total, largest)| total.min(SCRATCH_BYTES.max(largest)))
+        .max()
+        .unwrap_or(0)
+}
 /// Shared memory one thread block may use (the H200 allows 227 KiB).
 const ENC_MAX_SMEM: u64 = 227 << 10;
 
@@ -501,6 +546,10 @@ impl GpuEngine {
             sampling: Sampling,
             params: EncParams,
             variant: usize,
+            /// Bytes of one chunk's scratch slot (its layout is in `params`), and whether a
+            /// block's planes are staged in shared memory.
+            slot_bytes: u64,
+            smem_stage: bool,
             /// Where its counts are in the download: histograms, joint counts (u32 offsets).
             hist_at: usize,
             joint_at: Option<usize>,
@@ -552,6 +601,7 @@ impl GpuEngine {
                 p.joint_plane = cp as u32;
                 p.joint_src = cq as u32;
             }
+            let (slot_bytes, smem_stage) = slot_layout(&mut p, &header, sampling.units, us as u64);
             counting.push(Counting {
                 index: i,
                 data,
@@ -559,6 +609,8 @@ impl GpuEngine {
                 sampling,
                 params: p,
                 variant: variant(t.dtype)?,
+                slot_bytes,
+                smem_stage,
                 hist_at: 0,
                 joint_at: None,
             });
@@ -668,6 +720,18 @@ impl GpuEngine {
         drop(counts_dev);
         let host_counts = &pinned.as_slice()?[..total_u32];
         trace("sample counts");
+        // The encoders' scratch, allocated and zeroed now, so that the GPU clears it while the
+        // host searches the tables below (zeroing ~1 GiB, ~0.35 ms on an H200, was on the call's
+        // critical path between the search and the encode kernel). Big enough for the largest
+        // wave of any launch group (waves: step 3).
+        let scratch_need = scratch_bytes(
+            counting
+                .iter()
+                .map(|c| ((c.variant, c.smem_stage), c.slot_bytes, c.header.n_chunks())),
+        );
+        // 16 bytes of padding: the compaction reads a little past a slot's end.
+        let mut scratch: Option<CudaSlice<u8>> =
+            Some(s.alloc_zeros::<u8>(scratch_need as usize + 16)?);
         // 2. The models, by the CPU engine's own code, all tensors in parallel.
         let models: Vec<Model> = counting
             .par_iter()
@@ -697,22 +761,7 @@ impl GpuEngine {
             let mut prefix = Vec::new();
             c.header.write(&mut prefix);
             model.write_tables(&mut prefix);
-            // Scratch slot, sized for the longest chunk.
-            let us = t.dtype.unit_size() as u64;
-            let cmax = (c.header.chunk_units as u64).min(c.sampling.units);
-            let bu = c.header.block_units as u64;
-            let nbmax = cmax.div_ceil(bu);
-            let r16 = |x: u64| x.div_ceil(16) * 16;
-            let smem_stage = us * bu <= STAGE_SMEM_MAX;
-            p.off_sels = 0;
-            p.off_coff = r16(us * nbmax);
-            p.off_states = p.off_coff + r16(4 * (nbmax + 1));
-            p.off_area = p.off_states + 128;
-            p.off_csyms = p.off_area + r16(cmax * us + 64);
-            p.off_words = p.off_csyms + r16(cmax + 64);
-            p.cap_words = (cmax * us / 2 + 1) as u32;
-            p.off_stage = p.off_words + r16(2 * p.cap_words as u64);
-            let slot_bytes = p.off_stage + if smem_stage { 0 } else { r16(us * bu) };
+            let (slot_bytes, smem_stage) = (c.slot_bytes, c.smem_stage);
             let head_len = prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len();
             // SAFETY: plain bytes; everything below the blob's length is written before it is read.
             let blob = unsafe { s.alloc::<u8>(head_len + t.nbytes) }?;
@@ -776,7 +825,6 @@ impl GpuEngine {
                 .flat_map(|&i| (0..coded[i].header.n_chunks()).map(move |c| (i, c)))
                 .collect();
             let mut at = 0;
-            let mut scratch: Option<CudaSlice<u8>> = None;
             while at < all.len() {
                 let mut end = at;
                 let mut bytes = 0u64;
@@ -790,9 +838,8 @@ impl GpuEngine {
                     .as_ref()
                     .is_none_or(|b| (b.len() as u64) < bytes + 16)
                 {
-                    // The old one is freed first.
+                    // Not expected (`scratch_bytes` bounds every wave); the old one is freed first.
                     drop(scratch.take());
-                    // 16 bytes of padding: the compaction reads a little past a slot's end.
                     scratch = Some(s.alloc_zeros::<u8>(bytes as usize + 16)?);
                 }
                 let scr = scratch.as_mut().expect("allocated above");
@@ -950,4 +997,55 @@ fn nonempty(mut v: Vec<u32>, n: usize) -> Vec<u32> {
         v.resize(n, 0);
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The waves `compress_batch_device` cuts a group's slots into (the same rule as its loop).
+    fn waves(slots: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < slots.len() {
+            let (mut end, mut bytes) = (at, 0u64);
+            while end < slots.len() && (end == at || bytes + slots[end] <= SCRATCH_BYTES) {
+                bytes += slots[end];
+                end += 1;
+            }
+            out.push(bytes);
+            at = end;
+        }
+        out
+    }
+
+    #[test]
+    fn scratch_holds_every_wave_of_every_group() {
+        let big = SCRATCH_BYTES / 3 + 17;
+        let huge = SCRATCH_BYTES + 4096;
+        // (group, slot bytes, chunks)
+        let cases: Vec<Vec<(u8, u64, u64)>> = vec![
+            vec![(0, 300_000, 8192)],
+            vec![(0, 300_000, 100), (1, 600_000, 10), (0, 300_000, 3)],
+            vec![(0, big, 7), (1, 1000, 2)],
+            vec![(0, huge, 2), (0, 10, 5), (1, big, 1)],
+        ];
+        for case in cases {
+            let need = scratch_bytes(case.iter().copied());
+            let mut largest_wave = 0;
+            for g in 0..2u8 {
+                let slots: Vec<u64> = case
+                    .iter()
+                    .filter(|t| t.0 == g)
+                    .flat_map(|&(_, s, n)| std::iter::repeat_n(s, n as usize))
+                    .collect();
+                largest_wave = waves(&slots).into_iter().fold(largest_wave, u64::max);
+            }
+            assert!(need >= largest_wave, "{case:?}: {need} < {largest_wave}");
+            // Not more than the largest group needs at most (its total, or one wave's bound).
+            assert!(need <= SCRATCH_BYTES.max(huge), "{case:?}");
+        }
+        // One group that fits in one wave: exactly its total.
+        assert_eq!(scratch_bytes([(0u8, 1000, 5)].into_iter()), 5000);
+    }
 }
