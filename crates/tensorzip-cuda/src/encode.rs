@@ -312,6 +312,18 @@ fn scratch_bytes<K: PartialEq>(tensors: impl Iterator<Item = (K, u64, u64)>) -> 
         .max()
         .unwrap_or(0)
 }
+
+/// The end of the wave of chunks that starts at `at` (of `len`), whose slots are `slot(i)` bytes,
+/// and its bytes: slots in order while they fit in [`SCRATCH_BYTES`], at least one.
+fn wave_end(at: usize, len: usize, slot: impl Fn(usize) -> u64) -> (usize, u64) {
+    let (mut end, mut bytes) = (at, 0u64);
+    while end < len && (end == at || bytes + slot(end) <= SCRATCH_BYTES) {
+        bytes += slot(end);
+        end += 1;
+    }
+    (end, bytes)
+}
+
 /// Shared memory one thread block may use (the H200 allows 227 KiB).
 const ENC_MAX_SMEM: u64 = 227 << 10;
 
@@ -720,10 +732,10 @@ impl GpuEngine {
         drop(counts_dev);
         let host_counts = &pinned.as_slice()?[..total_u32];
         trace("sample counts");
-        // The encoders' scratch, allocated and zeroed now, so that the GPU clears it while the
-        // host searches the tables below (zeroing ~1 GiB, ~0.35 ms on an H200, was on the call's
-        // critical path between the search and the encode kernel). Big enough for the largest
-        // wave of any launch group (waves: step 3).
+        // The encoders' scratch, allocated and zeroed now, so that the GPU does it while the host
+        // searches the tables below (between the search and the encode kernel, where it was, the
+        // 1 GiB call took 0.4-1.2 ms longer on an H200). Big enough for the largest wave of any
+        // launch group (`wave_end`, step 3).
         let scratch_need = scratch_bytes(
             counting
                 .iter()
@@ -826,14 +838,7 @@ impl GpuEngine {
                 .collect();
             let mut at = 0;
             while at < all.len() {
-                let mut end = at;
-                let mut bytes = 0u64;
-                while end < all.len()
-                    && (end == at || bytes + coded[all[end].0].slot_bytes <= SCRATCH_BYTES)
-                {
-                    bytes += coded[all[end].0].slot_bytes;
-                    end += 1;
-                }
+                let (end, bytes) = wave_end(at, all.len(), |j| coded[all[j].0].slot_bytes);
                 if scratch
                     .as_ref()
                     .is_none_or(|b| (b.len() as u64) < bytes + 16)
@@ -1003,16 +1008,12 @@ fn nonempty(mut v: Vec<u32>, n: usize) -> Vec<u32> {
 mod tests {
     use super::*;
 
-    /// The waves `compress_batch_device` cuts a group's slots into (the same rule as its loop).
+    /// The bytes of each wave `compress_batch_device` cuts a group's slots into.
     fn waves(slots: &[u64]) -> Vec<u64> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < slots.len() {
-            let (mut end, mut bytes) = (at, 0u64);
-            while end < slots.len() && (end == at || bytes + slots[end] <= SCRATCH_BYTES) {
-                bytes += slots[end];
-                end += 1;
-            }
+            let (end, bytes) = wave_end(at, slots.len(), |j| slots[j]);
             out.push(bytes);
             at = end;
         }
