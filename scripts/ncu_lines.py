@@ -29,7 +29,7 @@ def main():
     name = "decode.cu" if kernel.startswith(("tz_decode", "tz_build_tables", "tz_copy")) else "encode.cu"
     src = (KERNELS / name).read_text().splitlines()
 
-    # Instruction offset -> line of decode.cu (<= 0: a line of smem.cuh), for KERNEL's section only.
+    # Instruction offset -> line of the .cu file (<= 0: a line of smem.cuh), for KERNEL's section only.
     off_line, cur, inside = {}, None, False
     for l in Path(disasm).read_text().splitlines():
         if l.startswith(".text."):
@@ -54,7 +54,7 @@ def main():
     iss = hdr.index("Warp Stall Sampling (All Samples)")
     base = int(data[0][ia], 16)
 
-    # The function each line of decode.cu belongs to: the last definition at or above it.
+    # The function each line of the .cu file belongs to: the last definition at or above it.
     starts = []
     for i, l in enumerate(src, 1):
         m = re.search(r"(\w+)\s*\(", l)

@@ -742,8 +742,7 @@ impl GpuEngine {
                 .map(|c| ((c.variant, c.smem_stage), c.slot_bytes, c.header.n_chunks())),
         );
         // 16 bytes of padding: the compaction reads a little past a slot's end.
-        let mut scratch: Option<CudaSlice<u8>> =
-            Some(s.alloc_zeros::<u8>(scratch_need as usize + 16)?);
+        let mut scratch = s.alloc_zeros::<u8>(scratch_need as usize + 16)?;
         // 2. The models, by the CPU engine's own code, all tensors in parallel.
         let models: Vec<Model> = counting
             .par_iter()
@@ -839,15 +838,13 @@ impl GpuEngine {
             let mut at = 0;
             while at < all.len() {
                 let (end, bytes) = wave_end(at, all.len(), |j| coded[all[j].0].slot_bytes);
-                if scratch
-                    .as_ref()
-                    .is_none_or(|b| (b.len() as u64) < bytes + 16)
-                {
-                    // Not expected (`scratch_bytes` bounds every wave); the old one is freed first.
-                    drop(scratch.take());
-                    scratch = Some(s.alloc_zeros::<u8>(bytes as usize + 16)?);
+                // `scratch_bytes` bounds every wave (its test shares `wave_end` with this loop).
+                if (scratch.len() as u64) < bytes + 16 {
+                    return Err(Error::Driver(format!(
+                        "encoder scratch of {} bytes is short of a wave of {bytes}",
+                        scratch.len()
+                    )));
                 }
-                let scr = scratch.as_mut().expect("allocated above");
                 let mut jobs = Vec::with_capacity(end - at);
                 let mut off = 0u64;
                 for &(i, c) in &all[at..end] {
@@ -874,7 +871,7 @@ impl GpuEngine {
                         .arg(&cls)
                         .arg(&info)
                         .arg(&const_sel)
-                        .arg(&mut *scr)
+                        .arg(&mut scratch)
                         .arg(&mut outs)
                         .arg(&sb)
                         .arg(&warps);
@@ -884,7 +881,7 @@ impl GpuEngine {
                         shared_mem_bytes: smem,
                     };
                     // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its
-                    // tensor, and it writes only its own slot (inside `scr`, sized above) and its
+                    // tensor, and it writes only its own slot (inside `scratch`, sized above) and its
                     // `outs` entry; the shared memory holds `warps` x (histograms + stage).
                     unsafe { b.launch(cfg) }?;
                 }
@@ -927,7 +924,11 @@ impl GpuEngine {
                 s.memcpy_htod(&jobs, &mut dev_jobs)?;
                 {
                     let mut b = s.launch_builder(&k.compact);
-                    b.arg(&*scr).arg(&dev_jobs).arg(&params).arg(&outs).arg(&n);
+                    b.arg(&scratch)
+                        .arg(&dev_jobs)
+                        .arg(&params)
+                        .arg(&outs)
+                        .arg(&n);
                     let cfg = LaunchConfig {
                         grid_dim: (n, 1, 1),
                         block_dim: (256, 1, 1),
