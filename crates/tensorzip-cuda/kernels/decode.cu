@@ -519,6 +519,14 @@ __device__ __forceinline__ u32 merge_selector(u32 m) {
     return sel;
 }
 
+// The E = 8 (bf16, and fp32's top two bytes) inverse transform on plane words, four units at
+// once: `m` holds the sign (bit 7) and the mantissa's top 7 bits, `e` the exponent. The unit's high
+// byte is sign << 7 | e >> 1 (returned in `hi`), its low byte (e & 1) << 7 | mantissa (in `lo`).
+__device__ __forceinline__ void inverse_e8_words(u32 m, u32 e, u32& lo, u32& hi) {
+    hi = (m & 0x80808080u) | ((e >> 1) & 0x7F7F7F7Fu);
+    lo = ((e << 7) & 0x80808080u) | (m & 0x7F7F7F7Fu);
+}
+
 // Stores the 16 units assembled from the plane words `w` at `o`.
 template <int U, int E>
 __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
@@ -535,17 +543,15 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
         #pragma unroll
         for (int k = 0; k < 4; k++) {
             if (E == 8) {
-                // bf16: the inverse transform on the plane words, four units at once, then the
-                // interleave. Plane 1 holds the exponent `e`, plane 0 the sign (bit 7) and the
-                // mantissa: the unit's high byte is sign << 7 | e >> 1, its low byte
-                // (e & 1) << 7 | mantissa. Two shifts and two 3-input logic operations per four
+                // bf16: the inverse transform on the plane words (`inverse_e8_words`: plane 1 the
+                // exponent, plane 0 the sign and the mantissa), then the interleave. Two shifts and two 3-input logic operations per four
                 // units instead of four operations per two units after the interleave (the
                 // inverse transform was 3.9% of a 1 GiB bf16 launch's instructions, ncu). With the
                 // same for fp32 below and `decode_block` resolving tables for coded planes only
                 // (H200, 2026-12-01, same calls, kernel GB/s): 1 GiB bf16 539-541 -> 547-549, fp32
                 // 687-694 -> 709-713; MiniLM bf16 and the sample model within the noise.
-                const u32 hi = (w[0][k] & 0x80808080u) | ((w[1][k] >> 1) & 0x7F7F7F7Fu);
-                const u32 lo = ((w[1][k] << 7) & 0x80808080u) | (w[0][k] & 0x7F7F7F7Fu);
+                u32 lo, hi;
+                inverse_e8_words(w[0][k], w[1][k], lo, hi);
                 r[2 * k] = __byte_perm(lo, hi, 0x5140);
                 r[2 * k + 1] = __byte_perm(lo, hi, 0x7362);
             } else {
@@ -575,10 +581,7 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
             // bf16 in the U == 2 case (plane 3 the exponent, plane 2 the sign and the mantissa's top
             // 7 bits), before the interleave; the other planes are the mantissa's low bytes as they are.
             u32 w2 = w[2][k], w3 = w[3][k];
-            if (E == 8) {
-                w3 = (w[2][k] & 0x80808080u) | ((w[3][k] >> 1) & 0x7F7F7F7Fu);
-                w2 = ((w[3][k] << 7) & 0x80808080u) | (w[2][k] & 0x7F7F7F7Fu);
-            }
+            if (E == 8) inverse_e8_words(w[2][k], w[3][k], w2, w3);
             constexpr int EI = E == 8 ? 0 : E;
             u32 a = __byte_perm(w[0][k], w[1][k], 0x5140);
             u32 b = __byte_perm(w[0][k], w[1][k], 0x7362);
