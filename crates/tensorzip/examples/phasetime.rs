@@ -1,7 +1,8 @@
 //! Development probe: single-thread CPU time of the encoder's two passes on a safetensors file —
 //! the model (sampling, histograms, table search) and the chunk encoding — tensor by tensor,
 //! warm (each pass repeated; the median of `runs` is reported).
-//! `THREADS=n cargo run --release --example phasetime -- FILE [runs]`
+//! `THREADS=n [SAMPLE=blocks] cargo run --release --example phasetime -- FILE [runs]` (`SAMPLE`
+//! overrides `sample_blocks`, for A/B runs of the sampling).
 use std::time::Instant;
 
 mod common;
@@ -14,7 +15,10 @@ fn main() {
     let bytes = std::fs::read(&args[1]).expect("read the file");
     let runs = num_arg(&args, 2, 5);
     let (_, list) = tensorzip::archive::safetensors_layout(&bytes).expect("a safetensors file");
-    let opts = CompressOptions::default();
+    let mut opts = CompressOptions::default();
+    if let Some(n) = std::env::var("SAMPLE").ok().and_then(|v| v.parse().ok()) {
+        opts.sample_blocks = n;
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads_env())
         .build()

@@ -803,6 +803,83 @@ unsafe fn sum_c_log2_avx2(row: &[u32], lg: &[u32]) -> Option<u64> {
     Some(lanes.iter().sum())
 }
 
+/// Blocks shown raw under every table by a cheap lower bound of their `ideal_cost_dense`: order-0
+/// entropy is at least collision entropy, `n H >= n log2(n^2 / S)` with `S = sum c^2`. In Q16,
+/// `log2_q16` is below the true value by less than 2 units, so `ideal_cost_dense >= 2^16 n H - 2n`,
+/// and [`collision_lower_bound`] subtracts 2 more units per symbol for rounding `log2 S` down. If
+/// the bound fails the passthrough test, so does the block's own entropy. (A near-uniform plane —
+/// bf16's sign-and-mantissa byte, fp32's three low bytes — has collision entropy ~7.9 bits, far
+/// above the 7.6 of the default threshold; its 256 gathered logarithms per block and the support
+/// pass were most of such a plane's model time.)
+///
+/// The bound falls as `S` grows (`log2_q16` is monotone), so for a block length `n` the test is
+/// `S <= s_max(n)`, found once per length by bisection: no logarithm per block.
+struct CollisionTest {
+    threshold: u64,
+    /// The last block length seen and its `s_max` (`None`: no `S` passes).
+    last: Option<(u64, Option<u64>)>,
+}
+
+/// `2^16 n log2(n^2 / S)` rounded down, less `4n` (see [`CollisionTest`]), at least 0.
+fn collision_lower_bound(n: u64, s: u64) -> u64 {
+    (2 * n * log2_q16(n)).saturating_sub(n * (log2_q16(s) + 2) + 2 * n)
+}
+
+impl CollisionTest {
+    fn new(threshold: u64) -> Self {
+        CollisionTest {
+            threshold,
+            last: None,
+        }
+    }
+
+    /// The largest `S` in `1..=n^2` whose bound fails the passthrough test, if any.
+    fn s_max(&self, n: u64) -> Option<u64> {
+        let fails = |s: u64| !stays_coded(collision_lower_bound(n, s), n as usize, self.threshold);
+        if !fails(1) {
+            return None;
+        }
+        // Invariant: fails(lo), and !fails(s) for every s > hi.
+        let (mut lo, mut hi) = (1u64, n * n);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fails(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        Some(lo)
+    }
+
+    /// Whether the block of histogram `h` is raw under every table (`false`: not shown).
+    fn raw(&mut self, h: &[u32; 256]) -> bool {
+        let (n, sq) = sum_and_squares(h);
+        if n == 0 {
+            return false;
+        }
+        let limit = match self.last {
+            Some((m, limit)) if m == n => limit,
+            _ => {
+                let limit = self.s_max(n);
+                self.last = Some((n, limit));
+                limit
+            }
+        };
+        limit.is_some_and(|l| sq <= l)
+    }
+}
+
+/// `(sum c, sum c^2)` over a histogram.
+fn sum_and_squares(h: &[u32; 256]) -> (u64, u64) {
+    let (mut n, mut sq) = (0u64, 0u64);
+    for &c in h {
+        n += c as u64;
+        sq += c as u64 * c as u64;
+    }
+    (n, sq)
+}
+
 /// Chooses the tables of one plane from the histograms of its non-constant sampled blocks `blocks`
 /// (`n_sampled` blocks were sampled in all, of `n_blocks` in the plane). Normative description:
 /// `docs/FORMAT.md`, "Encoder decisions".
@@ -821,7 +898,8 @@ pub fn cluster(
     max_tables: usize,
     threshold: u64,
 ) -> Vec<FreqTable> {
-    if blocks.is_empty() {
+    let mut collision = CollisionTest::new(threshold);
+    if blocks.is_empty() || blocks.iter().all(|h| collision.raw(h)) {
         return Vec::new();
     }
     let sup = Support::new(blocks);
@@ -1346,6 +1424,56 @@ mod tests {
                 .map(|&c| c as u64 * (lg[n as usize] as u64 - lg[c as usize] as u64))
                 .sum();
             assert_eq!(ideal_cost_dense(&row), want);
+        }
+    }
+
+    #[test]
+    fn collision_test_only_claims_blocks_raw_by_their_own_entropy() {
+        // Histograms from one symbol to all 256, flat or skewed, short and long blocks, several
+        // thresholds: whenever the cheap test calls a block raw, its exact order-0 cost fails the
+        // passthrough test too.
+        let mut r = rng(0x9E37_79B9_7F4A_7C15);
+        let mut claimed = 0;
+        for threshold in [62259u64, 65536, 58982, 32768, 1] {
+            let mut test = CollisionTest::new(threshold);
+            for case in 0..600 {
+                let width = 1 + (r() % 256) as usize;
+                let n = [1usize, 2, 37, 4095, 4096, 65535][case % 6];
+                let skew = r() % 4;
+                let mut h = [0u32; 256];
+                for _ in 0..n {
+                    let mut s = (r() % width as u64) as usize;
+                    for _ in 0..skew {
+                        s = s.min((r() % width as u64) as usize);
+                    }
+                    h[s] += 1;
+                }
+                if test.raw(&h) {
+                    claimed += 1;
+                    assert!(
+                        !stays_coded(ideal_cost_dense(&h), n, threshold),
+                        "threshold {threshold}, n {n}, width {width}, skew {skew}"
+                    );
+                }
+            }
+        }
+        // The shortcut is taken where it is meant to be: flat blocks of 4096 bytes.
+        assert!(claimed > 100, "{claimed} blocks claimed");
+    }
+
+    #[test]
+    fn collision_limit_is_the_largest_failing_sum_of_squares() {
+        for threshold in [62259u64, 65536, 40000] {
+            let test = CollisionTest::new(threshold);
+            for n in 1..=48u64 {
+                let fails =
+                    |s: u64| !stays_coded(collision_lower_bound(n, s), n as usize, threshold);
+                let brute = (1..=n * n).filter(|&s| fails(s)).max();
+                assert_eq!(test.s_max(n), brute, "n {n}, threshold {threshold}");
+                if let Some(m) = brute {
+                    assert!((1..=m).all(fails), "not monotone at n {n}");
+                }
+            }
         }
     }
 
