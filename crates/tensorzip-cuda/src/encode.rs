@@ -40,7 +40,7 @@ pub const ENCODE_SRC: &str = concat!(
     include_str!("../kernels/encode.cu")
 );
 
-use crate::transfer::STAGED_MIN;
+use crate::transfer::staged;
 
 /// Most scratch memory one wave of chunks may use (a chunk's slot is ~2.5x its size: 1 GiB of
 /// tensors is one wave).
@@ -415,10 +415,8 @@ impl GpuEngine {
         opts: &CompressOptions,
     ) -> Result<Vec<u8>> {
         let s = self.stream();
-        if data.len() < STAGED_MIN {
-            // Small tensors: plain copies (the staging buffers cost ~100 MB of page-locked memory
-            // and their allocation, once per process: a loss for a command-line run on a small
-            // file, measured 0.17 -> 0.09 GB/s on a 9 MB model on the H200).
+        if !staged(data.len() as u64) {
+            // Small tensors: plain copies (`transfer::staged`).
             let dev = s.clone_htod(if data.is_empty() { &[0u8][..] } else { data })?;
             let blob = {
                 let (p, _g) = dev.device_ptr(s);

@@ -1158,7 +1158,7 @@ impl GpuEngine {
         blobs: &[&[u8]],
         layouts: &[BlobLayout],
     ) -> Result<HostBatch> {
-        // Blobs 16-byte aligned in one device buffer. From `STAGED_MIN` on, copied there from the
+        // Blobs 16-byte aligned in one device buffer. When `transfer::staged`, copied there from the
         // caller's memory through the staging buffers and the tensors back the same way (no
         // gathered host copy; a direct copy from pageable memory runs at ~8-10 GB/s on the H200's
         // host, the staged one at the PCIe limit).
@@ -1184,7 +1184,7 @@ impl GpuEngine {
         let plan = Plan::new(&jobs)?;
         let mut dplan = self.upload(&plan)?;
         let s = &self.stream;
-        let staged = in_len.max(out_len) as usize >= crate::transfer::STAGED_MIN;
+        let staged = crate::transfer::staged(in_len.max(out_len));
         let mut dev_data = if staged {
             // SAFETY: plain bytes, all written by the upload below before the decoder reads them.
             unsafe { s.alloc::<u8>(in_len.max(1) as usize) }?

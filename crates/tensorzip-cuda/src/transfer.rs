@@ -20,7 +20,13 @@ pub const STAGES: usize = 3;
 /// Transfers from this size on go through the staging buffers; smaller ones are plain copies (the
 /// staging buffers cost ~100 MB of page-locked memory and their allocation, once per process: a
 /// loss for a command-line run on a small file, measured 0.17 -> 0.09 GB/s on a 9 MB model).
-pub(crate) const STAGED_MIN: usize = 32 << 20;
+const STAGED_MIN: usize = 32 << 20;
+
+/// Whether a transfer of `bytes` goes through the staging buffers (see [`STAGED_MIN`]): the one
+/// rule for every caller.
+pub(crate) fn staged(bytes: u64) -> bool {
+    bytes >= STAGED_MIN as u64
+}
 /// Bytes per host-thread copy task.
 const TASK_BYTES: usize = 1 << 20;
 
