@@ -399,18 +399,31 @@ __device__ __forceinline__ bool plane_is_const(const u8* pp, u32 blen, u32 first
     return __all_sync(FULL, same);
 }
 
-// Appends `n` bytes of a staged plane `from` (shared or global, 4-byte aligned) to `to` (global,
-// any alignment): four bytes per lane and load, stored one by one.
-__device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lane) {
-    const u32 n4 = n & ~3u;
-    for (u32 i = 4 * lane; i < n4; i += 128) {
-        const u32 w = *(const u32*)(from + i);
-        to[i] = (u8)w;
-        to[i + 1] = (u8)(w >> 8);
-        to[i + 2] = (u8)(w >> 16);
-        to[i + 3] = (u8)(w >> 24);
+// Copies `n` bytes from `src` to `dst` (any alignments; threads `t` of `nt` share the work): the
+// bytes up to `dst`'s next 4-byte boundary, then whole 32-bit words, each assembled from the two
+// aligned source words that hold its bytes (a funnel shift: it reads only aligned words that hold
+// a byte of the range, so at most 3 bytes past the range, inside its last word), then the tail.
+__device__ __forceinline__ void copy_bytes(u8* __restrict__ dst, const u8* __restrict__ src, u32 n, u32 t, u32 nt) {
+    const u32 head = min(n, (u32)((4 - ((u64)dst & 3)) & 3));
+    for (u32 i = t; i < head; i += nt) dst[i] = src[i];
+    const u32 nw = (n - head) / 4;
+    const u8* s = src + head;
+    u32* d = (u32*)(dst + head);
+    const u32 sh = (u32)((u64)s & 3) * 8;
+    const u32* sw = (const u32*)((u64)s & ~3ull);
+    if (sh == 0) {
+        for (u32 i = t; i < nw; i += nt) d[i] = sw[i];
+    } else {
+        for (u32 i = t; i < nw; i += nt) d[i] = __funnelshift_r(sw[i], sw[i + 1], sh);
     }
-    for (u32 i = n4 + lane; i < n; i += 32) to[i] = from[i];
+    for (u32 i = head + nw * 4 + t; i < n; i += nt) dst[i] = src[i];
+}
+
+// Appends `n` bytes of a staged plane `from` (shared or global) to `to` (global, any alignment):
+// 32-bit stores, one per lane and word (`copy_bytes`; four byte stores per lane and word were
+// most of a raw plane's cost in the encoder).
+__device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lane) {
+    copy_bytes(to, from, n, (u32)lane, 32u);
 }
 
 // The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
@@ -453,7 +466,33 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
         // its raw bytes go after the lower lanes' raw bytes, which are their units minus their
         // hits. Then each lane stores its bytes in unit order: the coded ones to `csyms`, the
         // others to the raw area (the same bytes and places as one unit per lane per step).
-        for (u32 r0 = 0; r0 < blen; r0 += 128) {
+        // Whole steps (every lane's four units inside the block): the hits from one byte-wise
+        // compare, and each byte stored once, to the coded or the raw side by a select of its
+        // address (the general step below tests and stores each byte on both sides).
+        const u32 cv4 = P.cond_value * 0x01010101u;
+        const u32 whole = blen & ~127u;
+        for (u32 r0 = 0; r0 < whole; r0 += 128) {
+            const u32 i0 = r0 + 4 * lane;
+            const u32 ew = *(const u32*)(ep + i0);
+            const u32 mw = *(const u32*)(mp + i0);
+            const u32 eq = __vcmpeq4(ew, cv4);  // 0xFF in each byte whose exponent is the value
+            const u32 nh = __popc(eq) >> 3;
+            const u32 b0 = __ballot_sync(FULL, nh & 1u), b1 = __ballot_sync(FULL, nh & 2u), b2 = __ballot_sync(FULL, nh & 4u);
+            const u32 ph = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt);
+            const u32 th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+            u32 c = st.ctot + ph, a = st.aoff + (4 * (u32)lane - ph);
+            #pragma unroll
+            for (u32 k = 0; k < 4; k++) {
+                const u32 hit = (eq >> (8 * k)) & 1u;
+                u8* d = hit ? csyms + c : area + a;
+                *d = (u8)(mw >> (8 * k));
+                c += hit;
+                a += hit ^ 1u;
+            }
+            st.ctot += th;
+            st.aoff += 128 - th;
+        }
+        for (u32 r0 = whole; r0 < blen; r0 += 128) {
             const u32 i0 = r0 + 4 * lane;
             const u32 n_in = i0 >= blen ? 0u : min(blen - i0, 4u);
             u32 ew = 0, mw = 0;
@@ -809,25 +848,6 @@ ENTRIES(8e11, 8, 11, (352, 1))
 // ---------------------------------------------------------------------------------------------
 // Compaction: the pieces of each chunk's payload, from its slot to its place in its blob.
 
-// Bytes up to the destination's next 4-byte boundary, then whole 32-bit words, each assembled from
-// two aligned source words (a funnel shift; this reads up to 3 bytes past the source, which the
-// scratch's padding allows), then the tail.
-__device__ __forceinline__ void copy_bytes(u8* __restrict__ dst, const u8* __restrict__ src, u32 n) {
-    const u32 head = min(n, (u32)((4 - ((u64)dst & 3)) & 3));
-    for (u32 i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
-    const u32 nw = (n - head) / 4;
-    const u8* s = src + head;
-    u32* d = (u32*)(dst + head);
-    const u32 sh = (u32)((u64)s & 3) * 8;
-    const u32* sw = (const u32*)((u64)s & ~3ull);
-    if (sh == 0) {
-        for (u32 i = threadIdx.x; i < nw; i += blockDim.x) d[i] = sw[i];
-    } else {
-        for (u32 i = threadIdx.x; i < nw; i += blockDim.x) d[i] = __funnelshift_r(sw[i], sw[i + 1], sh);
-    }
-    for (u32 i = head + nw * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-
 #if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJob* __restrict__ jobs,
                                       const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n) {
@@ -842,17 +862,17 @@ extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJ
     if (o.sel_len) {
         for (int p = 0; p < 8; p++) {
             if (o.modes[p] != MODE_BLOCKS) continue;
-            copy_bytes(dst + w, slot + P.off_sels + (u64)p * o.nb, o.nb);
+            copy_bytes(dst + w, slot + P.off_sels + (u64)p * o.nb, o.nb, threadIdx.x, blockDim.x);
             w += o.nb;
         }
     }
     if (o.rans_len) {
-        copy_bytes(dst + w, slot + P.off_states, 128);
+        copy_bytes(dst + w, slot + P.off_states, 128, threadIdx.x, blockDim.x);
         w += 128;
-        copy_bytes(dst + w, slot + P.off_words + 2ull * (P.cap_words - o.n_words), 2 * o.n_words);
+        copy_bytes(dst + w, slot + P.off_words + 2ull * (P.cap_words - o.n_words), 2 * o.n_words, threadIdx.x, blockDim.x);
         w += 2 * o.n_words;
     }
-    copy_bytes(dst + w, slot + P.off_area, o.kept);
+    copy_bytes(dst + w, slot + P.off_area, o.kept, threadIdx.x, blockDim.x);
 }
 #endif
 
