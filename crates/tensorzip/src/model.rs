@@ -885,7 +885,9 @@ impl CollisionTest {
     /// Whether the block of histogram `h` is raw under every table (`false`: not shown).
     fn raw(&mut self, h: &[u32; 256]) -> bool {
         let (n, sq) = sum_and_squares(h);
-        if n == 0 {
+        // Blocks hold at most 65536 units; anything else is not claimed (and keeps the products
+        // below far from overflowing).
+        if n == 0 || n > 1 << 16 {
             return false;
         }
         let limit = match self.last {
@@ -900,12 +902,13 @@ impl CollisionTest {
     }
 }
 
-/// `(sum c, sum c^2)` over a histogram.
+/// `(sum c, sum c^2)` over a histogram (the second wrapping: exact whenever the sum is at most
+/// 2^16, the only case [`CollisionTest::raw`] uses it).
 fn sum_and_squares(h: &[u32; 256]) -> (u64, u64) {
     let (mut n, mut sq) = (0u64, 0u64);
     for &c in h {
         n += c as u64;
-        sq += c as u64 * c as u64;
+        sq = sq.wrapping_add(c as u64 * c as u64);
     }
     (n, sq)
 }
@@ -1497,6 +1500,16 @@ mod tests {
         }
         // The shortcut is taken where it is meant to be: flat blocks of 4096 bytes.
         assert!(claimed > 100, "{claimed} blocks claimed");
+    }
+
+    #[test]
+    fn collision_test_declines_counts_no_block_has() {
+        // Sums past a block's 65536 units (and products that would overflow) are not claimed.
+        let mut test = CollisionTest::new(62259);
+        assert!(!test.raw(&[u32::MAX; 256]));
+        assert!(!test.raw(&[257; 256]));
+        assert!(!test.raw(&[0; 256]));
+        assert!(test.raw(&[256; 256]));
     }
 
     #[test]
