@@ -544,12 +544,13 @@ __device__ __forceinline__ void store16(u8* o, const u32 (&w)[U][4], u32 n) {
         for (int k = 0; k < 4; k++) {
             if (E == 8) {
                 // bf16: the inverse transform on the plane words (`inverse_e8_words`: plane 1 the
-                // exponent, plane 0 the sign and the mantissa), then the interleave. Two shifts and two 3-input logic operations per four
-                // units instead of four operations per two units after the interleave (the
-                // inverse transform was 3.9% of a 1 GiB bf16 launch's instructions, ncu). With the
-                // same for fp32 below and `decode_block` resolving tables for coded planes only
-                // (H200, 2026-12-01, same calls, kernel GB/s): 1 GiB bf16 539-541 -> 547-549, fp32
-                // 687-694 -> 709-713; MiniLM bf16 and the sample model within the noise.
+                // exponent, plane 0 the sign and the mantissa), then the interleave. Two shifts and
+                // two 3-input logic operations per four units instead of four operations per two
+                // units after the interleave (the inverse transform was 3.9% of a 1 GiB bf16
+                // launch's instructions, ncu). With the same for fp32 below and `decode_block`
+                // resolving tables for coded planes only (H200, 2026-12-01, same calls, kernel
+                // GB/s): 1 GiB bf16 539-541 -> 547-549, fp32 687-694 -> 709-713; MiniLM bf16 and
+                // the sample model within the noise.
                 u32 lo, hi;
                 inverse_e8_words(w[0][k], w[1][k], lo, hi);
                 r[2 * k] = __byte_perm(lo, hi, 0x5140);

@@ -27,6 +27,7 @@ const STAGED_MIN: usize = 32 << 20;
 pub(crate) fn staged(bytes: u64) -> bool {
     bytes >= STAGED_MIN as u64
 }
+
 /// Bytes per host-thread copy task.
 const TASK_BYTES: usize = 1 << 20;
 
