@@ -290,25 +290,37 @@ fn slot_layout(p: &mut EncParams, header: &BlobHeader, units: u64, us: u64) -> (
     (slot_bytes, smem_stage)
 }
 
-/// Scratch bytes that hold the largest wave of any launch group, given per tensor its group key,
-/// slot bytes and chunk count. A wave takes a group's slots in order while they fit in
-/// [`SCRATCH_BYTES`] (at least one), so it holds at most the group's total and at most
-/// `max(SCRATCH_BYTES, largest slot)`.
-fn scratch_bytes<K: PartialEq>(tensors: impl Iterator<Item = (K, u64, u64)>) -> u64 {
-    // Per group: total bytes and largest slot.
-    let mut groups: Vec<(K, u64, u64)> = Vec::new();
-    for (key, slot, chunks) in tensors {
+/// Tensors by launch group (key: unit-size variant and whether blocks are staged in shared memory),
+/// each group's tensors in order: one encoder launch per group and wave (step 3), and the scratch
+/// sized for the largest such wave (`scratch_bytes`).
+fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usize>)> {
+    let mut groups: Vec<(K, Vec<usize>)> = Vec::new();
+    for (i, key) in keys.enumerate() {
         match groups.iter_mut().find(|g| g.0 == key) {
-            Some(g) => {
-                g.1 += slot * chunks;
-                g.2 = g.2.max(slot);
-            }
-            None => groups.push((key, slot * chunks, slot)),
+            Some(g) => g.1.push(i),
+            None => groups.push((key, vec![i])),
         }
     }
     groups
+}
+
+/// Scratch bytes that hold the largest wave of any of `groups` (`launch_groups`), given per
+/// tensor its slot bytes and chunk count. A wave takes a group's slots in order while they fit in
+/// [`SCRATCH_BYTES`] (at least one), so it holds at most the group's total and at most
+/// `max(SCRATCH_BYTES, largest slot)`.
+fn scratch_bytes<K>(
+    groups: &[(K, Vec<usize>)],
+    slot_and_chunks: impl Fn(usize) -> (u64, u64),
+) -> u64 {
+    groups
         .iter()
-        .map(|&(_, total, largest)| total.min(SCRATCH_BYTES.max(largest)))
+        .map(|(_, members)| {
+            let (total, largest) = members.iter().fold((0u64, 0u64), |(total, largest), &i| {
+                let (slot, chunks) = slot_and_chunks(i);
+                (total + slot * chunks, largest.max(slot))
+            });
+            total.min(SCRATCH_BYTES.max(largest))
+        })
         .max()
         .unwrap_or(0)
 }
@@ -394,11 +406,9 @@ struct Coded {
     index: usize,
     data: u64,
     header: BlobHeader,
-    variant: usize,
     params: EncParams,
     prefix: Vec<u8>,
     slot_bytes: u64,
-    smem_stage: bool,
     blob: CudaSlice<u8>,
     dir: Vec<u8>,
     total: u64,
@@ -734,11 +744,10 @@ impl GpuEngine {
         // searches the tables below (between the search and the encode kernel, where it was, the
         // 1 GiB call took 0.4-1.2 ms longer on an H200). Big enough for the largest wave of any
         // launch group (`wave_end`, step 3).
-        let scratch_need = scratch_bytes(
-            counting
-                .iter()
-                .map(|c| ((c.variant, c.smem_stage), c.slot_bytes, c.header.n_chunks())),
-        );
+        let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
+        let scratch_need = scratch_bytes(&groups, |i| {
+            (counting[i].slot_bytes, counting[i].header.n_chunks())
+        });
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         let mut scratch = s.alloc_zeros::<u8>(scratch_need as usize + 16)?;
         // 2. The models, by the CPU engine's own code, all tensors in parallel.
@@ -770,19 +779,16 @@ impl GpuEngine {
             let mut prefix = Vec::new();
             c.header.write(&mut prefix);
             model.write_tables(&mut prefix);
-            let (slot_bytes, smem_stage) = (c.slot_bytes, c.smem_stage);
             let head_len = prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len();
             // SAFETY: plain bytes; everything below the blob's length is written before it is read.
             let blob = unsafe { s.alloc::<u8>(head_len + t.nbytes) }?;
             coded.push(Coded {
                 index: c.index,
                 data: c.data,
-                variant: c.variant,
                 header: c.header,
                 params: p,
                 prefix,
-                slot_bytes,
-                smem_stage,
+                slot_bytes: c.slot_bytes,
                 blob,
                 dir: Vec::new(),
                 total: head_len as u64,
@@ -797,16 +803,9 @@ impl GpuEngine {
         let info = s.clone_htod(&nonempty(tables.info, 1))?;
         let const_sel = s.clone_htod(&tables.const_sel)?;
 
-        // 3-4. Per launch group (unit size and transform, stage in shared memory or not): waves of
-        // chunks, each encoded, sized on the host, and compacted into the blobs.
-        let mut groups: Vec<((usize, bool), Vec<usize>)> = Vec::new();
-        for (i, c) in coded.iter().enumerate() {
-            let key = (c.variant, c.smem_stage);
-            match groups.iter_mut().find(|g| g.0 == key) {
-                Some(g) => g.1.push(i),
-                None => groups.push((key, vec![i])),
-            }
-        }
+        // 3-4. Per launch group (unit size and transform, stage in shared memory or not; `groups`
+        // above: `coded[i]` is `counting[i]`): waves of chunks, each encoded, sized on the host,
+        // and compacted into the blobs.
         for ((v, smem_stage), members) in groups {
             let us = VARIANTS[v].0 as u64;
             let stage_bytes = if smem_stage {
@@ -1031,7 +1030,8 @@ mod tests {
             vec![(0, huge, 2), (0, 10, 5), (1, big, 1)],
         ];
         for case in cases {
-            let need = scratch_bytes(case.iter().copied());
+            let groups = launch_groups(case.iter().map(|t| t.0));
+            let need = scratch_bytes(&groups, |i| (case[i].1, case[i].2));
             let mut largest_wave = 0;
             for g in 0..2u8 {
                 let slots: Vec<u64> = case
@@ -1046,6 +1046,9 @@ mod tests {
             assert!(need <= SCRATCH_BYTES.max(huge), "{case:?}");
         }
         // One group that fits in one wave: exactly its total.
-        assert_eq!(scratch_bytes([(0u8, 1000, 5)].into_iter()), 5000);
+        assert_eq!(
+            scratch_bytes(&launch_groups([0u8].into_iter()), |_| (1000, 5)),
+            5000
+        );
     }
 }
