@@ -430,6 +430,14 @@ __device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lan
 // coded bytes (`csyms`, with per-block offsets `coff`) and raw bytes; block `b`'s planes are staged
 // by `stage_b(b)` unless `staged` (one block only, already staged). Returns the area's length and
 // sets `any` (a symbol is coded), `last_start` and `last_craw` (for the stash).
+// A lane's hit count `nh` (0..4) summed over the warp: `ph` over the lanes below this one (`lt` is
+// `lanemask_lt`), `th` over all 32. Three ballots, one per bit of the count.
+__device__ __forceinline__ void hit_prefix(u32 nh, u32 lt, u32& ph, u32& th) {
+    const u32 b0 = __ballot_sync(FULL, nh & 1u), b1 = __ballot_sync(FULL, nh & 2u), b2 = __ballot_sync(FULL, nh & 4u);
+    ph = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt);
+    th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+}
+
 template <int U>
 struct AreaState {
     u32 aoff, ctot, last_start, last_craw;
@@ -477,9 +485,8 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
             const u32 mw = *(const u32*)(mp + i0);
             const u32 eq = __vcmpeq4(ew, cv4);  // 0xFF in each byte whose exponent is the value
             const u32 nh = __popc(eq) >> 3;
-            const u32 b0 = __ballot_sync(FULL, nh & 1u), b1 = __ballot_sync(FULL, nh & 2u), b2 = __ballot_sync(FULL, nh & 4u);
-            const u32 ph = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt);
-            const u32 th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+            u32 ph, th;
+            hit_prefix(nh, lt, ph, th);
             u32 c = st.ctot + ph, a = st.aoff + (4 * (u32)lane - ph);
             #pragma unroll
             for (u32 k = 0; k < 4; k++) {
@@ -509,9 +516,8 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
             #pragma unroll
             for (u32 k = 0; k < 4; k++) hits |= (u32)(k < n_in && ((ew >> (8 * k)) & 0xFFu) == P.cond_value) << k;
             const u32 nh = __popc(hits);
-            const u32 b0 = __ballot_sync(FULL, nh & 1u), b1 = __ballot_sync(FULL, nh & 2u), b2 = __ballot_sync(FULL, nh & 4u);
-            const u32 ph = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt);
-            const u32 th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+            u32 ph, th;
+            hit_prefix(nh, lt, ph, th);
             const u32 before = min(4 * (u32)lane, blen - r0);  // units of the lower lanes
             u32 c = st.ctot + ph, a = st.aoff + (before - ph);
             #pragma unroll
