@@ -551,6 +551,7 @@ impl GpuEngine {
         let s = self.stream().clone();
         let trace =
             crate::engine::step_tracer(&s, format!("gpu encode of {} tensors", tensors.len()));
+        let trace_spans = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
         let mut blobs: Vec<Option<DeviceBlob>> = (0..tensors.len()).map(|_| None).collect();
         // Device buffers that kernels still read are kept until the final synchronisation.
         let mut keep_alive = Vec::new();
@@ -750,10 +751,17 @@ impl GpuEngine {
         });
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         let mut scratch = s.alloc_zeros::<u8>(scratch_need as usize + 16)?;
-        // 2. The models, by the CPU engine's own code, all tensors in parallel.
-        let models: Vec<Model> = counting
+        trace("scratch");
+        // 2. The models, by the CPU engine's own code, all tensors in parallel. With a trace on,
+        // each search's host span is printed too (the slowest one is the step's critical path).
+        let spans_from = trace_spans.then(std::time::Instant::now);
+        let searched: Vec<(Model, (f64, f64))> = counting
             .par_iter()
             .map(|c| {
+                let since = |t: Option<std::time::Instant>| {
+                    t.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3)
+                };
+                let begin = since(spans_from);
                 let n = c.sampling.picks.len() * c.header.planes() * 256;
                 let flat = &host_counts[c.hist_at..c.hist_at + n];
                 // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat` holds a whole
@@ -765,11 +773,23 @@ impl GpuEngine {
                     Some(j) => host_counts[j..j + 65536].to_vec(),
                     None => vec![0; 65536],
                 };
-                model_from_counts(&c.header, opts, &c.sampling, counts, joint)
+                let model = model_from_counts(&c.header, opts, &c.sampling, counts, joint);
+                (model, (begin, since(spans_from)))
             })
             .collect();
         drop(pinned);
         trace("models");
+        if trace_spans {
+            let spans: Vec<String> = searched
+                .iter()
+                .map(|(_, (a, b))| format!("{a:.3}-{b:.3}"))
+                .collect();
+            eprintln!(
+                "gpu encode: table searches (host ms from the scratch step): {}",
+                spans.join(" ")
+            );
+        }
+        let models: Vec<Model> = searched.into_iter().map(|(m, _)| m).collect();
         let mut tables = DeviceTables::default();
         let mut coded = Vec::with_capacity(counting.len());
         for (c, model) in counting.into_iter().zip(&models) {

@@ -491,6 +491,7 @@ enum Rows<'a> {
 }
 
 impl<'a> Support<'a> {
+    #[inline(always)] // into `cluster_avx2`
     fn new(blocks: &'a [&'a [u32; 256]]) -> Support<'a> {
         // One pass over the histograms: their OR (non-zero where any block has the symbol), their
         // sum (32-bit lanes carried into 64 bits every `FLUSH_ROWS` rows, as in `group_sums`) and
@@ -562,6 +563,7 @@ impl<'a> Support<'a> {
     /// group), `n` groups. The sums are kept in 32-bit lanes, which vectorise, and carried into 64
     /// bits every `FLUSH_ROWS` rows of a group (a row sums to at most 65536, the largest block, so
     /// the 32-bit lanes cannot overflow in between).
+    #[inline(always)] // into `cluster_avx2`
     fn group_sums(&self, n: usize, group: impl Fn(usize) -> Option<usize>) -> Vec<Vec<u64>> {
         let mut wide = vec![vec![0u64; self.width]; n];
         let mut narrow = vec![vec![0u32; self.width]; n];
@@ -698,9 +700,6 @@ unsafe fn dense_cost_avx2(h: &[u32], cl: &[u32], absent: &[u32]) -> (u64, bool) 
     (lanes.iter().sum(), _mm256_testz_si256(miss, miss) == 1)
 }
 
-/// Rows per parallel task of a cost column.
-const COLUMN_ROWS: usize = 256;
-
 /// The cost of each row of `rows` under the code lengths `cl` into `out` (`u64::MAX` where the table
 /// lacks a symbol of the row), with one feature test for the run and no call per row (a bf16
 /// exponent row is only six vectors).
@@ -824,6 +823,7 @@ impl Least {
     }
 
     /// Compares column `j` (the costs of every block under table `j`) with the least so far.
+    #[inline(always)] // into `cluster_avx2`
     fn add(&mut self, j: usize, col: &[u64]) {
         for ((bc, bj), &c) in self.c.iter_mut().zip(self.j.iter_mut()).zip(col) {
             let better = c < *bc;
@@ -883,6 +883,7 @@ impl CollisionTest {
     }
 
     /// Whether the block of histogram `h` is raw under every table (`false`: not shown).
+    #[inline(always)] // into `cluster_avx2`
     fn raw(&mut self, h: &[u32; 256]) -> bool {
         let (n, sq) = sum_and_squares(h);
         // Blocks hold at most 65536 units; anything else is not claimed (and keeps the products
@@ -904,6 +905,7 @@ impl CollisionTest {
 
 /// `(sum c, sum c^2)` over a histogram (the second wrapping: exact whenever the sum is at most
 /// 2^16, the only case [`CollisionTest::raw`] uses it).
+#[inline(always)] // into `cluster_avx2`
 fn sum_and_squares(h: &[u32; 256]) -> (u64, u64) {
     let (mut n, mut sq) = (0u64, 0u64);
     for &c in h {
@@ -925,6 +927,40 @@ fn sum_and_squares(h: &[u32; 256]) -> (u64, u64) {
 /// kept only if the saving it brings (scaled from the sample to the plane) exceeds the bytes it adds.
 /// Every table covers every symbol the sample contains, so any block can choose any table.
 pub fn cluster(
+    blocks: &[&[u32; 256]],
+    n_sampled: u64,
+    n_blocks: u64,
+    max_tables: usize,
+    threshold: u64,
+) -> Vec<FreqTable> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx2() {
+            // SAFETY: AVX2 support was checked at run time.
+            return unsafe { cluster_avx2(blocks, n_sampled, n_blocks, max_tables, threshold) };
+        }
+    }
+    cluster_body(blocks, n_sampled, n_blocks, max_tables, threshold)
+}
+
+/// [`cluster`] compiled for AVX2: the loops over histograms and cost columns that it and the
+/// helpers inlined into it run (the squares of the collision test, the support pass, the least
+/// costs, the group sums) vectorise 8 lanes wide instead of SSE2's 4. Integer arithmetic only: the
+/// same tables on every path.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn cluster_avx2(
+    blocks: &[&[u32; 256]],
+    n_sampled: u64,
+    n_blocks: u64,
+    max_tables: usize,
+    threshold: u64,
+) -> Vec<FreqTable> {
+    cluster_body(blocks, n_sampled, n_blocks, max_tables, threshold)
+}
+
+#[inline(always)]
+fn cluster_body(
     blocks: &[&[u32; 256]],
     n_sampled: u64,
     n_blocks: u64,
@@ -953,14 +989,16 @@ pub fn cluster(
     }
     // The cost of every block under every table is kept per table (a column; u64::MAX where the
     // table does not cover the block), and a column is recomputed only when its table changes.
-    // Columns are computed in parallel: this is most of the model's time, and the GPU engine waits
-    // for it. The choice from the columns is exactly `choose`'s.
+    // A column is computed on this thread: at most `sample_blocks` rows of a few vectors each,
+    // ~10-20 us of work, less than waking pool threads for it costs. (Split over the pool until
+    // 2026-12-02: one bf16 tensor's model took 1.35 ms on the H200's 16-thread host, 0.73 ms with
+    // the columns on one thread; eight tensors at once, which keep the pool busy anyway,
+    // 1.17 -> 1.27 ms, and the GPU encoder's call did not change.) The choice from the columns is
+    // exactly `choose`'s.
     let column = |t: &FreqTable| -> Vec<u64> {
         let cl = sup.code_lengths(t);
         let mut col = vec![0u64; nb];
-        col.par_chunks_mut(COLUMN_ROWS)
-            .enumerate()
-            .for_each(|(k, out)| sup.costs(k * COLUMN_ROWS, &cl, out));
+        sup.costs(0, &cl, &mut col);
         col
     };
     // Each block's choice from its least cost over the columns: the covering table of least cost if
