@@ -6,7 +6,7 @@
 //! a pool job it took ~3x as long (6 ms for the bf16 exponent plane on the CPU VM) as wrapped in
 //! `rayon::join` (1.4-2.5 ms) or inside `model_from_counts`; rayon's nested parallel loops behave
 //! differently at the top of a job. The whole-model figure is what the engines see.)
-//! `THREADS=n cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs] [tensors]`
+//! `THREADS=n [COLD=1] [IDLE_MS=n] cargo run --release --example modeltime -- [bf16|fp32|fp16] [rows] [runs] [tensors]`
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -70,7 +70,27 @@ fn main() {
     }
     let mut times = Vec::new();
     let mut digest = 0u32;
-    for _ in 0..runs {
+    // The GPU encoder's search runs on counts just downloaded and after the host waited for the
+    // GPU: `COLD=1` overwrites 256 MiB before each run (the counts and the search's working set
+    // leave the caches), `IDLE_MS=n` sleeps n ms before each run (the pool's threads park).
+    let cold = std::env::var_os("COLD").is_some_and(|v| v != "0");
+    let idle_ms: u64 = std::env::var("IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut evict = if cold {
+        vec![0u8; 256 << 20]
+    } else {
+        Vec::new()
+    };
+    for run in 0..runs {
+        if cold {
+            evict.fill(run as u8);
+            std::hint::black_box(&evict);
+        }
+        if idle_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(idle_ms));
+        }
         let t = Instant::now();
         let mut models: Vec<_> = (0..n_tensors)
             .into_par_iter()
