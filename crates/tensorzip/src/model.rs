@@ -401,11 +401,17 @@ pub fn model_from_counts(
         .into_par_iter()
         .map(|p| {
             // Blocks whose plane is one repeated byte cost nothing already.
-            let blocks: Vec<&[u32; 256]> = hists
+            let plane: Vec<&[u32; 256]> = hists.iter().skip(p).step_by(us).collect();
+            let blocks: Vec<&[u32; 256]> = plane
                 .iter()
-                .skip(p)
-                .step_by(us)
-                .filter(|h| h.iter().filter(|&&c| c != 0).nth(1).is_some())
+                .enumerate()
+                .filter(|&(i, h)| {
+                    if let Some(ahead) = plane.get(i + PREFETCH_AHEAD) {
+                        prefetch_hist(ahead);
+                    }
+                    h.iter().filter(|&&c| c != 0).nth(1).is_some()
+                })
+                .map(|(_, &h)| h)
                 .collect();
             let tables = cluster(
                 &blocks,
@@ -502,6 +508,9 @@ impl<'a> Support<'a> {
         let mut wide = [0u64; 256];
         let mut lens = Vec::with_capacity(blocks.len());
         for (i, h) in blocks.iter().enumerate() {
+            if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
+                prefetch_hist(ahead);
+            }
             let mut len = 0u32;
             for ((a, n), &c) in seen.iter_mut().zip(narrow.iter_mut()).zip(h.iter()) {
                 *a |= c;
@@ -903,6 +912,28 @@ impl CollisionTest {
     }
 }
 
+/// Histograms ahead of the one being read whose lines are requested early: a plane's histograms
+/// are 1 KiB each, `planes` KiB apart (4 KiB for fp32: a page each, where the hardware prefetchers
+/// stop), and the GPU encoder's come fresh from a download, out of every cache.
+const PREFETCH_AHEAD: usize = 4;
+
+/// Asks for the 16 cache lines of a histogram.
+#[inline(always)]
+fn prefetch_hist(h: &[u32; 256]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in h.chunks_exact(16) {
+        // SAFETY: a prefetch is a hint: it reads nothing architecturally and cannot fault; the
+        // address is inside `h`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr() as *const i8
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = h;
+}
+
 /// `(sum c, sum c^2)` over a histogram (the second wrapping: exact whenever the sum is at most
 /// 2^16, the only case [`CollisionTest::raw`] uses it).
 #[inline(always)] // into `cluster_avx2`
@@ -968,7 +999,14 @@ fn cluster_body(
     threshold: u64,
 ) -> Vec<FreqTable> {
     let mut collision = CollisionTest::new(threshold);
-    if blocks.is_empty() || blocks.iter().all(|h| collision.raw(h)) {
+    if blocks.is_empty()
+        || blocks.iter().enumerate().all(|(i, h)| {
+            if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
+                prefetch_hist(ahead);
+            }
+            collision.raw(h)
+        })
+    {
         return Vec::new();
     }
     let sup = Support::new(blocks);
