@@ -426,10 +426,6 @@ __device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lan
     copy_bytes(to, from, n, (u32)lane, 32u);
 }
 
-// The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
-// coded bytes (`csyms`, with per-block offsets `coff`) and raw bytes; block `b`'s planes are staged
-// by `stage_b(b)` unless `staged` (one block only, already staged). Returns the area's length and
-// sets `any` (a symbol is coded), `last_start` and `last_craw` (for the stash).
 // A lane's hit count `nh` (0..4) summed over the warp: `ph` over the lanes below this one (`lt` is
 // `lanemask_lt`), `th` over all 32. Three ballots, one per bit of the count.
 __device__ __forceinline__ void hit_prefix(u32 nh, u32 lt, u32& ph, u32& th) {
@@ -438,6 +434,10 @@ __device__ __forceinline__ void hit_prefix(u32 nh, u32 lt, u32& ph, u32& th) {
     th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
 }
 
+// The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
+// coded bytes (`csyms`, with per-block offsets `coff`) and raw bytes; block `b`'s planes are staged
+// by `stage_b(b)` unless `staged` (one block only, already staged). Returns the area's length and
+// sets `any` (a symbol is coded), `last_start` and `last_craw` (for the stash).
 template <int U>
 struct AreaState {
     u32 aoff, ctot, last_start, last_craw;
