@@ -681,6 +681,61 @@ fn scalar_decoder_agrees() {
     );
 }
 
+/// CRC-32 of the blobs of every dtype and distribution, with the default options (sampled blocks,
+/// several tables) and the small ones (many chunks and blocks).
+fn encoder_digest() -> u32 {
+    let mut all = Vec::new();
+    for (di, &dtype) in DType::ALL.iter().enumerate() {
+        for (si, &dist) in Dist::ALL.iter().enumerate() {
+            let seed = (di * 16 + si) as u64;
+            for (opts, n) in [(CompressOptions::default(), 150_000), (small_opts(), 3_000)] {
+                let data = make(dtype, n, dist, seed);
+                let blob = ONE.compress(&data, dtype, &[n as u64], &opts).unwrap();
+                all.extend_from_slice(&crc32(&blob).to_le_bytes());
+            }
+        }
+    }
+    crc32(&all)
+}
+
+/// The encoder's decisions are integer arithmetic specified in FORMAT.md, so its SIMD paths (the
+/// table search's AVX2 build, the cost and histogram loops, the AVX2 / AVX-512 coders) must write
+/// the bytes the portable code writes: this process's blobs against a child's with
+/// `TENSORZIP_NO_SIMD=1`.
+#[test]
+fn scalar_and_simd_encoders_write_the_same_bytes() {
+    const CHILD: &str = "TZ_TEST_ENCODER_DIGEST_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        println!("encoder digest {:08x}", encoder_digest());
+        return;
+    }
+    if std::env::var_os("TENSORZIP_NO_SIMD").is_some() {
+        return; // the scalar decoder's child run: nothing to compare against
+    }
+    let ours = encoder_digest();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("TENSORZIP_NO_SIMD", "1")
+        .env(CHILD, "1")
+        .args([
+            "--exact",
+            "scalar_and_simd_encoders_write_the_same_bytes",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "scalar run failed:\n{stdout}");
+    let theirs = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("encoder digest "))
+        .and_then(|h| u32::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no digest from the scalar run:\n{stdout}"));
+    assert_eq!(
+        ours, theirs,
+        "SIMD and portable encoders wrote different blobs (digests {ours:08x} / {theirs:08x})"
+    );
+}
+
 // ---- property-based ----
 
 fn dtype_strategy() -> impl Strategy<Value = DType> {
