@@ -406,9 +406,7 @@ pub fn model_from_counts(
                 .iter()
                 .enumerate()
                 .filter(|&(i, h)| {
-                    if let Some(ahead) = plane.get(i + PREFETCH_AHEAD) {
-                        prefetch_hist(ahead);
-                    }
+                    prefetch_ahead(&plane, i);
                     h.iter().filter(|&&c| c != 0).nth(1).is_some()
                 })
                 .map(|(_, &h)| h)
@@ -508,9 +506,7 @@ impl<'a> Support<'a> {
         let mut wide = [0u64; 256];
         let mut lens = Vec::with_capacity(blocks.len());
         for (i, h) in blocks.iter().enumerate() {
-            if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
-                prefetch_hist(ahead);
-            }
+            prefetch_ahead(blocks, i);
             let mut len = 0u32;
             for ((a, n), &c) in seen.iter_mut().zip(narrow.iter_mut()).zip(h.iter()) {
                 *a |= c;
@@ -917,6 +913,14 @@ impl CollisionTest {
 /// stop), and the GPU encoder's come fresh from a download, out of every cache.
 const PREFETCH_AHEAD: usize = 4;
 
+/// While histogram `i` of `hists` is read: asks for the one `PREFETCH_AHEAD` further on, if any.
+#[inline(always)]
+fn prefetch_ahead(hists: &[&[u32; 256]], i: usize) {
+    if let Some(ahead) = hists.get(i + PREFETCH_AHEAD) {
+        prefetch_hist(ahead);
+    }
+}
+
 /// Asks for the 16 cache lines of a histogram.
 #[inline(always)]
 fn prefetch_hist(h: &[u32; 256]) {
@@ -1001,9 +1005,7 @@ fn cluster_body(
     let mut collision = CollisionTest::new(threshold);
     if blocks.is_empty()
         || blocks.iter().enumerate().all(|(i, h)| {
-            if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
-                prefetch_hist(ahead);
-            }
+            prefetch_ahead(blocks, i);
             collision.raw(h)
         })
     {
