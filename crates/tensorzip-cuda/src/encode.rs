@@ -551,7 +551,7 @@ impl GpuEngine {
         let s = self.stream().clone();
         let trace =
             crate::engine::step_tracer(&s, format!("gpu encode of {} tensors", tensors.len()));
-        let trace_spans = std::env::var_os("TENSORZIP_GPU_TRACE").is_some();
+        let trace_spans = crate::engine::trace_mode().is_some();
         let mut blobs: Vec<Option<DeviceBlob>> = (0..tensors.len()).map(|_| None).collect();
         // Device buffers that kernels still read are kept until the final synchronisation.
         let mut keep_alive = Vec::new();

@@ -262,6 +262,11 @@ struct DeviceGroup {
     cache_tables: u32,
 }
 
+/// The value of `TENSORZIP_GPU_TRACE` (`None`: no tracing), read here only.
+pub(crate) fn trace_mode() -> Option<String> {
+    std::env::var("TENSORZIP_GPU_TRACE").ok()
+}
+
 /// With `TENSORZIP_GPU_TRACE=1`, a function that prints the time since its creation at each step it
 /// is called with, after waiting for the stream (the host's time before the wait too). With
 /// `TENSORZIP_GPU_TRACE=events` it does not wait: it records an event on the stream at each step
@@ -269,7 +274,7 @@ struct DeviceGroup {
 /// stream's (the step's event, from an event recorded at creation) — where an untraced call
 /// waits. Otherwise it does nothing.
 pub(crate) fn step_tracer(s: &CudaStream, label: String) -> impl Fn(&str) + '_ {
-    let mode = std::env::var("TENSORZIP_GPU_TRACE").ok();
+    let mode = trace_mode();
     let events = mode.as_deref() == Some("events");
     let tracing = mode.is_some() && !events;
     let t0 = std::time::Instant::now();
