@@ -9,8 +9,10 @@
 //                 the conditioned plane with its condition plane) for the model;
 //   tz_encode_*   one warp per chunk: block selectors, plane modes, raw area, conditioned split and
 //                 the 32-lane rANS stream, into a per-chunk scratch slot; reports the chunk's sizes;
+//   tz_place      one thread block per wave: checks the reported sizes and turns them into each
+//                 chunk's place in its blob (a prefix sum per tensor, carried from wave to wave);
 //   tz_compact    one thread block per chunk: copies the slot's pieces to the chunk's place in the
-//                 blob (offsets from a host prefix sum over the reported sizes);
+//                 blob (skipped for the whole wave if tz_place found a size it cannot trust);
 //   tz_crc32      one warp per piece: CRC-32 (zlib) of each piece of a buffer.
 //   tz_crc32_list one warp per range: CRC-32 of each of a list of device ranges.
 //
@@ -54,6 +56,8 @@ struct EncParams {
     u64 off_stage;        // the block's planes, when they do not fit in shared memory
     u32 table_base[8];
     u32 n_tables[8];
+    u64 dst_base;         // tz_place: device address of the tensor's first payload byte in its blob
+    u64 dst_cap;          // tz_place: payload bytes its blob has room for
 };
 
 // One chunk of a batch: one warp (shared with `EncJob` in src/encode.rs).
@@ -61,9 +65,9 @@ struct EncJob {
     u64 data;             // device address of the tensor (aligned to 16 bytes)
     u64 chunk;            // chunk index in the tensor
     u64 slot;             // byte offset of the chunk's slot in the scratch
-    u64 dst;              // tz_compact: device address of the chunk's payload in its blob
+    u64 dst;              // tz_compact: device address of the chunk's payload in its blob (by tz_place)
     u32 tensor;           // index of its EncParams
-    u32 pad;
+    u32 seg;              // index in its wave of the wave's first job of the same tensor
 };
 
 // What the encoder reports per chunk (shared with `ChunkOut` in src/encode.rs).
@@ -855,10 +859,90 @@ ENTRIES(8e11, 8, 11, (352, 1))
 // Compaction: the pieces of each chunk's payload, from its slot to its place in its blob.
 
 #if TZ_ALL || TZ_UNIT == -1
+// The wave's chunks in order (`jobs`, `outs`, `n` of them; grouped by tensor, each tensor's chunks in
+// order): each chunk's reported sizes are checked against its slot and its blob — the checks the
+// host repeats on the downloaded reports — and its payload placed after the previous chunks of its
+// tensor (`placed[t]`: payload bytes tensor t's earlier waves took, updated here). One block of up to
+// 1024 threads, blockDim.x a multiple of 32. Any failed check sets `*bad`, and tz_compact then writes
+// nothing: a wrong report can never send a copy outside its blob. Each chunk's exclusive prefix
+// sum over the wave is kept in its report's `pad` words.
+extern "C" __global__ void tz_place(EncJob* __restrict__ jobs, u32 n, const EncParams* __restrict__ params,
+                                    ChunkOut* __restrict__ outs, u64* __restrict__ placed, u32* __restrict__ bad,
+                                    u32 us) {
+    __shared__ u64 warp_sum[32];
+    __shared__ u64 carry;
+    __shared__ u32 fail;
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+    if (t == 0) {
+        carry = 0;
+        fail = 0;
+    }
+    __syncthreads();
+    // 1. Exclusive prefix sums of the payload lengths over the wave, a tile of blockDim.x at a time.
+    for (u32 base = 0; base < n; base += blockDim.x) {
+        const u32 k = base + t;
+        const u64 v = k < n ? outs[k].payload_len : 0;
+        u64 incl = v;
+        #pragma unroll
+        for (u32 d = 1; d < 32; d <<= 1) {
+            const u64 o = __shfl_up_sync(FULL, incl, d);
+            if (lane >= d) incl += o;
+        }
+        if (lane == 31) warp_sum[warp] = incl;
+        __syncthreads();
+        u64 before = carry;
+        for (u32 w = 0; w < warp; w++) before += warp_sum[w];
+        if (k < n) {
+            const u64 excl = before + incl - v;
+            outs[k].pad[0] = (u32)excl;
+            outs[k].pad[1] = (u32)(excl >> 32);
+        }
+        __syncthreads();
+        if (t == 0) {
+            u64 tile = 0;
+            for (u32 w = 0; w < nw; w++) tile += warp_sum[w];
+            carry += tile;
+        }
+        __syncthreads();
+    }
+    // 2. Checks and places.
+    for (u32 k = t; k < n; k += blockDim.x) {
+        const EncJob j = jobs[k];
+        const ChunkOut o = outs[k];
+        const EncParams P = params[j.tensor];
+        const u64 excl = (u64)o.pad[0] | (u64)o.pad[1] << 32;
+        bool ok = j.seg <= k && jobs[j.seg].tensor == j.tensor && us <= 8;
+        const u64 first = ok ? ((u64)outs[j.seg].pad[0] | (u64)outs[j.seg].pad[1] << 32) : 0;
+        const u64 start = j.chunk * P.chunk_units;
+        const u64 len = start < P.units ? min((u64)P.chunk_units, P.units - start) * us : 0;
+        u32 blocks_planes = 0;
+        for (u32 p = 0; p < us && p < 8; p++) blocks_planes += o.modes[p] == MODE_BLOCKS;
+        const u64 off = placed[j.tensor] + excl - first;
+        ok = ok && (u64)o.sel_len + o.rans_len + o.kept == o.payload_len && o.payload_len <= len &&
+             (o.rans_len == 0 || o.rans_len == 128u + 2ull * o.n_words) && o.n_words <= P.cap_words &&
+             (o.sel_len == 0 || (o.nb <= P.blocks_per_chunk && o.sel_len == o.nb * blocks_planes)) &&
+             excl >= first && off + o.payload_len <= P.dst_cap;
+        if (!ok) atomicOr(&fail, 1u);
+        jobs[k].dst = P.dst_base + off;
+    }
+    __syncthreads();
+    // 3. Each tensor's payload bytes so far, from its last chunk in the wave.
+    for (u32 k = t; k < n; k += blockDim.x) {
+        const EncJob j = jobs[k];
+        if (k + 1 < n && jobs[k + 1].tensor == j.tensor) continue;
+        const ChunkOut o = outs[k];
+        const u64 excl = (u64)o.pad[0] | (u64)o.pad[1] << 32;
+        const u64 first = j.seg <= k ? ((u64)outs[j.seg].pad[0] | (u64)outs[j.seg].pad[1] << 32) : excl;
+        placed[j.tensor] += excl + o.payload_len - first;
+    }
+    if (t == 0 && fail) *bad = 1u;
+}
+
 extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJob* __restrict__ jobs,
-                                      const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n) {
+                                      const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n,
+                                      const u32* __restrict__ bad) {
     const u32 k = blockIdx.x;
-    if (k >= n) return;
+    if (k >= n || *bad) return;
     const EncJob job = jobs[k];
     const EncParams P = params[job.tensor];
     const ChunkOut o = outs[k];

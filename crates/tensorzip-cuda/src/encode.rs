@@ -10,11 +10,14 @@
 //!    for all tensors in parallel. Table choice is a sequential search over the sampled histograms;
 //!    it stays on the host.
 //! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes.
-//! 4. The host turns the sizes into offsets and directories; `tz_compact` moves the payloads to
-//!    their places in the blobs, and each blob's header, tables and directory are uploaded in front.
+//! 4. `tz_place` checks the sizes and sums them into each chunk's place in its blob, and
+//!    `tz_compact` moves the payloads there, on the device; meanwhile the host reads the reports
+//!    back, checks them again and writes the directories; each blob's header, tables and directory
+//!    are uploaded in front.
 //!
-//! Host synchronisations: one after step 1, one per wave of chunks after step 3 (a wave is as many
-//! chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is one wave). None per chunk.
+//! Host synchronisations: one after step 1 (the counts), one after the last wave's reports (a wave
+//! is as many chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is one wave), one at the
+//! end. None per chunk or per wave.
 
 use rayon::prelude::*;
 
@@ -29,7 +32,7 @@ use tensorzip::rans::log2::code_len_table;
 use tensorzip::rans::table::FreqTable;
 use tensorzip::{CompressOptions, DType};
 
-use crate::engine::DeviceWrites;
+use crate::engine::{staged_len, DeviceWrites, Plain, Staging};
 
 use crate::engine::GpuEngine;
 use crate::error::{Error, Result};
@@ -71,6 +74,10 @@ struct EncParams {
     off_stage: u64,
     table_base: [u32; 8],
     n_tables: [u32; 8],
+    /// `tz_place`: device address of the tensor's first payload byte in its blob, and the payload
+    /// bytes the blob has room for.
+    dst_base: u64,
+    dst_cap: u64,
 }
 
 /// One chunk of a batch (layout shared with `struct EncJob` in encode.cu).
@@ -82,7 +89,8 @@ struct EncJob {
     slot: u64,
     dst: u64,
     tensor: u32,
-    pad: u32,
+    /// Index in its wave of the wave's first job of the same tensor (`tz_place`).
+    seg: u32,
 }
 
 /// What the encoder reports per chunk (layout shared with `struct ChunkOut` in encode.cu).
@@ -108,12 +116,21 @@ unsafe impl DeviceRepr for EncJob {}
 unsafe impl DeviceRepr for ChunkOut {}
 // SAFETY: all-zero bytes are a valid value of every field.
 unsafe impl ValidAsZeroBits for ChunkOut {}
+// SAFETY: `repr(C)`: two u64, ten u32, seven u64, two [u32; 8] arrays and two u64 (192 bytes, no
+// padding).
+unsafe impl Plain for EncParams {}
+// SAFETY: `repr(C)`: four u64 and two u32 (40 bytes, no padding).
+unsafe impl Plain for EncJob {}
+const _: () = assert!(std::mem::size_of::<EncParams>() == 192);
+const _: () = assert!(std::mem::size_of::<EncJob>() == 40);
+const _: () = assert!(std::mem::size_of::<ChunkOut>() == 48);
 
 /// The encoder's kernels: the common ones (compaction, CRC-32) loaded on first use, the counting
 /// and encoding kernels (`tz_hist_*`, `tz_encode_*`) of each of [`VARIANTS`] when a call first
 /// needs them (`compile::Units`).
 pub(crate) struct EncodeKernels {
     units: crate::compile::Units,
+    place: CudaFunction,
     compact: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
@@ -156,6 +173,7 @@ impl EncodeKernels {
         let units = encode_units();
         let module = units.common(eng.context())?;
         Ok(EncodeKernels {
+            place: module.load_function("tz_place")?,
             compact: module.load_function("tz_compact")?,
             crc: module.load_function("tz_crc32")?,
             crc_list: module.load_function("tz_crc32_list")?,
@@ -251,6 +269,30 @@ impl DeviceTables {
             }
         }
     }
+}
+
+/// Stages `parts` as one array (each part starts where the previous one ended: the caller's parts
+/// are whole 16-byte steps, which `Staging::push`'s alignment keeps contiguous, and this checks it),
+/// or `empty` if they are all empty, and returns its offset.
+fn push_joined<'a, T: Plain + 'a>(
+    st: &mut Staging<'_>,
+    parts: impl Iterator<Item = &'a [T]>,
+    empty: &[T],
+) -> Result<usize> {
+    let start = st.push::<T>(&[]);
+    let mut end = start;
+    for part in parts {
+        if st.push(part) != end {
+            return Err(Error::Driver(
+                "encoder tables are not whole 16-byte steps".into(),
+            ));
+        }
+        end += std::mem::size_of_val(part);
+    }
+    if end == start {
+        st.push(empty);
+    }
+    Ok(start)
 }
 
 fn variant(dtype: DType) -> Result<usize> {
@@ -404,11 +446,11 @@ unsafe impl DeviceRepr for HistJob {}
 struct Coded {
     /// Index of the tensor in the batch (its size, dtype and shape are there).
     index: usize,
+    /// Its bytes (the aligned copy, if one was made): a stored blob copies them.
     data: u64,
     header: BlobHeader,
     params: EncParams,
     prefix: Vec<u8>,
-    slot_bytes: u64,
     blob: CudaSlice<u8>,
     dir: Vec<u8>,
     total: u64,
@@ -556,7 +598,6 @@ impl GpuEngine {
         // Device buffers that kernels still read are kept until the final synchronisation.
         let mut keep_alive = Vec::new();
         let mut keep_picks = Vec::new();
-        let mut keep_jobs = Vec::new();
         // Blob heads and stored blobs, written together at the end.
         let mut writes = DeviceWrites::default();
         // 1. Counts of the sampled blocks: one launch per unit size for every tensor's picks.
@@ -737,15 +778,66 @@ impl GpuEngine {
         trace("count kernels");
         let mut pinned = self.pinned_u32(total_u32)?;
         s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..total_u32])?;
-        s.synchronize()?;
+        let counted = s.record_event(Some(
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+        ))?;
         drop(counts_dev);
+        // The encoder's jobs, prepared and uploaded while the GPU counts (they depend on the
+        // tensors' layouts only): per launch group (unit size and transform, stage in shared
+        // memory or not) its chunks in tensor and chunk order, in waves that fit the scratch
+        // (`wave_end`); each job with its slot in the wave's scratch and the wave's first job of
+        // its tensor, from which `tz_place` sums the payloads into places.
+        let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
+        let mut jobs: Vec<EncJob> = Vec::new();
+        // (launch group, the wave's jobs, its scratch bytes)
+        let mut waves: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
+        for (g, (_, members)) in groups.iter().enumerate() {
+            let all: Vec<(usize, u64)> = members
+                .iter()
+                .flat_map(|&i| (0..counting[i].header.n_chunks()).map(move |c| (i, c)))
+                .collect();
+            let mut at = 0;
+            while at < all.len() {
+                let (end, bytes) = wave_end(at, all.len(), |j| counting[all[j].0].slot_bytes);
+                let first = jobs.len();
+                let (mut off, mut seg) = (0u64, 0u32);
+                for (w, &(i, c)) in all[at..end].iter().enumerate() {
+                    if w == 0 || all[at + w - 1].0 != i {
+                        seg = w as u32;
+                    }
+                    jobs.push(EncJob {
+                        data: counting[i].data,
+                        chunk: c,
+                        slot: off,
+                        dst: 0,
+                        tensor: i as u32,
+                        seg,
+                    });
+                    off += counting[i].slot_bytes;
+                }
+                waves.push((g, first..jobs.len(), bytes));
+                at = end;
+            }
+        }
+        let (jobs_dev, ()) = self.upload_staged(staged_len::<EncJob>(jobs.len()), |st, _| {
+            st.push(&jobs);
+            Ok(())
+        })?;
+        let jobs_base = jobs_dev.device_ptr(&s).0;
+        let outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
+        let outs_base = outs.device_ptr(&s).0;
+        // Payload bytes placed so far per tensor, and the placement checks' verdict.
+        let mut placed = s.alloc_zeros::<u64>(counting.len())?;
+        let placed_ptr = placed.device_ptr_mut(&s).0;
+        let mut bad = s.alloc_zeros::<u32>(1)?;
+        let bad_ptr = bad.device_ptr_mut(&s).0;
+        counted.synchronize()?;
         let host_counts = &pinned.as_slice()?[..total_u32];
         trace("sample counts");
         // The encoders' scratch, allocated and zeroed now, so that the GPU does it while the host
         // searches the tables below (between the search and the encode kernel, where it was, the
         // 1 GiB call took 0.4-1.2 ms longer on an H200). Big enough for the largest wave of any
-        // launch group (`wave_end`, step 3).
-        let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
+        // launch group (`wave_end`).
         let scratch_need = scratch_bytes(&groups, |i| {
             (counting[i].slot_bytes, counting[i].header.n_chunks())
         });
@@ -755,7 +847,16 @@ impl GpuEngine {
         // 2. The models, by the CPU engine's own code, all tensors in parallel. With a trace on,
         // each search's host span is printed too (the slowest one is the step's critical path).
         let spans_from = trace_spans.then(std::time::Instant::now);
-        let searched: Vec<(Model, (f64, f64))> = counting
+        // Each tensor's blob prefix (header and tables) and its tables in the kernel's form are
+        // built by the thread that searched them (built one after the other once all searches
+        // had ended, they were ~0.2 ms of a 1 GiB call with the GPU idle).
+        struct Built {
+            prefix: Vec<u8>,
+            tables: DeviceTables,
+            params: EncParams,
+            span: (f64, f64),
+        }
+        let built: Vec<Built> = counting
             .par_iter()
             .map(|c| {
                 let since = |t: Option<std::time::Instant>| {
@@ -774,61 +875,101 @@ impl GpuEngine {
                     None => vec![0; 65536],
                 };
                 let model = model_from_counts(&c.header, opts, &c.sampling, counts, joint);
-                (model, (begin, since(spans_from)))
+                let span = (begin, since(spans_from));
+                let mut params = c.params;
+                let mut tables = DeviceTables::default();
+                tables.add(&model, tensors[c.index].dtype, &mut params);
+                let mut prefix = Vec::new();
+                c.header.write(&mut prefix);
+                model.write_tables(&mut prefix);
+                Built {
+                    prefix,
+                    tables,
+                    params,
+                    span,
+                }
             })
             .collect();
         drop(pinned);
         trace("models");
         if trace_spans {
-            let spans: Vec<String> = searched
+            let spans: Vec<String> = built
                 .iter()
-                .map(|(_, (a, b))| format!("{a:.3}-{b:.3}"))
+                .map(|b| format!("{:.3}-{:.3}", b.span.0, b.span.1))
                 .collect();
             eprintln!(
                 "gpu encode: table searches (host ms from the scratch step): {}",
                 spans.join(" ")
             );
         }
-        let models: Vec<Model> = searched.into_iter().map(|(m, _)| m).collect();
-        let mut tables = DeviceTables::default();
+        // The blobs, and each tensor's tables numbered after the previous tensors'.
         let mut coded = Vec::with_capacity(counting.len());
-        for (c, model) in counting.into_iter().zip(&models) {
+        let mut tables = Vec::with_capacity(counting.len());
+        let mut n_tables = 0u32;
+        for (c, b) in counting.into_iter().zip(built) {
             let t = &tensors[c.index];
-            let mut p = c.params;
-            tables.add(model, t.dtype, &mut p);
-            let mut prefix = Vec::new();
-            c.header.write(&mut prefix);
-            model.write_tables(&mut prefix);
-            let head_len = prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len();
+            let mut p = b.params;
+            for base in p.table_base.iter_mut() {
+                *base += n_tables;
+            }
+            if p.cond_plane < 8 {
+                p.cond_table += n_tables;
+            }
+            n_tables += b.tables.info.len() as u32;
+            let head_len = b.prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len();
             // SAFETY: plain bytes; everything below the blob's length is written before it is read.
             let blob = unsafe { s.alloc::<u8>(head_len + t.nbytes) }?;
+            p.dst_base = blob.device_ptr(&s).0 + head_len as u64;
+            p.dst_cap = t.nbytes as u64;
             coded.push(Coded {
                 index: c.index,
                 data: c.data,
                 header: c.header,
                 params: p,
-                prefix,
-                slot_bytes: c.slot_bytes,
+                prefix: b.prefix,
                 blob,
                 dir: Vec::new(),
                 total: head_len as u64,
             });
+            tables.push(b.tables);
         }
-        drop(models);
         trace("blob buffers");
         let k = self.encode_kernels()?;
-        let params = s.clone_htod(&coded.iter().map(|c| c.params).collect::<Vec<_>>())?;
-        let fcs = s.clone_htod(&nonempty(tables.fcs, 512))?;
-        let cls = s.clone_htod(&nonempty(tables.cls, 256))?;
-        let info = s.clone_htod(&nonempty(tables.info, 1))?;
-        let const_sel = s.clone_htod(&tables.const_sel)?;
+        // Parameters and tables in one page-locked upload (five pageable copies before). Each
+        // tensor's tables are pushed after the previous tensor's: a table's `fcs` (2 KiB), `cls`
+        // (1 KiB) and a tensor's `const_sel` (2 KiB) are whole 16-byte steps, so every array
+        // stays contiguous; `info` (4 bytes per table) is joined first. An empty array uploads
+        // one zero entry, so that every pointer passed points into the buffer.
+        let params: Vec<EncParams> = coded.iter().map(|c| c.params).collect();
+        let info: Vec<u32> = tables.iter().flat_map(|t| t.info.iter().copied()).collect();
+        let info = nonempty(info, 1);
+        let n_fcs: usize = tables.iter().map(|t| t.fcs.len()).sum();
+        let n_cls: usize = tables.iter().map(|t| t.cls.len()).sum();
+        let n_sel: usize = tables.iter().map(|t| t.const_sel.len()).sum();
+        let cap = staged_len::<EncParams>(params.len())
+            + staged_len::<u32>(n_fcs.max(512))
+            + staged_len::<u32>(n_cls.max(256))
+            + staged_len::<u32>(info.len())
+            + staged_len::<u8>(n_sel.max(1));
+        let (tables_dev, [params_ptr, fcs_ptr, cls_ptr, info_ptr, const_sel_ptr]) = self
+            .upload_staged(cap, |st, base| {
+                let params_at = st.push(&params);
+                let fcs_at = push_joined(st, tables.iter().map(|t| &t.fcs[..]), &[0u32; 512])?;
+                let cls_at = push_joined(st, tables.iter().map(|t| &t.cls[..]), &[0u32; 256])?;
+                let info_at = st.push(&info);
+                let sel_at = push_joined(st, tables.iter().map(|t| &t.const_sel[..]), &[0u8])?;
+                Ok([params_at, fcs_at, cls_at, info_at, sel_at].map(|at| base + at as u64))
+            })?;
+        trace("tables");
 
-        // 3-4. Per launch group (unit size and transform, stage in shared memory or not; `groups`
-        // above: `coded[i]` is `counting[i]`): waves of chunks, each encoded, sized on the host,
-        // and compacted into the blobs.
-        for ((v, smem_stage), members) in groups {
-            let us = VARIANTS[v].0 as u64;
-            let stage_bytes = if smem_stage {
+        // 3-4. Per wave: the encoder, its reports downloaded for the directories, `tz_place` (the
+        // reports checked and summed into places on the device) and `tz_compact` (the payloads
+        // moved to their places). No host round trip between waves: the host reads the reports
+        // while the last compaction runs.
+        let mut widths = Vec::with_capacity(groups.len());
+        for ((v, smem_stage), members) in &groups {
+            let us = VARIANTS[*v].0 as u64;
+            let stage_bytes = if *smem_stage {
                 members
                     .iter()
                     .map(|&i| us * coded[i].header.block_units as u64)
@@ -840,126 +981,165 @@ impl GpuEngine {
                 0
             };
             let per_warp = us * 1024 + stage_bytes;
-            let f = &k.variants(self, &[v])?[0].1;
+            let f = &k.variants(self, &[*v])?[0].1;
             let warps = enc_block_width(f, per_warp)?;
             let smem = (warps as u64 * per_warp) as u32;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
             )?;
-            // Every chunk of the group, in tensor and chunk order.
-            let all: Vec<(usize, u64)> = members
-                .iter()
-                .flat_map(|&i| (0..coded[i].header.n_chunks()).map(move |c| (i, c)))
-                .collect();
-            let mut at = 0;
-            while at < all.len() {
-                let (end, bytes) = wave_end(at, all.len(), |j| coded[all[j].0].slot_bytes);
-                // `scratch_bytes` bounds every wave (its test shares `wave_end` with this loop).
+            widths.push((f, warps, smem, stage_bytes as u32, us as u32));
+        }
+        const OUT_U32: usize = std::mem::size_of::<ChunkOut>() / 4;
+        let mut reports = self.pinned_u32(jobs.len() * OUT_U32 + 1)?;
+        let launched = (|| -> Result<cudarc::driver::CudaEvent> {
+            let host = reports.as_mut_slice()?;
+            let mut reported = None;
+            for (g, range, bytes) in &waves {
+                let (f, warps, smem, sb, us) = widths[*g];
+                // `scratch_bytes` bounds every wave (its test shares `wave_end` with the jobs').
                 if (scratch.len() as u64) < bytes + 16 {
                     return Err(Error::Driver(format!(
                         "encoder scratch of {} bytes is short of a wave of {bytes}",
                         scratch.len()
                     )));
                 }
-                let mut jobs = Vec::with_capacity(end - at);
-                let mut off = 0u64;
-                for &(i, c) in &all[at..end] {
-                    jobs.push(EncJob {
-                        data: coded[i].data,
-                        chunk: c,
-                        slot: off,
-                        dst: 0,
-                        tensor: i as u32,
-                        pad: 0,
-                    });
-                    off += coded[i].slot_bytes;
-                }
-                let n = jobs.len() as u32;
-                let mut dev_jobs = s.clone_htod(&jobs)?;
-                let mut outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
-                {
-                    let mut b = s.launch_builder(f);
-                    let sb = stage_bytes as u32;
-                    b.arg(&dev_jobs)
-                        .arg(&n)
-                        .arg(&params)
-                        .arg(&fcs)
-                        .arg(&cls)
-                        .arg(&info)
-                        .arg(&const_sel)
-                        .arg(&mut scratch)
-                        .arg(&mut outs)
-                        .arg(&sb)
-                        .arg(&warps);
-                    let cfg = LaunchConfig {
-                        grid_dim: (n.div_ceil(warps), 1, 1),
-                        block_dim: (32 * warps, 1, 1),
-                        shared_mem_bytes: smem,
-                    };
-                    // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its
-                    // tensor, and it writes only its own slot (inside `scratch`, sized above) and its
-                    // `outs` entry; the shared memory holds `warps` x (histograms + stage).
-                    unsafe { b.launch(cfg) }?;
-                }
+                let n = range.len() as u32;
+                let jobs_ptr = jobs_base + (range.start * std::mem::size_of::<EncJob>()) as u64;
+                let outs_ptr = outs_base + (range.start * std::mem::size_of::<ChunkOut>()) as u64;
+                let mut b = s.launch_builder(f);
+                b.arg(&jobs_ptr)
+                    .arg(&n)
+                    .arg(&params_ptr)
+                    .arg(&fcs_ptr)
+                    .arg(&cls_ptr)
+                    .arg(&info_ptr)
+                    .arg(&const_sel_ptr)
+                    .arg(&mut scratch)
+                    .arg(&outs_ptr)
+                    .arg(&sb)
+                    .arg(&warps);
+                let cfg = LaunchConfig {
+                    grid_dim: (n.div_ceil(warps), 1, 1),
+                    block_dim: (32 * warps, 1, 1),
+                    shared_mem_bytes: smem,
+                };
+                // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its tensor,
+                // and it writes only its own slot (inside `scratch`, sized above) and its `outs`
+                // entry; the shared memory holds `warps` x (histograms + stage).
+                unsafe { b.launch(cfg) }?;
                 trace("encode kernel");
-                let got = s.clone_dtoh(&outs)?;
-                for (j, o) in jobs.iter_mut().zip(&got) {
-                    let cd = &mut coded[j.tensor as usize];
-                    let us = cd.header.planes();
-                    let len = cd.header.chunk_len(j.chunk) as u64 * us as u64;
-                    let sum = o.sel_len as u64 + o.rans_len as u64 + o.kept as u64;
-                    if o.payload_len as u64 != sum
-                        || o.payload_len as u64 > len
-                        || (o.rans_len != 0 && o.rans_len != 128 + 2 * o.n_words)
-                        || o.n_words > cd.params.cap_words
-                        || cd.total + o.payload_len as u64 > cd.blob.len() as u64
-                    {
-                        return Err(Error::Driver(format!(
-                            "encoder kernel reported inconsistent sizes for chunk {}: {o:?}",
-                            j.chunk
-                        )));
-                    }
-                    j.dst = cd.blob.device_ptr(&s).0 + cd.total;
-                    cd.total += o.payload_len as u64;
-                    let mut modes = [PlaneMode::Raw; 8];
-                    for (q, m) in modes.iter_mut().enumerate().take(us) {
-                        *m = match o.modes[q] {
-                            0 => PlaneMode::Raw,
-                            1 => PlaneMode::Const(o.values[q]),
-                            2 => PlaneMode::Blocks,
-                            _ => PlaneMode::Cond,
-                        };
-                    }
-                    ChunkEntry {
-                        payload_len: o.payload_len,
-                        rans_len: o.rans_len,
-                        modes,
-                    }
-                    .write(us, &mut cd.dir);
+                // SAFETY: the wave's reports, `n` entries of `outs`, into their place in the
+                // page-locked buffer, which the host reads only after the `reported` event.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        &mut host[range.start * OUT_U32..range.end * OUT_U32],
+                        outs_ptr,
+                        s.cu_stream(),
+                    )
+                }?;
+                let mut b = s.launch_builder(&k.place);
+                b.arg(&jobs_ptr)
+                    .arg(&n)
+                    .arg(&params_ptr)
+                    .arg(&outs_ptr)
+                    .arg(&placed_ptr)
+                    .arg(&bad_ptr)
+                    .arg(&us);
+                let cfg = LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (n.div_ceil(32).clamp(1, 32) * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: arguments match `tz_place`; it reads and writes the wave's `n` jobs and
+                // reports, `placed` (one entry per tensor of `params`) and `bad`.
+                unsafe { b.launch(cfg) }?;
+                if range.end == jobs.len() {
+                    // SAFETY: one u32, into the page-locked buffer's last entry.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtoh_async(
+                            &mut host[jobs.len() * OUT_U32..jobs.len() * OUT_U32 + 1],
+                            bad_ptr,
+                            s.cu_stream(),
+                        )
+                    }?;
+                    // The host reads the reports while the last compaction runs.
+                    reported = Some(s.record_event(Some(
+                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+                    ))?);
                 }
-                s.memcpy_htod(&jobs, &mut dev_jobs)?;
-                {
-                    let mut b = s.launch_builder(&k.compact);
-                    b.arg(&scratch)
-                        .arg(&dev_jobs)
-                        .arg(&params)
-                        .arg(&outs)
-                        .arg(&n);
-                    let cfg = LaunchConfig {
-                        grid_dim: (n, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: arguments match `tz_compact`; each chunk's payload goes to
-                    // dst..dst + payload_len, inside its blob (checked above).
-                    unsafe { b.launch(cfg) }?;
-                }
-                // Kept until the stream has run the compaction.
-                keep_jobs.push((dev_jobs, outs));
-                at = end;
+                let mut b = s.launch_builder(&k.compact);
+                b.arg(&scratch)
+                    .arg(&jobs_ptr)
+                    .arg(&params_ptr)
+                    .arg(&outs_ptr)
+                    .arg(&n)
+                    .arg(&bad_ptr);
+                let cfg = LaunchConfig {
+                    grid_dim: (n, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: arguments match `tz_compact`; each chunk's payload goes to its place,
+                // which `tz_place` checked to lie inside its blob (else `bad` is set and nothing is
+                // copied).
+                unsafe { b.launch(cfg) }?;
             }
+            reported.ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))
+        })();
+        let reported = launched.and_then(|e| Ok(e.synchronize()?));
+        if let Err(e) = reported {
+            // Nothing may still be copying into the page-locked buffer when it is handed back.
+            let _ = s.synchronize();
+            return Err(e);
         }
+        trace("reports");
+        let host = &reports.as_slice()?[..jobs.len() * OUT_U32 + 1];
+        // SAFETY: `ChunkOut` is `repr(C)`, 48 bytes of u32 and u8 fields (alignment 4, no
+        // padding, every bit pattern valid), and the downloads above filled `host` (the event has
+        // completed).
+        let got: &[ChunkOut] =
+            unsafe { std::slice::from_raw_parts(host.as_ptr() as *const ChunkOut, jobs.len()) };
+        for (j, o) in jobs.iter().zip(got) {
+            let cd = &mut coded[j.tensor as usize];
+            let us = cd.header.planes();
+            let len = cd.header.chunk_len(j.chunk) as u64 * us as u64;
+            let sum = o.sel_len as u64 + o.rans_len as u64 + o.kept as u64;
+            if o.payload_len as u64 != sum
+                || o.payload_len as u64 > len
+                || (o.rans_len != 0 && o.rans_len != 128 + 2 * o.n_words)
+                || o.n_words > cd.params.cap_words
+                || cd.total + o.payload_len as u64 > cd.blob.len() as u64
+            {
+                return Err(Error::Driver(format!(
+                    "encoder kernel reported inconsistent sizes for chunk {}: {o:?}",
+                    j.chunk
+                )));
+            }
+            cd.total += o.payload_len as u64;
+            let mut modes = [PlaneMode::Raw; 8];
+            for (q, m) in modes.iter_mut().enumerate().take(us) {
+                *m = match o.modes[q] {
+                    0 => PlaneMode::Raw,
+                    1 => PlaneMode::Const(o.values[q]),
+                    2 => PlaneMode::Blocks,
+                    _ => PlaneMode::Cond,
+                };
+            }
+            ChunkEntry {
+                payload_len: o.payload_len,
+                rans_len: o.rans_len,
+                modes,
+            }
+            .write(us, &mut cd.dir);
+        }
+        if host[jobs.len() * OUT_U32] != 0 {
+            return Err(Error::Driver(
+                "encoder placement found a chunk's sizes inconsistent; nothing was compacted"
+                    .into(),
+            ));
+        }
+        drop(reports);
         trace("chunks");
         for c in coded {
             let t = &tensors[c.index];
@@ -984,7 +1164,8 @@ impl GpuEngine {
         let staged = unsafe { writes.flush(self)? };
         s.synchronize()?;
         drop(staged);
-        drop((keep_alive, keep_picks, keep_jobs));
+        drop((keep_alive, keep_picks));
+        drop((jobs_dev, outs, placed, bad, tables_dev));
         trace("done");
         Ok(blobs.into_iter().flatten().collect())
     }

@@ -88,7 +88,7 @@ const KERNEL_COPY_MAX: u64 = 1 << 20;
 ///
 /// # Safety
 /// Implementors must have no padding bytes and no invalid bit patterns.
-unsafe trait Plain: Copy {}
+pub(crate) unsafe trait Plain: Copy {}
 // SAFETY: integers.
 unsafe impl Plain for u8 {}
 // SAFETY: integers.
@@ -106,7 +106,7 @@ unsafe impl Plain for crate::plan::Copy {}
 /// aligned offset, written straight into the engine's page-locked small-transfer buffer
 /// ([`GpuEngine::upload_staged`]): a 1 GiB tensor's plan is ~460 KB, which went through a fresh
 /// vector and a second copy before.
-struct Staging<'a> {
+pub(crate) struct Staging<'a> {
     buf: &'a mut [u8],
     len: usize,
     /// Set when a write did not fit `buf` (nothing is written past it; the upload then fails).
@@ -148,7 +148,7 @@ impl Staging<'_> {
     }
 
     /// Appends `v` and returns its offset.
-    fn push<T: Plain>(&mut self, v: &[T]) -> usize {
+    pub(crate) fn push<T: Plain>(&mut self, v: &[T]) -> usize {
         let at = self.align();
         self.push_bytes(v);
         at
@@ -156,7 +156,7 @@ impl Staging<'_> {
 }
 
 /// Bytes a [`Staging`] needs for `n` values of `T` pushed as one array (its alignment included).
-fn staged_len<T>(n: usize) -> usize {
+pub(crate) fn staged_len<T>(n: usize) -> usize {
     n * std::mem::size_of::<T>() + 15
 }
 
@@ -667,7 +667,7 @@ impl GpuEngine {
     /// a new device buffer of `cap` bytes, which is returned with what `fill` returned. `fill` gets
     /// the buffer's device address (descriptors may point into the buffer itself). Fails, copying
     /// nothing, if `fill` fails or staged more than `cap` bytes.
-    fn upload_staged<R>(
+    pub(crate) fn upload_staged<R>(
         &self,
         cap: usize,
         fill: impl FnOnce(&mut Staging<'_>, u64) -> Result<R>,
