@@ -938,6 +938,50 @@ extern "C" __global__ void tz_place(EncJob* __restrict__ jobs, u32 n, const EncP
     if (t == 0 && fail) *bad = 1u;
 }
 
+// `copy_bytes` for a whole thread block and long runs (the compaction's pieces, ~64 KiB): the
+// stores are 16 bytes each once `dst` is aligned, every one made of two aligned 16-byte loads of
+// `src` shifted into place (`copy_vecs<W>`, W = the source's word offset in its 16 bytes). Four-byte
+// copies kept too few bytes in flight per SM to stream at memory speed. Reads at most 16 bytes past
+// the end of `src` (the scratch is padded for it).
+template <int W>
+__device__ __forceinline__ void copy_vecs(uint4* __restrict__ d, const uint4* __restrict__ sv, u32 nv, u32 bsh,
+                                          u32 t, u32 nt) {
+    for (u32 i = t; i < nv; i += nt) {
+        const uint4 a = sv[i], b = sv[i + 1];
+        const u32 w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        uint4 o;
+        o.x = __funnelshift_r(w[W], w[W + 1], bsh);
+        o.y = __funnelshift_r(w[W + 1], w[W + 2], bsh);
+        o.z = __funnelshift_r(w[W + 2], w[W + 3], bsh);
+        o.w = __funnelshift_r(w[W + 3], w[W + 4], bsh);
+        d[i] = o;
+    }
+}
+
+__device__ __forceinline__ void copy_wide(u8* __restrict__ dst, const u8* __restrict__ src, u32 n, u32 t, u32 nt) {
+    const u32 head = min(n, (u32)((16 - ((u64)dst & 15)) & 15));
+    for (u32 i = t; i < head; i += nt) dst[i] = src[i];
+    const u8* s = src + head;
+    uint4* d = (uint4*)(dst + head);
+    const u32 nv = (n - head) / 16;
+    const u32 off = (u32)((u64)s & 15);
+    const uint4* sv = (const uint4*)(s - off);
+    const u32 bsh = (off & 3) * 8;
+    switch (off >> 2) {
+    case 0:
+        if (bsh == 0) {
+            for (u32 i = t; i < nv; i += nt) d[i] = sv[i];
+        } else {
+            copy_vecs<0>(d, sv, nv, bsh, t, nt);
+        }
+        break;
+    case 1: copy_vecs<1>(d, sv, nv, bsh, t, nt); break;
+    case 2: copy_vecs<2>(d, sv, nv, bsh, t, nt); break;
+    default: copy_vecs<3>(d, sv, nv, bsh, t, nt); break;
+    }
+    for (u32 i = head + nv * 16 + t; i < n; i += nt) dst[i] = src[i];
+}
+
 extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJob* __restrict__ jobs,
                                       const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n,
                                       const u32* __restrict__ bad) {
@@ -952,17 +996,17 @@ extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJ
     if (o.sel_len) {
         for (int p = 0; p < 8; p++) {
             if (o.modes[p] != MODE_BLOCKS) continue;
-            copy_bytes(dst + w, slot + P.off_sels + (u64)p * o.nb, o.nb, threadIdx.x, blockDim.x);
+            copy_wide(dst + w, slot + P.off_sels + (u64)p * o.nb, o.nb, threadIdx.x, blockDim.x);
             w += o.nb;
         }
     }
     if (o.rans_len) {
-        copy_bytes(dst + w, slot + P.off_states, 128, threadIdx.x, blockDim.x);
+        copy_wide(dst + w, slot + P.off_states, 128, threadIdx.x, blockDim.x);
         w += 128;
-        copy_bytes(dst + w, slot + P.off_words + 2ull * (P.cap_words - o.n_words), 2 * o.n_words, threadIdx.x, blockDim.x);
+        copy_wide(dst + w, slot + P.off_words + 2ull * (P.cap_words - o.n_words), 2 * o.n_words, threadIdx.x, blockDim.x);
         w += 2 * o.n_words;
     }
-    copy_bytes(dst + w, slot + P.off_area, o.kept, threadIdx.x, blockDim.x);
+    copy_wide(dst + w, slot + P.off_area, o.kept, threadIdx.x, blockDim.x);
 }
 #endif
 
