@@ -14,6 +14,14 @@ for l in sys.stdin:
 # Stripped (the release profile keeps debug info): ~6 MiB instead of ~35 leaves the 64 MiB a device
 # call carries for data, e.g. a model's archive.
 strip -o gpu-bin/gpu-tests "$test_bin"
+# The engine crate's unit tests, whose GPU ones (the encoder's placement checks) are ignored in CI.
+unit_bin=$(cargo test --release -p tensorzip-cuda --lib --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "tensorzip_cuda" and m.get("executable"):
+        print(m["executable"])')
+strip -o gpu-bin/gpu-unit "$unit_bin"
 cargo build --release -p tensorzip-cuda --example gpu_bench
 strip -o gpu-bin/gpu_bench target/release/examples/gpu_bench
 cargo build --release -p tensorzip-cli

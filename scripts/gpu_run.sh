@@ -2,7 +2,8 @@
 # Runs on the GPU machine, after scripts/gpu_build.sh on this one, with gpu-bin/ carried (and, for
 # the anchors, gpu-wheels/: the anchor wheels copied by gpu_build.sh):
 #   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, GPU encode == CPU encode,
-#                                 CRC-32 == zlib, CPU == GPU on corrupted blobs)
+#                                 CRC-32 == zlib, CPU == GPU on corrupted blobs) and the engine crate's
+#                                 unit tests (the encoder's placement refusing forged chunk reports)
 #   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases)
 #   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
 #                                 and the anchors on the same bytes; a markdown table at the end
@@ -31,6 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 if [[ $what == tests || $what == all ]]; then
     echo "== GPU tests"
     ./gpu-bin/gpu-tests --include-ignored --test-threads=1 || rc=1
+    ./gpu-bin/gpu-unit --include-ignored --test-threads=1 || rc=1
     # The command line: an archive written by `compress --gpu` equals the CPU's, byte for byte.
     sample=gpu-data/sample.safetensors
     if [[ -f $sample ]]; then
@@ -48,6 +50,7 @@ if [[ $what == sanitize || $what == all ]]; then
     if [[ -n $san ]]; then
         TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
             --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs gpu_encodes gpu_crc gpu_copies gpu_reads || rc=1
+        "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 placement || rc=1
     else
         echo "compute-sanitizer not found"; rc=1
     fi

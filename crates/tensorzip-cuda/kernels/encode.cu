@@ -858,7 +858,6 @@ ENTRIES(8e11, 8, 11, (352, 1))
 // ---------------------------------------------------------------------------------------------
 // Compaction: the pieces of each chunk's payload, from its slot to its place in its blob.
 
-#if TZ_ALL || TZ_UNIT == -1
 // The wave's chunks in order (`jobs`, `outs`, `n` of them; grouped by tensor, each tensor's chunks in
 // order): each chunk's reported sizes are checked against its slot and its blob — the checks the
 // host repeats on the downloaded reports — and its payload placed after the previous chunks of its
@@ -866,6 +865,7 @@ ENTRIES(8e11, 8, 11, (352, 1))
 // 1024 threads, blockDim.x a multiple of 32. Any failed check sets `*bad`, and tz_compact then writes
 // nothing: a wrong report can never send a copy outside its blob. Each chunk's exclusive prefix
 // sum over the wave is kept in its report's `pad` words.
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void tz_place(EncJob* __restrict__ jobs, u32 n, const EncParams* __restrict__ params,
                                     ChunkOut* __restrict__ outs, u64* __restrict__ placed, u32* __restrict__ bad,
                                     u32 us) {
@@ -937,6 +937,7 @@ extern "C" __global__ void tz_place(EncJob* __restrict__ jobs, u32 n, const EncP
     }
     if (t == 0 && fail) *bad = 1u;
 }
+#endif
 
 // `copy_bytes` for a whole thread block and long runs (the compaction's pieces, ~64 KiB): the
 // stores are 16 bytes each once `dst` is aligned, every one made of two aligned 16-byte loads of
@@ -982,6 +983,7 @@ __device__ __forceinline__ void copy_wide(u8* __restrict__ dst, const u8* __rest
     for (u32 i = head + nv * 16 + t; i < n; i += nt) dst[i] = src[i];
 }
 
+#if TZ_ALL || TZ_UNIT == -1
 extern "C" __global__ void tz_compact(const u8* __restrict__ scratch, const EncJob* __restrict__ jobs,
                                       const EncParams* __restrict__ params, const ChunkOut* __restrict__ outs, u32 n,
                                       const u32* __restrict__ bad) {

@@ -378,7 +378,9 @@ mod tests {
             .enumerate()
             .map(|(k, v)| (k as i64, v.2.to_string()))
             .collect();
-        want.extend(["tz_compact", "tz_crc32", "tz_crc32_list"].map(|n| (-1, n.to_string())));
+        want.extend(
+            ["tz_place", "tz_compact", "tz_crc32", "tz_crc32_list"].map(|n| (-1, n.to_string())),
+        );
         assert_eq!(units, want);
     }
 }

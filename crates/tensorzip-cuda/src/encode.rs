@@ -21,9 +21,11 @@
 
 use rayon::prelude::*;
 
+use std::sync::Arc;
+
 use cudarc::driver::{
-    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme, SEL_CONST};
 use tensorzip::encoder::{check_len, stored_header};
@@ -179,6 +181,79 @@ impl EncodeKernels {
             crc_list: module.load_function("tz_crc32_list")?,
             units,
         })
+    }
+
+    /// Queues `tz_place` over a wave of `n` jobs (encode.cu): checks each chunk's report against
+    /// its slot and blob, and writes its place in the blob to its job's `dst` (sets `*bad` instead
+    /// of trusting a report that fails a check).
+    ///
+    /// # Safety
+    /// Device addresses of this engine's context, alive until the stream has run the launch:
+    /// `jobs` and `outs` `n` entries each, `params` an entry for every tensor index in `jobs`,
+    /// `placed` a u64 per tensor, `bad` one u32.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn place(
+        &self,
+        s: &Arc<CudaStream>,
+        jobs: u64,
+        n: u32,
+        params: u64,
+        outs: u64,
+        placed: u64,
+        bad: u64,
+        us: u32,
+    ) -> Result<()> {
+        let mut b = s.launch_builder(&self.place);
+        b.arg(&jobs)
+            .arg(&n)
+            .arg(&params)
+            .arg(&outs)
+            .arg(&placed)
+            .arg(&bad)
+            .arg(&us);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (n.div_ceil(32).clamp(1, 32) * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `tz_place`; the buffers are the caller's promise.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Queues `tz_compact` over a wave of `n` jobs placed by [`EncodeKernels::place`]: copies each
+    /// chunk's payload from its slot in `scratch` to its `dst`, unless `*bad` is set.
+    ///
+    /// # Safety
+    /// As [`EncodeKernels::place`], which must have been queued before on the same stream with the
+    /// same buffers; each job's slot (and 16 bytes past its end) inside `scratch`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn compact(
+        &self,
+        s: &Arc<CudaStream>,
+        scratch: u64,
+        jobs: u64,
+        params: u64,
+        outs: u64,
+        n: u32,
+        bad: u64,
+    ) -> Result<()> {
+        let mut b = s.launch_builder(&self.compact);
+        b.arg(&scratch)
+            .arg(&jobs)
+            .arg(&params)
+            .arg(&outs)
+            .arg(&n)
+            .arg(&bad);
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `tz_compact`; every copy goes to a place `tz_place` checked to
+        // lie inside its blob (else `bad` is set and nothing is copied).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
     }
 
     /// The counting and encoding kernels of each of `variants` (indices into [`VARIANTS`]),
@@ -992,6 +1067,7 @@ impl GpuEngine {
         }
         const OUT_U32: usize = std::mem::size_of::<ChunkOut>() / 4;
         let mut reports = self.pinned_u32(jobs.len() * OUT_U32 + 1)?;
+        let scratch_ptr = scratch.device_ptr(&s).0;
         let launched = (|| -> Result<cudarc::driver::CudaEvent> {
             let host = reports.as_mut_slice()?;
             let mut reported = None;
@@ -1038,22 +1114,13 @@ impl GpuEngine {
                         s.cu_stream(),
                     )
                 }?;
-                let mut b = s.launch_builder(&k.place);
-                b.arg(&jobs_ptr)
-                    .arg(&n)
-                    .arg(&params_ptr)
-                    .arg(&outs_ptr)
-                    .arg(&placed_ptr)
-                    .arg(&bad_ptr)
-                    .arg(&us);
-                let cfg = LaunchConfig {
-                    grid_dim: (1, 1, 1),
-                    block_dim: (n.div_ceil(32).clamp(1, 32) * 32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: arguments match `tz_place`; it reads and writes the wave's `n` jobs and
-                // reports, `placed` (one entry per tensor of `params`) and `bad`.
-                unsafe { b.launch(cfg) }?;
+                // SAFETY: the wave's `n` jobs and reports, `params` of every tensor they name
+                // (`tz_place` checks the indices it follows), `placed` per tensor and `bad`.
+                unsafe {
+                    k.place(
+                        &s, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
+                    )
+                }?;
                 if range.end == jobs.len() {
                     // SAFETY: one u32, into the page-locked buffer's last entry.
                     unsafe {
@@ -1068,22 +1135,9 @@ impl GpuEngine {
                         cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
                     ))?);
                 }
-                let mut b = s.launch_builder(&k.compact);
-                b.arg(&scratch)
-                    .arg(&jobs_ptr)
-                    .arg(&params_ptr)
-                    .arg(&outs_ptr)
-                    .arg(&n)
-                    .arg(&bad_ptr);
-                let cfg = LaunchConfig {
-                    grid_dim: (n, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: arguments match `tz_compact`; each chunk's payload goes to its place,
-                // which `tz_place` checked to lie inside its blob (else `bad` is set and nothing is
-                // copied).
-                unsafe { b.launch(cfg) }?;
+                // SAFETY: as for `place`; the slots of the wave's jobs lie inside `scratch`
+                // (checked above).
+                unsafe { k.compact(&s, scratch_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr) }?;
             }
             reported.ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))
         })();
@@ -1251,5 +1305,183 @@ mod tests {
             scratch_bytes(&launch_groups([0u8].into_iter()), |_| (1000, 5)),
             5000
         );
+    }
+
+    /// What one `tz_place` + `tz_compact` run left: the verdict, the bytes placed per tensor and
+    /// the blob buffer.
+    struct Placed {
+        bad: u32,
+        placed: Vec<u64>,
+        blob: Vec<u8>,
+    }
+
+    /// Runs the placement and compaction of `waves` (ranges of `jobs`) of one-byte units on the
+    /// device: slot `j` of the scratch holds 256 bytes `j * 256 + i` (its raw area at offset 0);
+    /// tensor `t`'s payload goes to the 1 KiB blob buffer (filled with 0xEE) at `base[t]`, with room
+    /// for `cap[t]` bytes; chunks of 256 units.
+    fn place_and_compact(
+        jobs: &[EncJob],
+        waves: &[std::ops::Range<usize>],
+        units: &[u64],
+        base: &[u64],
+        cap: &[u64],
+        outs: &[ChunkOut],
+    ) -> Placed {
+        let eng = GpuEngine::new(0).expect("CUDA device");
+        let s = eng.stream().clone();
+        let k = eng.encode_kernels().expect("kernels");
+        let scratch: Vec<u8> = (0..jobs.len() * 256 + 16).map(|i| i as u8).collect();
+        let scratch = s.clone_htod(&scratch).unwrap();
+        let blob = s.clone_htod(&vec![0xEEu8; 1024]).unwrap();
+        let blob_ptr = blob.device_ptr(&s).0;
+        let params: Vec<EncParams> = (0..units.len())
+            .map(|t| EncParams {
+                units: units[t],
+                blocks_per_chunk: 1,
+                chunk_units: 256,
+                block_units: 256,
+                cap_words: 129,
+                dst_base: blob_ptr + base[t],
+                dst_cap: cap[t],
+                ..Default::default()
+            })
+            .collect();
+        let jobs_dev = s.clone_htod(jobs).unwrap();
+        let params_dev = s.clone_htod(&params).unwrap();
+        let outs_dev = s.clone_htod(outs).unwrap();
+        let placed = s.alloc_zeros::<u64>(units.len()).unwrap();
+        let bad = s.alloc_zeros::<u32>(1).unwrap();
+        let ptr = |p: u64, i: usize, size: usize| p + (i * size) as u64;
+        for w in waves {
+            let n = w.len() as u32;
+            let jobs_ptr = ptr(jobs_dev.device_ptr(&s).0, w.start, 40);
+            let outs_ptr = ptr(outs_dev.device_ptr(&s).0, w.start, 48);
+            let (params_ptr, placed_ptr, bad_ptr) = (
+                params_dev.device_ptr(&s).0,
+                placed.device_ptr(&s).0,
+                bad.device_ptr(&s).0,
+            );
+            // SAFETY: every buffer above outlives the synchronisation below; slots are 256 bytes
+            // of `scratch` each, with 16 bytes to spare at its end.
+            unsafe {
+                k.place(
+                    &s, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, 1,
+                )
+                .unwrap();
+                k.compact(
+                    &s,
+                    scratch.device_ptr(&s).0,
+                    jobs_ptr,
+                    params_ptr,
+                    outs_ptr,
+                    n,
+                    bad_ptr,
+                )
+                .unwrap();
+            }
+        }
+        let got = Placed {
+            bad: s.clone_dtoh(&bad).unwrap()[0],
+            placed: s.clone_dtoh(&placed).unwrap(),
+            blob: s.clone_dtoh(&blob).unwrap(),
+        };
+        s.synchronize().unwrap();
+        got
+    }
+
+    /// A chunk's report of `kept` raw bytes only.
+    fn raw(kept: u32) -> ChunkOut {
+        ChunkOut {
+            payload_len: kept,
+            kept,
+            ..Default::default()
+        }
+    }
+
+    /// Jobs of one wave: (tensor, chunk) in order, slot `j` for job `j`, `seg` the first job of
+    /// the same tensor in the same wave.
+    fn wave_jobs(list: &[(u32, u64)], waves: &[std::ops::Range<usize>]) -> Vec<EncJob> {
+        let mut jobs = Vec::new();
+        for w in waves {
+            for j in w.clone() {
+                let (tensor, chunk) = list[j];
+                let seg = (w.start..=j)
+                    .rev()
+                    .take_while(|&i| list[i].0 == tensor)
+                    .last()
+                    .unwrap()
+                    - w.start;
+                jobs.push(EncJob {
+                    slot: 256 * j as u64,
+                    chunk,
+                    tensor,
+                    seg: seg as u32,
+                    ..Default::default()
+                });
+            }
+        }
+        jobs
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+    fn placement_carries_over_waves_and_refuses_reports_it_cannot_trust() {
+        // Tensor 0: 700 units (chunks of 256, 256, 188); tensor 1: 300 units (256, 44).
+        let list = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)];
+        let units = [700, 300];
+        let base = [16, 600];
+        let waves = [0..2, 2..5];
+        let jobs = wave_jobs(&list, &waves);
+        let kept = [100, 50, 188, 10, 44];
+        let outs: Vec<ChunkOut> = kept.iter().map(|&k| raw(k)).collect();
+        let got = place_and_compact(&jobs, &waves, &units, &base, &[400, 60], &outs);
+        assert_eq!((got.bad, &got.placed[..]), (0, &[338u64, 54][..]));
+        let mut want = vec![0xEEu8; 1024];
+        let mut at = [16usize, 600];
+        for (j, (&(t, _), &k)) in list.iter().zip(&kept).enumerate() {
+            for i in 0..k as usize {
+                want[at[t as usize] + i] = (j * 256 + i) as u8;
+            }
+            at[t as usize] += k as usize;
+        }
+        assert!(got.blob == want, "payloads not where the reports put them");
+
+        // Each lie below, in one wave: nothing may be written anywhere.
+        let whole = 0..5;
+        let one = std::slice::from_ref(&whole);
+        let jobs1 = wave_jobs(&list, one);
+        let untouched = vec![0xEEu8; 1024];
+        // (what is wrong, jobs, reports, the tensors' room)
+        type Lie = (&'static str, Vec<EncJob>, Vec<ChunkOut>, [u64; 2]);
+        let mut lies: Vec<Lie> = Vec::new();
+        let mut o = outs.clone();
+        o[4] = raw(60); // longer than its chunk (44 units), with room in the blob
+        lies.push(("longer than the chunk", jobs1.clone(), o, [400, 200]));
+        lies.push(("past the blob", jobs1.clone(), outs.clone(), [400, 53]));
+        let mut o = outs.clone();
+        o[1].payload_len = 51; // not the sum of its pieces
+        lies.push(("pieces do not add up", jobs1.clone(), o, [400, 60]));
+        let mut o = outs.clone();
+        o[0].rans_len = 130;
+        o[0].n_words = 5; // 128 + 2 * 5 != 130
+        o[0].payload_len = 230;
+        lies.push(("stream length", jobs1.clone(), o, [400, 60]));
+        let mut o = outs.clone();
+        o[2].sel_len = 3;
+        o[2].nb = 3; // more blocks than a chunk has
+        o[2].modes[0] = 2;
+        o[2].kept = 185;
+        lies.push(("selectors", jobs1.clone(), o, [400, 60]));
+        let mut j = jobs1.clone();
+        j[4].seg = 1; // its segment starts at another tensor's job
+        lies.push(("segment", j, outs.clone(), [400, 60]));
+        let mut j = jobs1.clone();
+        j[3].seg = 4; // after the job itself
+        lies.push(("segment after the job", j, outs.clone(), [400, 60]));
+        for (what, jobs, outs, cap) in lies {
+            let got = place_and_compact(&jobs, one, &units, &base, &cap, &outs);
+            assert_eq!(got.bad, 1, "{what}: not refused");
+            assert!(got.blob == untouched, "{what}: bytes were written");
+        }
     }
 }
