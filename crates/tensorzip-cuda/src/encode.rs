@@ -127,7 +127,7 @@ const _: () = assert!(std::mem::size_of::<EncParams>() == 192);
 const _: () = assert!(std::mem::size_of::<EncJob>() == 40);
 const _: () = assert!(std::mem::size_of::<ChunkOut>() == 48);
 
-/// The encoder's kernels: the common ones (compaction, CRC-32) loaded on first use, the counting
+/// The encoder's kernels: the common ones (placement, compaction, CRC-32) loaded on first use, the counting
 /// and encoding kernels (`tz_hist_*`, `tz_encode_*`) of each of [`VARIANTS`] when a call first
 /// needs them (`compile::Units`).
 pub(crate) struct EncodeKernels {
@@ -894,19 +894,27 @@ impl GpuEngine {
                 at = end;
             }
         }
-        let (jobs_dev, ()) = self.upload_staged(staged_len::<EncJob>(jobs.len()), |st, _| {
-            st.push(&jobs);
-            Ok(())
-        })?;
+        // The jobs, the reports, the payload bytes placed so far per tensor and the placement
+        // checks' verdict. (The counts are waited for even if this fails: the page-locked buffer
+        // must not be handed back while their download may still be writing it.)
+        let buffers = (|| -> Result<_> {
+            let (jobs_dev, ()) =
+                self.upload_staged(staged_len::<EncJob>(jobs.len()), |st, _| {
+                    st.push(&jobs);
+                    Ok(())
+                })?;
+            let outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
+            let placed = s.alloc_zeros::<u64>(counting.len())?;
+            let bad = s.alloc_zeros::<u32>(1)?;
+            Ok((jobs_dev, outs, placed, bad))
+        })();
+        let counts_in = counted.synchronize();
+        let (jobs_dev, outs, mut placed, mut bad) = buffers?;
+        counts_in?;
         let jobs_base = jobs_dev.device_ptr(&s).0;
-        let outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
         let outs_base = outs.device_ptr(&s).0;
-        // Payload bytes placed so far per tensor, and the placement checks' verdict.
-        let mut placed = s.alloc_zeros::<u64>(counting.len())?;
         let placed_ptr = placed.device_ptr_mut(&s).0;
-        let mut bad = s.alloc_zeros::<u32>(1)?;
         let bad_ptr = bad.device_ptr_mut(&s).0;
-        counted.synchronize()?;
         let host_counts = &pinned.as_slice()?[..total_u32];
         trace("sample counts");
         // The encoders' scratch, allocated and zeroed now, so that the GPU does it while the host
@@ -1114,8 +1122,8 @@ impl GpuEngine {
                         s.cu_stream(),
                     )
                 }?;
-                // SAFETY: the wave's `n` jobs and reports, `params` of every tensor they name
-                // (`tz_place` checks the indices it follows), `placed` per tensor and `bad`.
+                // SAFETY: the wave's `n` jobs and reports, `params` and `placed` with an entry
+                // for every tensor the jobs name (built above from `counting`'s indices), `bad`.
                 unsafe {
                     k.place(
                         &s, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
