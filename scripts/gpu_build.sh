@@ -5,23 +5,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p gpu-bin
-test_bin=$(cargo test --release -p tensorzip-cuda --test gpu --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
+# The test executable cargo builds for `cargo test --release -p tensorzip-cuda ARGS`, whose target is
+# named $1, stripped into gpu-bin/$2 (the release profile keeps debug info: ~6 MiB instead of ~35
+# leaves the 64 MiB a device call carries for data, e.g. a model's archive).
+test_exe() {
+    local target=$1 out=$2
+    shift 2
+    local exe
+    exe=$(cargo test --release -p tensorzip-cuda "$@" --no-run --message-format=json 2>/dev/null |
+        TARGET=$target python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == os.environ["TARGET"] and m.get("executable"):
         print(m["executable"])')
-# Stripped (the release profile keeps debug info): ~6 MiB instead of ~35 leaves the 64 MiB a device
-# call carries for data, e.g. a model's archive.
-strip -o gpu-bin/gpu-tests "$test_bin"
+    strip -o "gpu-bin/$out" "$exe"
+}
+test_exe gpu gpu-tests --test gpu
 # The engine crate's unit tests, whose GPU ones (the encoder's placement checks) are ignored in CI.
-unit_bin=$(cargo test --release -p tensorzip-cuda --lib --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "tensorzip_cuda" and m.get("executable"):
-        print(m["executable"])')
-strip -o gpu-bin/gpu-unit "$unit_bin"
+test_exe tensorzip_cuda gpu-unit --lib
 cargo build --release -p tensorzip-cuda --example gpu_bench
 strip -o gpu-bin/gpu_bench target/release/examples/gpu_bench
 cargo build --release -p tensorzip-cli
