@@ -423,10 +423,11 @@ fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usi
 
 /// Scratch bytes that hold the largest wave of any of `groups` (`launch_groups`), given per
 /// tensor its slot bytes and chunk count. A wave takes a group's slots in order while they fit in
-/// [`SCRATCH_BYTES`] (at least one), so it holds at most the group's total and at most
-/// `max(SCRATCH_BYTES, largest slot)`.
+/// `limit` bytes ([`SCRATCH_BYTES`] by default; at least one slot), so it holds at most the group's
+/// total and at most `max(limit, largest slot)`.
 fn scratch_bytes<K>(
     groups: &[(K, Vec<usize>)],
+    limit: u64,
     slot_and_chunks: impl Fn(usize) -> (u64, u64),
 ) -> u64 {
     groups
@@ -436,17 +437,17 @@ fn scratch_bytes<K>(
                 let (slot, chunks) = slot_and_chunks(i);
                 (total + slot * chunks, largest.max(slot))
             });
-            total.min(SCRATCH_BYTES.max(largest))
+            total.min(limit.max(largest))
         })
         .max()
         .unwrap_or(0)
 }
 
 /// The end of the wave of chunks that starts at `at` (of `len`), whose slots are `slot(i)` bytes,
-/// and its bytes: slots in order while they fit in [`SCRATCH_BYTES`], at least one.
-fn wave_end(at: usize, len: usize, slot: impl Fn(usize) -> u64) -> (usize, u64) {
+/// and its bytes: slots in order while they fit in `limit` bytes, at least one.
+fn wave_end(at: usize, len: usize, limit: u64, slot: impl Fn(usize) -> u64) -> (usize, u64) {
     let (mut end, mut bytes) = (at, 0u64);
-    while end < len && (end == at || bytes + slot(end) <= SCRATCH_BYTES) {
+    while end < len && (end == at || bytes + slot(end) <= limit) {
         bytes += slot(end);
         end += 1;
     }
@@ -863,6 +864,7 @@ impl GpuEngine {
         // (`wave_end`); each job with its slot in the wave's scratch and the wave's first job of
         // its tensor, from which `tz_place` sums the payloads into places.
         let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
+        let limit = self.wave_bytes();
         let mut jobs: Vec<EncJob> = Vec::new();
         // (launch group, the wave's jobs, its scratch bytes)
         let mut waves: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
@@ -873,7 +875,8 @@ impl GpuEngine {
                 .collect();
             let mut at = 0;
             while at < all.len() {
-                let (end, bytes) = wave_end(at, all.len(), |j| counting[all[j].0].slot_bytes);
+                let (end, bytes) =
+                    wave_end(at, all.len(), limit, |j| counting[all[j].0].slot_bytes);
                 let first = jobs.len();
                 let (mut off, mut seg) = (0u64, 0u32);
                 for (w, &(i, c)) in all[at..end].iter().enumerate() {
@@ -921,7 +924,7 @@ impl GpuEngine {
         // searches the tables below (between the search and the encode kernel, where it was, the
         // 1 GiB call took 0.4-1.2 ms longer on an H200). Big enough for the largest wave of any
         // launch group (`wave_end`).
-        let scratch_need = scratch_bytes(&groups, |i| {
+        let scratch_need = scratch_bytes(&groups, limit, |i| {
             (counting[i].slot_bytes, counting[i].header.n_chunks())
         });
         // 16 bytes of padding: the compaction reads a little past a slot's end.
@@ -1270,11 +1273,11 @@ mod tests {
     use super::*;
 
     /// The bytes of each wave `compress_batch_device` cuts a group's slots into.
-    fn waves(slots: &[u64]) -> Vec<u64> {
+    fn waves(slots: &[u64], limit: u64) -> Vec<u64> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < slots.len() {
-            let (end, bytes) = wave_end(at, slots.len(), |j| slots[j]);
+            let (end, bytes) = wave_end(at, slots.len(), limit, |j| slots[j]);
             out.push(bytes);
             at = end;
         }
@@ -1292,25 +1295,32 @@ mod tests {
             vec![(0, big, 7), (1, 1000, 2)],
             vec![(0, huge, 2), (0, 10, 5), (1, big, 1)],
         ];
-        for case in cases {
-            let groups = launch_groups(case.iter().map(|t| t.0));
-            let need = scratch_bytes(&groups, |i| (case[i].1, case[i].2));
-            let mut largest_wave = 0;
-            for g in 0..2u8 {
-                let slots: Vec<u64> = case
-                    .iter()
-                    .filter(|t| t.0 == g)
-                    .flat_map(|&(_, s, n)| std::iter::repeat_n(s, n as usize))
-                    .collect();
-                largest_wave = waves(&slots).into_iter().fold(largest_wave, u64::max);
+        // The default limit, and a small one (`GpuEngine::with_wave_bytes`, the many-waves test).
+        for limit in [SCRATCH_BYTES, 1 << 20] {
+            for case in &cases {
+                let groups = launch_groups(case.iter().map(|t| t.0));
+                let need = scratch_bytes(&groups, limit, |i| (case[i].1, case[i].2));
+                let mut largest_wave = 0;
+                for g in 0..2u8 {
+                    let slots: Vec<u64> = case
+                        .iter()
+                        .filter(|t| t.0 == g)
+                        .flat_map(|&(_, s, n)| std::iter::repeat_n(s, n as usize))
+                        .collect();
+                    largest_wave = waves(&slots, limit)
+                        .into_iter()
+                        .fold(largest_wave, u64::max);
+                }
+                assert!(need >= largest_wave, "{case:?}: {need} < {largest_wave}");
+                // Not more than the largest group needs at most (its total, or one wave's bound).
+                assert!(need <= limit.max(huge), "{case:?}");
             }
-            assert!(need >= largest_wave, "{case:?}: {need} < {largest_wave}");
-            // Not more than the largest group needs at most (its total, or one wave's bound).
-            assert!(need <= SCRATCH_BYTES.max(huge), "{case:?}");
         }
         // One group that fits in one wave: exactly its total.
         assert_eq!(
-            scratch_bytes(&launch_groups([0u8].into_iter()), |_| (1000, 5)),
+            scratch_bytes(&launch_groups([0u8].into_iter()), SCRATCH_BYTES, |_| (
+                1000, 5
+            )),
             5000
         );
     }

@@ -486,6 +486,8 @@ pub struct GpuEngine {
     stream: Arc<CudaStream>,
     /// How the decoder's warps share a chunk.
     layout: DecodeLayout,
+    /// Most scratch bytes one wave of the encoder uses ([`crate::encode::SCRATCH_BYTES`]).
+    wave_bytes: u64,
     /// Kernels and buffers, shared by the engines of one device on other streams.
     shared: Arc<Shared>,
 }
@@ -582,6 +584,7 @@ impl GpuEngine {
             ctx,
             stream,
             layout,
+            wave_bytes: crate::encode::SCRATCH_BYTES,
             shared: Arc::new(Shared {
                 decode,
                 build_tables,
@@ -605,6 +608,7 @@ impl GpuEngine {
             ctx: self.ctx.clone(),
             stream,
             layout: self.layout,
+            wave_bytes: self.wave_bytes,
             shared: self.shared.clone(),
         }
     }
@@ -614,6 +618,19 @@ impl GpuEngine {
     pub fn with_decode_layout(mut self, layout: DecodeLayout) -> GpuEngine {
         self.layout = layout;
         self
+    }
+
+    /// The same engine with the encoder's waves limited to `bytes` of scratch each (at least one
+    /// chunk's slot per wave): the same blobs, in more launches. For tests of the path that tensors
+    /// of more than ~3 GiB in one call take with the default ([`crate::encode::SCRATCH_BYTES`]).
+    pub fn with_wave_bytes(mut self, bytes: u64) -> GpuEngine {
+        self.wave_bytes = bytes;
+        self
+    }
+
+    /// Most scratch bytes one wave of the encoder uses.
+    pub(crate) fn wave_bytes(&self) -> u64 {
+        self.wave_bytes
     }
 
     pub(crate) fn shared(&self) -> &Shared {

@@ -296,6 +296,40 @@ fn gpu_encodes_the_cpu_engines_bytes_for_every_dtype_and_shape() {
     );
 }
 
+/// Waves of at most 1 MiB of scratch (three chunk slots of bf16): the sample model's tensors span
+/// many waves, and tensors start and end inside them, as a call of more than ~3 GiB does with the
+/// default; the blobs must be the CPU's all the same.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_in_many_waves_as_in_one() {
+    let eng = engine().with_wave_bytes(1 << 20);
+    let s = eng.stream();
+    let model = sample::sample_model(5);
+    let opts = CompressOptions::default();
+    let bufs: Vec<_> = model
+        .iter()
+        .map(|t| s.clone_htod(&t.data).unwrap())
+        .collect();
+    let list: Vec<tensorzip_cuda::encode::DeviceTensor> = model
+        .iter()
+        .zip(&bufs)
+        .map(|(t, b)| tensorzip_cuda::encode::DeviceTensor {
+            ptr: b.device_ptr(s).0,
+            nbytes: t.data.len(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    // SAFETY: every buffer lives until the end of the test.
+    let blobs = unsafe { eng.compress_batch_device(&list, &opts) }.unwrap();
+    assert_eq!(blobs.len(), model.len());
+    for (t, b) in model.iter().zip(&blobs) {
+        let cpu = compress(&t.data, t.dtype, &t.shape, &opts).unwrap();
+        let gpu = s.clone_dtoh(&b.buf.slice(0..b.len)).unwrap();
+        assert!(gpu == cpu, "{}: GPU blob in waves differs", t.name);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_encodes_a_sample_model_like_the_cpu() {
