@@ -322,12 +322,30 @@ fn gpu_encodes_in_many_waves_as_in_one() {
         .collect();
     // SAFETY: every buffer lives until the end of the test.
     let blobs = unsafe { eng.compress_batch_device(&list, &opts) }.unwrap();
+    assert_blobs_are_the_cpus(&eng, &model, &blobs, &opts, "in waves");
+}
+
+/// Each of `blobs` (from one `compress_batch_device` call on `model`'s tensors) downloaded and
+/// compared with the CPU engine's blob of the same tensor; returns the CPU's blobs.
+fn assert_blobs_are_the_cpus(
+    eng: &GpuEngine,
+    model: &[sample::SampleTensor],
+    blobs: &[tensorzip_cuda::encode::DeviceBlob],
+    opts: &CompressOptions,
+    what: &str,
+) -> Vec<Vec<u8>> {
+    let s = eng.stream();
     assert_eq!(blobs.len(), model.len());
-    for (t, b) in model.iter().zip(&blobs) {
-        let cpu = compress(&t.data, t.dtype, &t.shape, &opts).unwrap();
-        let gpu = s.clone_dtoh(&b.buf.slice(0..b.len)).unwrap();
-        assert!(gpu == cpu, "{}: GPU blob in waves differs", t.name);
-    }
+    model
+        .iter()
+        .zip(blobs)
+        .map(|(t, b)| {
+            let cpu = compress(&t.data, t.dtype, &t.shape, opts).unwrap();
+            let gpu = s.clone_dtoh(&b.buf.slice(0..b.len)).unwrap();
+            assert!(gpu == cpu, "{}: GPU blob {what} differs", t.name);
+            cpu
+        })
+        .collect()
 }
 
 #[test]
@@ -375,15 +393,12 @@ fn gpu_encodes_a_sample_model_like_the_cpu() {
         .collect();
     // SAFETY: every buffer lives until the end of the test.
     let blobs = unsafe { eng.compress_batch_device(&list, &opts) }.unwrap();
-    assert_eq!(blobs.len(), model.len());
-    for (t, b) in model.iter().zip(&blobs) {
-        let cpu = compress(&t.data, t.dtype, &t.shape, &opts).unwrap();
-        let gpu = s.clone_dtoh(&b.buf.slice(0..b.len)).unwrap();
-        assert!(gpu == cpu, "{}: batch GPU blob differs", t.name);
+    let cpus = assert_blobs_are_the_cpus(&eng, &model, &blobs, &opts, "in a batch");
+    for (t, cpu) in model.iter().zip(&cpus) {
         let one = eng
             .compress_host(&t.data, t.dtype, &t.shape, &opts)
             .unwrap();
-        assert!(one == cpu, "{}: GPU blob differs", t.name);
+        assert!(one == *cpu, "{}: GPU blob differs", t.name);
     }
     // From the host in one batch (what `compress --gpu` does with runs of small tensors), with
     // an empty tensor, a 0-d one and odd lengths between them.
