@@ -136,6 +136,9 @@ pub(crate) struct EncodeKernels {
     compact: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
+    /// The table search (`tz_search`, kernels/search.cu), compiled on first use.
+    search_units: crate::compile::Units,
+    search: std::sync::OnceLock<CudaFunction>,
 }
 
 /// (unit size, exponent bits) of each kernel instantiation, and its name suffix.
@@ -180,7 +183,21 @@ impl EncodeKernels {
             crc: module.load_function("tz_crc32")?,
             crc_list: module.load_function("tz_crc32_list")?,
             units,
+            search_units: crate::search::units(),
+            search: std::sync::OnceLock::new(),
         })
+    }
+
+    /// `tz_search`, compiled or loaded on the first call.
+    fn search(&self, eng: &GpuEngine) -> Result<&CudaFunction> {
+        if let Some(f) = self.search.get() {
+            return Ok(f);
+        }
+        let f = self
+            .search_units
+            .common(eng.context())?
+            .load_function("tz_search")?;
+        Ok(self.search.get_or_init(|| f))
     }
 
     /// Queues `tz_place` over a wave of `n` jobs (encode.cu): checks each chunk's report against
@@ -852,8 +869,57 @@ impl GpuEngine {
             keep_picks.push((picks, jobs_dev));
         }
         trace("count kernels");
-        let mut pinned = self.pinned_u32(total_u32)?;
-        s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..total_u32])?;
+        // 2. The tables: searched on the GPU (`tz_search`, one thread block per plane) and only
+        // its few KiB of tables downloaded, or, with `TENSORZIP_DEV_HOST_SEARCH=1` or more sampled
+        // blocks than the search's scratch is sized for, every count downloaded and searched by
+        // the host (the core's `model_from_counts`). Both give the same tables.
+        let gpu_search = std::env::var_os("TENSORZIP_DEV_HOST_SEARCH").is_none_or(|v| v == "0")
+            && counting
+                .iter()
+                .all(|c| c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED);
+        let mut searches = None;
+        let down_u32 = if gpu_search {
+            let mut planes = Vec::new();
+            for c in &counting {
+                let us = c.header.planes();
+                for p in 0..us {
+                    planes.push(crate::search::Plane {
+                        hists: counts_ptr + 4 * (c.hist_at + p * 256) as u64,
+                        stride: (us * 256) as u32,
+                        n_sampled: c.sampling.picks.len() as u32,
+                        n_blocks: c.sampling.n_blocks,
+                        joint: match c.joint_at {
+                            Some(j) if c.params.joint_plane as usize == p => {
+                                counts_ptr + 4 * j as u64
+                            }
+                            _ => 0,
+                        },
+                    });
+                }
+            }
+            // SAFETY: each plane's histograms are `n_sampled` blocks of `us * 256` u32 from its
+            // first one, and its joint counts 65536 u32, inside `counts_dev`, which the stream
+            // frees only after the search (stream-ordered) below.
+            let q = unsafe {
+                crate::search::queue(
+                    k.search(self)?,
+                    &s,
+                    &planes,
+                    opts.max_tables as u32,
+                    opts.threshold_q16() as u32,
+                )
+            }?;
+            let n = q.outs.len();
+            searches = Some(q);
+            n
+        } else {
+            total_u32
+        };
+        let mut pinned = self.pinned_u32(down_u32)?;
+        match &searches {
+            Some(q) => s.memcpy_dtoh(&q.outs, &mut pinned.as_mut_slice()?[..down_u32])?,
+            None => s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..down_u32])?,
+        }
         let counted = s.record_event(Some(
             cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
         ))?;
@@ -918,7 +984,7 @@ impl GpuEngine {
         let outs_base = outs.device_ptr(&s).0;
         let placed_ptr = placed.device_ptr_mut(&s).0;
         let bad_ptr = bad.device_ptr_mut(&s).0;
-        let host_counts = &pinned.as_slice()?[..total_u32];
+        let host_down = &pinned.as_slice()?[..down_u32];
         trace("sample counts");
         // The encoders' scratch, allocated and zeroed now, so that the GPU does it while the host
         // searches the tables below (between the search and the encode kernel, where it was, the
@@ -930,12 +996,22 @@ impl GpuEngine {
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         let mut scratch = s.alloc_zeros::<u8>(scratch_need as usize + 16)?;
         trace("scratch");
-        // 2. The models, by the CPU engine's own code, all tensors in parallel. With a trace on,
-        // each search's host span is printed too (the slowest one is the step's critical path).
+        // The models: from the GPU search's tables, or by the CPU engine's own search, all tensors
+        // in parallel. With a trace on, each tensor's host span is printed too (the slowest one is
+        // the step's critical path).
         let spans_from = trace_spans.then(std::time::Instant::now);
         // Each tensor's blob prefix (header and tables) and its tables in the kernel's form are
         // built by the thread that searched them (built one after the other once all searches
         // had ended, they were ~0.2 ms of a 1 GiB call with the GPU idle).
+        // Each tensor's first plane in the search's outputs.
+        let plane_first: Vec<usize> = counting
+            .iter()
+            .scan(0, |at, c| {
+                let first = *at;
+                *at += c.header.planes();
+                Some(first)
+            })
+            .collect();
         struct Built {
             prefix: Vec<u8>,
             tables: DeviceTables,
@@ -944,23 +1020,38 @@ impl GpuEngine {
         }
         let built: Vec<Built> = counting
             .par_iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(ci, c)| {
                 let since = |t: Option<std::time::Instant>| {
                     t.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3)
                 };
                 let begin = since(spans_from);
-                let n = c.sampling.picks.len() * c.header.planes() * 256;
-                let flat = &host_counts[c.hist_at..c.hist_at + n];
-                // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat` holds a whole
-                // number of them.
-                let counts: &[[u32; 256]] = unsafe {
-                    std::slice::from_raw_parts(flat.as_ptr() as *const [u32; 256], flat.len() / 256)
+                let model = match &searches {
+                    Some(q) => q.model(
+                        host_down,
+                        plane_first[ci],
+                        c.header.planes(),
+                        opts.max_tables,
+                        c.joint_at.map(|_| c.params.joint_plane as usize),
+                    )?,
+                    None => {
+                        let n = c.sampling.picks.len() * c.header.planes() * 256;
+                        let flat = &host_down[c.hist_at..c.hist_at + n];
+                        // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat`
+                        // holds a whole number of them.
+                        let counts: &[[u32; 256]] = unsafe {
+                            std::slice::from_raw_parts(
+                                flat.as_ptr() as *const [u32; 256],
+                                flat.len() / 256,
+                            )
+                        };
+                        let joint = |_: usize, _: usize| match c.joint_at {
+                            Some(j) => host_down[j..j + 65536].to_vec(),
+                            None => vec![0; 65536],
+                        };
+                        model_from_counts(&c.header, opts, &c.sampling, counts, joint)
+                    }
                 };
-                let joint = |_: usize, _: usize| match c.joint_at {
-                    Some(j) => host_counts[j..j + 65536].to_vec(),
-                    None => vec![0; 65536],
-                };
-                let model = model_from_counts(&c.header, opts, &c.sampling, counts, joint);
                 let span = (begin, since(spans_from));
                 let mut params = c.params;
                 let mut tables = DeviceTables::default();
@@ -968,15 +1059,16 @@ impl GpuEngine {
                 let mut prefix = Vec::new();
                 c.header.write(&mut prefix);
                 model.write_tables(&mut prefix);
-                Built {
+                Ok(Built {
                     prefix,
                     tables,
                     params,
                     span,
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         drop(pinned);
+        drop(searches);
         trace("models");
         if trace_spans {
             let spans: Vec<String> = built

@@ -17,6 +17,9 @@ pub enum Error {
     /// A valid blob this GPU engine has no kernel for (the CPU engine decodes it).
     #[error("not supported on the GPU: {0}")]
     Unsupported(String),
+    /// A kernel's output failed the host's checks (a bug of the engine, never a blob's fault).
+    #[error("kernel output rejected: {0}")]
+    Kernel(String),
     /// The blob or the options are invalid (as the CPU engine would say).
     #[error(transparent)]
     Format(#[from] tensorzip::Error),

@@ -12,6 +12,7 @@ pub mod encode;
 pub mod engine;
 pub mod error;
 pub mod plan;
+mod search;
 pub mod transfer;
 
 use std::sync::OnceLock;

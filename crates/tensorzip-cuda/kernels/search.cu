@@ -1,0 +1,866 @@
+// The table search of the encoder on the GPU: the core crate's `model::cluster` (a plane's
+// frequency tables from the histograms of its sampled blocks) and `model::choose_conditional` (the
+// conditional table of a plane the tables leave raw), the same integer arithmetic in the same order
+// of decisions, so that the tables are bit for bit the CPU engine's. docs/FORMAT.md ("Encoder
+// decisions") is the normative description; src/search.rs launches it, and its test compares every
+// table with the core's.
+//
+// One thread block of 1024 threads per plane to search (`SearchJob`). The attempts of a search are
+// sequential by definition (each seeds from the regrets the previous left), so the block runs them
+// one after the other, each step spread over its threads: cost columns one thread per sampled
+// block, sums and scans block-wide, a table's normalisation on one warp. Everything a search keeps
+// (dense rows over the plane's support, cost columns, least costs, choices) lives in the job's
+// global scratch, laid out by `Layout` (its size is checked against the scratch the host gave).
+//
+// Written for this project: no published GPU code computes these tables.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define NT 1024
+#define NW (NT / 32)
+#define FULL 0xffffffffu
+#define FRAC_BITS 16
+#define PROB_SCALE 4096u
+#define ANCHOR 255
+#define SEL_RAW 255
+#define NO_COST 0xffffffffffffffffull
+
+struct SearchJob {
+    u64 hists;     // u32[256] histogram of the plane in sampled block 0; block i at hists + 4 * i * stride
+    u64 scratch;   // this job's scratch (`Layout`)
+    u64 scratch_len;
+    u64 out;       // this job's output (src/search.rs: `OUT_*`)
+    u64 joint;     // u32[65536] joint counts of (condition byte, plane byte), or 0: no conditional
+    u64 n_blocks;  // blocks of the plane in the whole tensor
+    u32 n_sampled; // sampled blocks (histograms)
+    u32 stride;    // u32 from one sampled block's histogram to the next
+};
+
+struct SearchParams {
+    u32 max_tables;
+    u32 threshold; // passthrough threshold in Q16 (1..=65536)
+};
+
+// ---- 128-bit helpers (NVRTC has no device __int128 without a flag; only these few are needed) ----
+
+struct U128 {
+    u64 hi, lo;
+};
+__device__ __forceinline__ U128 mul64(u64 a, u64 b) { return U128{__umul64hi(a, b), a * b}; }
+__device__ __forceinline__ bool lt128(U128 a, U128 b) { return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo); }
+// floor(a * b / c) <= d, exactly: the same as a * b < (d + 1) * c (c > 0).
+__device__ __forceinline__ bool scaled_le(u64 a, u64 b, u64 c, u64 d) {
+    U128 lhs = mul64(a, b);
+    U128 rhs = mul64(d + 1, c);
+    if (d == NO_COST) rhs.hi += c; // (2^64) * c
+    return lt128(lhs, rhs);
+}
+// floor(x / d) for a 128-bit x and d > 0 (restoring division, one bit a step: rare calls).
+__device__ U128 div128(U128 x, u64 d) {
+    U128 q{0, 0};
+    u64 r = 0;
+    for (int i = 127; i >= 0; i--) {
+        u64 bit = i >= 64 ? (x.hi >> (i - 64)) & 1 : (x.lo >> i) & 1;
+        bool carry = r >> 63;
+        r = (r << 1) | bit;
+        if (carry || r >= d) {
+            r -= d;
+            if (i >= 64) q.hi |= 1ull << (i - 64); else q.lo |= 1ull << i;
+        }
+    }
+    return q;
+}
+
+// ---- the core's integer logarithms and code lengths (src/rans/log2.rs) ----
+
+// floor(log2(v) * 2^16) for v >= 1, by repeated squaring.
+__device__ u64 log2_q16(u64 v) {
+    u32 ip = 63 - __clzll(v);
+    u64 m = ip <= 62 ? v << (62 - ip) : v >> 1; // in [2^62, 2^63): [1, 2)
+    u64 frac = 0;
+    for (int i = FRAC_BITS - 1; i >= 0; i--) {
+        // (m * m) >> 62 of the 126-bit square
+        u64 hi = __umul64hi(m, m), lo = m * m;
+        m = (hi << 2) | (lo >> 62);
+        if (m >> 63) {
+            m >>= 1;
+            frac |= 1ull << i;
+        }
+    }
+    return ((u64)ip << FRAC_BITS) | frac;
+}
+// Code length in Q16 bits of frequency f (1..=4096).
+__device__ __forceinline__ u32 code_len(u32 f) { return (u32)((12ull << FRAC_BITS) - log2_q16(f)); }
+
+// ---- frequency codes (src/rans/table.rs) ----
+
+__device__ __forceinline__ u32 code_to_freq(u32 c) {
+    if (c >= 1 && c <= 127) return c;
+    u32 k = c - 128;
+    return (16 + (k & 15)) << ((k >> 4) + 3); // 128..=207 only (callers never pass others)
+}
+__device__ __forceinline__ u32 nearest_code(u32 q) {
+    if (q <= 127) return q;
+    u32 e = (31 - __clz(q)) - 7;
+    u32 step = 8u << e, base = 128u << e;
+    u32 m = (q - base + step / 2 - 1) >> (e + 3);
+    if (m == 16) {
+        if (e == 4) m = 15; else { m = 0; e += 1; }
+    }
+    return 128 + (e << 4) + m;
+}
+
+// ---- model decisions (src/model.rs) ----
+
+__device__ __forceinline__ u64 raw_cost(u64 len) { return (8 * len) << FRAC_BITS; }
+// (cost << 16) < threshold * raw_cost(len), in 128 bits.
+__device__ __forceinline__ bool stays_coded(u64 cost, u64 len, u32 thr) {
+    U128 lhs{cost >> 48, cost << 16};
+    return lt128(lhs, mul64(thr, raw_cost(len)));
+}
+
+// ---- warp and block reductions ----
+
+__device__ __forceinline__ u64 warp_sum64(u64 v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ u32 warp_max32(u32 v) {
+    for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+__device__ __forceinline__ u32 warp_min32(u32 v) {
+    for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+__device__ __forceinline__ u64 warp_max64(u64 v) {
+    for (int o = 16; o; o >>= 1) v = max(v, (u64)__shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+struct Shared {
+    u64 red[NW];
+    u32 scan[NW];
+    u64 total[256];    // the support's summed counts (by support column)
+    u32 cl[256];       // a table's code lengths over the support
+    u8 absent[256];    // whether the table lacks the support symbol
+    u8 syms[256];      // the support
+    u8 codes[NW][256]; // one normalisation's codes per warp
+    u64 full[256];     // a normalisation's counts by symbol
+    u64 sums[256];     // a table's summed counts over the support (Lloyd step)
+    u8 mark[256];      // the support by symbol
+    u8 old[256];       // a table's codes before its Lloyd step
+    u16 oldf[256];
+    u32 nsyms;
+    u32 nb;
+    u32 seed;
+    u32 flag;
+    u64 v0, v1;
+};
+
+// Block-wide sum (every thread gets it).
+__device__ u64 block_sum64(Shared& sh, u64 v) {
+    v = warp_sum64(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh.red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    u64 t = 0;
+    for (int w = 0; w < NW; w++) t += sh.red[w];
+    __syncthreads();
+    return t;
+}
+__device__ bool block_any(bool v) { return __syncthreads_or(v) != 0; }
+
+// Exclusive block scan of u32 flags/counts (sum < 2^32), and the total.
+__device__ u32 block_scan32(Shared& sh, u32 v, u32* total) {
+    u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    u32 x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(FULL, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) sh.scan[w] = x;
+    __syncthreads();
+    u32 before = 0, all = 0;
+    for (int i = 0; i < NW; i++) {
+        u32 s = sh.scan[i];
+        if (i < (int)w) before += s;
+        all += s;
+    }
+    __syncthreads();
+    *total = all;
+    return before + x - v;
+}
+
+// ---- normalisation (`FreqTable::normalize`) on one warp ----
+
+// The table of the counts `count(s)` with the symbols `forced(s)` present whatever their count:
+// codes to `codes` (256 bytes, 0 where absent), each symbol's frequency to `freq` if not null.
+// Returns false where the counts sum to 0 (the core's `None`). Lane l owns symbols l + 32k.
+// `*span` gets the serialised length (2 + hi - lo + 1).
+template <typename C, typename F>
+__device__ bool warp_normalize(C count, F forced, u8* codes, u16* freq, u32* span) {
+    const u32 lane = threadIdx.x & 31;
+    u64 c[8];
+    bool pres[8];
+    u32 lo = 256, hi = 0;
+    u64 n = 0;
+    bool any = false;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 s = lane + 32 * k;
+        c[k] = count(s);
+        pres[k] = c[k] > 0 || forced(s);
+        if (pres[k]) { lo = min(lo, s); hi = max(hi, s); any = true; }
+        n += c[k];
+    }
+    lo = warp_min32(lo);
+    hi = warp_max32(hi);
+    *span = 2 + hi - lo + 1;
+    any = __any_sync(FULL, any);
+    n = warp_sum64(n);
+    if (!any || n == 0) return false;
+    // The first symbol of the largest count.
+    u64 best_c = 0;
+    u32 best_s = 256;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 s = lane + 32 * k;
+        if (c[k] > best_c || (c[k] == best_c && best_c > 0 && s < best_s)) { best_c = c[k]; best_s = s; }
+    }
+    u64 top = warp_max64(best_c);
+    u32 anchor = warp_min32(best_c == top ? best_s : 256);
+    u32 code[8];
+    u32 sum = 0, present = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 s = lane + 32 * k;
+        code[k] = 0;
+        if (!pres[k]) continue;
+        present++;
+        if (s == anchor) { code[k] = ANCHOR; continue; }
+        u64 q;
+        if (n < (1ull << 48)) {
+            q = (2 * c[k] * PROB_SCALE + n) / (2 * n);
+        } else {
+            // (2 c 4096 + n) / (2 n) in 128 bits
+            U128 num = mul64(2 * c[k], PROB_SCALE);
+            u64 lo2 = num.lo + n;
+            num.hi += lo2 < num.lo;
+            num.lo = lo2;
+            q = div128(num, 2 * n).lo;
+        }
+        u32 qq = (u32)min(max(q, 1ull), (u64)PROB_SCALE - 1);
+        code[k] = nearest_code(qq);
+        sum += code_to_freq(code[k]);
+    }
+    sum = (u32)warp_sum64(sum);
+    present = (u32)warp_sum64(present);
+    if (present > 1 && sum > PROB_SCALE - 1) {
+        // Step the largest frequency down (the smallest symbol among ties), one code at a time.
+        while (sum > PROB_SCALE - 1) {
+            u32 key = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                u32 s = lane + 32 * k;
+                if (code[k] != 0 && s != anchor) key = max(key, (code_to_freq(code[k]) << 8) | (255 - s));
+            }
+            key = warp_max32(key);
+            if (key == 0) break;
+            u32 s = 255 - (key & 255), f = key >> 8;
+            u32 owner = s & 31, kk = s >> 5;
+            u32 below = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (lane == owner && k == (int)kk) below = code[k] - 1;
+            below = __shfl_sync(FULL, below, owner);
+            if (below == 0) break;
+            u32 nf = code_to_freq(below);
+            sum = sum - f + nf;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (lane == owner && k == (int)kk) code[k] = below;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 s = lane + 32 * k;
+        codes[s] = (u8)code[k];
+        if (freq) freq[s] = code[k] == 0 ? 0 : code[k] == ANCHOR ? (u16)(PROB_SCALE - sum) : (u16)code_to_freq(code[k]);
+    }
+    __syncwarp();
+    return true;
+}
+
+// ---- the job's scratch ----
+
+struct Layout {
+    u32* rows;   // [256][n] dense counts over the support, column-major (symbol i of block b at i * n + b)
+    u32* idx;    // [n] sampled block of each non-constant block
+    u32* lens;   // [n]
+    u64* ideal;  // [n]
+    u64* col[2]; // [T][n] cost columns (NO_COST: not covered), current and trial
+    u64* lc[2];  // [n] least cost
+    u8* lj[2];   // [n] its column
+    u8* cs[2];   // [n] choice: table or SEL_RAW
+    u64* cc[2];  // [n] its cost
+    u8* rej;     // [n]
+    u64* from[2];  // [T][256] the summed counts each table was normalised from
+    u8* fromv[2];  // [T] whether it has them
+    u8* codes[2];  // [T][256]
+    u16* freq[2];  // [T][256]
+    u32* span[2];  // [T] serialised lengths
+    u64 bytes;
+};
+
+__device__ Layout layout(u8* base, u64 n, u64 t) {
+    Layout l;
+    u64 at = 0;
+    auto take = [&](u64 bytes) {
+        u8* p = base + at;
+        at += (bytes + 15) & ~15ull;
+        return p;
+    };
+    l.rows = (u32*)take(256 * n * 4);
+    l.idx = (u32*)take(n * 4);
+    l.lens = (u32*)take(n * 4);
+    l.ideal = (u64*)take(n * 8);
+    for (int b = 0; b < 2; b++) {
+        l.col[b] = (u64*)take(t * n * 8);
+        l.lc[b] = (u64*)take(n * 8);
+        l.lj[b] = take(n);
+        l.cs[b] = take(n);
+        l.cc[b] = (u64*)take(n * 8);
+        l.from[b] = (u64*)take(t * 256 * 8);
+        l.fromv[b] = take(t);
+        l.codes[b] = take(t * 256);
+        l.freq[b] = (u16*)take(t * 256 * 2);
+        l.span[b] = (u32*)take(t * 4);
+    }
+    l.rej = take(n);
+    l.bytes = at;
+    return l;
+}
+
+// ---- steps of the search ----
+
+// The cost column of table `tj` (codes/freq in bank `k`) into `col`, for blocks `first..first+cnt`.
+__device__ void column(Shared& sh, const Layout& L, const u16* freq, u64* col, u32 nb) {
+    for (u32 i = threadIdx.x; i < sh.nsyms; i += NT) {
+        u32 f = freq[sh.syms[i]];
+        sh.absent[i] = f == 0;
+        sh.cl[i] = f == 0 ? 0 : code_len(f);
+    }
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < nb; b += NT) {
+        u64 acc = 0;
+        bool miss = false;
+        for (u32 i = 0; i < sh.nsyms; i++) {
+            u32 h = L.rows[(u64)i * nb + b];
+            acc += (u64)h * sh.cl[i];
+            miss |= h != 0 && sh.absent[i];
+        }
+        col[b] = miss ? NO_COST : acc;
+    }
+    __syncthreads();
+}
+
+// The least cost over columns 0..nt of bank k and the choices from it.
+__device__ void least_and_choice(const Layout& L, int k, u32 nt, u32 nb, u32 thr) {
+    for (u32 b = threadIdx.x; b < nb; b += NT) {
+        u64 best = NO_COST;
+        u32 bj = 0;
+        for (u32 j = 0; j < nt; j++) {
+            u64 c = L.col[k][(u64)j * nb + b];
+            if (c < best) { best = c; bj = j; }
+        }
+        L.lc[k][b] = best;
+        L.lj[k][b] = (u8)bj;
+        if (best != NO_COST && stays_coded(best, L.lens[b], thr)) {
+            L.cs[k][b] = (u8)bj;
+            L.cc[k][b] = best;
+        } else {
+            L.cs[k][b] = SEL_RAW;
+            L.cc[k][b] = raw_cost(L.lens[b]);
+        }
+    }
+    __syncthreads();
+}
+
+// Normalises the support counts `sum` (u64 per support column) with every support symbol present
+// into table j of bank k, on warp 0; the others wait. Returns false (all threads) for a zero sum.
+__device__ bool support_table(Shared& sh, const Layout& L, const u64* sum, int k, u32 j) {
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        // The support columns spread back to their symbols; every support symbol is present
+        // (forced), also where these counts have none of it.
+        for (u32 s = threadIdx.x; s < 256; s += 32) { sh.full[s] = 0; sh.mark[s] = 0; }
+        __syncwarp();
+        for (u32 i = threadIdx.x; i < sh.nsyms; i += 32) { sh.full[sh.syms[i]] = sum[i]; sh.mark[sh.syms[i]] = 1; }
+        __syncwarp();
+        u32 span = 0;
+        bool ok = warp_normalize([&](u32 s) { return sh.full[s]; }, [&](u32 s) { return sh.mark[s] != 0; },
+                                 L.codes[k] + (u64)j * 256, L.freq[k] + (u64)j * 256, &span);
+        if (threadIdx.x == 0) {
+            sh.flag = ok;
+            if (ok) L.span[k][j] = span;
+        }
+    }
+    __syncthreads();
+    bool ok = sh.flag != 0;
+    __syncthreads();
+    return ok;
+}
+
+// Serialised bytes of tables 0..nt of bank k.
+__device__ u32 table_bytes(const Layout& L, int k, u32 nt) {
+    u32 total = 0;
+    for (u32 j = 0; j < nt; j++) total += L.span[k][j];
+    return total;
+}
+// Copies bank `from` to bank `to` (tables 0..nt, and the per-block state).
+__device__ void copy_bank(const Layout& L, int from, int to, u32 nt, u32 nb) {
+    for (u64 i = threadIdx.x; i < (u64)nt * nb; i += NT) L.col[to][i] = L.col[from][i];
+    for (u32 b = threadIdx.x; b < nb; b += NT) {
+        L.lc[to][b] = L.lc[from][b];
+        L.lj[to][b] = L.lj[from][b];
+        L.cs[to][b] = L.cs[from][b];
+        L.cc[to][b] = L.cc[from][b];
+    }
+    for (u32 i = threadIdx.x; i < nt * 256; i += NT) {
+        L.from[to][i] = L.from[from][i];
+        L.codes[to][i] = L.codes[from][i];
+        L.freq[to][i] = L.freq[from][i];
+    }
+    for (u32 j = threadIdx.x; j < nt; j += NT) {
+        L.fromv[to][j] = L.fromv[from][j];
+        L.span[to][j] = L.span[from][j];
+    }
+    __syncthreads();
+}
+
+// The output of a job (u32 words, then bytes): [0] tables kept, [1] conditional (0x100 | e, or 0),
+// [2] status (0 ok, 1 scratch too small); from byte 16 the kept tables, then the conditional
+// one, each serialised (lo, hi, codes lo..=hi).
+#define OUT_HEAD 16
+
+// The search of one plane (`model::cluster`); returns the number of tables written.
+__device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 max_tables, u32 thr, u8* out) {
+    const u32* hists = (const u32*)job.hists;
+    const u32 n = job.n_sampled;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // 1. Non-constant blocks (at least two symbols), in order, and their lengths; and whether
+    //    every one of them is raw by the collision bound. One warp per histogram.
+    //    First pass: flags into `lens` (the length, or 0 for constant blocks) and the bound.
+    bool all_raw_local = true;
+    // The largest passing sum of squares for the last length seen (lane 0 of each warp; most
+    // blocks have the same length, so the bisection runs about once per warp).
+    u64 last_n = 0, last_limit = 0;
+    bool last_some = false;
+    for (u32 i = warp; i < n; i += NW) {
+        const u32* h = hists + (u64)i * job.stride;
+        u64 sum = 0, sq = 0;
+        u32 nz = 0;
+        for (u32 s = lane; s < 256; s += 32) {
+            u64 c = h[s];
+            sum += c;
+            sq += c * c;
+            nz += c != 0;
+        }
+        sum = warp_sum64(sum);
+        sq = warp_sum64(sq);
+        nz = (u32)warp_sum64(nz);
+        bool nonconst = nz >= 2;
+        if (lane == 0) L.lens[i] = nonconst ? (u32)max(sum, 1ull) : 0;
+        if (nonconst && lane == 0) {
+            // CollisionTest::raw
+            bool raw = false;
+            if (sum != 0 && sum <= (1ull << 16)) {
+                u64 nn = sum;
+                const u64 base = 2 * nn * log2_q16(nn);
+                auto bound = [&](u64 s) {
+                    u64 sub = nn * (log2_q16(s) + 2) + 2 * nn;
+                    return base > sub ? base - sub : 0;
+                };
+                auto fails = [&](u64 s) { return !stays_coded(bound(s), nn, thr); };
+                if (nn != last_n) {
+                    last_n = nn;
+                    last_some = fails(1);
+                    if (last_some) {
+                        u64 lo = 1, hi = nn * nn;
+                        while (lo < hi) {
+                            u64 mid = lo + (hi - lo + 1) / 2;
+                            if (fails(mid)) lo = mid; else hi = mid - 1;
+                        }
+                        last_limit = lo;
+                    }
+                }
+                raw = last_some && sq <= last_limit;
+            }
+            if (!raw) all_raw_local = false;
+        }
+    }
+    bool not_all_raw = block_any(!all_raw_local);
+    // Compaction: the non-constant blocks' indices in order.
+    u32 nb = 0;
+    for (u32 base = 0; base < n; base += NT) {
+        u32 i = base + threadIdx.x;
+        u32 len = i < n ? L.lens[i] : 0;
+        u32 tot;
+        u32 at = block_scan32(sh, len != 0, &tot);
+        if (len != 0) L.idx[nb + at] = i;
+        nb += tot;
+    }
+    __syncthreads();
+    if (nb == 0 || !not_all_raw) return 0;
+    // Lengths by compacted index (the flags pass wrote them by sampled index).
+    for (u32 b = threadIdx.x; b < nb; b += NT) L.ideal[b] = L.lens[L.idx[b]];
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < nb; b += NT) L.lens[b] = (u32)L.ideal[b];
+    __syncthreads();
+    // 2. The support: symbols some non-constant block has, and their totals.
+    {
+        u32 s = threadIdx.x & 255, part = threadIdx.x >> 8; // four threads per symbol
+        u64 t = 0;
+        for (u32 b = part; b < nb; b += 4) t += hists[(u64)L.idx[b] * job.stride + s];
+        if (part == 0) sh.total[s] = 0;
+        __syncthreads();
+        atomicAdd(&sh.total[s], t);
+        __syncthreads();
+    }
+    // Whether each symbol was seen (a total > 0: counts are non-negative), compacted in order.
+    {
+        u32 s = threadIdx.x;
+        bool seen = s < 256 && sh.total[s] != 0;
+        u32 tot;
+        u32 at = block_scan32(sh, seen, &tot);
+        u64 t = s < 256 ? sh.total[s] : 0;
+        __syncthreads();
+        if (seen) sh.syms[at] = (u8)s;
+        __syncthreads();
+        if (seen) sh.total[at] = t;
+        if (threadIdx.x == 0) sh.nsyms = tot;
+        __syncthreads();
+    }
+    const u32 ns = sh.nsyms;
+    // Dense rows, column-major; ideal costs.
+    for (u64 e = threadIdx.x; e < (u64)ns * nb; e += NT) {
+        u32 i = (u32)(e / nb), b = (u32)(e % nb);
+        L.rows[e] = hists[(u64)L.idx[b] * job.stride + sh.syms[i]];
+    }
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < nb; b += NT) {
+        u64 nn = 0, shl = 0;
+        for (u32 i = 0; i < ns; i++) {
+            u64 c = L.rows[(u64)i * nb + b];
+            nn += c;
+            if (c) shl += c * log2_q16(c);
+        }
+        L.ideal[b] = nn * log2_q16(nn) - shl;
+    }
+    __syncthreads();
+    // No block stays coded even at its entropy: nothing to search.
+    {
+        bool coded = false;
+        for (u32 b = threadIdx.x; b < nb; b += NT) coded |= stays_coded(L.ideal[b], L.lens[b], thr);
+        if (!block_any(coded)) return 0;
+    }
+    // 3. Table 0 from the totals; its column; the choice.
+    int cur = 0;
+    u32 nt = 1;
+    support_table(sh, L, sh.total, cur, 0);
+    if (threadIdx.x == 0) L.fromv[cur][0] = 0;
+    column(sh, L, L.freq[cur], L.col[cur], nb);
+    least_and_choice(L, cur, 1, nb, thr);
+    for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;
+    __syncthreads();
+    u64 attempt = 0;
+    while (nt < max_tables && attempt < 2ull * max_tables) {
+        attempt++;
+        // Regrets and their sum.
+        u64 part = 0;
+        for (u32 b = threadIdx.x; b < nb; b += NT) {
+            u64 c = L.cc[cur][b], id = L.ideal[b];
+            part += c > id ? c - id : 0;
+        }
+        u64 sum = block_sum64(sh, part);
+        if (sum == 0) break;
+        U128 prod = mul64(sum, (attempt * 0x9E3779B9ull) & 0xFFFFFFFFull);
+        u64 target = (prod.hi << 32) | (prod.lo >> 32);
+        // The seed: the first block whose running sum of regrets passes the target. Threads take
+        // contiguous runs of blocks.
+        u32 per = (nb + NT - 1) / NT;
+        u32 b0 = min(threadIdx.x * per, nb), b1 = min(b0 + per, nb);
+        u64 local = 0;
+        for (u32 b = b0; b < b1; b++) {
+            u64 c = L.cc[cur][b], id = L.ideal[b];
+            local += c > id ? c - id : 0;
+        }
+        // Exclusive prefix of `local` over threads (64-bit: warp scan, then warps).
+        u64 x = local;
+        for (int o = 1; o < 32; o <<= 1) {
+            u64 y = __shfl_up_sync(FULL, x, o);
+            if (lane >= (u32)o) x += y;
+        }
+        if (threadIdx.x == 0) sh.seed = nb - 1;
+        __syncthreads();
+        if (lane == 31) sh.red[warp] = x;
+        __syncthreads();
+        u64 acc = x - local;
+        for (u32 w = 0; w < warp; w++) acc += sh.red[w];
+        for (u32 b = b0; b < b1; b++) {
+            u64 c = L.cc[cur][b], id = L.ideal[b];
+            acc += c > id ? c - id : 0;
+            if (acc > target) { atomicMin(&sh.seed, b); break; }
+        }
+        __syncthreads();
+        const u32 seed = sh.seed;
+        __syncthreads();
+        if (L.rej[seed]) continue;
+        // The candidate: the seed's counts; it must improve its own block first.
+        int tr = 1 - cur;
+        copy_bank(L, cur, tr, nt, nb);
+        {
+            // support counts of the seed row into sh.total's spare: use v-array in global `from` slot nt
+            u64* seed_counts = L.from[tr] + (u64)nt * 256;
+            for (u32 i = threadIdx.x; i < ns; i += NT) seed_counts[i] = L.rows[(u64)i * nb + seed];
+            __syncthreads();
+            support_table(sh, L, seed_counts, tr, nt);
+            if (threadIdx.x == 0) L.fromv[tr][nt] = 0;
+        }
+        column(sh, L, L.freq[tr] + (u64)nt * 256, L.col[tr] + (u64)nt * nb, nb);
+        {
+            u64 c = L.col[tr][(u64)nt * nb + seed];
+            u64 seed_cost = c != NO_COST && stays_coded(c, L.lens[seed], thr) ? c : raw_cost(L.lens[seed]);
+            if (seed_cost >= L.cc[cur][seed]) {
+                if (threadIdx.x == 0) L.rej[seed] = 1;
+                __syncthreads();
+                continue;
+            }
+        }
+        u32 tn = nt + 1;
+        // The candidate's column against the current least costs (it wins only if strictly less).
+        for (u32 b = threadIdx.x; b < nb; b += NT) {
+            u64 c = L.col[tr][(u64)nt * nb + b];
+            if (c < L.lc[tr][b]) { L.lc[tr][b] = c; L.lj[tr][b] = (u8)nt; }
+            u64 best = L.lc[tr][b];
+            if (best != NO_COST && stays_coded(best, L.lens[b], thr)) {
+                L.cs[tr][b] = L.lj[tr][b];
+                L.cc[tr][b] = best;
+            } else {
+                L.cs[tr][b] = SEL_RAW;
+                L.cc[tr][b] = raw_cost(L.lens[b]);
+            }
+        }
+        __syncthreads();
+        // Lloyd step(s): each table (but 0) renormalised from the summed counts of its blocks.
+        for (int it = 0; it < 1; it++) {
+            bool changed = false;
+            for (u32 j = 1; j < tn; j++) {
+                // Sums of table j's blocks over the support, one warp per support column.
+                u64* sums = sh.sums;
+                for (u32 i = warp; i < ns; i += NW) {
+                    u64 a = 0;
+                    for (u32 b = lane; b < nb; b += 32)
+                        if (L.cs[tr][b] == j) a += L.rows[(u64)i * nb + b];
+                    a = warp_sum64(a);
+                    if (lane == 0) sums[i] = a;
+                }
+                __syncthreads();
+                // Unchanged sums: the table is what they normalise to.
+                bool same = L.fromv[tr][j] != 0;
+                if (same) {
+                    bool diff = false;
+                    for (u32 i = threadIdx.x; i < ns; i += NT) diff |= L.from[tr][(u64)j * 256 + i] != sums[i];
+                    same = !block_any(diff);
+                } else {
+                    __syncthreads();
+                }
+                if (same) continue;
+                // The table's codes before, to tell whether it changed (a zero sum leaves it as
+                // it was: the normalisation writes nothing then).
+                for (u32 s = threadIdx.x; s < 256; s += NT) sh.old[s] = L.codes[tr][(u64)j * 256 + s];
+                __syncthreads();
+                if (!support_table(sh, L, sums, tr, j)) continue;
+                bool diff = false;
+                for (u32 s = threadIdx.x; s < 256; s += NT) diff |= L.codes[tr][(u64)j * 256 + s] != sh.old[s];
+                if (block_any(diff)) {
+                    column(sh, L, L.freq[tr] + (u64)j * 256, L.col[tr] + (u64)j * nb, nb);
+                    changed = true;
+                }
+                for (u32 i = threadIdx.x; i < ns; i += NT) L.from[tr][(u64)j * 256 + i] = sums[i];
+                if (threadIdx.x == 0) L.fromv[tr][j] = 1;
+                __syncthreads();
+            }
+            if (!changed) break;
+            least_and_choice(L, tr, tn, nb, thr);
+        }
+        // Accept if the saving, scaled to the plane, beats the added table bytes.
+        u64 pb = 0, pa = 0;
+        for (u32 b = threadIdx.x; b < nb; b += NT) { pb += L.cc[cur][b]; pa += L.cc[tr][b]; }
+        u64 before = block_sum64(sh, pb), after = block_sum64(sh, pa);
+        u64 added = ((u64)(table_bytes(L, tr, tn) - table_bytes(L, cur, nt)) * 8) << FRAC_BITS;
+        u64 gain = before > after ? before - after : 0;
+        if (scaled_le(gain, job.n_blocks, n, added)) {
+            if (threadIdx.x == 0) L.rej[seed] = 1;
+            __syncthreads();
+            continue;
+        }
+        cur = tr;
+        nt = tn;
+        for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;
+        __syncthreads();
+    }
+    // The tables must pay for themselves.
+    u64 part = 0;
+    for (u32 b = threadIdx.x; b < nb; b += NT)
+        if (L.cs[cur][b] != SEL_RAW) part += raw_cost(L.lens[b]) - L.cc[cur][b];
+    u64 saving = block_sum64(sh, part);
+    u64 tb = ((u64)table_bytes(L, cur, nt) * 8) << FRAC_BITS;
+    if (scaled_le(saving, job.n_blocks, n, tb)) return 0;
+    // Keep table 0 and every table some block chose; serialise them in order.
+    __shared__ u32 used[64];
+    if (threadIdx.x < 64) used[threadIdx.x] = threadIdx.x == 0;
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < nb; b += NT)
+        if (L.cs[cur][b] != SEL_RAW) used[L.cs[cur][b]] = 1;
+    __syncthreads();
+    u32 kept = 0;
+    if (threadIdx.x == 0) {
+        u32 at = OUT_HEAD;
+        for (u32 j = 0; j < nt; j++) {
+            if (!used[j]) continue;
+            const u8* c = L.codes[cur] + (u64)j * 256;
+            int lo = 0, hi = 255;
+            while (lo < 256 && c[lo] == 0) lo++;
+            while (hi > 0 && c[hi] == 0) hi--;
+            out[at++] = (u8)lo;
+            out[at++] = (u8)hi;
+            for (int s = lo; s <= hi; s++) out[at++] = c[s];
+            kept++;
+        }
+        sh.flag = kept;
+        ((u32*)out)[3] = at;
+    }
+    __syncthreads();
+    kept = sh.flag;
+    __syncthreads();
+    return kept;
+}
+
+// The conditional table (`model::choose_conditional`), one warp per condition value; writes it
+// after the plane's output.
+__device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
+    const u32* joint = (const u32*)job.joint;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 table_cost = ((u64)(2 + 2 + 256) * 8) << FRAC_BITS;
+    const u64 ns = job.n_sampled, nbk = job.n_blocks;
+    __shared__ u64 sc_hi[256], sc_lo[256];
+    __shared__ u8 ok[256];
+    for (u32 e = warp; e < 256; e += NW) {
+        const u32* row = joint + e * 256;
+        u64 c[8];
+        u64 nn = 0, shl = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            c[k] = row[lane + 32 * k];
+            nn += c[k];
+            if (c[k]) shl += c[k] * log2_q16(c[k]);
+        }
+        nn = warp_sum64(nn);
+        shl = warp_sum64(shl);
+        bool good = false;
+        U128 scaled{0, 0};
+        if (nn != 0) {
+            u64 raw = (8 * nn) << FRAC_BITS;
+            u64 ideal = nn * log2_q16(nn) - shl;
+            u64 b1 = raw + nn;
+            u64 bound = b1 > ideal ? b1 - ideal : 0;
+            bool skip = (bound << 6) < raw || scaled_le(bound, nbk, ns, table_cost);
+            if (!skip) {
+                u8* codes = sh.codes[warp];
+                u32 span;
+                warp_normalize([&](u32 s) { return (u64)row[s]; }, [](u32) { return true; }, codes, nullptr, &span);
+                // cost under the table (anchor frequency: 4096 - the others)
+                u32 other = 0;
+                for (u32 s = lane; s < 256; s += 32) {
+                    u32 cd = codes[s];
+                    if (cd != ANCHOR) other += code_to_freq(cd);
+                }
+                other = (u32)warp_sum64(other);
+                u64 cost = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    u32 cd = codes[lane + 32 * k];
+                    u32 f = cd == ANCHOR ? PROB_SCALE - other : code_to_freq(cd);
+                    cost += c[k] * code_len(f);
+                }
+                cost = warp_sum64(cost);
+                if (cost <= raw) {
+                    u64 saving = raw - cost;
+                    scaled = div128(mul64(saving, nbk), ns);
+                    bool over = scaled.hi != 0 || scaled.lo > table_cost;
+                    good = (saving << 6) >= raw && over;
+                }
+            }
+        }
+        if (lane == 0) {
+            ok[e] = good;
+            sc_hi[e] = scaled.hi;
+            sc_lo[e] = scaled.lo;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int best = -1;
+        for (int e = 0; e < 256; e++) {
+            if (!ok[e]) continue;
+            if (best < 0 || lt128(U128{sc_hi[best], sc_lo[best]}, U128{sc_hi[e], sc_lo[e]})) best = e;
+        }
+        sh.seed = best < 0 ? 0 : 0x100 | best;
+    }
+    __syncthreads();
+    u32 pick = sh.seed;
+    if (pick && warp == 0) {
+        u32 e = pick & 255;
+        const u32* row = joint + e * 256;
+        u8* codes = sh.codes[0];
+        u32 span;
+                warp_normalize([&](u32 s) { return (u64)row[s]; }, [](u32) { return true; }, codes, nullptr, &span);
+        if (lane == 0) {
+            u32 at = ((u32*)out)[3];
+            out[at++] = 0;
+            out[at++] = 255;
+            for (int s = 0; s < 256; s++) out[at++] = codes[s];
+            ((u32*)out)[3] = at;
+            ((u32*)out)[1] = pick;
+        }
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* __restrict__ jobs, SearchParams params) {
+    __shared__ Shared sh;
+    const SearchJob job = jobs[blockIdx.x];
+    u8* out = (u8*)job.out;
+    if (threadIdx.x == 0) {
+        ((u32*)out)[0] = 0;
+        ((u32*)out)[1] = 0;
+        ((u32*)out)[2] = 0;
+        ((u32*)out)[3] = OUT_HEAD;
+    }
+    Layout L = layout((u8*)job.scratch, job.n_sampled, params.max_tables);
+    if (L.bytes > job.scratch_len || params.max_tables > 64 || params.max_tables == 0 || job.n_sampled == 0) {
+        if (threadIdx.x == 0) ((u32*)out)[2] = 1;
+        return;
+    }
+    __syncthreads();
+    u32 kept = cluster(sh, job, L, params.max_tables, params.threshold, out);
+    if (threadIdx.x == 0) ((u32*)out)[0] = kept;
+    __syncthreads();
+    if (kept == 0 && job.joint != 0) conditional(sh, job, out);
+}
