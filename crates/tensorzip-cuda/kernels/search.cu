@@ -27,6 +27,8 @@ typedef unsigned char u8;
 #define ANCHOR 255
 #define SEL_RAW 255
 #define NO_COST 0xffffffffffffffffull
+#define NONE 0xffff
+#define CL_ABSENT 0xffffffffu
 
 struct SearchJob {
     u64 hists;     // u32[256] histogram of the plane in sampled block 0; block i at hists + 4 * i * stride
@@ -149,11 +151,9 @@ struct Shared {
     u8 absent[256];    // whether the table lacks the support symbol
     u8 syms[256];      // the support
     u8 codes[NW][256]; // one normalisation's codes per warp
-    u64 full[256];     // a normalisation's counts by symbol
-    u64 sums[256];     // a table's summed counts over the support (Lloyd step)
-    u8 mark[256];      // the support by symbol
-    u8 old[256];       // a table's codes before its Lloyd step
-    u16 oldf[256];
+    u16 col_of[256];   // each symbol's support column, NONE outside the support
+    u32 dirty[64];     // tables whose cost columns are to be computed
+    u32 ndirty;
     u32 nsyms;
     u32 nb;
     u32 seed;
@@ -199,11 +199,11 @@ __device__ u32 block_scan32(Shared& sh, u32 v, u32* total) {
 // ---- normalisation (`FreqTable::normalize`) on one warp ----
 
 // The table of the counts `count(s)` with the symbols `forced(s)` present whatever their count:
-// codes to `codes` (256 bytes, 0 where absent), each symbol's frequency to `freq` if not null.
-// Returns false where the counts sum to 0 (the core's `None`). Lane l owns symbols l + 32k.
-// `*span` gets the serialised length (2 + hi - lo + 1).
+// codes to `codes` (256 bytes, 0 where absent), the anchor's frequency to `*afreq` and the
+// serialised length (2 + hi - lo + 1) to `*span`. Returns false, writing no codes, where the counts
+// sum to 0 (the core's `None`). Lane l owns symbols l + 32k.
 template <typename C, typename F>
-__device__ bool warp_normalize(C count, F forced, u8* codes, u16* freq, u32* span) {
+__device__ bool warp_normalize(C count, F forced, u8* codes, u32* span, u32* afreq) {
     const u32 lane = threadIdx.x & 31;
     u64 c[8];
     bool pres[8];
@@ -290,8 +290,8 @@ __device__ bool warp_normalize(C count, F forced, u8* codes, u16* freq, u32* spa
     for (int k = 0; k < 8; k++) {
         u32 s = lane + 32 * k;
         codes[s] = (u8)code[k];
-        if (freq) freq[s] = code[k] == 0 ? 0 : code[k] == ANCHOR ? (u16)(PROB_SCALE - sum) : (u16)code_to_freq(code[k]);
     }
+    *afreq = PROB_SCALE - sum;
     __syncwarp();
     return true;
 }
@@ -314,6 +314,8 @@ struct Layout {
     u8* codes[2];  // [T][256]
     u16* freq[2];  // [T][256]
     u32* span[2];  // [T] serialised lengths
+    u32* clen[2];  // [T][256] code lengths over the support (CL_ABSENT: not in the table)
+    u64* lsum;     // [T][256] the trial tables' summed counts over the support (Lloyd step)
     u64 bytes;
 };
 
@@ -340,33 +342,47 @@ __device__ Layout layout(u8* base, u64 n, u64 t) {
         l.codes[b] = take(t * 256);
         l.freq[b] = (u16*)take(t * 256 * 2);
         l.span[b] = (u32*)take(t * 4);
+        l.clen[b] = (u32*)take(t * 256 * 4);
     }
     l.rej = take(n);
+    l.lsum = (u64*)take(t * 256 * 8);
     l.bytes = at;
     return l;
 }
 
 // ---- steps of the search ----
 
-// The cost column of table `tj` (codes/freq in bank `k`) into `col`, for blocks `first..first+cnt`.
-__device__ void column(Shared& sh, const Layout& L, const u16* freq, u64* col, u32 nb) {
-    for (u32 i = threadIdx.x; i < sh.nsyms; i += NT) {
-        u32 f = freq[sh.syms[i]];
-        sh.absent[i] = f == 0;
-        sh.cl[i] = f == 0 ? 0 : code_len(f);
-    }
+// The cost columns (bank k) of the tables listed in `sh.dirty`: one thread per block, the table's
+// code lengths read by every thread alike (broadcast).
+__device__ void columns(Shared& sh, const Layout& L, int k, u32 nb) {
     __syncthreads();
+    const u32 ns = sh.nsyms, nd = sh.ndirty;
     for (u32 b = threadIdx.x; b < nb; b += NT) {
-        u64 acc = 0;
-        bool miss = false;
-        for (u32 i = 0; i < sh.nsyms; i++) {
-            u32 h = L.rows[(u64)i * nb + b];
-            acc += (u64)h * sh.cl[i];
-            miss |= h != 0 && sh.absent[i];
+        for (u32 d = 0; d < nd; d++) {
+            const u32 j = sh.dirty[d];
+            const u32* cl = L.clen[k] + (u64)j * 256;
+            u64 acc = 0;
+            bool miss = false;
+            for (u32 i = 0; i < ns; i++) {
+                u32 h = L.rows[(u64)i * nb + b];
+                u32 l = cl[i];
+                if (l == CL_ABSENT) miss |= h != 0;
+                else acc += (u64)h * l;
+            }
+            L.col[k][(u64)j * nb + b] = miss ? NO_COST : acc;
         }
-        col[b] = miss ? NO_COST : acc;
     }
     __syncthreads();
+}
+
+// The cost column of table j of bank k alone.
+__device__ void column(Shared& sh, const Layout& L, int k, u32 j, u32 nb) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sh.dirty[0] = j;
+        sh.ndirty = 1;
+    }
+    columns(sh, L, k, nb);
 }
 
 // The least cost over columns 0..nt of bank k and the choices from it.
@@ -391,24 +407,49 @@ __device__ void least_and_choice(const Layout& L, int k, u32 nt, u32 nb, u32 thr
     __syncthreads();
 }
 
-// Normalises the support counts `sum` (u64 per support column) with every support symbol present
-// into table j of bank k, on warp 0; the others wait. Returns false (all threads) for a zero sum.
+// The table of the support counts `sum` (u64 per support column) with every support symbol
+// present, normalised by the calling warp into its codes row `sh.codes[warp]`; `*span`, `*afreq`
+// as `warp_normalize`. False (nothing written) for a zero sum.
+__device__ bool warp_support_table(Shared& sh, const u64* sum, u32* span, u32* afreq) {
+    return warp_normalize(
+        [&](u32 s) {
+            u32 c = sh.col_of[s];
+            return c == NONE ? 0ull : sum[c];
+        },
+        [&](u32 s) { return sh.col_of[s] != NONE; }, sh.codes[threadIdx.x >> 5], span, afreq);
+}
+
+// Stores the calling warp's codes row as table j of bank k: codes, frequencies, code lengths over
+// the support, serialised length.
+__device__ void warp_commit(Shared& sh, const Layout& L, u32 span, u32 afreq, int k, u32 j) {
+    const u32 lane = threadIdx.x & 31;
+    const u8* tmp = sh.codes[threadIdx.x >> 5];
+    u8* codes = L.codes[k] + (u64)j * 256;
+    u16* freq = L.freq[k] + (u64)j * 256;
+    u32* clen = L.clen[k] + (u64)j * 256;
+    for (u32 s = lane; s < 256; s += 32) {
+        u32 c = tmp[s];
+        codes[s] = (u8)c;
+        freq[s] = (u16)(c == 0 ? 0 : c == ANCHOR ? afreq : code_to_freq(c));
+    }
+    for (u32 i = lane; i < sh.nsyms; i += 32) {
+        u32 c = tmp[sh.syms[i]];
+        u32 f = c == 0 ? 0 : c == ANCHOR ? afreq : code_to_freq(c);
+        clen[i] = f == 0 ? CL_ABSENT : code_len(f);
+    }
+    if (lane == 0) L.span[k][j] = span;
+    __syncwarp();
+}
+
+// Table j of bank k from the support counts `sum`, on warp 0 (the block waits); false for a zero
+// sum.
 __device__ bool support_table(Shared& sh, const Layout& L, const u64* sum, int k, u32 j) {
     __syncthreads();
     if (threadIdx.x < 32) {
-        // The support columns spread back to their symbols; every support symbol is present
-        // (forced), also where these counts have none of it.
-        for (u32 s = threadIdx.x; s < 256; s += 32) { sh.full[s] = 0; sh.mark[s] = 0; }
-        __syncwarp();
-        for (u32 i = threadIdx.x; i < sh.nsyms; i += 32) { sh.full[sh.syms[i]] = sum[i]; sh.mark[sh.syms[i]] = 1; }
-        __syncwarp();
-        u32 span = 0;
-        bool ok = warp_normalize([&](u32 s) { return sh.full[s]; }, [&](u32 s) { return sh.mark[s] != 0; },
-                                 L.codes[k] + (u64)j * 256, L.freq[k] + (u64)j * 256, &span);
-        if (threadIdx.x == 0) {
-            sh.flag = ok;
-            if (ok) L.span[k][j] = span;
-        }
+        u32 span = 0, afreq = 0;
+        bool ok = warp_support_table(sh, sum, &span, &afreq);
+        if (ok) warp_commit(sh, L, span, afreq, k, j);
+        if (threadIdx.x == 0) sh.flag = ok;
     }
     __syncthreads();
     bool ok = sh.flag != 0;
@@ -435,6 +476,7 @@ __device__ void copy_bank(const Layout& L, int from, int to, u32 nt, u32 nb) {
         L.from[to][i] = L.from[from][i];
         L.codes[to][i] = L.codes[from][i];
         L.freq[to][i] = L.freq[from][i];
+        L.clen[to][i] = L.clen[from][i];
     }
     for (u32 j = threadIdx.x; j < nt; j += NT) {
         L.fromv[to][j] = L.fromv[from][j];
@@ -543,6 +585,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         if (seen) sh.syms[at] = (u8)s;
         __syncthreads();
         if (seen) sh.total[at] = t;
+        if (s < 256) sh.col_of[s] = seen ? (u16)at : (u16)NONE;
         if (threadIdx.x == 0) sh.nsyms = tot;
         __syncthreads();
     }
@@ -574,7 +617,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     u32 nt = 1;
     support_table(sh, L, sh.total, cur, 0);
     if (threadIdx.x == 0) L.fromv[cur][0] = 0;
-    column(sh, L, L.freq[cur], L.col[cur], nb);
+    column(sh, L, cur, 0, nb);
     least_and_choice(L, cur, 1, nb, thr);
     for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;
     __syncthreads();
@@ -632,7 +675,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
             support_table(sh, L, seed_counts, tr, nt);
             if (threadIdx.x == 0) L.fromv[tr][nt] = 0;
         }
-        column(sh, L, L.freq[tr] + (u64)nt * 256, L.col[tr] + (u64)nt * nb, nb);
+        column(sh, L, tr, nt, nb);
         {
             u64 c = L.col[tr][(u64)nt * nb + seed];
             u64 seed_cost = c != NO_COST && stays_coded(c, L.lens[seed], thr) ? c : raw_cost(L.lens[seed]);
@@ -657,46 +700,54 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
             }
         }
         __syncthreads();
-        // Lloyd step(s): each table (but 0) renormalised from the summed counts of its blocks.
+        // Lloyd step(s): each table (but 0) renormalised from the summed counts of the blocks
+        // that chose it. The sums of every table in one pass (one warp per support column, eight
+        // tables at a time in registers); then one warp per table: a table whose sums are those it
+        // was made from stays as it is, one whose sums are zero too; a changed one gets its
+        // column again.
         for (int it = 0; it < 1; it++) {
-            bool changed = false;
-            for (u32 j = 1; j < tn; j++) {
-                // Sums of table j's blocks over the support, one warp per support column.
-                u64* sums = sh.sums;
+            for (u32 g = 1; g < tn; g += 8) {
                 for (u32 i = warp; i < ns; i += NW) {
-                    u64 a = 0;
-                    for (u32 b = lane; b < nb; b += 32)
-                        if (L.cs[tr][b] == j) a += L.rows[(u64)i * nb + b];
-                    a = warp_sum64(a);
-                    if (lane == 0) sums[i] = a;
+                    u64 acc[8];
+#pragma unroll
+                    for (int t = 0; t < 8; t++) acc[t] = 0;
+                    for (u32 b = lane; b < nb; b += 32) {
+                        u32 sel = L.cs[tr][b];
+                        u64 v = L.rows[(u64)i * nb + b];
+#pragma unroll
+                        for (int t = 0; t < 8; t++) acc[t] += sel == g + t ? v : 0;
+                    }
+#pragma unroll
+                    for (int t = 0; t < 8; t++) {
+                        u64 a = warp_sum64(acc[t]);
+                        if (lane == 0 && g + t < tn) L.lsum[(u64)(g + t) * 256 + i] = a;
+                    }
                 }
-                __syncthreads();
-                // Unchanged sums: the table is what they normalise to.
-                bool same = L.fromv[tr][j] != 0;
-                if (same) {
-                    bool diff = false;
-                    for (u32 i = threadIdx.x; i < ns; i += NT) diff |= L.from[tr][(u64)j * 256 + i] != sums[i];
-                    same = !block_any(diff);
-                } else {
-                    __syncthreads();
-                }
-                if (same) continue;
-                // The table's codes before, to tell whether it changed (a zero sum leaves it as
-                // it was: the normalisation writes nothing then).
-                for (u32 s = threadIdx.x; s < 256; s += NT) sh.old[s] = L.codes[tr][(u64)j * 256 + s];
-                __syncthreads();
-                if (!support_table(sh, L, sums, tr, j)) continue;
-                bool diff = false;
-                for (u32 s = threadIdx.x; s < 256; s += NT) diff |= L.codes[tr][(u64)j * 256 + s] != sh.old[s];
-                if (block_any(diff)) {
-                    column(sh, L, L.freq[tr] + (u64)j * 256, L.col[tr] + (u64)j * nb, nb);
-                    changed = true;
-                }
-                for (u32 i = threadIdx.x; i < ns; i += NT) L.from[tr][(u64)j * 256 + i] = sums[i];
-                if (threadIdx.x == 0) L.fromv[tr][j] = 1;
-                __syncthreads();
             }
-            if (!changed) break;
+            if (threadIdx.x == 0) sh.ndirty = 0;
+            __syncthreads();
+            for (u32 j = 1 + warp; j < tn; j += NW) {
+                const u64* sum = L.lsum + (u64)j * 256;
+                u64* made = L.from[tr] + (u64)j * 256;
+                if (L.fromv[tr][j]) {
+                    bool diff = false;
+                    for (u32 i = lane; i < ns; i += 32) diff |= made[i] != sum[i];
+                    if (!__any_sync(FULL, diff)) continue;
+                }
+                u32 span = 0, afreq = 0;
+                if (!warp_support_table(sh, sum, &span, &afreq)) continue;
+                bool diff = false;
+                for (u32 s = lane; s < 256; s += 32) diff |= sh.codes[warp][s] != L.codes[tr][(u64)j * 256 + s];
+                if (__any_sync(FULL, diff)) {
+                    warp_commit(sh, L, span, afreq, tr, j);
+                    if (lane == 0) sh.dirty[atomicAdd(&sh.ndirty, 1)] = j;
+                }
+                for (u32 i = lane; i < ns; i += 32) made[i] = sum[i];
+                if (lane == 0) L.fromv[tr][j] = 1;
+            }
+            __syncthreads();
+            if (sh.ndirty == 0) break;
+            columns(sh, L, tr, nb);
             least_and_choice(L, tr, tn, nb, thr);
         }
         // Accept if the saving, scaled to the plane, beats the added table bytes.
@@ -783,20 +834,14 @@ __device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
             bool skip = (bound << 6) < raw || scaled_le(bound, nbk, ns, table_cost);
             if (!skip) {
                 u8* codes = sh.codes[warp];
-                u32 span;
-                warp_normalize([&](u32 s) { return (u64)row[s]; }, [](u32) { return true; }, codes, nullptr, &span);
-                // cost under the table (anchor frequency: 4096 - the others)
-                u32 other = 0;
-                for (u32 s = lane; s < 256; s += 32) {
-                    u32 cd = codes[s];
-                    if (cd != ANCHOR) other += code_to_freq(cd);
-                }
-                other = (u32)warp_sum64(other);
+                u32 span, afreq;
+                warp_normalize([&](u32 s) { return (u64)row[s]; }, [](u32) { return true; }, codes, &span, &afreq);
+                // the cost of the row under its table
                 u64 cost = 0;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     u32 cd = codes[lane + 32 * k];
-                    u32 f = cd == ANCHOR ? PROB_SCALE - other : code_to_freq(cd);
+                    u32 f = cd == ANCHOR ? afreq : code_to_freq(cd);
                     cost += c[k] * code_len(f);
                 }
                 cost = warp_sum64(cost);
@@ -829,8 +874,8 @@ __device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
         u32 e = pick & 255;
         const u32* row = joint + e * 256;
         u8* codes = sh.codes[0];
-        u32 span;
-                warp_normalize([&](u32 s) { return (u64)row[s]; }, [](u32) { return true; }, codes, nullptr, &span);
+        u32 span, afreq;
+        warp_normalize([&](u32 s) { return (u64)row[s]; }, [](u32) { return true; }, codes, &span, &afreq);
         if (lane == 0) {
             u32 at = ((u32*)out)[3];
             out[at++] = 0;

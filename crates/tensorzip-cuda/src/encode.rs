@@ -5,17 +5,19 @@
 //! Steps, all on the engine's stream:
 //! 1. `tz_hist_*` counts each tensor's sampled blocks per plane (and the joint counts of the
 //!    conditioned plane).
-//! 2. The host downloads those counts (`sample_blocks` x planes x 1 KiB at most per tensor) and runs
-//!    the core's `model_from_counts` (the same code as the CPU engine, so the tables are identical),
-//!    for all tensors in parallel. Table choice is a sequential search over the sampled histograms;
-//!    it stays on the host.
+//! 2. `tz_search` (kernels/search.cu, `src/search.rs`) chooses every plane's tables from those
+//!    counts, one thread block per plane, by the core's own integer decisions (so the tables are the
+//!    CPU engine's), and only the tables are downloaded (a few KiB per plane); the host parses and
+//!    checks them and builds each blob's head and the kernel's tables. With
+//!    `TENSORZIP_DEV_HOST_SEARCH=1` (or more than 8192 sampled blocks, `search::MAX_SAMPLED`)
+//!    the counts are downloaded instead and the host runs the core's `model_from_counts`.
 //! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes.
 //! 4. `tz_place` checks the sizes and sums them into each chunk's place in its blob, and
 //!    `tz_compact` moves the payloads there, on the device; meanwhile the host reads the reports
 //!    back, checks them again and writes the directories; each blob's header, tables and directory
 //!    are uploaded in front.
 //!
-//! Host synchronisations: one after step 1 (the counts), one after the last wave's reports (a wave
+//! Host synchronisations: one after step 2 (the tables), one after the last wave's reports (a wave
 //! is as many chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is one wave), one at the
 //! end. None per chunk or per wave.
 
@@ -986,15 +988,18 @@ impl GpuEngine {
         let bad_ptr = bad.device_ptr_mut(&s).0;
         let host_down = &pinned.as_slice()?[..down_u32];
         trace("sample counts");
-        // The encoders' scratch, allocated and zeroed now, so that the GPU does it while the host
-        // searches the tables below (between the search and the encode kernel, where it was, the
-        // 1 GiB call took 0.4-1.2 ms longer on an H200). Big enough for the largest wave of any
-        // launch group (`wave_end`).
+        // The encoders' scratch, big enough for the largest wave of any launch group
+        // (`wave_end`). Not zeroed: the encode kernel writes every byte the compaction stores
+        // before it is read (on an H200 the zeroing of 1 GiB's 2.5 GiB of slots was 0.63 ms of
+        // the call, once the table search had moved to the GPU and no longer hid it). Checked on
+        // the H200 (2026-12-02): the encoder's GPU tests give the CPU's blobs also with the
+        // scratch filled with 0xAB.
         let scratch_need = scratch_bytes(&groups, limit, |i| {
             (counting[i].slot_bytes, counting[i].header.n_chunks())
         });
         // 16 bytes of padding: the compaction reads a little past a slot's end.
-        let mut scratch = s.alloc_zeros::<u8>(scratch_need as usize + 16)?;
+        // SAFETY: plain bytes, every one the kernels use written by them first (above).
+        let mut scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
         trace("scratch");
         // The models: from the GPU search's tables, or by the CPU engine's own search, all tensors
         // in parallel. With a trace on, each tensor's host span is printed too (the slowest one is

@@ -75,8 +75,9 @@ pub(crate) fn scratch_bytes(n: u64, max_tables: u64) -> u64 {
         + r(t)
         + r(t * 256)
         + r(t * 256 * 2)
-        + r(t * 4);
-    r(256 * n * 4) + r(n * 4) + r(n * 4) + r(n * 8) + 2 * per_bank + r(n)
+        + r(t * 4)
+        + r(t * 256 * 4);
+    r(256 * n * 4) + r(n * 4) + r(n * 4) + r(n * 8) + 2 * per_bank + r(n) + r(t * 256 * 8)
 }
 
 /// Bytes of a job's output: a 16-byte head, then up to `max_tables` tables and the conditional
@@ -192,9 +193,12 @@ pub(crate) unsafe fn queue(
         .map(|p| scratch_bytes(p.n_sampled as u64, t))
         .collect();
     let total: u64 = sizes.iter().sum();
-    let mut scratch = s.alloc::<u8>(total.max(16) as usize)?;
+    // SAFETY: plain bytes; the kernel writes every scratch entry before it reads it.
+    let mut scratch = unsafe { s.alloc::<u8>(total.max(16) as usize) }?;
     let stride = (out_bytes(t) / 4) as usize;
-    let mut outs = s.alloc::<u32>((stride * planes.len()).max(1))?;
+    // Zeroed (a few KiB a plane): the whole buffer is downloaded, also the bytes past each
+    // plane's tables.
+    let mut outs = s.alloc_zeros::<u32>((stride * planes.len()).max(1))?;
     let (sp, op) = (scratch.device_ptr_mut(s).0, outs.device_ptr_mut(s).0);
     let mut at = 0u64;
     let jobs: Vec<SearchJob> = planes
