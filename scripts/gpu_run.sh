@@ -3,7 +3,8 @@
 # the anchors, gpu-wheels/: the anchor wheels copied by gpu_build.sh):
 #   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, GPU encode == CPU encode,
 #                                 CRC-32 == zlib, CPU == GPU on corrupted blobs) and the engine crate's
-#                                 unit tests (the encoder's placement refusing forged chunk reports)
+#                                 unit tests (the encoder's placement refusing forged chunk reports,
+#                                 the GPU table search equal to the core's)
 #   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases)
 #   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
 #                                 and the anchors on the same bytes; a markdown table at the end
@@ -50,7 +51,7 @@ if [[ $what == sanitize || $what == all ]]; then
     if [[ -n $san ]]; then
         TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
             --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs gpu_encodes gpu_crc gpu_copies gpu_reads || rc=1
-        "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 placement || rc=1
+        "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 placement search || rc=1
     else
         echo "compute-sanitizer not found"; rc=1
     fi
