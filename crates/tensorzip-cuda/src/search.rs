@@ -537,6 +537,50 @@ mod tests {
         assert!(seen.iter().all(|&n| n > 0), "outcomes {seen:?}");
     }
 
+    /// Whatever bytes the kernel might leave, parsing them gives tables or an error, never a panic:
+    /// random buffers of every length up to a plane's output, and plausible heads (table count,
+    /// conditional word, written length) over random or mostly valid table bytes.
+    #[test]
+    fn parsing_any_output_never_panics() {
+        let mut r = rng(99);
+        let full = out_bytes(8) as usize;
+        for i in 0..20_000 {
+            let len = (r() % (full as u64 + 1)) as usize;
+            let mut out: Vec<u8> = (0..len).map(|_| r() as u8).collect();
+            if i % 2 == 0 && len >= 16 {
+                let head = [
+                    (r() % 10) as u32,
+                    if r().is_multiple_of(2) {
+                        0
+                    } else {
+                        0x100 | (r() % 256) as u32
+                    },
+                    r().is_multiple_of(3) as u32,
+                    (r() % (len as u64 + 8)) as u32,
+                ];
+                for (k, w) in head.iter().enumerate() {
+                    out[4 * k..4 * k + 4].copy_from_slice(&w.to_le_bytes());
+                }
+                // Tables that are mostly valid: lo <= hi, an anchor, small codes.
+                let mut at = 16;
+                while at + 2 < len && !r().is_multiple_of(4) {
+                    let lo = (r() % 200) as u8;
+                    let hi = lo.saturating_add((r() % 40) as u8);
+                    out[at] = lo;
+                    out[at + 1] = hi;
+                    let end = (at + 2 + (hi - lo) as usize + 1).min(len);
+                    for (k, b) in out[at + 2..end].iter_mut().enumerate() {
+                        *b = if k == 0 { 255 } else { (r() % 3) as u8 };
+                    }
+                    at = end;
+                }
+            }
+            for (max_tables, cond) in [(8, false), (8, true), (0, true), (64, false)] {
+                let _ = parse_out(&out, max_tables, cond);
+            }
+        }
+    }
+
     #[test]
     fn output_that_fails_a_check_is_an_error() {
         let mut out = vec![0u8; out_bytes(8) as usize];

@@ -296,6 +296,30 @@ fn gpu_encodes_the_cpu_engines_bytes_for_every_dtype_and_shape() {
     );
 }
 
+/// Tensors of many sampled blocks: 8192 (the most the GPU's table search takes: its loops over
+/// more blocks than a thread block has threads) and 9000 (the host searches them instead), for
+/// bf16 and fp32 with 32-unit blocks; the blobs must be the CPU's either way.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_tensors_of_many_sampled_blocks() {
+    let eng = engine();
+    for dtype in [DType::BF16, DType::F32] {
+        let n = 300_000usize;
+        let (_, data) = cases(dtype, n, 7).swap_remove(0);
+        for sample_blocks in [8192usize, 9000] {
+            let opts = CompressOptions {
+                block_units: 32,
+                sample_blocks,
+                ..Default::default()
+            };
+            let shape = [n as u64];
+            let cpu = compress(&data, dtype, &shape, &opts).unwrap();
+            let gpu = eng.compress_host(&data, dtype, &shape, &opts).unwrap();
+            assert!(gpu == cpu, "{dtype} with {sample_blocks} sampled blocks");
+        }
+    }
+}
+
 /// Waves of at most 1 MiB of scratch (three chunk slots of bf16): the sample model's tensors span
 /// many waves, and tensors start and end inside them, as a call of more than ~3 GiB does with the
 /// default; the blobs must be the CPU's all the same.
