@@ -112,17 +112,21 @@ pub(crate) fn parse_out(out: &[u8], max_tables: usize, conditioned: bool) -> Res
     if kept > max_tables || end > out.len() || end < 16 {
         return bad(&format!("{kept} tables ending at byte {end}"));
     }
+    // The format's parser, its errors reported as the kernel's (not as a corrupt blob's).
+    let parse = |bytes: &[u8]| {
+        FreqTable::parse(bytes).map_err(|e| Error::Kernel(format!("table search output: {e}")))
+    };
     let mut at = 16;
     let mut tables = Vec::with_capacity(kept);
     for _ in 0..kept {
-        let (t, used) = FreqTable::parse(&out[at..end])?;
+        let (t, used) = parse(&out[at..end])?;
         tables.push(t);
         at += used;
     }
     let cond = match cond {
         0 => None,
         c if c >> 8 == 1 && conditioned && kept == 0 => {
-            let (t, used) = FreqTable::parse(&out[at..end])?;
+            let (t, used) = parse(&out[at..end])?;
             if t.freq.contains(&0) {
                 return bad("a conditional table without every symbol");
             }
@@ -607,10 +611,10 @@ mod tests {
         let mut o = out.clone();
         put(&mut o, 3, 21);
         assert!(parse_out(&o, 8, false).is_err());
-        // An invalid table (two anchors).
+        // An invalid table (two anchors): the kernel's error, not a blob's.
         let mut o = out.clone();
         o[19] = 255;
-        assert!(parse_out(&o, 8, false).is_err());
+        assert!(matches!(parse_out(&o, 8, false), Err(Error::Kernel(_))));
         // A conditional table where none was asked for, or beside tables.
         let mut o = out.clone();
         put(&mut o, 1, 0x105);
