@@ -60,8 +60,11 @@ __device__ __forceinline__ bool scaled_le(u64 a, u64 b, u64 c, u64 d) {
     if (d == NO_COST) rhs.hi += c; // (2^64) * c
     return lt128(lhs, rhs);
 }
-// floor(x / d) for a 128-bit x and d > 0 (restoring division, one bit a step: rare calls).
-__device__ U128 div128(U128 x, u64 d) {
+// floor(x / d) for a 128-bit x and d > 0 (restoring division, one bit a step: rare calls). Not
+// inlined, like `log2_q16`: inlined at every call site (the normaliser's eight unrolled symbols in
+// each of its instantiations) they made the cubin 1.46 MB and its NVRTC compile ~37 s on the
+// development VM; out of line 0.82 MB and ~14 s.
+__device__ __noinline__ U128 div128(U128 x, u64 d) {
     U128 q{0, 0};
     u64 r = 0;
     for (int i = 127; i >= 0; i--) {
@@ -79,7 +82,7 @@ __device__ U128 div128(U128 x, u64 d) {
 // ---- the core's integer logarithms and code lengths (src/rans/log2.rs) ----
 
 // floor(log2(v) * 2^16) for v >= 1, by repeated squaring.
-__device__ u64 log2_q16(u64 v) {
+__device__ __noinline__ u64 log2_q16(u64 v) {
     u32 ip = 63 - __clzll(v);
     u64 m = ip <= 62 ? v << (62 - ip) : v >> 1; // in [2^62, 2^63): [1, 2)
     u64 frac = 0;
