@@ -909,6 +909,10 @@ impl GpuEngine {
                     &planes,
                     opts.max_tables as u32,
                     opts.threshold_q16() as u32,
+                    // A sixteenth of the encoder's wave limit: 256 MiB by default (~200 bf16
+                    // planes a launch); smaller waves, as in the many-waves test, give
+                    // launches of a plane or a few.
+                    self.wave_bytes() / 16,
                 )
             }?;
             let n = q.outs.len();

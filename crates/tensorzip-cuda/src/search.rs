@@ -56,6 +56,7 @@ struct SearchParams {
 unsafe impl DeviceRepr for SearchJob {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for SearchParams {}
+const _: () = assert!(std::mem::size_of::<SearchJob>() == 56);
 
 /// Most tables a plane may have (the format's limit, `blob::MAX_TABLES`; the kernel's too).
 const MAX_TABLES: u64 = tensorzip::blob::MAX_TABLES as u64;
@@ -178,11 +179,32 @@ pub(crate) struct Queued {
     stride: usize,
 }
 
-/// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`).
+/// The planes each launch searches: runs of consecutive planes whose scratch (`sizes`) adds up to
+/// at most `limit` bytes, one plane at least. One scratch buffer as large as the largest run serves
+/// every launch in turn (they follow each other on the stream), so a call's search memory stays
+/// bounded however many tensors it has.
+pub(crate) fn launch_groups(sizes: &[u64], limit: u64) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, &size) in sizes.iter().enumerate() {
+        if i > start && bytes + size > limit {
+            groups.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < sizes.len() {
+        groups.push(start..sizes.len());
+    }
+    groups
+}
+
+/// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`), in launches whose
+/// scratch is at most `limit` bytes ([`launch_groups`]).
 ///
 /// # Safety
 /// Every address in `planes` is device memory of this context, alive until the stream has run
-/// the launch: `n_sampled` histograms of 256 u32, `stride` u32 apart, and (where not 0) 65536
+/// the launches: `n_sampled` histograms of 256 u32, `stride` u32 apart, and (where not 0) 65536
 /// u32 of joint counts.
 pub(crate) unsafe fn queue(
     f: &CudaFunction,
@@ -190,53 +212,62 @@ pub(crate) unsafe fn queue(
     planes: &[Plane],
     max_tables: u32,
     threshold: u32,
+    limit: u64,
 ) -> Result<Queued> {
     let t = max_tables as u64;
     let sizes: Vec<u64> = planes
         .iter()
         .map(|p| scratch_bytes(p.n_sampled as u64, t))
         .collect();
-    let total: u64 = sizes.iter().sum();
+    let groups = launch_groups(&sizes, limit);
+    let largest = groups
+        .iter()
+        .map(|g| sizes[g.clone()].iter().sum::<u64>())
+        .max()
+        .unwrap_or(0);
     // SAFETY: plain bytes; the kernel writes every scratch entry before it reads it.
-    let mut scratch = unsafe { s.alloc::<u8>(total.max(16) as usize) }?;
+    let mut scratch = unsafe { s.alloc::<u8>(largest.max(16) as usize) }?;
     let stride = (out_bytes(t) / 4) as usize;
     // Zeroed (a few KiB a plane): the whole buffer is downloaded, also the bytes past each
     // plane's tables.
     let mut outs = s.alloc_zeros::<u32>((stride * planes.len()).max(1))?;
     let (sp, op) = (scratch.device_ptr_mut(s).0, outs.device_ptr_mut(s).0);
-    let mut at = 0u64;
-    let jobs: Vec<SearchJob> = planes
-        .iter()
-        .zip(&sizes)
-        .enumerate()
-        .map(|(i, (p, &size))| {
-            let job = SearchJob {
+    let mut jobs = Vec::with_capacity(planes.len());
+    for g in &groups {
+        // Each launch's planes from the start of the one scratch.
+        let mut at = 0u64;
+        for i in g.clone() {
+            let p = &planes[i];
+            jobs.push(SearchJob {
                 hists: p.hists,
                 scratch: sp + at,
-                scratch_len: size,
+                scratch_len: sizes[i],
                 out: op + (i * stride * 4) as u64,
                 joint: p.joint,
                 n_blocks: p.n_blocks,
                 n_sampled: p.n_sampled,
                 stride: p.stride,
-            };
-            at += size;
-            job
-        })
-        .collect();
+            });
+            at += sizes[i];
+        }
+    }
     let jobs_dev = s.clone_htod(&jobs)?;
-    // SAFETY: the histograms and joint counts are the caller's promise; every scratch and output
-    // range above lies inside `scratch` and `outs`, which `Queued` keeps.
-    unsafe {
-        launch(
-            f,
-            s,
-            jobs_dev.device_ptr(s).0,
-            planes.len() as u32,
-            max_tables,
-            threshold,
-        )
-    }?;
+    let base = jobs_dev.device_ptr(s).0;
+    for g in &groups {
+        // SAFETY: the histograms and joint counts are the caller's promise; every scratch and
+        // output range above lies inside `scratch` and `outs`, which `Queued` keeps; launches of
+        // one stream run one after the other, so each has the scratch to itself.
+        unsafe {
+            launch(
+                f,
+                s,
+                base + (g.start * std::mem::size_of::<SearchJob>()) as u64,
+                g.len() as u32,
+                max_tables,
+                threshold,
+            )
+        }?;
+    }
     Ok(Queued {
         _jobs: jobs_dev,
         _scratch: scratch,
@@ -421,7 +452,12 @@ mod tests {
     }
 
     /// Runs the search kernel on planes given as host histograms and returns its parsed outputs.
-    fn gpu_search(planes: &[TestPlane], max_tables: usize, threshold: u32) -> Vec<PlaneTables> {
+    fn gpu_search(
+        planes: &[TestPlane],
+        max_tables: usize,
+        threshold: u32,
+        limit: u64,
+    ) -> Vec<PlaneTables> {
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
         let units = units();
@@ -446,7 +482,7 @@ mod tests {
             keep.push((h, joint_dev));
         }
         // SAFETY: the histograms and joint counts above live until the synchronisation below.
-        let q = unsafe { queue(&f, &s, &list, max_tables as u32, threshold) }.unwrap();
+        let q = unsafe { queue(&f, &s, &list, max_tables as u32, threshold, limit) }.unwrap();
         let down = s.clone_dtoh(&q.outs).unwrap();
         s.synchronize().unwrap();
         drop(keep);
@@ -524,7 +560,10 @@ mod tests {
         let mut seen = [0usize; 5];
         for max_tables in [8usize, 1, 3, 64] {
             for threshold in [62259u32, 65536, 1] {
-                let gpu = gpu_search(&planes, max_tables, threshold);
+                // One launch for all planes, or (with one of the thresholds) one launch per
+                // plane, all sharing one scratch.
+                let limit = if threshold == 65536 { 0 } else { u64::MAX };
+                let gpu = gpu_search(&planes, max_tables, threshold, limit);
                 for (i, ((h, nbk, j), g)) in planes.iter().zip(&gpu).enumerate() {
                     let cpu = cpu_search(h, *nbk, j.as_deref(), max_tables, threshold);
                     seen[g.tables.len().min(3)] += 1;
@@ -539,6 +578,35 @@ mod tests {
         }
         // The cases reach every outcome (else the comparison above could pass on trivial ones).
         assert!(seen.iter().all(|&n| n > 0), "outcomes {seen:?}");
+    }
+
+    #[test]
+    fn launch_groups_cover_the_planes_in_order_within_the_limit() {
+        let sizes = [5u64, 5, 5, 20, 1, 1, 9];
+        assert_eq!(
+            launch_groups(&sizes, 10),
+            vec![0..2, 2..3, 3..4, 4..6, 6..7]
+        );
+        assert_eq!(launch_groups(&sizes, 11), vec![0..2, 2..3, 3..4, 4..7]);
+        assert_eq!(
+            launch_groups(&sizes, 0),
+            (0..7).map(|i| i..i + 1).collect::<Vec<_>>()
+        );
+        assert_eq!(launch_groups(&sizes, u64::MAX), vec![0..7]);
+        assert!(launch_groups(&[], 10).is_empty());
+        // Every run within the limit unless it is one plane; runs in order, covering all.
+        let mut r = rng(5);
+        for _ in 0..1000 {
+            let sizes: Vec<u64> = (0..(r() % 40)).map(|_| r() % 100).collect();
+            let limit = r() % 300;
+            let g = launch_groups(&sizes, limit);
+            assert_eq!(g.iter().map(|g| g.len()).sum::<usize>(), sizes.len());
+            for (k, run) in g.iter().enumerate() {
+                assert!(!run.is_empty());
+                assert_eq!(run.start, if k == 0 { 0 } else { g[k - 1].end });
+                assert!(run.len() == 1 || sizes[run.clone()].iter().sum::<u64>() <= limit);
+            }
+        }
     }
 
     /// Whatever bytes the kernel might leave, parsing them gives tables or an error, never a panic:
