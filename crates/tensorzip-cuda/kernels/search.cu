@@ -671,7 +671,8 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         int tr = 1 - cur;
         copy_bank(L, cur, tr, nt, nb);
         {
-            // support counts of the seed row into sh.total's spare: use v-array in global `from` slot nt
+            // The seed's row over the support, kept in the trial bank's free `from` slot (the
+            // candidate's own: it was made from no sums yet).
             u64* seed_counts = L.from[tr] + (u64)nt * 256;
             for (u32 i = threadIdx.x; i < ns; i += NT) seed_counts[i] = L.rows[(u64)i * nb + seed];
             __syncthreads();
