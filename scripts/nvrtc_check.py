@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Compiles the CUDA kernels with NVRTC for sm_90 on a machine without a GPU (this development VM),
+the way the engine does at run time (`crates/tensorzip-cuda/src/compile.rs`: `kernels/smem.cuh` in
+front, `--std=c++17 -lineinfo`, each compile unit by its `TZ_UNIT` value), so that a kernel that
+does not compile is found before a device call is spent on it. NVRTC comes from the
+`nvidia-cuda-nvrtc-cu12` wheel, installed into target/nvrtc-venv on first use.
+
+    scripts/nvrtc_check.py                  every unit of every kernel source
+    scripts/nvrtc_check.py FILE.cu [UNIT]   one source (a variant, e.g. for TENSORZIP_DEV_*_SRC)
+
+Prints each unit's cubin size and compile time; exits non-zero on the first compile error (its log
+printed)."""
+import ctypes
+import glob
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "crates/tensorzip-cuda/kernels")
+VENV = os.path.join(ROOT, "target/nvrtc-venv")
+# Units per source: -1 the common kernels, 0.. one per variant (plan::KERNELS: 7,
+# encode::VARIANTS: 7); the search has one unit.
+UNITS = {"decode.cu": range(-1, 7), "encode.cu": range(-1, 7), "search.cu": [-1]}
+
+
+def nvrtc():
+    libs = glob.glob(os.path.join(VENV, "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*"))
+    if not libs:
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run([os.path.join(VENV, "bin/pip"), "install", "-q", "nvidia-cuda-nvrtc-cu12"], check=True)
+        libs = glob.glob(os.path.join(VENV, "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*"))
+    libs = [l for l in libs if "alt" not in os.path.basename(l)]
+    return ctypes.CDLL(libs[0])
+
+
+def compile_unit(lib, name, src, unit):
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None) != 0:
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = [b"--gpu-architecture=sm_90", b"--std=c++17", b"-lineinfo", f"-DTZ_UNIT={unit}".encode()]
+    t = time.time()
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    took = time.time() - t
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    cubin = ctypes.c_size_t()
+    if rc == 0:
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin))
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc, log.value.decode(errors="replace"), cubin.value, took
+
+
+def main():
+    lib = nvrtc()
+    smem = open(os.path.join(KERNELS, "smem.cuh")).read()
+    if len(sys.argv) > 1:
+        path = sys.argv[1]
+        units = [int(sys.argv[2])] if len(sys.argv) > 2 else UNITS.get(os.path.basename(path), [-1])
+        todo = [(path, units)]
+    else:
+        todo = [(os.path.join(KERNELS, f), u) for f, u in UNITS.items()]
+    for path, units in todo:
+        src = smem + open(path).read()
+        for unit in units:
+            rc, log, size, took = compile_unit(lib, os.path.basename(path), src, unit)
+            if rc != 0:
+                print(f"{path} unit {unit}: compile failed\n{log}")
+                sys.exit(1)
+            print(f"{os.path.basename(path)} unit {unit:2}: cubin {size:8} bytes, {took:5.1f} s")
+
+
+if __name__ == "__main__":
+    main()
