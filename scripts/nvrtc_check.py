@@ -3,13 +3,15 @@
 the way the engine does at run time (`crates/tensorzip-cuda/src/compile.rs`: `kernels/smem.cuh` in
 front, `--std=c++17 -lineinfo`, each compile unit by its `TZ_UNIT` value), so that a kernel that
 does not compile is found before a device call is spent on it. NVRTC comes from the
-`nvidia-cuda-nvrtc-cu12` wheel, installed into target/nvrtc-venv on first use.
+`nvidia-cuda-nvrtc-cu12` wheel: the running interpreter's, or one installed into target/nvrtc-venv
+on first use. scripts/test.sh runs it (CI has no GPU: this is where the kernels are compiled).
 
     scripts/nvrtc_check.py                  every unit of every kernel source
     scripts/nvrtc_check.py FILE.cu [UNIT]   one source (a variant, e.g. for TENSORZIP_DEV_*_SRC)
 
 Prints each unit's cubin size and compile time; exits non-zero on the first compile error (its log
 printed)."""
+import concurrent.futures
 import ctypes
 import glob
 import os
@@ -26,7 +28,18 @@ UNITS = {"decode.cu": range(-1, 7), "encode.cu": range(-1, 7), "search.cu": [-1]
 
 
 def nvrtc():
-    libs = glob.glob(os.path.join(VENV, "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*"))
+    # The running interpreter's NVRTC wheel if it has one (scripts/test.sh installs it into the
+    # project's .venv), else our own venv's, installed now if missing.
+    libs = []
+    try:
+        import nvidia.cuda_nvrtc  # noqa: F401  (a namespace package: its path is what we need)
+
+        for d in nvidia.cuda_nvrtc.__path__:
+            libs += glob.glob(os.path.join(d, "lib/libnvrtc.so.*"))
+    except ImportError:
+        pass
+    if not libs:
+        libs = glob.glob(os.path.join(VENV, "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*"))
     if not libs:
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
         subprocess.run([os.path.join(VENV, "bin/pip"), "install", "-q", "nvidia-cuda-nvrtc-cu12"], check=True)
@@ -63,10 +76,12 @@ def main():
         todo = [(path, units)]
     else:
         todo = [(os.path.join(KERNELS, f), u) for f, u in UNITS.items()]
-    for path, units in todo:
-        src = smem + open(path).read()
-        for unit in units:
-            rc, log, size, took = compile_unit(lib, os.path.basename(path), src, unit)
+    work = [(path, smem + open(path).read(), unit) for path, units in todo for unit in units]
+    # One NVRTC program per unit, on every core (ctypes lets go of the GIL during the compile);
+    # reported in order.
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        done = pool.map(lambda w: compile_unit(lib, os.path.basename(w[0]), w[1], w[2]), work)
+        for (path, _, unit), (rc, log, size, took) in zip(work, done):
             if rc != 0:
                 print(f"{path} unit {unit}: compile failed\n{log}")
                 sys.exit(1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test of the project: formatting, lints, and all test suites (unit, integration, property,
-# corruption, CLI; the Python package's pytest suite with real torch). CI runs exactly this
+# corruption, CLI; the Python package's pytest suite with real torch; the CUDA kernels compiled). CI runs exactly this
 # (.ci/run). GPU tests are skipped with a visible reason on machines without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,3 +24,8 @@ cargo clippy --manifest-path bindings/python/Cargo.toml --release -- -D warnings
 (cd bindings/python && maturin develop --release --quiet)
 # The CLI (target/release/tensorzip, built above) takes part in the file-format tests.
 (cd bindings/python && "$PY" -m pytest tests -q -rs)
+# The CUDA kernels compile: every unit of every .cu source, for sm_90, with NVRTC as the engine
+# compiles them at run time (no GPU needed; NVRTC from its PyPI wheel). CI has no GPU, so this is
+# the only place a kernel that no longer compiles is caught before a device run.
+"$PY" -m pip install -q nvidia-cuda-nvrtc-cu12
+"$PY" scripts/nvrtc_check.py
