@@ -462,15 +462,26 @@ fn scratch_bytes<K>(
         .unwrap_or(0)
 }
 
-/// The end of the wave of chunks that starts at `at` (of `len`), whose slots are `slot(i)` bytes,
-/// and its bytes: slots in order while they fit in `limit` bytes, at least one.
-fn wave_end(at: usize, len: usize, limit: u64, slot: impl Fn(usize) -> u64) -> (usize, u64) {
-    let (mut end, mut bytes) = (at, 0u64);
-    while end < len && (end == at || bytes + slot(end) <= limit) {
-        bytes += slot(end);
-        end += 1;
+/// The waves `len` slots of `slot(i)` bytes are cut into, with each wave's bytes: consecutive
+/// slots while they fit in `limit` bytes, at least one per wave. The encoder's chunks go in such
+/// waves of scratch, and the table search's planes in such launches (`search::queue`).
+pub(crate) fn waves(
+    len: usize,
+    limit: u64,
+    slot: impl Fn(usize) -> u64,
+) -> Vec<(std::ops::Range<usize>, u64)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let (mut end, mut bytes) = (at, 0u64);
+        while end < len && (end == at || bytes + slot(end) <= limit) {
+            bytes += slot(end);
+            end += 1;
+        }
+        out.push((at..end, bytes));
+        at = end;
     }
-    (end, bytes)
+    out
 }
 
 /// Shared memory one thread block may use (the H200 allows 227 KiB).
@@ -933,25 +944,23 @@ impl GpuEngine {
         // The encoder's jobs, prepared and uploaded while the GPU counts (they depend on the
         // tensors' layouts only): per launch group (unit size and transform, stage in shared
         // memory or not) its chunks in tensor and chunk order, in waves that fit the scratch
-        // (`wave_end`); each job with its slot in the wave's scratch and the wave's first job of
+        // (`waves`); each job with its slot in the wave's scratch and the wave's first job of
         // its tensor, from which `tz_place` sums the payloads into places.
         let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
         let limit = self.wave_bytes();
         let mut jobs: Vec<EncJob> = Vec::new();
         // (launch group, the wave's jobs, its scratch bytes)
-        let mut waves: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
+        let mut wave_jobs: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
         for (g, (_, members)) in groups.iter().enumerate() {
             let all: Vec<(usize, u64)> = members
                 .iter()
                 .flat_map(|&i| (0..counting[i].header.n_chunks()).map(move |c| (i, c)))
                 .collect();
-            let mut at = 0;
-            while at < all.len() {
-                let (end, bytes) =
-                    wave_end(at, all.len(), limit, |j| counting[all[j].0].slot_bytes);
+            for (wave, bytes) in waves(all.len(), limit, |j| counting[all[j].0].slot_bytes) {
+                let at = wave.start;
                 let first = jobs.len();
                 let (mut off, mut seg) = (0u64, 0u32);
-                for (w, &(i, c)) in all[at..end].iter().enumerate() {
+                for (w, &(i, c)) in all[wave].iter().enumerate() {
                     if w == 0 || all[at + w - 1].0 != i {
                         seg = w as u32;
                     }
@@ -965,8 +974,7 @@ impl GpuEngine {
                     });
                     off += counting[i].slot_bytes;
                 }
-                waves.push((g, first..jobs.len(), bytes));
-                at = end;
+                wave_jobs.push((g, first..jobs.len(), bytes));
             }
         }
         // The jobs, the reports, the payload bytes placed so far per tensor and the placement
@@ -993,7 +1001,7 @@ impl GpuEngine {
         let host_down = &pinned.as_slice()?[..down_u32];
         trace("sample counts");
         // The encoders' scratch, big enough for the largest wave of any launch group
-        // (`wave_end`). Not zeroed: the encode kernel writes every byte the compaction stores
+        // (`waves`). Not zeroed: the encode kernel writes every byte the compaction stores
         // before it is read (on an H200 the zeroing of 1 GiB's 2.5 GiB of slots was 0.63 ms of
         // the call, once the table search had moved to the GPU and no longer hid it). Checked on
         // the H200 (2026-12-02): the encoder's GPU tests give the CPU's blobs also with the
@@ -1183,9 +1191,9 @@ impl GpuEngine {
         let launched = (|| -> Result<cudarc::driver::CudaEvent> {
             let host = reports.as_mut_slice()?;
             let mut reported = None;
-            for (g, range, bytes) in &waves {
+            for (g, range, bytes) in &wave_jobs {
                 let (f, warps, smem, sb, us) = widths[*g];
-                // `scratch_bytes` bounds every wave (its test shares `wave_end` with the jobs').
+                // `scratch_bytes` bounds every wave (its test shares `waves` with the jobs').
                 if (scratch.len() as u64) < bytes + 16 {
                     return Err(Error::Driver(format!(
                         "encoder scratch of {} bytes is short of a wave of {bytes}",
@@ -1373,16 +1381,41 @@ fn nonempty(mut v: Vec<u32>, n: usize) -> Vec<u32> {
 mod tests {
     use super::*;
 
-    /// The bytes of each wave `compress_batch_device` cuts a group's slots into.
-    fn waves(slots: &[u64], limit: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < slots.len() {
-            let (end, bytes) = wave_end(at, slots.len(), limit, |j| slots[j]);
-            out.push(bytes);
-            at = end;
+    /// The waves of chunks (and the search's launches of planes): in order, covering every slot,
+    /// each within the limit unless it is one slot, and each with its slots' bytes.
+    #[test]
+    fn waves_cover_the_slots_in_order_within_the_limit() {
+        let sizes = [5u64, 5, 5, 20, 1, 1, 9];
+        let ranges = |limit| -> Vec<_> {
+            waves(sizes.len(), limit, |i| sizes[i])
+                .into_iter()
+                .map(|(r, _)| r)
+                .collect()
+        };
+        assert_eq!(ranges(10), vec![0..2, 2..3, 3..4, 4..6, 6..7]);
+        assert_eq!(ranges(11), vec![0..2, 2..3, 3..4, 4..7]);
+        assert_eq!(ranges(0), (0..7).map(|i| i..i + 1).collect::<Vec<_>>());
+        assert_eq!(ranges(u64::MAX), vec![0..7]);
+        assert!(waves(0, 10, |_| 1).is_empty());
+        let mut x = 5u64;
+        let mut r = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        for _ in 0..1000 {
+            let sizes: Vec<u64> = (0..(r() % 40)).map(|_| r() % 100).collect();
+            let limit = r() % 300;
+            let g = waves(sizes.len(), limit, |i| sizes[i]);
+            assert_eq!(g.iter().map(|(w, _)| w.len()).sum::<usize>(), sizes.len());
+            for (k, (w, bytes)) in g.iter().enumerate() {
+                assert!(!w.is_empty());
+                assert_eq!(w.start, if k == 0 { 0 } else { g[k - 1].0.end });
+                assert_eq!(*bytes, sizes[w.clone()].iter().sum::<u64>());
+                assert!(w.len() == 1 || *bytes <= limit);
+            }
         }
-        out
     }
 
     #[test]
@@ -1408,9 +1441,9 @@ mod tests {
                         .filter(|t| t.0 == g)
                         .flat_map(|&(_, s, n)| std::iter::repeat_n(s, n as usize))
                         .collect();
-                    largest_wave = waves(&slots, limit)
+                    largest_wave = waves(slots.len(), limit, |j| slots[j])
                         .into_iter()
-                        .fold(largest_wave, u64::max);
+                        .fold(largest_wave, |m, (_, bytes)| m.max(bytes));
                 }
                 assert!(need >= largest_wave, "{case:?}: {need} < {largest_wave}");
                 // Not more than the largest group needs at most (its total, or one wave's bound).

@@ -179,28 +179,11 @@ pub(crate) struct Queued {
     stride: usize,
 }
 
-/// The planes each launch searches: runs of consecutive planes whose scratch (`sizes`) adds up to
-/// at most `limit` bytes, one plane at least. One scratch buffer as large as the largest run serves
-/// every launch in turn (they follow each other on the stream), so a call's search memory stays
-/// bounded however many tensors it has.
-pub(crate) fn launch_groups(sizes: &[u64], limit: u64) -> Vec<std::ops::Range<usize>> {
-    let mut groups = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (i, &size) in sizes.iter().enumerate() {
-        if i > start && bytes + size > limit {
-            groups.push(start..i);
-            (start, bytes) = (i, 0);
-        }
-        bytes += size;
-    }
-    if start < sizes.len() {
-        groups.push(start..sizes.len());
-    }
-    groups
-}
-
-/// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`), in launches whose
-/// scratch is at most `limit` bytes ([`launch_groups`]).
+/// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`), in launches of
+/// consecutive planes whose scratch adds up to at most `limit` bytes, one plane at least (cut as the
+/// encoder cuts its chunks into waves, `encode::waves`). One scratch buffer as large as the largest
+/// launch's serves every launch in turn (they follow each other on the stream), so a call's search
+/// memory stays bounded however many tensors it has.
 ///
 /// # Safety
 /// Every address in `planes` is device memory of this context, alive until the stream has run
@@ -219,12 +202,8 @@ pub(crate) unsafe fn queue(
         .iter()
         .map(|p| scratch_bytes(p.n_sampled as u64, t))
         .collect();
-    let groups = launch_groups(&sizes, limit);
-    let largest = groups
-        .iter()
-        .map(|g| sizes[g.clone()].iter().sum::<u64>())
-        .max()
-        .unwrap_or(0);
+    let groups = crate::encode::waves(sizes.len(), limit, |i| sizes[i]);
+    let largest = groups.iter().map(|g| g.1).max().unwrap_or(0);
     // SAFETY: plain bytes; the kernel writes every scratch entry before it reads it.
     let mut scratch = unsafe { s.alloc::<u8>(largest.max(16) as usize) }?;
     let stride = (out_bytes(t) / 4) as usize;
@@ -233,7 +212,7 @@ pub(crate) unsafe fn queue(
     let mut outs = s.alloc_zeros::<u32>((stride * planes.len()).max(1))?;
     let (sp, op) = (scratch.device_ptr_mut(s).0, outs.device_ptr_mut(s).0);
     let mut jobs = Vec::with_capacity(planes.len());
-    for g in &groups {
+    for (g, _) in &groups {
         // Each launch's planes from the start of the one scratch.
         let mut at = 0u64;
         for i in g.clone() {
@@ -253,7 +232,7 @@ pub(crate) unsafe fn queue(
     }
     let jobs_dev = s.clone_htod(&jobs)?;
     let base = jobs_dev.device_ptr(s).0;
-    for g in &groups {
+    for (g, _) in &groups {
         // SAFETY: the histograms and joint counts are the caller's promise; every scratch and
         // output range above lies inside `scratch` and `outs`, which `Queued` keeps; launches of
         // one stream run one after the other, so each has the scratch to itself.
@@ -578,35 +557,6 @@ mod tests {
         }
         // The cases reach every outcome (else the comparison above could pass on trivial ones).
         assert!(seen.iter().all(|&n| n > 0), "outcomes {seen:?}");
-    }
-
-    #[test]
-    fn launch_groups_cover_the_planes_in_order_within_the_limit() {
-        let sizes = [5u64, 5, 5, 20, 1, 1, 9];
-        assert_eq!(
-            launch_groups(&sizes, 10),
-            vec![0..2, 2..3, 3..4, 4..6, 6..7]
-        );
-        assert_eq!(launch_groups(&sizes, 11), vec![0..2, 2..3, 3..4, 4..7]);
-        assert_eq!(
-            launch_groups(&sizes, 0),
-            (0..7).map(|i| i..i + 1).collect::<Vec<_>>()
-        );
-        assert_eq!(launch_groups(&sizes, u64::MAX), vec![0..7]);
-        assert!(launch_groups(&[], 10).is_empty());
-        // Every run within the limit unless it is one plane; runs in order, covering all.
-        let mut r = rng(5);
-        for _ in 0..1000 {
-            let sizes: Vec<u64> = (0..(r() % 40)).map(|_| r() % 100).collect();
-            let limit = r() % 300;
-            let g = launch_groups(&sizes, limit);
-            assert_eq!(g.iter().map(|g| g.len()).sum::<usize>(), sizes.len());
-            for (k, run) in g.iter().enumerate() {
-                assert!(!run.is_empty());
-                assert_eq!(run.start, if k == 0 { 0 } else { g[k - 1].end });
-                assert!(run.len() == 1 || sizes[run.clone()].iter().sum::<u64>() <= limit);
-            }
-        }
     }
 
     /// Whatever bytes the kernel might leave, parsing them gives tables or an error, never a panic:
