@@ -61,7 +61,7 @@ __device__ __forceinline__ bool scaled_le(u64 a, u64 b, u64 c, u64 d) {
     return lt128(lhs, rhs);
 }
 // floor(x / d) for a 128-bit x and d > 0 (restoring division, one bit a step: rare calls). Not
-// inlined, like `log2_q16`: inlined at every call site (the normaliser's eight unrolled symbols in
+// inlined, like `log2_q16_exact`: inlined at every call site (the normaliser's eight unrolled symbols in
 // each of its instantiations) they made the cubin 1.46 MB and its NVRTC compile ~37 s on the
 // development VM; out of line 0.82 MB and ~14 s.
 __device__ __noinline__ U128 div128(U128 x, u64 d) {
@@ -82,7 +82,7 @@ __device__ __noinline__ U128 div128(U128 x, u64 d) {
 // ---- the core's integer logarithms and code lengths (src/rans/log2.rs) ----
 
 // floor(log2(v) * 2^16) for v >= 1, by repeated squaring.
-__device__ __noinline__ u64 log2_q16(u64 v) {
+__device__ __noinline__ u64 log2_q16_exact(u64 v) {
     u32 ip = 63 - __clzll(v);
     u64 m = ip <= 62 ? v << (62 - ip) : v >> 1; // in [2^62, 2^63): [1, 2)
     u64 frac = 0;
@@ -97,6 +97,20 @@ __device__ __noinline__ u64 log2_q16(u64 v) {
     }
     return ((u64)ip << FRAC_BITS) | frac;
 }
+// log2_q16 of 0..=65536 (index 0 holds 0), filled once per loaded module by `tz_log2_init`
+// (src/search.rs `load` launches it before any search): nearly every logarithm the search takes is
+// of a count of at most 65536 (a block's length), and a lookup replaces the ~130 instructions of
+// the squaring loop (40% of the search's instructions, 25% of its stall samples, in an ncu profile
+// of 1 GiB of bf16 on the H200). The core does the same (`log2::log2_small`).
+__device__ u32 LOG2_SMALL[65537];
+
+__device__ __forceinline__ u64 log2_q16(u64 v) { return v <= 65536 ? (u64)LOG2_SMALL[v] : log2_q16_exact(v); }
+
+extern "C" __global__ void __launch_bounds__(1024) tz_log2_init() {
+    for (u32 v = blockIdx.x * blockDim.x + threadIdx.x; v <= 65536; v += gridDim.x * blockDim.x)
+        LOG2_SMALL[v] = v == 0 ? 0u : (u32)log2_q16_exact(v);
+}
+
 // Code length in Q16 bits of frequency f (1..=4096).
 __device__ __forceinline__ u32 code_len(u32 f) { return (u32)((12ull << FRAC_BITS) - log2_q16(f)); }
 
@@ -912,4 +926,143 @@ extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* _
     if (threadIdx.x == 0) ((u32*)out)[0] = kept;
     __syncthreads();
     if (kept == 0 && job.joint != 0) conditional(sh, job, out);
+}
+
+// ---- the encoder's tables from the search's outputs (`tz_enc_tables`) ----
+//
+// One block of 256 threads per plane reads the plane's output (the search's, or the host's in the
+// same layout where the host searched: src/search.rs `write_out`) and writes its tables in the
+// encode kernel's form into their fixed slots, so that the encode kernel follows the search on the
+// stream with no host round trip in between. Every check of the format's table parser
+// (`FreqTable::parse`) and of the host's `parse_out` is made again: a plane whose output fails one
+// gets no tables (its planes stay raw) and adds nothing to its blob's head, and the host, which
+// parses the same bytes while the encoder runs, refuses the call (and compares what this kernel
+// wrote into the tensors' parameters with its own parse).
+
+#define SEL_CONST 254u
+
+struct TablesJob {
+    u64 out;         // the plane's output (`out_bytes` bytes)
+    u64 n_tables;    // u32*: its tensor's EncParams.n_tables[plane]
+    u64 cond_plane;  // u32*: EncParams.cond_plane (written only where the plane gets a conditional table)
+    u64 cond_value;  // u32*: EncParams.cond_value (likewise)
+    u64 head;        // u64*: EncParams.dst_base, to which the plane's serialised tables' bytes are added
+    u64 const_sel;   // u8[256]: the plane's selector of a constant block of each byte value
+    u32 table;       // the plane's first table slot; its conditional table's is table + max_tables
+    u32 plane;       // the plane's index in its tensor
+    u32 conditioned; // whether the plane may have a conditional table
+    u32 pad;
+};
+
+struct TablesParams {
+    u32 max_tables;
+    u32 out_bytes; // bytes of one plane's output
+};
+
+// Exclusive prefix sum of one value per thread of a 256-thread block; `*total` gets the sum.
+__device__ u32 scan256_excl(u32 v, u32* total) {
+    __shared__ u32 warp_tot[8];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 x = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        u32 y = __shfl_up_sync(FULL, x, d);
+        if (lane >= (u32)d) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) warp_tot[warp] = x;
+    __syncthreads();
+    u32 before = 0, all = 0;
+#pragma unroll
+    for (u32 w = 0; w < 8; w++) {
+        before += w < warp ? warp_tot[w] : 0;
+        all += warp_tot[w];
+    }
+    *total = all;
+    return before + x - v;
+}
+
+// Checks and expands the table serialised at out[at..end) into slot `slot`: per symbol
+// (frequency | cumulative << 16, floor(2^32 / frequency)) and its code length, and the table's
+// info word (1 << 31 | symbol for a one-symbol table). `all_present`: a conditional table, which
+// must have every symbol. Returns the serialised length, or 0 if the table is invalid (the same
+// outputs as `FreqTable::parse`), and the one symbol of a one-symbol table in `*single` (else -1).
+// Called by all threads with the same arguments.
+__device__ u32 expand_table(const u8* out, u32 at, u32 end, u32 slot, bool all_present, uint2* fcs, u32* cls,
+                            u32* info, int* single) {
+    if (at + 2 > end) return 0;
+    const u32 lo = out[at], hi = out[at + 1];
+    if (lo > hi) return 0;
+    const u32 len = 3 + hi - lo;
+    if (at + len > end) return 0;
+    const u32 s = threadIdx.x;
+    const u32 code = (s >= lo && s <= hi) ? (u32)out[at + 2 + s - lo] : 0u;
+    bool bad = code > 207 && code != ANCHOR;
+    bad |= (s == lo || s == hi || all_present) && code == 0;
+    const int n_bad = __syncthreads_count(bad);
+    const int n_anchor = __syncthreads_count(code == ANCHOR);
+    if (n_bad != 0 || n_anchor != 1) return 0;
+    u32 f = (code == 0 || code == ANCHOR) ? 0u : code_to_freq(code);
+    u32 sum;
+    scan256_excl(f, &sum);
+    if (sum >= PROB_SCALE) return 0;
+    if (code == ANCHOR) f = PROB_SCALE - sum;
+    const u32 cum = scan256_excl(f, &sum);
+    const u32 r = f == 0 ? 0u : f == 1 ? 0xffffffffu : (u32)((1ull << 32) / f);
+    fcs[(u64)slot * 256 + s] = make_uint2(f | cum << 16, r);
+    cls[(u64)slot * 256 + s] = f == 0 ? CL_ABSENT : code_len(f);
+    if (s == 0) {
+        info[slot] = lo == hi ? (1u << 31 | lo) : 0u;
+        *single = lo == hi ? (int)lo : -1;
+    }
+    __syncthreads();
+    return len;
+}
+
+extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob* __restrict__ jobs, TablesParams P,
+                                                                uint2* __restrict__ fcs, u32* __restrict__ cls,
+                                                                u32* __restrict__ info) {
+    __shared__ int single[64];
+    const TablesJob job = jobs[blockIdx.x];
+    const u8* out = (const u8*)job.out;
+    const u32* head = (const u32*)job.out;
+    const u32 kept = head[0], cond = head[1], status = head[2], end = head[3];
+    bool ok = status == 0 && kept <= P.max_tables && P.max_tables <= 64 && end >= 16 && end <= P.out_bytes;
+    u32 at = 16;
+    for (u32 k = 0; ok && k < kept; k++) {
+        const u32 len = expand_table(out, at, end, job.table + k, false, fcs, cls, info, &single[k]);
+        ok = len != 0;
+        at += len;
+    }
+    bool has_cond = false;
+    if (ok && cond != 0) {
+        ok = (cond >> 8) == 1 && job.conditioned && kept == 0;
+        int unused;
+        const u32 len = ok ? expand_table(out, at, end, job.table + P.max_tables, true, fcs, cls, info, &unused) : 0u;
+        ok = len != 0;
+        at += len;
+        has_cond = ok;
+    }
+    ok = ok && at == end;
+    has_cond = has_cond && ok;
+    __syncthreads();
+    // The selector of a constant block of byte value v: the first one-symbol table of v, else the
+    // constant mode (`model::const_selector`).
+    u32 pick = SEL_CONST;
+    for (u32 k = 0; ok && k < kept; k++)
+        if (single[k] == (int)threadIdx.x) {
+            pick = k;
+            break;
+        }
+    ((u8*)job.const_sel)[threadIdx.x] = (u8)pick;
+    if (threadIdx.x == 0) {
+        *(u32*)job.n_tables = ok ? kept : 0u;
+        if (has_cond) {
+            *(u32*)job.cond_plane = job.plane;
+            *(u32*)job.cond_value = cond & 255u;
+        }
+        // The plane's bytes in the blob's head: its table count, its tables, and 0 or (1, value)
+        // before the conditional table (`Model::write_tables`).
+        if (ok) atomicAdd((unsigned long long*)job.head, (unsigned long long)(1 + (end - 16) + (has_cond ? 2 : 1)));
+    }
 }

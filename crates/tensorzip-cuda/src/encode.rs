@@ -7,19 +7,23 @@
 //!    conditioned plane).
 //! 2. `tz_search` (kernels/search.cu, `src/search.rs`) chooses every plane's tables from those
 //!    counts, one thread block per plane, by the core's own integer decisions (so the tables are the
-//!    CPU engine's), and only the tables are downloaded (a few KiB per plane); the host parses and
-//!    checks them and builds each blob's head and the kernel's tables. With
+//!    CPU engine's), and `tz_enc_tables` expands them into the encode kernel's form and writes each
+//!    tensor's table counts and payload start into its parameters, on the device. With
 //!    `TENSORZIP_DEV_HOST_SEARCH=1` (or more than 8192 sampled blocks, `search::MAX_SAMPLED`)
-//!    the counts are downloaded instead and the host runs the core's `model_from_counts`.
+//!    the counts are downloaded instead, the host runs the core's `model_from_counts` and uploads
+//!    its tables in the search's output layout.
 //! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes.
+//!    Meanwhile the host downloads the search's few KiB of tables, parses and checks them with the
+//!    format's parser and writes each blob's header and tables from them.
 //! 4. `tz_place` checks the sizes and sums them into each chunk's place in its blob, and
 //!    `tz_compact` moves the payloads there, on the device; meanwhile the host reads the reports
-//!    back, checks them again and writes the directories; each blob's header, tables and directory
-//!    are uploaded in front.
+//!    back, checks them again, checks that the device's table counts and payload starts are its
+//!    own, and writes the directories; each blob's header, tables and directory are uploaded in
+//!    front.
 //!
-//! Host synchronisations: one after step 2 (the tables), one after the last wave's reports (a wave
-//! is as many chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is one wave), one at the
-//! end. None per chunk or per wave.
+//! Host synchronisations: one for the search's tables (while the encoder runs), one after the last
+//! wave's reports (a wave is as many chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is
+//! one wave), one at the end. None between the search and the encoder, none per chunk or per wave.
 
 use rayon::prelude::*;
 
@@ -29,14 +33,12 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme, SEL_CONST};
+use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme};
 use tensorzip::encoder::{check_len, stored_header};
-use tensorzip::model::{const_selector, model_from_counts, Model, Sampling};
-use tensorzip::rans::log2::code_len_table;
-use tensorzip::rans::table::FreqTable;
+use tensorzip::model::{model_from_counts, write_plane_tables, Sampling};
 use tensorzip::{CompressOptions, DType};
 
-use crate::engine::{staged_len, DeviceWrites, Plain, Staging};
+use crate::engine::{staged_len, DeviceWrites, Plain};
 
 use crate::engine::GpuEngine;
 use crate::error::{Error, Result};
@@ -138,9 +140,10 @@ pub(crate) struct EncodeKernels {
     compact: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
-    /// The table search (`tz_search`, kernels/search.cu), compiled on first use.
+    /// The table search and the expansion of its tables (`tz_search`, `tz_enc_tables`,
+    /// kernels/search.cu), compiled on first use.
     search_units: crate::compile::Units,
-    search: std::sync::OnceLock<CudaFunction>,
+    search: std::sync::OnceLock<(CudaFunction, CudaFunction)>,
 }
 
 /// (unit size, exponent bits) of each kernel instantiation, and its name suffix.
@@ -190,15 +193,12 @@ impl EncodeKernels {
         })
     }
 
-    /// `tz_search`, compiled or loaded on the first call.
-    fn search(&self, eng: &GpuEngine) -> Result<&CudaFunction> {
+    /// `tz_search` and `tz_enc_tables`, compiled or loaded on the first call.
+    fn search(&self, eng: &GpuEngine) -> Result<&(CudaFunction, CudaFunction)> {
         if let Some(f) = self.search.get() {
             return Ok(f);
         }
-        let f = self
-            .search_units
-            .common(eng.context())?
-            .load_function("tz_search")?;
+        let f = crate::search::load(&self.search_units, eng.context(), eng.stream())?;
         Ok(self.search.get_or_init(|| f))
     }
 
@@ -300,93 +300,6 @@ pub struct DeviceTensor {
     pub nbytes: usize,
     pub dtype: DType,
     pub shape: Vec<u64>,
-}
-
-/// Every table of a batch in the encoder kernel's form: per symbol (frequency | cumulative << 16,
-/// floor(2^32 / frequency)) and the code length; per table whether it has one symbol; per tensor and
-/// plane the selector of a constant block of each byte value.
-#[derive(Default)]
-struct DeviceTables {
-    fcs: Vec<u32>,
-    cls: Vec<u32>,
-    info: Vec<u32>,
-    const_sel: Vec<u8>,
-}
-
-impl DeviceTables {
-    fn push(&mut self, t: &FreqTable) {
-        let cl = code_len_table();
-        let cum = t.cumulative();
-        for (&f, &c) in t.freq.iter().zip(&cum) {
-            let f = f as u32;
-            // The reciprocal of the CPU's packed encoder table: x / f is (x * r) >> 32 or one more.
-            let r = match f {
-                0 => 0,
-                1 => u32::MAX,
-                _ => ((1u64 << 32) / f as u64) as u32,
-            };
-            self.fcs.push(f | c << 16);
-            self.fcs.push(r);
-            // Code lengths are below 12 << 16; absent symbols are marked u32::MAX.
-            self.cls.push(if f == 0 {
-                u32::MAX
-            } else {
-                cl[f as usize] as u32
-            });
-        }
-        self.info.push(if t.is_single() {
-            1 << 31 | t.single_symbol() as u32
-        } else {
-            0
-        });
-    }
-
-    /// Appends a tensor's tables; fills the table fields of `p`.
-    fn add(&mut self, model: &Model, dtype: DType, p: &mut EncParams) {
-        let at = self.const_sel.len();
-        self.const_sel.resize(at + 8 * 256, SEL_CONST);
-        for (q, pm) in model.planes.iter().enumerate() {
-            p.table_base[q] = self.info.len() as u32;
-            p.n_tables[q] = pm.tables.len() as u32;
-            for tab in &pm.tables {
-                self.push(tab);
-            }
-            for v in 0..256 {
-                self.const_sel[at + q * 256 + v] = const_selector(v as u8, &pm.tables);
-            }
-            if let (Some((value, tab)), Some((_, src))) = (&pm.cond, dtype.conditioned_plane()) {
-                p.cond_plane = q as u32;
-                p.cond_src = src as u32;
-                p.cond_value = *value as u32;
-                p.cond_table = self.info.len() as u32;
-                self.push(tab);
-            }
-        }
-    }
-}
-
-/// Stages `parts` as one array (each part starts where the previous one ended: the caller's parts
-/// are whole 16-byte steps, which `Staging::push`'s alignment keeps contiguous, and this checks it),
-/// or `empty` if they are all empty, and returns its offset.
-fn push_joined<'a, T: Plain + 'a>(
-    st: &mut Staging<'_>,
-    parts: impl Iterator<Item = &'a [T]>,
-    empty: &[T],
-) -> Result<usize> {
-    let start = st.push::<T>(&[]);
-    let mut end = start;
-    for part in parts {
-        if st.push(part) != end {
-            return Err(Error::Driver(
-                "encoder tables are not whole 16-byte steps".into(),
-            ));
-        }
-        end += std::mem::size_of_val(part);
-    }
-    if end == start {
-        st.push(empty);
-    }
-    Ok(start)
 }
 
 fn variant(dtype: DType) -> Result<usize> {
@@ -560,6 +473,8 @@ struct Coded {
     blob: CudaSlice<u8>,
     dir: Vec<u8>,
     total: u64,
+    /// The plane that may have a conditional table.
+    may_condition: Option<usize>,
 }
 
 impl GpuEngine {
@@ -704,6 +619,8 @@ impl GpuEngine {
         // Device buffers that kernels still read are kept until the final synchronisation.
         let mut keep_alive = Vec::new();
         let mut keep_picks = Vec::new();
+        let mut keep_search: Option<crate::search::Queued> = None;
+        let mut keep_host_outs: Option<CudaSlice<u32>> = None;
         // Blob heads and stored blobs, written together at the end.
         let mut writes = DeviceWrites::default();
         // 1. Counts of the sampled blocks: one launch per unit size for every tensor's picks.
@@ -882,17 +799,36 @@ impl GpuEngine {
             keep_picks.push((picks, jobs_dev));
         }
         trace("count kernels");
-        // 2. The tables: searched on the GPU (`tz_search`, one thread block per plane) and only
-        // its few KiB of tables downloaded, or, with `TENSORZIP_DEV_HOST_SEARCH=1` or more sampled
-        // blocks than the search's scratch is sized for, every count downloaded and searched by
-        // the host (the core's `model_from_counts`). Both give the same tables.
+        // 2. The tables: searched on the GPU (`tz_search`, one thread block per plane), or, with
+        // `TENSORZIP_DEV_HOST_SEARCH=1` or more sampled blocks than the search's scratch is sized
+        // for, by the host from the downloaded counts (the core's `model_from_counts`, written out
+        // in the search's output layout and uploaded). Both give the same tables. Then
+        // `tz_enc_tables` expands every plane's output into the encode kernel's tables, in fixed
+        // slots (plane `g` of the call: slots `g * (max_tables + 1)` on, its conditional table in
+        // the last), and writes each tensor's table counts, conditional plane and payload start
+        // into its parameters: the encoder follows the search on the stream with no host round
+        // trip (which was ~0.4-0.5 ms of a 1 GiB call with the GPU idle). The host parses the same
+        // outputs while the encoder runs, writes the blob heads from them, and refuses the call if
+        // they fail a check or disagree with what the device wrote.
+        let t_max = opts.max_tables as u64;
+        let plane_first: Vec<usize> = counting
+            .iter()
+            .scan(0, |at, c| {
+                let first = *at;
+                *at += c.header.planes();
+                Some(first)
+            })
+            .collect();
+        let n_planes: usize = counting.iter().map(|c| c.header.planes()).sum();
+        let conditioned =
+            |c: &Counting, p: usize| c.joint_at.is_some() && c.params.joint_plane as usize == p;
         let gpu_search = std::env::var_os("TENSORZIP_DEV_HOST_SEARCH").is_none_or(|v| v == "0")
             && counting
                 .iter()
                 .all(|c| c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED);
-        let mut searches = None;
-        let down_u32 = if gpu_search {
-            let mut planes = Vec::new();
+        let (search_f, tables_f) = k.search(self)?;
+        let outs_dev = if gpu_search {
+            let mut planes = Vec::with_capacity(n_planes);
             for c in &counting {
                 let us = c.header.planes();
                 for p in 0..us {
@@ -902,9 +838,7 @@ impl GpuEngine {
                         n_sampled: c.sampling.picks.len() as u32,
                         n_blocks: c.sampling.n_blocks,
                         joint: match c.joint_at {
-                            Some(j) if c.params.joint_plane as usize == p => {
-                                counts_ptr + 4 * j as u64
-                            }
+                            Some(j) if conditioned(c, p) => counts_ptr + 4 * j as u64,
                             _ => 0,
                         },
                     });
@@ -915,7 +849,7 @@ impl GpuEngine {
             // frees only after the search (stream-ordered) below.
             let q = unsafe {
                 crate::search::queue(
-                    k.search(self)?,
+                    search_f,
                     &s,
                     &planes,
                     opts.max_tables as u32,
@@ -926,22 +860,54 @@ impl GpuEngine {
                     self.wave_bytes() / 16,
                 )
             }?;
-            let n = q.outs.len();
-            searches = Some(q);
-            n
+            keep_search = Some(q);
+            &keep_search.as_ref().expect("just set").outs
         } else {
-            total_u32
+            let spans_from = trace_spans.then(std::time::Instant::now);
+            let mut pinned = self.pinned_u32(total_u32)?;
+            s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..total_u32])?;
+            s.synchronize()?;
+            let host_down = &pinned.as_slice()?[..total_u32];
+            let outs: Vec<Vec<u32>> = counting
+                .par_iter()
+                .map(|c| {
+                    let n = c.sampling.picks.len() * c.header.planes() * 256;
+                    let flat = &host_down[c.hist_at..c.hist_at + n];
+                    // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat` holds a
+                    // whole number of them.
+                    let counts: &[[u32; 256]] = unsafe {
+                        std::slice::from_raw_parts(
+                            flat.as_ptr() as *const [u32; 256],
+                            flat.len() / 256,
+                        )
+                    };
+                    let joint = |_: usize, _: usize| match c.joint_at {
+                        Some(j) => host_down[j..j + 65536].to_vec(),
+                        None => vec![0; 65536],
+                    };
+                    let model = model_from_counts(&c.header, opts, &c.sampling, counts, joint);
+                    model
+                        .planes
+                        .iter()
+                        .flat_map(|pm| {
+                            crate::search::write_out(&pm.tables, pm.cond.as_ref(), t_max)
+                        })
+                        .collect()
+                })
+                .collect();
+            drop(pinned);
+            if let Some(t) = spans_from {
+                eprintln!(
+                    "gpu encode: host table search {:.3} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            keep_host_outs = Some(s.clone_htod(&outs.concat())?);
+            keep_host_outs.as_ref().expect("just set")
         };
-        let mut pinned = self.pinned_u32(down_u32)?;
-        match &searches {
-            Some(q) => s.memcpy_dtoh(&q.outs, &mut pinned.as_mut_slice()?[..down_u32])?,
-            None => s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..down_u32])?,
-        }
-        let counted = s.record_event(Some(
-            cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-        ))?;
+        trace("search");
         drop(counts_dev);
-        // The encoder's jobs, prepared and uploaded while the GPU counts (they depend on the
+        // The encoder's jobs, prepared while the GPU counts and searches (they depend on the
         // tensors' layouts only): per launch group (unit size and transform, stage in shared
         // memory or not) its chunks in tensor and chunk order, in waves that fit the scratch
         // (`waves`); each job with its slot in the wave's scratch and the wave's first job of
@@ -977,29 +943,6 @@ impl GpuEngine {
                 wave_jobs.push((g, first..jobs.len(), bytes));
             }
         }
-        // The jobs, the reports, the payload bytes placed so far per tensor and the placement
-        // checks' verdict. (The counts are waited for even if this fails: the page-locked buffer
-        // must not be handed back while their download may still be writing it.)
-        let buffers = (|| -> Result<_> {
-            let (jobs_dev, ()) =
-                self.upload_staged(staged_len::<EncJob>(jobs.len()), |st, _| {
-                    st.push(&jobs);
-                    Ok(())
-                })?;
-            let outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
-            let placed = s.alloc_zeros::<u64>(counting.len())?;
-            let bad = s.alloc_zeros::<u32>(1)?;
-            Ok((jobs_dev, outs, placed, bad))
-        })();
-        let counts_in = counted.synchronize();
-        let (jobs_dev, outs, mut placed, mut bad) = buffers?;
-        counts_in?;
-        let jobs_base = jobs_dev.device_ptr(&s).0;
-        let outs_base = outs.device_ptr(&s).0;
-        let placed_ptr = placed.device_ptr_mut(&s).0;
-        let bad_ptr = bad.device_ptr_mut(&s).0;
-        let host_down = &pinned.as_slice()?[..down_u32];
-        trace("sample counts");
         // The encoders' scratch, big enough for the largest wave of any launch group
         // (`waves`). Not zeroed: the encode kernel writes every byte the compaction stores
         // before it is read (on an H200 the zeroing of 1 GiB's 2.5 GiB of slots was 0.63 ms of
@@ -1012,155 +955,127 @@ impl GpuEngine {
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         // SAFETY: plain bytes, every one the kernels use written by them first (above).
         let mut scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
-        trace("scratch");
-        // The models: from the GPU search's tables, or by the CPU engine's own search, all tensors
-        // in parallel. With a trace on, each tensor's host span is printed too (the slowest one is
-        // the step's critical path).
-        let spans_from = trace_spans.then(std::time::Instant::now);
-        // Each tensor's first plane in the search's outputs.
-        let plane_first: Vec<usize> = counting
-            .iter()
-            .scan(0, |at, c| {
-                let first = *at;
-                *at += c.header.planes();
-                Some(first)
-            })
-            .collect();
-        // Each tensor's blob prefix (header and tables) and its tables in the kernel's form are
-        // built by the thread that parsed or searched its tables (built one after the other once
-        // all host searches had ended, they were ~0.2 ms of a 1 GiB call with the GPU idle).
-        struct Built {
-            prefix: Vec<u8>,
-            tables: DeviceTables,
-            params: EncParams,
-            span: (f64, f64),
-        }
-        let built: Vec<Built> = counting
-            .par_iter()
-            .enumerate()
-            .map(|(ci, c)| {
-                let since = |t: Option<std::time::Instant>| {
-                    t.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3)
-                };
-                let begin = since(spans_from);
-                let model = match &searches {
-                    Some(q) => q.model(
-                        host_down,
-                        plane_first[ci],
-                        c.header.planes(),
-                        opts.max_tables,
-                        c.joint_at.map(|_| c.params.joint_plane as usize),
-                    )?,
-                    None => {
-                        let n = c.sampling.picks.len() * c.header.planes() * 256;
-                        let flat = &host_down[c.hist_at..c.hist_at + n];
-                        // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat`
-                        // holds a whole number of them.
-                        let counts: &[[u32; 256]] = unsafe {
-                            std::slice::from_raw_parts(
-                                flat.as_ptr() as *const [u32; 256],
-                                flat.len() / 256,
-                            )
-                        };
-                        let joint = |_: usize, _: usize| match c.joint_at {
-                            Some(j) => host_down[j..j + 65536].to_vec(),
-                            None => vec![0; 65536],
-                        };
-                        model_from_counts(&c.header, opts, &c.sampling, counts, joint)
-                    }
-                };
-                let span = (begin, since(spans_from));
-                let mut params = c.params;
-                let mut tables = DeviceTables::default();
-                tables.add(&model, tensors[c.index].dtype, &mut params);
-                let mut prefix = Vec::new();
-                c.header.write(&mut prefix);
-                model.write_tables(&mut prefix);
-                Ok(Built {
-                    prefix,
-                    tables,
-                    params,
-                    span,
-                })
-            })
-            .collect::<Result<_>>()?;
-        drop(pinned);
-        drop(searches);
-        trace("models");
-        if trace_spans {
-            let spans: Vec<String> = built
-                .iter()
-                .map(|b| format!("{:.3}-{:.3}", b.span.0, b.span.1))
-                .collect();
-            eprintln!(
-                "gpu encode: table searches (host ms from the scratch step): {}",
-                spans.join(" ")
-            );
-        }
-        // The blobs, and each tensor's tables numbered after the previous tensors'.
+        // The blobs: room for the longest head the tables can make (each plane's count byte, its
+        // tables of at most 258 bytes, the conditional table's 2 + 258), the directory and the
+        // tensor's bytes; the payloads start where `tz_enc_tables` puts them (`dst_base`: the
+        // header and directory here, the tables' bytes added on the device), and the head is
+        // written in front once the host has parsed the tables. Parameters with the fixed table
+        // slots; the tables' counts and the conditional plane come from the device.
+        let slots = t_max + 1;
         let mut coded = Vec::with_capacity(counting.len());
-        let mut tables = Vec::with_capacity(counting.len());
-        let mut n_tables = 0u32;
-        for (c, b) in counting.into_iter().zip(built) {
+        for (ci, c) in counting.into_iter().enumerate() {
             let t = &tensors[c.index];
-            let mut p = b.params;
-            for base in p.table_base.iter_mut() {
-                *base += n_tables;
-            }
-            if p.cond_plane < 8 {
-                p.cond_table += n_tables;
-            }
-            n_tables += b.tables.info.len() as u32;
-            let head_len = b.prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len();
+            let planes = c.header.planes();
+            let mut header_bytes = Vec::new();
+            c.header.write(&mut header_bytes);
+            let dir_len = c.header.n_chunks() as usize * c.header.dir_entry_len();
+            let tables_max = planes * (1 + 258 * t_max as usize + 260);
+            let head_max = header_bytes.len() + tables_max + dir_len;
             // SAFETY: plain bytes; everything below the blob's length is written before it is read.
-            let blob = unsafe { s.alloc::<u8>(head_len + t.nbytes) }?;
-            p.dst_base = blob.device_ptr(&s).0 + head_len as u64;
+            let blob = unsafe { s.alloc::<u8>(head_max + t.nbytes) }?;
+            let mut p = c.params;
+            for (q, base) in p.table_base.iter_mut().enumerate().take(planes) {
+                *base = ((plane_first[ci] + q) as u64 * slots) as u32;
+            }
+            if let Some((_, src)) = t.dtype.conditioned_plane().filter(|_| c.joint_at.is_some()) {
+                let q = c.params.joint_plane as usize;
+                p.cond_src = src as u32;
+                p.cond_table = ((plane_first[ci] + q) as u64 * slots + t_max) as u32;
+            }
+            p.dst_base = blob.device_ptr(&s).0 + (header_bytes.len() + dir_len) as u64;
             p.dst_cap = t.nbytes as u64;
             coded.push(Coded {
                 index: c.index,
                 data: c.data,
                 header: c.header,
                 params: p,
-                prefix: b.prefix,
+                prefix: header_bytes,
                 blob,
                 dir: Vec::new(),
-                total: head_len as u64,
+                total: 0,
+                may_condition: c.joint_at.map(|_| c.params.joint_plane as usize),
             });
-            tables.push(b.tables);
         }
+        // The encode kernel's tables, in their fixed slots (not zeroed: a slot is read only if its
+        // plane's `n_tables` or conditional plane says `tz_enc_tables` wrote it), and each tensor's
+        // constant-block selectors (2 KiB, 256 per plane). 3 KiB a slot: 27 KiB per plane at the
+        // default 8 tables (195 KiB at the format's 64), whether or not the search keeps them.
+        let n_slots = (n_planes as u64 * slots) as usize;
+        // SAFETY: plain integers; see above.
+        let fcs = unsafe { s.alloc::<u32>(n_slots * 512) }?;
+        // SAFETY: as above.
+        let cls = unsafe { s.alloc::<u32>(n_slots * 256) }?;
+        // SAFETY: as above.
+        let info = unsafe { s.alloc::<u32>(n_slots) }?;
+        let const_sel = s.alloc_zeros::<u8>(coded.len() * 2048)?;
+        let (fcs_ptr, cls_ptr, info_ptr, const_sel_ptr) = (
+            fcs.device_ptr(&s).0,
+            cls.device_ptr(&s).0,
+            info.device_ptr(&s).0,
+            const_sel.device_ptr(&s).0,
+        );
+        let outs_ptr = outs_dev.device_ptr(&s).0;
+        let out_stride = crate::search::out_bytes(t_max);
         trace("blob buffers");
-        let k = self.encode_kernels()?;
-        // Parameters and tables in one page-locked upload (five pageable copies before). Each
-        // tensor's tables are pushed after the previous tensor's: a table's `fcs` (2 KiB), `cls`
-        // (1 KiB) and a tensor's `const_sel` (2 KiB) are whole 16-byte steps, so every array
-        // stays contiguous; `info` (4 bytes per table) is joined first. An empty array uploads
-        // one zero entry, so that every pointer passed points into the buffer.
+        // Parameters, jobs and the table jobs in one page-locked upload; the table jobs point
+        // into the parameters uploaded with them.
         let params: Vec<EncParams> = coded.iter().map(|c| c.params).collect();
-        let info: Vec<u32> = tables.iter().flat_map(|t| t.info.iter().copied()).collect();
-        let info = nonempty(info, 1);
-        let n_fcs: usize = tables.iter().map(|t| t.fcs.len()).sum();
-        let n_cls: usize = tables.iter().map(|t| t.cls.len()).sum();
-        let n_sel: usize = tables.iter().map(|t| t.const_sel.len()).sum();
         let cap = staged_len::<EncParams>(params.len())
-            + staged_len::<u32>(n_fcs.max(512))
-            + staged_len::<u32>(n_cls.max(256))
-            + staged_len::<u32>(info.len())
-            + staged_len::<u8>(n_sel.max(1));
-        let (tables_dev, [params_ptr, fcs_ptr, cls_ptr, info_ptr, const_sel_ptr]) = self
-            .upload_staged(cap, |st, base| {
-                let params_at = st.push(&params);
-                let fcs_at = push_joined(st, tables.iter().map(|t| &t.fcs[..]), &[0u32; 512])?;
-                let cls_at = push_joined(st, tables.iter().map(|t| &t.cls[..]), &[0u32; 256])?;
-                let info_at = st.push(&info);
-                let sel_at = push_joined(st, tables.iter().map(|t| &t.const_sel[..]), &[0u8])?;
-                Ok([params_at, fcs_at, cls_at, info_at, sel_at].map(|at| base + at as u64))
+            + staged_len::<EncJob>(jobs.len())
+            + staged_len::<crate::search::TablesJob>(n_planes);
+        let (jobs_dev, [params_ptr, jobs_base, tables_jobs]) =
+            self.upload_staged(cap, |st, base| {
+                let params_at = base + st.push(&params) as u64;
+                let jobs_at = base + st.push(&jobs) as u64;
+                let field = |i: usize, off: usize| {
+                    params_at + (i * std::mem::size_of::<EncParams>() + off) as u64
+                };
+                let mut tj = Vec::with_capacity(n_planes);
+                for (i, c) in coded.iter().enumerate() {
+                    for q in 0..c.header.planes() {
+                        let g = plane_first[i] + q;
+                        tj.push(crate::search::TablesJob {
+                            out: outs_ptr + g as u64 * out_stride,
+                            n_tables: field(i, std::mem::offset_of!(EncParams, n_tables) + 4 * q),
+                            cond_plane: field(i, std::mem::offset_of!(EncParams, cond_plane)),
+                            cond_value: field(i, std::mem::offset_of!(EncParams, cond_value)),
+                            head: field(i, std::mem::offset_of!(EncParams, dst_base)),
+                            const_sel: const_sel_ptr + (i * 2048 + q * 256) as u64,
+                            table: c.params.table_base[q],
+                            plane: q as u32,
+                            conditioned: (c.may_condition == Some(q)) as u32,
+                            pad: 0,
+                        });
+                    }
+                }
+                let tables_at = base + st.push(&tj) as u64;
+                Ok([params_at, jobs_at, tables_at])
             })?;
+        // SAFETY: every job's output lies inside `outs_dev` (`n_planes` outputs of `out_stride`
+        // bytes), its parameter fields inside the uploaded parameters, its selectors inside
+        // `const_sel`, and its slots (`table ..= table + max_tables`) inside the `n_slots` of `fcs`,
+        // `cls` and `info`; all live until the final synchronisation.
+        unsafe {
+            crate::search::queue_tables(
+                tables_f,
+                &s,
+                tables_jobs,
+                n_planes as u32,
+                opts.max_tables as u32,
+                [fcs_ptr, cls_ptr, info_ptr],
+            )
+        }?;
         trace("tables");
-
+        let outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
+        let mut placed = s.alloc_zeros::<u64>(coded.len())?;
+        let mut bad = s.alloc_zeros::<u32>(1)?;
+        let outs_base = outs.device_ptr(&s).0;
+        let placed_ptr = placed.device_ptr_mut(&s).0;
+        let bad_ptr = bad.device_ptr_mut(&s).0;
         // 3-4. Per wave: the encoder, its reports downloaded for the directories, `tz_place` (the
         // reports checked and summed into places on the device) and `tz_compact` (the payloads
-        // moved to their places). No host round trip between waves: the host reads the reports
-        // while the last compaction runs.
+        // moved to their places). No host round trip between waves: the host parses the tables
+        // while the encoder runs and reads the reports while the last compaction runs.
         let mut widths = Vec::with_capacity(groups.len());
         for ((v, smem_stage), members) in &groups {
             let us = VARIANTS[*v].0 as u64;
@@ -1185,11 +1100,29 @@ impl GpuEngine {
             )?;
             widths.push((f, warps, smem, stage_bytes as u32, us as u32));
         }
+        // One page-locked buffer for the search's outputs, the reports, the placement verdict and
+        // the parameters as the device left them.
         const OUT_U32: usize = std::mem::size_of::<ChunkOut>() / 4;
-        let mut reports = self.pinned_u32(jobs.len() * OUT_U32 + 1)?;
+        const PARAM_U32: usize = std::mem::size_of::<EncParams>() / 4;
+        let down_u32 = n_planes * crate::search::out_words(t_max);
+        let rep_at = down_u32;
+        let par_at = rep_at + jobs.len() * OUT_U32 + 1;
+        let mut pinned = self.pinned_u32(par_at + coded.len() * PARAM_U32)?;
         let scratch_ptr = scratch.device_ptr(&s).0;
-        let launched = (|| -> Result<cudarc::driver::CudaEvent> {
-            let host = reports.as_mut_slice()?;
+        let run = (|| -> Result<()> {
+            let host = pinned.as_mut_slice()?;
+            // SAFETY: the outputs, `down_u32` u32 of `outs_dev`, into the page-locked buffer, which
+            // the host reads only after the `searched` event.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host[..down_u32],
+                    outs_ptr,
+                    s.cu_stream(),
+                )
+            }?;
+            let searched = s.record_event(Some(
+                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            ))?;
             let mut reported = None;
             for (g, range, bytes) in &wave_jobs {
                 let (f, warps, smem, sb, us) = widths[*g];
@@ -1222,14 +1155,16 @@ impl GpuEngine {
                 };
                 // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its tensor,
                 // and it writes only its own slot (inside `scratch`, sized above) and its `outs`
-                // entry; the shared memory holds `warps` x (histograms + stage).
+                // entry; the shared memory holds `warps` x (histograms + stage); the tables it
+                // reads are the slots `tz_enc_tables` wrote (below each plane's `n_tables`, and
+                // the conditional one only where it set the conditional plane).
                 unsafe { b.launch(cfg) }?;
                 trace("encode kernel");
                 // SAFETY: the wave's reports, `n` entries of `outs`, into their place in the
                 // page-locked buffer, which the host reads only after the `reported` event.
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
-                        &mut host[range.start * OUT_U32..range.end * OUT_U32],
+                        &mut host[rep_at + range.start * OUT_U32..rep_at + range.end * OUT_U32],
                         outs_ptr,
                         s.cu_stream(),
                     )
@@ -1242,14 +1177,20 @@ impl GpuEngine {
                     )
                 }?;
                 if range.end == jobs.len() {
-                    // SAFETY: one u32, into the page-locked buffer's last entry.
+                    // SAFETY: one u32 and the parameters (`coded.len()` of them from
+                    // `params_ptr`), into the page-locked buffer's last entries.
                     unsafe {
                         cudarc::driver::result::memcpy_dtoh_async(
-                            &mut host[jobs.len() * OUT_U32..jobs.len() * OUT_U32 + 1],
+                            &mut host[par_at - 1..par_at],
                             bad_ptr,
                             s.cu_stream(),
-                        )
-                    }?;
+                        )?;
+                        cudarc::driver::result::memcpy_dtoh_async(
+                            &mut host[par_at..par_at + coded.len() * PARAM_U32],
+                            params_ptr,
+                            s.cu_stream(),
+                        )?;
+                    }
                     // The host reads the reports while the last compaction runs.
                     reported = Some(s.record_event(Some(
                         cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
@@ -1259,21 +1200,92 @@ impl GpuEngine {
                 // (checked above).
                 unsafe { k.compact(&s, scratch_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr) }?;
             }
-            reported.ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))
+            let reported = reported
+                .ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))?;
+            // While the encoder runs: every plane's output parsed and checked, and each blob's
+            // head (header, tables) written from it.
+            searched.synchronize()?;
+            trace("host waits for the tables");
+            let host = &*host;
+            let parsed = coded
+                .par_iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut prefix = c.prefix.clone();
+                    let mut kept = [0u32; 8];
+                    let mut cond = None;
+                    for (q, n) in kept.iter_mut().enumerate().take(c.header.planes()) {
+                        let pt = crate::search::parse_plane(
+                            &host[..down_u32],
+                            plane_first[i] + q,
+                            opts.max_tables,
+                            c.may_condition == Some(q),
+                        )?;
+                        write_plane_tables(&pt.tables, pt.cond.as_ref(), &mut prefix);
+                        *n = pt.tables.len() as u32;
+                        if let Some((v, _)) = pt.cond {
+                            cond = Some((q as u32, v as u32));
+                        }
+                    }
+                    Ok((prefix, kept, cond))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for (c, (prefix, kept, cond)) in coded.iter_mut().zip(parsed) {
+                c.prefix = prefix;
+                c.total = (c.prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len())
+                    as u64;
+                c.params.n_tables = kept;
+                if let Some((q, v)) = cond {
+                    c.params.cond_plane = q;
+                    c.params.cond_value = v;
+                }
+            }
+            trace("host tables");
+            reported.synchronize()?;
+            Ok(())
         })();
-        let reported = launched.and_then(|e| Ok(e.synchronize()?));
-        if let Err(e) = reported {
+        if let Err(e) = run {
             // Nothing may still be copying into the page-locked buffer when it is handed back.
             let _ = s.synchronize();
             return Err(e);
         }
         trace("reports");
-        let host = &reports.as_slice()?[..jobs.len() * OUT_U32 + 1];
+        let host = &pinned.as_slice()?[..par_at + coded.len() * PARAM_U32];
+        // What `tz_enc_tables` wrote into the parameters must be what the host parsed: the same
+        // table counts and conditional plane, and the payloads placed right after the head.
+        for (i, c) in coded.iter().enumerate() {
+            // SAFETY: `EncParams` is plain integers (every bit pattern valid), read unaligned from
+            // its `PARAM_U32` u32 in the downloaded range.
+            let dev: EncParams = unsafe {
+                std::ptr::read_unaligned(host[par_at + i * PARAM_U32..].as_ptr() as *const EncParams)
+            };
+            let planes = c.header.planes();
+            let head_end = c.blob.device_ptr(&s).0 + c.total;
+            if dev.n_tables[..planes] != c.params.n_tables[..planes]
+                || dev.cond_plane != c.params.cond_plane
+                || (c.params.cond_plane < 8 && dev.cond_value != c.params.cond_value)
+                || dev.dst_base != head_end
+            {
+                return Err(Error::Kernel(format!(
+                    "encoder tables on the device disagree with the search's output (tensor {}: \
+                     tables {:?} / {:?}, conditional plane {} / {}, payloads at +{} / +{})",
+                    c.index,
+                    &dev.n_tables[..planes],
+                    &c.params.n_tables[..planes],
+                    dev.cond_plane,
+                    c.params.cond_plane,
+                    dev.dst_base.wrapping_sub(c.blob.device_ptr(&s).0),
+                    c.total
+                )));
+            }
+        }
+        let got_bytes = &host[rep_at..rep_at + jobs.len() * OUT_U32];
         // SAFETY: `ChunkOut` is `repr(C)`, 48 bytes of u32 and u8 fields (alignment 4, no
-        // padding, every bit pattern valid), and the downloads above filled `host` (the event has
-        // completed).
-        let got: &[ChunkOut] =
-            unsafe { std::slice::from_raw_parts(host.as_ptr() as *const ChunkOut, jobs.len()) };
+        // padding, every bit pattern valid), and the downloads above filled `got_bytes` (the
+        // event has completed).
+        let got: &[ChunkOut] = unsafe {
+            std::slice::from_raw_parts(got_bytes.as_ptr() as *const ChunkOut, jobs.len())
+        };
         for (j, o) in jobs.iter().zip(got) {
             let cd = &mut coded[j.tensor as usize];
             let us = cd.header.planes();
@@ -1307,13 +1319,13 @@ impl GpuEngine {
             }
             .write(us, &mut cd.dir);
         }
-        if host[jobs.len() * OUT_U32] != 0 {
+        if host[par_at - 1] != 0 {
             return Err(Error::Driver(
                 "encoder placement found a chunk's sizes inconsistent; nothing was compacted"
                     .into(),
             ));
         }
-        drop(reports);
+        drop(pinned);
         trace("chunks");
         for c in coded {
             let t = &tensors[c.index];
@@ -1339,7 +1351,8 @@ impl GpuEngine {
         s.synchronize()?;
         drop(staged);
         drop((keep_alive, keep_picks));
-        drop((jobs_dev, outs, placed, bad, tables_dev));
+        drop((jobs_dev, outs, placed, bad));
+        drop((fcs, cls, info, const_sel, keep_search, keep_host_outs));
         trace("done");
         Ok(blobs.into_iter().flatten().collect())
     }
@@ -1367,14 +1380,6 @@ impl GpuEngine {
         writes.copy(data, bp + head.len() as u64, nbytes as u64);
         Ok(DeviceBlob { buf, len })
     }
-}
-
-/// `v`, or `n` zeros if it is empty (kernels take non-empty arrays).
-fn nonempty(mut v: Vec<u32>, n: usize) -> Vec<u32> {
-    if v.is_empty() {
-        v.resize(n, 0);
-    }
-    v
 }
 
 #[cfg(test)]

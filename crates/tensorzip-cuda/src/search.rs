@@ -14,7 +14,6 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
-use tensorzip::model::{Model, PlaneModel};
 use tensorzip::rans::table::FreqTable;
 
 use crate::error::{Error, Result};
@@ -152,6 +151,30 @@ pub(crate) fn units() -> crate::compile::Units {
     )
 }
 
+/// The search unit's kernels `tz_search` and `tz_enc_tables`, from `units` (compiled or cached),
+/// with the unit's logarithm table filled on stream `s` (`tz_log2_init`, queued before anything the
+/// caller queues on `s` after this returns). The table belongs to the loaded module, so it is
+/// filled once per module.
+pub(crate) fn load(
+    units: &crate::compile::Units,
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    s: &Arc<CudaStream>,
+) -> Result<(CudaFunction, CudaFunction)> {
+    let m = units.common(ctx)?;
+    let init = m.load_function("tz_log2_init")?;
+    let cfg = LaunchConfig {
+        grid_dim: (65, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `tz_log2_init` takes no arguments and writes only its module's table.
+    unsafe { s.launch_builder(&init).launch(cfg) }?;
+    Ok((
+        m.load_function("tz_search")?,
+        m.load_function("tz_enc_tables")?,
+    ))
+}
+
 /// Most sampled blocks a tensor may have for its planes to be searched on the GPU: a plane's
 /// scratch grows with them (~1.1 KiB a block and ~17 bytes per block and table: ~1.2 MiB at the
 /// default 1024 samples and 8 tables). Calls with more (an option far from the default) are
@@ -169,14 +192,12 @@ pub(crate) struct Plane {
     pub joint: u64,
 }
 
-/// A queued search: its device buffers (alive until the stream has run it) and where each plane's
-/// output lies in [`Queued::outs`].
+/// A queued search: its device buffers (alive until the stream has run it) and its outputs.
 pub(crate) struct Queued {
     _jobs: CudaSlice<SearchJob>,
     _scratch: CudaSlice<u8>,
-    /// Every plane's output, `stride` u32 apart, in the order of the planes given.
+    /// Every plane's output, [`out_words`] u32 apart, in the order of the planes given.
     pub outs: CudaSlice<u32>,
-    stride: usize,
 }
 
 /// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`), in launches of
@@ -206,7 +227,7 @@ pub(crate) unsafe fn queue(
     let largest = groups.iter().map(|g| g.1).max().unwrap_or(0);
     // SAFETY: plain bytes; the kernel writes every scratch entry before it reads it.
     let mut scratch = unsafe { s.alloc::<u8>(largest.max(16) as usize) }?;
-    let stride = (out_bytes(t) / 4) as usize;
+    let stride = out_words(t);
     // Zeroed (a few KiB a plane): the whole buffer is downloaded, also the bytes past each
     // plane's tables.
     let mut outs = s.alloc_zeros::<u32>((stride * planes.len()).max(1))?;
@@ -251,48 +272,135 @@ pub(crate) unsafe fn queue(
         _jobs: jobs_dev,
         _scratch: scratch,
         outs,
-        stride,
     })
 }
 
-impl Queued {
-    /// The model of the tensor whose planes start at plane `first` of the search (`planes` of
-    /// them), from the downloaded outputs `down` (`outs` copied to the host): each plane's output
-    /// checked by [`parse_out`], and the encoder's constants of each table, as the core's
-    /// `model_from_counts` builds them. `cond_plane`: the plane that may have a conditional table.
-    pub(crate) fn model(
-        &self,
-        down: &[u32],
-        first: usize,
-        planes: usize,
-        max_tables: usize,
-        cond_plane: Option<usize>,
-    ) -> Result<Model> {
-        let planes = (0..planes)
-            .map(|p| {
-                let at = (first + p) * self.stride;
-                let words = down
-                    .get(at..at + self.stride)
-                    .ok_or_else(|| Error::Kernel("table search output missing".into()))?;
-                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                let got = parse_out(&bytes, max_tables, cond_plane == Some(p))?;
-                Ok(PlaneModel {
-                    enc: got
-                        .tables
-                        .iter()
-                        .map(|t| (!t.is_single()).then(|| t.encode_table()))
-                        .collect(),
-                    cond_enc: got.cond.as_ref().map(|(_, t)| t.encode_table()),
-                    tables: got.tables,
-                    cond: got.cond,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Model {
-            planes,
-            block_hists: Vec::new(),
-        })
+/// u32 of one plane's output: [`out_bytes`] / 4.
+pub(crate) fn out_words(max_tables: u64) -> usize {
+    (out_bytes(max_tables) / 4) as usize
+}
+
+/// Plane `i`'s tables from outputs `down` (planes [`out_words`] apart, as the search or
+/// [`write_out`] lays them out), checked by [`parse_out`]; `conditioned`: whether the plane may
+/// have a conditional table.
+pub(crate) fn parse_plane(
+    down: &[u32],
+    i: usize,
+    max_tables: usize,
+    conditioned: bool,
+) -> Result<PlaneTables> {
+    let stride = out_words(max_tables as u64);
+    let words = down
+        .get(i * stride..(i + 1) * stride)
+        .ok_or_else(|| Error::Kernel("table search output missing".into()))?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    parse_out(&bytes, max_tables, conditioned)
+}
+
+/// A plane's output as the search kernel lays it out (head, tables, conditional table; zeros to
+/// [`out_words`]), from tables the host searched (`TENSORZIP_DEV_HOST_SEARCH=1`, or more sampled
+/// blocks than the kernel takes), so that `tz_enc_tables` and [`parse_plane`] take both.
+pub(crate) fn write_out(
+    tables: &[FreqTable],
+    cond: Option<&(u8, FreqTable)>,
+    max_tables: u64,
+) -> Vec<u32> {
+    let mut bytes = vec![0u8; 16];
+    for t in tables {
+        t.write(&mut bytes);
     }
+    if let Some((_, t)) = cond {
+        t.write(&mut bytes);
+    }
+    let cond_word = cond.map_or(0, |(v, _)| 0x100 | *v as u32);
+    let end = bytes.len() as u32;
+    for (k, w) in [tables.len() as u32, cond_word, 0, end].iter().enumerate() {
+        bytes[4 * k..4 * k + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    bytes.resize(out_bytes(max_tables) as usize, 0);
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
+}
+
+/// One plane's tables to expand into the encode kernel's form (`TablesJob` in search.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct TablesJob {
+    /// The plane's output ([`out_bytes`] bytes).
+    pub out: u64,
+    /// Device addresses in its tensor's `EncParams`: `n_tables[plane]` (u32), `cond_plane` and
+    /// `cond_value` (u32, written only where the plane gets a conditional table), `dst_base` (u64,
+    /// to which the plane's serialised tables' bytes are added).
+    pub n_tables: u64,
+    pub cond_plane: u64,
+    pub cond_value: u64,
+    pub head: u64,
+    /// The plane's 256 constant-block selectors.
+    pub const_sel: u64,
+    /// The plane's first table slot (its conditional table's slot is `table + max_tables`).
+    pub table: u32,
+    pub plane: u32,
+    /// 1 where the plane may have a conditional table.
+    pub conditioned: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct TablesParams {
+    max_tables: u32,
+    out_bytes: u32,
+}
+
+// SAFETY: plain `repr(C)` structs of integers, laid out as their CUDA counterparts (`TablesJob`:
+// six u64 and four u32, 64 bytes; `TablesParams`: two u32).
+unsafe impl DeviceRepr for TablesJob {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for TablesParams {}
+// SAFETY: `repr(C)`, 64 bytes of integers without padding.
+unsafe impl crate::engine::Plain for TablesJob {}
+const _: () = assert!(std::mem::size_of::<TablesJob>() == 64);
+
+/// Queues `tz_enc_tables` (kernel `f`, from the search's unit) over `n` jobs at `jobs`: each
+/// plane's output checked again and expanded into the encode kernel's tables (`fcs`: per symbol
+/// two u32, `cls`: a u32, `info`: a u32 per table slot, 256 symbols a slot).
+///
+/// # Safety
+/// Device addresses of this context, alive until the stream has run the launch: `jobs` `n`
+/// [`TablesJob`]s whose outputs are [`out_bytes`]`(max_tables)` bytes each and whose other
+/// addresses point into live parameters and selectors; `fcs`, `cls` and `info` hold every job's
+/// slots `table ..= table + max_tables`.
+pub(crate) unsafe fn queue_tables(
+    f: &CudaFunction,
+    s: &Arc<CudaStream>,
+    jobs: u64,
+    n: u32,
+    max_tables: u32,
+    [fcs, cls, info]: [u64; 3],
+) -> Result<()> {
+    if max_tables == 0 || max_tables as u64 > MAX_TABLES {
+        return Err(Error::Unsupported(format!("{max_tables} tables per plane")));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let params = TablesParams {
+        max_tables,
+        out_bytes: out_bytes(max_tables as u64) as u32,
+    };
+    let mut b = s.launch_builder(f);
+    b.arg(&jobs).arg(&params).arg(&fcs).arg(&cls).arg(&info);
+    let cfg = LaunchConfig {
+        grid_dim: (n, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: arguments match `tz_enc_tables`; the addresses are the caller's promise, and the
+    // kernel reads each output only inside its `out_bytes`.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
 }
 
 /// Queues the search of every job in `jobs` (a device array of `n` [`SearchJob`]s).
@@ -439,12 +547,7 @@ mod tests {
     ) -> Vec<PlaneTables> {
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
-        let units = units();
-        let f = units
-            .common(eng.context())
-            .unwrap()
-            .load_function("tz_search")
-            .unwrap();
+        let (f, _) = load(&units(), eng.context(), &s).unwrap();
         let mut keep = Vec::new();
         let mut list = Vec::new();
         for (hists, n_blocks, joint) in planes {
@@ -468,11 +571,7 @@ mod tests {
         planes
             .iter()
             .enumerate()
-            .map(|(i, p)| {
-                let words = &down[i * q.stride..(i + 1) * q.stride];
-                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                parse_out(&bytes, max_tables, p.2.is_some()).unwrap()
-            })
+            .map(|(i, p)| parse_plane(&down, i, max_tables, p.2.is_some()).unwrap())
             .collect()
     }
 
@@ -638,5 +737,262 @@ mod tests {
         put(&mut o, 1, 0x105);
         assert!(parse_out(&o, 8, true).is_err());
         assert!(parse_out(&o, 8, false).is_err());
+    }
+
+    /// Tables from random counts: skewed over a few symbols, sometimes one symbol only.
+    fn random_table(r: &mut impl FnMut() -> u64, all: bool) -> FreqTable {
+        let mut c = [0u64; 256];
+        let (lo, width) = if all {
+            (0, 256)
+        } else {
+            ((r() % 250) as usize, 1 + (r() % 40) as usize)
+        };
+        for (s, v) in c.iter_mut().enumerate().skip(lo).take(width) {
+            *v = if all {
+                1 + r() % 50
+            } else {
+                r() % (1 + 1000 / (1 + (s - lo) as u64))
+            };
+        }
+        if c.iter().all(|&v| v == 0) {
+            c[lo] = 1;
+        }
+        FreqTable::normalize(&c, None).expect("counts with a symbol")
+    }
+
+    #[test]
+    fn written_outputs_parse_back() {
+        let mut r = rng(5);
+        for n in 0..=8usize {
+            let tables: Vec<FreqTable> = (0..n).map(|_| random_table(&mut r, false)).collect();
+            let cond = (n == 0).then(|| (7u8, random_table(&mut r, true)));
+            let out = write_out(&tables, cond.as_ref(), 8);
+            assert_eq!(out.len(), out_words(8));
+            let got = parse_plane(&out, 0, 8, true).unwrap();
+            assert_eq!(got, PlaneTables { tables, cond });
+        }
+    }
+
+    /// Outputs for `tz_enc_tables`: valid ones (tables and conditional tables from real counts), and
+    /// each of them broken in one place about half of the time; and whether each plane may be
+    /// conditioned.
+    fn test_outputs(t_max: u64) -> (Vec<Vec<u32>>, Vec<bool>) {
+        let mut r = rng(17);
+        let mut outs: Vec<Vec<u32>> = Vec::new();
+        let mut conditioned = Vec::new();
+        for i in 0..600 {
+            let n = if i % 4 == 0 { 0 } else { (r() % 9) as usize };
+            let tables: Vec<FreqTable> = (0..n).map(|_| random_table(&mut r, false)).collect();
+            let cond =
+                (n == 0 && i % 3 != 0).then(|| ((r() % 256) as u8, random_table(&mut r, true)));
+            let mut out = write_out(&tables, cond.as_ref(), t_max);
+            let end = out[3] as usize;
+            if r().is_multiple_of(2) {
+                let mut bytes: Vec<u8> = out.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let blen = bytes.len() as u64;
+                match r() % 6 {
+                    0 => bytes[(r() % blen) as usize] ^= 1 << (r() % 8),
+                    1 if end > 16 => bytes[16 + (r() % (end as u64 - 16)) as usize] = r() as u8,
+                    2 => bytes[(r() % 16) as usize] = r() as u8,
+                    3 => bytes[12..16]
+                        .copy_from_slice(&((end as u64 + r() % 5) as u32).to_le_bytes()),
+                    4 if end > 18 => bytes[16] = 255,
+                    _ => bytes[8] = 1,
+                }
+                out = bytes
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                    .collect();
+            }
+            outs.push(out);
+            conditioned.push(i % 5 != 4);
+        }
+        (outs, conditioned)
+    }
+
+    /// The verdicts of `parse_plane` on [`test_outputs`]: (accepted, refused, with a conditional
+    /// table).
+    fn verdicts(outs: &[Vec<u32>], conditioned: &[bool], t_max: u64) -> (usize, usize, usize) {
+        let mut v = (0, 0, 0);
+        for (out, &c) in outs.iter().zip(conditioned) {
+            match parse_plane(out, 0, t_max as usize, c) {
+                Ok(pt) => {
+                    v.0 += 1;
+                    v.2 += pt.cond.is_some() as usize;
+                }
+                Err(_) => v.1 += 1,
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn test_outputs_reach_every_verdict() {
+        let (outs, conditioned) = test_outputs(8);
+        let (accepted, refused, with_cond) = verdicts(&outs, &conditioned, 8);
+        assert!(
+            accepted > 250 && refused > 100 && with_cond > 50,
+            "{accepted} {refused} {with_cond}"
+        );
+    }
+
+    /// Device layout of the parameter fields `tz_enc_tables` writes, one per plane of the test.
+    #[repr(C)]
+    #[derive(Clone, Copy, Default, Debug, PartialEq)]
+    struct Fields {
+        n_tables: u32,
+        cond_plane: u32,
+        cond_value: u32,
+        pad: u32,
+        head: u64,
+    }
+    // SAFETY: plain integers, laid out as the offsets the test passes.
+    unsafe impl DeviceRepr for Fields {}
+
+    #[test]
+    #[ignore = "needs a CUDA device (scripts/gpu_run.sh tests runs it)"]
+    fn gpu_expands_the_outputs_the_host_accepts_and_no_others() {
+        use tensorzip::blob::SEL_CONST;
+        use tensorzip::model::const_selector;
+        use tensorzip::rans::log2::code_len_table;
+        let t_max = 8u64;
+        let words = out_words(t_max);
+        let (outs, conditioned) = test_outputs(t_max);
+        let n = outs.len();
+        let eng = GpuEngine::new(0).expect("CUDA device");
+        let s = eng.stream().clone();
+        let (_, f) = load(&units(), eng.context(), &s).unwrap();
+        let slots = (t_max + 1) as usize;
+        let outs_dev = s.clone_htod(&outs.concat()).unwrap();
+        let fields0 = Fields {
+            cond_plane: 255,
+            head: 1000,
+            ..Default::default()
+        };
+        let fields = s.clone_htod(&vec![fields0; n]).unwrap();
+        let fcs = s.alloc_zeros::<u32>(n * slots * 512).unwrap();
+        let cls = s.alloc_zeros::<u32>(n * slots * 256).unwrap();
+        let info = s.alloc_zeros::<u32>(n * slots).unwrap();
+        let sel = s.alloc_zeros::<u8>(n * 256).unwrap();
+        let (op, fp, sp) = (
+            outs_dev.device_ptr(&s).0,
+            fields.device_ptr(&s).0,
+            sel.device_ptr(&s).0,
+        );
+        let jobs: Vec<TablesJob> = (0..n)
+            .map(|i| {
+                let at = fp + (i * std::mem::size_of::<Fields>()) as u64;
+                TablesJob {
+                    out: op + (i * words * 4) as u64,
+                    n_tables: at,
+                    cond_plane: at + 4,
+                    cond_value: at + 8,
+                    head: at + 16,
+                    const_sel: sp + (i * 256) as u64,
+                    table: (i * slots) as u32,
+                    plane: (i % 8) as u32,
+                    conditioned: conditioned[i] as u32,
+                    pad: 0,
+                }
+            })
+            .collect();
+        let jobs_dev = s.clone_htod(&jobs).unwrap();
+        // SAFETY: every address above lies in the buffers above, alive until the downloads.
+        unsafe {
+            queue_tables(
+                &f,
+                &s,
+                jobs_dev.device_ptr(&s).0,
+                n as u32,
+                t_max as u32,
+                [
+                    fcs.device_ptr(&s).0,
+                    cls.device_ptr(&s).0,
+                    info.device_ptr(&s).0,
+                ],
+            )
+        }
+        .unwrap();
+        let got_fields = s.clone_dtoh(&fields).unwrap();
+        let (got_fcs, got_cls) = (s.clone_dtoh(&fcs).unwrap(), s.clone_dtoh(&cls).unwrap());
+        let (got_info, got_sel) = (s.clone_dtoh(&info).unwrap(), s.clone_dtoh(&sel).unwrap());
+        s.synchronize().unwrap();
+        let cl = code_len_table();
+        let (mut accepted, mut refused, mut with_cond) = (0, 0, 0);
+        for i in 0..n {
+            let fd = got_fields[i];
+            let Ok(pt) = parse_plane(&outs[i], 0, t_max as usize, conditioned[i]) else {
+                refused += 1;
+                assert_eq!(
+                    fd,
+                    Fields {
+                        n_tables: 0,
+                        ..fields0
+                    },
+                    "output {i} refused by the host"
+                );
+                assert!(got_sel[i * 256..(i + 1) * 256]
+                    .iter()
+                    .all(|&v| v == SEL_CONST));
+                continue;
+            };
+            accepted += 1;
+            let mut head = Vec::new();
+            tensorzip::model::write_plane_tables(&pt.tables, pt.cond.as_ref(), &mut head);
+            let want = Fields {
+                n_tables: pt.tables.len() as u32,
+                cond_plane: if pt.cond.is_some() {
+                    (i % 8) as u32
+                } else {
+                    255
+                },
+                cond_value: pt.cond.as_ref().map_or(0, |c| c.0 as u32),
+                pad: 0,
+                head: 1000 + head.len() as u64,
+            };
+            assert_eq!(fd, want, "output {i}");
+            let check = |slot: usize, t: &FreqTable| {
+                let cum = t.cumulative();
+                for (sym, (&f, &c)) in t.freq.iter().zip(&cum).enumerate() {
+                    let f = f as u32;
+                    let recip = match f {
+                        0 => 0,
+                        1 => u32::MAX,
+                        _ => ((1u64 << 32) / f as u64) as u32,
+                    };
+                    let at = slot * 256 + sym;
+                    assert_eq!(got_fcs[2 * at], f | c << 16, "output {i} slot {slot}");
+                    assert_eq!(got_fcs[2 * at + 1], recip);
+                    let want_cl = if f == 0 {
+                        u32::MAX
+                    } else {
+                        cl[f as usize] as u32
+                    };
+                    assert_eq!(got_cls[at], want_cl);
+                }
+                let single = if t.is_single() {
+                    1 << 31 | t.single_symbol() as u32
+                } else {
+                    0
+                };
+                assert_eq!(got_info[slot], single);
+            };
+            for (k, t) in pt.tables.iter().enumerate() {
+                check(i * slots + k, t);
+            }
+            if let Some((_, t)) = &pt.cond {
+                with_cond += 1;
+                check(i * slots + t_max as usize, t);
+            }
+            for v in 0..256 {
+                assert_eq!(got_sel[i * 256 + v], const_selector(v as u8, &pt.tables));
+            }
+        }
+        // Every output was checked against the host's verdict, which `test_outputs_reach_every_verdict`
+        // shows reaches acceptance, refusal and conditional tables.
+        assert_eq!(
+            (accepted, refused, with_cond),
+            verdicts(&outs, &conditioned, t_max)
+        );
     }
 }

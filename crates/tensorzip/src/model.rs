@@ -450,18 +450,25 @@ impl Model {
     /// Appends the tables section of a Planes blob (`docs/FORMAT.md`, 3.3).
     pub fn write_tables(&self, out: &mut Vec<u8>) {
         for pm in &self.planes {
-            out.push(pm.tables.len() as u8);
-            for t in &pm.tables {
-                t.write(out);
-            }
-            match &pm.cond {
-                None => out.push(0),
-                Some((v, t)) => {
-                    out.push(1);
-                    out.push(*v);
-                    t.write(out);
-                }
-            }
+            write_plane_tables(&pm.tables, pm.cond.as_ref(), out);
+        }
+    }
+}
+
+/// Appends one plane's part of the tables section: its table count, its tables, and 0 or (1, the
+/// condition value, the conditional table). (The GPU encoder writes blob heads from its search's
+/// tables with it.)
+pub fn write_plane_tables(tables: &[FreqTable], cond: Option<&(u8, FreqTable)>, out: &mut Vec<u8>) {
+    out.push(tables.len() as u8);
+    for t in tables {
+        t.write(out);
+    }
+    match cond {
+        None => out.push(0),
+        Some((v, t)) => {
+            out.push(1);
+            out.push(*v);
+            t.write(out);
         }
     }
 }
