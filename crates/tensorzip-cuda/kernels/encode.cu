@@ -137,10 +137,44 @@ struct HistJob {
     u64 joint;            // offset of its joint counts in `joint` (u32 units)
 };
 
+// A unit held in a register: 32 bits up to 4-byte units, 64 for 8-byte ones.
+template <int U> struct UnitReg { typedef u32 type; };
+template <> struct UnitReg<8> { typedef u64 type; };
+
+// The transformed units base .. base + 16 / U of a sampled block of `len` units from unit `start`
+// of `data` (those inside it: the count is returned), with one 16-byte load where they are all
+// inside and aligned, else unit by unit.
+template <int U, int E>
+__device__ __forceinline__ u32 load_units(const u8* __restrict__ data, u64 start, u32 len, u32 base,
+                                          typename UnitReg<U>::type (&t)[16 / U]) {
+    constexpr u32 PER = 16 / U;
+    const u32 n = base < len ? min(PER, len - base) : 0u;
+    const u8* p = data + (start + base) * U;
+    if (n == PER && ((unsigned long long)p & 15) == 0) {
+        const uint4 v = __ldg((const uint4*)p);
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (u32 k = 0; k < PER; k++) {
+            u64 u;
+            if (U == 8) u = (u64)w[2 * k] | ((u64)w[2 * k + 1] << 32);
+            else if (U == 4) u = w[k];
+            else if (U == 2) u = (w[k / 2] >> (16 * (k & 1))) & 0xFFFFu;
+            else u = (w[k / 4] >> (8 * (k & 3))) & 0xFFu;
+            t[k] = (typename UnitReg<U>::type)fwd<U, E>(u);
+        }
+    } else {
+        #pragma unroll
+        for (u32 k = 0; k < PER; k++) t[k] = k < n ? (typename UnitReg<U>::type)unit<U, E>(data, start + base + k) : 0;
+    }
+    return n;
+}
+
 template <int U, int E>
 __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __restrict__ params,
                            const u64* __restrict__ picks, u32* __restrict__ hists, u32* __restrict__ joint_all,
                            u32 joint_smem) {
+    constexpr u32 PER = 16 / U;
+    typedef typename UnitReg<U>::type UT;
     __shared__ u32 h[U * 256];
     __shared__ u32 any_joint;
     extern __shared__ uint4 dyn4[];
@@ -155,6 +189,9 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
         for (u32 k = threadIdx.x; k < 32768; k += blockDim.x) sj4[k] = 0;
     }
     if (threadIdx.x == 0) any_joint = 0;
+    // Each thread takes 16 bytes of the block a round (one load); a block of at most one round
+    // (4096 bf16 or fp32 units) keeps its units in registers for the joint counts.
+    const u32 span = blockDim.x * PER;
     for (u32 q = 0; q < job.n; q++) {
         const u64 g = picks[job.first + q];
         const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
@@ -162,12 +199,23 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
         const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
         const u64 end = min(start + P->block_units, chunk_end);
         const u32 len = (u32)(end - start);
+        const bool one_round = len <= span;
         for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) h[k] = 0;
         __syncthreads();
-        for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
-            const u64 t = unit<U, E>(data, start + i);
+        UT kept[PER];
+        u32 n_kept = 0;
+        for (u32 base = threadIdx.x * PER; base < len; base += span) {
+            UT t[PER];
+            const u32 n = load_units<U, E>(data, start, len, base, t);
             #pragma unroll
-            for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t, p)], 1u);
+            for (u32 k = 0; k < PER; k++) {
+                if (k < n) {
+                    #pragma unroll
+                    for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t[k], p)], 1u);
+                }
+                kept[k] = t[k];
+            }
+            n_kept = n;
         }
         __syncthreads();
         u32* out = hists + (job.first + q) * U * 256;
@@ -177,12 +225,23 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
         __syncthreads();
         if (!want) continue;
         if (threadIdx.x == 0) any_joint = 1;
-        for (u32 i = threadIdx.x; i < len; i += blockDim.x) {
-            const u64 t = unit<U, E>(data, start + i);
-            const u32 k = (byte_of(t, jq) << 8) | byte_of(t, jp);
-            // 16-bit counter k inside a 32-bit word: no carry crosses into the other counter.
-            if (use_smem) atomicAdd(&sj4[k >> 1], 1u << (16 * (k & 1)));
-            else atomicAdd(&joint[k], 1u);
+        for (u32 base = threadIdx.x * PER; base < len; base += span) {
+            UT t[PER];
+            u32 n = n_kept;
+            if (one_round) {
+                #pragma unroll
+                for (u32 k = 0; k < PER; k++) t[k] = kept[k];
+            } else {
+                n = load_units<U, E>(data, start, len, base, t);
+            }
+            #pragma unroll
+            for (u32 k = 0; k < PER; k++) {
+                if (k >= n) continue;
+                const u32 key = (byte_of(t[k], jq) << 8) | byte_of(t[k], jp);
+                // 16-bit counter `key` inside a 32-bit word: no carry crosses into the other counter.
+                if (use_smem) atomicAdd(&sj4[key >> 1], 1u << (16 * (key & 1)));
+                else atomicAdd(&joint[key], 1u);
+            }
         }
     }
     __syncthreads();
@@ -206,8 +265,9 @@ __device__ __forceinline__ u64 warp_sum64(u64 v) {
 
 // FORMAT.md section 7, *choose*: the covering table of least cost (lowest index among ties) if its
 // cost is below the threshold's fraction of the raw cost, else raw. `h` is the block's histogram of
-// the plane (shared memory).
-__device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane) {
+// the plane (shared memory). This is the general form, in 64-bit sums; `choose` takes it only for
+// blocks too long for 32-bit ones.
+__device__ u32 choose64(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane) {
     u32 hv[8];
     #pragma unroll
     for (int k = 0; k < 8; k++) hv[k] = h[lane * 8 + k];
@@ -234,6 +294,77 @@ __device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 b
     }
     const u64 raw = (u64)(8 * blen) << 16;
     if (bj != SEL_RAW && (best << 16) < (u64)threshold * raw) return bj;
+    return SEL_RAW;
+}
+
+// Longest block whose cost under any table fits in 32 bits: a present symbol's code length is at
+// most 12 << 16 bits (frequency 1), and 5461 * (12 << 16) < 2^32.
+#define CHOOSE32_MAX_LEN 5461u
+
+// Sums of one value per table, 8 tables per lane, over the warp, scattered: lane `l` ends with the
+// sum for table ((l >> 4) & 1) * 4 + ((l >> 3) & 1) * 2 + ((l >> 2) & 1) (9 shuffles where 8 plain
+// sums take 40). `op` adds or ors.
+template <typename Op>
+__device__ __forceinline__ u32 scatter_sum8(u32 (&v)[8], int lane, Op op) {
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const bool up = lane & 16;
+        const u32 send = up ? v[i] : v[i + 4], keep = up ? v[i + 4] : v[i];
+        v[i] = op(keep, __shfl_xor_sync(FULL, send, 16));
+    }
+    #pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const bool up = lane & 8;
+        const u32 send = up ? v[i] : v[i + 2], keep = up ? v[i + 2] : v[i];
+        v[i] = op(keep, __shfl_xor_sync(FULL, send, 8));
+    }
+    const bool up = lane & 4;
+    const u32 send = up ? v[0] : v[1], keep = up ? v[1] : v[0];
+    u32 r = op(keep, __shfl_xor_sync(FULL, send, 4));
+    r = op(r, __shfl_xor_sync(FULL, r, 2));
+    return op(r, __shfl_xor_sync(FULL, r, 1));
+}
+
+// `choose64` for blocks of at most CHOOSE32_MAX_LEN units, the same choice: eight tables at a time,
+// each lane's 8 code lengths in two 16-byte loads, 32-bit costs, and a symbol the table lacks
+// detected by or-ing the code lengths of the block's present symbols (CL_ABSENT has the top bit,
+// no present code length has).
+__device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane) {
+    if (blen > CHOOSE32_MAX_LEN) return choose64(h, blen, cls, base, nt, threshold, lane);
+    u32 hv[8], present[8];
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        hv[k] = h[lane * 8 + k];
+        present[k] = hv[k] ? 0xFFFFFFFFu : 0u;
+    }
+    const u32 slot = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
+    u64 best = ~0ull;  // (cost << 8 | table) of the lane's tables
+    for (u32 j0 = 0; j0 < nt; j0 += 8) {
+        u32 cost[8], absent[8];
+        #pragma unroll
+        for (int t = 0; t < 8; t++) {
+            cost[t] = 0;
+            absent[t] = 0;
+            if (j0 + t < nt) {
+                const uint4* cl = (const uint4*)(cls + (u64)(base + j0 + t) * 256 + lane * 8);
+                const uint4 a = __ldg(cl), b = __ldg(cl + 1);
+                const u32 l[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                #pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    cost[t] += hv[k] * l[k];
+                    absent[t] |= l[k] & present[k];
+                }
+            }
+        }
+        const u32 c = scatter_sum8(cost, lane, [](u32 x, u32 y) { return x + y; });
+        const u32 a = scatter_sum8(absent, lane, [](u32 x, u32 y) { return x | y; });
+        const u32 j = j0 + slot;
+        if (j < nt && !(a >> 31)) best = min(best, (u64)c << 8 | j);
+    }
+    #pragma unroll
+    for (int d = 4; d < 32; d <<= 1) best = min(best, (u64)__shfl_xor_sync(FULL, (long long)best, d));
+    const u64 raw = (u64)(8 * blen) << 16;
+    if (best != ~0ull && ((best >> 8) << 16) < (u64)threshold * raw) return (u32)(best & 0xFF);
     return SEL_RAW;
 }
 
