@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Attributes an ncu source-counter profile of a kernel to the lines and functions of its source,
-crates/tensorzip-cuda/kernels/decode.cu or encode.cu (run here, on the files `scripts/gpu_run.sh
+crates/tensorzip-cuda/kernels/decode.cu, encode.cu or search.cu (run here, on the files `scripts/gpu_run.sh
 profile` wrote).
 
     scripts/ncu_lines.py SASS_CSV DISASM KERNEL [LINES]
@@ -27,6 +27,9 @@ def main():
     n_lines = int(sys.argv[4]) if len(sys.argv) > 4 else 40
     prefix = len((KERNELS / "smem.cuh").read_text().splitlines())
     name = "decode.cu" if kernel.startswith(("tz_decode", "tz_build_tables", "tz_copy")) else "encode.cu"
+    if kernel.startswith(("tz_search", "tz_enc_tables")):
+        # The search's unit is search.cu alone (no smem.cuh in front).
+        name, prefix = "search.cu", 0
     src = (KERNELS / name).read_text().splitlines()
 
     # Instruction offset -> line of the .cu file (<= 0: a line of smem.cuh), for KERNEL's section only.
