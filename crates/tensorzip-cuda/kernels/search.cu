@@ -935,7 +935,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* _
 // encode kernel's form into their fixed slots, so that the encode kernel follows the search on the
 // stream with no host round trip in between. Every check of the format's table parser
 // (`FreqTable::parse`) and of the host's `parse_out` is made again: a plane whose output fails one
-// gets no tables (its planes stay raw) and adds nothing to its blob's head, and the host, which
+// gets no tables (the plane is coded raw) and adds nothing to its blob's head, and the host, which
 // parses the same bytes while the encoder runs, refuses the call (and compares what this kernel
 // wrote into the tensors' parameters with its own parse).
 
