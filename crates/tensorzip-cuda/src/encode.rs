@@ -639,6 +639,12 @@ impl GpuEngine {
             hist_at: usize,
             joint_at: Option<usize>,
         }
+        impl Counting {
+            /// The plane that may have a conditional table: the one whose joint counts are taken.
+            fn may_condition(&self) -> Option<usize> {
+                self.joint_at.map(|_| self.params.joint_plane as usize)
+            }
+        }
         let mut counting = Vec::new();
         for (i, t) in tensors.iter().enumerate() {
             if t.nbytes == 0 || t.nbytes < opts.min_compress_bytes {
@@ -820,8 +826,6 @@ impl GpuEngine {
             })
             .collect();
         let n_planes: usize = counting.iter().map(|c| c.header.planes()).sum();
-        let conditioned =
-            |c: &Counting, p: usize| c.joint_at.is_some() && c.params.joint_plane as usize == p;
         let gpu_search = std::env::var_os("TENSORZIP_DEV_HOST_SEARCH").is_none_or(|v| v == "0")
             && counting
                 .iter()
@@ -838,7 +842,7 @@ impl GpuEngine {
                         n_sampled: c.sampling.picks.len() as u32,
                         n_blocks: c.sampling.n_blocks,
                         joint: match c.joint_at {
-                            Some(j) if conditioned(c, p) => counts_ptr + 4 * j as u64,
+                            Some(j) if c.may_condition() == Some(p) => counts_ptr + 4 * j as u64,
                             _ => 0,
                         },
                     });
@@ -977,14 +981,14 @@ impl GpuEngine {
             for (q, base) in p.table_base.iter_mut().enumerate().take(planes) {
                 *base = ((plane_first[ci] + q) as u64 * slots) as u32;
             }
-            if let Some((_, src)) = t.dtype.conditioned_plane().filter(|_| c.joint_at.is_some()) {
-                let q = c.params.joint_plane as usize;
+            if let (Some(q), Some((_, src))) = (c.may_condition(), t.dtype.conditioned_plane()) {
                 p.cond_src = src as u32;
                 p.cond_table = ((plane_first[ci] + q) as u64 * slots + t_max) as u32;
             }
             p.dst_base = blob.device_ptr(&s).0 + (header_bytes.len() + dir_len) as u64;
             p.dst_cap = t.nbytes as u64;
             coded.push(Coded {
+                may_condition: c.may_condition(),
                 index: c.index,
                 data: c.data,
                 header: c.header,
@@ -993,7 +997,6 @@ impl GpuEngine {
                 blob,
                 dir: Vec::new(),
                 total: 0,
-                may_condition: c.joint_at.map(|_| c.params.joint_plane as usize),
             });
         }
         // The encode kernel's tables, in their fixed slots (not zeroed: a slot is read only if its
