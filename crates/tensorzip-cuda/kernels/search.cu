@@ -29,6 +29,9 @@ typedef unsigned char u8;
 #define NO_COST 0xffffffffffffffffull
 #define NONE 0xffff
 #define CL_ABSENT 0xffffffffu
+// The most sampled blocks of a job (src/search.rs `MAX_SAMPLED`; more get status 1): the Lloyd
+// step's 32-bit per-lane sums rely on it.
+#define MAX_SAMPLED 8192u
 
 struct SearchJob {
     u64 hists;     // u32[256] histogram of the plane in sampled block 0; block i at hists + 4 * i * stride
@@ -144,6 +147,10 @@ __device__ __forceinline__ bool stays_coded(u64 cost, u64 len, u32 thr) {
 // ---- warp and block reductions ----
 
 __device__ __forceinline__ u64 warp_sum64(u64 v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ u32 warp_sum32(u32 v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     return v;
 }
@@ -316,7 +323,9 @@ __device__ bool warp_normalize(C count, F forced, u8* codes, u32* span, u32* afr
 // ---- the job's scratch ----
 
 struct Layout {
-    u32* rows;   // [256][n] dense counts over the support, column-major (symbol i of block b at i * n + b)
+    u16* rows;   // [256][n] dense counts over the support, column-major (symbol i of block b at i * n + b);
+                 // 16 bits hold them: a non-constant block has two symbols or more and at most
+                 // 65536 units, so no count passes 65535 (checked where they are written)
     u32* idx;    // [n] sampled block of each non-constant block
     u32* lens;   // [n]
     u64* ideal;  // [n]
@@ -344,7 +353,7 @@ __device__ Layout layout(u8* base, u64 n, u64 t) {
         at += (bytes + 15) & ~15ull;
         return p;
     };
-    l.rows = (u32*)take(256 * n * 4);
+    l.rows = (u16*)take(256 * n * 2);
     l.idx = (u32*)take(n * 4);
     l.lens = (u32*)take(n * 4);
     l.ideal = (u64*)take(n * 8);
@@ -369,24 +378,54 @@ __device__ Layout layout(u8* base, u64 n, u64 t) {
 
 // ---- steps of the search ----
 
-// The cost columns (bank k) of the tables listed in `sh.dirty`: one thread per block, the table's
-// code lengths read by every thread alike (broadcast).
+// The cost columns of `G` tables (`j[0..G]`, bank k) for block b, in one pass over the block's row:
+// each count is loaded once for all G. A count under an absent symbol (`CL_ABSENT`) makes the column
+// NO_COST whatever the sum, so the product is added unconditionally (h * l < 2^48, 256 of them fit).
+template <int G>
+__device__ __forceinline__ void column_group(const Layout& L, int k, const u32 (&j)[4], u32 b, u32 nb, u32 ns) {
+    const u32* cl[G];
+    u64 acc[G];
+    bool miss[G];
+#pragma unroll
+    for (int t = 0; t < G; t++) {
+        cl[t] = L.clen[k] + (u64)j[t] * 256;
+        acc[t] = 0;
+        miss[t] = false;
+    }
+    for (u32 i = 0; i < ns; i++) {
+        const u32 h = L.rows[(u64)i * nb + b];
+#pragma unroll
+        for (int t = 0; t < G; t++) {
+            const u32 l = cl[t][i];
+            miss[t] |= (l == CL_ABSENT) & (h != 0);
+            acc[t] += (u64)h * l;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < G; t++) L.col[k][(u64)j[t] * nb + b] = miss[t] ? NO_COST : acc[t];
+}
+
+// The cost columns (bank k) of the tables listed in `sh.dirty`: one thread per block, up to four
+// tables per pass over its row, the tables' code lengths read by every thread alike (broadcast).
 __device__ void columns(Shared& sh, const Layout& L, int k, u32 nb) {
     __syncthreads();
     const u32 ns = sh.nsyms, nd = sh.ndirty;
     for (u32 b = threadIdx.x; b < nb; b += NT) {
-        for (u32 d = 0; d < nd; d++) {
-            const u32 j = sh.dirty[d];
-            const u32* cl = L.clen[k] + (u64)j * 256;
-            u64 acc = 0;
-            bool miss = false;
-            for (u32 i = 0; i < ns; i++) {
-                u32 h = L.rows[(u64)i * nb + b];
-                u32 l = cl[i];
-                if (l == CL_ABSENT) miss |= h != 0;
-                else acc += (u64)h * l;
+        for (u32 d = 0; d < nd;) {
+            u32 j[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) j[t] = sh.dirty[min(d + t, nd - 1)];
+            const u32 left = nd - d;
+            if (left >= 4) {
+                column_group<4>(L, k, j, b, nb, ns);
+                d += 4;
+            } else if (left >= 2) {
+                column_group<2>(L, k, j, b, nb, ns);
+                d += 2;
+            } else {
+                column_group<1>(L, k, j, b, nb, ns);
+                d += 1;
             }
-            L.col[k][(u64)j * nb + b] = miss ? NO_COST : acc;
         }
     }
     __syncthreads();
@@ -507,6 +546,23 @@ __device__ void copy_bank(const Layout& L, int from, int to, u32 nt, u32 nb) {
 // one, each serialised (lo, hi, codes lo..=hi).
 #define OUT_HEAD 16
 
+// The lowest and highest symbols whose code in `c` (256 bytes) is not 0, on the calling warp (every
+// lane gets them); (256, 0) if there is none.
+__device__ void warp_present_range(const u8* c, u32* lo, u32* hi) {
+    const u32 lane = threadIdx.x & 31;
+    u32 l = 256, h = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const u32 sym = lane + 32 * k;
+        if (c[sym] != 0) {
+            l = min(l, sym);
+            h = max(h, sym);
+        }
+    }
+    *lo = warp_min32(l);
+    *hi = warp_max32(h);
+}
+
 // The search of one plane (`model::cluster`); returns the number of tables written.
 __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 max_tables, u32 thr, u8* out) {
     const u32* hists = (const u32*)job.hists;
@@ -516,8 +572,8 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     //    every one of them is raw by the collision bound. One warp per histogram.
     //    First pass: flags into `lens` (the length, or 0 for constant blocks) and the bound.
     bool all_raw_local = true;
-    // The largest passing sum of squares for the last length seen (lane 0 of each warp; most
-    // blocks have the same length, so the bisection runs about once per warp).
+    // The largest passing sum of squares for the last length seen (the same on every lane of a
+    // warp; most blocks have the same length, so the search for it runs about once per warp).
     u64 last_n = 0, last_limit = 0;
     bool last_some = false;
     for (u32 i = warp; i < n; i += NW) {
@@ -535,8 +591,8 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         nz = (u32)warp_sum64(nz);
         bool nonconst = nz >= 2;
         if (lane == 0) L.lens[i] = nonconst ? (u32)max(sum, 1ull) : 0;
-        if (nonconst && lane == 0) {
-            // CollisionTest::raw
+        if (nonconst) {
+            // CollisionTest::raw. Everything here is the same on every lane (warp sums).
             bool raw = false;
             if (sum != 0 && sum <= (1ull << 16)) {
                 u64 nn = sum;
@@ -550,10 +606,26 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
                     last_n = nn;
                     last_some = fails(1);
                     if (last_some) {
+                        // The largest s in 1..=nn^2 that fails (the core bisects; `fails` is
+                        // monotone, so any search finds the same s): 32 candidates a round, one
+                        // per lane, ~7 rounds instead of ~32 sequential logarithms of large
+                        // values (13% of the search's instructions when lane 0 bisected).
                         u64 lo = 1, hi = nn * nn;
                         while (lo < hi) {
-                            u64 mid = lo + (hi - lo + 1) / 2;
-                            if (fails(mid)) lo = mid; else hi = mid - 1;
+                            const u64 span = hi - lo; // < 2^32: the lanes' points need no 128 bits
+                            const u64 p = lo + (span * (lane + 1) + 31) / 32;
+                            const u32 m = __ballot_sync(FULL, fails(p));
+                            // Monotone: the failing lanes are a prefix.
+                            const u64 p0 = __shfl_sync(FULL, p, 0);
+                            if (m == 0) {
+                                hi = p0 - 1;
+                            } else {
+                                const u32 j = 31 - __clz(m);
+                                const u64 pj = __shfl_sync(FULL, p, j);
+                                const u64 pn = __shfl_sync(FULL, p, min(j + 1, 31u));
+                                lo = pj;
+                                if (j < 31) hi = pn - 1;
+                            }
                         }
                         last_limit = lo;
                     }
@@ -608,11 +680,19 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     }
     const u32 ns = sh.nsyms;
     // Dense rows, column-major; ideal costs.
+    bool wide = false;
     for (u64 e = threadIdx.x; e < (u64)ns * nb; e += NT) {
         u32 i = (u32)(e / nb), b = (u32)(e % nb);
-        L.rows[e] = hists[(u64)L.idx[b] * job.stride + sh.syms[i]];
+        const u32 h = hists[(u64)L.idx[b] * job.stride + sh.syms[i]];
+        wide |= h > 0xFFFFu;
+        L.rows[e] = (u16)h;
     }
-    __syncthreads();
+    // Counts from blocks longer than the format allows (not from this engine's histograms): the
+    // plane is refused (status 2; the host reports it) rather than searched on truncated rows.
+    if (block_any(wide)) {
+        if (threadIdx.x == 0) ((u32*)out)[2] = 2;
+        return 0;
+    }
     for (u32 b = threadIdx.x; b < nb; b += NT) {
         u64 nn = 0, shl = 0;
         for (u32 i = 0; i < ns; i++) {
@@ -726,18 +806,21 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         for (int it = 0; it < 1; it++) {
             for (u32 g = 1; g < tn; g += 8) {
                 for (u32 i = warp; i < ns; i += NW) {
-                    u64 acc[8];
+                    // A lane sums at most ceil(nb / 32) counts below 2^16: 32 bits hold them (nb
+                    // is at most MAX_SAMPLED, checked at the kernel's start).
+                    u32 acc[8];
 #pragma unroll
                     for (int t = 0; t < 8; t++) acc[t] = 0;
                     for (u32 b = lane; b < nb; b += 32) {
-                        u32 sel = L.cs[tr][b];
-                        u64 v = L.rows[(u64)i * nb + b];
+                        const u32 d = (u32)L.cs[tr][b] - g;
+                        const u32 v = L.rows[(u64)i * nb + b];
 #pragma unroll
-                        for (int t = 0; t < 8; t++) acc[t] += sel == g + t ? v : 0;
+                        for (int t = 0; t < 8; t++) acc[t] += d == (u32)t ? v : 0u;
                     }
 #pragma unroll
                     for (int t = 0; t < 8; t++) {
-                        u64 a = warp_sum64(acc[t]);
+                        // The warp's sum is below nb * 2^16 <= 2^29: 32-bit shuffles suffice.
+                        u64 a = warp_sum32(acc[t]);
                         if (lane == 0 && g + t < tn) L.lsum[(u64)(g + t) * 256 + i] = a;
                     }
                 }
@@ -798,25 +881,38 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     for (u32 b = threadIdx.x; b < nb; b += NT)
         if (L.cs[cur][b] != SEL_RAW) used[L.cs[cur][b]] = 1;
     __syncthreads();
-    u32 kept = 0;
-    if (threadIdx.x == 0) {
-        u32 at = OUT_HEAD;
-        for (u32 j = 0; j < nt; j++) {
-            if (!used[j]) continue;
-            const u8* c = L.codes[cur] + (u64)j * 256;
-            int lo = 0, hi = 255;
-            while (lo < 256 && c[lo] == 0) lo++;
-            while (hi > 0 && c[hi] == 0) hi--;
-            out[at++] = (u8)lo;
-            out[at++] = (u8)hi;
-            for (int s = lo; s <= hi; s++) out[at++] = c[s];
-            kept++;
-        }
-        sh.flag = kept;
-        ((u32*)out)[3] = at;
+    // One warp per table: its lowest and highest present symbols by ballot, its serialised length
+    // (0 if unused); then each warp finds its table's place from the lengths before it and writes
+    // its bytes, one lane per byte. (Thread 0 alone, one dependent global load per code, was 9% of
+    // the search's stall samples in an ncu profile of 1 GiB bf16: the block waited for it.)
+    __shared__ u32 slen[64];
+    for (u32 j = warp; j < nt; j += NW) {
+        const u8* c = L.codes[cur] + (u64)j * 256;
+        u32 lo, hi;
+        warp_present_range(c, &lo, &hi);
+        // An all-zero row (never kept: a table has its anchor) would serialise as (0, 0), no codes.
+        if (lane == 0) slen[j] = used[j] ? 2 + (lo <= hi ? hi - lo + 1 : 0) : 0;
     }
     __syncthreads();
-    kept = sh.flag;
+    for (u32 j = warp; j < nt; j += NW) {
+        if (!used[j]) continue;
+        u32 at = OUT_HEAD;
+        for (u32 i = 0; i < j; i++) at += slen[i];
+        const u8* c = L.codes[cur] + (u64)j * 256;
+        u32 lo, hi;
+        warp_present_range(c, &lo, &hi);
+        if (lane == 0) {
+            out[at] = (u8)lo;
+            out[at + 1] = (u8)hi;
+        }
+        for (u32 sym = lo + lane; sym <= hi; sym += 32) out[at + 2 + sym - lo] = c[sym];
+    }
+    u32 kept = 0, at = OUT_HEAD;
+    for (u32 j = 0; j < nt; j++) {
+        kept += used[j] != 0;
+        at += slen[j];
+    }
+    if (threadIdx.x == 0) ((u32*)out)[3] = at;
     __syncthreads();
     return kept;
 }
@@ -917,7 +1013,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* _
         ((u32*)out)[3] = OUT_HEAD;
     }
     Layout L = layout((u8*)job.scratch, job.n_sampled, params.max_tables);
-    if (L.bytes > job.scratch_len || params.max_tables > 64 || params.max_tables == 0 || job.n_sampled == 0) {
+    if (L.bytes > job.scratch_len || params.max_tables > 64 || params.max_tables == 0 || job.n_sampled == 0 ||
+        job.n_sampled > MAX_SAMPLED) {
         if (threadIdx.x == 0) ((u32*)out)[2] = 1;
         return;
     }

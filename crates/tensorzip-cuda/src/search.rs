@@ -62,7 +62,8 @@ const MAX_TABLES: u64 = tensorzip::blob::MAX_TABLES as u64;
 
 /// Scratch bytes of a job of `n` sampled blocks and `max_tables` tables: `Layout` in search.cu,
 /// each piece rounded up to 16 bytes. The kernel computes the same and refuses a smaller scratch
-/// (status 1), so a disagreement is an error, not an overrun.
+/// (status 1), so a disagreement is an error, not an overrun. The dense rows are 16-bit: no count
+/// of a non-constant block passes 65535 (the kernel refuses one that does, status 2).
 pub(crate) fn scratch_bytes(n: u64, max_tables: u64) -> u64 {
     let r = |b: u64| (b + 15) & !15;
     let t = max_tables;
@@ -77,7 +78,7 @@ pub(crate) fn scratch_bytes(n: u64, max_tables: u64) -> u64 {
         + r(t * 256 * 2)
         + r(t * 4)
         + r(t * 256 * 4);
-    r(256 * n * 4) + r(n * 4) + r(n * 4) + r(n * 8) + 2 * per_bank + r(n) + r(t * 256 * 8)
+    r(256 * n * 2) + r(n * 4) + r(n * 4) + r(n * 8) + 2 * per_bank + r(n) + r(t * 256 * 8)
 }
 
 /// Bytes of a job's output: a 16-byte head, then up to `max_tables` tables and the conditional
@@ -106,7 +107,12 @@ pub(crate) fn parse_out(out: &[u8], max_tables: usize, conditioned: bool) -> Res
     let (kept, cond, status, end) = (word(0) as usize, word(1), word(2), word(3) as usize);
     if status != 0 {
         return bad(&format!(
-            "status {status} (scratch smaller than the kernel's layout)"
+            "status {status} ({})",
+            match status {
+                1 => "scratch smaller than the kernel's layout, or too many sampled blocks",
+                2 => "a sampled block's count above 65535",
+                _ => "unknown",
+            }
         ));
     }
     if kept > max_tables || end > out.len() || end < 16 {
@@ -176,9 +182,10 @@ pub(crate) fn load(
 }
 
 /// Most sampled blocks a tensor may have for its planes to be searched on the GPU: a plane's
-/// scratch grows with them (~1.1 KiB a block and ~17 bytes per block and table: ~1.2 MiB at the
+/// scratch grows with them (~0.55 KiB a block and ~17 bytes per block and table: ~0.7 MiB at the
 /// default 1024 samples and 8 tables). Calls with more (an option far from the default) are
-/// searched by the host.
+/// searched by the host. search.cu has the same limit (`MAX_SAMPLED`: its Lloyd step sums counts
+/// in 32 bits) and refuses a job above it (status 1).
 pub(crate) const MAX_SAMPLED: u64 = 8192;
 
 /// One plane to search, on the device.
@@ -544,7 +551,7 @@ mod tests {
         max_tables: usize,
         threshold: u32,
         limit: u64,
-    ) -> Vec<PlaneTables> {
+    ) -> Vec<Result<PlaneTables>> {
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
         let (f, _) = load(&units(), eng.context(), &s).unwrap();
@@ -571,7 +578,7 @@ mod tests {
         planes
             .iter()
             .enumerate()
-            .map(|(i, p)| parse_plane(&down, i, max_tables, p.2.is_some()).unwrap())
+            .map(|(i, p)| parse_plane(&down, i, max_tables, p.2.is_some()))
             .collect()
     }
 
@@ -643,6 +650,7 @@ mod tests {
                 let limit = if threshold == 65536 { 0 } else { u64::MAX };
                 let gpu = gpu_search(&planes, max_tables, threshold, limit);
                 for (i, ((h, nbk, j), g)) in planes.iter().zip(&gpu).enumerate() {
+                    let g = g.as_ref().expect("search output");
                     let cpu = cpu_search(h, *nbk, j.as_deref(), max_tables, threshold);
                     seen[g.tables.len().min(3)] += 1;
                     seen[4] += g.cond.is_some() as usize;
@@ -656,6 +664,32 @@ mod tests {
         }
         // The cases reach every outcome (else the comparison above could pass on trivial ones).
         assert!(seen.iter().all(|&n| n > 0), "outcomes {seen:?}");
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device (scripts/gpu_run.sh tests runs it)"]
+    fn gpu_refuses_counts_past_16_bits() {
+        if let Err(why) = crate::available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        // The kernel keeps a plane's counts in 16 bits, which holds every non-constant block of
+        // the format (at most 65536 units). A histogram of a longer block (not one this engine's
+        // counting writes) is refused with status 2, not searched on truncated counts; the
+        // same launch's other planes are searched as usual.
+        let mut hists = plane_hists(0, 64, 4096, 7);
+        hists[10] = [0; 256];
+        hists[10][3] = 70_000;
+        hists[10][4] = 1;
+        let normal = plane_hists(0, 64, 4096, 8);
+        let planes: Vec<TestPlane> = vec![(hists, 64, None), (normal.clone(), 64, None)];
+        let out = gpu_search(&planes, 8, 62259, u64::MAX);
+        let err = out[0]
+            .as_ref()
+            .expect_err("a count above 65535 must be refused");
+        assert!(err.to_string().contains("status 2"), "{err}");
+        let good = out[1].as_ref().expect("the other plane is searched");
+        assert_eq!(good, &cpu_search(&normal, 64, None, 8, 62259));
     }
 
     /// Whatever bytes the kernel might leave, parsing them gives tables or an error, never a panic:
