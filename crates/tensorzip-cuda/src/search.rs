@@ -182,7 +182,7 @@ pub(crate) fn load(
 }
 
 /// Most sampled blocks a tensor may have for its planes to be searched on the GPU: a plane's
-/// scratch grows with them (~0.55 KiB a block and ~17 bytes per block and table: ~0.7 MiB at the
+/// scratch grows with them (~0.55 KiB a block and ~17 bytes per block and table: ~0.75 MiB at the
 /// default 1024 samples and 8 tables). Calls with more (an option far from the default) are
 /// searched by the host. search.cu has the same limit (`MAX_SAMPLED`: its Lloyd step sums counts
 /// in 32 bits) and refuses a job above it (status 1).
