@@ -625,8 +625,9 @@ impl GpuEngine {
     }
 
     /// The same engine with the encoder's scratch limited to `bytes` (at least one chunk's slot
-    /// per wave; overlapped waves take half each): the same blobs, in more launches. For tests of the path that tensors
-    /// of more than ~3 GiB in one call take with the default ([`crate::encode::SCRATCH_BYTES`]).
+    /// per wave; overlapped waves take half each): the same blobs, in more launches. For tests of
+    /// the path that tensors of more than ~3 GiB in one call take with the default
+    /// ([`crate::encode::SCRATCH_BYTES`]).
     pub fn with_wave_bytes(mut self, bytes: u64) -> GpuEngine {
         self.wave_bytes = bytes;
         self
