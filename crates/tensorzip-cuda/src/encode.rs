@@ -964,7 +964,7 @@ impl GpuEngine {
                         tensor: i as u32,
                         seg,
                     });
-                    off += counting[i].slot_bytes;
+                    off += slot_of(i);
                 }
                 wave_jobs.push((g, first..jobs.len(), bytes, base));
             }
@@ -975,12 +975,9 @@ impl GpuEngine {
         // the call, once the table search had moved to the GPU and no longer hid it). Checked on
         // the H200 (2026-12-02): the encoder's GPU tests give the CPU's blobs also with the
         // scratch filled with 0xAB.
-        // Both halves where there are two waves or more.
-        let scratch_need = if wave_jobs.len() > 1 && !serial {
-            2 * half
-        } else {
-            half
-        };
+        // Both halves, and a second stream, where overlapped waves are more than one.
+        let two_halves = !serial && wave_jobs.len() > 1;
+        let scratch_need = if two_halves { 2 * half } else { half };
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         // SAFETY: plain bytes, every one the kernels use written by them first (above).
         let scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
@@ -1143,11 +1140,7 @@ impl GpuEngine {
         // an event; so wave w's placement and compaction run beside wave w + 1's encoder. The
         // main stream joins the second after the last wave. (Forked here, after everything the
         // encoders read has been queued on the main stream.)
-        let second = if wave_jobs.len() > 1 && !serial {
-            Some(s.fork()?)
-        } else {
-            None
-        };
+        let second = if two_halves { Some(s.fork()?) } else { None };
         let run = (|| -> Result<()> {
             let host = pinned.as_mut_slice()?;
             // SAFETY: the outputs, `down_u32` u32 of `outs_dev`, into the page-locked buffer, which

@@ -60,6 +60,14 @@ const _: () = assert!(std::mem::size_of::<SearchJob>() == 56);
 /// Most tables a plane may have (the format's limit, `blob::MAX_TABLES`; the kernel's too).
 const MAX_TABLES: u64 = tensorzip::blob::MAX_TABLES as u64;
 
+/// Refuses a table count the search and the tables' expansion are not made for (1..=MAX_TABLES).
+fn check_max_tables(max_tables: u32) -> Result<()> {
+    if max_tables == 0 || max_tables as u64 > MAX_TABLES {
+        return Err(Error::Unsupported(format!("{max_tables} tables per plane")));
+    }
+    Ok(())
+}
+
 /// Scratch bytes of a job of `n` sampled blocks and `max_tables` tables: `Layout` in search.cu,
 /// each piece rounded up to 16 bytes. The kernel computes the same and refuses a smaller scratch
 /// (status 1), so a disagreement is an error, not an overrun. The dense rows are 16-bit: no count
@@ -387,9 +395,7 @@ pub(crate) unsafe fn queue_tables(
     max_tables: u32,
     [fcs, cls, info]: [u64; 3],
 ) -> Result<()> {
-    if max_tables == 0 || max_tables as u64 > MAX_TABLES {
-        return Err(Error::Unsupported(format!("{max_tables} tables per plane")));
-    }
+    check_max_tables(max_tables)?;
     if n == 0 {
         return Ok(());
     }
@@ -425,9 +431,7 @@ unsafe fn launch(
     max_tables: u32,
     threshold: u32,
 ) -> Result<()> {
-    if max_tables == 0 || max_tables as u64 > MAX_TABLES {
-        return Err(Error::Unsupported(format!("{max_tables} tables per plane")));
-    }
+    check_max_tables(max_tables)?;
     if n == 0 {
         return Ok(());
     }
