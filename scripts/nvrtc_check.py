@@ -10,7 +10,8 @@ on first use. scripts/test.sh runs it (CI has no GPU: this is where the kernels 
     scripts/nvrtc_check.py FILE.cu [UNIT]   one source (a variant, e.g. for TENSORZIP_DEV_*_SRC)
 
 Prints each unit's cubin size and compile time; exits non-zero on the first compile error (its log
-printed)."""
+printed). With TZ_CUBIN_DIR=DIR set, each unit's cubin is also written to DIR/NAME.UNIT.cubin (for
+`nvdisasm -g -c`, from the nvidia-cuda-nvdisasm wheel: the SASS without a device call)."""
 import concurrent.futures
 import ctypes
 import glob
@@ -63,6 +64,14 @@ def compile_unit(lib, name, src, unit):
     cubin = ctypes.c_size_t()
     if rc == 0:
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin))
+        out_dir = os.environ.get("TZ_CUBIN_DIR")
+        if out_dir:
+            # The cubin itself, for reading the SASS here (`nvdisasm -g -c FILE`; nvdisasm comes
+            # from the nvidia-cuda-nvdisasm wheel).
+            buf = ctypes.create_string_buffer(cubin.value)
+            lib.nvrtcGetCUBIN(prog, buf)
+            with open(os.path.join(out_dir, f"{os.path.splitext(name)[0]}.{unit}.cubin"), "wb") as f:
+                f.write(buf.raw)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     return rc, log.value.decode(errors="replace"), cubin.value, took
 

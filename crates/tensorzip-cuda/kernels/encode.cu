@@ -369,48 +369,52 @@ __device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 b
 }
 
 // The state after coding a symbol of frequency `f` (> 0) and cumulative frequency `c` into `x`
-// (already renormalised): (x / f) << 12 + x % f + c, the division by the reciprocal `rcp` =
-// floor(2^32 / f) and one correction.
+// (already renormalised, so f <= x < f << 20): (x / f) << 12 + x % f + c, written as
+// x + c + (x / f) * (4096 - f) (the core's form). The division is a multiply by the reciprocal
+// `rcp` = floor(2^32 / f) (0xFFFFFFFF for f = 1), whose quotient `q` is floor(x / f) or one less;
+// it is one less exactly when x >= (q + 1) f, tested as x - f >= q f so that nothing overflows
+// (q f <= x, and x >= 2^16 > f). Branch-free: a multiply-high, two multiply-adds, a compare and a
+// select (the earlier form, remainder and quotient both corrected, was 11 instructions, H200 SASS).
 __device__ __forceinline__ u32 push(u32 x, u32 f, u32 c, u32 rcp) {
-    u32 q = __umulhi(x, rcp);
-    u32 r = x - q * f;
-    if (r >= f) {
-        q++;
-        r -= f;
-    }
-    return (q << 12) + r + c;
+    const u32 q = __umulhi(x, rcp);
+    const u32 cm = 4096u - f;
+    const u32 y = x + c + q * cm;
+    return x - f >= q * f ? y + cm : y;
 }
 
 // The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16) come from smem.cuh, which the
 // engine prepends.
 
 // One rANS encoder step of the warp (FORMAT.md 5.3, backwards): active lanes push one symbol; the
-// lanes that renormalise emit a word each, highest lane first. Word `k` of the emission goes to
-// `words[cap - 1 - k]`, so the stream (reverse emission order) ends at `words + cap`. `e` is the
-// lane's symbol's (frequency | cumulative << 16, floor(2^32 / frequency)), zero for inactive lanes;
-// the division is a multiply by that reciprocal and one correction (`push`). The emission is
-// predicated, without branches; `gt` is `lanemask_gt`.
-__device__ __forceinline__ void put_entry(u32& x, u32& pos, bool active, uint2 e, u16* words, u32 cap, u32 gt) {
-    const u32 f = e.x & 0xFFFFu, c = e.x >> 16;
+// lanes that renormalise emit a word each, highest lane first. The stream (reverse emission order)
+// ends at `words + cap`: `down` is the index the next emitted word goes to (cap - 1 at the start,
+// so cap - 1 - down words were emitted); a word whose index would fall below 0 is not stored (the
+// chunk then does not fit and is stored raw), and `down` keeps counting. `e` is the lane's
+// symbol's (frequency | cumulative << 16, floor(2^32 / frequency)), zero for inactive lanes; an
+// active lane's symbol has a frequency > 0 (a block table is chosen only when it codes every
+// symbol present in the block, the conditional table codes all 256). The emission is predicated
+// and the push selected, without branches; `gt` is `lanemask_gt`.
+__device__ __forceinline__ void put_entry(u32& x, int& down, bool active, uint2 e, u16* words, u32 gt) {
+    const u32 f = e.x & 0xFFFFu;
     const bool emit = active && x >= (f << 20);
     const u32 m = __ballot_sync(FULL, emit);
-    const u32 k = pos + __popc(m & gt);
-    if (emit && k < cap) words[cap - 1 - k] = (u16)x;
+    const int k = down - __popc(m & gt);
+    if (emit && k >= 0) words[k] = (u16)x;
     x = emit ? x >> 16 : x;
-    pos += __popc(m);
-    if (active && f) x = push(x, f, c, e.y);
+    down -= __popc(m);
+    const u32 y = push(x, f, e.x >> 16, e.y);
+    x = active ? y : x;
 }
 
 // `put_entry` with the symbol's entry from the table `fc` in global memory.
-__device__ __forceinline__ void put(u32& x, u32& pos, bool active, u32 sym, const uint2* __restrict__ fc, u16* words,
-                                    u32 cap) {
-    put_entry(x, pos, active, active ? __ldg(fc + sym) : make_uint2(0u, 0u), words, cap, lanemask_gt());
+__device__ __forceinline__ void put(u32& x, int& down, bool active, u32 sym, const uint2* __restrict__ fc, u16* words) {
+    put_entry(x, down, active, active ? __ldg(fc + sym) : make_uint2(0u, 0u), words, lanemask_gt());
 }
 
 // `put_entry` for a step where every lane is active, with the table's (frequency | cumulative << 16,
 // reciprocal) pairs at shared address `fc`.
-__device__ __forceinline__ void put_full(u32& x, u32& pos, u32 sym, u32 fc, u16* words, u32 cap, u32 gt) {
-    put_entry(x, pos, true, lds64(fc + 8 * sym), words, cap, gt);
+__device__ __forceinline__ void put_full(u32& x, int& down, u32 sym, u32 fc, u16* words, u32 gt) {
+    put_entry(x, down, true, lds64(fc + 8 * sym), words, gt);
 }
 
 // Copies a table's 256 (frequency | cumulative << 16, reciprocal) pairs to the warp's shared `dst`.
@@ -796,7 +800,8 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
     const u32 hist_sh = shared_addr(hist);
     const u32 planes_sh = stage_in_smem ? shared_addr(planes) : 0u;
     const u32 gt = lanemask_gt();
-    u32 pos = 0;
+    // The next word's index (`put_entry`); cap_words <= MAX_CHUNK_BYTES / 2 + 1 fits an int.
+    int down = (int)cap - 1;
     if (any) {
         u32 x;
         {
@@ -813,13 +818,13 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                     const u32 full = T / 32, rem = T % 32;
                     if (rem) {
                         const bool act = (u32)lane < rem;
-                        put(x, pos, act, act ? (u32)csyms[o + full * 32 + lane] : 0u, fc, words, cap);
+                        put(x, down, act, act ? (u32)csyms[o + full * 32 + lane] : 0u, fc, words);
                     }
                     if (lean) {
                         copy_fc(hist, fc, lane);
-                        for (u32 r = full; r-- > 0;) put_full(x, pos, csyms[o + r * 32 + lane], hist_sh, words, cap, gt);
+                        for (u32 r = full; r-- > 0;) put_full(x, down, csyms[o + r * 32 + lane], hist_sh, words, gt);
                     } else {
-                        for (u32 r = full; r-- > 0;) put(x, pos, true, csyms[o + r * 32 + lane], fc, words, cap);
+                        for (u32 r = full; r-- > 0;) put(x, down, true, csyms[o + r * 32 + lane], fc, words);
                     }
                 }
             }
@@ -841,7 +846,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                 const u32 i = full * 32 + lane;
                 #pragma unroll
                 for (int p = U - 1; p >= 0; p--)
-                    if (in_main[p]) put(x, pos, act, act ? (u32)planes[(u64)p * bu + i] : 0u, fc[p], words, cap);
+                    if (in_main[p]) put(x, down, act, act ? (u32)planes[(u64)p * bu + i] : 0u, fc[p], words);
             }
             // One coded plane, planes staged in shared memory: the lean steps.
             u32 n_main = 0, only = 0;
@@ -860,13 +865,13 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                 copy_fc(hist, f1, lane);
                 const u32 base = planes_sh + only * bu + lane;
                 #pragma unroll 4
-                for (u32 r = full; r-- > 0;) put_full(x, pos, lds8(base + r * 32), hist_sh, words, cap, gt);
+                for (u32 r = full; r-- > 0;) put_full(x, down, lds8(base + r * 32), hist_sh, words, gt);
             } else {
                 for (u32 r = full; r-- > 0;) {
                     const u32 i = r * 32 + lane;
                     #pragma unroll
                     for (int p = U - 1; p >= 0; p--)
-                        if (in_main[p]) put(x, pos, true, planes[(u64)p * bu + i], fc[p], words, cap);
+                        if (in_main[p]) put(x, down, true, planes[(u64)p * bu + i], fc[p], words);
                 }
             }
             __syncwarp();
@@ -876,6 +881,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
     }
 
     // 4. Sizes; a chunk whose coding does not make it smaller is stored with its planes raw.
+    u32 pos = (u32)((int)cap - 1 - down);  // words emitted
     u32 n_blocks_planes = 0;
     #pragma unroll
     for (int p = 0; p < U; p++) n_blocks_planes += mode[p] == MODE_BLOCKS;
