@@ -11,7 +11,7 @@
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
 //! `BENCH_DECODE_ONLY=1` skips the encoder's measurements; `CHUNK_BYTES=N` compresses with chunks of
 //! N bytes instead of the default; `BLOCK_UNITS=N` with blocks of N units; `NO_COND=1` without the
-//! conditioned plane; `OVERLAP_WAVES=1` encodes with `GpuEngine::with_overlapped_waves(true)`.
+//! conditioned plane.
 
 use std::time::Instant;
 
@@ -137,9 +137,7 @@ fn main() {
     let cpu_compress_s = t.elapsed().as_secs_f64();
     let comp: usize = blobs.iter().map(|b| b.len()).sum();
 
-    let eng = GpuEngine::new(0)
-        .unwrap()
-        .with_overlapped_waves(std::env::var_os("OVERLAP_WAVES").is_some_and(|v| v != "0"));
+    let eng = GpuEngine::new(0).unwrap();
     let s = eng.stream().clone();
     let mut host = Vec::with_capacity(comp);
     let mut offsets = Vec::new();

@@ -23,8 +23,7 @@
 //!
 //! Host synchronisations: one for the search's tables (while the encoder runs), one after the last
 //! wave's reports (a wave is as many chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is
-//! one wave; overlapped waves, `GpuEngine::with_overlapped_waves`, take half each, on two
-//! streams), one at the end. None between the search and the encoder, none per chunk or per wave.
+//! one wave), one at the end. None between the search and the encoder, none per chunk or per wave.
 
 use rayon::prelude::*;
 
@@ -52,8 +51,8 @@ pub const ENCODE_SRC: &str = concat!(
 
 use crate::transfer::staged;
 
-/// Most scratch memory the encoder's waves of chunks may use (a chunk's slot is ~2.5x its size:
-/// 1 GiB of tensors is one wave; overlapped waves take half each, in turn).
+/// Most scratch memory one wave of chunks may use (a chunk's slot is ~2.5x its size: 1 GiB of
+/// tensors is one wave).
 pub const SCRATCH_BYTES: u64 = 4 << 30;
 
 /// One tensor of a batch (layout shared with `struct EncParams` in encode.cu).
@@ -918,40 +917,19 @@ impl GpuEngine {
         // (`waves`); each job with its slot in the wave's scratch and the wave's first job of
         // its tensor, from which `tz_place` sums the payloads into places.
         let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
-        // Waves of the scratch limit, one after the other on the engine's stream; or, overlapped
-        // (`GpuEngine::with_overlapped_waves`), waves of half the limit in two halves of the
-        // scratch used in turn, whose placement and compaction (memory-bound) run beside the next
-        // wave's encode kernel (instruction-bound) on the other stream, so that only the last
-        // wave's are exposed (steps 3-4 below). The same blobs either way.
-        let serial = !self.overlap_waves();
-        let limit = if serial {
-            self.wave_bytes()
-        } else {
-            (self.wave_bytes() / 2).max(1)
-        };
-        let slot_of = |i: usize| counting[i].slot_bytes;
-        let half = scratch_bytes(&groups, limit, |i| {
-            (slot_of(i), counting[i].header.n_chunks())
-        })
-        .div_ceil(256)
-            * 256;
+        let limit = self.wave_bytes();
         let mut jobs: Vec<EncJob> = Vec::new();
-        // (launch group, the wave's jobs, its scratch bytes, its half's offset in the scratch)
-        let mut wave_jobs: Vec<(usize, std::ops::Range<usize>, u64, u64)> = Vec::new();
+        // (launch group, the wave's jobs, its scratch bytes)
+        let mut wave_jobs: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
         for (g, (_, members)) in groups.iter().enumerate() {
             let all: Vec<(usize, u64)> = members
                 .iter()
                 .flat_map(|&i| (0..counting[i].header.n_chunks()).map(move |c| (i, c)))
                 .collect();
-            for (wave, bytes) in waves(all.len(), limit, |j| slot_of(all[j].0)) {
+            for (wave, bytes) in waves(all.len(), limit, |j| counting[all[j].0].slot_bytes) {
                 let at = wave.start;
                 let first = jobs.len();
-                let base = if serial {
-                    0
-                } else {
-                    (wave_jobs.len() % 2) as u64 * half
-                };
-                let (mut off, mut seg) = (base, 0u32);
+                let (mut off, mut seg) = (0u64, 0u32);
                 for (w, &(i, c)) in all[wave].iter().enumerate() {
                     if w == 0 || all[at + w - 1].0 != i {
                         seg = w as u32;
@@ -964,9 +942,9 @@ impl GpuEngine {
                         tensor: i as u32,
                         seg,
                     });
-                    off += slot_of(i);
+                    off += counting[i].slot_bytes;
                 }
-                wave_jobs.push((g, first..jobs.len(), bytes, base));
+                wave_jobs.push((g, first..jobs.len(), bytes));
             }
         }
         // The encoders' scratch, big enough for the largest wave of any launch group
@@ -975,12 +953,12 @@ impl GpuEngine {
         // the call, once the table search had moved to the GPU and no longer hid it). Checked on
         // the H200 (2026-12-02): the encoder's GPU tests give the CPU's blobs also with the
         // scratch filled with 0xAB.
-        // Both halves, and a second stream, where overlapped waves are more than one.
-        let two_halves = !serial && wave_jobs.len() > 1;
-        let scratch_need = if two_halves { 2 * half } else { half };
+        let scratch_need = scratch_bytes(&groups, limit, |i| {
+            (counting[i].slot_bytes, counting[i].header.n_chunks())
+        });
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         // SAFETY: plain bytes, every one the kernels use written by them first (above).
-        let scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
+        let mut scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
         // The blobs: room for the longest head the tables can make (each plane's count byte, its
         // tables of at most 258 bytes, the conditional table's 2 + 258), the directory and the
         // tensor's bytes; the payloads start where `tz_enc_tables` puts them (`dst_base`: the
@@ -1134,13 +1112,6 @@ impl GpuEngine {
         let par_at = rep_at + jobs.len() * OUT_U32 + 1;
         let mut pinned = self.pinned_u32(par_at + coded.len() * PARAM_U32)?;
         let scratch_ptr = scratch.device_ptr(&s).0;
-        // The waves alternate between the main stream and a second one, each with its half of
-        // the scratch: wave w's encoder follows wave w - 2's compaction (the same half) on its
-        // stream, and its placement follows wave w - 1's (the running payload sums per tensor) by
-        // an event; so wave w's placement and compaction run beside wave w + 1's encoder. The
-        // main stream joins the second after the last wave. (Forked here, after everything the
-        // encoders read has been queued on the main stream.)
-        let second = if two_halves { Some(s.fork()?) } else { None };
         let run = (|| -> Result<()> {
             let host = pinned.as_mut_slice()?;
             // SAFETY: the outputs, `down_u32` u32 of `outs_dev`, into the page-locked buffer, which
@@ -1156,24 +1127,19 @@ impl GpuEngine {
                 cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
             ))?;
             let mut reported = None;
-            let mut placed_ev: Option<cudarc::driver::CudaEvent> = None;
-            for (wi, (g, range, bytes, base)) in wave_jobs.iter().enumerate() {
-                let st = match &second {
-                    Some(s2) if wi % 2 == 1 => s2,
-                    _ => &s,
-                };
+            for (g, range, bytes) in &wave_jobs {
                 let (f, warps, smem, sb, us) = widths[*g];
                 // `scratch_bytes` bounds every wave (its test shares `waves` with the jobs').
-                if (scratch.len() as u64) < base + bytes + 16 {
+                if (scratch.len() as u64) < bytes + 16 {
                     return Err(Error::Driver(format!(
-                        "encoder scratch of {} bytes is short of a wave of {bytes} at {base}",
+                        "encoder scratch of {} bytes is short of a wave of {bytes}",
                         scratch.len()
                     )));
                 }
                 let n = range.len() as u32;
                 let jobs_ptr = jobs_base + (range.start * std::mem::size_of::<EncJob>()) as u64;
                 let outs_ptr = outs_base + (range.start * std::mem::size_of::<ChunkOut>()) as u64;
-                let mut b = st.launch_builder(f);
+                let mut b = s.launch_builder(f);
                 b.arg(&jobs_ptr)
                     .arg(&n)
                     .arg(&params_ptr)
@@ -1181,7 +1147,7 @@ impl GpuEngine {
                     .arg(&cls_ptr)
                     .arg(&info_ptr)
                     .arg(&const_sel_ptr)
-                    .arg(&scratch_ptr)
+                    .arg(&mut scratch)
                     .arg(&outs_ptr)
                     .arg(&sb)
                     .arg(&warps);
@@ -1191,40 +1157,28 @@ impl GpuEngine {
                     shared_mem_bytes: smem,
                 };
                 // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its tensor,
-                // and it writes only its own slot (inside the wave's half of `scratch`, checked
-                // above, which no other wave in flight uses: the previous user of the half, wave
-                // wi - 2, was compacted earlier on this same stream) and its `outs` entry; the
-                // shared memory holds `warps` x (histograms + stage); the tables it reads are the
-                // slots `tz_enc_tables` wrote (below each plane's `n_tables`, and the conditional
-                // one only where it set the conditional plane) before the second stream forked.
+                // and it writes only its own slot (inside `scratch`, sized above) and its `outs`
+                // entry; the shared memory holds `warps` x (histograms + stage); the tables it
+                // reads are the slots `tz_enc_tables` wrote (below each plane's `n_tables`, and
+                // the conditional one only where it set the conditional plane).
                 unsafe { b.launch(cfg) }?;
                 trace("encode kernel");
                 // SAFETY: the wave's reports, `n` entries of `outs`, into their place in the
-                // page-locked buffer, which the host reads only after the `reported` event (which
-                // follows every wave's download: each placement waits for the previous one).
+                // page-locked buffer, which the host reads only after the `reported` event.
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
                         &mut host[rep_at + range.start * OUT_U32..rep_at + range.end * OUT_U32],
                         outs_ptr,
-                        st.cu_stream(),
+                        s.cu_stream(),
                     )
                 }?;
-                if let Some(ev) = &placed_ev {
-                    st.wait(ev)?;
-                }
                 // SAFETY: the wave's `n` jobs and reports, `params` and `placed` with an entry
-                // for every tensor the jobs name (built above from `counting`'s indices), `bad`;
-                // the previous wave's placement has run (the event above, or the same stream).
+                // for every tensor the jobs name (built above from `counting`'s indices), `bad`.
                 unsafe {
                     k.place(
-                        st, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
+                        &s, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
                     )
                 }?;
-                if second.is_some() {
-                    placed_ev = Some(st.record_event(Some(
-                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-                    ))?);
-                }
                 if range.end == jobs.len() {
                     // SAFETY: one u32 and the parameters (`coded.len()` of them from
                     // `params_ptr`), into the page-locked buffer's last entries.
@@ -1232,25 +1186,22 @@ impl GpuEngine {
                         cudarc::driver::result::memcpy_dtoh_async(
                             &mut host[par_at - 1..par_at],
                             bad_ptr,
-                            st.cu_stream(),
+                            s.cu_stream(),
                         )?;
                         cudarc::driver::result::memcpy_dtoh_async(
                             &mut host[par_at..par_at + coded.len() * PARAM_U32],
                             params_ptr,
-                            st.cu_stream(),
+                            s.cu_stream(),
                         )?;
                     }
                     // The host reads the reports while the last compaction runs.
-                    reported = Some(st.record_event(Some(
+                    reported = Some(s.record_event(Some(
                         cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
                     ))?);
                 }
                 // SAFETY: as for `place`; the slots of the wave's jobs lie inside `scratch`
                 // (checked above).
-                unsafe { k.compact(st, scratch_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr) }?;
-            }
-            if let Some(s2) = &second {
-                s.join(s2)?;
+                unsafe { k.compact(&s, scratch_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr) }?;
             }
             let reported = reported
                 .ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))?;
@@ -1298,9 +1249,6 @@ impl GpuEngine {
         })();
         if let Err(e) = run {
             // Nothing may still be copying into the page-locked buffer when it is handed back.
-            if let Some(s2) = &second {
-                let _ = s2.synchronize();
-            }
             let _ = s.synchronize();
             return Err(e);
         }

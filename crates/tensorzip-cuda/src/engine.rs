@@ -486,10 +486,8 @@ pub struct GpuEngine {
     stream: Arc<CudaStream>,
     /// How the decoder's warps share a chunk.
     layout: DecodeLayout,
-    /// Most scratch bytes the encoder uses ([`crate::encode::SCRATCH_BYTES`]).
+    /// Most scratch bytes one wave of the encoder uses ([`crate::encode::SCRATCH_BYTES`]).
     wave_bytes: u64,
-    /// Whether the encoder's waves alternate between two streams (`with_overlapped_waves`).
-    overlap_waves: bool,
     /// Kernels and buffers, shared by the engines of one device on other streams.
     shared: Arc<Shared>,
 }
@@ -587,7 +585,6 @@ impl GpuEngine {
             stream,
             layout,
             wave_bytes: crate::encode::SCRATCH_BYTES,
-            overlap_waves: false,
             shared: Arc::new(Shared {
                 decode,
                 build_tables,
@@ -612,7 +609,6 @@ impl GpuEngine {
             stream,
             layout: self.layout,
             wave_bytes: self.wave_bytes,
-            overlap_waves: self.overlap_waves,
             shared: self.shared.clone(),
         }
     }
@@ -624,33 +620,17 @@ impl GpuEngine {
         self
     }
 
-    /// The same engine with the encoder's scratch limited to `bytes` (at least one chunk's slot
-    /// per wave; overlapped waves take half each): the same blobs, in more launches. For tests of
-    /// the path that tensors of more than ~3 GiB in one call take with the default
-    /// ([`crate::encode::SCRATCH_BYTES`]).
+    /// The same engine with the encoder's waves limited to `bytes` of scratch each (at least one
+    /// chunk's slot per wave): the same blobs, in more launches. For tests of the path that tensors
+    /// of more than ~3 GiB in one call take with the default ([`crate::encode::SCRATCH_BYTES`]).
     pub fn with_wave_bytes(mut self, bytes: u64) -> GpuEngine {
         self.wave_bytes = bytes;
         self
     }
 
-    /// The same engine with the encoder's waves overlapped (`on`) or one after the other (the
-    /// default): overlapped, each wave takes half of the scratch limit, the halves in turn, and
-    /// the waves alternate between two streams, so that a wave's placement and compaction run
-    /// beside the next wave's encode kernel. The same blobs either way. Not the default: written
-    /// 2026-12-02 without device time left to measure it (docs/GPU.md).
-    pub fn with_overlapped_waves(mut self, on: bool) -> GpuEngine {
-        self.overlap_waves = on;
-        self
-    }
-
-    /// Most scratch bytes the encoder uses (one wave's, or two half-size waves' when overlapped).
+    /// Most scratch bytes one wave of the encoder uses.
     pub(crate) fn wave_bytes(&self) -> u64 {
         self.wave_bytes
-    }
-
-    /// Whether the encoder's waves are overlapped ([`GpuEngine::with_overlapped_waves`]).
-    pub(crate) fn overlap_waves(&self) -> bool {
-        self.overlap_waves
     }
 
     pub(crate) fn shared(&self) -> &Shared {

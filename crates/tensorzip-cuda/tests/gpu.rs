@@ -326,17 +326,7 @@ fn gpu_encodes_tensors_of_many_sampled_blocks() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_encodes_in_many_waves_as_in_one() {
-    // One after the other, and overlapped on two streams with the scratch's halves in turn.
-    for overlap in [false, true] {
-        encodes_in_many_waves(
-            engine()
-                .with_wave_bytes(1 << 20)
-                .with_overlapped_waves(overlap),
-        );
-    }
-}
-
-fn encodes_in_many_waves(eng: GpuEngine) {
+    let eng = engine().with_wave_bytes(1 << 20);
     let s = eng.stream();
     let model = sample::sample_model(5);
     let opts = CompressOptions::default();
