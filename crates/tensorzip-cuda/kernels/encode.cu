@@ -368,18 +368,21 @@ __device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 b
     return SEL_RAW;
 }
 
-// The state after coding a symbol of frequency `f` (> 0) and cumulative frequency `c` into `x`
-// (already renormalised, so f <= x < f << 20): (x / f) << 12 + x % f + c, written as
-// x + c + (x / f) * (4096 - f) (the core's form). The division is a multiply by the reciprocal
-// `rcp` = floor(2^32 / f) (0xFFFFFFFF for f = 1), whose quotient `q` is floor(x / f) or one less;
-// it is one less exactly when x >= (q + 1) f, tested as x - f >= q f so that nothing overflows
-// (q f <= x, and x >= 2^16 > f). Branch-free: a multiply-high, two multiply-adds, a compare and a
-// select (the earlier form, remainder and quotient both corrected, was 11 instructions, H200 SASS).
-__device__ __forceinline__ u32 push(u32 x, u32 f, u32 c, u32 rcp) {
-    const u32 q = __umulhi(x, rcp);
-    const u32 cm = 4096u - f;
-    const u32 y = x + c + q * cm;
-    return x - f >= q * f ? y + cm : y;
+// A symbol's entry in the encoder's tables (`tz_enc_tables` in search.cu writes them):
+// `.x`, `.y` the low and high words of m = ceil(2^44 / f) for its frequency f (1..4095), `.z` its
+// cumulative frequency c, `.w` 4096 - f; all zero for an absent symbol.
+//
+// The state after coding the symbol into `x` (already renormalised, so f <= x < f << 20):
+// (x / f) << 12 + x % f + c = x + c + (x / f) (4096 - f) (the core's form). The quotient is exact
+// from the 45-bit reciprocal: floor(x m / 2^44) = floor(x / f) + floor(r / f + x e / (f 2^44)) with
+// r = x mod f <= f - 1 and e = m f - 2^44 < f, and x e < 4095^2 2^20 < 2^44 keeps the second term 0;
+// x m / 2^32 = x mh + (x ml) / 2^32 is below 2^32 (x / f < 2^20). A multiply-high, two
+// multiply-adds, a shift and an add, without a correction step. (Before 2026-12-02: the 32-bit
+// reciprocal floor(2^32 / f), a quotient one short at times and its correction: 8 instructions, 11
+// before 29bef39.)
+__device__ __forceinline__ u32 push(u32 x, uint4 e) {
+    const u32 q = (x * e.y + __umulhi(x, e.x)) >> 12;
+    return x + e.z + q * e.w;
 }
 
 // The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16) come from smem.cuh, which the
@@ -390,43 +393,45 @@ __device__ __forceinline__ u32 push(u32 x, u32 f, u32 c, u32 rcp) {
 // ends at `words + cap`: `down` is the index the next emitted word goes to (cap - 1 at the start,
 // so cap - 1 - down words were emitted); a word whose index would fall below 0 is not stored (the
 // chunk then does not fit and is stored raw), and `down` keeps counting. `e` is the lane's
-// symbol's (frequency | cumulative << 16, floor(2^32 / frequency)), zero for inactive lanes; an
-// active lane's symbol has a frequency > 0 (a block table is chosen only when it codes every
-// symbol present in the block, the conditional table codes all 256). The emission is predicated
-// and the push selected, without branches; `gt` is `lanemask_gt`.
-__device__ __forceinline__ void put_entry(u32& x, int& down, bool active, uint2 e, u16* words, u32 gt) {
-    const u32 f = e.x & 0xFFFFu;
-    const bool emit = active && x >= (f << 20);
+// symbol's entry (`push`), zero for inactive lanes; an active lane's symbol has a frequency > 0 (a
+// block table is chosen only when it codes every symbol present in the block, the conditional
+// table codes all 256). A lane renormalises when x >= f << 20, i.e. (x >> 20) + (4096 - f) >=
+// 4096 (never for a zero entry). The emission is predicated and the push selected, without
+// branches; `gt` is `lanemask_gt`.
+__device__ __forceinline__ void put_entry(u32& x, int& down, bool active, uint4 e, u16* words, u32 gt) {
+    const bool emit = active && (x >> 20) + e.w >= 4096u;
     const u32 m = __ballot_sync(FULL, emit);
     const int k = down - __popc(m & gt);
     if (emit && k >= 0) words[k] = (u16)x;
     x = emit ? x >> 16 : x;
     down -= __popc(m);
-    const u32 y = push(x, f, e.x >> 16, e.y);
+    const u32 y = push(x, e);
     x = active ? y : x;
 }
 
 // `put_entry` with the symbol's entry from the table `fc` in global memory.
-__device__ __forceinline__ void put(u32& x, int& down, bool active, u32 sym, const uint2* __restrict__ fc, u16* words) {
-    put_entry(x, down, active, active ? __ldg(fc + sym) : make_uint2(0u, 0u), words, lanemask_gt());
+__device__ __forceinline__ void put(u32& x, int& down, bool active, u32 sym, const uint4* __restrict__ fc, u16* words) {
+    put_entry(x, down, active, active ? __ldg(fc + sym) : make_uint4(0u, 0u, 0u, 0u), words, lanemask_gt());
 }
 
-// `put_entry` for a step where every lane is active, with the table's (frequency | cumulative << 16,
-// reciprocal) pairs at shared address `fc`.
+// `put_entry` for a step where every lane is active, with the table's entries at shared address `fc`.
 __device__ __forceinline__ void put_full(u32& x, int& down, u32 sym, u32 fc, u16* words, u32 gt) {
-    put_entry(x, down, true, lds64(fc + 8 * sym), words, gt);
+    put_entry(x, down, true, lds128(fc + 16 * sym), words, gt);
 }
 
-// Copies a table's 256 (frequency | cumulative << 16, reciprocal) pairs to the warp's shared `dst`.
-__device__ __forceinline__ void copy_fc(u32* dst, const uint2* __restrict__ fc, int lane) {
+// Copies a table's 256 entries (4 KiB) to the warp's shared `dst`.
+__device__ __forceinline__ void copy_fc(u32* dst, const uint4* __restrict__ fc, int lane) {
     __syncwarp();
     #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const uint2 v = __ldg(fc + k * 32 + lane);
-        dst[2 * (k * 32 + lane)] = v.x;
-        dst[2 * (k * 32 + lane) + 1] = v.y;
-    }
+    for (int k = 0; k < 8; k++) ((uint4*)dst)[k * 32 + lane] = __ldg(fc + k * 32 + lane);
     __syncwarp();
+}
+
+// Shared bytes of a warp's histograms (U KiB), at least 4 KiB for units of two bytes or more,
+// whose lean rANS steps keep a table of 256 16-byte entries there (`hist_bytes` in encode.rs).
+template <int U>
+__host__ __device__ constexpr u32 hist_bytes() {
+    return U >= 2 && U < 4 ? 4096u : U * 1024u;
 }
 
 // Loads the units bl .. bl + blen of the chunk at `src` into `planes`, transformed
@@ -678,7 +683,7 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
 }
 
 template <int U, int E>
-__device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2* __restrict__ fcs,
+__device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4* __restrict__ fcs,
                              const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,
                              u8* __restrict__ slot, ChunkOut* __restrict__ out, int lane, u32* hist, u8* planes,
                              bool stage_in_smem) {
@@ -795,7 +800,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
     __syncwarp();
 
     // 3. The rANS stream, walking the decoder's order backwards. The lean steps keep the step's
-    //    table in the (now free) histogram space, 2 KiB: units of two bytes or more.
+    //    table in the (now free) histogram space, 4 KiB (`hist_bytes`): units of two bytes or more.
     const bool lean = U >= 2;
     const u32 hist_sh = shared_addr(hist);
     const u32 planes_sh = stage_in_smem ? shared_addr(planes) : 0u;
@@ -814,7 +819,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
             if (condc) {
                 const u32 o = coff[b], T = coff[b + 1] - o;
                 if (T) {
-                    const uint2* fc = fcs + (u64)P.cond_table * 256;
+                    const uint4* fc = fcs + (u64)P.cond_table * 256;
                     const u32 full = T / 32, rem = T % 32;
                     if (rem) {
                         const bool act = (u32)lane < rem;
@@ -828,7 +833,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                     }
                 }
             }
-            const uint2* fc[U];
+            const uint4* fc[U];
             bool in_main[U];
             bool some = false;
             #pragma unroll
@@ -858,7 +863,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
                 }
             }
             if (lean && planes_sh && n_main == 1) {
-                const uint2* f1 = fc[0];
+                const uint4* f1 = fc[0];
                 #pragma unroll
                 for (int p = 1; p < U; p++)
                     if ((u32)p == only) f1 = fc[p];
@@ -934,7 +939,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint2*
 // memory; with `stage_bytes` == 0 the planes live in the chunk's slot (blocks too large).
 template <int U, int E>
 __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,
-                                             const uint2* fcs, const u32* cls, const u32* tinfo, const u8* const_sel,
+                                             const uint4* fcs, const u32* cls, const u32* tinfo, const u8* const_sel,
                                              u8* scratch, ChunkOut* outs, u32 stage_bytes, u32 warps) {
     extern __shared__ uint4 smem4[];
     const int lane = threadIdx.x & 31;
@@ -943,9 +948,9 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
     if (k >= n_jobs) return;
     const EncJob job = jobs[k];
     const EncParams P = params[job.tensor];
-    u8* mine = (u8*)smem4 + (u64)warp * (U * 1024 + stage_bytes);
+    u8* mine = (u8*)smem4 + (u64)warp * (hist_bytes<U>() + stage_bytes);
     u8* slot = scratch + job.slot;
-    u8* planes = stage_bytes ? mine + U * 1024 : slot + P.off_stage;
+    u8* planes = stage_bytes ? mine + hist_bytes<U>() : slot + P.off_stage;
     encode_chunk<U, E>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k, lane, (u32*)mine,
                        planes, stage_bytes > 0);
 }
@@ -958,7 +963,7 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__ LB tz_encode_##SUFFIX(                                     \
         const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,                  \
-        const uint2* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
+        const uint4* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
         const u8* __restrict__ const_sel, u8* __restrict__ scratch, ChunkOut* __restrict__ outs,            \
         u32 stage_bytes, u32 warps) {                                                                       \
         encode_entry<U, E>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, stage_bytes,    \

@@ -1079,13 +1079,14 @@ __device__ u32 scan256_excl(u32 v, u32* total) {
     return before + x - v;
 }
 
-// Checks and expands the table serialised at out[at..end) into slot `slot`: per symbol
-// (frequency | cumulative << 16, floor(2^32 / frequency)) and its code length, and the table's
+// Checks and expands the table serialised at out[at..end) into slot `slot`: per symbol its encoder
+// entry (ceil(2^44 / f) in two words, the cumulative frequency, 4096 - f; zero for an absent
+// symbol; `push` in encode.cu) and its code length, and the table's
 // info word (1 << 31 | symbol for a one-symbol table). `all_present`: a conditional table, which
 // must have every symbol. Returns the serialised length, or 0 if the table is invalid (the same
 // outputs as `FreqTable::parse`), and the one symbol of a one-symbol table in `*single` (else -1).
 // Called by all threads with the same arguments.
-__device__ u32 expand_table(const u8* out, u32 at, u32 end, u32 slot, bool all_present, uint2* fcs, u32* cls,
+__device__ u32 expand_table(const u8* out, u32 at, u32 end, u32 slot, bool all_present, uint4* fcs, u32* cls,
                             u32* info, int* single) {
     if (at + 2 > end) return 0;
     const u32 lo = out[at], hi = out[at + 1];
@@ -1105,8 +1106,9 @@ __device__ u32 expand_table(const u8* out, u32 at, u32 end, u32 slot, bool all_p
     if (sum >= PROB_SCALE) return 0;
     if (code == ANCHOR) f = PROB_SCALE - sum;
     const u32 cum = scan256_excl(f, &sum);
-    const u32 r = f == 0 ? 0u : f == 1 ? 0xffffffffu : (u32)((1ull << 32) / f);
-    fcs[(u64)slot * 256 + s] = make_uint2(f | cum << 16, r);
+    const u64 m = f == 0 ? 0ull : ((1ull << 44) + f - 1) / f;
+    fcs[(u64)slot * 256 + s] = f == 0 ? make_uint4(0u, 0u, 0u, 0u)
+                                      : make_uint4((u32)m, (u32)(m >> 32), cum, PROB_SCALE - f);
     cls[(u64)slot * 256 + s] = f == 0 ? CL_ABSENT : code_len(f);
     if (s == 0) {
         info[slot] = lo == hi ? (1u << 31 | lo) : 0u;
@@ -1117,7 +1119,7 @@ __device__ u32 expand_table(const u8* out, u32 at, u32 end, u32 slot, bool all_p
 }
 
 extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob* __restrict__ jobs, TablesParams P,
-                                                                uint2* __restrict__ fcs, u32* __restrict__ cls,
+                                                                uint4* __restrict__ fcs, u32* __restrict__ cls,
                                                                 u32* __restrict__ info) {
     __shared__ int single[64];
     const TablesJob job = jobs[blockIdx.x];

@@ -317,6 +317,30 @@ fn variant(dtype: DType) -> Result<usize> {
 /// A block's planes are staged in shared memory up to this size (else in the chunk's slot).
 const STAGE_SMEM_MAX: u64 = 32 << 10;
 
+/// Shared bytes of an encoder warp's histograms for units of `us` bytes: `us` KiB, at least 4 KiB
+/// for two-byte units, whose lean rANS steps keep a table of 256 16-byte entries there
+/// (`hist_bytes` in encode.cu).
+fn hist_bytes(us: u64) -> u64 {
+    if us == 2 {
+        4096
+    } else {
+        us * 1024
+    }
+}
+
+/// The encode kernel's table entry of a symbol of frequency `f` (0..=4096) and cumulative frequency
+/// `c` (`expand_table` in search.cu writes it, `push` in encode.cu reads it): the low and high
+/// words of ceil(2^44 / f), `c`, 4096 - f; all zero when `f` is 0. Here for the tests, which check
+/// the device's tables against it and the exactness of its quotient.
+#[cfg(test)]
+pub(crate) fn enc_entry(f: u32, c: u32) -> [u32; 4] {
+    if f == 0 {
+        return [0; 4];
+    }
+    let m = (1u64 << 44).div_ceil(f as u64);
+    [m as u32, (m >> 32) as u32, c, 4096 - f]
+}
+
 /// Lays out one chunk's scratch slot in `p` (offsets of the selectors, the conditioned split's
 /// block offsets, the states, the raw area, the conditioned symbols, the words and, when a block's
 /// planes do not fit in shared memory, their staging), sized for the tensor's longest chunk.
@@ -1001,11 +1025,11 @@ impl GpuEngine {
         }
         // The encode kernel's tables, in their fixed slots (not zeroed: a slot is read only if its
         // plane's `n_tables` or conditional plane says `tz_enc_tables` wrote it), and each tensor's
-        // constant-block selectors (2 KiB, 256 per plane). 3 KiB a slot: 27 KiB per plane at the
-        // default 8 tables (195 KiB at the format's 64), whether or not the search keeps them.
+        // constant-block selectors (2 KiB, 256 per plane). 5 KiB a slot: 45 KiB per plane at the
+        // default 8 tables (325 KiB at the format's 64), whether or not the search keeps them.
         let n_slots = (n_planes as u64 * slots) as usize;
         // SAFETY: plain integers; see above.
-        let fcs = unsafe { s.alloc::<u32>(n_slots * 512) }?;
+        let fcs = unsafe { s.alloc::<u32>(n_slots * 1024) }?;
         // SAFETY: as above.
         let cls = unsafe { s.alloc::<u32>(n_slots * 256) }?;
         // SAFETY: as above.
@@ -1093,7 +1117,7 @@ impl GpuEngine {
             } else {
                 0
             };
-            let per_warp = us * 1024 + stage_bytes;
+            let per_warp = hist_bytes(us) + stage_bytes;
             let f = &k.variants(self, &[*v])?[0].1;
             let warps = enc_block_width(f, per_warp)?;
             let smem = (warps as u64 * per_warp) as u32;
@@ -1387,6 +1411,56 @@ impl GpuEngine {
 
 #[cfg(test)]
 mod tests {
+    /// The encode kernel's `push`, on the host: the state after coding a symbol of entry `e` into
+    /// the renormalised state `x`.
+    fn push(x: u32, e: [u32; 4]) -> u32 {
+        let hi = ((x as u64 * e[0] as u64) >> 32) as u32;
+        let q = x.wrapping_mul(e[1]).wrapping_add(hi) >> 12;
+        x.wrapping_add(e[2]).wrapping_add(q.wrapping_mul(e[3]))
+    }
+
+    /// The kernel's quotient from the 45-bit reciprocal is floor(x / f) for every frequency and
+    /// every state the encoder pushes from (f <= x < f << 20, x >= 2^16): each frequency at the
+    /// ends of its range, at the states around every 4099th multiple of f and at 4096 spread
+    /// states; the result is the rANS state the core computes.
+    #[test]
+    fn push_quotient_is_exact() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for f in 1u32..=4095 {
+            let c = 4096 - f;
+            let e = super::enc_entry(f, c);
+            let lo = 1u64 << 16;
+            let hi = (f as u64) << 20; // exclusive
+            let check = |x: u64| {
+                if x < lo || x >= hi {
+                    return;
+                }
+                let x = x as u32;
+                let want = (x / f) * 4096 + x % f + c;
+                assert_eq!(push(x, e), want, "f {f} x {x}");
+            };
+            for x in [lo, lo + 1, hi - 2, hi - 1] {
+                check(x);
+            }
+            let mut k = lo / f as u64;
+            while k * (f as u64) < hi {
+                let m = k * f as u64;
+                check(m.wrapping_sub(1));
+                check(m);
+                check(m + f as u64 - 1);
+                k += 4099;
+            }
+            for _ in 0..4096 {
+                check(lo + next() % (hi - lo));
+            }
+        }
+    }
     use super::*;
 
     /// The waves of chunks (and the search's launches of planes): in order, covering every slot,

@@ -380,7 +380,8 @@ const _: () = assert!(std::mem::size_of::<TablesJob>() == 64);
 
 /// Queues `tz_enc_tables` (kernel `f`, from the search's unit) over `n` jobs at `jobs`: each
 /// plane's output checked again and expanded into the encode kernel's tables (`fcs`: per symbol
-/// two u32, `cls`: a u32, `info`: a u32 per table slot, 256 symbols a slot).
+/// four u32 ([`crate::encode::enc_entry`]), `cls`: a u32, `info`: a u32 per table slot, 256
+/// symbols a slot).
 ///
 /// # Safety
 /// Device addresses of this context, alive until the stream has run the launch: `jobs` `n`
@@ -908,7 +909,7 @@ mod tests {
             ..Default::default()
         };
         let fields = s.clone_htod(&vec![fields0; n]).unwrap();
-        let fcs = s.alloc_zeros::<u32>(n * slots * 512).unwrap();
+        let fcs = s.alloc_zeros::<u32>(n * slots * 1024).unwrap();
         let cls = s.alloc_zeros::<u32>(n * slots * 256).unwrap();
         let info = s.alloc_zeros::<u32>(n * slots).unwrap();
         let sel = s.alloc_zeros::<u8>(n * 256).unwrap();
@@ -993,14 +994,9 @@ mod tests {
                 let cum = t.cumulative();
                 for (sym, (&f, &c)) in t.freq.iter().zip(&cum).enumerate() {
                     let f = f as u32;
-                    let recip = match f {
-                        0 => 0,
-                        1 => u32::MAX,
-                        _ => ((1u64 << 32) / f as u64) as u32,
-                    };
                     let at = slot * 256 + sym;
-                    assert_eq!(got_fcs[2 * at], f | c << 16, "output {i} slot {slot}");
-                    assert_eq!(got_fcs[2 * at + 1], recip);
+                    let want = crate::encode::enc_entry(f, c);
+                    assert_eq!(got_fcs[4 * at..4 * at + 4], want, "output {i} slot {slot}");
                     let want_cl = if f == 0 {
                         u32::MAX
                     } else {
