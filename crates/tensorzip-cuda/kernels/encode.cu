@@ -570,12 +570,53 @@ __device__ __forceinline__ void put_bytes(u8* to, const u8* from, u32 n, int lan
     copy_bytes(to, from, n, (u32)lane, 32u);
 }
 
-// A lane's hit count `nh` (0..4) summed over the warp: `ph` over the lanes below this one (`lt` is
-// `lanemask_lt`), `th` over all 32. Three ballots, one per bit of the count.
-__device__ __forceinline__ void hit_prefix(u32 nh, u32 lt, u32& ph, u32& th) {
-    const u32 b0 = __ballot_sync(FULL, nh & 1u), b1 = __ballot_sync(FULL, nh & 2u), b2 = __ballot_sync(FULL, nh & 4u);
+// A lane's hit count (0..4, in bits S .. S + 2 of `v`) summed over the warp: `ph` over the lanes
+// below this one (`lt` is `lanemask_lt`), `th` over all 32. Three ballots, one per bit of the
+// count (S = 3 takes the count times 8, a popcount of byte masks, without shifting it first).
+template <int S>
+__device__ __forceinline__ void hit_prefix(u32 v, u32 lt, u32& ph, u32& th) {
+    const u32 b0 = __ballot_sync(FULL, v & (1u << S)), b1 = __ballot_sync(FULL, v & (2u << S)),
+              b2 = __ballot_sync(FULL, v & (4u << S));
     ph = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt);
     th = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+}
+
+// The whole steps of a block's conditioned split (`area_block`: units 0 .. `whole`, a multiple of
+// 128, four consecutive units per lane): the hits from one byte-wise compare, and each byte stored
+// once, to the coded side (`csyms`) or the raw side (`area`). Both sides' places are 32-bit offsets
+// from `area` (the slot puts `csyms` after it), so that a byte's address is one select and one add
+// (64-bit pointers selected per byte were 11% of the kernel's instructions, ncu 2026-12-02); `SH`:
+// the planes are staged in shared memory at `planes_sh` (read by shared address), else at `planes`.
+template <bool SH>
+__device__ __forceinline__ void split_whole(u32& ctot, u32& aoff, const u8* planes, u32 planes_sh, u32 bu, u32 whole,
+                                            const EncParams& P, u8* area, const u8* csyms, u32 lt, int lane) {
+    const u32 cv4 = P.cond_value * 0x01010101u;
+    const u32 dc = (u32)(csyms - area);
+    const u32 eo = P.cond_src * bu, mo = P.cond_plane * bu;
+    for (u32 r0 = 0; r0 < whole; r0 += 128) {
+        const u32 i0 = r0 + 4 * lane;
+        u32 ew, mw;
+        if constexpr (SH) {
+            ew = lds32(planes_sh + eo + i0);
+            mw = lds32(planes_sh + mo + i0);
+        } else {
+            ew = *(const u32*)(planes + eo + i0);
+            mw = *(const u32*)(planes + mo + i0);
+        }
+        const u32 eq = __vcmpeq4(ew, cv4);  // 0xFF in each byte whose exponent is the value
+        u32 ph, th;
+        hit_prefix<3>(__popc(eq), lt, ph, th);
+        u32 c = dc + ctot + ph, a = aoff + (4 * (u32)lane - ph);
+        #pragma unroll
+        for (u32 k = 0; k < 4; k++) {
+            const u32 hit = (eq >> (8 * k)) & 1u;
+            area[hit ? c : a] = (u8)(mw >> (8 * k));
+            c += hit;
+            a += hit ^ 1u;
+        }
+        ctot += th;
+        aoff += 128 - th;
+    }
 }
 
 // The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
@@ -591,7 +632,7 @@ struct AreaState {
 template <int U>
 __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u32 bu, u32 b, u32 blen, const u32 (&mode)[U],
                                            const u8* sels, u32 nb, const u32* __restrict__ tinfo, const EncParams& P,
-                                           bool condc, u8* area, u8* csyms, u32* coff, int lane) {
+                                           bool condc, u8* area, u8* csyms, u32* coff, u32 planes_sh, int lane) {
     st.last_start = st.aoff;
     #pragma unroll
     for (int p = 0; p < U; p++) {
@@ -618,31 +659,11 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
         // its raw bytes go after the lower lanes' raw bytes, which are their units minus their
         // hits. Then each lane stores its bytes in unit order: the coded ones to `csyms`, the
         // others to the raw area (the same bytes and places as one unit per lane per step).
-        // Whole steps (every lane's four units inside the block): the hits from one byte-wise
-        // compare, and each byte stored once, to the coded or the raw side by a select of its
-        // address (the general step below tests and stores each byte on both sides).
-        const u32 cv4 = P.cond_value * 0x01010101u;
+        // Whole steps (every lane's four units inside the block): `split_whole`; the general step
+        // below, for the block's last partial step, tests and stores each byte on both sides.
         const u32 whole = blen & ~127u;
-        for (u32 r0 = 0; r0 < whole; r0 += 128) {
-            const u32 i0 = r0 + 4 * lane;
-            const u32 ew = *(const u32*)(ep + i0);
-            const u32 mw = *(const u32*)(mp + i0);
-            const u32 eq = __vcmpeq4(ew, cv4);  // 0xFF in each byte whose exponent is the value
-            const u32 nh = __popc(eq) >> 3;
-            u32 ph, th;
-            hit_prefix(nh, lt, ph, th);
-            u32 c = st.ctot + ph, a = st.aoff + (4 * (u32)lane - ph);
-            #pragma unroll
-            for (u32 k = 0; k < 4; k++) {
-                const u32 hit = (eq >> (8 * k)) & 1u;
-                u8* d = hit ? csyms + c : area + a;
-                *d = (u8)(mw >> (8 * k));
-                c += hit;
-                a += hit ^ 1u;
-            }
-            st.ctot += th;
-            st.aoff += 128 - th;
-        }
+        if (planes_sh) split_whole<true>(st.ctot, st.aoff, planes, planes_sh, bu, whole, P, area, csyms, lt, lane);
+        else split_whole<false>(st.ctot, st.aoff, planes, planes_sh, bu, whole, P, area, csyms, lt, lane);
         for (u32 r0 = whole; r0 < blen; r0 += 128) {
             const u32 i0 = r0 + 4 * lane;
             const u32 n_in = i0 >= blen ? 0u : min(blen - i0, 4u);
@@ -661,7 +682,7 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
             for (u32 k = 0; k < 4; k++) hits |= (u32)(k < n_in && ((ew >> (8 * k)) & 0xFFu) == P.cond_value) << k;
             const u32 nh = __popc(hits);
             u32 ph, th;
-            hit_prefix(nh, lt, ph, th);
+            hit_prefix<0>(nh, lt, ph, th);
             const u32 before = min(4 * (u32)lane, blen - r0);  // units of the lower lanes
             u32 c = st.ctot + ph, a = st.aoff + (before - ph);
             #pragma unroll
@@ -700,6 +721,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
     u16* words = (u16*)(slot + P.off_words);
     const u32 cap = P.cap_words;
     const u32 cp = P.cond_plane;
+    const u32 planes_sh = stage_in_smem ? shared_addr(planes) : 0u;  // 0: planes in the slot
 
     // 1. Per block (staged): histograms, constant test, selectors; and, assuming no plane of the
     //    chunk turns out constant (then it is redone below), the raw area and the conditioned split.
@@ -764,7 +786,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             }
         }
         __syncwarp();
-        area_block<U>(st, planes, bu, b, blen, smode, sels, nb, tinfo, P, scond, area, csyms, coff, lane);
+        area_block<U>(st, planes, bu, b, blen, smode, sels, nb, tinfo, P, scond, area, csyms, coff, planes_sh, lane);
         __syncwarp();
     }
     u32 mode[U];
@@ -787,7 +809,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
         for (u32 b = 0; b < nb; b++) {
             const u32 bl = b * bu, blen = min(bu, len - bl);
             stage<U, E>(src, bl, blen, planes, bu, lane);
-            area_block<U>(st, planes, bu, b, blen, mode, sels, nb, tinfo, P, condc, area, csyms, coff, lane);
+            area_block<U>(st, planes, bu, b, blen, mode, sels, nb, tinfo, P, condc, area, csyms, coff, planes_sh, lane);
             __syncwarp();
         }
     }
@@ -803,7 +825,6 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
     //    table in the (now free) histogram space, 4 KiB (`hist_bytes`): units of two bytes or more.
     const bool lean = U >= 2;
     const u32 hist_sh = shared_addr(hist);
-    const u32 planes_sh = stage_in_smem ? shared_addr(planes) : 0u;
     const u32 gt = lanemask_gt();
     // The next word's index (`put_entry`); cap_words <= MAX_CHUNK_BYTES / 2 + 1 fits an int.
     int down = (int)cap - 1;
