@@ -166,9 +166,31 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
 
     // The runs the archive writer codes together.
     let small = SMALL_SEGMENT_BYTES - 1;
-    let runs = small_runs(&[10, small, SMALL_SEGMENT_BYTES, 5, 6, small, small, small, 0]);
-    assert!(SMALL_GROUP_BYTES < 3 * small);
-    assert_eq!(runs, vec![0..2, 2..3, 3..6, 6..9]);
-    assert_eq!(small_runs(&[small, small, small]), vec![0..2, 2..3]);
+    // Whole small segments one group holds.
+    let per = (SMALL_GROUP_BYTES / small) as usize;
+    assert!(per >= 2 && (per as u64 + 1) * small > SMALL_GROUP_BYTES);
+    let mut lens = vec![10, small, SMALL_SEGMENT_BYTES, 5, 6];
+    lens.extend(std::iter::repeat_n(small, per));
+    lens.push(0);
+    // 10 + small; the large segment alone; 5 + 6 and as many small ones as fit after them (one
+    // fewer than `per` when 11 bytes tip the sum over); the rest with the empty segment.
+    let fit = if 11 + per as u64 * small <= SMALL_GROUP_BYTES {
+        per
+    } else {
+        per - 1
+    };
+    let runs = small_runs(&lens);
+    let mut want = vec![0..2, 2..3, 3..5 + fit];
+    if fit < per {
+        want.push(5 + fit..lens.len());
+    } else {
+        want[2].end = lens.len();
+    }
+    assert_eq!(runs, want);
+    let many = vec![small; 2 * per + 1];
+    assert_eq!(
+        small_runs(&many),
+        vec![0..per, per..2 * per, 2 * per..2 * per + 1]
+    );
     assert!(small_runs(&[]).is_empty());
 }
