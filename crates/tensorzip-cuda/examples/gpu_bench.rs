@@ -46,8 +46,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+const USAGE: &str =
+    "usage: gpu_bench synth <bf16|fp32> <n> <runs> | file <path> <none|bf16|f16> <runs> | model - - <runs>";
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // The three words before <runs> (which defaults to 10) are needed by every form.
+    if args.len() < 4 || (args[1] == "synth" && args[3].parse::<usize>().is_err()) {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    }
     let runs: usize = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(10);
     let (name, tensors): (String, Vec<Input>) = match args[1].as_str() {
         "model" => (
@@ -111,9 +119,10 @@ fn main() {
             };
             (label, ts)
         }
-        _ => panic!(
-            "usage: gpu_bench synth <bf16|fp32> <n> <runs> | file <path> <none|bf16|f16> <runs>"
-        ),
+        _ => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
     };
     let orig: usize = tensors.iter().map(|t| t.2.len()).sum();
     let cpu = CpuEngine::default();
