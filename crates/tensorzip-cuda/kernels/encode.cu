@@ -385,7 +385,7 @@ __device__ __forceinline__ u32 push(u32 x, uint4 e) {
     return x + e.z + q * e.w;
 }
 
-// The shared-memory accessors (shared_addr, lds8/16/32/64, sts8/16) come from smem.cuh, which the
+// The shared-memory accessors (shared_addr, lds8/16/32/128, sts8/16/32) come from smem.cuh, which the
 // engine prepends.
 
 // One rANS encoder step of the warp (FORMAT.md 5.3, backwards): active lanes push one symbol; the
