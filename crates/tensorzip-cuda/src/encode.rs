@@ -1425,13 +1425,7 @@ mod tests {
     /// states; the result is the rANS state the core computes.
     #[test]
     fn push_quotient_is_exact() {
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = tensorzip::sample::Rng::new(44);
         for f in 1u32..=4095 {
             let c = 4096 - f;
             let e = super::enc_entry(f, c);
@@ -1457,7 +1451,7 @@ mod tests {
                 k += 4099;
             }
             for _ in 0..4096 {
-                check(lo + next() % (hi - lo));
+                check(lo + rng.next_u64() % (hi - lo));
             }
         }
     }
