@@ -122,11 +122,12 @@ __device__ __forceinline__ u32 byte_of(u64 t, u32 p) { return (u32)(t >> (8 * p)
 // Sampled-block histograms, for every tensor of a batch in one launch. A thread block takes up to
 // PICKS_PER_BLOCK sampled blocks of one tensor (`HistJob`): the histograms of each go out as they
 // are; the joint counts of the tensor's conditioned plane are gathered over all of them in shared
-// memory as 16-bit counters (65536 x 2 bytes; sampled blocks of at most 4096 units, so the counts
-// stay below 2^15) and added to the tensor's global counts once; with larger blocks they go to
-// global memory directly.
+// memory as 16-bit counters (65536 x 2 bytes) and added to the tensor's global counts once; with
+// larger blocks, or more picks, they go to global memory directly. The 16-bit counters cannot
+// overflow: a block adds joint counts only where its conditioned plane is not one repeated byte,
+// so no key gets more than 4095 of a block of at most 4096 units, and 16 x 4095 < 65536.
 
-#define PICKS_PER_BLOCK 8
+#define PICKS_PER_BLOCK 16
 
 // Shared with `HistJob` in src/encode.rs.
 struct HistJob {
@@ -184,7 +185,7 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
     const u8* data = (const u8*)job.data;
     const u32 jp = P->joint_plane, jq = P->joint_src;
     u32* joint = joint_all + job.joint;
-    const bool use_smem = joint_smem && jp < (u32)U;
+    const bool use_smem = joint_smem && jp < (u32)U && job.n <= PICKS_PER_BLOCK && P->block_units <= 4096;
     if (use_smem) {
         for (u32 k = threadIdx.x; k < 32768; k += blockDim.x) sj4[k] = 0;
     }

@@ -467,8 +467,12 @@ fn enc_block_width(f: &CudaFunction, per_warp: u64) -> Result<u32> {
     Ok(best.1)
 }
 
-/// Sampled blocks per thread block of `tz_hist_*` (`PICKS_PER_BLOCK` in encode.cu).
-const PICKS_PER_BLOCK: u64 = 8;
+/// Sampled blocks per thread block of `tz_hist_*` (`PICKS_PER_BLOCK` in encode.cu). 16 since
+/// 2026-12-02 (8 before): each thread block zeroes and flushes 128 KiB of shared joint counts, and
+/// twice the blocks per flush took 1 GiB bf16 encode calls from 290.8 / 292.7 / 289.4 to 294.2 /
+/// 295.0 / 298.2 GB/s (H200, same call; docs/BENCHMARKS.md). The 16-bit shared counters still
+/// cannot overflow: see encode.cu.
+const PICKS_PER_BLOCK: u64 = 16;
 
 /// Sampled blocks of one tensor for one thread block of `tz_hist_*` (layout shared with
 /// `struct HistJob` in encode.cu).
@@ -484,6 +488,8 @@ struct HistJob {
 
 // SAFETY: a plain `repr(C)` struct of integers, laid out as its CUDA counterpart.
 unsafe impl DeviceRepr for HistJob {}
+// SAFETY: `repr(C)`: u64, u64, u32, u32, u64 (32 bytes, no padding).
+unsafe impl Plain for HistJob {}
 
 /// A tensor of the batch being coded with planes.
 struct Coded {
@@ -746,7 +752,6 @@ impl GpuEngine {
         needed.sort_unstable();
         needed.dedup();
         k.variants(self, &needed)?;
-        let count_params = s.clone_htod(&counting.iter().map(|c| c.params).collect::<Vec<_>>())?;
         // Counts of every launch go to one device buffer, downloaded at once.
         let mut total_u32 = 0usize;
         let mut launches = Vec::new();
@@ -767,6 +772,7 @@ impl GpuEngine {
                 total_u32 += c.sampling.picks.len() * us * 256;
             }
             let mut at = 0u64;
+            let joint_from = total_u32;
             for &i in &members {
                 let c = &mut counting[i];
                 let joint = if c.params.joint_plane < 8 {
@@ -792,18 +798,56 @@ impl GpuEngine {
                 }
                 at += n;
             }
-            launches.push((v, hist_base, picks, jobs));
+            launches.push((v, hist_base, picks, jobs, joint_from..total_u32));
         }
         trace("count plan");
-        let mut counts_dev = s.alloc_zeros::<u32>(total_u32)?;
-        trace("count buffer");
+        // The counts: each histogram is written whole by `tz_hist_*`; only the joint counts, which
+        // it adds to, start at zero.
+        // SAFETY: u32 counters; the histograms are written before the search reads them, the
+        // joint counts zeroed here first.
+        let mut counts_dev = unsafe { s.alloc::<u32>(total_u32.max(1)) }?;
         let counts_ptr = counts_dev.device_ptr_mut(&s).0;
-        // Joint counts in shared memory (16-bit counters) when 8 sampled blocks cannot overflow them.
+        for (.., joint) in &launches {
+            if !joint.is_empty() {
+                // SAFETY: `joint` lies inside `counts_dev` (laid out above).
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        counts_ptr + 4 * joint.start as u64,
+                        0,
+                        4 * joint.len(),
+                        s.cu_stream(),
+                    )
+                }?;
+            }
+        }
+        trace("count buffer");
+        // The parameters, and every launch's picks and jobs, in one page-locked upload (three
+        // uploads from pageable memory kept the GPU waiting ~0.1 ms at the start of a call).
+        let cap = staged_len::<EncParams>(counting.len())
+            + launches
+                .iter()
+                .map(|(_, _, picks, jobs, _)| {
+                    staged_len::<u64>(picks.len()) + staged_len::<HistJob>(jobs.len())
+                })
+                .sum::<usize>();
+        let (count_inputs, (params_at, inputs_at)) = self.upload_staged(cap, |st, _| {
+            let params: Vec<EncParams> = counting.iter().map(|c| c.params).collect();
+            let params_at = st.push(&params);
+            let inputs_at: Vec<(usize, usize)> = launches
+                .iter()
+                .map(|(_, _, picks, jobs, _)| (st.push(picks), st.push(jobs)))
+                .collect();
+            Ok((params_at, inputs_at))
+        })?;
+        let inputs_ptr = count_inputs.device_ptr(&s).0;
+        let count_params = inputs_ptr + params_at as u64;
+        // Joint counts in shared memory (16-bit counters) when PICKS_PER_BLOCK sampled blocks
+        // cannot overflow them: blocks of at most 4096 units (encode.cu, `hist_entry`).
         let joint_smem = (opts.block_units <= 4096) as u32;
         let smem = joint_smem * (128 << 10);
-        for (v, hist_base, picks, jobs) in &launches {
-            let picks = s.clone_htod(picks)?;
-            let jobs_dev = s.clone_htod(jobs)?;
+        for ((v, hist_base, _, jobs, _), &(picks_at, jobs_at)) in launches.iter().zip(&inputs_at) {
+            let picks = inputs_ptr + picks_at as u64;
+            let jobs_dev = inputs_ptr + jobs_at as u64;
             let hist_ptr = counts_ptr + 4 * *hist_base as u64;
             let f = &k.variants(self, &[*v])?[0].0;
             f.set_attribute(
@@ -822,12 +866,13 @@ impl GpuEngine {
                 block_dim: (1024, 1, 1),
                 shared_mem_bytes: smem,
             };
-            // SAFETY: arguments match `tz_hist_*`; each job's picks are blocks of its tensor, so
+            // SAFETY: arguments match `tz_hist_*` (the jobs, parameters and picks staged above,
+            // in `count_inputs`, kept until the end); each job's picks are blocks of its tensor, so
             // every unit read lies inside its bytes; histograms and joint counts are written at the
             // offsets laid out above, inside `counts_dev`.
             unsafe { b.launch(cfg) }?;
-            keep_picks.push((picks, jobs_dev));
         }
+        keep_picks.push(count_inputs);
         trace("count kernels");
         // 2. The tables: searched on the GPU (`tz_search`, one thread block per plane), or, with
         // `TENSORZIP_DEV_HOST_SEARCH=1` or more sampled blocks than the search's scratch is sized

@@ -95,6 +95,8 @@ unsafe impl Plain for u8 {}
 unsafe impl Plain for u16 {}
 // SAFETY: integers.
 unsafe impl Plain for u32 {}
+// SAFETY: integers.
+unsafe impl Plain for u64 {}
 // SAFETY: `repr(C)`: two u64, six u32, two [u8; 8] (56 bytes, no padding).
 unsafe impl Plain for ChunkDesc {}
 // SAFETY: `repr(C)`: u32 fields and arrays only.
