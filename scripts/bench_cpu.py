@@ -488,7 +488,7 @@ def cmd_run(args):
         notes.append(f"Non-float tensors ({', '.join(nf)}) are in both tools' figures; ZipNN codes them as "
                      "bytearray_dtype='float32' (as its whole-file path would), tensorzip with its integer path.")
     notes.append("tensorzip takes a file's tensors as its command line does: runs of tensors under 4 MiB "
-                 "(at most 8 MiB a run) concurrently, larger ones alone; ZipNN tensor by tensor with its own "
+                 "(at most 24 MiB a run: archive::SMALL_GROUP_BYTES) concurrently, larger ones alone; ZipNN tensor by tensor with its own "
                  "threads.")
     notes.append("ZipNN 0.5.4's compress_bin makes an unused copy of its whole input (`ba_saved = bytearray(ba)`) "
                  "on every call; that copy is inside its timed compress, as it is for every ZipNN user.")
