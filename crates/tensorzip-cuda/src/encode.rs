@@ -648,7 +648,6 @@ impl GpuEngine {
         let mut blobs: Vec<Option<DeviceBlob>> = (0..tensors.len()).map(|_| None).collect();
         // Device buffers that kernels still read are kept until the final synchronisation.
         let mut keep_alive = Vec::new();
-        let mut keep_picks = Vec::new();
         let mut keep_search: Option<crate::search::Queued> = None;
         let mut keep_host_outs: Option<CudaSlice<u32>> = None;
         // Blob heads and stored blobs, written together at the end.
@@ -873,7 +872,6 @@ impl GpuEngine {
             // offsets laid out above, inside `counts_dev`.
             unsafe { b.launch(cfg) }?;
         }
-        keep_picks.push(count_inputs);
         trace("count kernels");
         // 2. The tables: searched on the GPU (`tz_search`, one thread block per plane), or, with
         // `TENSORZIP_DEV_HOST_SEARCH=1` or more sampled blocks than the search's scratch is sized
@@ -1423,7 +1421,7 @@ impl GpuEngine {
         let staged = unsafe { writes.flush(self)? };
         s.synchronize()?;
         drop(staged);
-        drop((keep_alive, keep_picks));
+        drop((keep_alive, count_inputs));
         drop((jobs_dev, outs, placed, bad));
         drop((fcs, cls, info, const_sel, keep_search, keep_host_outs));
         trace("done");
