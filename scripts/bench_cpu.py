@@ -437,8 +437,9 @@ def cmd_run(args):
     lines.append("")
     lines.append("Ratio = compressed / original (smaller is better); Δ = ours − ZipNN in percentage points; "
                  "bound = order-0 entropy of the byte planes, one table per 256 KiB chunk. "
-                 "GB/s = 1e9 original bytes per second. ZipNN returns fresh buffers; ours *e2e* writes "
-                 "into fresh allocations too, *warm* into caller-owned, already touched buffers (compress: "
+                 "GB/s = 1e9 original bytes per second. ZipNN returns fresh buffers, every one kept until the pass "
+                 "ends; ours *e2e* writes into fresh allocations too, kept alike, *warm* into caller-owned, "
+                 "already touched buffers (compress: "
                  "blob buffers reused from run to run; comp × = e2e / warm against ZipNN). "
                  "bg load = cores kept busy on average by other processes while ZipNN / tensorzip were measured "
                  "(from /proc/stat; anything well above 0 means the row's speeds are contaminated).")
