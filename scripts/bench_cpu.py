@@ -237,7 +237,7 @@ def bench_zipnn(tensors, threads, runs):
             blobs.append(bytes(blob) if not isinstance(blob, bytes) else blob)
         t_dec = 0.0
         # The decompressed tensors stay alive until the run ends, as a loaded model's do (and as
-        # `tensorzip bench` keeps each run of tensors' outputs): freeing each one before the next
+        # `tensorzip bench` keeps its end-to-end outputs): freeing each one before the next
         # tensor let the allocator hand the same, already touched, pages back every time, which
         # made ZipNN's figure a warm one (before 2026-12-02 16:2x).
         outs = []

@@ -153,7 +153,8 @@ pub fn run(
             }
             tw.push(t.elapsed().as_secs_f64());
             // End to end: every tensor decoded into a new buffer, all of them alive until the pass
-            // ends (a loaded model's are), so that no run reuses pages an earlier one touched.
+            // ends (a loaded model's are), so that no run of the pass reuses pages an earlier one
+            // touched (ZipNN's outputs are kept alike by scripts/bench_cpu.py).
             let t = Instant::now();
             let mut fresh = Vec::with_capacity(runs_of.len());
             for r in &runs_of {

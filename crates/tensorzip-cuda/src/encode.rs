@@ -822,7 +822,7 @@ impl GpuEngine {
         trace("count buffer");
         // The parameters, and every launch's picks and jobs, in one page-locked upload (three
         // uploads from pageable memory before, each a host call ahead of the first kernel while
-        // the GPU waits; in the same-call A/B on the H200 the gain was within the noise, ~1%).
+        // the GPU waits; in two same-call A/Bs on the H200 the difference was within the noise).
         let cap = staged_len::<EncParams>(counting.len())
             + launches
                 .iter()
