@@ -1026,7 +1026,7 @@ impl GpuEngine {
         });
         // 16 bytes of padding: the compaction reads a little past a slot's end.
         // SAFETY: plain bytes, every one the kernels use written by them first (above).
-        let mut scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
+        let scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
         // The blobs: room for the longest head the tables can make (each plane's count byte, its
         // tables of at most 258 bytes, the conditional table's 2 + 258), the directory and the
         // tensor's bytes; the payloads start where `tz_enc_tables` puts them (`dst_base`: the
@@ -1215,7 +1215,7 @@ impl GpuEngine {
                     .arg(&cls_ptr)
                     .arg(&info_ptr)
                     .arg(&const_sel_ptr)
-                    .arg(&mut scratch)
+                    .arg(&scratch_ptr)
                     .arg(&outs_ptr)
                     .arg(&sb)
                     .arg(&warps);
