@@ -1455,6 +1455,8 @@ impl GpuEngine {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The encode kernel's `push`, on the host: the state after coding a symbol of entry `e` into
     /// the renormalised state `x`.
     fn push(x: u32, e: [u32; 4]) -> u32 {
@@ -1472,7 +1474,7 @@ mod tests {
         let mut rng = tensorzip::sample::Rng::new(44);
         for f in 1u32..=4095 {
             let c = 4096 - f;
-            let e = super::enc_entry(f, c);
+            let e = enc_entry(f, c);
             let lo = 1u64 << 16;
             let hi = (f as u64) << 20; // exclusive
             let check = |x: u64| {
@@ -1499,7 +1501,6 @@ mod tests {
             }
         }
     }
-    use super::*;
 
     /// The waves of chunks (and the search's launches of planes): in order, covering every slot,
     /// each within the limit unless it is one slot, and each with its slots' bytes.
