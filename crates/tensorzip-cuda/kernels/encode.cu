@@ -633,10 +633,11 @@ __device__ __forceinline__ void split_whole(u32& ctot, u32& aoff, const u8* plan
     }
 }
 
-// The raw area of the chunk (block-major; FORMAT.md 3.3) and the conditioned plane's split into its
-// coded bytes (`csyms`, with per-block offsets `coff`) and raw bytes; block `b`'s planes are staged
-// by `stage_b(b)` unless `staged` (one block only, already staged). Returns the area's length and
-// sets `any` (a symbol is coded), `last_start` and `last_craw` (for the stash).
+// Block `b`'s part of the chunk's raw area (block-major; FORMAT.md 3.3) and of the conditioned
+// plane's split into its coded bytes (`csyms`, with per-block offsets `coff`) and raw bytes, from the
+// block's staged planes (`planes`; `planes_sh`, when not 0, their shared address). Advances `st`: the
+// area's length `aoff`, the coded bytes `ctot`, `any` (a symbol is coded), and `last_start` and
+// `last_craw` (for the stash).
 template <int U>
 struct AreaState {
     u32 aoff, ctot, last_start, last_craw;
