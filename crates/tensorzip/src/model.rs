@@ -194,13 +194,24 @@ pub fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
     if n_blocks <= s as u64 {
         (0..n_blocks).collect()
     } else {
-        // In 64 bits where the product fits (with the default 1024 samples, for any tensor of
-        // fewer than 2^54 blocks), the same values: a 128-bit division is a library call, ~3 us
-        // for the 1024 picks of a large tensor on this VM.
-        (0..s as u64)
-            .map(|i| match i.checked_mul(n_blocks) {
-                Some(p) => p / s as u64,
-                None => (i as u128 * n_blocks as u128 / s as u128) as u64,
+        // Stepped, without a division per pick: floor(i NB / S) = i q + floor(i r / S) with
+        // NB = q S + r, and the second term advances by one each time (i r) mod S wraps. Exact for
+        // any NB (no product is formed). A division per pick (128-bit before 2026-12-02, then
+        // 64-bit where the product fit) was most of the GPU encoder's host setup ahead of its
+        // first kernel: 8 tensors of 32768 blocks, 8192 picks.
+        let s = s as u64;
+        let (q, r) = (n_blocks / s, n_blocks % s);
+        let (mut at, mut rem) = (0u64, 0u64);
+        (0..s)
+            .map(|_| {
+                let pick = at;
+                at += q;
+                rem += r;
+                if rem >= s {
+                    at += 1;
+                    rem -= s;
+                }
+                pick
             })
             .collect()
     }
@@ -1346,6 +1357,38 @@ pub fn const_selector(v: u8, tables: &[FreqTable]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stepped picks are floor(i NB / S), computed here in 128 bits, for block counts around
+    /// the sample count, large ones, and ones whose products pass 64 bits.
+    #[test]
+    fn sample_indices_are_the_formula() {
+        let counts = [
+            1u64,
+            2,
+            1023,
+            1024,
+            1025,
+            2047,
+            32768,
+            1_000_003,
+            (1 << 54) + 12345,
+            u64::MAX / 3,
+            u64::MAX,
+        ];
+        for &nb in &counts {
+            for s in [1usize, 7, 1000, 1024] {
+                let got = sample_indices(nb, s);
+                let want: Vec<u64> = if nb <= s as u64 {
+                    (0..nb).collect()
+                } else {
+                    (0..s as u128)
+                        .map(|i| (i * nb as u128 / s as u128) as u64)
+                        .collect()
+                };
+                assert_eq!(got, want, "{nb} blocks, {s} samples");
+            }
+        }
+    }
 
     /// A deterministic pseudo-random stream (xorshift), for test inputs.
     fn rng(mut x: u64) -> impl FnMut() -> u64 {
