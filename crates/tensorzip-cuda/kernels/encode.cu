@@ -170,13 +170,19 @@ __device__ __forceinline__ u32 load_units(const u8* __restrict__ data, u64 start
     return n;
 }
 
+// Each thread takes 16 bytes of a sampled block a round (one load); a block of at most one round
+// keeps its units in registers for the joint counts. Where every block of the tensor fits half the
+// thread block (4096 units of one or two bytes: a bf16 block fills 512 threads, an fp32 one 1024),
+// the halves count two sampled blocks at once, each into its own histograms (since 2026-12-02: a
+// bf16 block kept only 512 of the 1024 threads busy, and each sampled block was a chain of a load
+// and three barriers).
 template <int U, int E>
 __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __restrict__ params,
                            const u64* __restrict__ picks, u32* __restrict__ hists, u32* __restrict__ joint_all,
                            u32 joint_smem) {
     constexpr u32 PER = 16 / U;
     typedef typename UnitReg<U>::type UT;
-    __shared__ u32 h[U * 256];
+    __shared__ u32 hh[2][U * 256];
     __shared__ u32 any_joint;
     extern __shared__ uint4 dyn4[];
     u32* sj4 = (u32*)dyn4;
@@ -190,22 +196,31 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
         for (u32 k = threadIdx.x; k < 32768; k += blockDim.x) sj4[k] = 0;
     }
     if (threadIdx.x == 0) any_joint = 0;
-    // Each thread takes 16 bytes of the block a round (one load); a block of at most one round
-    // (4096 bf16 or fp32 units) keeps its units in registers for the joint counts.
-    const u32 span = blockDim.x * PER;
-    for (u32 q = 0; q < job.n; q++) {
-        const u64 g = picks[job.first + q];
-        const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
-        const u64 start = c * P->chunk_units + b * P->block_units;
-        const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
-        const u64 end = min(start + P->block_units, chunk_end);
-        const u32 len = (u32)(end - start);
+    // Groups: two when the longest block (a block, or a chunk shorter than one) fits half the threads.
+    const u64 longest = min((u64)P->block_units, (u64)P->chunk_units);
+    const u32 ng = longest <= (u64)(blockDim.x / 2) * PER ? 2u : 1u;
+    const u32 gsize = blockDim.x / ng, grp = threadIdx.x / gsize, gt = threadIdx.x % gsize;
+    u32* h = hh[grp];
+    const u32 span = gsize * PER;
+    for (u32 q0 = 0; q0 < job.n; q0 += ng) {
+        const u32 q = q0 + grp;
+        const bool active = q < job.n;
+        u64 start = 0;
+        u32 len = 0;
+        if (active) {
+            const u64 g = picks[job.first + q];
+            const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
+            start = c * P->chunk_units + b * P->block_units;
+            const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
+            const u64 end = min(start + P->block_units, chunk_end);
+            len = (u32)(end - start);
+        }
         const bool one_round = len <= span;
-        for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) h[k] = 0;
+        for (u32 k = gt; k < U * 256; k += gsize) h[k] = 0;
         __syncthreads();
         UT kept[PER];
         u32 n_kept = 0;
-        for (u32 base = threadIdx.x * PER; base < len; base += span) {
+        for (u32 base = gt * PER; base < len; base += span) {
             UT t[PER];
             const u32 n = load_units<U, E>(data, start, len, base, t);
             #pragma unroll
@@ -219,14 +234,16 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
             n_kept = n;
         }
         __syncthreads();
-        u32* out = hists + (job.first + q) * U * 256;
-        for (u32 k = threadIdx.x; k < U * 256; k += blockDim.x) out[k] = h[k];
+        if (active) {
+            u32* out = hists + (job.first + q) * U * 256;
+            for (u32 k = gt; k < U * 256; k += gsize) out[k] = h[k];
+        }
         // Joint counts only where the plane is not one repeated byte.
-        const bool want = jp < (u32)U && h[jp * 256 + byte_of(unit<U, E>(data, start), jp)] != len;
+        const bool want = active && jp < (u32)U && h[jp * 256 + byte_of(unit<U, E>(data, start), jp)] != len;
         __syncthreads();
         if (!want) continue;
-        if (threadIdx.x == 0) any_joint = 1;
-        for (u32 base = threadIdx.x * PER; base < len; base += span) {
+        if (gt == 0) any_joint = 1;
+        for (u32 base = gt * PER; base < len; base += span) {
             UT t[PER];
             u32 n = n_kept;
             if (one_round) {
@@ -721,8 +738,8 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
 template <int U, int E>
 __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4* __restrict__ fcs,
                              const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,
-                             u8* __restrict__ slot, ChunkOut* __restrict__ out, int lane, u32* hist, u8* planes,
-                             bool stage_in_smem) {
+                             u8* __restrict__ slot, ChunkOut* __restrict__ out, uint4* __restrict__ host_out, int lane,
+                             u32* hist, u8* planes, bool stage_in_smem) {
     const u64 start = job.chunk * P.chunk_units;
     const u32 len = (u32)min((u64)P.chunk_units, P.units - start);
     const u32 bu = P.block_units;
@@ -968,6 +985,19 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             co.values[p] = p < U && mode[p] == MODE_CONST ? (u8)cval[p] : 0;
         }
         *out = co;
+        if (host_out) {
+            // The same report into the host's page-locked buffer (mapped: the host reads it after
+            // the launch, with no copy on the stream between the kernel and the placement).
+            u32 m[2] = {0, 0}, v[2] = {0, 0};
+            #pragma unroll
+            for (int p = 0; p < 8; p++) {
+                m[p / 4] |= (u32)co.modes[p] << (8 * (p % 4));
+                v[p / 4] |= (u32)co.values[p] << (8 * (p % 4));
+            }
+            host_out[0] = make_uint4(co.payload_len, co.rans_len, co.sel_len, co.kept);
+            host_out[1] = make_uint4(co.n_words, co.nb, 0u, 0u);
+            host_out[2] = make_uint4(m[0], m[1], v[0], v[1]);
+        }
     }
 }
 
@@ -976,7 +1006,8 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
 template <int U, int E>
 __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,
                                              const uint4* fcs, const u32* cls, const u32* tinfo, const u8* const_sel,
-                                             u8* scratch, ChunkOut* outs, u32 stage_bytes, u32 warps) {
+                                             u8* scratch, ChunkOut* outs, uint4* host_outs, u32 stage_bytes,
+                                             u32 warps) {
     extern __shared__ uint4 smem4[];
     const int lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;
@@ -987,8 +1018,8 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
     u8* mine = (u8*)smem4 + (u64)warp * (hist_bytes<U>() + stage_bytes);
     u8* slot = scratch + job.slot;
     u8* planes = stage_bytes ? mine + hist_bytes<U>() : slot + P.off_stage;
-    encode_chunk<U, E>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k, lane, (u32*)mine,
-                       planes, stage_bytes > 0);
+    encode_chunk<U, E>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k,
+                       host_outs ? host_outs + 3 * (u64)k : nullptr, lane, (u32*)mine, planes, stage_bytes > 0);
 }
 
 #define ENTRIES(SUFFIX, U, E, LB)                                                                           \
@@ -1001,9 +1032,9 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
         const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,                  \
         const uint4* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
         const u8* __restrict__ const_sel, u8* __restrict__ scratch, ChunkOut* __restrict__ outs,            \
-        u32 stage_bytes, u32 warps) {                                                                       \
-        encode_entry<U, E>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, stage_bytes,    \
-                           warps);                                                                          \
+        uint4* __restrict__ host_outs, u32 stage_bytes, u32 warps) {                                        \
+        encode_entry<U, E>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, host_outs,      \
+                           stage_bytes, warps);                                                             \
     }
 // The encoder's launch bounds: blocks of up to 8 warps for 1- and 2-byte units (compiled as tuned; the
 // bounds of the wider kernels made the bf16 one 2-3% slower), up to 11 for 4- and 8-byte units, whose

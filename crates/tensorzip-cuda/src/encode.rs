@@ -12,18 +12,18 @@
 //!    `TENSORZIP_DEV_HOST_SEARCH=1` (or more than 8192 sampled blocks, `search::MAX_SAMPLED`)
 //!    the counts are downloaded instead, the host runs the core's `model_from_counts` and uploads
 //!    its tables in the search's output layout.
-//! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes.
-//!    Meanwhile the host downloads the search's few KiB of tables, parses and checks them with the
+//! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes,
+//!    to device memory and to the host's page-locked buffer (mapped). Meanwhile the host downloads the search's few KiB of tables, parses and checks them with the
 //!    format's parser and writes each blob's header and tables from them.
 //! 4. `tz_place` checks the sizes and sums them into each chunk's place in its blob, and
-//!    `tz_compact` moves the payloads there, on the device; meanwhile the host reads the reports
-//!    back, checks them again, checks that the device's table counts and payload starts are its
-//!    own, and writes the directories; each blob's header, tables and directory are uploaded in
-//!    front.
+//!    `tz_compact` moves the payloads there, on the device; meanwhile the host checks the reports
+//!    again and writes the directories; each blob's header, tables and directory are uploaded in
+//!    front. After the final synchronisation the host checks the placement's verdict and that the
+//!    device's table counts and payload starts are its own (both downloaded after the compaction).
 //!
 //! Host synchronisations: one for the search's tables (while the encoder runs), one after the last
-//! wave's reports (a wave is as many chunks as [`SCRATCH_BYTES`] of scratch holds: 1 GiB of bf16 is
-//! one wave), one at the end. None between the search and the encoder, none per chunk or per wave.
+//! wave's encode kernel, for its reports (a wave is as many chunks as [`SCRATCH_BYTES`] of scratch
+//! holds: 1 GiB of bf16 is one wave), one at the end. None between the search and the encoder, none per chunk or per wave.
 
 use rayon::prelude::*;
 
@@ -1143,10 +1143,11 @@ impl GpuEngine {
         let outs_base = outs.device_ptr(&s).0;
         let placed_ptr = placed.device_ptr_mut(&s).0;
         let bad_ptr = bad.device_ptr_mut(&s).0;
-        // 3-4. Per wave: the encoder, its reports downloaded for the directories, `tz_place` (the
-        // reports checked and summed into places on the device) and `tz_compact` (the payloads
-        // moved to their places). No host round trip between waves: the host parses the tables
-        // while the encoder runs and reads the reports while the last compaction runs.
+        // 3-4. Per wave: the encoder (its reports also written into the host's page-locked
+        // buffer, for the directories), `tz_place` (the reports checked and summed into places on
+        // the device) and `tz_compact` (the payloads moved to their places). No host round trip
+        // between waves: the host parses the tables while the encoder runs and reads the reports
+        // while the last placement and compaction run.
         let mut widths = Vec::with_capacity(groups.len());
         for ((v, smem_stage), members) in &groups {
             let us = VARIANTS[*v].0 as u64;
@@ -1176,12 +1177,28 @@ impl GpuEngine {
         const OUT_U32: usize = std::mem::size_of::<ChunkOut>() / 4;
         const PARAM_U32: usize = std::mem::size_of::<EncParams>() / 4;
         let down_u32 = n_planes * crate::search::out_words(t_max);
-        let rep_at = down_u32;
+        // The reports at a 16-byte boundary: the encode kernel writes each as three 16-byte stores.
+        let rep_at = down_u32.next_multiple_of(4);
         let par_at = rep_at + jobs.len() * OUT_U32 + 1;
         let mut pinned = self.pinned_u32(par_at + coded.len() * PARAM_U32)?;
         let scratch_ptr = scratch.device_ptr(&s).0;
         let run = (|| -> Result<()> {
             let host = pinned.as_mut_slice()?;
+            // The page-locked buffer as the device addresses it (mapped: with unified addressing,
+            // all page-locked memory is). The encode kernel writes its reports there directly, so
+            // that no copy stands on the stream between the kernel and the placement (a 393 KB
+            // download of 1 GiB's 8192 reports took 17 us there on the H200).
+            let mut host_dev: cudarc::driver::sys::CUdeviceptr = 0;
+            // SAFETY: `host` is page-locked memory of this context (`pinned_u32`); the call only
+            // writes `host_dev`.
+            unsafe {
+                cudarc::driver::sys::cuMemHostGetDevicePointer_v2(
+                    &mut host_dev,
+                    host.as_mut_ptr() as *mut std::ffi::c_void,
+                    0,
+                )
+            }
+            .result()?;
             // SAFETY: the outputs, `down_u32` u32 of `outs_dev`, into the page-locked buffer, which
             // the host reads only after the `searched` event.
             unsafe {
@@ -1207,6 +1224,7 @@ impl GpuEngine {
                 let n = range.len() as u32;
                 let jobs_ptr = jobs_base + (range.start * std::mem::size_of::<EncJob>()) as u64;
                 let outs_ptr = outs_base + (range.start * std::mem::size_of::<ChunkOut>()) as u64;
+                let host_outs = host_dev + 4 * (rep_at + range.start * OUT_U32) as u64;
                 let mut b = s.launch_builder(f);
                 b.arg(&jobs_ptr)
                     .arg(&n)
@@ -1217,6 +1235,7 @@ impl GpuEngine {
                     .arg(&const_sel_ptr)
                     .arg(&scratch_ptr)
                     .arg(&outs_ptr)
+                    .arg(&host_outs)
                     .arg(&sb)
                     .arg(&warps);
                 let cfg = LaunchConfig {
@@ -1225,21 +1244,21 @@ impl GpuEngine {
                     shared_mem_bytes: smem,
                 };
                 // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its tensor,
-                // and it writes only its own slot (inside `scratch`, sized above) and its `outs`
-                // entry; the shared memory holds `warps` x (histograms + stage); the tables it
-                // reads are the slots `tz_enc_tables` wrote (below each plane's `n_tables`, and
-                // the conditional one only where it set the conditional plane).
+                // and it writes only its own slot (inside `scratch`, sized above), its `outs`
+                // entry and its report in the page-locked buffer (`host_outs`: the wave's `n`
+                // reports from `rep_at + range.start * OUT_U32`, inside the buffer, which the host
+                // reads only after the `reported` event and keeps until the stream is done); the
+                // shared memory holds `warps` x (histograms + stage); the tables it reads are the
+                // slots `tz_enc_tables` wrote (below each plane's `n_tables`, and the conditional
+                // one only where it set the conditional plane).
                 unsafe { b.launch(cfg) }?;
                 trace("encode kernel");
-                // SAFETY: the wave's reports, `n` entries of `outs`, into their place in the
-                // page-locked buffer, which the host reads only after the `reported` event.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtoh_async(
-                        &mut host[rep_at + range.start * OUT_U32..rep_at + range.end * OUT_U32],
-                        outs_ptr,
-                        s.cu_stream(),
-                    )
-                }?;
+                if range.end == jobs.len() {
+                    // The host reads the reports while the placement and the last compaction run.
+                    reported = Some(s.record_event(Some(
+                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+                    ))?);
+                }
                 // SAFETY: the wave's `n` jobs and reports, `params` and `placed` with an entry
                 // for every tensor the jobs name (built above from `counting`'s indices), `bad`.
                 unsafe {
@@ -1247,29 +1266,28 @@ impl GpuEngine {
                         &s, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
                     )
                 }?;
-                if range.end == jobs.len() {
-                    // SAFETY: one u32 and the parameters (`coded.len()` of them from
-                    // `params_ptr`), into the page-locked buffer's last entries.
-                    unsafe {
-                        cudarc::driver::result::memcpy_dtoh_async(
-                            &mut host[par_at - 1..par_at],
-                            bad_ptr,
-                            s.cu_stream(),
-                        )?;
-                        cudarc::driver::result::memcpy_dtoh_async(
-                            &mut host[par_at..par_at + coded.len() * PARAM_U32],
-                            params_ptr,
-                            s.cu_stream(),
-                        )?;
-                    }
-                    // The host reads the reports while the last compaction runs.
-                    reported = Some(s.record_event(Some(
-                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-                    ))?);
-                }
+                trace("placed");
                 // SAFETY: as for `place`; the slots of the wave's jobs lie inside `scratch`
                 // (checked above).
                 unsafe { k.compact(&s, scratch_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr) }?;
+                trace("compacted");
+            }
+            // The placement's verdict and the parameters as the device left them, after the last
+            // compaction (nothing waits for them on the stream; the host checks them after the
+            // call's final synchronisation).
+            // SAFETY: one u32 and the parameters (`coded.len()` of them from `params_ptr`), into
+            // the page-locked buffer's last entries, read after the final synchronisation.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host[par_at - 1..par_at],
+                    bad_ptr,
+                    s.cu_stream(),
+                )?;
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host[par_at..par_at + coded.len() * PARAM_U32],
+                    params_ptr,
+                    s.cu_stream(),
+                )?;
             }
             let reported = reported
                 .ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))?;
@@ -1321,74 +1339,118 @@ impl GpuEngine {
             return Err(e);
         }
         trace("reports");
-        let host = &pinned.as_slice()?[..par_at + coded.len() * PARAM_U32];
         // What `tz_enc_tables` wrote into the parameters must be what the host parsed: the same
-        // table counts and conditional plane, and the payloads placed right after the head.
-        for (i, c) in coded.iter().enumerate() {
-            // SAFETY: `EncParams` is plain integers (every bit pattern valid), read unaligned from
-            // its `PARAM_U32` u32 in the downloaded range.
-            let dev: EncParams = unsafe {
-                std::ptr::read_unaligned(host[par_at + i * PARAM_U32..].as_ptr() as *const EncParams)
+        // table counts and conditional plane, and the payloads placed right after the head (each
+        // blob's head ends at `c.total` now, before the payloads are added). The parameters are
+        // downloaded after the last compaction, so this is checked after the final
+        // synchronisation, as the placement's verdict is.
+        // (the tensor's index in the batch, its planes, its parameters, its blob, its head's end)
+        let expect: Vec<(usize, usize, EncParams, u64, u64)> = coded
+            .iter()
+            .map(|c| {
+                let base = c.blob.device_ptr(&s).0;
+                (c.index, c.header.planes(), c.params, base, base + c.total)
+            })
+            .collect();
+        let host = &pinned.as_slice()?[..par_at + coded.len() * PARAM_U32];
+        // Every step until the final synchronisation returns its error only after waiting for the
+        // stream: the compaction and the downloads into the page-locked buffer may still run.
+        let heads = (|| -> Result<Option<CudaSlice<u8>>> {
+            let got_bytes = &host[rep_at..rep_at + jobs.len() * OUT_U32];
+            // SAFETY: `ChunkOut` is `repr(C)`, 48 bytes of u32 and u8 fields (alignment 4, no
+            // padding, every bit pattern valid), and the encode kernels wrote `got_bytes` (the
+            // `reported` event has completed).
+            let got: &[ChunkOut] = unsafe {
+                std::slice::from_raw_parts(got_bytes.as_ptr() as *const ChunkOut, jobs.len())
             };
-            let planes = c.header.planes();
-            let head_end = c.blob.device_ptr(&s).0 + c.total;
-            if dev.n_tables[..planes] != c.params.n_tables[..planes]
-                || dev.cond_plane != c.params.cond_plane
-                || (c.params.cond_plane < 8 && dev.cond_value != c.params.cond_value)
+            for (j, o) in jobs.iter().zip(got) {
+                let cd = &mut coded[j.tensor as usize];
+                let us = cd.header.planes();
+                let len = cd.header.chunk_len(j.chunk) as u64 * us as u64;
+                let sum = o.sel_len as u64 + o.rans_len as u64 + o.kept as u64;
+                if o.payload_len as u64 != sum
+                    || o.payload_len as u64 > len
+                    || (o.rans_len != 0 && o.rans_len != 128 + 2 * o.n_words)
+                    || o.n_words > cd.params.cap_words
+                    || cd.total + o.payload_len as u64 > cd.blob.len() as u64
+                {
+                    return Err(Error::Driver(format!(
+                        "encoder kernel reported inconsistent sizes for chunk {}: {o:?}",
+                        j.chunk
+                    )));
+                }
+                cd.total += o.payload_len as u64;
+                let mut modes = [PlaneMode::Raw; 8];
+                for (q, m) in modes.iter_mut().enumerate().take(us) {
+                    *m = match o.modes[q] {
+                        0 => PlaneMode::Raw,
+                        1 => PlaneMode::Const(o.values[q]),
+                        2 => PlaneMode::Blocks,
+                        _ => PlaneMode::Cond,
+                    };
+                }
+                ChunkEntry {
+                    payload_len: o.payload_len,
+                    rans_len: o.rans_len,
+                    modes,
+                }
+                .write(us, &mut cd.dir);
+            }
+            trace("chunks");
+            for c in coded {
+                let t = &tensors[c.index];
+                let stored_len = stored_header(t.dtype, &t.shape).encoded_len() + t.nbytes;
+                if c.total >= stored_len as u64 {
+                    // SAFETY: forwarded from the caller.
+                    blobs[c.index] = Some(unsafe {
+                        self.stored_blob(c.data, t.nbytes, t.dtype, &t.shape, &mut writes)?
+                    });
+                    continue;
+                }
+                let mut head = c.prefix;
+                head.extend_from_slice(&c.dir);
+                writes.put(&head, c.blob.device_ptr(&s).0);
+                blobs[c.index] = Some(DeviceBlob {
+                    buf: c.blob,
+                    len: c.total as usize,
+                });
+            }
+            // SAFETY: the heads go to the start of their blobs (each `head_len` bytes were
+            // allocated in front of its payloads); stored blobs read the caller's tensors (its
+            // promise).
+            unsafe { std::mem::take(&mut writes).flush(self) }
+        })();
+        trace("heads queued");
+        let synced = s.synchronize();
+        trace("synchronized");
+        let staged = heads?;
+        synced?;
+        drop(staged);
+        // The parameters were uploaded in `coded`'s order: entry `at`.
+        for (at, (i, planes, want, base, head_end)) in expect.into_iter().enumerate() {
+            // SAFETY: `EncParams` is plain integers (every bit pattern valid), read unaligned from
+            // its `PARAM_U32` u32 in the downloaded range (the stream has finished).
+            let dev: EncParams = unsafe {
+                std::ptr::read_unaligned(
+                    host[par_at + at * PARAM_U32..].as_ptr() as *const EncParams
+                )
+            };
+            if dev.n_tables[..planes] != want.n_tables[..planes]
+                || dev.cond_plane != want.cond_plane
+                || (want.cond_plane < 8 && dev.cond_value != want.cond_value)
                 || dev.dst_base != head_end
             {
                 return Err(Error::Kernel(format!(
-                    "encoder tables on the device disagree with the search's output (tensor {}: \
+                    "encoder tables on the device disagree with the search's output (tensor {i}: \
                      tables {:?} / {:?}, conditional plane {} / {}, payloads at +{} / +{})",
-                    c.index,
                     &dev.n_tables[..planes],
-                    &c.params.n_tables[..planes],
+                    &want.n_tables[..planes],
                     dev.cond_plane,
-                    c.params.cond_plane,
-                    dev.dst_base.wrapping_sub(c.blob.device_ptr(&s).0),
-                    c.total
+                    want.cond_plane,
+                    dev.dst_base.wrapping_sub(base),
+                    head_end - base
                 )));
             }
-        }
-        let got_bytes = &host[rep_at..rep_at + jobs.len() * OUT_U32];
-        // SAFETY: `ChunkOut` is `repr(C)`, 48 bytes of u32 and u8 fields (alignment 4, no
-        // padding, every bit pattern valid), and the downloads above filled `got_bytes` (the
-        // event has completed).
-        let got: &[ChunkOut] = unsafe {
-            std::slice::from_raw_parts(got_bytes.as_ptr() as *const ChunkOut, jobs.len())
-        };
-        for (j, o) in jobs.iter().zip(got) {
-            let cd = &mut coded[j.tensor as usize];
-            let us = cd.header.planes();
-            let len = cd.header.chunk_len(j.chunk) as u64 * us as u64;
-            let sum = o.sel_len as u64 + o.rans_len as u64 + o.kept as u64;
-            if o.payload_len as u64 != sum
-                || o.payload_len as u64 > len
-                || (o.rans_len != 0 && o.rans_len != 128 + 2 * o.n_words)
-                || o.n_words > cd.params.cap_words
-                || cd.total + o.payload_len as u64 > cd.blob.len() as u64
-            {
-                return Err(Error::Driver(format!(
-                    "encoder kernel reported inconsistent sizes for chunk {}: {o:?}",
-                    j.chunk
-                )));
-            }
-            cd.total += o.payload_len as u64;
-            let mut modes = [PlaneMode::Raw; 8];
-            for (q, m) in modes.iter_mut().enumerate().take(us) {
-                *m = match o.modes[q] {
-                    0 => PlaneMode::Raw,
-                    1 => PlaneMode::Const(o.values[q]),
-                    2 => PlaneMode::Blocks,
-                    _ => PlaneMode::Cond,
-                };
-            }
-            ChunkEntry {
-                payload_len: o.payload_len,
-                rans_len: o.rans_len,
-                modes,
-            }
-            .write(us, &mut cd.dir);
         }
         if host[par_at - 1] != 0 {
             return Err(Error::Driver(
@@ -1397,30 +1459,6 @@ impl GpuEngine {
             ));
         }
         drop(pinned);
-        trace("chunks");
-        for c in coded {
-            let t = &tensors[c.index];
-            let stored_len = stored_header(t.dtype, &t.shape).encoded_len() + t.nbytes;
-            if c.total >= stored_len as u64 {
-                // SAFETY: forwarded from the caller.
-                blobs[c.index] = Some(unsafe {
-                    self.stored_blob(c.data, t.nbytes, t.dtype, &t.shape, &mut writes)?
-                });
-                continue;
-            }
-            let mut head = c.prefix;
-            head.extend_from_slice(&c.dir);
-            writes.put(&head, c.blob.device_ptr(&s).0);
-            blobs[c.index] = Some(DeviceBlob {
-                buf: c.blob,
-                len: c.total as usize,
-            });
-        }
-        // SAFETY: the heads go to the start of their blobs (each `head_len` bytes were allocated
-        // in front of its payloads); stored blobs read the caller's tensors (its promise).
-        let staged = unsafe { writes.flush(self)? };
-        s.synchronize()?;
-        drop(staged);
         drop((keep_alive, count_inputs));
         drop((jobs_dev, outs, placed, bad));
         drop((fcs, cls, info, const_sel, keep_search, keep_host_outs));

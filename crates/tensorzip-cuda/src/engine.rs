@@ -274,17 +274,21 @@ pub(crate) fn trace_mode() -> Option<String> {
 /// `TENSORZIP_GPU_TRACE=events` it does not wait: it records an event on the stream at each step
 /// and, when dropped (the caller's work done), prints for each step the host's time and the
 /// stream's (the step's event, from an event recorded at creation) — where an untraced call
-/// waits. Otherwise it does nothing.
+/// waits. With `TENSORZIP_GPU_TRACE=host` it only notes the host's time at each step and prints
+/// them when dropped: no event and no wait, so the call runs as untraced and the notes say when the
+/// host queued each step (the GPU idles until its first launch). Otherwise it does nothing.
 pub(crate) fn step_tracer(s: &CudaStream, label: String) -> impl Fn(&str) + '_ {
     let mode = trace_mode();
     let events = mode.as_deref() == Some("events");
-    let tracing = mode.is_some() && !events;
+    let host_only = mode.as_deref() == Some("host");
+    let tracing = mode.is_some() && !events && !host_only;
     let t0 = std::time::Instant::now();
     let log = EventLog {
         s,
         label: label.clone(),
         t0,
         start: if events { record_timed(s) } else { None },
+        host_only,
         steps: std::cell::RefCell::new(Vec::new()),
     };
     move |what: &str| {
@@ -295,11 +299,10 @@ pub(crate) fn step_tracer(s: &CudaStream, label: String) -> impl Fn(&str) + '_ {
                 "{label}: {what} at {:.3} ms (host at {host:.3} ms)",
                 t0.elapsed().as_secs_f64() * 1e3
             );
-        } else if log.start.is_some() {
+        } else if log.start.is_some() || log.host_only {
             let host = t0.elapsed().as_secs_f64() * 1e3;
-            log.steps
-                .borrow_mut()
-                .push((what.to_string(), record_timed(s), host));
+            let ev = if log.host_only { None } else { record_timed(s) };
+            log.steps.borrow_mut().push((what.to_string(), ev, host));
         }
     }
 }
@@ -316,11 +319,22 @@ struct EventLog<'a> {
     label: String,
     t0: std::time::Instant,
     start: Option<cudarc::driver::CudaEvent>,
+    /// `TENSORZIP_GPU_TRACE=host`: host times only.
+    host_only: bool,
     steps: std::cell::RefCell<Vec<(String, Option<cudarc::driver::CudaEvent>, f64)>>,
 }
 
 impl Drop for EventLog<'_> {
     fn drop(&mut self) {
+        if self.host_only {
+            let steps = self.steps.borrow();
+            let line: Vec<String> = steps
+                .iter()
+                .map(|(what, _, host)| format!("{what} {host:.3}"))
+                .collect();
+            eprintln!("{} (host ms): {}", self.label, line.join(", "));
+            return;
+        }
         let Some(start) = &self.start else {
             return;
         };

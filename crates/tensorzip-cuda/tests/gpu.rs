@@ -320,6 +320,31 @@ fn gpu_encodes_tensors_of_many_sampled_blocks() {
     }
 }
 
+/// More chunks in one wave than the placement's thread block has threads (1024: several tiles of
+/// its prefix sums), up to ten per thread: 1,221 and 9,766 chunks of 4 KiB. The blobs must be the
+/// CPU's. (A placement split into two kernels, tried on 2026-12-02, failed to launch at 1024
+/// threads, out of registers, while every other test, with fewer chunks a wave, passed.)
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_waves_of_many_chunks() {
+    let eng = engine();
+    for (dtype, n) in [
+        (DType::BF16, 2_500_000usize),
+        (DType::F32, 1_250_000),
+        (DType::BF16, 20_000_000),
+    ] {
+        let (_, data) = cases(dtype, n, 11).swap_remove(0);
+        let opts = CompressOptions {
+            chunk_bytes: 4096,
+            ..Default::default()
+        };
+        let shape = [n as u64];
+        let cpu = compress(&data, dtype, &shape, &opts).unwrap();
+        let gpu = eng.compress_host(&data, dtype, &shape, &opts).unwrap();
+        assert!(gpu == cpu, "{dtype}, {n} units in chunks of 4 KiB");
+    }
+}
+
 /// Waves of at most 1 MiB of scratch (three chunk slots of bf16): the sample model's tensors span
 /// many waves, and tensors start and end inside them, as a call of more than ~3 GiB does with the
 /// default; the blobs must be the CPU's all the same.
