@@ -193,6 +193,8 @@ impl Model {
 pub fn sample_indices(n_blocks: u64, s: usize) -> Vec<u64> {
     if n_blocks <= s as u64 {
         (0..n_blocks).collect()
+    } else if s == 0 {
+        Vec::new()
     } else {
         // Stepped, without a division per pick: floor(i NB / S) = i q + floor(i r / S) with
         // NB = q S + r, and the second term advances by one each time (i r) mod S wraps. Exact for
@@ -1376,7 +1378,7 @@ mod tests {
             u64::MAX,
         ];
         for &nb in &counts {
-            for s in [1usize, 7, 1000, 1024] {
+            for s in [0usize, 1, 7, 1000, 1024] {
                 let got = sample_indices(nb, s);
                 let want: Vec<u64> = if nb <= s as u64 {
                     (0..nb).collect()
