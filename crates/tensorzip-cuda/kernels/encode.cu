@@ -1,14 +1,16 @@
 // tensorzip GPU encoder (docs/FORMAT.md, sections 3-5 and 7 "Encoder decisions").
 //
 // The bytes written are exactly the CPU engine's: every decision below is the integer algorithm of
-// FORMAT.md section 7, and the tables come from the same host code (model::model_from_counts), fed
-// with the sampled blocks' histograms counted here.
+// FORMAT.md section 7, and the tables are the core's `model::model_from_counts` decisions, made by
+// the table search (kernels/search.cu; the host's own code with TENSORZIP_DEV_HOST_SEARCH=1) from
+// the sampled blocks' histograms counted here.
 //
 // Kernels:
-//   tz_hist_*     one thread block per sampled block: per-plane histograms (and the joint counts of
-//                 the conditioned plane with its condition plane) for the model;
+//   tz_hist_*     one thread block per up to 16 sampled blocks of a tensor: per-plane histograms (and
+//                 the joint counts of the conditioned plane with its condition plane) for the model;
 //   tz_encode_*   one warp per chunk: block selectors, plane modes, raw area, conditioned split and
-//                 the 32-lane rANS stream, into a per-chunk scratch slot; reports the chunk's sizes;
+//                 the 32-lane rANS stream, into a per-chunk scratch slot; reports the chunk's sizes
+//                 (to device memory, and to the host's mapped page-locked buffer);
 //   tz_place      one thread block per wave: checks the reported sizes and turns them into each
 //                 chunk's place in its blob (a prefix sum per tensor, carried from wave to wave);
 //   tz_compact    one thread block per chunk: copies the slot's pieces to the chunk's place in the
@@ -1069,7 +1071,7 @@ ENTRIES(8e11, 8, 11, (352, 1))
 
 // The wave's chunks in order (`jobs`, `outs`, `n` of them; grouped by tensor, each tensor's chunks in
 // order): each chunk's reported sizes are checked against its slot and its blob — the checks the
-// host repeats on the downloaded reports — and its payload placed after the previous chunks of its
+// host repeats on the reports — and its payload placed after the previous chunks of its
 // tensor (`placed[t]`: payload bytes tensor t's earlier waves took, updated here). One block of up to
 // 1024 threads, blockDim.x a multiple of 32. Any failed check sets `*bad`, and tz_compact then writes
 // nothing: a wrong report can never send a copy outside its blob. Each chunk's exclusive prefix
