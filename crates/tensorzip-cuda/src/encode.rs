@@ -13,8 +13,9 @@
 //!    the counts are downloaded instead, the host runs the core's `model_from_counts` and uploads
 //!    its tables in the search's output layout.
 //! 3. `tz_encode_*` codes every chunk (one warp each) into a scratch slot and reports its sizes,
-//!    to device memory and to the host's page-locked buffer (mapped). Meanwhile the host downloads the search's few KiB of tables, parses and checks them with the
-//!    format's parser and writes each blob's header and tables from them.
+//!    to device memory and to the host's page-locked buffer (mapped). Meanwhile the host
+//!    downloads the search's few KiB of tables, parses and checks them with the format's parser
+//!    and writes each blob's header and tables from them.
 //! 4. `tz_place` checks the sizes and sums them into each chunk's place in its blob, and
 //!    `tz_compact` moves the payloads there, on the device; meanwhile the host checks the reports
 //!    again and writes the directories; each blob's header, tables and directory are uploaded in
@@ -23,7 +24,8 @@
 //!
 //! Host synchronisations: one for the search's tables (while the encoder runs), one after the last
 //! wave's encode kernel, for its reports (a wave is as many chunks as [`SCRATCH_BYTES`] of scratch
-//! holds: 1 GiB of bf16 is one wave), one at the end. None between the search and the encoder, none per chunk or per wave.
+//! holds: 1 GiB of bf16 is one wave), one at the end. None between the search and the encoder,
+//! none per chunk or per wave.
 
 use rayon::prelude::*;
 
