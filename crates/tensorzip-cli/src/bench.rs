@@ -57,7 +57,8 @@ fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
     Ok(items)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper one of an even count).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }

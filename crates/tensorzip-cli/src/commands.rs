@@ -102,26 +102,8 @@ fn decode_all<W: Write + Send>(
             .map_err(|e| e.to_string())
     } else {
         let eng = engine(common)?;
-        // Runs of small segments are decoded together (into memory, then written in order), as
-        // `compress` coded them; a large one is streamed.
-        let lens: Vec<u64> = ar.segments.iter().map(|s| s.orig_len).collect();
-        for run in tensorzip::archive::small_runs(&lens) {
-            if run.len() > 1 {
-                let bufs = ar
-                    .decode_segments(&eng, run.clone())
-                    .map_err(|e| e.to_string())?;
-                for (i, b) in run.zip(bufs) {
-                    w.write_all(&b).map_err(|e| e.to_string())?;
-                    pb.set_position(ar.segments[i].orig_offset + b.len() as u64);
-                }
-                continue;
-            }
-            let i = run.start;
-            let base = ar.segments[i].orig_offset;
-            ar.decode_segment_to(&eng, i, w, &|done| pb.set_position(base + done))
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        ar.decode_all_to(&eng, w, &|done| pb.set_position(done))
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -590,3 +590,17 @@ fn hostile_index_sizes_fail_cleanly() {
     std::fs::write(d.join("hostile.tz"), &ar).unwrap();
     all_readers_fail(d, "hostile.tz", &[]);
 }
+
+/// `tensorzip demo` (the README's first command ends with it) compresses, verifies and restores the
+/// built-in sample model, and says so with its ratio and speed.
+#[test]
+fn demo_restores_the_sample_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = tz(dir.path(), &["demo"]);
+    ok(&o, "demo");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("sample model: 34 tensors"), "{out}");
+    assert!(out.contains("ratio 6"), "{out}");
+    assert!(out.contains("restored file is identical"), "{out}");
+    assert!(out.contains("first run"), "{out}");
+}

@@ -805,6 +805,34 @@ impl<'a> Archive<'a> {
         })
     }
 
+    /// Decodes every segment into `w`, in order, checking every checksum: runs of small segments
+    /// ([`small_runs`], as [`write_archive`] coded them) concurrently into memory and then written,
+    /// a large segment streamed. What `tensorzip decompress` writes. `progress` receives the
+    /// original bytes written so far.
+    pub fn decode_all_to<W: Write + Send>(
+        &self,
+        engine: &CpuEngine,
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        let lens: Vec<u64> = self.segments.iter().map(|s| s.orig_len).collect();
+        for run in small_runs(&lens) {
+            if run.len() > 1 {
+                let bufs = self.decode_segments(engine, run.clone())?;
+                for (i, b) in run.zip(bufs) {
+                    w.write_all(&b).map_err(io)?;
+                    progress(self.segments[i].orig_offset + b.len() as u64);
+                }
+                continue;
+            }
+            let i = run.start;
+            let base = self.segments[i].orig_offset;
+            self.decode_segment_to(engine, i, w, &|done| progress(base + done))?;
+        }
+        Ok(())
+    }
+
     /// Decodes segment `i` into memory (checksums checked).
     pub fn decode_segment(&self, engine: &CpuEngine, i: usize) -> Result<Vec<u8>> {
         // Only a length the blob itself confirms is allocated.
