@@ -779,8 +779,17 @@ fn opts_strategy() -> impl Strategy<Value = CompressOptions> {
         )
 }
 
+/// 64 cases in the test suite; `PROPTEST_CASES=N` asks for a longer run (an explicit `cases` in
+/// the config would otherwise override proptest's own reading of that variable).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn prop_round_trip(dtype in dtype_strategy(), shape in shape_strategy(), dist in dist_strategy(), opts in opts_strategy(), seed in any::<u64>()) {
