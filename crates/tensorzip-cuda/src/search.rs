@@ -463,15 +463,10 @@ mod tests {
     /// A plane's sampled histograms, its blocks in the tensor, and its joint counts if any.
     type TestPlane = (Vec<[u32; 256]>, u64, Option<Vec<u32>>);
 
-    /// A deterministic generator (splitmix64).
-    fn rng(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
+    /// A deterministic generator (the core's splitmix64).
+    fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut r = tensorzip::sample::Rng::new(seed);
+        move || r.next_u64()
     }
 
     /// Histograms of `n` sampled blocks of one plane, of kind `kind`, `len` units a block (some
