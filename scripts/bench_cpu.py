@@ -267,8 +267,10 @@ def bench_zipnn(tensors, threads, runs):
     }
 
 
-def bench_tensorzip(binary, path, threads, runs):
+def bench_tensorzip(binary, path, threads, runs, scaling=False):
     cmd = [binary, "bench", path, "--runs", str(runs), "--threads", str(threads), "--cast", "none"]
+    if scaling:
+        cmd.append("--scaling")
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
@@ -381,6 +383,7 @@ def cmd_run(args):
     info = machine_info()
     command = os.environ.get("BENCH_CPU_COMMAND") or " ".join([sys.executable] + sys.argv)
     results = []
+    paired = []
     skipped = []
     for name, fname, desc in DATASETS:
         if wanted and name not in wanted:
@@ -423,6 +426,20 @@ def cmd_run(args):
                       f"tensorzip {ours['tensors']} / {ours['original_bytes']} B ***", flush=True)
             results.append({"dataset": name, "description": desc, "file": path, "threads_label": tlabel,
                             "threads": tn, "zipnn": z, "tensorzip": ours})
+        multi_threads = [tn for tl, tn in thread_list if tn > 1]
+        if args.scaling_runs > 0 and multi_threads and size >= 64 * 2**20:
+            for tn in multi_threads:
+                print(f"[run] {name}: thread scaling in pairs, 1 against {tn} threads, {args.scaling_runs} rounds ...",
+                      flush=True)
+                if args.quiet_wait > 0:
+                    wait_quiet(args.quiet_wait)
+                c0 = cpu_counters()
+                doc = bench_tensorzip(binary, path, tn, args.scaling_runs, scaling=True)
+                sc = doc["scaling"]
+                sc["foreign_load_cores"] = foreign_load(c0, cpu_counters())
+                paired.append({"dataset": name, "threads": tn, "scaling": sc})
+                print(f"[run]   compress warm {sc['compress_warm_ratio']:.2f}x, decompress warm "
+                      f"{sc['decompress_warm_ratio']:.2f}x, machine {sc['machine_ratio']:.2f}x", flush=True)
         del tensors
     finished = datetime.datetime.now().astimezone()
     info["loadavg_at_end"] = list(os.getloadavg())
@@ -489,6 +506,22 @@ def cmd_run(args):
         lines.append("|---|--:|--:|--:|--:|--:|--:|--:|")
         lines.extend(scale)
         lines.append("")
+    if paired:
+        lines.append("Thread scaling in pairs (`tensorzip bench --scaling`: each round times one thread and all "
+                     "threads back to back, the order alternating; median of the rounds' ratios; *machine* = the "
+                     "same for a fixed integer loop on every thread, the VM's own scaling):")
+        lines.append("")
+        lines.append("| dataset | threads | rounds | comp warm | dec warm | machine | comp warm 1 / all GB/s "
+                     "| dec warm 1 / all GB/s | bg load |")
+        lines.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for p in paired:
+            sc = p["scaling"]
+            lines.append(f"| {p['dataset']} | {p['threads']}/1 | {sc['runs']} | {sc['compress_warm_ratio']:.2f}× | "
+                         f"{sc['decompress_warm_ratio']:.2f}× | {sc['machine_ratio']:.2f}× | "
+                         f"{sc['compress_warm_1t_gbps']:.3f} / {sc['compress_warm_nt_gbps']:.3f} | "
+                         f"{sc['decompress_warm_1t_gbps']:.3f} / {sc['decompress_warm_nt_gbps']:.3f} | "
+                         f"{sc['foreign_load_cores']:.2f} |")
+        lines.append("")
     notes = []
     nf = sorted({n for r in results for n in r["zipnn"]["non_float_as_float32"]})
     if nf:
@@ -515,7 +548,8 @@ def cmd_run(args):
     out = os.path.join(args.data_dir, f"results-{started:%Y-%m-%dT%H%M%S}.json")
     with open(out, "w") as f:
         json.dump({"started": started.isoformat(), "finished": finished.isoformat(), "command": command,
-                   "machine": info, "runs": args.runs, "results": results, "skipped": skipped,
+                   "machine": info, "runs": args.runs, "results": results, "paired_scaling": paired,
+                   "skipped": skipped,
                    "table_markdown": table}, f, indent=1)
     print(f"\nraw results: {out}")
 
@@ -529,6 +563,8 @@ def main():
     rp = sub.add_parser("run", parents=[common], help="benchmark both tools and print the table")
     rp.add_argument("--runs", type=int, default=5, help="timed runs per measurement; the median is reported")
     rp.add_argument("--threads", default="1,all", help="comma-separated thread counts; 'all' = every core")
+    rp.add_argument("--scaling-runs", type=int, default=9,
+                    help="rounds of the paired thread-scaling measurement (datasets of 64 MiB and more; 0: skip)")
     rp.add_argument("--datasets", default="", help="comma-separated subset of: " + ", ".join(d[0] for d in DATASETS))
     rp.add_argument("--quiet-wait", type=float, default=900,
                     help="before each measurement wait up to this many seconds for other processes to go idle "

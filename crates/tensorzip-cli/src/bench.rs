@@ -10,6 +10,16 @@
 //! the tensors as `tensorzip compress` and `decompress` do: runs of small tensors concurrently
 //! (`CpuEngine::compress_many_into` / `decompress_many_into`, `archive::small_runs`), each larger
 //! tensor on its own.
+//!
+//! With `--scaling` it also measures thread scaling *in pairs* (`scaling` in the JSON): every run
+//! times the warm compress and the warm decompress on a one-thread engine and on the `--threads`
+//! engine back to back (in alternating order), and a fixed compute loop on one thread and on as
+//! many threads (the machine's own scaling); it reports the medians and the median of the per-run
+//! ratios. Our 2-core VMs change speed from second to second and sometimes run their two vCPUs as
+//! if they shared a core (2026-12-03: the same warm MiniLM fp32 decode on two threads at 1.19x,
+//! 1.87x and 1.80x one thread in three back-to-back processes, one thread steady at 1.82-1.91 GB/s
+//! pinned to either vCPU): ratios of runs seconds apart cancel the drift, the compute loop shows
+//! when the machine itself did not scale.
 
 use std::time::Instant;
 
@@ -94,6 +104,7 @@ pub fn run(
     files: &[std::path::PathBuf],
     cast: &str,
     runs: usize,
+    scaling: bool,
     enc: &EncoderArgs,
     common: &Common,
 ) -> Result<(), String> {
@@ -176,14 +187,179 @@ pub fn run(
         let b_tensor: f64 = items.iter().map(|i| bound(i, usize::MAX / 2)).sum();
         let b_chunk: f64 = items.iter().map(|i| bound(i, 256 << 10)).sum();
         let gb = |t: f64| orig as f64 / t / 1e9;
+        let scaling = match scaling && eng.threads() > 1 {
+            true => {
+                let paired = Paired {
+                    items: &blob_items,
+                    runs_of: &runs_of,
+                    opts: &opts,
+                };
+                let s = paired.measure(&eng, runs, &mut warm_blobs, &mut warm)?;
+                for (i, out) in items.iter().zip(&warm) {
+                    if &i.data != out {
+                        return Err(format!("{}: round trip is not exact", path.display()));
+                    }
+                }
+                s.json(orig)
+            }
+            false => serde_json::Value::Null,
+        };
         let doc = serde_json::json!({
             "file": path.display().to_string(), "cast": cast, "threads": eng.threads(), "runs": runs,
             "tensors": items.len(), "original_bytes": orig, "compressed_bytes": comp,
             "ratio": comp as f64 / orig as f64,
             "compress_gbps": gb(median(tc)), "compress_warm_gbps": gb(median(tcw)), "decompress_warm_gbps": gb(median(tw)), "decompress_e2e_gbps": gb(median(te)),
             "bound_per_tensor": b_tensor / orig as f64, "bound_per_256k_chunk": b_chunk / orig as f64,
+            "scaling": scaling,
         });
         crate::commands::print_out(&format!("{doc}\n"))?;
     }
     Ok(())
+}
+
+/// The warm compress and decompress of one file's tensors, for the paired scaling measurement.
+struct Paired<'a> {
+    items: &'a [BlobItem<'a>],
+    runs_of: &'a [std::ops::Range<usize>],
+    opts: &'a tensorzip::CompressOptions,
+}
+
+/// Per-run seconds of the paired measurement: one thread, then `threads`.
+struct Scaling {
+    threads: usize,
+    compress: Vec<(f64, f64)>,
+    decompress: Vec<(f64, f64)>,
+    machine: Vec<(f64, f64)>,
+}
+
+impl Paired<'_> {
+    fn compress(&self, eng: &CpuEngine, blobs: &mut [Vec<u8>]) -> Result<f64, String> {
+        let t = Instant::now();
+        for r in self.runs_of {
+            eng.compress_many_into(&self.items[r.clone()], self.opts, &mut blobs[r.clone()])
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn decompress(
+        &self,
+        eng: &CpuEngine,
+        blobs: &[&[u8]],
+        outs: &mut [Vec<u8>],
+    ) -> Result<f64, String> {
+        let t = Instant::now();
+        for r in self.runs_of {
+            eng.decompress_many_into(&blobs[r.clone()], &mut outs[r.clone()])
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// `runs` rounds of one thread against `eng`'s threads, the order alternating from round to
+    /// round; `blobs` are the warm compress's buffers (their contents end as the blobs), `outs` the
+    /// warm decompress's.
+    fn measure(
+        &self,
+        eng: &CpuEngine,
+        runs: usize,
+        blobs: &mut [Vec<u8>],
+        outs: &mut [Vec<u8>],
+    ) -> Result<Scaling, String> {
+        let one = CpuEngine::new(1).map_err(|e| e.to_string())?;
+        let n = eng.threads();
+        let mut s = Scaling {
+            threads: n,
+            compress: Vec::new(),
+            decompress: Vec::new(),
+            machine: Vec::new(),
+        };
+        // The spare buffers let both engines compress into warm memory without copying.
+        let mut spare: Vec<Vec<u8>> = blobs.to_vec();
+        for run in 0..runs {
+            let order = [(&one, 0), (eng, 1)];
+            let order = if run % 2 == 0 {
+                order
+            } else {
+                [order[1], order[0]]
+            };
+            let mut c = [0.0; 2];
+            let mut d = [0.0; 2];
+            let mut m = [0.0; 2];
+            for (e, k) in order {
+                c[k] = self.compress(e, if k == 0 { &mut spare } else { blobs })?;
+            }
+            if spare != blobs {
+                return Err("one thread and several compress differently".into());
+            }
+            let refs: Vec<&[u8]> = spare.iter().map(|b| &b[..]).collect();
+            for (e, k) in order {
+                d[k] = self.decompress(e, &refs, outs)?;
+            }
+            for (_, k) in order {
+                m[k] = spin_threads(if k == 0 { 1 } else { n });
+            }
+            s.compress.push((c[0], c[1]));
+            s.decompress.push((d[0], d[1]));
+            s.machine.push((m[0], m[1]));
+        }
+        Ok(s)
+    }
+}
+
+/// Seconds for `threads` threads to each run the same fixed integer loop (~20 ms on one core of
+/// our VMs): equal to one thread's time where the cores do not slow each other.
+fn spin_threads(threads: usize) -> f64 {
+    fn spin(seed: u64) -> u64 {
+        let mut x = seed;
+        for _ in 0..(1u64 << 24) {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x ^= x >> 29;
+        }
+        x
+    }
+    let t = Instant::now();
+    if threads == 1 {
+        std::hint::black_box(spin(1));
+    } else {
+        std::thread::scope(|sc| {
+            for k in 0..threads {
+                sc.spawn(move || std::hint::black_box(spin(k as u64 + 1)));
+            }
+        });
+    }
+    t.elapsed().as_secs_f64()
+}
+
+impl Scaling {
+    fn json(&self, orig: u64) -> serde_json::Value {
+        let gb = |t: f64| orig as f64 / t / 1e9;
+        // Speed ratio many / one of each run, and the medians of each side.
+        let side = |v: &[(f64, f64)], machine: bool| {
+            let ratios: Vec<f64> = v
+                .iter()
+                .map(|&(a, b)| match machine {
+                    true => self.threads as f64 * a / b,
+                    false => a / b,
+                })
+                .collect();
+            let one = median(v.iter().map(|p| p.0).collect());
+            let many = median(v.iter().map(|p| p.1).collect());
+            (median(ratios.clone()), ratios, one, many)
+        };
+        let round =
+            |v: Vec<f64>| -> Vec<f64> { v.iter().map(|r| (r * 1000.0).round() / 1000.0).collect() };
+        let (cr, crs, c1, cn) = side(&self.compress, false);
+        let (dr, drs, d1, dn) = side(&self.decompress, false);
+        let (mr, mrs, _, _) = side(&self.machine, true);
+        serde_json::json!({
+            "threads": self.threads, "runs": self.compress.len(),
+            "compress_warm_ratio": cr, "compress_warm_1t_gbps": gb(c1), "compress_warm_nt_gbps": gb(cn),
+            "decompress_warm_ratio": dr, "decompress_warm_1t_gbps": gb(d1), "decompress_warm_nt_gbps": gb(dn),
+            "machine_ratio": mr,
+            "compress_warm_ratios": round(crs), "decompress_warm_ratios": round(drs), "machine_ratios": round(mrs),
+        })
+    }
 }

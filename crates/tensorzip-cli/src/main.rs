@@ -142,6 +142,11 @@ enum Command {
         /// Timed runs per measurement (the median is reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Also measure thread scaling in pairs: each run times the warm compress and decompress on
+        /// one thread and on `--threads` back to back (and a compute loop, the machine's own
+        /// scaling), and reports the median of the per-run ratios
+        #[arg(long)]
+        scaling: bool,
         #[command(flatten)]
         enc: EncoderArgs,
         #[command(flatten)]
@@ -192,9 +197,10 @@ fn main() -> ExitCode {
             files,
             cast,
             runs,
+            scaling,
             enc,
             common,
-        } => bench::run(&files, &cast, runs, &enc, &common),
+        } => bench::run(&files, &cast, runs, scaling, &enc, &common),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -604,3 +604,37 @@ fn demo_restores_the_sample_model() {
     assert!(out.contains("restored file is identical"), "{out}");
     assert!(out.contains("first run"), "{out}");
 }
+
+#[test]
+fn bench_reports_sizes_and_paired_scaling() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), model_bytes()).unwrap();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = tz(dir.path(), args);
+        ok(&o, "bench");
+        serde_json::from_slice(&o.stdout).expect("one JSON object")
+    };
+    let base = ["bench", "model.safetensors", "--runs", "2", "--scaling"];
+    let d = json(&[&base[..], &["-t", "2"]].concat());
+    let orig = d["original_bytes"].as_u64().unwrap();
+    // The five tensors' data: bf16 32x300, f32 300, i64 100, f16 10x70, empty.
+    assert_eq!(orig, 2 * 32 * 300 + 4 * 300 + 8 * 100 + 2 * 700);
+    assert!(d["compressed_bytes"].as_u64().unwrap() < orig);
+    let s = &d["scaling"];
+    assert_eq!(s["threads"], 2);
+    assert_eq!(s["runs"], 2);
+    for k in [
+        "compress_warm_ratios",
+        "decompress_warm_ratios",
+        "machine_ratios",
+    ] {
+        let v = s[k].as_array().unwrap_or_else(|| panic!("{k}: {s}"));
+        assert_eq!(v.len(), 2, "{k}");
+        assert!(
+            v.iter().all(|r| r.as_f64().is_some_and(|r| r > 0.0)),
+            "{k}: {s}"
+        );
+    }
+    // One thread: nothing to pair.
+    assert!(json(&[&base[..], &["-t", "1"]].concat())["scaling"].is_null());
+}
