@@ -25,6 +25,7 @@
 pub mod archive;
 pub mod blob;
 pub mod checksum;
+pub mod cluster;
 mod cpu;
 pub mod decoder;
 pub mod dtype;
