@@ -134,13 +134,13 @@ pub fn run(
             .collect();
         let (mut tc, mut tcw, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut comp = 0u64;
+        let warm_pass = Paired {
+            items: &blob_items,
+            runs_of: &runs_of,
+            opts: &opts,
+        };
         for _ in 0..runs {
-            let t = Instant::now();
-            for r in &runs_of {
-                eng.compress_many_into(&blob_items[r.clone()], &opts, &mut warm_blobs[r.clone()])
-                    .map_err(|e| e.to_string())?;
-            }
-            tcw.push(t.elapsed().as_secs_f64());
+            tcw.push(warm_pass.compress(&eng, &mut warm_blobs)?);
             let t = Instant::now();
             let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
             for r in &runs_of {
@@ -158,12 +158,7 @@ pub fn run(
                 ));
             }
             let blob_refs: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
-            let t = Instant::now();
-            for r in &runs_of {
-                eng.decompress_many_into(&blob_refs[r.clone()], &mut warm[r.clone()])
-                    .map_err(|e| e.to_string())?;
-            }
-            tw.push(t.elapsed().as_secs_f64());
+            tw.push(warm_pass.decompress(&eng, &blob_refs, &mut warm)?);
             // End to end: every tensor decoded into a new buffer, all of them alive until the pass
             // ends (a loaded model's are), so that no run of the pass reuses pages an earlier one
             // touched (ZipNN's outputs are kept alike by scripts/bench_cpu.py).
@@ -189,12 +184,7 @@ pub fn run(
         let gb = |t: f64| orig as f64 / t / 1e9;
         let scaling = match scaling && eng.threads() > 1 {
             true => {
-                let paired = Paired {
-                    items: &blob_items,
-                    runs_of: &runs_of,
-                    opts: &opts,
-                };
-                let s = paired.measure(&eng, runs, &mut warm_blobs, &mut warm)?;
+                let s = warm_pass.measure(&eng, runs, &mut warm_blobs, &mut warm)?;
                 for (i, out) in items.iter().zip(&warm) {
                     if &i.data != out {
                         return Err(format!("{}: round trip is not exact", path.display()));
@@ -217,7 +207,8 @@ pub fn run(
     Ok(())
 }
 
-/// The warm compress and decompress of one file's tensors, for the paired scaling measurement.
+/// The warm compress and decompress of one file's tensors (the "warm" figures, and the paired
+/// scaling measurement).
 struct Paired<'a> {
     items: &'a [BlobItem<'a>],
     runs_of: &'a [std::ops::Range<usize>],
