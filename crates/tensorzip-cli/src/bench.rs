@@ -14,12 +14,13 @@
 //! With `--scaling` it also measures thread scaling *in pairs* (`scaling` in the JSON): every run
 //! times the warm compress and the warm decompress on a one-thread engine and on the `--threads`
 //! engine back to back (in alternating order), and a fixed compute loop on one thread and on as
-//! many threads (the machine's own scaling); it reports the medians and the median of the per-run
-//! ratios. Our 2-core VMs change speed from second to second and sometimes run their two vCPUs as
-//! if they shared a core (2026-12-03: the same warm MiniLM fp32 decode on two threads at 1.19x,
-//! 1.87x and 1.80x one thread in three back-to-back processes, one thread steady at 1.82-1.91 GB/s
-//! pinned to either vCPU): ratios of runs seconds apart cancel the drift, the compute loop shows
-//! when the machine itself did not scale.
+//! many threads (the machine's own scaling: eight independent multiply chains a thread, which a
+//! pair of hyperthreads of one core could not run twice as fast); it reports the medians and the
+//! median of the per-run ratios. Our 2-core VMs change speed from second to second and sometimes
+//! run their two vCPUs as if they shared a core (2026-12-03: the same warm MiniLM fp32 decode on
+//! two threads at 1.19x, 1.87x and 1.80x one thread in three back-to-back processes, one thread
+//! steady at 1.82-1.91 GB/s pinned to either vCPU): ratios of runs seconds apart cancel the drift,
+//! the compute loop shows when the machine itself did not scale.
 
 use std::time::Instant;
 
@@ -298,18 +299,24 @@ impl Paired<'_> {
     }
 }
 
-/// Seconds for `threads` threads to each run the same fixed integer loop (~20 ms on one core of
-/// our VMs): equal to one thread's time where the cores do not slow each other.
+/// Seconds for `threads` threads to each run the same fixed integer loop (~10-20 ms on one core
+/// of our VMs): equal to one thread's time where the cores do not slow each other. The loop runs
+/// eight independent chains, so that one thread keeps the multiplier busy: two vCPUs that are
+/// hyperthreads of one core then share it and show ~1x, where a single dependent chain would
+/// still overlap and show 2x.
 fn spin_threads(threads: usize) -> f64 {
     fn spin(seed: u64) -> u64 {
-        let mut x = seed;
-        for _ in 0..(1u64 << 24) {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x ^= x >> 29;
+        let mut x: [u64; 8] = std::array::from_fn(|k| seed.wrapping_add(k as u64));
+        for _ in 0..(1u64 << 22) {
+            for v in x.iter_mut() {
+                *v = v
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *v ^= *v >> 29;
+            }
+            x = std::hint::black_box(x);
         }
-        x
+        x.iter().fold(0, |a, v| a ^ v)
     }
     let t = Instant::now();
     if threads == 1 {
