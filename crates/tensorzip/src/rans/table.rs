@@ -268,8 +268,8 @@ impl FreqTable {
         self.lo
     }
 
-    /// Code length of the counts `hist` under this table, in Q16 bits; [`CL_ABSENT`](super::log2::CL_ABSENT) per symbol the
-    /// table lacks.
+    /// Code length of the counts `hist` under this table, in Q16 bits;
+    /// [`CL_ABSENT`](super::log2::CL_ABSENT) per symbol the table lacks.
     pub fn cost(&self, hist: &[u32; 256]) -> u64 {
         let cl = code_len_table();
         let mut total = 0u64;
