@@ -10,8 +10,10 @@ Two subcommands:
             compress and decompress timed separately, round trip checked), then `tensorzip bench` on
             the same file with the same thread count (which, like `tensorzip compress`/`decompress`,
             codes runs of tensors under 4 MiB concurrently and larger ones alone; tensor by tensor
-            before 2026-12-01 04:3x UTC); prints a markdown table and saves the raw results to
-            bench-data/results-<date>.json.
+            before 2026-12-01 04:3x UTC); then, for datasets of 64 MiB and more, `tensorzip bench
+            --scaling` (one thread and all threads timed back to back in each of --scaling-runs
+            rounds, with a compute loop for the machine's own scaling; since 2026-12-03); prints a
+            markdown table and saves the raw results to bench-data/results-<date>.json.
 
 GB/s everywhere is 1e9 bytes of *original* tensor data per second. Ratios are compressed/original
 (smaller is better), printed in percent of the original size.
@@ -426,7 +428,7 @@ def cmd_run(args):
                       f"tensorzip {ours['tensors']} / {ours['original_bytes']} B ***", flush=True)
             results.append({"dataset": name, "description": desc, "file": path, "threads_label": tlabel,
                             "threads": tn, "zipnn": z, "tensorzip": ours})
-        multi_threads = [tn for tl, tn in thread_list if tn > 1]
+        multi_threads = [tn for _, tn in thread_list if tn > 1]
         if args.scaling_runs > 0 and multi_threads and size >= 64 * 2**20:
             for tn in multi_threads:
                 print(f"[run] {name}: thread scaling in pairs, 1 against {tn} threads, {args.scaling_runs} rounds ...",
