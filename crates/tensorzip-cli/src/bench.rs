@@ -135,7 +135,7 @@ pub fn run(
             .collect();
         let (mut tc, mut tcw, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut comp = 0u64;
-        let warm_pass = Paired {
+        let warm_pass = WarmPasses {
             items: &blob_items,
             runs_of: &runs_of,
             opts: &opts,
@@ -210,7 +210,7 @@ pub fn run(
 
 /// The warm compress and decompress of one file's tensors (the "warm" figures, and the paired
 /// scaling measurement).
-struct Paired<'a> {
+struct WarmPasses<'a> {
     items: &'a [BlobItem<'a>],
     runs_of: &'a [std::ops::Range<usize>],
     opts: &'a tensorzip::CompressOptions,
@@ -224,7 +224,7 @@ struct Scaling {
     machine: Vec<(f64, f64)>,
 }
 
-impl Paired<'_> {
+impl WarmPasses<'_> {
     fn compress(&self, eng: &CpuEngine, blobs: &mut [Vec<u8>]) -> Result<f64, String> {
         let t = Instant::now();
         for r in self.runs_of {
