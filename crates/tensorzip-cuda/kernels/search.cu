@@ -885,13 +885,18 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     // (0 if unused); then each warp finds its table's place from the lengths before it and writes
     // its bytes, one lane per byte. (Thread 0 alone, one dependent global load per code, was 9% of
     // the search's stall samples in an ncu profile of 1 GiB bf16: the block waited for it.)
-    __shared__ u32 slen[64];
+    // The first pass keeps each table's range in `slo` / `shi` for the second.
+    __shared__ u32 slen[64], slo[64], shi[64];
     for (u32 j = warp; j < nt; j += NW) {
         const u8* c = L.codes[cur] + (u64)j * 256;
         u32 lo, hi;
         warp_present_range(c, &lo, &hi);
         // An all-zero row (never kept: a table has its anchor) would serialise as (0, 0), no codes.
-        if (lane == 0) slen[j] = used[j] ? 2 + (lo <= hi ? hi - lo + 1 : 0) : 0;
+        if (lane == 0) {
+            slen[j] = used[j] ? 2 + (lo <= hi ? hi - lo + 1 : 0) : 0;
+            slo[j] = lo;
+            shi[j] = hi;
+        }
     }
     __syncthreads();
     for (u32 j = warp; j < nt; j += NW) {
@@ -899,8 +904,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         u32 at = OUT_HEAD;
         for (u32 i = 0; i < j; i++) at += slen[i];
         const u8* c = L.codes[cur] + (u64)j * 256;
-        u32 lo, hi;
-        warp_present_range(c, &lo, &hi);
+        const u32 lo = slo[j], hi = shi[j];
         if (lane == 0) {
             out[at] = (u8)lo;
             out[at + 1] = (u8)hi;
