@@ -223,6 +223,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
         let blen = self.block_len(b);
         let mut segs = self.prepare(b, &mut scratch.planes);
         if !segs.is_empty() {
+            self.aim_prefetch(b, out);
             self.rans()?.decode_block(segs.as_mut_slice(), blen)?;
         }
         self.finish_block(b, &mut scratch.planes, &mut scratch.bufs, out)
@@ -247,6 +248,22 @@ impl<'d, 'a> Cursor<'d, 'a> {
             self.rans()?.decode_block(&mut seg, st.coded)?;
         }
         self.finish_end(b, &st, scratch, bufs, out)
+    }
+
+    /// Where the output is large (merged past the caches), has the rANS steps of block `b`
+    /// prefetch its output lines ([`Decoder::prefetch_output`]).
+    fn aim_prefetch(&mut self, b: usize, out: &[u8]) {
+        if !self.td.streaming {
+            return;
+        }
+        let us = self.td.view.header.planes();
+        let start = b * self.td.view.header.block_units as usize * us;
+        let end = start + self.block_len(b) * us;
+        if let (Some(r), Some(o)) = (self.rans.as_mut(), out.get(start..end)) {
+            // A block's full steps (one per 32 units) prefetch its output (`us` lines per 32
+            // units) within the first half of them.
+            r.prefetch_output(o, us);
+        }
     }
 
     /// The decoder table of the conditioned plane (only where the chunk has one).
@@ -338,6 +355,8 @@ impl<'d, 'a> Cursor<'d, 'a> {
         let bu = h.block_units as usize;
         let blen = self.block_len(b);
         let (off, fixed, total, from_area) = (st.off, st.fixed, st.total, st.from_area);
+        // Whether the steps prefetched this block's output (before the stream may end below).
+        let prefetched = self.rans.as_mut().is_some_and(|r| r.take_prefetched());
         let area = &self.raw[self.raw_off..];
         // The block's raw bytes: from the area, plus the stash at the end of the chunk.
         let seg: &[u8] = if st.last && self.rans.is_some() {
@@ -381,7 +400,9 @@ impl<'d, 'a> Cursor<'d, 'a> {
             };
         }
         let start = b * bu * us;
-        let merge = if self.td.streaming {
+        // Large output past the caches by non-temporal stores, unless its lines were just
+        // prefetched for writing (then ordinary stores do not wait for memory).
+        let merge = if self.td.streaming && !prefetched {
             transform::merge_streaming
         } else {
             transform::merge
@@ -535,10 +556,17 @@ impl<'a> TensorDecoder<'a> {
         let mut cur = Cursor::new(self, c)?;
         debug_assert_eq!(out.len(), cur.len * self.view.header.planes());
         scratch.planes.resize(self.scratch_len(), 0);
-        for b in 0..cur.nb {
-            cur.decode_block(b, scratch, out)?;
+        let r = (0..cur.nb).try_for_each(|b| cur.decode_block(b, scratch, out));
+        self.fence();
+        r
+    }
+
+    /// After a chunk call's last block: orders the non-temporal stores of a streaming merge
+    /// before whatever the caller does next (one fence per call, not per block).
+    fn fence(&self) {
+        if self.streaming {
+            transform::streaming_fence();
         }
-        Ok(())
     }
 
     /// Decodes chunks `c` and `c + 1` into `out_a` and `out_b` (each exactly its chunk's bytes),
@@ -561,6 +589,20 @@ impl<'a> TensorDecoder<'a> {
         debug_assert_eq!(out_b.len(), cb.len * self.view.header.planes());
         scratch_a.planes.resize(self.scratch_len(), 0);
         scratch_b.planes.resize(self.scratch_len(), 0);
+        let r = Self::blocks_pair(&mut ca, &mut cb, out_a, out_b, scratch_a, scratch_b);
+        self.fence();
+        r
+    }
+
+    /// The blocks of [`TensorDecoder::decode_chunk_pair`].
+    fn blocks_pair(
+        ca: &mut Cursor<'_, 'a>,
+        cb: &mut Cursor<'_, 'a>,
+        out_a: &mut [u8],
+        out_b: &mut [u8],
+        scratch_a: &mut DecodeScratch,
+        scratch_b: &mut DecodeScratch,
+    ) -> Result<()> {
         for b in 0..ca.nb.max(cb.nb) {
             if b >= cb.nb {
                 ca.decode_block(b, scratch_a, out_a)?;
@@ -573,9 +615,15 @@ impl<'a> TensorDecoder<'a> {
             let (la, lb) = (ca.block_len(b), cb.block_len(b));
             let mut ga = ca.prepare(b, &mut scratch_a.planes);
             let mut gb = cb.prepare(b, &mut scratch_b.planes);
+            if !ga.is_empty() {
+                ca.aim_prefetch(b, out_a);
+            }
+            if !gb.is_empty() {
+                cb.aim_prefetch(b, out_b);
+            }
             steps_of_both(
-                (&mut ca, ga.as_mut_slice(), la),
-                (&mut cb, gb.as_mut_slice(), lb),
+                (&mut *ca, ga.as_mut_slice(), la),
+                (&mut *cb, gb.as_mut_slice(), lb),
             )?;
             // The conditioned sub-segments of the two blocks in one loop too (a fifth of a bf16
             // decode's steps).
@@ -596,8 +644,8 @@ impl<'a> TensorDecoder<'a> {
                 }),
             };
             steps_of_both(
-                (&mut ca, suba.as_mut_slice(), sa.coded),
-                (&mut cb, subb.as_mut_slice(), sb.coded),
+                (&mut *ca, suba.as_mut_slice(), sa.coded),
+                (&mut *cb, subb.as_mut_slice(), sb.coded),
             )?;
             ca.finish_end(b, &sa, &mut scratch_a.planes, &mut scratch_a.bufs, out_a)?;
             cb.finish_end(b, &sb, &mut scratch_b.planes, &mut scratch_b.bufs, out_b)?;

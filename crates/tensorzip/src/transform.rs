@@ -332,12 +332,27 @@ unsafe fn split4_wide<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
     );
 }
 
+/// Orders the non-temporal stores of earlier [`merge_streaming`] calls of this thread before its
+/// later stores (a store fence; nothing where no such stores are made).
+pub fn streaming_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` is part of SSE, which every x86_64 CPU has; it only orders stores.
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
 /// [`merge`] for output that will not be read again soon (a large tensor: it leaves the caches before
 /// anyone reads it): 2- and 4-byte units are written with non-temporal stores where the CPU has
 /// AVX2, so that the written lines are not first read from memory. Writing the output was a third
 /// of a bf16 decode after the AVX-512 decoder steps; with these stores one thread decodes bf16 ~9%
 /// faster on the Intel VM of 2026-12-01 (`examples/hotloop bf16 4096 7 dec`, 1.96-2.00 ->
 /// 2.15-2.18 GB/s). Same bytes as [`merge`].
+///
+/// Non-temporal stores are weakly ordered: the caller must call [`streaming_fence`] after its last
+/// `merge_streaming` and before the output is handed to anyone (the decoder does so once per chunk
+/// call). One fence per 4096-unit block instead cost a bf16 decode of a 64 MiB tensor on one
+/// thread 4-8% (2026-12-03, docs/DESIGN.md, "CPU engine").
 pub fn merge_streaming(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx2() {
@@ -396,8 +411,8 @@ unsafe fn store256<const NT: bool>(
 }
 
 /// [`merge2_impl`] in 64-byte steps of byte unpacks. With `NT`, the steps are written by
-/// non-temporal stores from the first 32-byte aligned unit on (the ends by the scalar loop), then
-/// a store fence; without, by ordinary stores from the first unit.
+/// non-temporal stores from the first 32-byte aligned unit on (the ends by the scalar loop; the
+/// caller fences, [`streaming_fence`]); without, by ordinary stores from the first unit.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
 unsafe fn merge2_wide<const E: u32, const NT: bool>(p0: &[u8], p1: &[u8], dst: &mut [u8]) {
@@ -438,9 +453,6 @@ unsafe fn merge2_wide<const E: u32, const NT: bool>(p0: &[u8], p1: &[u8], dst: &
             store256::<NT>(out, inv(_mm256_permute2x128_si256::<0x20>(lo, hi)));
             store256::<NT>(out.add(1), inv(_mm256_permute2x128_si256::<0x31>(lo, hi)));
             i += 32;
-        }
-        if NT {
-            _mm_sfence();
         }
     }
     merge2_impl::<E>(&p0[i..], &p1[i..], &mut dst[2 * i..]);
@@ -502,9 +514,6 @@ unsafe fn merge4_wide<const E: u32, const NT: bool>(p: [&[u8]; 4], dst: &mut [u8
             store256::<NT>(out, inv(_mm256_set_m128i(u1, u0)));
             store256::<NT>(out.add(1), inv(_mm256_set_m128i(u3, u2)));
             i += 16;
-        }
-        if NT {
-            _mm_sfence();
         }
     }
     merge4_impl::<E>(cut(i..n), &mut dst[4 * i..]);
