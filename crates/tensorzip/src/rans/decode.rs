@@ -459,7 +459,53 @@ mod avx512 {
         }};
     }
 
-    /// Full steps `first..` of a block of one stream; returns the step it stopped at.
+    /// The last, partial step `r` of every segment of a stream: only the first `n` lanes
+    /// (`0 < n < 32`) decode a symbol and may read a word, as in the full step (the scalar loop's
+    /// order: segment by segment, lanes in order); the others keep their states and store
+    /// nothing. Same caller's safety as [`step512`], with `32 r + n` bytes in every segment.
+    /// A block's conditioned sub-segment ends in such a step (a fifth of a bf16 block's units
+    /// are conditioned), which the scalar loop decoded a lane at a time.
+    macro_rules! step512_partial {
+        ($l:expr, $segs:expr, $r:expr, $n:expr) => {{
+            let mask = _mm512_set1_epi32(MASK as i32);
+            let lower = _mm512_set1_epi32(STATE_LOWER as i32);
+            let l: &mut Lanes = $l;
+            let active = (1u32 << $n) - 1;
+            for seg in $segs.iter_mut() {
+                let table = seg.table.as_ptr();
+                let out = seg.out.as_mut_ptr().add($r * LANES);
+                for (v, xv) in l.x.iter_mut().enumerate() {
+                    let am = (active >> (16 * v)) as __mmask16;
+                    let e =
+                        _mm512_i32gather_epi32::<4>(_mm512_and_si512(*xv, mask), table as *const _);
+                    let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
+                    let nx = _mm512_add_epi32(
+                        _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(*xv)),
+                        _mm512_srli_epi32::<20>(e),
+                    );
+                    // Symbols of the active lanes only (a masked store writes nothing else).
+                    _mm512_mask_cvtepi32_storeu_epi8(out.add(16 * v) as *mut _, am, e);
+                    let k = _mm512_cmplt_epu32_mask(nx, lower) & am;
+                    let w = _mm512_maskz_expand_epi32(
+                        k,
+                        _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                            l.words.add(l.pos) as *const __m256i
+                        )),
+                    );
+                    let next = _mm512_mask_blend_epi32(
+                        k,
+                        nx,
+                        _mm512_or_si512(_mm512_slli_epi32::<16>(nx), w),
+                    );
+                    *xv = _mm512_mask_blend_epi32(am, *xv, next);
+                    l.pos += 2 * k.count_ones() as usize;
+                }
+            }
+        }};
+    }
+
+    /// Steps `first..` of a block of one stream, the last partial one included; returns the step
+    /// it stopped at (all of them unless the words left might not cover a step).
     ///
     /// # Safety
     /// The CPU must support the enabled features. Every segment must hold at least `len` bytes.
@@ -475,14 +521,21 @@ mod avx512 {
             return full.max(first);
         }
         let need = 64 * segs.len();
-        // SAFETY: the features are enabled; steps run while `r < full` (so `32 (r + 1) <= len`)
-        // and `need` bytes of words remain.
+        // SAFETY: the features are enabled; full steps run while `r < full` (so
+        // `32 (r + 1) <= len`), the partial step at `r = full` with `32 r + n = len`, each only
+        // while `need` bytes of words remain.
         unsafe {
             let mut l = load(dec);
             let mut r = first;
             while r < full && l.wlen - l.pos >= need {
                 prefetch_some(&mut l);
                 step512!(&mut l, segs, r);
+                r += 1;
+            }
+            // The partial step: `32 full + n` bytes in every segment, `need` bytes of words.
+            let n = len % LANES;
+            if r == full && n != 0 && l.wlen - l.pos >= need {
+                step512_partial!(&mut l, segs, r, n);
                 r += 1;
             }
             store(dec, &l);
@@ -524,6 +577,110 @@ mod avx512 {
             store(da, &a);
             store(db, &b);
             r
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rans::table::FreqTable;
+
+    /// The SIMD steps (full and partial, one stream and two interleaved) decode what the scalar
+    /// loop decodes, lane by lane, and leave the same states and read position — over any
+    /// words (a stream of random words is decodable), block lengths that are and are not
+    /// multiples of the 32 lanes, one to three segments, tables from skewed to flat; and a
+    /// stream that runs out fails on both paths.
+    #[test]
+    fn simd_steps_equal_the_scalar_loop() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..120 {
+            let nseg = 1 + case % 3;
+            let tables: Vec<Box<DecodeTable>> = (0..nseg)
+                .map(|_| {
+                    let width = 2 + (next() % 255) as usize;
+                    let counts: [u64; 256] = std::array::from_fn(|s| {
+                        if s < width {
+                            1 + next() % [3, 100, 100_000][case % 3]
+                        } else {
+                            0
+                        }
+                    });
+                    FreqTable::normalize(&counts, None).unwrap().decode_table()
+                })
+                .collect();
+            let len = 1 + (next() % 200) as usize;
+            // Enough words for every lane to refill at every step, or (every fourth case) a
+            // stream cut short.
+            let n_words = if case % 4 == 3 {
+                (next() % 64) as usize
+            } else {
+                nseg * len + 64
+            };
+            let mut stream = Vec::with_capacity(STATE_BYTES + 2 * n_words);
+            for _ in 0..LANES {
+                let s = STATE_LOWER + (next() % (u32::MAX - STATE_LOWER) as u64) as u32;
+                stream.extend_from_slice(&s.to_le_bytes());
+            }
+            stream.extend((0..2 * n_words).map(|_| next() as u8));
+            let run = |simd: bool| {
+                let mut outs = vec![vec![0u8; len]; nseg];
+                let mut dec = Decoder::new(&stream).unwrap();
+                let mut segs: Vec<DecodeSegment<'_, '_>> = tables
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .map(|(t, o)| DecodeSegment { table: t, out: o })
+                    .collect();
+                let r = if simd {
+                    dec.decode_block(&mut segs, len)
+                } else {
+                    dec.decode_block_scalar(&mut segs, len, 0)
+                };
+                drop(segs);
+                (r.is_ok(), dec.x, dec.pos, outs)
+            };
+            let want = run(false);
+            let got = run(true);
+            assert_eq!(got.0, want.0, "case {case}: result");
+            if want.0 {
+                assert!(got == want, "case {case}: len {len}, {nseg} segments");
+            }
+            // Two streams in one loop: each as if alone.
+            let mut outs_a = vec![vec![0u8; len]; nseg];
+            let mut outs_b = vec![vec![0u8; len]; nseg];
+            let (mut da, mut db) = (
+                Decoder::new(&stream).unwrap(),
+                Decoder::new(&stream).unwrap(),
+            );
+            let mut sa: Vec<DecodeSegment<'_, '_>> = tables
+                .iter()
+                .zip(outs_a.iter_mut())
+                .map(|(t, o)| DecodeSegment { table: t, out: o })
+                .collect();
+            let mut sb: Vec<DecodeSegment<'_, '_>> = tables
+                .iter()
+                .zip(outs_b.iter_mut())
+                .map(|(t, o)| DecodeSegment { table: t, out: o })
+                .collect();
+            let r = Decoder::decode_block_pair((&mut da, &mut sa, len), (&mut db, &mut sb, len));
+            drop((sa, sb));
+            assert_eq!(r.is_ok(), want.0, "case {case}: pair result");
+            if want.0 {
+                assert!(
+                    (da.x, da.pos, &outs_a) == (want.1, want.2, &want.3),
+                    "case {case}: pair a"
+                );
+                assert!(
+                    (db.x, db.pos, &outs_b) == (want.1, want.2, &want.3),
+                    "case {case}: pair b"
+                );
+            }
         }
     }
 }
