@@ -250,12 +250,13 @@ impl<'d, 'a> Cursor<'d, 'a> {
         self.finish_end(b, &st, scratch, bufs, out)
     }
 
-    /// Where the output is large (merged past the caches), has the rANS steps of block `b`
-    /// prefetch its output lines ([`Decoder::prefetch_output`]).
+    /// Has the rANS steps of block `b` prefetch its output lines ([`Decoder::prefetch_output`]):
+    /// a large tensor's block is then merged with ordinary stores instead of non-temporal ones,
+    /// and a smaller tensor's ordinary stores (which read their lines from memory anyway) find
+    /// them arrived. The latter measured on all-MiniLM-L6-v2, every tensor decoded into a warm
+    /// buffer on one thread, with / without, alternating in one process (2026-12-03, 30 rounds):
+    /// bf16 +10-14%, fp32 +9%, fp16 +12%.
     fn aim_prefetch(&mut self, b: usize, out: &[u8]) {
-        if !self.td.streaming {
-            return;
-        }
         let us = self.td.view.header.planes();
         let start = b * self.td.view.header.block_units as usize * us;
         let end = start + self.block_len(b) * us;
