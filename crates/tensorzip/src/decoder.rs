@@ -51,14 +51,16 @@ pub struct TensorDecoder<'a> {
     dec: Vec<Vec<OnceLock<Option<Box<DecodeTable>>>>>,
     /// Conditional table of each plane, built on first use.
     cond_dec: Vec<OnceLock<Box<DecodeTable>>>,
-    /// Whether the decoded bytes are written with non-temporal stores (a tensor of at least
-    /// [`STREAMING_OUTPUT_BYTES`]: see [`transform::merge_streaming`]).
+    /// Whether the decoded bytes of blocks whose output lines the rANS steps did not prefetch
+    /// are written with non-temporal stores (a tensor of at least [`STREAMING_OUTPUT_BYTES`]: see
+    /// [`transform::merge_streaming`] and `Cursor::aim_prefetch`).
     streaming: bool,
 }
 
-/// Tensors at least this large are written past the caches (`transform::merge_streaming`): four
-/// times a core's L2 on the CPUs we measure, so the output would leave the caches before anyone
-/// reads it anyway.
+/// Tensors at least this large are written past the caches (`transform::merge_streaming`) where
+/// their lines were not prefetched during the block's steps (blocks with no coded plane, CPUs
+/// without AVX-512): four times a core's L2 on the CPUs we measure, so the output would leave the
+/// caches before anyone reads it anyway.
 pub const STREAMING_OUTPUT_BYTES: u64 = 8 << 20;
 
 /// Decoding state of one chunk: its parsed layout, where the current block's raw bytes start, its
