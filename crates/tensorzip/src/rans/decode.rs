@@ -414,6 +414,27 @@ mod avx512 {
         }
     }
 
+    /// Sixteen lanes' table entries (gathered at their states' 12-bit slots) and their states
+    /// before renormalisation.
+    ///
+    /// # Safety
+    /// AVX-512F required; `table` holds 4096 entries (the slots are masked to 12 bits).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn entries_and_next(x: __m512i, table: *const u32) -> (__m512i, __m512i) {
+        let mask = _mm512_set1_epi32(MASK as i32);
+        // SAFETY: the gather reads entries 0..4096 of `table` (the caller's).
+        let e =
+            unsafe { _mm512_i32gather_epi32::<4>(_mm512_and_si512(x, mask), table as *const _) };
+        // The frequency is 12 bits, as the slot mask.
+        let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
+        let nx = _mm512_add_epi32(
+            _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(x)),
+            _mm512_srli_epi32::<20>(e),
+        );
+        (e, nx)
+    }
+
     /// One step `r` of every segment of a stream, inside an `unsafe` block of a function with the
     /// features enabled (a macro, so that each loop keeps its states in registers).
     ///
@@ -422,21 +443,13 @@ mod avx512 {
     /// hold 4096 entries); a step reads at most 64 bytes of words per segment.
     macro_rules! step512 {
         ($l:expr, $segs:expr, $r:expr) => {{
-            let mask = _mm512_set1_epi32(MASK as i32);
             let lower = _mm512_set1_epi32(STATE_LOWER as i32);
             let l: &mut Lanes = $l;
             for seg in $segs.iter_mut() {
                 let table = seg.table.as_ptr();
                 let out = seg.out.as_mut_ptr().add($r * LANES);
                 for (v, xv) in l.x.iter_mut().enumerate() {
-                    let e =
-                        _mm512_i32gather_epi32::<4>(_mm512_and_si512(*xv, mask), table as *const _);
-                    // The frequency is 12 bits, as the slot mask.
-                    let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
-                    let nx = _mm512_add_epi32(
-                        _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(*xv)),
-                        _mm512_srli_epi32::<20>(e),
-                    );
+                    let (e, nx) = entries_and_next(*xv, table);
                     // Symbols: the low byte of each entry.
                     _mm_storeu_si128(out.add(16 * v) as *mut __m128i, _mm512_cvtepi32_epi8(e));
                     let k = _mm512_cmplt_epu32_mask(nx, lower);
@@ -467,7 +480,6 @@ mod avx512 {
     /// are conditioned), which the scalar loop decoded a lane at a time.
     macro_rules! step512_partial {
         ($l:expr, $segs:expr, $r:expr, $n:expr) => {{
-            let mask = _mm512_set1_epi32(MASK as i32);
             let lower = _mm512_set1_epi32(STATE_LOWER as i32);
             let l: &mut Lanes = $l;
             let active = (1u32 << $n) - 1;
@@ -476,13 +488,7 @@ mod avx512 {
                 let out = seg.out.as_mut_ptr().add($r * LANES);
                 for (v, xv) in l.x.iter_mut().enumerate() {
                     let am = (active >> (16 * v)) as __mmask16;
-                    let e =
-                        _mm512_i32gather_epi32::<4>(_mm512_and_si512(*xv, mask), table as *const _);
-                    let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
-                    let nx = _mm512_add_epi32(
-                        _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(*xv)),
-                        _mm512_srli_epi32::<20>(e),
-                    );
+                    let (e, nx) = entries_and_next(*xv, table);
                     // Symbols of the active lanes only (a masked store writes nothing else).
                     _mm512_mask_cvtepi32_storeu_epi8(out.add(16 * v) as *mut _, am, e);
                     let k = _mm512_cmplt_epu32_mask(nx, lower) & am;
