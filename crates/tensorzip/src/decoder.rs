@@ -59,7 +59,7 @@ pub struct TensorDecoder<'a> {
 
 /// Tensors at least this large are written past the caches (`transform::merge_streaming`) where
 /// their lines were not prefetched during the block's steps (blocks with no coded plane, CPUs
-/// without AVX-512): four times a core's L2 on the CPUs we measure, so the output would leave the
+/// without AVX2): four times a core's L2 on the CPUs we measure, so the output would leave the
 /// caches before anyone reads it anyway.
 pub const STREAMING_OUTPUT_BYTES: u64 = 8 << 20;
 

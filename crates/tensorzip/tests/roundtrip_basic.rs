@@ -83,9 +83,9 @@ fn chunk_pairs_decode_as_single_chunks() {
 }
 
 /// Tensors past `STREAMING_OUTPUT_BYTES` are written with non-temporal stores, or with ordinary
-/// stores into lines the rANS steps prefetched (blocks with coded planes, on AVX-512 CPUs): the
-/// same bytes, for every unit size and transform those paths cover (coded and raw blocks mixed),
-/// also at a shifted output buffer.
+/// stores into lines the rANS steps prefetched (blocks with coded planes, on AVX2 and AVX-512
+/// CPUs): the same bytes, for every unit size and transform those paths cover (coded and raw
+/// blocks mixed), also at a shifted output buffer.
 #[test]
 fn large_tensors_written_past_the_caches_round_trip() {
     use tensorzip::decoder::STREAMING_OUTPUT_BYTES;
