@@ -309,14 +309,7 @@ unsafe fn avx2_rounds(
         let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
         let (mut pf, pf_end) = (dec.pf, dec.pf_end);
         while r < full_rounds && wlen - pos >= need_bytes {
-            // Output lines asked for by `prefetch_output`, `pf_step` a step (a hint: a prefetch
-            // never faults).
-            for _ in 0..dec.pf_step {
-                if pf < pf_end {
-                    _mm_prefetch::<_MM_HINT_ET0>(pf as *const i8);
-                    pf += 64;
-                }
-            }
+            prefetch_lines(&mut pf, pf_end, dec.pf_step);
             for seg in segs.iter_mut() {
                 for (v, xv) in x.iter_mut().enumerate() {
                     let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
@@ -351,6 +344,26 @@ unsafe fn avx2_rounds(
         dec.pf = pf;
     }
     r
+}
+
+/// Prefetches for writing up to `step` of the pending output lines `*pf..end` (64 bytes each,
+/// asked for by [`Decoder::prefetch_output`]) and moves `*pf` past them; the SIMD step loops
+/// call it once a step.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines(pf: &mut usize, end: usize, step: usize) {
+    for _ in 0..step {
+        if *pf < end {
+            // SAFETY: a prefetch is a hint: it never faults and changes no memory (the addresses
+            // are the output slice's lines anyway).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
+                    *pf as *const i8,
+                )
+            };
+            *pf += 64;
+        }
+    }
 }
 
 /// AVX-512F steps: 32 lanes as two vectors of sixteen, table lookups by `vpgatherdd`, refills by
@@ -411,19 +424,6 @@ mod avx512 {
         dec.pos = l.pos;
         dec.pf = l.pf;
         dec.pf_end = l.pf_end;
-    }
-
-    /// Prefetches up to `pf_step` pending output lines for writing.
-    #[inline(always)]
-    fn prefetch_some(l: &mut Lanes) {
-        for _ in 0..l.pf_step {
-            if l.pf < l.pf_end {
-                // SAFETY: a prefetch is a hint: it never faults and changes no memory (the
-                // addresses are the output slice's lines anyway).
-                unsafe { _mm_prefetch::<_MM_HINT_ET0>(l.pf as *const i8) };
-                l.pf += 64;
-            }
-        }
     }
 
     /// Sixteen lanes' table entries (gathered at their states' 12-bit slots) and their states
@@ -546,7 +546,7 @@ mod avx512 {
             let mut l = load(dec);
             let mut r = first;
             while r < full && l.wlen - l.pos >= need {
-                prefetch_some(&mut l);
+                super::prefetch_lines(&mut l.pf, l.pf_end, l.pf_step);
                 step512!(&mut l, segs, r);
                 r += 1;
             }
@@ -586,8 +586,8 @@ mod avx512 {
             let mut b = load(db);
             let mut r = 0;
             while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
-                prefetch_some(&mut a);
-                prefetch_some(&mut b);
+                super::prefetch_lines(&mut a.pf, a.pf_end, a.pf_step);
+                super::prefetch_lines(&mut b.pf, b.pf_end, b.pf_step);
                 step512!(&mut a, sa, r);
                 step512!(&mut b, sb, r);
                 r += 1;
@@ -604,6 +604,18 @@ mod tests {
     use super::*;
     use crate::rans::table::FreqTable;
 
+    /// One segment per table, decoding into the matching output.
+    fn segments<'t, 'o>(
+        tables: &'t [Box<DecodeTable>],
+        outs: &'o mut [Vec<u8>],
+    ) -> Vec<DecodeSegment<'t, 'o>> {
+        tables
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(t, o)| DecodeSegment { table: t, out: o })
+            .collect()
+    }
+
     /// The SIMD steps (full and partial, one stream and two interleaved) decode what the scalar
     /// loop decodes, lane by lane, and leave the same states and read position — over any
     /// words (a stream of random words is decodable), block lengths that are and are not
@@ -611,25 +623,12 @@ mod tests {
     /// stream that runs out fails on both paths.
     #[test]
     fn simd_steps_equal_the_scalar_loop() {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
         for case in 0..120 {
             let nseg = 1 + case % 3;
             let tables: Vec<Box<DecodeTable>> = (0..nseg)
                 .map(|_| {
-                    let width = 2 + (next() % 255) as usize;
-                    let counts: [u64; 256] = std::array::from_fn(|s| {
-                        if s < width {
-                            1 + next() % [3, 100, 100_000][case % 3]
-                        } else {
-                            0
-                        }
-                    });
+                    let counts = crate::rans::test_input::table_counts(&mut next, case);
                     FreqTable::normalize(&counts, None).unwrap().decode_table()
                 })
                 .collect();
@@ -650,11 +649,7 @@ mod tests {
             let run = |simd: bool| {
                 let mut outs = vec![vec![0u8; len]; nseg];
                 let mut dec = Decoder::new(&stream).unwrap();
-                let mut segs: Vec<DecodeSegment<'_, '_>> = tables
-                    .iter()
-                    .zip(outs.iter_mut())
-                    .map(|(t, o)| DecodeSegment { table: t, out: o })
-                    .collect();
+                let mut segs = segments(&tables, &mut outs);
                 let r = if simd {
                     dec.decode_block(&mut segs, len)
                 } else {
@@ -676,16 +671,8 @@ mod tests {
                 Decoder::new(&stream).unwrap(),
                 Decoder::new(&stream).unwrap(),
             );
-            let mut sa: Vec<DecodeSegment<'_, '_>> = tables
-                .iter()
-                .zip(outs_a.iter_mut())
-                .map(|(t, o)| DecodeSegment { table: t, out: o })
-                .collect();
-            let mut sb: Vec<DecodeSegment<'_, '_>> = tables
-                .iter()
-                .zip(outs_b.iter_mut())
-                .map(|(t, o)| DecodeSegment { table: t, out: o })
-                .collect();
+            let mut sa = segments(&tables, &mut outs_a);
+            let mut sb = segments(&tables, &mut outs_b);
             let r = Decoder::decode_block_pair((&mut da, &mut sa, len), (&mut db, &mut sb, len));
             drop((sa, sb));
             assert_eq!(r.is_ok(), want.0, "case {case}: pair result");

@@ -325,27 +325,14 @@ mod tests {
     /// symbols, whose reciprocal is the special `2^32 - 1`).
     #[test]
     fn simd_full_steps_equal_the_scalar_ones() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
         for case in 0..60 {
             let full = 1 + (next() % 9) as usize;
             let nseq = 1 + case % 3;
             let mut tables = Vec::new();
             let mut syms = Vec::new();
             for _ in 0..nseq {
-                let width = 2 + (next() % 255) as usize;
-                let counts: [u64; 256] = std::array::from_fn(|s| {
-                    if s < width {
-                        1 + next() % [3, 100, 100_000][case % 3]
-                    } else {
-                        0
-                    }
-                });
+                let counts = crate::rans::test_input::table_counts(&mut next, case);
                 let t = FreqTable::normalize(&counts, None).unwrap();
                 let present: Vec<u8> = (0..256)
                     .filter(|&s| t.freq[s] > 0)

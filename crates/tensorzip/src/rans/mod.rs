@@ -45,3 +45,31 @@ pub fn stash_states(stash: &[u8]) -> [u32; LANES] {
         STATE_LOWER + lo + (hi << 8)
     })
 }
+
+/// Inputs of the coder's SIMD-against-scalar tests (`encode`, `decode`).
+#[cfg(test)]
+pub(crate) mod test_input {
+    /// A xorshift64 generator from `seed` (not 0).
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// Counts for a table of 2..=256 symbols from 0 up, skewed to flat by `case % 3` (counts
+    /// 1..=3, 1..=100 or 1..=100000; the first also gives frequency-1 symbols).
+    pub(crate) fn table_counts(next: &mut impl FnMut() -> u64, case: usize) -> [u64; 256] {
+        let width = 2 + (next() % 255) as usize;
+        std::array::from_fn(|s| {
+            if s < width {
+                1 + next() % [3, 100, 100_000][case % 3]
+            } else {
+                0
+            }
+        })
+    }
+}
