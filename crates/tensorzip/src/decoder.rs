@@ -76,6 +76,8 @@ struct Cursor<'d, 'a> {
     raw: &'a [u8],
     /// Offset in `raw` of the current block's raw bytes.
     raw_off: usize,
+    /// Offset in `raw` up to which the steps were asked to prefetch.
+    raw_pf: usize,
     /// The conditioned plane and its condition plane.
     cond: Option<(usize, usize)>,
     rans: Option<Decoder<'a>>,
@@ -152,6 +154,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             sels,
             raw: &payload[cursor..],
             raw_off: 0,
+            raw_pf: 0,
             cond,
             rans,
         })
@@ -257,7 +260,13 @@ impl<'d, 'a> Cursor<'d, 'a> {
     /// and a smaller tensor's ordinary stores (which read their lines from memory anyway) find
     /// them arrived. The latter measured on all-MiniLM-L6-v2, every tensor decoded into a warm
     /// buffer on one thread, with / without, alternating in one process (2026-12-03, 30 rounds):
-    /// bf16 +10-14%, fp32 +9%, fp16 +12%.
+    /// bf16 +10-14%, fp32 +9%, fp16 +12%. Also the block's raw bytes, for reading
+    /// ([`Decoder::prefetch_input`]); with / without, same VM and method (2026-12-03 12:1x, 16-20
+    /// rounds): one thread, one 8192 x 4096 tensor fp32 / bf16 / fp16 +15% / +4-14% / +9%, all of
+    /// MiniLM +11% / +9% / +14%; two threads fp32 +20%, bf16 +3%, MiniLM fp32 +11%; the AVX2
+    /// steps (`TENSORZIP_NO_AVX512=1`) fp32 +13%, MiniLM bf16 +1%. Prefetching one block further
+    /// ahead changed nothing (+1-2% / -0.3-0.7%), and the stream's words, 4 KiB ahead at each
+    /// block, cost 2-4%: the hardware follows the stream.
     fn aim_prefetch(&mut self, b: usize, out: &[u8]) {
         let us = self.td.view.header.planes();
         let start = b * self.td.view.header.block_units as usize * us;
@@ -266,6 +275,19 @@ impl<'d, 'a> Cursor<'d, 'a> {
             // A block's full steps (one per 32 units) prefetch its output (`us` lines per 32
             // units) within the first half of them.
             r.prefetch_output(o, us);
+        }
+        // The raw bytes the block's merge reads after its steps (at most `fixed` plus one byte a
+        // unit of the conditioned plane; lines past them are the next block's), prefetched a
+        // few lines a step over all of its full steps: the payload is read for the first time
+        // there, and the hardware's stream prefetcher restarts at every 4 KiB page.
+        let (_, _, fixed) = self.layout(b);
+        let blen = self.block_len(b);
+        let n = fixed + if self.cond.is_some() { blen } else { 0 };
+        let start = self.raw_pf.max(self.raw_off);
+        let end = (self.raw_off + n).min(self.raw.len());
+        if let (Some(r), Some(bytes)) = (self.rans.as_mut(), self.raw.get(start..end)) {
+            r.prefetch_input(bytes, bytes.len().div_ceil(64).div_ceil((blen / 32).max(1)));
+            self.raw_pf = end;
         }
     }
 

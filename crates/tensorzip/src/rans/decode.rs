@@ -24,11 +24,60 @@ pub struct Decoder<'a> {
     pos: usize,
     /// Whether any symbol was decoded (a stream that codes nothing is invalid).
     used: bool,
-    /// Output lines to prefetch for writing during the next steps (addresses `pf..pf_end`, 64
-    /// bytes at a time, `pf_step` lines a step; see [`Decoder::prefetch_output`]).
-    pf: usize,
-    pf_end: usize,
-    pf_step: usize,
+    /// Output lines to prefetch for writing during the next steps (see
+    /// [`Decoder::prefetch_output`]).
+    pf_out: Prefetch,
+    /// Input lines to prefetch for reading during the next steps (see
+    /// [`Decoder::prefetch_input`]).
+    pf_in: Prefetch,
+}
+
+/// Cache lines `at..end` (64 bytes each) still to prefetch, `step` of them a step.
+#[derive(Clone, Copy, Default)]
+struct Prefetch {
+    at: usize,
+    end: usize,
+    step: usize,
+}
+
+impl Prefetch {
+    fn new(bytes: &[u8], per_step: usize) -> Prefetch {
+        let at = bytes.as_ptr() as usize;
+        Prefetch {
+            at: at & !63,
+            end: at + bytes.len(),
+            step: per_step.clamp(1, 8),
+        }
+    }
+
+    /// Prefetches up to `step` of the pending lines (for writing with `WRITE`, else for reading)
+    /// and moves past them; the SIMD step loops call it once a step.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn lines<const WRITE: bool>(&mut self) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        for _ in 0..self.step {
+            if self.at < self.end {
+                // SAFETY: a prefetch is a hint: it never faults and changes no memory (the
+                // addresses are lines of a slice the decoder was given anyway).
+                unsafe {
+                    match WRITE {
+                        true => _mm_prefetch::<_MM_HINT_ET0>(self.at as *const i8),
+                        false => _mm_prefetch::<_MM_HINT_T0>(self.at as *const i8),
+                    }
+                };
+                self.at += 64;
+            }
+        }
+    }
+
+    /// Both kinds of a step's prefetches.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn run(out: &mut Prefetch, inp: &mut Prefetch) {
+        out.lines::<true>();
+        inp.lines::<false>();
+    }
 }
 
 const MASK: u32 = PROB_SCALE - 1;
@@ -59,9 +108,8 @@ impl<'a> Decoder<'a> {
             words: &stream[STATE_BYTES..],
             pos: 0,
             used: false,
-            pf: 0,
-            pf_end: 0,
-            pf_step: 0,
+            pf_out: Prefetch::default(),
+            pf_in: Prefetch::default(),
         })
     }
 
@@ -81,18 +129,22 @@ impl<'a> Decoder<'a> {
     /// (`TENSORZIP_NO_AVX512=1` on the same VM, 30 rounds): bf16 / fp32 +9%, all of MiniLM bf16 /
     /// fp32 +11% / +10%.
     pub fn prefetch_output(&mut self, out: &[u8], per_step: usize) {
-        let at = out.as_ptr() as usize;
-        self.pf = at & !63;
-        self.pf_end = at + out.len();
-        self.pf_step = per_step.clamp(1, 8);
+        self.pf_out = Prefetch::new(out, per_step);
+    }
+
+    /// Asks the next steps to prefetch `bytes`' cache lines for reading, `per_step` lines a step
+    /// (1..=8; as [`Decoder::prefetch_output`]): the raw bytes a block's merge reads after its
+    /// steps.
+    pub fn prefetch_input(&mut self, bytes: &[u8], per_step: usize) {
+        self.pf_in = Prefetch::new(bytes, per_step);
     }
 
     /// Whether every line of the range given to [`Decoder::prefetch_output`] was prefetched (then
-    /// it is written with ordinary stores); forgets the range either way.
+    /// it is written with ordinary stores); forgets both ranges either way.
     pub fn take_prefetched(&mut self) -> bool {
-        let done = self.pf_end != 0 && self.pf >= self.pf_end;
-        self.pf = 0;
-        self.pf_end = 0;
+        let done = self.pf_out.end != 0 && self.pf_out.at >= self.pf_out.end;
+        self.pf_out = Prefetch::default();
+        self.pf_in = Prefetch::default();
         done
     }
 
@@ -307,9 +359,9 @@ unsafe fn avx2_rounds(
             -1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-        let (mut pf, pf_end) = (dec.pf, dec.pf_end);
+        let (mut pf_out, mut pf_in) = (dec.pf_out, dec.pf_in);
         while r < full_rounds && wlen - pos >= need_bytes {
-            prefetch_lines(&mut pf, pf_end, dec.pf_step);
+            Prefetch::run(&mut pf_out, &mut pf_in);
             for seg in segs.iter_mut() {
                 for (v, xv) in x.iter_mut().enumerate() {
                     let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
@@ -341,29 +393,10 @@ unsafe fn avx2_rounds(
             _mm256_storeu_si256(xp.add(v), *xv);
         }
         dec.pos = pos;
-        dec.pf = pf;
+        dec.pf_out = pf_out;
+        dec.pf_in = pf_in;
     }
     r
-}
-
-/// Prefetches for writing up to `step` of the pending output lines `*pf..end` (64 bytes each,
-/// asked for by [`Decoder::prefetch_output`]) and moves `*pf` past them; the SIMD step loops
-/// call it once a step.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_lines(pf: &mut usize, end: usize, step: usize) {
-    for _ in 0..step {
-        if *pf < end {
-            // SAFETY: a prefetch is a hint: it never faults and changes no memory (the addresses
-            // are the output slice's lines anyway).
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
-                    *pf as *const i8,
-                )
-            };
-            *pf += 64;
-        }
-    }
 }
 
 /// AVX-512F steps: 32 lanes as two vectors of sixteen, table lookups by `vpgatherdd`, refills by
@@ -385,9 +418,8 @@ mod avx512 {
         pos: usize,
         words: *const u8,
         wlen: usize,
-        pf: usize,
-        pf_end: usize,
-        pf_step: usize,
+        pf_out: Prefetch,
+        pf_in: Prefetch,
     }
 
     /// # Safety
@@ -403,9 +435,8 @@ mod avx512 {
                 pos: dec.pos,
                 words: dec.words.as_ptr(),
                 wlen: dec.words.len(),
-                pf: dec.pf,
-                pf_end: dec.pf_end,
-                pf_step: dec.pf_step,
+                pf_out: dec.pf_out,
+                pf_in: dec.pf_in,
             }
         }
     }
@@ -422,8 +453,8 @@ mod avx512 {
             _mm512_storeu_si512(xp.add(1), l.x[1]);
         }
         dec.pos = l.pos;
-        dec.pf = l.pf;
-        dec.pf_end = l.pf_end;
+        dec.pf_out = l.pf_out;
+        dec.pf_in = l.pf_in;
     }
 
     /// Sixteen lanes' table entries (gathered at their states' 12-bit slots) and their states
@@ -546,7 +577,7 @@ mod avx512 {
             let mut l = load(dec);
             let mut r = first;
             while r < full && l.wlen - l.pos >= need {
-                super::prefetch_lines(&mut l.pf, l.pf_end, l.pf_step);
+                Prefetch::run(&mut l.pf_out, &mut l.pf_in);
                 step512!(&mut l, segs, r);
                 r += 1;
             }
@@ -586,8 +617,8 @@ mod avx512 {
             let mut b = load(db);
             let mut r = 0;
             while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
-                super::prefetch_lines(&mut a.pf, a.pf_end, a.pf_step);
-                super::prefetch_lines(&mut b.pf, b.pf_end, b.pf_step);
+                Prefetch::run(&mut a.pf_out, &mut a.pf_in);
+                Prefetch::run(&mut b.pf_out, &mut b.pf_in);
                 step512!(&mut a, sa, r);
                 step512!(&mut b, sb, r);
                 r += 1;
