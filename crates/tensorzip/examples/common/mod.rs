@@ -18,6 +18,7 @@ pub fn dtype_arg(args: &[String]) -> tensorzip::DType {
     match args.get(1).map(String::as_str).unwrap_or("bf16") {
         "fp32" => tensorzip::DType::F32,
         "fp16" => tensorzip::DType::F16,
+        "fp64" => tensorzip::DType::F64,
         _ => tensorzip::DType::BF16,
     }
 }

@@ -121,8 +121,9 @@ impl<'a> Decoder<'a> {
     /// waited for them. The prefetches must end well before the merge: at two lines a step,
     /// 4-byte units (256 lines and 128 steps a block) were prefetched by the block's last steps
     /// and decoded 12% slower than with non-temporal stores (without the conditioned plane), at
-    /// four 17% faster; the decoder asks for one line per byte of the unit, which ends the
-    /// prefetches halfway through a full block's steps. Measured against non-temporal stores
+    /// four 17% faster; the decoder asked for one line per byte of the unit, which ends the
+    /// prefetches halfway through a full block's steps (since the raw bytes are prefetched too,
+    /// [`Decoder::prefetch_input`], at most two lines a step: `Cursor::aim_prefetch`). Measured against non-temporal stores
     /// (2026-12-03, a 64 MiB tensor on one thread of the Intel AVX-512 VM, 4096-unit blocks,
     /// alternating in one process, 24 rounds): bf16 +18-21%, fp32 +9-10%; without the
     /// conditioned plane +29-31% / +18-23% (docs/DESIGN.md, "CPU engine"). The AVX2 steps
