@@ -269,9 +269,12 @@ impl<'d, 'a> Cursor<'d, 'a> {
     /// block, cost 2-4%: the hardware follows the stream.
     fn aim_prefetch(&mut self, b: usize, out: &[u8]) {
         let us = self.td.view.header.planes();
-        let start = b * self.td.view.header.block_units as usize * us;
-        let end = start + self.block_len(b) * us;
-        if let (Some(r), Some(o)) = (self.rans.as_mut(), out.get(start..end)) {
+        let blen = self.block_len(b);
+        let out_start = b * self.td.view.header.block_units as usize * us;
+        if let (Some(r), Some(o)) = (
+            self.rans.as_mut(),
+            out.get(out_start..out_start + blen * us),
+        ) {
             // A block's full steps (one per 32 units) prefetch its output (`us` lines per 32
             // units), at most two lines a step: 4-byte units within all of their main steps.
             // Four lines a step (done halfway) was best until the raw bytes were prefetched
@@ -285,13 +288,12 @@ impl<'d, 'a> Cursor<'d, 'a> {
         // few lines a step over all of its full steps: the payload is read for the first time
         // there, and the hardware's stream prefetcher restarts at every 4 KiB page.
         let (_, _, fixed) = self.layout(b);
-        let blen = self.block_len(b);
         let n = fixed + if self.cond.is_some() { blen } else { 0 };
-        let start = self.raw_pf.max(self.raw_off);
-        let end = (self.raw_off + n).min(self.raw.len());
-        if let (Some(r), Some(bytes)) = (self.rans.as_mut(), self.raw.get(start..end)) {
+        let raw_start = self.raw_pf.max(self.raw_off);
+        let raw_end = (self.raw_off + n).min(self.raw.len());
+        if let (Some(r), Some(bytes)) = (self.rans.as_mut(), self.raw.get(raw_start..raw_end)) {
             r.prefetch_input(bytes, bytes.len().div_ceil(64).div_ceil((blen / 32).max(1)));
-            self.raw_pf = end;
+            self.raw_pf = raw_end;
         }
     }
 

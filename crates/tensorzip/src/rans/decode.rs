@@ -24,12 +24,26 @@ pub struct Decoder<'a> {
     pos: usize,
     /// Whether any symbol was decoded (a stream that codes nothing is invalid).
     used: bool,
-    /// Output lines to prefetch for writing during the next steps (see
-    /// [`Decoder::prefetch_output`]).
-    pf_out: Prefetch,
-    /// Input lines to prefetch for reading during the next steps (see
-    /// [`Decoder::prefetch_input`]).
-    pf_in: Prefetch,
+    /// Lines to prefetch during the next steps.
+    pf: Prefetches,
+}
+
+/// The lines a stream's steps prefetch: output for writing ([`Decoder::prefetch_output`]) and
+/// input for reading ([`Decoder::prefetch_input`]).
+#[derive(Clone, Copy, Default)]
+struct Prefetches {
+    out: Prefetch,
+    inp: Prefetch,
+}
+
+impl Prefetches {
+    /// A step's prefetches of both kinds; the SIMD step loops call it once a step.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn step(&mut self) {
+        self.out.lines::<true>();
+        self.inp.lines::<false>();
+    }
 }
 
 /// Cache lines `at..end` (64 bytes each) still to prefetch, `step` of them a step.
@@ -51,7 +65,7 @@ impl Prefetch {
     }
 
     /// Prefetches up to `step` of the pending lines (for writing with `WRITE`, else for reading)
-    /// and moves past them; the SIMD step loops call it once a step.
+    /// and moves past them.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn lines<const WRITE: bool>(&mut self) {
@@ -69,14 +83,6 @@ impl Prefetch {
                 self.at += 64;
             }
         }
-    }
-
-    /// Both kinds of a step's prefetches.
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn run(out: &mut Prefetch, inp: &mut Prefetch) {
-        out.lines::<true>();
-        inp.lines::<false>();
     }
 }
 
@@ -108,44 +114,42 @@ impl<'a> Decoder<'a> {
             words: &stream[STATE_BYTES..],
             pos: 0,
             used: false,
-            pf_out: Prefetch::default(),
-            pf_in: Prefetch::default(),
+            pf: Prefetches::default(),
         })
     }
 
     /// Asks the next steps to prefetch `out`'s cache lines for writing, `per_step` lines a step
-    /// (1..=8; the AVX-512 and AVX2 steps do, the scalar loop ignores it). A block's output merged into lines
-    /// fetched this way is written with ordinary stores that do not wait for memory;
-    /// non-temporal stores, used before for large outputs, left a block's last ~100 stores in
-    /// the store buffer when its merge ended, and the next block's first stores (its symbols)
-    /// waited for them. The prefetches must end well before the merge: at two lines a step,
-    /// 4-byte units (256 lines and 128 steps a block) were prefetched by the block's last steps
-    /// and decoded 12% slower than with non-temporal stores (without the conditioned plane), at
-    /// four 17% faster; the decoder asked for one line per byte of the unit, which ends the
-    /// prefetches halfway through a full block's steps (since the raw bytes are prefetched too,
-    /// [`Decoder::prefetch_input`], at most two lines a step: `Cursor::aim_prefetch`). Measured against non-temporal stores
-    /// (2026-12-03, a 64 MiB tensor on one thread of the Intel AVX-512 VM, 4096-unit blocks,
-    /// alternating in one process, 24 rounds): bf16 +18-21%, fp32 +9-10%; without the
-    /// conditioned plane +29-31% / +18-23% (docs/DESIGN.md, "CPU engine"). The AVX2 steps
-    /// (`TENSORZIP_NO_AVX512=1` on the same VM, 30 rounds): bf16 / fp32 +9%, all of MiniLM bf16 /
-    /// fp32 +11% / +10%.
+    /// (1..=8; the AVX-512 and AVX2 steps do, the scalar loop ignores it). A block's output
+    /// merged into lines fetched this way is written with ordinary stores that do not wait for
+    /// memory; non-temporal stores, used before for large outputs, left a block's last ~100
+    /// stores in the store buffer when its merge ended, and the next block's first stores (its
+    /// symbols) waited for them. The prefetches must end well before the merge: at two lines a
+    /// step, 4-byte units (256 lines and 128 steps a block) were prefetched by the block's last
+    /// steps and decoded 12% slower than with non-temporal stores (without the conditioned
+    /// plane), at four 17% faster; the decoder asked for one line per byte of the unit, which
+    /// ends the prefetches halfway through a full block's steps (since the raw bytes are
+    /// prefetched too, [`Decoder::prefetch_input`], at most two lines a step:
+    /// `Cursor::aim_prefetch`). Measured against non-temporal stores (2026-12-03, a 64 MiB
+    /// tensor on one thread of the Intel AVX-512 VM, 4096-unit blocks, alternating in one
+    /// process, 24 rounds): bf16 +18-21%, fp32 +9-10%; without the conditioned plane +29-31% /
+    /// +18-23% (docs/DESIGN.md, "CPU engine"). The AVX2 steps (`TENSORZIP_NO_AVX512=1` on the
+    /// same VM, 30 rounds): bf16 / fp32 +9%, all of MiniLM bf16 / fp32 +11% / +10%.
     pub fn prefetch_output(&mut self, out: &[u8], per_step: usize) {
-        self.pf_out = Prefetch::new(out, per_step);
+        self.pf.out = Prefetch::new(out, per_step);
     }
 
     /// Asks the next steps to prefetch `bytes`' cache lines for reading, `per_step` lines a step
     /// (1..=8; as [`Decoder::prefetch_output`]): the raw bytes a block's merge reads after its
     /// steps.
     pub fn prefetch_input(&mut self, bytes: &[u8], per_step: usize) {
-        self.pf_in = Prefetch::new(bytes, per_step);
+        self.pf.inp = Prefetch::new(bytes, per_step);
     }
 
     /// Whether every line of the range given to [`Decoder::prefetch_output`] was prefetched (then
     /// it is written with ordinary stores); forgets both ranges either way.
     pub fn take_prefetched(&mut self) -> bool {
-        let done = self.pf_out.end != 0 && self.pf_out.at >= self.pf_out.end;
-        self.pf_out = Prefetch::default();
-        self.pf_in = Prefetch::default();
+        let done = self.pf.out.end != 0 && self.pf.out.at >= self.pf.out.end;
+        self.pf = Prefetches::default();
         done
     }
 
@@ -360,9 +364,9 @@ unsafe fn avx2_rounds(
             -1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-        let (mut pf_out, mut pf_in) = (dec.pf_out, dec.pf_in);
+        let mut pf = dec.pf;
         while r < full_rounds && wlen - pos >= need_bytes {
-            Prefetch::run(&mut pf_out, &mut pf_in);
+            pf.step();
             for seg in segs.iter_mut() {
                 for (v, xv) in x.iter_mut().enumerate() {
                     let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
@@ -394,8 +398,7 @@ unsafe fn avx2_rounds(
             _mm256_storeu_si256(xp.add(v), *xv);
         }
         dec.pos = pos;
-        dec.pf_out = pf_out;
-        dec.pf_in = pf_in;
+        dec.pf = pf;
     }
     r
 }
@@ -419,8 +422,7 @@ mod avx512 {
         pos: usize,
         words: *const u8,
         wlen: usize,
-        pf_out: Prefetch,
-        pf_in: Prefetch,
+        pf: Prefetches,
     }
 
     /// # Safety
@@ -436,8 +438,7 @@ mod avx512 {
                 pos: dec.pos,
                 words: dec.words.as_ptr(),
                 wlen: dec.words.len(),
-                pf_out: dec.pf_out,
-                pf_in: dec.pf_in,
+                pf: dec.pf,
             }
         }
     }
@@ -454,8 +455,7 @@ mod avx512 {
             _mm512_storeu_si512(xp.add(1), l.x[1]);
         }
         dec.pos = l.pos;
-        dec.pf_out = l.pf_out;
-        dec.pf_in = l.pf_in;
+        dec.pf = l.pf;
     }
 
     /// Sixteen lanes' table entries (gathered at their states' 12-bit slots) and their states
@@ -578,7 +578,7 @@ mod avx512 {
             let mut l = load(dec);
             let mut r = first;
             while r < full && l.wlen - l.pos >= need {
-                Prefetch::run(&mut l.pf_out, &mut l.pf_in);
+                l.pf.step();
                 step512!(&mut l, segs, r);
                 r += 1;
             }
@@ -618,8 +618,8 @@ mod avx512 {
             let mut b = load(db);
             let mut r = 0;
             while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
-                Prefetch::run(&mut a.pf_out, &mut a.pf_in);
-                Prefetch::run(&mut b.pf_out, &mut b.pf_in);
+                a.pf.step();
+                b.pf.step();
                 step512!(&mut a, sa, r);
                 step512!(&mut b, sb, r);
                 r += 1;
