@@ -3,7 +3,8 @@
 use crate::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::model::{build_model, choose, const_selector, histogram, Model};
+use crate::histogram::{histogram_hinted, FewHint};
+use crate::model::{build_model, choose, const_selector, Model};
 use crate::options::CompressOptions;
 use crate::rans::encode::{encode_stream, BlockJob, EncoderScratch, Seq};
 use crate::rans::MAX_STASH;
@@ -170,6 +171,7 @@ impl<'a> TensorEncoder<'a> {
             let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
             let mut all_raw = true;
             let mut const_val: Option<Option<u8>> = None; // Some(Some(v)): every block so far is v
+            let mut hint = FewHint::default();
             for (b, sel) in sels.iter_mut().enumerate() {
                 let blk = &planes[p][block(b)];
                 let first = blk[0];
@@ -181,7 +183,7 @@ impl<'a> TensorEncoder<'a> {
                     let hist = match model.block_hist(g0 + b as u64, p) {
                         Some(kept) => kept,
                         None => {
-                            histogram(blk, &mut hist);
+                            histogram_hinted(blk, &mut hist, &mut hint);
                             &hist
                         }
                     };

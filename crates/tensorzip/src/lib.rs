@@ -33,6 +33,7 @@ pub mod encoder;
 pub mod engine;
 pub mod error;
 pub mod fresh;
+pub mod histogram;
 pub mod model;
 pub mod options;
 pub mod rans;
