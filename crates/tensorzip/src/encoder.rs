@@ -192,9 +192,10 @@ impl<'a> TensorEncoder<'a> {
                         const_selector(first, tables)
                     } else {
                         choose(
+                            hist,
                             &crate::model::sparse(hist),
                             blk.len(),
-                            tables,
+                            &pm.costs,
                             self.threshold,
                         )
                         .0

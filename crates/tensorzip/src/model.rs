@@ -52,15 +52,28 @@ pub(crate) fn stays_coded(cost: u64, len: usize, threshold_q16: u64) -> bool {
     (cost as u128) << 16 < threshold_q16 as u128 * raw_cost(len) as u128
 }
 
-/// The selector of a non-constant block and its cost in Q16 bits: the covering table of least cost
-/// (lowest index among ties) if that cost is below `threshold_q16 / 65536` of the raw cost, else raw.
-pub fn choose(sp: &Sparse, len: usize, tables: &[FreqTable], threshold_q16: u64) -> (u8, u64) {
+/// The selector of a non-constant block of `len` bytes with histogram `hist` (`sp` its sparse
+/// form), and its cost in Q16 bits: the covering table of least cost (lowest index among ties) if
+/// that cost is below `threshold_q16 / 65536` of the raw cost, else raw. `costs[j]` is table
+/// `j`'s [`TableCost`].
+pub fn choose(
+    hist: &[u32; 256],
+    sp: &Sparse,
+    len: usize,
+    costs: &[TableCost],
+    threshold_q16: u64,
+) -> (u8, u64) {
+    let dense = sp.len() > DENSE_SYMBOLS;
     let mut best: Option<(usize, u64)> = None;
-    for (j, t) in tables.iter().enumerate() {
+    for (j, t) in costs.iter().enumerate() {
         if !t.covers(sp) {
             continue;
         }
-        let c = t.cost_sparse(sp);
+        let c = if dense {
+            t.cost(hist)
+        } else {
+            t.cost_sparse(sp)
+        };
         if best.is_none_or(|(_, b)| c < b) {
             best = Some((j, c));
         }
@@ -68,6 +81,67 @@ pub fn choose(sp: &Sparse, len: usize, tables: &[FreqTable], threshold_q16: u64)
     match best {
         Some((j, c)) if stays_coded(c, len, threshold_q16) => (j as u8, c),
         _ => (SEL_RAW, raw_cost(len)),
+    }
+}
+
+/// Blocks of more distinct bytes than this are costed over their dense histogram.
+const DENSE_SYMBOLS: usize = 64;
+
+/// A table's code lengths laid out for [`choose`]. A block of a flat plane (fp32's low mantissa
+/// bytes: 256 symbols, up to eight tables) costed over its (symbol, count) pairs took two
+/// dependent loads a symbol a table, about as much as counting it; over the dense histogram the
+/// cost is a dot product with `cl` (0 for absent symbols) that the compiler vectorises, and a
+/// table of the whole alphabet (the flat planes' tables have forced support) covers every block
+/// without a look.
+pub struct TableCost {
+    cl: [u32; 256],
+    present: [u64; 4],
+    full: bool,
+}
+
+impl TableCost {
+    pub fn new(t: &FreqTable) -> TableCost {
+        let cl = code_len_table();
+        let mut c = TableCost {
+            cl: [0; 256],
+            present: [0; 4],
+            full: true,
+        };
+        for s in 0..256 {
+            let f = t.freq[s] as usize;
+            if f != 0 {
+                // Code lengths are at most 12 bits in Q16: they fit 32 bits.
+                c.cl[s] = cl[f] as u32;
+                c.present[s / 64] |= 1 << (s % 64);
+            } else {
+                c.full = false;
+            }
+        }
+        c
+    }
+
+    /// Whether every symbol of the block is in the table.
+    fn covers(&self, sp: &Sparse) -> bool {
+        self.full
+            || sp
+                .iter()
+                .all(|&(s, _)| self.present[s as usize / 64] >> (s % 64) & 1 != 0)
+    }
+
+    /// `sum h[s] * CL[f[s]]` over a covered block's dense histogram (exact: counts below 2^17
+    /// times code lengths below 2^20, 256 of them, sum below 2^45).
+    fn cost(&self, hist: &[u32; 256]) -> u64 {
+        hist.iter()
+            .zip(&self.cl)
+            .map(|(&h, &c)| u64::from(h) * u64::from(c))
+            .sum()
+    }
+
+    /// The same over the block's (symbol, count) pairs.
+    fn cost_sparse(&self, sp: &Sparse) -> u64 {
+        sp.iter()
+            .map(|&(s, h)| u64::from(h) * u64::from(self.cl[s as usize]))
+            .sum()
     }
 }
 
@@ -81,6 +155,8 @@ pub struct PlaneModel {
     pub cond: Option<(u8, FreqTable)>,
     /// Encoder constants of the conditional table.
     pub cond_enc: Option<Box<EncTable>>,
+    /// Each table's code lengths for [`choose`].
+    pub costs: Vec<TableCost>,
 }
 
 /// A conditional table must save at least `1 / 2^COND_MIN_SAVING_SHIFT` of the raw size of the bytes it
@@ -419,11 +495,13 @@ pub fn model_from_counts(
                 .iter()
                 .map(|t| (!t.is_single()).then(|| t.encode_table()))
                 .collect();
+            let costs = tables.iter().map(TableCost::new).collect();
             PlaneModel {
                 tables,
                 enc,
                 cond: None,
                 cond_enc: None,
+                costs,
             }
         })
         .collect();
@@ -617,6 +695,63 @@ pub(crate) mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `choose` picks what its definition picks (FORMAT.md section 7: the covering table of
+    /// least cost, the lowest index among ties, raw above the threshold): blocks of few and of
+    /// many distinct bytes (both ways of costing), tables of partial and of full support.
+    #[test]
+    fn choose_is_its_definition() {
+        let mut r = rng(5);
+        for case in 0..300 {
+            let n_tables = 1 + (r() % 6) as usize;
+            let tables: Vec<FreqTable> = (0..n_tables)
+                .map(|j| {
+                    // Support: every byte, or a window of them.
+                    let (lo, hi) = match (case + j) % 3 {
+                        0 => (0, 256),
+                        _ => {
+                            let lo = (r() % 200) as usize;
+                            (lo, lo + 2 + (r() % 56) as usize)
+                        }
+                    };
+                    let counts: [u64; 256] = std::array::from_fn(|s| {
+                        if (lo..hi).contains(&s) {
+                            1 + r() % 1000
+                        } else {
+                            0
+                        }
+                    });
+                    FreqTable::normalize(&counts, None).unwrap()
+                })
+                .collect();
+            let costs: Vec<TableCost> = tables.iter().map(TableCost::new).collect();
+            let len = 1 + (r() % 4096) as usize;
+            let distinct = if case % 2 == 0 { 256 } else { 1 + r() % 40 };
+            let base = (r() % 256) as u64;
+            let mut hist = [0u32; 256];
+            for _ in 0..len {
+                hist[((base + r() % distinct) % 256) as usize] += 1;
+            }
+            let threshold = 1 + r() % 65536;
+            let mut want: Option<(usize, u64)> = None;
+            for (j, t) in tables.iter().enumerate() {
+                let covered = (0..256).all(|s| hist[s] == 0 || t.freq[s] != 0);
+                let c = t.cost(&hist);
+                if covered && want.is_none_or(|(_, b)| c < b) {
+                    want = Some((j, c));
+                }
+            }
+            let want = match want {
+                Some((j, c)) if stays_coded(c, len, threshold) => (j as u8, c),
+                _ => (SEL_RAW, raw_cost(len)),
+            };
+            assert_eq!(
+                choose(&hist, &sparse(&hist), len, &costs, threshold),
+                want,
+                "case {case}"
+            );
         }
     }
 

@@ -281,20 +281,6 @@ impl FreqTable {
         total
     }
 
-    /// Like [`FreqTable::cost`] over a sparse histogram (symbol, count).
-    pub fn cost_sparse(&self, sparse: &[(u8, u32)]) -> u64 {
-        let cl = code_len_table();
-        sparse
-            .iter()
-            .map(|&(s, h)| h as u64 * cl[self.freq[s as usize] as usize])
-            .sum()
-    }
-
-    /// Whether every symbol with a non-zero count has a non-zero frequency.
-    pub fn covers(&self, sparse: &[(u8, u32)]) -> bool {
-        sparse.iter().all(|&(s, _)| self.freq[s as usize] != 0)
-    }
-
     /// Cumulative frequencies (in symbol order).
     pub fn cumulative(&self) -> [u32; 256] {
         let mut cum = [0u32; 256];
