@@ -729,7 +729,7 @@ pub(crate) mod tests {
             let costs: Vec<TableCost> = tables.iter().map(TableCost::new).collect();
             let len = 1 + (r() % 4096) as usize;
             let distinct = if case % 2 == 0 { 256 } else { 1 + r() % 40 };
-            let base = (r() % 256) as u64;
+            let base = r() % 256;
             let mut hist = [0u32; 256];
             for _ in 0..len {
                 hist[((base + r() % distinct) % 256) as usize] += 1;
