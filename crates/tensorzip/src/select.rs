@@ -2,8 +2,9 @@
 //!
 //! A conditioned plane's units whose condition byte equals the plane's condition value are coded (in
 //! their block's sub-segment of the stream), the others stored raw. These helpers move bytes between
-//! the plane and the (coded, raw) pair, eight units at a time with byte shuffles where the CPU has
-//! AVX2, with a scalar fallback producing the same bytes.
+//! the plane and the (coded, raw) pair, 64 units at a time with byte compression and expansion
+//! where the CPU has AVX-512 VBMI2, else eight at a time with byte shuffles where it has AVX2, with
+//! a scalar fallback producing the same bytes.
 
 /// Encoder side: splits `plane` by `cond == value` into the coded bytes (appended to `syms`) and the
 /// raw bytes (appended to `raw`), in unit order.
@@ -17,7 +18,12 @@ pub fn split(value: u8, cond: &[u8], plane: &[u8], syms: &mut Vec<u8>, raw: &mut
     let (mut i, mut t, mut r) = (0, 0, 0);
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::cpu::has_avx2() {
+        if crate::cpu::has_avx512_vbmi2() {
+            // SAFETY: AVX-512 F/BW/VBMI2 were checked; both outputs have room for n + 8 bytes
+            // past their start.
+            (i, t, r) =
+                unsafe { split_avx512(value, cond, plane, &mut syms[s0..], &mut raw[r0..]) };
+        } else if crate::cpu::has_avx2() {
             // SAFETY: AVX2 was checked; both outputs have room for n + 8 bytes past their start.
             (i, t, r) = unsafe { split_simd(value, cond, plane, &mut syms[s0..], &mut raw[r0..]) };
         }
@@ -214,6 +220,52 @@ unsafe fn scatter_avx512(
         }
     }
     (i, k, r)
+}
+
+/// [`split`] 64 units at a time: the coded and the raw bytes each packed (`vpcompressb`) under
+/// the mask of the condition bytes equal to `value` (or not), the scalar loop taking the rest.
+/// Returns where it stopped (unit, coded byte, raw byte). Against the 8-unit shuffles of
+/// [`split_simd`] (2026-12-03, the Intel AVX-512 VM, one thread, the encode pass alternating in
+/// one process, 16 rounds): MiniLM bf16 +9%, synthetic bf16 +7%, MiniLM fp32 +4%.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW and AVX-512VBMI2 required; `syms` and `raw` each hold at least
+/// `cond.len()` bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt")]
+unsafe fn split_avx512(
+    value: u8,
+    cond: &[u8],
+    plane: &[u8],
+    syms: &mut [u8],
+    raw: &mut [u8],
+) -> (usize, usize, usize) {
+    use std::arch::x86_64::*;
+    let (mut i, mut t, mut r) = (0, 0, 0);
+    let n = cond.len().min(plane.len());
+    // SAFETY: 64 bytes are read at cond[i..] and plane[i..] while i + 64 <= n, and 64 written at
+    // syms[t..] and raw[r..] (the packed bytes, then garbage that the next stores or the caller's
+    // truncation drop): t + r = i, so t + 64 and r + 64 are at most i + 64 <= n, within outputs
+    // of at least n bytes. (The memory form of `vpcompressb` is slow on the CPUs we use.)
+    unsafe {
+        let v = _mm512_set1_epi8(value as i8);
+        while i + 64 <= n {
+            let e = _mm512_loadu_si512(cond.as_ptr().add(i) as *const __m512i);
+            let x = _mm512_loadu_si512(plane.as_ptr().add(i) as *const __m512i);
+            let m = _mm512_cmpeq_epi8_mask(e, v);
+            let (a, b) = (
+                _mm512_maskz_compress_epi8(m, x),
+                _mm512_maskz_compress_epi8(!m, x),
+            );
+            _mm512_storeu_si512(syms.as_mut_ptr().add(t) as *mut __m512i, a);
+            _mm512_storeu_si512(raw.as_mut_ptr().add(r) as *mut __m512i, b);
+            let c = m.count_ones() as usize;
+            t += c;
+            r += 64 - c;
+            i += 64;
+        }
+    }
+    (i, t, r)
 }
 
 #[cfg(target_arch = "x86_64")]
