@@ -405,22 +405,25 @@ where
     F: Fn(u64, &mut [u8]) -> usize + Sync,
 {
     let per = joint_part_blocks(sampling.picks.len());
-    let parts: Vec<(Vec<[u32; 256]>, Vec<u32>)> = sampling
+    // Each part counts into its own rows of the result (copying the parts' rows together was ~3%
+    // of a one-thread bf16 compress).
+    let mut hists = vec![[0u32; 256]; us * sampling.picks.len()];
+    let joints: Vec<Vec<u32>> = sampling
         .picks
         .par_chunks(per)
-        .map(|part| {
+        .zip(hists.par_chunks_mut(us * per))
+        .map(|(part, rows)| {
             let mut joint = vec![0u32; 65536];
-            let mut hists = Vec::with_capacity(us * part.len());
             let mut scratch = vec![0u8; us * bu];
             let mut hints = [FewHint::default(); 8];
-            for &g in part {
+            for (&g, h) in part.iter().zip(rows.chunks_exact_mut(us)) {
                 let len = split(g, &mut scratch);
                 let plane = |k: usize| &scratch[k * bu..k * bu + len];
                 let (m, e) = (plane(p), plane(q));
                 // Plane p's histogram in the joint counts' pass (one read of its bytes instead of
                 // two; its bytes rarely repeat, so one table of counters does). A block whose
                 // plane p is one repeated byte adds nothing to the joint counts: taken back.
-                let mut hm = [0u32; 256];
+                let hm = &mut h[p];
                 for (&ev, &mv) in e.iter().zip(m) {
                     joint[(ev as usize) << 8 | mv as usize] += 1;
                     hm[mv as usize] += 1;
@@ -431,27 +434,18 @@ where
                     }
                 }
                 for (k, hint) in hints.iter_mut().enumerate().take(us) {
-                    if k == p {
-                        hists.push(hm);
-                    } else {
-                        let mut h = [0u32; 256];
-                        histogram_hinted(plane(k), &mut h, hint);
-                        hists.push(h);
+                    if k != p {
+                        histogram_hinted(plane(k), &mut h[k], hint);
                     }
                 }
             }
-            (hists, joint)
+            joint
         })
         .collect();
-    let mut hists = Vec::with_capacity(us * sampling.picks.len());
-    let mut joint: Option<Vec<u32>> = None;
-    for (h, j) in parts {
-        hists.extend_from_slice(&h);
-        match &mut joint {
-            None => joint = Some(j),
-            Some(acc) => acc.iter_mut().zip(&j).for_each(|(x, y)| *x += y),
-        }
-    }
+    let joint = joints.into_iter().reduce(|mut acc, j| {
+        acc.iter_mut().zip(&j).for_each(|(x, y)| *x += y);
+        acc
+    });
     (hists, joint.unwrap_or_else(|| vec![0u32; 65536]))
 }
 
