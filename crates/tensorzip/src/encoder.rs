@@ -191,14 +191,7 @@ impl<'a> TensorEncoder<'a> {
                     *sel = if is_const {
                         const_selector(first, tables)
                     } else {
-                        choose(
-                            hist,
-                            &crate::model::sparse(hist),
-                            blk.len(),
-                            &pm.costs,
-                            self.threshold,
-                        )
-                        .0
+                        choose(hist, blk.len(), &pm.costs, self.threshold).0
                     };
                 }
                 all_raw &= *sel == SEL_RAW;
