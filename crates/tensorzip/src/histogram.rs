@@ -259,7 +259,8 @@ mod tests {
         }
     }
 
-    /// The sample finds the few values of an exponent-like block (distinct candidates) and declines a flat block or one of too many values.
+    /// The sample finds the few values of an exponent-like block (distinct candidates) and
+    /// declines a flat block or one of too many values.
     #[test]
     fn few_values_of_skewed_and_flat_blocks() {
         let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
