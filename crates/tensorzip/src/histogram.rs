@@ -150,7 +150,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     /// Bytes compared per segment; a segment's unmatched bytes are packed into a stack buffer
-    /// of this size (plus one vector) and counted before the next segment.
+    /// of this size and counted before the next segment.
     const SEGMENT: usize = 4096;
 
     /// Exact histogram of `bytes` into `hist`: each 64-byte vector compared with each candidate
@@ -170,7 +170,9 @@ mod avx512 {
         let minus_one = _mm512_set1_epi8(-1);
         hist.fill(0);
         let mut total_rest = 0;
-        let mut rest = [0u8; SEGMENT + 64];
+        // Not zeroed (a 4 KiB memset on every call): only the bytes the packed stores wrote are
+        // read back.
+        let mut rest = [const { std::mem::MaybeUninit::<u8>::uninit() }; SEGMENT];
         let mut chunks = bytes.chunks_exact(64);
         while chunks.len() > 0 {
             let mut acc = [_mm512_setzero_si512(); super::FEW];
@@ -185,7 +187,8 @@ mod avx512 {
                 let any = ((m[0] | m[1]) | (m[2] | m[3])) | ((m[4] | m[5]) | (m[6] | m[7]));
                 let left = !any;
                 // SAFETY: at most `SEGMENT / 64` vectors per segment add at most 64 bytes each,
-                // so `n_rest <= SEGMENT - 64` before this store and its 64 bytes are in `rest`.
+                // so `n_rest <= SEGMENT - 64` before this store and its 64 bytes are in `rest`;
+                // they initialise `rest[n_rest..n_rest + 64]`, which covers the bytes counted.
                 unsafe {
                     _mm512_storeu_si512(
                         rest.as_mut_ptr().add(n_rest) as *mut _,
@@ -198,7 +201,10 @@ mod avx512 {
                 let sums = _mm512_sad_epu8(acc[k], _mm512_setzero_si512());
                 hist[c as usize] += _mm512_reduce_add_epi64(sums) as u32;
             }
-            for &b in &rest[..n_rest] {
+            // SAFETY: every byte below `n_rest` was written by one of the stores above (each
+            // covers the bytes it adds to `n_rest` and more).
+            let packed = unsafe { std::slice::from_raw_parts(rest.as_ptr() as *const u8, n_rest) };
+            for &b in packed {
                 hist[b as usize] += 1;
             }
             total_rest += n_rest;
