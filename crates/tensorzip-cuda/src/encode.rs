@@ -37,6 +37,7 @@ use cudarc::driver::{
 };
 use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme};
 use tensorzip::encoder::{check_len, stored_header};
+use tensorzip::joint::JointCounts;
 use tensorzip::model::{model_from_counts, write_plane_tables, Sampling};
 use tensorzip::{CompressOptions, DType};
 
@@ -956,8 +957,8 @@ impl GpuEngine {
                         )
                     };
                     let joint = |_: usize, _: usize| match c.joint_at {
-                        Some(j) => host_down[j..j + 65536].to_vec(),
-                        None => vec![0; 65536],
+                        Some(j) => JointCounts::from_dense(&host_down[j..j + 65536]),
+                        None => JointCounts::default(),
                     };
                     let model = model_from_counts(&c.header, opts, &c.sampling, counts, joint);
                     model

@@ -598,7 +598,11 @@ mod tests {
         let n_sampled = hists.len() as u64;
         let tables = cluster(&blocks, n_sampled, n_blocks, max_tables, threshold as u64);
         let cond = match joint {
-            Some(j) if tables.is_empty() => choose_conditional(j, n_sampled, n_blocks),
+            Some(j) if tables.is_empty() => choose_conditional(
+                &tensorzip::joint::JointCounts::from_dense(j),
+                n_sampled,
+                n_blocks,
+            ),
             _ => None,
         };
         PlaneTables { tables, cond }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use tensorzip::blob::{BlobHeader, Scheme};
+use tensorzip::joint::JointCounts;
 use tensorzip::model::{histogram, model_from_counts, Sampling};
 mod common;
 use common::{dtype_arg, num_arg, threads_env};
@@ -94,7 +95,11 @@ fn main() {
         let t = Instant::now();
         let mut models: Vec<_> = (0..n_tensors)
             .into_par_iter()
-            .map(|_| model_from_counts(&header, &opts, &sampling, &hists, |_, _| joint.clone()))
+            .map(|_| {
+                model_from_counts(&header, &opts, &sampling, &hists, |_, _| {
+                    JointCounts::from_dense(&joint)
+                })
+            })
             .collect();
         times.push(t.elapsed().as_secs_f64() * 1e3);
         let model = models.swap_remove(0);

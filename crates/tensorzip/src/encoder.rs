@@ -16,7 +16,6 @@ pub struct ChunkScratch {
     planes: Vec<u8>,
     sels: Vec<u8>,
     cond_syms: Vec<u8>,
-    cond_raw: Vec<u8>,
     raw_area: Vec<u8>,
     rans: EncoderScratch,
 }
@@ -138,6 +137,21 @@ impl<'a> TensorEncoder<'a> {
         scratch: &mut ChunkScratch,
         payload: &mut Vec<u8>,
     ) -> ChunkEntry {
+        payload.clear();
+        self.encode_chunk_append(c, scratch, payload)
+    }
+
+    /// Encodes chunk `c` and appends its payload to `out` (whose bytes before stay as they are);
+    /// returns its directory entry. A one-thread engine codes a blob's chunks straight into the
+    /// blob this way, without a payload buffer to copy from.
+    pub fn encode_chunk_append(
+        &self,
+        c: u64,
+        scratch: &mut ChunkScratch,
+        out: &mut Vec<u8>,
+    ) -> ChunkEntry {
+        let base = out.len();
+        let payload = out;
         let model = self
             .model
             .as_ref()
@@ -209,35 +223,68 @@ impl<'a> TensorEncoder<'a> {
             };
         }
 
-        // Conditioned plane: per block, the bytes (and contexts) of the units whose condition byte has
-        // a table, and the raw bytes of the others.
+        // Conditioned plane: per block, the bytes of the units whose condition byte is the
+        // table's go to the block's sub-segment (`cond_syms`), the others to the raw area.
         let cond = h
             .dtype
             .conditioned_plane()
             .filter(|&(p, _)| modes[p] == PlaneMode::Cond);
-        scratch.cond_syms.clear();
-        scratch.cond_raw.clear();
-        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
-        if let Some((p, q)) = cond {
-            let v = model.planes[p]
+        let cond_value = cond.map(|(p, _)| {
+            model.planes[p]
                 .cond
                 .as_ref()
                 .expect("a conditioned plane has a table")
-                .0;
-            for b in 0..nb {
-                let from = scratch.cond_syms.len();
-                crate::select::split(
+                .0
+        });
+        // Raw area, block by block: each block's raw bytes in plane order, the conditioned
+        // plane's last, split straight into it. The area and the coded bytes live in buffers
+        // kept at their largest length (written before they are read; never zeroed per chunk),
+        // with 8 spare bytes for the split's word stores.
+        let (area, cond_syms) = (&mut scratch.raw_area, &mut scratch.cond_syms);
+        if area.len() < us * len + 8 {
+            area.resize(us * len + 8, 0);
+        }
+        if cond.is_some() && cond_syms.len() < len + 8 {
+            cond_syms.resize(len + 8, 0);
+        }
+        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
+        let (mut at, mut coded) = (0usize, 0usize);
+        let mut last_block_start = 0;
+        let mut last_cond_raw = 0;
+        for b in 0..nb {
+            last_block_start = at;
+            for p in 0..us {
+                let blk = &planes[p][block(b)];
+                let raw = match modes[p] {
+                    PlaneMode::Raw => Some(blk),
+                    PlaneMode::Const(_) | PlaneMode::Cond => None,
+                    PlaneMode::Blocks => match scratch.sels[p * nb + b] {
+                        SEL_RAW => Some(blk),
+                        SEL_CONST => Some(&blk[..1]),
+                        _ => None,
+                    },
+                };
+                if let Some(raw) = raw {
+                    area[at..at + raw.len()].copy_from_slice(raw);
+                    at += raw.len();
+                }
+            }
+            if let (Some((p, q)), Some(v)) = (cond, cond_value) {
+                let (t, r) = crate::select::split_into(
                     v,
                     &planes[q][block(b)],
                     &planes[p][block(b)],
-                    &mut scratch.cond_syms,
-                    &mut scratch.cond_raw,
+                    &mut cond_syms[coded..],
+                    &mut area[at..],
                 );
-                cond_ranges.push(from..scratch.cond_syms.len());
+                cond_ranges.push(coded..coded + t);
+                coded += t;
+                at += r;
+                last_cond_raw = r;
             }
         }
+        let (area, cond_syms) = (&area[..at], &cond_syms[..coded]);
 
-        payload.clear();
         for p in 0..us {
             if modes[p] == PlaneMode::Blocks {
                 payload.extend_from_slice(&scratch.sels[p * nb..(p + 1) * nb]);
@@ -273,7 +320,7 @@ impl<'a> TensorEncoder<'a> {
                         .as_ref()
                         .expect("a conditioned plane has a table");
                     job.sub.push(Seq {
-                        syms: &scratch.cond_syms[r],
+                        syms: &cond_syms[r],
                         packed: &ce.packed,
                         scalar: &ce.syms,
                     });
@@ -281,33 +328,6 @@ impl<'a> TensorEncoder<'a> {
             }
             any |= !job.main.is_empty() || !job.sub.is_empty();
             jobs.push(job);
-        }
-        // Raw area, block by block: each block's raw bytes in plane order, the conditioned plane last.
-        let area = &mut scratch.raw_area;
-        area.clear();
-        let mut last_block_start = 0;
-        let mut last_cond_raw = 0;
-        let mut cond_raw_pos = 0;
-        for b in 0..nb {
-            last_block_start = area.len();
-            for p in 0..us {
-                let blk = &planes[p][block(b)];
-                match modes[p] {
-                    PlaneMode::Raw => area.extend_from_slice(blk),
-                    PlaneMode::Const(_) | PlaneMode::Cond => {}
-                    PlaneMode::Blocks => match scratch.sels[p * nb + b] {
-                        SEL_RAW => area.extend_from_slice(blk),
-                        SEL_CONST => area.push(blk[0]),
-                        _ => {}
-                    },
-                }
-            }
-            if cond.is_some() {
-                let n_raw = block(b).len() - cond_ranges[b].len();
-                area.extend_from_slice(&scratch.cond_raw[cond_raw_pos..cond_raw_pos + n_raw]);
-                cond_raw_pos += n_raw;
-                last_cond_raw = n_raw;
-            }
         }
         // The stash: the last raw bytes of the last block travel in the stream's initial states.
         let stash_len = if !any {
@@ -325,8 +345,8 @@ impl<'a> TensorEncoder<'a> {
         let rans_len = payload.len() - sel_len;
         payload.extend_from_slice(&area[..kept]);
         // Coding must not expand a chunk: otherwise every non-constant plane is stored raw.
-        if payload.len() >= len * us {
-            payload.clear();
+        if payload.len() - base >= len * us {
+            payload.truncate(base);
             for p in 0..us {
                 if !matches!(modes[p], PlaneMode::Const(_)) {
                     modes[p] = PlaneMode::Raw;
@@ -340,13 +360,13 @@ impl<'a> TensorEncoder<'a> {
                 }
             }
             return ChunkEntry {
-                payload_len: payload.len() as u32,
+                payload_len: (payload.len() - base) as u32,
                 rans_len: 0,
                 modes,
             };
         }
         ChunkEntry {
-            payload_len: payload.len() as u32,
+            payload_len: (payload.len() - base) as u32,
             rans_len: rans_len as u32,
             modes,
         }

@@ -25,9 +25,10 @@ pub struct Tensor {
 #[derive(Default)]
 pub struct CpuEngine {
     pool: Option<rayon::ThreadPool>,
-    /// Chunk payload buffers kept from one `compress_to` call to the next (at most 40 MiB of
-    /// capacity, about a batch): fresh pages cost more to touch than the coding of a chunk
-    /// (`clear_page` was 10% of a repeated 32 MiB bf16 compress on the 2-core VM).
+    /// Payload buffers kept from one call to the next (at most 40 MiB of capacity, about a
+    /// batch): `compress_to`'s chunk payloads and the in-memory compress's runs of chunks after
+    /// the first. Fresh pages cost more to touch than the coding of a chunk (`clear_page` was 10%
+    /// of a repeated 32 MiB bf16 compress on the 2-core VM).
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
@@ -96,19 +97,16 @@ impl CpuEngine {
         opts: &CompressOptions,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        out.clear();
-        let mut cur = std::io::Cursor::new(std::mem::take(out));
-        let len = self.compress_to(data, dtype, shape, opts, &mut cur, &|_| {});
-        *out = cur.into_inner();
-        out.truncate(len? as usize);
-        Ok(())
+        let ranges = self.threads();
+        self.run(|| self.compress_in_ranges(data, dtype, shape, opts, out, ranges))
     }
 
     /// Compresses several tensors (`(bytes, dtype, shape)`) concurrently, blob `i` replacing the
-    /// contents of `outs[i]` (as [`CpuEngine::compress_into`], reusing its memory). Each tensor
-    /// also uses the chunk parallelism it has: a model's small tensors have a few chunks each and
-    /// a table search that is mostly sequential, so one at a time they leave cores idle (MiniLM
-    /// fp32 on 2 cores: 1.3x one core).
+    /// contents of `outs[i]` (as [`CpuEngine::compress_into`], reusing its memory). A model's
+    /// small tensors have a few chunks each and a table search that is mostly sequential, so one
+    /// at a time they leave cores idle (MiniLM fp32 on 2 cores: 1.3x one core); coded side by
+    /// side, each tensor's chunks are coded in one range (straight into its blob). A single
+    /// tensor uses the chunk parallelism it has.
     pub fn compress_many_into(
         &self,
         items: &[crate::archive::BlobItem<'_>],
@@ -116,9 +114,15 @@ impl CpuEngine {
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
         one_buffer_each(items.len(), outs.len(), "tensors")?;
+        let ranges = match items.len() {
+            1 => self.threads(),
+            _ => 1,
+        };
         self.run(|| {
             items.par_iter().zip(outs.par_iter_mut()).try_for_each(
-                |(&(data, dtype, shape), out)| self.compress_into(data, dtype, shape, opts, out),
+                |(&(data, dtype, shape), out)| {
+                    self.compress_in_ranges(data, dtype, shape, opts, out, ranges)
+                },
             )
         })
     }
@@ -307,7 +311,135 @@ fn write_batch<W: Write>(
     Ok(n)
 }
 
+/// Appends `bufs` to `out` in order, the copying shared by the pool's threads (pieces of at least
+/// 1 MiB): the runs after the first are copied when all are coded, so a single thread copying
+/// them would leave the others idle.
+fn append_parallel(out: &mut Vec<u8>, bufs: &[Vec<u8>]) {
+    const PIECE: usize = 1 << 20;
+    let start = out.len();
+    let total: usize = bufs.iter().map(Vec::len).sum();
+    out.reserve(total);
+    let mut pieces: Vec<(&mut [std::mem::MaybeUninit<u8>], &[u8])> = Vec::new();
+    let mut dst = &mut out.spare_capacity_mut()[..total];
+    for buf in bufs {
+        let (mut d, rest) = dst.split_at_mut(buf.len());
+        dst = rest;
+        let mut src = &buf[..];
+        while !src.is_empty() {
+            let n = src.len().min(PIECE);
+            let (dp, dr) = d.split_at_mut(n);
+            pieces.push((dp, &src[..n]));
+            (d, src) = (dr, &src[n..]);
+        }
+    }
+    pieces.into_par_iter().for_each(|(d, s)| {
+        for (d, &s) in d.iter_mut().zip(s) {
+            d.write(s);
+        }
+    });
+    // SAFETY: the `total` bytes after `start` were written above (the pieces cover them all:
+    // each buffer's length was split off `dst` and cut into pieces that cover it).
+    unsafe { out.set_len(start + total) };
+}
+
+/// Trims the engine's pool of payload buffers to what is kept for the next call: at most a
+/// streaming batch's worth of capacity.
+fn keep_some(pool: &mut Vec<Vec<u8>>) {
+    let mut kept = 0usize;
+    pool.retain(|b| {
+        kept += b.capacity();
+        kept <= STREAM_BATCH_BYTES + STREAM_BATCH_BYTES / 4
+    });
+}
+
 impl CpuEngine {
+    /// The in-memory compress (runs inside the pool): the blob's chunks are split into `ranges`
+    /// runs of consecutive chunks (at most one per chunk), coded concurrently, each run one chunk
+    /// after the other. The first run is coded straight into `out`, after the prefix and the
+    /// space for the directory, the others into buffers appended after it. On one thread nothing
+    /// is copied: [`CpuEngine::compress_to`]'s per-chunk payload buffers, written into the blob
+    /// after each batch, made a one-thread compress 12-20% slower (2026-12-03, the Intel VM:
+    /// MiniLM bf16 / fp32, synthetic bf16); at two threads half the payload is copied once.
+    /// The same bytes as [`CpuEngine::compress_to`].
+    fn compress_in_ranges(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        out: &mut Vec<u8>,
+        ranges: usize,
+    ) -> Result<()> {
+        out.clear();
+        let enc = TensorEncoder::new(data, dtype, shape, opts)?;
+        let write_stored = |out: &mut Vec<u8>| {
+            out.clear();
+            stored_header(dtype, shape).write(out);
+            out.extend_from_slice(data);
+        };
+        if enc.header().scheme == Scheme::Stored {
+            write_stored(out);
+            return Ok(());
+        }
+        let h = enc.header();
+        enc.write_prefix(out);
+        let n = h.n_chunks() as usize;
+        let (dir_pos, dir_len) = (out.len(), n * h.dir_entry_len());
+        out.resize(dir_pos + dir_len, 0);
+        let stored_len = stored_header(dtype, shape).encoded_len() + data.len();
+        // Codes chunks `from..to` into `buf` and their directory entries into `dir`; stops early
+        // once `buf` reaches `limit` bytes (the blob will be stored).
+        let code = |from: usize, to: usize, buf: &mut Vec<u8>, dir: &mut Vec<u8>, limit: usize| {
+            encoder::with_scratch(|s| {
+                for c in from..to {
+                    enc.encode_chunk_append(c as u64, s, buf)
+                        .write(h.planes(), dir);
+                    if buf.len() >= limit {
+                        break;
+                    }
+                }
+            })
+        };
+        let k = ranges.clamp(1, n.max(1));
+        let bound = |i: usize| i * n / k;
+        let mut dir = Vec::with_capacity(dir_len);
+        if k == 1 {
+            code(0, n, out, &mut dir, stored_len);
+        } else {
+            let mut bufs: Vec<Vec<u8>> = {
+                let mut pool = self.payloads.lock().unwrap_or_else(|e| e.into_inner());
+                (1..k).map(|_| pool.pop().unwrap_or_default()).collect()
+            };
+            let mut dirs: Vec<Vec<u8>> = (1..k).map(|_| Vec::new()).collect();
+            rayon::join(
+                || code(0, bound(1), out, &mut dir, stored_len),
+                || {
+                    bufs.par_iter_mut()
+                        .zip(dirs.par_iter_mut())
+                        .enumerate()
+                        .for_each(|(i, (buf, d))| {
+                            buf.clear();
+                            code(bound(i + 1), bound(i + 2), buf, d, stored_len);
+                        })
+                },
+            );
+            let total = out.len() + bufs.iter().map(Vec::len).sum::<usize>();
+            if total < stored_len {
+                append_parallel(out, &bufs);
+                dirs.iter().for_each(|d| dir.extend_from_slice(d));
+            }
+            let mut pool = self.payloads.lock().unwrap_or_else(|e| e.into_inner());
+            pool.extend(bufs);
+            keep_some(&mut pool);
+        }
+        if out.len() >= stored_len || dir.len() != dir_len {
+            write_stored(out);
+            return Ok(());
+        }
+        out[dir_pos..dir_pos + dir_len].copy_from_slice(&dir);
+        Ok(())
+    }
+
     fn batch_chunks(&self, chunk_bytes: usize) -> usize {
         (STREAM_BATCH_BYTES / chunk_bytes.max(1))
             .max(2 * self.threads())
@@ -423,12 +555,7 @@ impl CpuEngine {
             }
             c0 = c1;
         }
-        // Kept for the next call: at most a streaming batch's worth of capacity.
-        let mut kept = 0usize;
-        pool.retain(|b| {
-            kept += b.capacity();
-            kept <= STREAM_BATCH_BYTES + STREAM_BATCH_BYTES / 4
-        });
+        keep_some(&mut pool);
         *self.payloads.lock().unwrap_or_else(|e| e.into_inner()) = pool;
         let stored_len = (stored_header(dtype, shape).encoded_len() + data.len()) as u64;
         if total >= stored_len {

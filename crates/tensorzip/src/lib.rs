@@ -34,6 +34,7 @@ pub mod engine;
 pub mod error;
 pub mod fresh;
 pub mod histogram;
+pub mod joint;
 pub mod model;
 pub mod options;
 pub mod rans;

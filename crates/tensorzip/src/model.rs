@@ -24,6 +24,7 @@ pub const LLOYD_ITERS: usize = 1;
 /// Byte histograms live in [`crate::histogram`]; this path is kept for its callers.
 pub use crate::histogram::histogram;
 use crate::histogram::{histogram_hinted, FewHint};
+use crate::joint::{BlockJoint, JointCounts};
 
 /// Raw cost of a block of `len` bytes, in Q16 bits.
 pub(crate) fn raw_cost(len: usize) -> u64 {
@@ -207,20 +208,26 @@ pub struct PlaneModel {
 /// codes (1/64: decoding them costs a second rANS step, so small savings are not worth it).
 pub const COND_MIN_SAVING_SHIFT: u32 = 6;
 
-/// Chooses the conditional table of a plane from the joint counts `joint[e * 256 + m]` of condition
+/// Chooses the conditional table of a plane from the joint counts `J[e][m]` of condition
 /// byte `e` and plane byte `m` over the sampled blocks where the plane is not constant (`n_sampled`
 /// blocks were sampled of `n_blocks`). For each `e`, the
 /// candidate is the table of its counts with all 256 symbols present; it qualifies if it saves at
 /// least 1/64 of the raw size of those bytes and, scaled to the plane, more than its serialised size
 /// plus two bytes. The qualifying candidate with the largest net saving (lowest `e` among ties) wins.
-pub fn choose_conditional(joint: &[u32], n_sampled: u64, n_blocks: u64) -> Option<(u8, FreqTable)> {
+pub fn choose_conditional(
+    joint: &JointCounts,
+    n_sampled: u64,
+    n_blocks: u64,
+) -> Option<(u8, FreqTable)> {
     let cl = code_len_table();
     let all = [true; 256];
     // Every candidate has all 256 symbols: its serialised size is 2 + 256 bytes.
     let table_cost = ((2 + 2 + 256) as u128 * 8) << FRAC_BITS;
     let mut best: Option<(u8, FreqTable, u128)> = None;
     for e in 0..256usize {
-        let row = &joint[e * 256..(e + 1) * 256];
+        let Some(row) = joint.row(e as u8) else {
+            continue;
+        };
         let n: u64 = row.iter().map(|&c| c as u64).sum();
         if n == 0 {
             continue;
@@ -422,7 +429,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         .collect();
     // Without a conditioned plane, or with conditioning off, no conditional table is considered
     // and the joint counts are never asked for (zero counts would choose none).
-    let joint = |_: usize, _: usize| vec![0u32; 65536];
+    let joint = |_: usize, _: usize| JointCounts::default();
     model_from_counts(header, opts, &sampling, &hists, joint).keeping(&sampling, &hists)
 }
 
@@ -435,16 +442,16 @@ fn joint_part_blocks(n_sampled: usize) -> usize {
 }
 
 /// The histograms of every plane of every sampled block of a tensor of `us`-byte units, and the
-/// joint counts `J[e * 256 + m]` of plane `q` (`e`) and plane `p` (`m`) over the blocks whose
-/// plane `p` is not one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g`
-/// into `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length.
+/// joint counts `J[e][m]` of plane `q` (`e`) and plane `p` (`m`) over the blocks whose plane `p`
+/// is not one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g` into
+/// `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length.
 fn fused_counts<F>(
     sampling: &Sampling,
     bu: usize,
     us: usize,
     (p, q): (usize, usize),
     split: F,
-) -> (Vec<[u32; 256]>, Vec<u32>)
+) -> (Vec<[u32; 256]>, JointCounts)
 where
     F: Fn(u64, &mut [u8]) -> usize + Sync,
 {
@@ -452,49 +459,55 @@ where
     // Each part counts into its own rows of the result (the parts' rows were copied together
     // after: ~1% of a one-thread bf16 compress).
     let mut hists = vec![[0u32; 256]; us * sampling.picks.len()];
-    let joints: Vec<Vec<u32>> = sampling
+    let joints: Vec<JointCounts> = sampling
         .picks
         .par_chunks(per)
         .zip(hists.par_chunks_mut(us * per))
         .map(|(part, rows)| {
-            let mut joint = vec![0u32; 65536];
+            let mut joint = JointCounts::default();
             let mut scratch = vec![0u8; us * bu];
             let mut hints = [FewHint::default(); 8];
+            let mut block_joint = BlockJoint::new();
             for (&g, h) in part.iter().zip(rows.chunks_exact_mut(us)) {
                 let len = split(g, &mut scratch);
                 let plane = |k: usize| &scratch[k * bu..k * bu + len];
-                let (m, e) = (plane(p), plane(q));
-                // Plane p's histogram in the joint counts' pass (one read of its bytes instead of
-                // two; its bytes rarely repeat, so one table of counters does). A block whose
-                // plane p is one repeated byte adds nothing to the joint counts: taken back.
-                let hm = &mut h[p];
-                for (&ev, &mv) in e.iter().zip(m) {
-                    joint[(ev as usize) << 8 | mv as usize] += 1;
-                    hm[mv as usize] += 1;
-                }
-                if hm[m[0] as usize] as usize == len {
-                    for &ev in e {
-                        joint[(ev as usize) << 8 | m[0] as usize] -= 1;
-                    }
-                }
+                // Plane q's histogram first: its bytes are the rows the joint counts touch.
                 for (k, hint) in hints.iter_mut().enumerate().take(us) {
                     if k != p {
                         histogram_hinted(plane(k), &mut h[k], hint);
                     }
                 }
+                let (m, e) = (plane(p), plane(q));
+                // Plane p's histogram comes with the joint counts (`joint.rs`); a block whose
+                // plane p is one repeated byte adds no joint counts and needs no pass.
+                if m.iter().all(|&v| v == m[0]) {
+                    h[p][m[0] as usize] = len as u32;
+                    continue;
+                }
+                let (hq, hp) = match p < q {
+                    true => {
+                        let (a, b) = h.split_at_mut(q);
+                        (&b[0], &mut a[p])
+                    }
+                    false => {
+                        let (a, b) = h.split_at_mut(p);
+                        (&a[q], &mut b[0])
+                    }
+                };
+                block_joint.count(e, m, hq, hp, &mut joint);
             }
             joint
         })
         .collect();
     let joint = joints.into_iter().reduce(|mut acc, j| {
-        acc.iter_mut().zip(&j).for_each(|(x, y)| *x += y);
+        acc.add(&j);
         acc
     });
-    (hists, joint.unwrap_or_else(|| vec![0u32; 65536]))
+    (hists, joint.unwrap_or_default())
 }
 
 /// The model of a tensor from the counts of its sampled blocks: `hists[i * U + p]` is the histogram
-/// of plane `p` of sampled block `i`; `joint(p, q)` returns the joint counts `J[e * 256 + m]` of
+/// of plane `p` of sampled block `i`; `joint(p, q)` returns the joint counts `J[e][m]` of
 /// condition plane `q` and plane `p` over the sampled blocks whose plane `p` is not one repeated byte
 /// (called only when the conditional table is considered). The CPU and GPU engines count on their
 /// own and share this, so their tables are identical.
@@ -503,7 +516,7 @@ pub fn model_from_counts(
     opts: &CompressOptions,
     sampling: &Sampling,
     hists: &[[u32; 256]],
-    joint: impl FnOnce(usize, usize) -> Vec<u32>,
+    joint: impl FnOnce(usize, usize) -> JointCounts,
 ) -> Model {
     let us = header.planes();
     let n_sampled = sampling.picks.len() as u64;
@@ -717,7 +730,7 @@ pub(crate) mod tests {
                         }
                     }
                 }
-                assert!(joint == want_joint, "{dtype:?}");
+                assert!(joint.dense() == want_joint, "{dtype:?}");
                 // The model keeps the histograms of its planes with tables when it saw every
                 // block.
                 let model = build_model(&data, &header, &opts);
@@ -859,7 +872,11 @@ pub(crate) mod tests {
             let nb = nb.max(ns);
             let want = choose_conditional_reference(&joint, ns, nb);
             chosen += want.is_some() as usize;
-            assert_eq!(choose_conditional(&joint, ns, nb), want, "case {case}");
+            assert_eq!(
+                choose_conditional(&JointCounts::from_dense(&joint), ns, nb),
+                want,
+                "case {case}"
+            );
         }
         assert!(
             chosen > 30 && chosen < 270,

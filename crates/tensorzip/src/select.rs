@@ -9,36 +9,55 @@
 /// Encoder side: splits `plane` by `cond == value` into the coded bytes (appended to `syms`) and the
 /// raw bytes (appended to `raw`), in unit order.
 pub fn split(value: u8, cond: &[u8], plane: &[u8], syms: &mut Vec<u8>, raw: &mut Vec<u8>) {
-    debug_assert_eq!(cond.len(), plane.len());
     let n = cond.len();
     let (s0, r0) = (syms.len(), raw.len());
     // Room for whole 8-byte stores; truncated to the real lengths at the end.
     syms.resize(s0 + n + 8, 0);
     raw.resize(r0 + n + 8, 0);
+    let (t, r) = split_into(value, cond, plane, &mut syms[s0..], &mut raw[r0..]);
+    syms.truncate(s0 + t);
+    raw.truncate(r0 + r);
+}
+
+/// [`split`] into slices, each with room for `cond.len() + 8` bytes (the SIMD loops store whole
+/// words past the bytes they keep); returns how many bytes went to `syms` and to `raw`. The
+/// encoder splits into buffers it keeps at their largest length, so that nothing is zeroed for
+/// each block.
+pub fn split_into(
+    value: u8,
+    cond: &[u8],
+    plane: &[u8],
+    syms: &mut [u8],
+    raw: &mut [u8],
+) -> (usize, usize) {
+    assert_eq!(cond.len(), plane.len());
+    let n = cond.len();
+    assert!(
+        syms.len() >= n + 8 && raw.len() >= n + 8,
+        "split_into: room for n + 8 bytes"
+    );
     let (mut i, mut t, mut r) = (0, 0, 0);
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512_vbmi2() {
             // SAFETY: AVX-512 F/BW/VBMI2 were checked; both outputs have room for n + 8 bytes
-            // past their start.
-            (i, t, r) =
-                unsafe { split_avx512(value, cond, plane, &mut syms[s0..], &mut raw[r0..]) };
+            // (asserted above).
+            (i, t, r) = unsafe { split_avx512(value, cond, plane, syms, raw) };
         } else if crate::cpu::has_avx2() {
-            // SAFETY: AVX2 was checked; both outputs have room for n + 8 bytes past their start.
-            (i, t, r) = unsafe { split_simd(value, cond, plane, &mut syms[s0..], &mut raw[r0..]) };
+            // SAFETY: AVX2 was checked; both outputs have room for n + 8 bytes (asserted above).
+            (i, t, r) = unsafe { split_simd(value, cond, plane, syms, raw) };
         }
     }
     for (&e, &m) in cond[i..].iter().zip(&plane[i..]) {
         if e == value {
-            syms[s0 + t] = m;
+            syms[t] = m;
             t += 1;
         } else {
-            raw[r0 + r] = m;
+            raw[r] = m;
             r += 1;
         }
     }
-    syms.truncate(s0 + t);
-    raw.truncate(r0 + r);
+    (t, r)
 }
 
 /// Decoder side, step 1: the mask of coded units (`cond == value`) of every 8 units (into `masks`,

@@ -21,6 +21,9 @@ use tensorzip::{crc32, CompressOptions, CpuEngine, DType, Error, Scheme};
 
 static ONE: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(1).unwrap());
 static TWO: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(2).unwrap());
+/// Three threads: the in-memory compress codes a blob's chunks in three runs of unequal length
+/// when the chunk count is not a multiple of three.
+static THREE: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(3).unwrap());
 
 fn numel(shape: &[u64]) -> u64 {
     shape.iter().product()
@@ -36,7 +39,7 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
         "{ctx}: test data size"
     );
 
-    // Same bytes on 1 thread, 2 threads, all cores, and through the streaming writer.
+    // Same bytes on 1, 2 and 3 threads, all cores, and through the streaming writer.
     let blob = ONE
         .compress(data, dtype, shape, opts)
         .unwrap_or_else(|e| panic!("{ctx}: compress: {e}"));
@@ -44,6 +47,11 @@ fn check(data: &[u8], dtype: DType, shape: &[u64], opts: &CompressOptions, seed:
     assert!(
         blob == blob2,
         "{ctx}: 1 and 2 threads wrote different blobs"
+    );
+    let blob3 = THREE.compress(data, dtype, shape, opts).unwrap();
+    assert!(
+        blob == blob3,
+        "{ctx}: 1 and 3 threads wrote different blobs"
     );
     let blob_all = tensorzip::compress(data, dtype, shape, opts).unwrap();
     assert!(
