@@ -97,8 +97,7 @@ impl CpuEngine {
         opts: &CompressOptions,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let ranges = self.threads();
-        self.run(|| self.compress_in_ranges(data, dtype, shape, opts, out, ranges))
+        self.run(|| self.compress_in_place(data, dtype, shape, opts, out))
     }
 
     /// Compresses several tensors (`(bytes, dtype, shape)`) concurrently, blob `i` replacing the
@@ -114,14 +113,10 @@ impl CpuEngine {
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
         one_buffer_each(items.len(), outs.len(), "tensors")?;
-        let ranges = match items.len() {
-            1 => self.threads(),
-            _ => 1,
-        };
         self.run(|| {
             items.par_iter().zip(outs.par_iter_mut()).try_for_each(
                 |(&(data, dtype, shape), out)| {
-                    self.compress_in_ranges(data, dtype, shape, opts, out, ranges)
+                    self.compress_in_place(data, dtype, shape, opts, out)
                 },
             )
         })
@@ -311,9 +306,68 @@ fn write_batch<W: Write>(
     Ok(n)
 }
 
+/// Codes chunks `from..to` of a blob, appending their payloads to a buffer and their directory
+/// entries to another ([`code_split`]).
+type CodeRun<'a> = dyn Fn(usize, usize, &mut Vec<u8>, &mut Vec<u8>) + Sync + 'a;
+
+/// Runs of fewer chunks than this are not split further (a hand-off between threads costs about
+/// as much as coding a small chunk).
+const MIN_SPLIT_CHUNKS: usize = 2;
+
+/// Codes chunks `from..to` of a blob with `code(from, to, buf, dir)` (which appends their payloads
+/// to `buf` and their directory entries to `dir`) in halves that idle threads may take, `levels`
+/// times halved (one run per thread when no thread is busy elsewhere): the first half is coded
+/// here, straight into `out`; the second too, after it, unless another thread took it meanwhile
+/// (`rayon::join_context`: it was *migrated*), which then codes it into a pooled buffer that is
+/// appended when both halves are done. So nothing is copied where no thread is idle — on one
+/// thread, or while the tensors of `compress_many_into` keep every thread busy — and an idle
+/// thread takes the largest half not yet started. (Halving down to two chunks instead, two
+/// threads lost 5-10% on a 64 MiB fp32 tensor: more halves were taken, and halves taken inside
+/// taken halves were copied twice.)
+fn code_split(
+    pool: &std::sync::Mutex<Vec<Vec<u8>>>,
+    code: &CodeRun<'_>,
+    (from, to): (usize, usize),
+    levels: u32,
+    out: &mut Vec<u8>,
+    dir: &mut Vec<u8>,
+) {
+    if levels == 0 || to - from < 2 * MIN_SPLIT_CHUNKS {
+        return code(from, to, out, dir);
+    }
+    let mid = from + (to - from) / 2;
+    let (_, taken) = rayon::join_context(
+        |_| code_split(pool, code, (from, mid), levels - 1, out, dir),
+        |ctx| {
+            ctx.migrated().then(|| {
+                let mut buf = pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default();
+                buf.clear();
+                let mut d = Vec::new();
+                code_split(pool, code, (mid, to), levels - 1, &mut buf, &mut d);
+                (buf, d)
+            })
+        },
+    );
+    match taken {
+        Some((buf, d)) => {
+            append_parallel(out, std::slice::from_ref(&buf));
+            dir.extend_from_slice(&d);
+            let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+            pool.push(buf);
+            keep_some(&mut pool);
+        }
+        None => code_split(pool, code, (mid, to), levels - 1, out, dir),
+    }
+}
+
 /// Appends `bufs` to `out` in order, the copying shared by the pool's threads (pieces of at least
-/// 1 MiB): the runs after the first are copied when all are coded, so a single thread copying
-/// them would leave the others idle.
+/// 1 MiB): a half that another thread coded is copied once both halves are done, and copied by
+/// one thread it left the other idle (two threads compressed 1.54-1.60x as fast as one; 1.67-1.74x
+/// shared).
 fn append_parallel(out: &mut Vec<u8>, bufs: &[Vec<u8>]) {
     const PIECE: usize = 1 << 20;
     let start = out.len();
@@ -353,22 +407,19 @@ fn keep_some(pool: &mut Vec<Vec<u8>>) {
 }
 
 impl CpuEngine {
-    /// The in-memory compress (runs inside the pool): the blob's chunks are split into `ranges`
-    /// runs of consecutive chunks (at most one per chunk), coded concurrently, each run one chunk
-    /// after the other. The first run is coded straight into `out`, after the prefix and the
-    /// space for the directory, the others into buffers appended after it. On one thread nothing
-    /// is copied: [`CpuEngine::compress_to`]'s per-chunk payload buffers, written into the blob
-    /// after each batch, made a one-thread compress 12-20% slower (2026-12-03, the Intel VM:
-    /// MiniLM bf16 / fp32, synthetic bf16); at two threads half the payload is copied once.
-    /// The same bytes as [`CpuEngine::compress_to`].
-    fn compress_in_ranges(
+    /// The in-memory compress (runs inside the pool): the blob's chunks are coded one after the
+    /// other straight into `out`, after the prefix and the space for the directory, except for
+    /// the halves other threads take ([`code_split`]). On one thread nothing is copied:
+    /// [`CpuEngine::compress_to`]'s per-chunk payload buffers, written into the blob after each
+    /// batch, made a one-thread compress 12-20% slower (2026-12-03, the Intel VM: MiniLM bf16 /
+    /// fp32, synthetic bf16). The same bytes as [`CpuEngine::compress_to`].
+    fn compress_in_place(
         &self,
         data: &[u8],
         dtype: DType,
         shape: &[u64],
         opts: &CompressOptions,
         out: &mut Vec<u8>,
-        ranges: usize,
     ) -> Result<()> {
         out.clear();
         let enc = TensorEncoder::new(data, dtype, shape, opts)?;
@@ -388,50 +439,24 @@ impl CpuEngine {
         out.resize(dir_pos + dir_len, 0);
         let stored_len = stored_header(dtype, shape).encoded_len() + data.len();
         // Codes chunks `from..to` into `buf` and their directory entries into `dir`; stops early
-        // once `buf` reaches `limit` bytes (the blob will be stored).
-        let code = |from: usize, to: usize, buf: &mut Vec<u8>, dir: &mut Vec<u8>, limit: usize| {
+        // once `buf` reaches the stored blob's length (the blob will be stored: the directory
+        // then lacks entries).
+        let code = |from: usize, to: usize, buf: &mut Vec<u8>, dir: &mut Vec<u8>| {
             encoder::with_scratch(|s| {
                 for c in from..to {
                     enc.encode_chunk_append(c as u64, s, buf)
                         .write(h.planes(), dir);
-                    if buf.len() >= limit {
+                    if buf.len() >= stored_len {
                         break;
                     }
                 }
             })
         };
-        let k = ranges.clamp(1, n.max(1));
-        let bound = |i: usize| i * n / k;
         let mut dir = Vec::with_capacity(dir_len);
-        if k == 1 {
-            code(0, n, out, &mut dir, stored_len);
-        } else {
-            let mut bufs: Vec<Vec<u8>> = {
-                let mut pool = self.payloads.lock().unwrap_or_else(|e| e.into_inner());
-                (1..k).map(|_| pool.pop().unwrap_or_default()).collect()
-            };
-            let mut dirs: Vec<Vec<u8>> = (1..k).map(|_| Vec::new()).collect();
-            rayon::join(
-                || code(0, bound(1), out, &mut dir, stored_len),
-                || {
-                    bufs.par_iter_mut()
-                        .zip(dirs.par_iter_mut())
-                        .enumerate()
-                        .for_each(|(i, (buf, d))| {
-                            buf.clear();
-                            code(bound(i + 1), bound(i + 2), buf, d, stored_len);
-                        })
-                },
-            );
-            let total = out.len() + bufs.iter().map(Vec::len).sum::<usize>();
-            if total < stored_len {
-                append_parallel(out, &bufs);
-                dirs.iter().for_each(|d| dir.extend_from_slice(d));
-            }
-            let mut pool = self.payloads.lock().unwrap_or_else(|e| e.into_inner());
-            pool.extend(bufs);
-            keep_some(&mut pool);
-        }
+        let levels = rayon::current_num_threads()
+            .next_power_of_two()
+            .trailing_zeros();
+        code_split(&self.payloads, &code, (0, n), levels, out, &mut dir);
         if out.len() >= stored_len || dir.len() != dir_len {
             write_stored(out);
             return Ok(());
