@@ -292,10 +292,11 @@ impl<'a> TensorEncoder<'a> {
         }
         // The rANS stream: per block, the blocks coded with a multi-symbol table, then the
         // conditioned sub-segment.
-        let mut jobs: Vec<BlockJob<'_>> = Vec::with_capacity(nb);
+        let mut mains: Vec<Seq<'_>> = Vec::with_capacity(nb * us);
+        let mut spans: Vec<(usize, Option<Seq<'_>>)> = Vec::with_capacity(nb);
         let mut any = false;
         for b in 0..nb {
-            let mut job = BlockJob::default();
+            let from = mains.len();
             for p in 0..us {
                 if modes[p] != PlaneMode::Blocks {
                     continue;
@@ -305,30 +306,38 @@ impl<'a> TensorEncoder<'a> {
                     continue;
                 }
                 if let Some(enc) = &model.planes[p].enc[sel as usize] {
-                    job.main.push(Seq {
+                    mains.push(Seq {
                         syms: &planes[p][block(b)],
                         packed: &enc.packed,
                         scalar: &enc.syms,
                     });
                 }
             }
-            if let Some((p, _)) = cond {
-                let r = cond_ranges[b].clone();
-                if !r.is_empty() {
+            let sub = match cond {
+                Some((p, _)) if !cond_ranges[b].is_empty() => {
                     let ce = model.planes[p]
                         .cond_enc
                         .as_ref()
                         .expect("a conditioned plane has a table");
-                    job.sub.push(Seq {
-                        syms: &cond_syms[r],
+                    Some(Seq {
+                        syms: &cond_syms[cond_ranges[b].clone()],
                         packed: &ce.packed,
                         scalar: &ce.syms,
-                    });
+                    })
                 }
-            }
-            any |= !job.main.is_empty() || !job.sub.is_empty();
-            jobs.push(job);
+                _ => None,
+            };
+            any |= mains.len() > from || sub.is_some();
+            spans.push((from, sub));
         }
+        let jobs: Vec<BlockJob<'_>> = spans
+            .iter()
+            .enumerate()
+            .map(|(b, &(from, sub))| BlockJob {
+                main: &mains[from..spans.get(b + 1).map_or(mains.len(), |s| s.0)],
+                sub,
+            })
+            .collect();
         // The stash: the last raw bytes of the last block travel in the stream's initial states.
         let stash_len = if !any {
             0

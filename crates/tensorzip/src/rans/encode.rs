@@ -15,11 +15,13 @@ pub struct Seq<'a> {
 }
 
 /// The symbols one block contributes to its chunk's stream: the `main` sequences (all of one length,
-/// in ascending plane order) are decoded step by step together; then each `sub` sequence on its own.
-#[derive(Default)]
+/// in ascending plane order) are decoded step by step together; then the `sub` sequence on its own.
+/// (Slices of one vector per chunk: two vectors per block were ~3% of a bf16 compress in the
+/// allocator.)
+#[derive(Clone, Copy, Default)]
 pub struct BlockJob<'a> {
-    pub main: Vec<Seq<'a>>,
-    pub sub: Vec<Seq<'a>>,
+    pub main: &'a [Seq<'a>],
+    pub sub: Option<Seq<'a>>,
 }
 
 /// Reusable encoder scratch.
@@ -61,11 +63,11 @@ pub fn encode_stream(
     let mut x = stash_states(stash);
     let mut pos = 0usize;
     for block in blocks.iter().rev() {
-        for sub in block.sub.iter().rev() {
+        if let Some(sub) = &block.sub {
             pos = encode_group(&mut x, std::slice::from_ref(sub), words, pos);
         }
         if !block.main.is_empty() {
-            pos = encode_group(&mut x, &block.main, words, pos);
+            pos = encode_group(&mut x, block.main, words, pos);
         }
     }
     out.reserve(LANES * 4 + 2 * pos);
