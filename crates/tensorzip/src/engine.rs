@@ -314,30 +314,36 @@ type CodeRun<'a> = dyn Fn(usize, usize, &mut Vec<u8>, &mut Vec<u8>) + Sync + 'a;
 /// as much as coding a small chunk).
 const MIN_SPLIT_CHUNKS: usize = 2;
 
+/// A blob's payload and directory entries in order, in pieces: the caller's buffer, then the
+/// buffers of halves other threads coded (each followed by whatever was coded after it).
+type Segments = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Codes chunks `from..to` of a blob with `code(from, to, buf, dir)` (which appends their payloads
-/// to `buf` and their directory entries to `dir`) in halves that idle threads may take, `levels`
-/// times halved (one run per thread when no thread is busy elsewhere): the first half is coded
-/// here, straight into `out`; the second too, after it, unless another thread took it meanwhile
-/// (`rayon::join_context`: it was *migrated*), which then codes it into a pooled buffer that is
-/// appended when both halves are done. So nothing is copied where no thread is idle — on one
-/// thread, or while the tensors of `compress_many_into` keep every thread busy — and an idle
-/// thread takes the largest half not yet started. (Halving down to two chunks instead, two
-/// threads lost 5-10% on a 64 MiB fp32 tensor: more halves were taken, and halves taken inside
-/// taken halves were copied twice.)
+/// to `buf` and their directory entries to `dir`) onto the last of `segs`, in halves that idle
+/// threads may take, `levels` times halved (one run per thread when no thread is busy elsewhere):
+/// the first half is coded here; the second too, after it, unless another thread took it
+/// meanwhile (`rayon::join_context`: it was *migrated*), which then codes it into a new segment,
+/// a pooled buffer. So nothing is copied where no thread is idle — on one thread, or while the
+/// tensors of `compress_many_into` keep every thread busy — an idle thread takes the largest half
+/// not yet started, and every byte coded elsewhere is copied once, when the blob is done.
+/// (Appending a taken half to its parent's buffer at once copied the halves taken inside taken
+/// halves again at every level: sixteen threads compressed 1 GiB ~25% slower on the H200's host.)
 fn code_split(
     pool: &std::sync::Mutex<Vec<Vec<u8>>>,
     code: &CodeRun<'_>,
     (from, to): (usize, usize),
     levels: u32,
-    out: &mut Vec<u8>,
-    dir: &mut Vec<u8>,
+    segs: &mut Segments,
 ) {
     if levels == 0 || to - from < 2 * MIN_SPLIT_CHUNKS {
-        return code(from, to, out, dir);
+        let (buf, dir) = segs
+            .last_mut()
+            .expect("code_split has a segment to write to");
+        return code(from, to, buf, dir);
     }
     let mid = from + (to - from) / 2;
     let (_, taken) = rayon::join_context(
-        |_| code_split(pool, code, (from, mid), levels - 1, out, dir),
+        |_| code_split(pool, code, (from, mid), levels - 1, segs),
         |ctx| {
             ctx.migrated().then(|| {
                 let mut buf = pool
@@ -346,21 +352,15 @@ fn code_split(
                     .pop()
                     .unwrap_or_default();
                 buf.clear();
-                let mut d = Vec::new();
-                code_split(pool, code, (mid, to), levels - 1, &mut buf, &mut d);
-                (buf, d)
+                let mut own = vec![(buf, Vec::new())];
+                code_split(pool, code, (mid, to), levels - 1, &mut own);
+                own
             })
         },
     );
     match taken {
-        Some((buf, d)) => {
-            append_parallel(out, std::slice::from_ref(&buf));
-            dir.extend_from_slice(&d);
-            let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
-            pool.push(buf);
-            keep_some(&mut pool);
-        }
-        None => code_split(pool, code, (mid, to), levels - 1, out, dir),
+        Some(own) => segs.extend(own),
+        None => code_split(pool, code, (mid, to), levels - 1, segs),
     }
 }
 
@@ -452,11 +452,23 @@ impl CpuEngine {
                 }
             })
         };
-        let mut dir = Vec::with_capacity(dir_len);
         let levels = rayon::current_num_threads()
             .next_power_of_two()
             .trailing_zeros();
-        code_split(&self.payloads, &code, (0, n), levels, out, &mut dir);
+        let mut segs: Segments = vec![(std::mem::take(out), Vec::with_capacity(dir_len))];
+        code_split(&self.payloads, &code, (0, n), levels, &mut segs);
+        let mut rest = segs.split_off(1);
+        let (blob, mut dir) = segs.pop().expect("the first segment");
+        *out = blob;
+        let total = out.len() + rest.iter().map(|r| r.0.len()).sum::<usize>();
+        if !rest.is_empty() && total < stored_len {
+            let bufs: Vec<Vec<u8>> = rest.iter_mut().map(|r| std::mem::take(&mut r.0)).collect();
+            append_parallel(out, &bufs);
+            rest.iter().for_each(|r| dir.extend_from_slice(&r.1));
+            let mut pool = self.payloads.lock().unwrap_or_else(|e| e.into_inner());
+            pool.extend(bufs);
+            keep_some(&mut pool);
+        }
         if out.len() >= stored_len || dir.len() != dir_len {
             write_stored(out);
             return Ok(());

@@ -196,3 +196,65 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     );
     assert!(small_runs(&[]).is_empty());
 }
+
+/// The in-memory compress halves a blob's chunks for idle threads (`engine::code_split`): with
+/// more threads than cores many halves are taken, inside taken halves too, and their pieces are
+/// appended in order. The blob equals one thread's and the streaming writer's, for coded blobs of
+/// many chunks and for one that ends stored (random bytes: every chunk raw, and the blob longer
+/// than a stored one).
+#[test]
+fn blobs_coded_in_halves_by_many_threads_equal_one_threads() {
+    use tensorzip::CpuEngine;
+    let one = CpuEngine::new(1).unwrap();
+    let many = CpuEngine::new(16).unwrap();
+    let opts = CompressOptions {
+        chunk_bytes: 16 << 10,
+        ..Default::default()
+    };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..300_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let cases: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
+        (
+            sample::weights(200, 1000, DType::BF16, 7),
+            DType::BF16,
+            vec![200, 1000],
+        ),
+        (
+            sample::weights(99, 1001, DType::F32, 8),
+            DType::F32,
+            vec![99, 1001],
+        ),
+        (random, DType::F16, vec![150_000]),
+    ];
+    for (data, dtype, shape) in &cases {
+        let want = one.compress(data, *dtype, shape, &opts).unwrap();
+        for _ in 0..4 {
+            let mut out = vec![0xA5u8; 17];
+            many.compress_into(data, *dtype, shape, &opts, &mut out)
+                .unwrap();
+            assert!(out == want, "{dtype}: 16 threads wrote a different blob");
+        }
+        let mut cur = std::io::Cursor::new(Vec::new());
+        let n = many
+            .compress_to(data, *dtype, shape, &opts, &mut cur, &|_| {})
+            .unwrap();
+        assert!(
+            cur.into_inner()[..n as usize] == want[..],
+            "{dtype}: compress_to"
+        );
+        assert_eq!(decompress(&want).unwrap().data, *data);
+        let scheme = tensorzip::blob::peek_header(&want).unwrap().scheme;
+        assert_eq!(
+            scheme == tensorzip::Scheme::Stored,
+            *dtype == DType::F16,
+            "{dtype}"
+        );
+    }
+}
