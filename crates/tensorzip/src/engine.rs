@@ -26,9 +26,9 @@ pub struct Tensor {
 pub struct CpuEngine {
     pool: Option<rayon::ThreadPool>,
     /// Payload buffers kept from one call to the next (at most 40 MiB of capacity, about a
-    /// batch): `compress_to`'s chunk payloads and the in-memory compress's runs of chunks after
-    /// the first. Fresh pages cost more to touch than the coding of a chunk (`clear_page` was 10%
-    /// of a repeated 32 MiB bf16 compress on the 2-core VM).
+    /// batch): `compress_to`'s chunk payloads and the in-memory compress's segments (halves of a
+    /// blob's chunks coded by other threads). Fresh pages cost more to touch than the coding of a
+    /// chunk (`clear_page` was 10% of a repeated 32 MiB bf16 compress on the 2-core VM).
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
@@ -103,9 +103,9 @@ impl CpuEngine {
     /// Compresses several tensors (`(bytes, dtype, shape)`) concurrently, blob `i` replacing the
     /// contents of `outs[i]` (as [`CpuEngine::compress_into`], reusing its memory). A model's
     /// small tensors have a few chunks each and a table search that is mostly sequential, so one
-    /// at a time they leave cores idle (MiniLM fp32 on 2 cores: 1.3x one core); coded side by
-    /// side, each tensor's chunks are coded in one range (straight into its blob). A single
-    /// tensor uses the chunk parallelism it has.
+    /// at a time they leave cores idle (MiniLM fp32 on 2 cores: 1.3x one core). Coded side by
+    /// side, each tensor's chunks go straight into its blob while every thread is busy; a thread
+    /// that runs out of tensors takes halves of the others' chunks ([`code_split`]).
     pub fn compress_many_into(
         &self,
         items: &[crate::archive::BlobItem<'_>],
