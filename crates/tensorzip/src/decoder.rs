@@ -408,6 +408,37 @@ impl<'d, 'a> Cursor<'d, 'a> {
         } else {
             &area[..total]
         };
+        let start = b * bu * us;
+        // Large output past the caches by non-temporal stores, unless its lines were just
+        // prefetched for writing (then ordinary stores do not wait for memory).
+        let streaming = self.td.streaming && !prefetched;
+        let raw_block = |p: usize| {
+            matches!(self.entry.modes[p], PlaneMode::Raw)
+                || matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_RAW)
+        };
+        let const_block = |p: usize| matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST);
+        if self.cond == Some((0, 1)) && us == 2 && !streaming {
+            // Two-byte units whose plane 0 is conditioned on plane 1 (bf16, fp16): the scatter
+            // and the merge in one pass (`select::scatter_merge2`).
+            let (plane0, plane1) = scratch.split_at_mut(bu);
+            let src1: &[u8] = if raw_block(1) {
+                &seg[off[1]..off[1] + blen]
+            } else {
+                if const_block(1) {
+                    plane1[..blen].fill(seg[off[1]]);
+                }
+                &plane1[..blen]
+            };
+            select::scatter_merge2(
+                h.dtype.transform(),
+                (&bufs.masks, &bufs.sub, &seg[fixed..]),
+                src1,
+                &mut plane0[..blen],
+                &mut out[start..start + blen * us],
+            );
+            self.raw_off += from_area;
+            return Ok(());
+        }
         if let Some((p, _)) = self.cond {
             select::scatter(
                 &bufs.masks,
@@ -418,22 +449,16 @@ impl<'d, 'a> Cursor<'d, 'a> {
         }
         let mut srcs: [&[u8]; 8] = [&[]; 8];
         for (p, buf) in scratch.chunks_mut(bu).enumerate().take(us) {
-            let raw_block = matches!(self.entry.modes[p], PlaneMode::Raw)
-                || matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_RAW);
-            srcs[p] = if raw_block {
+            srcs[p] = if raw_block(p) {
                 &seg[off[p]..off[p] + blen]
             } else {
-                if matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST)
-                {
+                if const_block(p) {
                     buf[..blen].fill(seg[off[p]]);
                 }
                 &buf[..blen]
             };
         }
-        let start = b * bu * us;
-        // Large output past the caches by non-temporal stores, unless its lines were just
-        // prefetched for writing (then ordinary stores do not wait for memory).
-        let merge = if self.td.streaming && !prefetched {
+        let merge = if streaming {
             transform::merge_streaming
         } else {
             transform::merge
