@@ -421,14 +421,13 @@ impl<'d, 'a> Cursor<'d, 'a> {
             // Two-byte units whose plane 0 is conditioned on plane 1 (bf16, fp16): the scatter
             // and the merge in one pass (`select::scatter_merge2`).
             let (plane0, plane1) = scratch.split_at_mut(bu);
-            let src1: &[u8] = if raw_block(1) {
-                &seg[off[1]..off[1] + blen]
-            } else {
-                if const_block(1) {
-                    plane1[..blen].fill(seg[off[1]]);
-                }
-                &plane1[..blen]
-            };
+            let src1 = block_plane(
+                raw_block(1),
+                const_block(1),
+                seg,
+                off[1],
+                &mut plane1[..blen],
+            );
             select::scatter_merge2(
                 h.dtype.transform(),
                 (&bufs.masks, &bufs.sub, &seg[fixed..]),
@@ -449,14 +448,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
         }
         let mut srcs: [&[u8]; 8] = [&[]; 8];
         for (p, buf) in scratch.chunks_mut(bu).enumerate().take(us) {
-            srcs[p] = if raw_block(p) {
-                &seg[off[p]..off[p] + blen]
-            } else {
-                if const_block(p) {
-                    buf[..blen].fill(seg[off[p]]);
-                }
-                &buf[..blen]
-            };
+            srcs[p] = block_plane(raw_block(p), const_block(p), seg, off[p], &mut buf[..blen]);
         }
         let merge = if streaming {
             transform::merge_streaming
@@ -471,6 +463,19 @@ impl<'d, 'a> Cursor<'d, 'a> {
         self.raw_off += from_area;
         Ok(())
     }
+}
+
+/// A block's bytes of one plane for the merge (`buf.len()` of them): its raw bytes at `seg[at..]`
+/// (`raw`), else its decoded bytes in `buf`, which a block of one repeated byte (`fill`: the byte
+/// at `seg[at]`) fills first.
+fn block_plane<'s>(raw: bool, fill: bool, seg: &'s [u8], at: usize, buf: &'s mut [u8]) -> &'s [u8] {
+    if raw {
+        return &seg[at..at + buf.len()];
+    }
+    if fill {
+        buf.fill(seg[at]);
+    }
+    buf
 }
 
 /// The steps of a block's segments in each of two chunks (`(cursor, segments, length)`): both

@@ -293,7 +293,7 @@ impl<'a> TensorEncoder<'a> {
         // The rANS stream: per block, the blocks coded with a multi-symbol table, then the
         // conditioned sub-segment.
         let mut mains: Vec<Seq<'_>> = Vec::with_capacity(nb * us);
-        let mut spans: Vec<(usize, Option<Seq<'_>>)> = Vec::with_capacity(nb);
+        let mut spans: Vec<(std::ops::Range<usize>, Option<Seq<'_>>)> = Vec::with_capacity(nb);
         let mut any = false;
         for b in 0..nb {
             let from = mains.len();
@@ -328,13 +328,12 @@ impl<'a> TensorEncoder<'a> {
                 _ => None,
             };
             any |= mains.len() > from || sub.is_some();
-            spans.push((from, sub));
+            spans.push((from..mains.len(), sub));
         }
         let jobs: Vec<BlockJob<'_>> = spans
-            .iter()
-            .enumerate()
-            .map(|(b, &(from, sub))| BlockJob {
-                main: &mains[from..spans.get(b + 1).map_or(mains.len(), |s| s.0)],
+            .into_iter()
+            .map(|(r, sub)| BlockJob {
+                main: &mains[r],
                 sub,
             })
             .collect();

@@ -484,16 +484,9 @@ where
                     h[p][m[0] as usize] = len as u32;
                     continue;
                 }
-                let (hq, hp) = match p < q {
-                    true => {
-                        let (a, b) = h.split_at_mut(q);
-                        (&b[0], &mut a[p])
-                    }
-                    false => {
-                        let (a, b) = h.split_at_mut(p);
-                        (&a[q], &mut b[0])
-                    }
-                };
+                let [hp, hq] = h
+                    .get_disjoint_mut([p, q])
+                    .expect("a plane is not conditioned on itself");
                 block_joint.count(e, m, hq, hp, &mut joint);
             }
             joint
