@@ -386,10 +386,13 @@ fn append_parallel(out: &mut Vec<u8>, bufs: &[Vec<u8>]) {
             (d, src) = (dr, &src[n..]);
         }
     }
+    // A memcpy (the element-wise loop before it compiled to 16-byte moves). The copy is bound by
+    // memory either way: ~5% of a two-thread compress's CPU time on synthetic bf16 (2026-12-03).
     pieces.into_par_iter().for_each(|(d, s)| {
-        for (d, &s) in d.iter_mut().zip(s) {
-            d.write(s);
-        }
+        // SAFETY: `d` and `s` have the same length (split off together above) and do not overlap
+        // (`d` is spare capacity of `out`, `s` another buffer); u8 and MaybeUninit<u8> share
+        // their layout.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<u8>(), s.len()) };
     });
     // SAFETY: the `total` bytes after `start` were written above (the pieces cover them all:
     // each buffer's length was split off `dst` and cut into pieces that cover it).

@@ -41,6 +41,7 @@ pub mod rans;
 pub mod sample;
 pub mod select;
 pub mod stats;
+mod streaming;
 
 pub mod transform;
 

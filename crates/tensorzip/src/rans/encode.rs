@@ -36,12 +36,14 @@ pub struct EncoderScratch {
 /// Decoding order: block by block; within a block the main sequences step by step (a step is 32
 /// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then each sub sequence,
 /// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
-/// in its table.
+/// in its table. With `streaming`, the words are appended past the caches
+/// ([`crate::streaming::extend`]; the caller fences).
 pub fn encode_stream(
     blocks: &[BlockJob<'_>],
     stash: &[u8],
     scratch: &mut EncoderScratch,
     out: &mut Vec<u8>,
+    streaming: bool,
 ) {
     let total: usize = blocks
         .iter()
@@ -83,7 +85,11 @@ pub fn encode_stream(
         // SAFETY: the bytes of `pos` initialised u16s, read as 2 * pos bytes (u8 has no alignment
         // requirement; the borrow of `words` outlives the slice).
         let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 2 * pos) };
-        out.extend_from_slice(bytes);
+        if streaming {
+            crate::streaming::extend(out, bytes);
+        } else {
+            out.extend_from_slice(bytes);
+        }
     } else {
         for w in words.iter() {
             out.extend_from_slice(&w.to_le_bytes());
