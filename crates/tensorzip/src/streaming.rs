@@ -30,6 +30,21 @@ pub fn extend(dst: &mut Vec<u8>, src: &[u8]) {
     dst.extend_from_slice(src);
 }
 
+/// Writes `src` into `dst` (of the same length) as [`extend`] appends it; the caller fences.
+pub fn copy(dst: &mut [std::mem::MaybeUninit<u8>], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "streaming::copy needs equal lengths");
+    let dp = dst.as_mut_ptr().cast::<u8>();
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= MIN_STREAMED && crate::cpu::has_avx2() {
+        // SAFETY: AVX2 support was checked at run time; `dst` is `src.len()` writable bytes
+        // (MaybeUninit<u8> has u8's layout) that cannot overlap the shared borrow `src`.
+        unsafe { extend_avx2(dp, src) };
+        return;
+    }
+    // SAFETY: as above, without the vector stores.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dp, src.len()) };
+}
+
 /// Orders this thread's earlier non-temporal stores ([`extend`]) before its later stores.
 pub fn fence() {
     crate::transform::streaming_fence();
@@ -66,7 +81,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extend_appends_the_same_bytes_at_every_alignment_and_length() {
+    fn extend_and_copy_write_the_same_bytes_at_every_alignment_and_length() {
         let src: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();
         for pre in 0..40 {
             for len in [0, 1, 31, 511, 512, 513, 1000, 2047, 3000] {
@@ -76,6 +91,15 @@ mod tests {
                 fence();
                 want.extend_from_slice(&src[..len]);
                 assert_eq!(dst, want, "pre {pre} len {len}");
+                let mut buf = vec![0x77u8; pre + len + 3];
+                let mut into: Vec<std::mem::MaybeUninit<u8>> =
+                    vec![std::mem::MaybeUninit::new(0x77); pre + len + 3];
+                copy(&mut into[pre..pre + len], &src[..len]);
+                fence();
+                // SAFETY: every element was initialised (by `vec!`, then by `copy`).
+                let got: Vec<u8> = into.iter().map(|b| unsafe { b.assume_init() }).collect();
+                buf[pre..pre + len].copy_from_slice(&src[..len]);
+                assert_eq!(got, buf, "copy: pre {pre} len {len}");
             }
         }
     }
