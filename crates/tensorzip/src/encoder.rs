@@ -131,6 +131,13 @@ impl<'a> TensorEncoder<'a> {
         &self.header
     }
 
+    /// Whether chunk payloads are appended past the caches ([`crate::streaming`]; by default for
+    /// tensors of at least [`STREAMING_PAYLOAD_BYTES`]). Callers that code chunks into buffers
+    /// they copy from soon turn it off. The bytes are the same either way.
+    pub fn set_streaming(&mut self, on: bool) {
+        self.streaming = on;
+    }
+
     /// Number of chunks to encode (0 for a stored blob).
     pub fn n_chunks(&self) -> u64 {
         self.header.n_chunks()

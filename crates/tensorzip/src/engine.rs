@@ -11,6 +11,7 @@ use crate::dtype::DType;
 use crate::encoder::{self, stored_header, TensorEncoder};
 use crate::error::{Error, Result};
 use crate::options::CompressOptions;
+use crate::pieces;
 
 /// A decoded tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,8 +27,8 @@ pub struct Tensor {
 pub struct CpuEngine {
     pool: Option<rayon::ThreadPool>,
     /// Payload buffers kept from one call to the next (at most 40 MiB of capacity, about a
-    /// batch): `compress_to`'s chunk payloads and the in-memory compress's segments (halves of a
-    /// blob's chunks coded by other threads). Fresh pages cost more to touch than the coding of a
+    /// batch): `compress_to`'s chunk payloads and the in-memory compress's pieces (runs of a
+    /// blob's chunks coded by several threads, [`pieces::code_pieces`]). Fresh pages cost more to touch than the coding of a
     /// chunk (`clear_page` was 10% of a repeated 32 MiB bf16 compress on the 2-core VM).
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
@@ -105,7 +106,7 @@ impl CpuEngine {
     /// small tensors have a few chunks each and a table search that is mostly sequential, so one
     /// at a time they leave cores idle (MiniLM fp32 on 2 cores: 1.3x one core). Coded side by
     /// side, each tensor's chunks go straight into its blob while every thread is busy; a thread
-    /// that runs out of tensors takes halves of the others' chunks ([`code_split`]).
+    /// that runs out of tensors takes pieces of the others' ([`pieces::code_pieces`]).
     pub fn compress_many_into(
         &self,
         items: &[crate::archive::BlobItem<'_>],
@@ -306,109 +307,6 @@ fn write_batch<W: Write>(
     Ok(n)
 }
 
-/// Codes chunks `from..to` of a blob, appending their payloads to a buffer and their directory
-/// entries to another ([`code_split`]).
-type CodeRun<'a> = dyn Fn(usize, usize, &mut Vec<u8>, &mut Vec<u8>) + Sync + 'a;
-
-/// Runs of fewer chunks than this are not split further (a hand-off between threads costs about
-/// as much as coding a small chunk).
-const MIN_SPLIT_CHUNKS: usize = 2;
-
-/// A blob's payload and directory entries in order, in pieces: the caller's buffer, then the
-/// buffers of halves other threads coded (each followed by whatever was coded after it).
-type Segments = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// Codes chunks `from..to` of a blob with `code(from, to, buf, dir)` (which appends their payloads
-/// to `buf` and their directory entries to `dir`) onto the last of `segs`, in halves that idle
-/// threads may take, `levels` times halved (one run per thread when no thread is busy elsewhere):
-/// the first half is coded here; the second too, after it, unless another thread took it
-/// meanwhile (`rayon::join_context`: it was *migrated*), which then codes it into a new segment,
-/// a pooled buffer. So nothing is copied where no thread is idle — on one thread, or while the
-/// tensors of `compress_many_into` keep every thread busy — an idle thread takes the largest half
-/// not yet started, and every byte coded elsewhere is copied once, when the blob is done.
-/// (Appending a taken half to its parent's buffer at once copied the halves taken inside taken
-/// halves again at every level: sixteen threads compressed 1 GiB ~25% slower on the H200's host.)
-fn code_split(
-    pool: &std::sync::Mutex<Vec<Vec<u8>>>,
-    code: &CodeRun<'_>,
-    (from, to): (usize, usize),
-    levels: u32,
-    segs: &mut Segments,
-) {
-    if levels == 0 || to - from < 2 * MIN_SPLIT_CHUNKS {
-        let (buf, dir) = segs
-            .last_mut()
-            .expect("code_split has a segment to write to");
-        return code(from, to, buf, dir);
-    }
-    let mid = from + (to - from) / 2;
-    let (_, taken) = rayon::join_context(
-        |_| code_split(pool, code, (from, mid), levels - 1, segs),
-        |ctx| {
-            ctx.migrated().then(|| {
-                let mut buf = pool
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .unwrap_or_default();
-                buf.clear();
-                let mut own = vec![(buf, Vec::new())];
-                code_split(pool, code, (mid, to), levels - 1, &mut own);
-                own
-            })
-        },
-    );
-    match taken {
-        Some(own) => segs.extend(own),
-        None => code_split(pool, code, (mid, to), levels - 1, segs),
-    }
-}
-
-/// Appends `bufs` to `out` in order, the copying shared by the pool's threads (pieces of at least
-/// 1 MiB): a half that another thread coded is copied once both halves are done, and copied by
-/// one thread it left the other idle (two threads compressed 1.54-1.60x as fast as one; 1.67-1.74x
-/// shared). With `streaming` the pieces are written by non-temporal stores ([`crate::streaming`]).
-fn append_parallel(out: &mut Vec<u8>, bufs: &[Vec<u8>], streaming: bool) {
-    const PIECE: usize = 1 << 20;
-    let start = out.len();
-    let total: usize = bufs.iter().map(Vec::len).sum();
-    out.reserve(total);
-    let mut pieces: Vec<(&mut [std::mem::MaybeUninit<u8>], &[u8])> = Vec::new();
-    let mut dst = &mut out.spare_capacity_mut()[..total];
-    for buf in bufs {
-        let (mut d, rest) = dst.split_at_mut(buf.len());
-        dst = rest;
-        let mut src = &buf[..];
-        while !src.is_empty() {
-            let n = src.len().min(PIECE);
-            let (dp, dr) = d.split_at_mut(n);
-            pieces.push((dp, &src[..n]));
-            (d, src) = (dr, &src[n..]);
-        }
-    }
-    // With `streaming` (a large tensor's blob) past the caches, its lines not read first: two
-    // threads compressed synthetic fp32 / bf16 +4.4% / +3.0% faster than with ordinary stores
-    // (2026-12-03, Intel VM, 6 alternating rounds). The copy is bound by memory: ~5% of a
-    // two-thread compress's CPU time on synthetic bf16.
-    pieces.into_par_iter().for_each(|(d, s)| match streaming {
-        true => {
-            crate::streaming::copy(d, s);
-            crate::streaming::fence();
-        }
-        false => {
-            // SAFETY: `d` and `s` have the same length (split off together above) and do not
-            // overlap (`d` is spare capacity of `out`, `s` another buffer); u8 and
-            // MaybeUninit<u8> share their layout.
-            unsafe {
-                std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<u8>(), s.len())
-            }
-        }
-    });
-    // SAFETY: the `total` bytes after `start` were written above (the pieces cover them all:
-    // each buffer's length was split off `dst` and cut into pieces that cover it).
-    unsafe { out.set_len(start + total) };
-}
-
 /// Trims the engine's pool of payload buffers to what is kept for the next call: at most a
 /// streaming batch's worth of capacity.
 fn keep_some(pool: &mut Vec<Vec<u8>>) {
@@ -420,9 +318,10 @@ fn keep_some(pool: &mut Vec<Vec<u8>>) {
 }
 
 impl CpuEngine {
-    /// The in-memory compress (runs inside the pool): the blob's chunks are coded one after the
-    /// other straight into `out`, after the prefix and the space for the directory, except for
-    /// the halves other threads take ([`code_split`]). On one thread nothing is copied:
+    /// The in-memory compress (runs inside the pool): on one thread, or for a blob of fewer than
+    /// two pieces, the blob's chunks are coded one after the other straight into `out`, after the
+    /// prefix and the space for the directory; otherwise the pool's threads code pieces of it and
+    /// place them in order ([`pieces::code_pieces`]). On one thread nothing is copied:
     /// [`CpuEngine::compress_to`]'s per-chunk payload buffers, written into the blob after each
     /// batch, made a one-thread compress 12-20% slower (2026-12-03, the Intel VM: MiniLM bf16 /
     /// fp32, synthetic bf16). The same bytes as [`CpuEngine::compress_to`].
@@ -435,7 +334,7 @@ impl CpuEngine {
         out: &mut Vec<u8>,
     ) -> Result<()> {
         out.clear();
-        let enc = TensorEncoder::new(data, dtype, shape, opts)?;
+        let mut enc = TensorEncoder::new(data, dtype, shape, opts)?;
         let write_stored = |out: &mut Vec<u8>| {
             out.clear();
             stored_header(dtype, shape).write(out);
@@ -445,9 +344,15 @@ impl CpuEngine {
             write_stored(out);
             return Ok(());
         }
+        let n = enc.n_chunks() as usize;
+        let piece_chunks = (pieces::PIECE_BYTES / opts.chunk_bytes).max(1);
+        let in_pieces = rayon::current_num_threads() > 1 && n >= 2 * piece_chunks;
+        let streaming = data.len() >= encoder::STREAMING_PAYLOAD_BYTES;
+        // Pieces are coded into buffers that must stay in the cache until they are placed: the
+        // placing copy writes past the caches instead.
+        enc.set_streaming(streaming && !in_pieces);
         let h = enc.header();
         enc.write_prefix(out);
-        let n = h.n_chunks() as usize;
         let (dir_pos, dir_len) = (out.len(), n * h.dir_entry_len());
         out.resize(dir_pos + dir_len, 0);
         let stored_len = stored_header(dtype, shape).encoded_len() + data.len();
@@ -465,22 +370,21 @@ impl CpuEngine {
                 }
             })
         };
-        let levels = rayon::current_num_threads()
-            .next_power_of_two()
-            .trailing_zeros();
-        let mut segs: Segments = vec![(std::mem::take(out), Vec::with_capacity(dir_len))];
-        code_split(&self.payloads, &code, (0, n), levels, &mut segs);
-        let mut rest = segs.split_off(1);
-        let (blob, mut dir) = segs.pop().expect("the first segment");
-        *out = blob;
-        let total = out.len() + rest.iter().map(|r| r.0.len()).sum::<usize>();
-        if !rest.is_empty() && total < stored_len {
-            let bufs: Vec<Vec<u8>> = rest.iter_mut().map(|r| std::mem::take(&mut r.0)).collect();
-            append_parallel(out, &bufs, data.len() >= encoder::STREAMING_PAYLOAD_BYTES);
-            rest.iter().for_each(|r| dir.extend_from_slice(&r.1));
-            let mut pool = self.payloads.lock().unwrap_or_else(|e| e.into_inner());
-            pool.extend(bufs);
-            keep_some(&mut pool);
+        let mut dir = Vec::with_capacity(dir_len);
+        if !in_pieces {
+            code(0, n, out, &mut dir);
+        } else {
+            pieces::code_pieces(
+                out,
+                &mut dir,
+                (n, piece_chunks),
+                stored_len,
+                data.len(),
+                streaming,
+                &self.payloads,
+                &code,
+            );
+            keep_some(&mut self.payloads.lock().unwrap_or_else(|e| e.into_inner()));
         }
         if out.len() >= stored_len || dir.len() != dir_len {
             write_stored(out);

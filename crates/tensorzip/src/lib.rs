@@ -37,6 +37,7 @@ pub mod histogram;
 pub mod joint;
 pub mod model;
 pub mod options;
+mod pieces;
 pub mod rans;
 pub mod sample;
 pub mod select;

@@ -197,13 +197,14 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     assert!(small_runs(&[]).is_empty());
 }
 
-/// The in-memory compress halves a blob's chunks for idle threads (`engine::code_split`): with
-/// more threads than cores many halves are taken, inside taken halves too, and their pieces are
-/// appended in order. The blob equals one thread's and the streaming writer's, for coded blobs of
-/// many chunks and for one that ends stored (random bytes: every chunk raw, and the blob longer
-/// than a stored one).
+/// The in-memory compress codes a blob of two pieces or more (1 MiB of input each: 64 chunks of
+/// 16 KiB here) on all the pool's threads and places the pieces in order (`pieces::code_pieces`):
+/// with more threads than cores, pieces end out of order and wait. The blob equals one thread's
+/// and the streaming writer's, for coded blobs of three to four pieces and for one that ends
+/// stored (random bytes: every chunk raw, and the blob longer than a stored one, so the placing
+/// stops).
 #[test]
-fn blobs_coded_in_halves_by_many_threads_equal_one_threads() {
+fn blobs_coded_in_pieces_by_many_threads_equal_one_threads() {
     use tensorzip::CpuEngine;
     let one = CpuEngine::new(1).unwrap();
     let many = CpuEngine::new(16).unwrap();
@@ -212,7 +213,7 @@ fn blobs_coded_in_halves_by_many_threads_equal_one_threads() {
         ..Default::default()
     };
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let random: Vec<u8> = (0..300_000)
+    let random: Vec<u8> = (0..3_000_000)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -222,16 +223,16 @@ fn blobs_coded_in_halves_by_many_threads_equal_one_threads() {
         .collect();
     let cases: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
         (
-            sample::weights(200, 1000, DType::BF16, 7),
+            sample::weights(1200, 1500, DType::BF16, 7),
             DType::BF16,
-            vec![200, 1000],
+            vec![1200, 1500],
         ),
         (
-            sample::weights(99, 1001, DType::F32, 8),
+            sample::weights(599, 1001, DType::F32, 8),
             DType::F32,
-            vec![99, 1001],
+            vec![599, 1001],
         ),
-        (random, DType::F16, vec![150_000]),
+        (random, DType::F16, vec![1_500_000]),
     ];
     for (data, dtype, shape) in &cases {
         let want = one.compress(data, *dtype, shape, &opts).unwrap();
