@@ -46,9 +46,9 @@ pub struct TensorEncoder<'a> {
     header: BlobHeader,
     model: Option<Model>,
     threshold: u64,
-    /// Whether chunk payloads are appended past the caches ([`crate::streaming`]): tensors of at
-    /// least [`crate::decoder::STREAMING_OUTPUT_BYTES`], whose payload leaves the caches before
-    /// the blob is read.
+    /// Whether chunk payloads are appended past the caches ([`crate::streaming`]): by default
+    /// tensors of at least [`STREAMING_PAYLOAD_BYTES`], whose payload leaves the caches before the
+    /// blob is read ([`TensorEncoder::set_streaming`]).
     streaming: bool,
 }
 

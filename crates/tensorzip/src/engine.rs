@@ -28,8 +28,9 @@ pub struct CpuEngine {
     pool: Option<rayon::ThreadPool>,
     /// Payload buffers kept from one call to the next (at most 40 MiB of capacity, about a
     /// batch): `compress_to`'s chunk payloads and the in-memory compress's pieces (runs of a
-    /// blob's chunks coded by several threads, [`pieces::code_pieces`]). Fresh pages cost more to touch than the coding of a
-    /// chunk (`clear_page` was 10% of a repeated 32 MiB bf16 compress on the 2-core VM).
+    /// blob's chunks coded by several threads, [`pieces::code_pieces`]). Fresh pages cost more
+    /// to touch than the coding of a chunk (`clear_page` was 10% of a repeated 32 MiB bf16
+    /// compress on the 2-core VM).
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
