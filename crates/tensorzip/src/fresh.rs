@@ -7,6 +7,15 @@
 //! buffers from the allocator are fresh `mmap`s, so advising their 2 MiB-aligned interior before the
 //! first write is enough; the advice changes no contents and is a no-op where THP is off.
 //! `TENSORZIP_NO_HUGEPAGES=1` turns the advice off (for comparisons, or where compaction stalls).
+//!
+//! It can also lose: on a VM with free page reporting (the 2-core Intel VM's kernel logs "Free page
+//! reporting enabled"), free 2 MiB blocks are handed back to the host, and a huge page taken from
+//! one is backed again fault by fault in the host while the kernel zeroes it (`clear_page_erms`
+//! under `do_huge_pmd_anonymous_page`, 53% of the samples). One thread decoding MiniLM fp32 into
+//! fresh buffers, each run's freed before the next (2026-12-03, after another process had used
+//! and freed a few GB): 0.52-0.58 GB/s advised against 1.65-1.87 not, until the freed blocks were
+//! in use again (2.0-2.3 advised); two threads 4.18 advised against 3.37 not. The advice stays on
+//! by default (a win on the machines without reporting, and on this one most of the time).
 
 /// Buffers below this size are left alone (the allocator's heap, already touched, serves them).
 const MIN_ADVISE: usize = 4 << 20;
