@@ -438,6 +438,25 @@ impl<'d, 'a> Cursor<'d, 'a> {
             self.raw_off += from_area;
             return Ok(());
         }
+        if self.cond == Some((2, 3)) && us == 4 && !streaming {
+            // Four-byte units whose plane 2 is conditioned on plane 3 (fp32): the scatter and the
+            // merge in one pass (`select::scatter_merge4`).
+            let (low, rest) = scratch.split_at_mut(2 * bu);
+            let (b0, b1) = low.split_at_mut(bu);
+            let (b2, b3) = rest.split_at_mut(bu);
+            let s0 = block_plane(raw_block(0), const_block(0), seg, off[0], &mut b0[..blen]);
+            let s1 = block_plane(raw_block(1), const_block(1), seg, off[1], &mut b1[..blen]);
+            let s3 = block_plane(raw_block(3), const_block(3), seg, off[3], &mut b3[..blen]);
+            select::scatter_merge4(
+                h.dtype.transform(),
+                (&bufs.masks, &bufs.sub, &seg[fixed..]),
+                [s0, s1, s3],
+                &mut b2[..blen],
+                &mut out[start..start + blen * us],
+            );
+            self.raw_off += from_area;
+            return Ok(());
+        }
         if let Some((p, _)) = self.cond {
             select::scatter(
                 &bufs.masks,
