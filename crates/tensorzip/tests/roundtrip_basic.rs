@@ -212,15 +212,7 @@ fn blobs_coded_in_pieces_by_many_threads_equal_one_threads() {
         chunk_bytes: 16 << 10,
         ..Default::default()
     };
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let random: Vec<u8> = (0..3_000_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let random = common::random_bytes(3_000_000, 0x9E37_79B9_7F4A_7C15);
     let cases: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
         (
             sample::weights(1200, 1500, DType::BF16, 7),
