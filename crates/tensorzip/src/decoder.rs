@@ -417,68 +417,44 @@ impl<'d, 'a> Cursor<'d, 'a> {
                 || matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_RAW)
         };
         let const_block = |p: usize| matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST);
-        if self.cond == Some((0, 1)) && us == 2 && !streaming {
-            // Two-byte units whose plane 0 is conditioned on plane 1 (bf16, fp16): the scatter
-            // and the merge in one pass (`select::scatter_merge2`).
-            let (plane0, plane1) = scratch.split_at_mut(bu);
-            let src1 = block_plane(
-                raw_block(1),
-                const_block(1),
-                seg,
-                off[1],
-                &mut plane1[..blen],
-            );
-            select::scatter_merge2(
-                h.dtype.transform(),
-                (&bufs.masks, &bufs.sub, &seg[fixed..]),
-                src1,
-                &mut plane0[..blen],
-                &mut out[start..start + blen * us],
-            );
-            self.raw_off += from_area;
-            return Ok(());
-        }
-        if self.cond == Some((2, 3)) && us == 4 && !streaming {
-            // Four-byte units whose plane 2 is conditioned on plane 3 (fp32): the scatter and the
-            // merge in one pass (`select::scatter_merge4`).
-            let (low, rest) = scratch.split_at_mut(2 * bu);
-            let (b0, b1) = low.split_at_mut(bu);
-            let (b2, b3) = rest.split_at_mut(bu);
-            let s0 = block_plane(raw_block(0), const_block(0), seg, off[0], &mut b0[..blen]);
-            let s1 = block_plane(raw_block(1), const_block(1), seg, off[1], &mut b1[..blen]);
-            let s3 = block_plane(raw_block(3), const_block(3), seg, off[3], &mut b3[..blen]);
-            select::scatter_merge4(
-                h.dtype.transform(),
-                (&bufs.masks, &bufs.sub, &seg[fixed..]),
-                [s0, s1, s3],
-                &mut b2[..blen],
-                &mut out[start..start + blen * us],
-            );
-            self.raw_off += from_area;
-            return Ok(());
-        }
-        if let Some((p, _)) = self.cond {
-            select::scatter(
-                &bufs.masks,
-                &bufs.sub,
-                &seg[fixed..],
-                &mut scratch[p * bu..p * bu + blen],
-            );
-        }
+        // Every plane's bytes for the merge but the conditioned plane's, whose scratch the
+        // scatter fills.
         let mut srcs: [&[u8]; 8] = [&[]; 8];
+        let mut cond_buf: &mut [u8] = &mut [];
         for (p, buf) in scratch.chunks_mut(bu).enumerate().take(us) {
-            srcs[p] = block_plane(raw_block(p), const_block(p), seg, off[p], &mut buf[..blen]);
+            match self.cond {
+                Some((q, _)) if q == p => cond_buf = &mut buf[..blen],
+                _ => {
+                    srcs[p] =
+                        block_plane(raw_block(p), const_block(p), seg, off[p], &mut buf[..blen])
+                }
+            }
         }
-        let merge = if streaming {
-            transform::merge_streaming
-        } else {
-            transform::merge
-        };
-        merge(
-            h.dtype.transform(),
-            &srcs[..us],
-            &mut out[start..start + blen * us],
-        );
+        let (t, units) = (h.dtype.transform(), &mut out[start..start + blen * us]);
+        let scattered = (&bufs.masks[..], &bufs.sub[..], &seg[fixed..]);
+        match (self.cond, us) {
+            // The scatter and the merge in one pass: two-byte units whose plane 0 is conditioned
+            // on plane 1 (bf16, fp16), four-byte units whose plane 2 is conditioned on plane 3
+            // (fp32). The non-temporal merge keeps the separate passes.
+            (Some((0, 1)), 2) if !streaming => {
+                select::scatter_merge2(t, scattered, srcs[1], cond_buf, units)
+            }
+            (Some((2, 3)), 4) if !streaming => {
+                select::scatter_merge4(t, scattered, [srcs[0], srcs[1], srcs[3]], cond_buf, units)
+            }
+            _ => {
+                if let Some((p, _)) = self.cond {
+                    select::scatter(scattered.0, scattered.1, scattered.2, cond_buf);
+                    srcs[p] = cond_buf;
+                }
+                let merge = if streaming {
+                    transform::merge_streaming
+                } else {
+                    transform::merge
+                };
+                merge(t, &srcs[..us], units);
+            }
+        }
         self.raw_off += from_area;
         Ok(())
     }
