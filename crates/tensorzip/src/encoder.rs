@@ -20,6 +20,23 @@ pub struct ChunkScratch {
     rans: EncoderScratch,
 }
 
+impl ChunkScratch {
+    /// Sizes the buffers for a chunk of `len` units of `us` bytes in `nb` blocks. The area and the
+    /// coded bytes live in buffers kept at their largest length (written before they are read;
+    /// never zeroed per chunk), with 8 spare bytes for the split's word stores.
+    fn prepare(&mut self, us: usize, len: usize, nb: usize) {
+        if self.raw_area.len() < us * len + 8 {
+            self.raw_area.resize(us * len + 8, 0);
+        }
+        if self.cond_syms.len() < len + 8 {
+            self.cond_syms.resize(len + 8, 0);
+        }
+        self.planes.resize(us * len, 0);
+        self.sels.clear();
+        self.sels.resize(us * nb, 0);
+    }
+}
+
 thread_local! {
     static SCRATCH: std::cell::RefCell<ChunkScratch> = std::cell::RefCell::new(ChunkScratch::default());
 }
@@ -180,131 +197,32 @@ impl<'a> TensorEncoder<'a> {
         let h = &self.header;
         let us = h.planes();
         let len = h.chunk_len(c);
-        let start = c as usize * h.chunk_units as usize;
-        let src = &self.data[start * us..(start + len) * us];
         let bu = h.block_units as usize;
         let nb = len.div_ceil(bu);
         let block = |b: usize| b * bu..((b + 1) * bu).min(len);
 
-        scratch.planes.resize(us * len, 0);
-        {
-            let mut views: Vec<&mut [u8]> = scratch.planes.chunks_mut(len).collect();
-            transform::split(h.dtype.transform(), src, &mut views);
-        }
+        scratch.prepare(us, len, nb);
+        let direct = raw_prefix(model);
+        let lay = match direct > 0 {
+            true => self.lay_out_direct(c, direct, scratch),
+            false => None,
+        };
+        let (lay, split) = match lay {
+            Some(lay) => (lay, direct),
+            None => (self.lay_out(c, scratch), 0),
+        };
+        let Layout {
+            mut modes,
+            cond,
+            cond_ranges,
+            area_len,
+            coded,
+            last_block_start,
+            last_cond_raw,
+        } = lay;
         let planes: Vec<&[u8]> = scratch.planes.chunks(len).collect();
-
-        // Per-block selectors of every plane, and whether each block is one repeated byte.
-        scratch.sels.clear();
-        scratch.sels.resize(us * nb, 0);
-        let mut modes = [PlaneMode::Raw; 8];
-        let mut hist = [0u32; 256];
-        // Global index of the chunk's first block (as `Sampling::block_range` numbers them).
-        let g0 = c * (h.chunk_units as u64).div_ceil(bu as u64);
-        for p in 0..us {
-            let pm = &model.planes[p];
-            let tables = &pm.tables;
-            let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
-            let mut all_raw = true;
-            let mut const_val: Option<Option<u8>> = None; // Some(Some(v)): every block so far is v
-            let mut hint = FewHint::default();
-            for (b, sel) in sels.iter_mut().enumerate() {
-                let blk = &planes[p][block(b)];
-                let first = blk[0];
-                let is_const;
-                if tables.is_empty() {
-                    is_const = blk.iter().all(|&v| v == first);
-                    *sel = if is_const { SEL_CONST } else { SEL_RAW };
-                } else {
-                    let hist = match model.block_hist(g0 + b as u64, p) {
-                        Some(kept) => kept,
-                        None => {
-                            histogram_hinted(blk, &mut hist, &mut hint);
-                            &hist
-                        }
-                    };
-                    is_const = hist[first as usize] as usize == blk.len();
-                    *sel = if is_const {
-                        const_selector(first, tables)
-                    } else {
-                        choose(hist, blk.len(), &pm.costs, self.threshold).0
-                    };
-                }
-                all_raw &= *sel == SEL_RAW;
-                const_val = match const_val {
-                    None => Some(is_const.then_some(first)),
-                    Some(Some(v)) if is_const && v == first => Some(Some(v)),
-                    _ => Some(None),
-                };
-            }
-            modes[p] = match const_val {
-                Some(Some(v)) => PlaneMode::Const(v),
-                _ if pm.cond.is_some() => PlaneMode::Cond,
-                _ if all_raw => PlaneMode::Raw,
-                _ => PlaneMode::Blocks,
-            };
-        }
-
-        // Conditioned plane: per block, the bytes of the units whose condition byte is the
-        // table's go to the block's sub-segment (`cond_syms`), the others to the raw area.
-        let cond = h
-            .dtype
-            .conditioned_plane()
-            .filter(|&(p, _)| modes[p] == PlaneMode::Cond);
-        let cond_value = cond.map(|(p, _)| {
-            model.planes[p]
-                .cond
-                .as_ref()
-                .expect("a conditioned plane has a table")
-                .0
-        });
-        // Raw area, block by block: each block's raw bytes in plane order, the conditioned
-        // plane's last, split straight into it. The area and the coded bytes live in buffers
-        // kept at their largest length (written before they are read; never zeroed per chunk),
-        // with 8 spare bytes for the split's word stores.
-        let (area, cond_syms) = (&mut scratch.raw_area, &mut scratch.cond_syms);
-        if area.len() < us * len + 8 {
-            area.resize(us * len + 8, 0);
-        }
-        if cond.is_some() && cond_syms.len() < len + 8 {
-            cond_syms.resize(len + 8, 0);
-        }
-        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
-        let (mut at, mut coded) = (0usize, 0usize);
-        let mut last_block_start = 0;
-        let mut last_cond_raw = 0;
-        for b in 0..nb {
-            last_block_start = at;
-            for p in 0..us {
-                let blk = &planes[p][block(b)];
-                let raw = match modes[p] {
-                    PlaneMode::Raw => Some(blk),
-                    PlaneMode::Const(_) | PlaneMode::Cond => None,
-                    PlaneMode::Blocks => match scratch.sels[p * nb + b] {
-                        SEL_RAW => Some(blk),
-                        SEL_CONST => Some(&blk[..1]),
-                        _ => None,
-                    },
-                };
-                if let Some(raw) = raw {
-                    area[at..at + raw.len()].copy_from_slice(raw);
-                    at += raw.len();
-                }
-            }
-            if let (Some((p, q)), Some(v)) = (cond, cond_value) {
-                let (t, r) = crate::select::split_into(
-                    v,
-                    &planes[q][block(b)],
-                    &planes[p][block(b)],
-                    &mut cond_syms[coded..],
-                    &mut area[at..],
-                );
-                cond_ranges.push(coded..coded + t);
-                coded += t;
-                at += r;
-                last_cond_raw = r;
-            }
-        }
-        let (area, cond_syms) = (&area[..at], &cond_syms[..coded]);
+        let area = &scratch.raw_area[..area_len];
+        let cond_syms = &scratch.cond_syms[..coded];
 
         for p in 0..us {
             if modes[p] == PlaneMode::Blocks {
@@ -384,18 +302,29 @@ impl<'a> TensorEncoder<'a> {
         } else {
             payload.extend_from_slice(&area[..kept]);
         }
-        // Coding must not expand a chunk: otherwise every non-constant plane is stored raw.
+        // Coding must not expand a chunk: otherwise every non-constant plane is stored raw. A chunk
+        // with no coded plane already is (its payload is its raw area: the raw planes block by
+        // block), so only one with a coded plane is laid out again.
         if payload.len() - base >= len * us {
-            payload.truncate(base);
-            for p in 0..us {
-                if !matches!(modes[p], PlaneMode::Const(_)) {
-                    modes[p] = PlaneMode::Raw;
+            let coded_planes = modes[..us]
+                .iter()
+                .any(|m| matches!(m, PlaneMode::Blocks | PlaneMode::Cond));
+            if coded_planes {
+                payload.truncate(base);
+                for m in &mut modes[..us] {
+                    if !matches!(m, PlaneMode::Const(_)) {
+                        *m = PlaneMode::Raw;
+                    }
                 }
-            }
-            for b in 0..nb {
-                for p in 0..us {
-                    if modes[p] == PlaneMode::Raw {
-                        payload.extend_from_slice(&planes[p][block(b)]);
+                if split > 0 {
+                    // The planes split straight into the area are not in the planes buffer.
+                    self.split_chunk(c, &mut scratch.planes);
+                }
+                for b in 0..nb {
+                    for p in 0..us {
+                        if modes[p] == PlaneMode::Raw {
+                            payload.extend_from_slice(&scratch.planes[p * len..][block(b)]);
+                        }
                     }
                 }
             }
@@ -410,5 +339,423 @@ impl<'a> TensorEncoder<'a> {
             rans_len: rans_len as u32,
             modes,
         }
+    }
+}
+
+/// Where a chunk's planes went: the modes, the conditioned plane's sub-segments, and the raw area
+/// (`ChunkScratch::raw_area`, block by block: each block's raw bytes in plane order, the
+/// conditioned plane's last).
+struct Layout {
+    modes: [PlaneMode; 8],
+    /// The conditioned plane and its condition plane, when the chunk codes it (mode `Cond`).
+    cond: Option<(usize, usize)>,
+    /// Per block, its units' range in `ChunkScratch::cond_syms` (empty without `cond`).
+    cond_ranges: Vec<std::ops::Range<usize>>,
+    area_len: usize,
+    /// Bytes in `ChunkScratch::cond_syms`.
+    coded: usize,
+    /// Where the last block's raw bytes start in the area.
+    last_block_start: usize,
+    /// The conditioned plane's raw bytes of the last block.
+    last_cond_raw: usize,
+}
+
+/// How many of a tensor's first planes the model stores raw in every block (no tables, not
+/// conditioned: the low mantissa bytes of fp32): a chunk's blocks of these planes are split
+/// straight into its raw area ([`TensorEncoder::lay_out_direct`]).
+fn raw_prefix(model: &Model) -> usize {
+    model
+        .planes
+        .iter()
+        .take_while(|pm| pm.tables.is_empty() && pm.cond.is_none())
+        .count()
+}
+
+impl TensorEncoder<'_> {
+    /// Splits chunk `c` into `planes` (plane `p` at `p * len`).
+    fn split_chunk(&self, c: u64, planes: &mut [u8]) {
+        let h = &self.header;
+        let us = h.planes();
+        let len = h.chunk_len(c);
+        let start = c as usize * h.chunk_units as usize;
+        let src = &self.data[start * us..(start + len) * us];
+        let mut views: Vec<&mut [u8]> = planes[..us * len].chunks_mut(len).collect();
+        transform::split(h.dtype.transform(), src, &mut views);
+    }
+
+    /// Splits chunk `c` into the planes buffer, chooses every block's selector and the planes'
+    /// modes, and copies the raw blocks into the raw area.
+    fn lay_out(&self, c: u64, scratch: &mut ChunkScratch) -> Layout {
+        let model = self.model.as_ref().expect("a Planes encoder has a model");
+        let h = &self.header;
+        let us = h.planes();
+        let len = h.chunk_len(c);
+        let bu = h.block_units as usize;
+        let nb = len.div_ceil(bu);
+        let block = |b: usize| b * bu..((b + 1) * bu).min(len);
+        self.split_chunk(c, &mut scratch.planes);
+        let planes: Vec<&[u8]> = scratch.planes.chunks(len).collect();
+
+        // Per-block selectors of every plane, and whether each block is one repeated byte.
+        let mut modes = [PlaneMode::Raw; 8];
+        let mut hist = [0u32; 256];
+        // Global index of the chunk's first block (as `Sampling::block_range` numbers them).
+        let g0 = c * (h.chunk_units as u64).div_ceil(bu as u64);
+        for p in 0..us {
+            let pm = &model.planes[p];
+            let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
+            let mut all_raw = true;
+            let mut const_val: Option<Option<u8>> = None; // Some(Some(v)): every block so far is v
+            let mut hint = FewHint::default();
+            for (b, sel) in sels.iter_mut().enumerate() {
+                let blk = &planes[p][block(b)];
+                let (s, is_const) = self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hint);
+                *sel = s;
+                all_raw &= s == SEL_RAW;
+                const_val = match const_val {
+                    None => Some(is_const.then_some(blk[0])),
+                    Some(Some(v)) if is_const && v == blk[0] => Some(Some(v)),
+                    _ => Some(None),
+                };
+            }
+            modes[p] = match const_val {
+                Some(Some(v)) => PlaneMode::Const(v),
+                _ if pm.cond.is_some() => PlaneMode::Cond,
+                _ if all_raw => PlaneMode::Raw,
+                _ => PlaneMode::Blocks,
+            };
+        }
+
+        // Conditioned plane: per block, the bytes of the units whose condition byte is the
+        // table's go to the block's sub-segment (`cond_syms`), the others to the raw area.
+        let cond = h
+            .dtype
+            .conditioned_plane()
+            .filter(|&(p, _)| modes[p] == PlaneMode::Cond);
+        let cond_value = cond.map(|(p, _)| cond_value(model, p));
+        let (area, cond_syms) = (&mut scratch.raw_area, &mut scratch.cond_syms);
+        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
+        let (mut at, mut coded) = (0usize, 0usize);
+        let mut last_block_start = 0;
+        let mut last_cond_raw = 0;
+        for b in 0..nb {
+            last_block_start = at;
+            for p in 0..us {
+                let blk = &planes[p][block(b)];
+                if let Some(raw) = raw_part(modes[p], scratch.sels[p * nb + b], blk) {
+                    area[at..at + raw.len()].copy_from_slice(raw);
+                    at += raw.len();
+                }
+            }
+            if let (Some((p, q)), Some(v)) = (cond, cond_value) {
+                let (t, r) = crate::select::split_into(
+                    v,
+                    &planes[q][block(b)],
+                    &planes[p][block(b)],
+                    &mut cond_syms[coded..],
+                    &mut area[at..],
+                );
+                cond_ranges.push(coded..coded + t);
+                coded += t;
+                at += r;
+                last_cond_raw = r;
+            }
+        }
+        Layout {
+            modes,
+            cond,
+            cond_ranges,
+            area_len: at,
+            coded,
+            last_block_start,
+            last_cond_raw,
+        }
+    }
+
+    /// [`TensorEncoder::lay_out`] for a model whose first `k` planes are raw in every block: their
+    /// blocks are split straight into the raw area, where they go first in each block, instead of
+    /// into the planes buffer and copied (one copy of half an fp32 tensor less). The layout is
+    /// the same; `None` (nothing written that matters) when it would not be: a block of the
+    /// first `k` planes is one repeated byte (which makes its plane `Blocks`, one byte in the
+    /// area for it, or `Const`), or a later plane's first block is (it could make the plane
+    /// `Const`, with no area bytes): [`TensorEncoder::lay_out`] then does the chunk. A plane whose
+    /// first block is not constant cannot become `Const`.
+    fn lay_out_direct(&self, c: u64, k: usize, scratch: &mut ChunkScratch) -> Option<Layout> {
+        let model = self.model.as_ref().expect("a Planes encoder has a model");
+        let h = &self.header;
+        let us = h.planes();
+        let len = h.chunk_len(c);
+        let bu = h.block_units as usize;
+        let nb = len.div_ceil(bu);
+        let block = |b: usize| b * bu..((b + 1) * bu).min(len);
+        let start = c as usize * h.chunk_units as usize;
+        let src = &self.data[start * us..(start + len) * us];
+        let transform = h.dtype.transform();
+        let g0 = c * (h.chunk_units as u64).div_ceil(bu as u64);
+        // The conditioned plane, coded unless constant (which the first block rules out).
+        let cond = h
+            .dtype
+            .conditioned_plane()
+            .filter(|&(p, _)| p >= k && model.planes[p].cond.is_some());
+        let cond_value = cond.map(|(p, _)| cond_value(model, p));
+        let ChunkScratch {
+            planes,
+            sels,
+            cond_syms,
+            raw_area: area,
+            ..
+        } = scratch;
+        let mut all_raw = [true; 8];
+        let mut hist = [0u32; 256];
+        let mut hints = [FewHint::default(); 8];
+        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
+        let (mut at, mut coded) = (0usize, 0usize);
+        let mut last_block_start = 0;
+        let mut last_cond_raw = 0;
+        for b in 0..nb {
+            let r = block(b);
+            let n = r.len();
+            last_block_start = at;
+            {
+                // Planes below k into the area, one after the other; the rest into the buffer.
+                let (direct, _) = area[at..].split_at_mut(k * n);
+                let mut views: Vec<&mut [u8]> = direct.chunks_mut(n).collect();
+                views.extend(
+                    planes[k * len..us * len]
+                        .chunks_mut(len)
+                        .map(|p| &mut p[r.clone()]),
+                );
+                transform::split(transform, &src[r.start * us..r.end * us], &mut views);
+            }
+            // A repeated block makes its plane `Blocks` (a selector per block, one byte in the
+            // area for that block) or, if all are the same byte, `Const`.
+            let repeated = |blk: &[u8]| blk.iter().all(|&v| v == blk[0]);
+            if area[at..at + k * n].chunks(n).any(repeated) {
+                return None;
+            }
+            at += k * n;
+            for p in k..us {
+                let pm = &model.planes[p];
+                let blk = &planes[p * len..][r.clone()];
+                let (s, is_const) =
+                    self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hints[p]);
+                if b == 0 && is_const {
+                    return None;
+                }
+                sels[p * nb + b] = s;
+                all_raw[p] &= s == SEL_RAW;
+                let mode = match pm.cond {
+                    Some(_) => PlaneMode::Cond,
+                    None => PlaneMode::Blocks,
+                };
+                if let Some(raw) = raw_part(mode, s, blk) {
+                    area[at..at + raw.len()].copy_from_slice(raw);
+                    at += raw.len();
+                }
+            }
+            if let (Some((p, q)), Some(v)) = (cond, cond_value) {
+                let (t, r) = crate::select::split_into(
+                    v,
+                    &planes[q * len..][r.clone()],
+                    &planes[p * len..][r.clone()],
+                    &mut cond_syms[coded..],
+                    &mut area[at..],
+                );
+                cond_ranges.push(coded..coded + t);
+                coded += t;
+                at += r;
+                last_cond_raw = r;
+            }
+        }
+        let mut modes = [PlaneMode::Raw; 8];
+        for p in k..us {
+            modes[p] = match () {
+                _ if model.planes[p].cond.is_some() => PlaneMode::Cond,
+                _ if all_raw[p] => PlaneMode::Raw,
+                _ => PlaneMode::Blocks,
+            };
+        }
+        Some(Layout {
+            modes,
+            cond,
+            cond_ranges,
+            area_len: at,
+            coded,
+            last_block_start,
+            last_cond_raw,
+        })
+    }
+
+    /// The selector of one block `blk` of plane `p` (global block `g`) and whether the block is
+    /// one repeated byte.
+    fn select(
+        &self,
+        pm: &crate::model::PlaneModel,
+        blk: &[u8],
+        g: u64,
+        p: usize,
+        hist: &mut [u32; 256],
+        hint: &mut FewHint,
+    ) -> (u8, bool) {
+        let first = blk[0];
+        if pm.tables.is_empty() {
+            let is_const = blk.iter().all(|&v| v == first);
+            return (if is_const { SEL_CONST } else { SEL_RAW }, is_const);
+        }
+        let model = self.model.as_ref().expect("a Planes encoder has a model");
+        let hist = match model.block_hist(g, p) {
+            Some(kept) => kept,
+            None => {
+                histogram_hinted(blk, hist, hint);
+                &*hist
+            }
+        };
+        let is_const = hist[first as usize] as usize == blk.len();
+        let sel = match is_const {
+            true => const_selector(first, &pm.tables),
+            false => choose(hist, blk.len(), &pm.costs, self.threshold).0,
+        };
+        (sel, is_const)
+    }
+}
+
+/// The value whose units the conditioned plane `p` codes.
+fn cond_value(model: &Model, p: usize) -> u8 {
+    model.planes[p]
+        .cond
+        .as_ref()
+        .expect("a conditioned plane has a table")
+        .0
+}
+
+/// What block `blk` of a plane in `mode` with selector `sel` puts in the raw area.
+fn raw_part(mode: PlaneMode, sel: u8, blk: &[u8]) -> Option<&[u8]> {
+    match mode {
+        PlaneMode::Raw => Some(blk),
+        PlaneMode::Const(_) | PlaneMode::Cond => None,
+        PlaneMode::Blocks => match sel {
+            SEL_RAW => Some(blk),
+            SEL_CONST => Some(&blk[..1]),
+            _ => None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::rng;
+
+    /// Weights of `n` units: a sum of uniforms, scaled per row of 384.
+    fn weights(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
+        let mut r = rng(seed);
+        let mut u = || (r() >> 11) as f64 / (1u64 << 53) as f64;
+        let mut out = Vec::with_capacity(n * dtype.itemsize());
+        let mut scale = 0.02;
+        for i in 0..n {
+            if i % 384 == 0 {
+                scale = 0.02 * (0.3 * (u() - 0.5)).exp();
+            }
+            let x = scale * ((0..4).map(|_| u()).sum::<f64>() - 2.0);
+            match dtype {
+                DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
+                DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+                DType::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+                _ => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+            }
+        }
+        out
+    }
+
+    /// Lays out every chunk of `data` both ways; returns how many chunks took the direct way.
+    fn compare_layouts(data: &[u8], dtype: DType, opts: &CompressOptions, what: &str) -> usize {
+        let units = data.len() / dtype.itemsize();
+        let enc = TensorEncoder::new(data, dtype, &[units as u64], opts).unwrap();
+        let k = raw_prefix(enc.model.as_ref().unwrap());
+        assert!(k > 0 || dtype == DType::BF16, "{what}: no raw planes");
+        let h = enc.header().clone();
+        let us = h.planes();
+        let mut direct = 0;
+        for c in 0..enc.n_chunks() {
+            let len = h.chunk_len(c);
+            let nb = len.div_ceil(h.block_units as usize);
+            let (mut a, mut b) = (ChunkScratch::default(), ChunkScratch::default());
+            a.prepare(us, len, nb);
+            b.prepare(us, len, nb);
+            let want = enc.lay_out(c, &mut a);
+            if k == 0 {
+                continue;
+            }
+            let Some(got) = enc.lay_out_direct(c, k, &mut b) else {
+                continue;
+            };
+            direct += 1;
+            let at = format!("{what}, chunk {c}");
+            assert_eq!(got.modes, want.modes, "{at}");
+            assert_eq!(got.cond, want.cond, "{at}");
+            assert_eq!(got.cond_ranges, want.cond_ranges, "{at}");
+            assert_eq!(got.area_len, want.area_len, "{at}");
+            assert_eq!(got.last_block_start, want.last_block_start, "{at}");
+            assert_eq!(got.last_cond_raw, want.last_cond_raw, "{at}");
+            assert!(
+                b.raw_area[..got.area_len] == a.raw_area[..want.area_len],
+                "{at}: areas"
+            );
+            assert!(
+                b.cond_syms[..got.coded] == a.cond_syms[..want.coded],
+                "{at}: sub-segments"
+            );
+            for p in k..us {
+                if want.modes[p] == PlaneMode::Blocks {
+                    assert_eq!(b.sels[p * nb..][..nb], a.sels[p * nb..][..nb], "{at}");
+                }
+                // The planes the coded blocks are read from.
+                assert!(
+                    b.planes[p * len..][..len] == a.planes[p * len..][..len],
+                    "{at}"
+                );
+            }
+        }
+        direct
+    }
+
+    #[test]
+    fn planes_split_into_the_raw_area_lay_out_as_copied() {
+        let opts = CompressOptions::default();
+        // Three full chunks and a short one, in every float type with raw low planes (fp16's
+        // low mantissa byte too; bf16's low byte is conditioned, so it never takes the direct way).
+        for dtype in [DType::F32, DType::F64, DType::F16] {
+            let units = 3 * (128 << 10) / dtype.itemsize() + 5001;
+            let data = weights(dtype, units, 7);
+            let n = compare_layouts(&data, dtype, &opts, &format!("{dtype} weights"));
+            assert_eq!(n, 4, "{dtype}: every chunk of weights is laid out directly");
+        }
+        let data = weights(DType::BF16, 100_003, 3);
+        assert_eq!(compare_layouts(&data, DType::BF16, &opts, "bf16"), 0);
+        // A zero block inside chunk 1 (its low planes repeat a byte there: that plane is `Blocks`
+        // in the chunk), a zero first block in chunk 2, zeros from the middle of chunk 3 to the
+        // end. Four sampled blocks (global 0, 6, 13 and 19 of 26), so that the model sees none of
+        // the zeros and keeps the low planes raw.
+        let sampled = CompressOptions {
+            sample_blocks: 4,
+            ..CompressOptions::default()
+        };
+        let dtype = DType::F32;
+        let cu = (128 << 10) / 4;
+        let mut data = weights(dtype, 3 * cu + 5001, 11);
+        data[4 * (cu + 3 * 4096)..4 * (cu + 4 * 4096)].fill(0);
+        data[4 * 2 * cu..4 * (2 * cu + 4096)].fill(0);
+        data[4 * (3 * cu + 2000)..].fill(0);
+        assert_eq!(compare_layouts(&data, dtype, &sampled, "zero blocks"), 1);
+        // fp32 widened from bf16: the low planes are zero everywhere.
+        let mut data = weights(dtype, 3 * cu + 77, 5);
+        for u in data.chunks_exact_mut(4) {
+            u[..2].fill(0);
+        }
+        assert_eq!(compare_layouts(&data, dtype, &sampled, "widened bf16"), 0);
+        // Random bytes: every plane raw, every chunk laid out directly.
+        let mut r = rng(9);
+        let data: Vec<u8> = (0..4 * (2 * cu + 333)).map(|_| r() as u8).collect();
+        assert_eq!(compare_layouts(&data, dtype, &opts, "random bytes"), 3);
     }
 }
