@@ -42,6 +42,8 @@ struct SearchJob {
     u64 n_blocks;  // blocks of the plane in the whole tensor
     u32 n_sampled; // sampled blocks (histograms)
     u32 stride;    // u32 from one sampled block's histogram to the next
+    u32 flat_stride; // the flat-plane rule's probes: sampled blocks i % flat_stride == 0; 0: no rule
+    u32 pad;
 };
 
 struct SearchParams {
@@ -572,6 +574,9 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     //    every one of them is raw by the collision bound. One warp per histogram.
     //    First pass: flags into `lens` (the length, or 0 for constant blocks) and the bound.
     bool all_raw_local = true;
+    // The flat-plane rule (model::flat_stride, cluster::probes_flat): whether a probe block of this
+    // thread's warp is constant or not shown raw by the bound.
+    bool probe_fails_local = false;
     // The largest passing sum of squares for the last length seen (the same on every lane of a
     // warp; most blocks have the same length, so the search for it runs about once per warp).
     u64 last_n = 0, last_limit = 0;
@@ -591,9 +596,9 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         nz = (u32)warp_sum64(nz);
         bool nonconst = nz >= 2;
         if (lane == 0) L.lens[i] = nonconst ? (u32)max(sum, 1ull) : 0;
+        bool raw = false;
         if (nonconst) {
             // CollisionTest::raw. Everything here is the same on every lane (warp sums).
-            bool raw = false;
             if (sum != 0 && sum <= (1ull << 16)) {
                 u64 nn = sum;
                 const u64 base = 2 * nn * log2_q16(nn);
@@ -634,8 +639,11 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
             }
             if (!raw) all_raw_local = false;
         }
+        if (job.flat_stride != 0 && i % job.flat_stride == 0 && !(nonconst && raw)) probe_fails_local = true;
     }
     bool not_all_raw = block_any(!all_raw_local);
+    // Flat probes: no tables, whatever the other blocks hold.
+    if (job.flat_stride != 0 && !block_any(probe_fails_local)) return 0;
     // Compaction: the non-constant blocks' indices in order.
     u32 nb = 0;
     for (u32 base = 0; base < n; base += NT) {

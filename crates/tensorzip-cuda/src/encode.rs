@@ -916,6 +916,11 @@ impl GpuEngine {
                             Some(j) if c.may_condition() == Some(p) => counts_ptr + 4 * j as u64,
                             _ => 0,
                         },
+                        flat_stride: tensorzip::model::flat_stride(
+                            c.header.dtype,
+                            c.sampling.picks.len(),
+                        )
+                        .map_or(0, |s| s as u32),
                     });
                 }
             }

@@ -41,6 +41,10 @@ pub(crate) struct SearchJob {
     pub n_sampled: u32,
     /// u32 from one sampled block's histogram to the next.
     pub stride: u32,
+    /// The flat-plane rule's probe spacing (`tensorzip::model::flat_stride`), 0 where it does not
+    /// apply.
+    pub flat_stride: u32,
+    pub pad: u32,
 }
 
 #[repr(C)]
@@ -51,11 +55,11 @@ struct SearchParams {
 }
 
 // SAFETY: plain `repr(C)` structs of integers, laid out as their CUDA counterparts (`SearchJob`:
-// six u64 and two u32, 56 bytes; `SearchParams`: two u32).
+// six u64 and four u32, 64 bytes; `SearchParams`: two u32).
 unsafe impl DeviceRepr for SearchJob {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for SearchParams {}
-const _: () = assert!(std::mem::size_of::<SearchJob>() == 56);
+const _: () = assert!(std::mem::size_of::<SearchJob>() == 64);
 
 /// Most tables a plane may have (the format's limit, `blob::MAX_TABLES`; the kernel's too).
 const MAX_TABLES: u64 = tensorzip::blob::MAX_TABLES as u64;
@@ -205,6 +209,8 @@ pub(crate) struct Plane {
     pub n_blocks: u64,
     /// The joint counts when it may be conditioned, else 0.
     pub joint: u64,
+    /// The flat-plane rule's probe spacing (`tensorzip::model::flat_stride`), 0: no rule.
+    pub flat_stride: u32,
 }
 
 /// A queued search: its device buffers (alive until the stream has run it) and its outputs.
@@ -262,6 +268,8 @@ pub(crate) unsafe fn queue(
                 n_blocks: p.n_blocks,
                 n_sampled: p.n_sampled,
                 stride: p.stride,
+                flat_stride: p.flat_stride,
+                pad: 0,
             });
             at += sizes[i];
         }
@@ -458,6 +466,7 @@ mod tests {
     use super::*;
     use crate::GpuEngine;
     use cudarc::driver::DevicePtr;
+    use tensorzip::cluster::{probe_stride, probes_flat};
     use tensorzip::model::{choose_conditional, cluster};
 
     /// A plane's sampled histograms, its blocks in the tensor, and its joint counts if any.
@@ -510,6 +519,12 @@ mod tests {
                                 17 + (r() % 2) as u32 * (i as u32 % 5)
                             }
                         }
+                        // near-uniform but for block 1, of four symbols (a compressible
+                        // block between the flat-plane rule's probes)
+                        5 => match i {
+                            1 => (r() % 4) as u32,
+                            _ => (r() % 256) as u32,
+                        },
                         // skewed over the whole byte range
                         _ => {
                             let a = (r() % 256) as u32;
@@ -551,6 +566,7 @@ mod tests {
         max_tables: usize,
         threshold: u32,
         limit: u64,
+        flat_rule: bool,
     ) -> Vec<Result<PlaneTables>> {
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
@@ -567,6 +583,10 @@ mod tests {
                 n_sampled: hists.len() as u32,
                 n_blocks: *n_blocks,
                 joint: joint_dev.as_ref().map_or(0, |j| j.device_ptr(&s).0),
+                flat_stride: match flat_rule {
+                    true => probe_stride(hists.len()).map_or(0, |s| s as u32),
+                    false => 0,
+                },
             });
             keep.push((h, joint_dev));
         }
@@ -582,21 +602,29 @@ mod tests {
             .collect()
     }
 
-    /// The core's search on the same counts: `model_from_counts`'s constant filter, `cluster`,
-    /// and `choose_conditional` where the plane has no tables.
+    /// The core's search on the same counts: `model_from_counts`'s flat-plane rule (with `flat`,
+    /// as for a float tensor), constant filter, `cluster`, and `choose_conditional` where the plane
+    /// has no tables.
     fn cpu_search(
         hists: &[[u32; 256]],
         n_blocks: u64,
         joint: Option<&[u32]>,
         max_tables: usize,
         threshold: u32,
+        flat: bool,
     ) -> PlaneTables {
         let blocks: Vec<&[u32; 256]> = hists
             .iter()
             .filter(|h| h.iter().filter(|&&c| c != 0).nth(1).is_some())
             .collect();
         let n_sampled = hists.len() as u64;
-        let tables = cluster(&blocks, n_sampled, n_blocks, max_tables, threshold as u64);
+        let flat_probes = flat
+            && probe_stride(hists.len())
+                .is_some_and(|s| probes_flat(hists.iter().step_by(s), threshold as u64));
+        let tables = match flat_probes {
+            true => Vec::new(),
+            false => cluster(&blocks, n_sampled, n_blocks, max_tables, threshold as u64),
+        };
         let cond = match joint {
             Some(j) if tables.is_empty() => choose_conditional(
                 &tensorzip::joint::JointCounts::from_dense(j),
@@ -632,6 +660,8 @@ mod tests {
             (4, 1024, 4096, 1 << 20, None),
             (4, 512, 65536, 512, None),
             (4, 900, 2048, 100_000, Some(2)),
+            (5, 1024, 4096, 4096, None),
+            (5, 40, 4096, 40, Some(1)),
         ];
         let planes: Vec<TestPlane> = cases
             .iter()
@@ -645,24 +675,35 @@ mod tests {
                 )
             })
             .collect();
-        // Outcomes seen: planes with no table, one, two, three or more; conditional tables.
-        let mut seen = [0usize; 5];
+        // Outcomes seen: planes with no table, one, two, three or more; conditional tables; and
+        // planes left without tables by the flat-plane rule that have some without it.
+        let mut seen = [0usize; 6];
         for max_tables in [8usize, 1, 3, 64] {
             for threshold in [62259u32, 65536, 1] {
                 // One launch for all planes, or (with one of the thresholds) one launch per
                 // plane, all sharing one scratch.
                 let limit = if threshold == 65536 { 0 } else { u64::MAX };
-                let gpu = gpu_search(&planes, max_tables, threshold, limit);
-                for (i, ((h, nbk, j), g)) in planes.iter().zip(&gpu).enumerate() {
-                    let g = g.as_ref().expect("search output");
-                    let cpu = cpu_search(h, *nbk, j.as_deref(), max_tables, threshold);
-                    seen[g.tables.len().min(3)] += 1;
-                    seen[4] += g.cond.is_some() as usize;
-                    assert_eq!(
-                        g, &cpu,
-                        "case {i} ({:?}), max_tables {max_tables}, threshold {threshold}",
-                        cases[i]
-                    );
+                let mut without_rule = Vec::new();
+                for flat in [false, true] {
+                    let gpu = gpu_search(&planes, max_tables, threshold, limit, flat);
+                    for (i, ((h, nbk, j), g)) in planes.iter().zip(&gpu).enumerate() {
+                        let g = g.as_ref().expect("search output");
+                        let cpu = cpu_search(h, *nbk, j.as_deref(), max_tables, threshold, flat);
+                        seen[g.tables.len().min(3)] += 1;
+                        seen[4] += g.cond.is_some() as usize;
+                        assert_eq!(
+                            g, &cpu,
+                            "case {i} ({:?}), max_tables {max_tables}, threshold {threshold}, \
+                             flat-plane rule {flat}",
+                            cases[i]
+                        );
+                        match flat {
+                            false => without_rule.push(g.tables.len()),
+                            true => {
+                                seen[5] += (g.tables.is_empty() && without_rule[i] > 0) as usize
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -687,13 +728,13 @@ mod tests {
         hists[10][4] = 1;
         let normal = plane_hists(0, 64, 4096, 8);
         let planes: Vec<TestPlane> = vec![(hists, 64, None), (normal.clone(), 64, None)];
-        let out = gpu_search(&planes, 8, 62259, u64::MAX);
+        let out = gpu_search(&planes, 8, 62259, u64::MAX, false);
         let err = out[0]
             .as_ref()
             .expect_err("a count above 65535 must be refused");
         assert!(err.to_string().contains("status 2"), "{err}");
         let good = out[1].as_ref().expect("the other plane is searched");
-        assert_eq!(good, &cpu_search(&normal, 64, None, 8, 62259));
+        assert_eq!(good, &cpu_search(&normal, 64, None, 8, 62259, false));
     }
 
     /// Whatever bytes the kernel might leave, parsing them gives tables or an error, never a panic:

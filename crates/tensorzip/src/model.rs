@@ -8,7 +8,8 @@ use rayon::prelude::*;
 use crate::blob::{BlobHeader, SEL_CONST, SEL_RAW};
 /// The table search lives in [`crate::cluster`]; this path is kept for its callers.
 pub use crate::cluster::cluster;
-use crate::cluster::{ideal_cost_dense, prefetch_ahead};
+use crate::cluster::{ideal_cost_dense, prefetch_ahead, probe_stride, probes_flat};
+use crate::dtype::DType;
 use crate::options::CompressOptions;
 use crate::rans::log2::{code_len_table, FRAC_BITS};
 use crate::rans::table::{EncTable, FreqTable};
@@ -202,6 +203,27 @@ pub struct PlaneModel {
     pub cond_enc: Option<Box<EncTable>>,
     /// Each table's code lengths for [`choose`].
     pub costs: Vec<TableCost>,
+}
+
+impl PlaneModel {
+    /// A plane with no tables: every block raw (or constant).
+    fn raw() -> PlaneModel {
+        PlaneModel {
+            tables: Vec::new(),
+            enc: Vec::new(),
+            cond: None,
+            cond_enc: None,
+            costs: Vec::new(),
+        }
+    }
+}
+
+/// The spacing of the flat-plane rule's probes (`docs/FORMAT.md`, "Flat planes") for a tensor of
+/// `dtype` with `n_sampled` sampled blocks: float dtypes (those with a conditioned plane) only,
+/// whose low mantissa bytes are flat wherever they are; integers' planes need not be.
+pub fn flat_stride(dtype: DType, n_sampled: usize) -> Option<usize> {
+    dtype.conditioned_plane()?;
+    probe_stride(n_sampled)
 }
 
 /// A conditional table must save at least `1 / 2^COND_MIN_SAVING_SHIFT` of the raw size of the bytes it
@@ -404,7 +426,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // one-thread model pass, in one process (2026-12-03, 12 rounds), MiniLM fp32 +18%,
     // synthetic fp32 +7% (+8-10% at two threads); fp32 had been 3% slower fused before.
     if let Some(pq) = header.dtype.conditioned_plane().filter(|_| opts.condition) {
-        let (hists, joint) = fused_counts(&sampling, bu, us, pq, split_block);
+        let (hists, joint) = fused_counts(&sampling, bu, us, pq, opts.threshold_q16(), split_block);
         let model = model_from_counts(header, opts, &sampling, &hists, |_, _| joint)
             .keeping(&sampling, &hists);
         if hists.capacity() * 1024 <= KEPT_HISTS_BYTES {
@@ -470,55 +492,84 @@ fn fused_counts<F>(
     bu: usize,
     us: usize,
     (p, q): (usize, usize),
+    threshold: u64,
     split: F,
 ) -> (Vec<[u32; 256]>, JointCounts)
 where
     F: Fn(u64, &mut [u8]) -> usize + Sync,
 {
-    let per = joint_part_blocks(sampling.picks.len());
+    let n = sampling.picks.len();
+    let per = joint_part_blocks(n);
     // Each part counts into its own rows of the result (the parts' rows were copied together
     // after: ~1% of a one-thread bf16 compress), zeroed here (the joint counts add plane `p`'s).
     let mut hists = SAMPLED_HISTS.with(|h| std::mem::take(&mut *h.borrow_mut()));
     hists.clear();
-    hists.resize(us * sampling.picks.len(), [0u32; 256]);
-    let joints: Vec<JointCounts> = sampling
-        .picks
-        .par_chunks(per)
-        .zip(hists.par_chunks_mut(us * per))
-        .map(|(part, rows)| {
-            let mut joint = JointCounts::default();
-            let mut scratch = vec![0u8; us * bu];
-            let mut hints = [FewHint::default(); 8];
-            let mut block_joint = BlockJoint::new();
-            for (&g, h) in part.iter().zip(rows.chunks_exact_mut(us)) {
-                let len = split(g, &mut scratch);
-                let plane = |k: usize| &scratch[k * bu..k * bu + len];
-                // Plane q's histogram first: its bytes are the rows the joint counts touch.
-                for (k, hint) in hints.iter_mut().enumerate().take(us) {
-                    if k != p {
-                        histogram_hinted(plane(k), &mut h[k], hint);
+    hists.resize(us * n, [0u32; 256]);
+    // With the flat-plane rule's probes (float tensors of many sampled blocks: `flat_stride`, the
+    // caller's dtype has a conditioned plane), the probe blocks are counted first; a plane other
+    // than `p` and `q` whose probes are flat gets no tables whatever its other blocks hold, so
+    // they are not counted (`skip`, a bit per plane).
+    let count = |hists: &mut [[u32; 256]], probes: Option<(usize, bool)>, skip: u32| {
+        sampling
+            .picks
+            .par_chunks(per)
+            .zip(hists.par_chunks_mut(us * per))
+            .enumerate()
+            .map(|(part_index, (part, rows))| {
+                let mut joint = JointCounts::default();
+                let mut scratch = vec![0u8; us * bu];
+                let mut hints = [FewHint::default(); 8];
+                let mut block_joint = BlockJoint::new();
+                for (j, (&g, h)) in part.iter().zip(rows.chunks_exact_mut(us)).enumerate() {
+                    if let Some((s, probe)) = probes {
+                        if (part_index * per + j).is_multiple_of(s) != probe {
+                            continue;
+                        }
                     }
+                    let len = split(g, &mut scratch);
+                    let plane = |k: usize| &scratch[k * bu..k * bu + len];
+                    // Plane q's histogram first: its bytes are the rows the joint counts touch.
+                    for (k, hint) in hints.iter_mut().enumerate().take(us) {
+                        if k != p && skip >> k & 1 == 0 {
+                            histogram_hinted(plane(k), &mut h[k], hint);
+                        }
+                    }
+                    let (m, e) = (plane(p), plane(q));
+                    // Plane p's histogram comes with the joint counts (`joint.rs`); a block whose
+                    // plane p is one repeated byte adds no joint counts and needs no pass.
+                    if m.iter().all(|&v| v == m[0]) {
+                        h[p][m[0] as usize] = len as u32;
+                        continue;
+                    }
+                    let [hp, hq] = h
+                        .get_disjoint_mut([p, q])
+                        .expect("a plane is not conditioned on itself");
+                    block_joint.count(e, m, hq, hp, &mut joint);
                 }
-                let (m, e) = (plane(p), plane(q));
-                // Plane p's histogram comes with the joint counts (`joint.rs`); a block whose
-                // plane p is one repeated byte adds no joint counts and needs no pass.
-                if m.iter().all(|&v| v == m[0]) {
-                    h[p][m[0] as usize] = len as u32;
-                    continue;
-                }
-                let [hp, hq] = h
-                    .get_disjoint_mut([p, q])
-                    .expect("a plane is not conditioned on itself");
-                block_joint.count(e, m, hq, hp, &mut joint);
-            }
+                joint
+            })
+            .reduce(JointCounts::default, |mut acc, j| {
+                acc.add(&j);
+                acc
+            })
+    };
+    // Only planes other than p and q can be skipped (fp32's two low bytes; none in bf16 or fp16,
+    // which are counted in one pass: two cost those ~1.5%).
+    let skippable = (0..us).any(|k| k != p && k != q);
+    let joint = match probe_stride(n).filter(|_| skippable) {
+        None => count(&mut hists, None, 0),
+        Some(s) => {
+            let mut joint = count(&mut hists, Some((s, true)), 0);
+            let flat = |k: usize| {
+                let probes = hists.iter().skip(k).step_by(us).step_by(s);
+                k != p && k != q && probes_flat(probes, threshold)
+            };
+            let skip = (0..us).filter(|&k| flat(k)).fold(0u32, |m, k| m | 1 << k);
+            joint.add(&count(&mut hists, Some((s, false)), skip));
             joint
-        })
-        .collect();
-    let joint = joints.into_iter().reduce(|mut acc, j| {
-        acc.add(&j);
-        acc
-    });
-    (hists, joint.unwrap_or_default())
+        }
+    };
+    (hists, joint)
 }
 
 /// The model of a tensor from the counts of its sampled blocks: `hists[i * U + p]` is the histogram
@@ -536,11 +587,17 @@ pub fn model_from_counts(
     let us = header.planes();
     let n_sampled = sampling.picks.len() as u64;
     let threshold = opts.threshold_q16();
+    let flat_stride = flat_stride(header.dtype, sampling.picks.len());
     let mut plane_models: Vec<PlaneModel> = (0..us)
         .into_par_iter()
         .map(|p| {
-            // Blocks whose plane is one repeated byte cost nothing already.
             let plane: Vec<&[u32; 256]> = hists.iter().skip(p).step_by(us).collect();
+            if let Some(s) = flat_stride {
+                if probes_flat(plane.iter().step_by(s).copied(), threshold) {
+                    return PlaneModel::raw();
+                }
+            }
+            // Blocks whose plane is one repeated byte cost nothing already.
             let blocks: Vec<&[u32; 256]> = plane
                 .iter()
                 .enumerate()
@@ -727,7 +784,7 @@ pub(crate) mod tests {
                     );
                     len
                 };
-                let (hists, joint) = fused_counts(&sampling, 256, us, (p, q), split);
+                let (hists, joint) = fused_counts(&sampling, 256, us, (p, q), 65536, split);
                 let mut want_joint = vec![0u32; 65536];
                 let mut scratch = vec![0u8; 256 * us];
                 for (i, &g) in sampling.picks.iter().enumerate() {
@@ -767,6 +824,111 @@ pub(crate) mod tests {
     /// `choose` picks what its definition picks (FORMAT.md section 7: the covering table of
     /// least cost, the lowest index among ties, raw above the threshold): blocks of few and of
     /// many distinct bytes (both ways of costing), tables of partial and of full support.
+    /// The flat-plane rule: fp32's planes 0 and 1 are counted only in the probe blocks when the
+    /// probes are flat, the model from those counts is the model from every block's counts, and
+    /// a plane with flat probes has no tables even where a block between them is compressible.
+    #[test]
+    fn flat_planes_are_counted_in_their_probes_only_and_decide_alike() {
+        use crate::blob::{BlobHeader, Scheme};
+        let dtype = DType::F32;
+        // Blocks of 4096 units: a block of 256 random bytes is not flat enough for the collision
+        // bound (its sample's collision entropy is ~7 bits).
+        let (us, bu) = (4usize, 4096usize);
+        let (p, q) = dtype.conditioned_plane().unwrap();
+        // 66 blocks, the last short, all sampled: probes every 4th (66 / FLAT_PROBES), 17 of them.
+        let units = 65 * bu + 77;
+        let header = BlobHeader {
+            scheme: Scheme::Planes,
+            dtype,
+            shape: vec![units as u64],
+            chunk_units: 4 * bu as u32,
+            block_units: bu as u32,
+        };
+        let opts = CompressOptions {
+            chunk_bytes: 4 * bu * us,
+            block_units: bu as u32,
+            ..Default::default()
+        };
+        let sampling = Sampling::new(&header, &opts);
+        let stride = flat_stride(dtype, sampling.picks.len()).expect("the rule applies");
+        assert_eq!(stride, 4);
+        // Plane 1 holds four values in block `easy` (none if `None`).
+        let run = |easy: Option<usize>| {
+            let mut r = rng(5);
+            let planes: Vec<Vec<u8>> = (0..us)
+                .map(|k| {
+                    (0..units)
+                        .map(|i| match k {
+                            _ if k == q => 118 + (r() % 5) as u8,
+                            1 if easy == Some(i / bu) => (r() % 4) as u8,
+                            _ => r() as u8,
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut data = vec![0u8; us * units];
+            let refs: Vec<&[u8]> = planes.iter().map(|v| v.as_slice()).collect();
+            crate::transform::merge(dtype.transform(), &refs, &mut data);
+            let split = |g: u64, scratch: &mut [u8]| -> usize {
+                let rg = sampling.block_range(g);
+                let len = (rg.end - rg.start) as usize;
+                let mut views: Vec<&mut [u8]> =
+                    scratch.chunks_mut(bu).map(|v| &mut v[..len]).collect();
+                crate::transform::split(
+                    dtype.transform(),
+                    &data[us * rg.start as usize..us * rg.end as usize],
+                    &mut views,
+                );
+                len
+            };
+            let threshold = opts.threshold_q16();
+            let (hists, joint) = fused_counts(&sampling, bu, us, (p, q), threshold, split);
+            // Every block's counts.
+            let mut full = vec![[0u32; 256]; us * sampling.picks.len()];
+            let mut scratch = vec![0u8; bu * us];
+            for (i, &g) in sampling.picks.iter().enumerate() {
+                let len = split(g, &mut scratch);
+                for k in 0..us {
+                    for &v in &scratch[bu * k..bu * k + len] {
+                        full[us * i + k][v as usize] += 1;
+                    }
+                }
+            }
+            let tables = |hists: &[[u32; 256]]| {
+                let model =
+                    model_from_counts(&header, &opts, &sampling, hists, |_, _| joint.clone());
+                let mut out = Vec::new();
+                model.write_tables(&mut out);
+                let n_tables: Vec<usize> = model.planes.iter().map(|pm| pm.tables.len()).collect();
+                (out, n_tables)
+            };
+            let (got, want) = (tables(&hists), tables(&full));
+            assert_eq!(got, want, "block {easy:?} compressible");
+            // The rows counted: every probe's; the others' only for planes 2 and 3.
+            let counted = |k: usize| {
+                (0..sampling.picks.len())
+                    .filter(|i| hists[us * i + k] == full[us * i + k])
+                    .count()
+            };
+            (got.1, counted(0), counted(1), counted(2), counted(3))
+        };
+        let n = sampling.picks.len();
+        let probes = n.div_ceil(stride);
+        assert_eq!(probes, 17);
+        // Flat probes: planes 0 and 1 counted in the probes only, and raw.
+        let (tables, c0, c1, c2, c3) = run(None);
+        assert_eq!((c0, c1, c2, c3), (probes, probes, n, n));
+        assert_eq!(&tables[..2], &[0, 0]);
+        // A compressible block between the probes: plane 1 is still raw (the rule), though its
+        // counts alone would give it tables.
+        let (tables, _, c1, ..) = run(Some(5));
+        assert_eq!((tables[1], c1), (0, probes));
+        // A compressible probe: plane 1 is counted everywhere and gets its tables.
+        let (tables, c0, c1, ..) = run(Some(8));
+        assert_eq!((c0, c1), (probes, n));
+        assert!(tables[1] > 0, "plane 1 has tables: {tables:?}");
+    }
+
     #[test]
     fn choose_is_its_definition() {
         let mut r = rng(5);
