@@ -202,7 +202,7 @@ impl<'a> TensorEncoder<'a> {
         let block = |b: usize| b * bu..((b + 1) * bu).min(len);
 
         scratch.prepare(us, len, nb);
-        let direct = raw_prefix(model);
+        let direct = direct_planes(model, h.dtype);
         let lay = match direct > 0 {
             true => self.lay_out_direct(c, direct, scratch),
             false => None,
@@ -360,14 +360,19 @@ struct Layout {
     last_cond_raw: usize,
 }
 
-/// How many of a tensor's first planes the model stores raw in every block (no tables, not
-/// conditioned: the low mantissa bytes of fp32): a chunk's blocks of these planes are split
-/// straight into its raw area ([`TensorEncoder::lay_out_direct`]).
-fn raw_prefix(model: &Model) -> usize {
+/// How many of a float tensor's first planes are split straight into a chunk's raw area
+/// ([`TensorEncoder::lay_out_direct`]): those below the conditioned plane and its condition plane
+/// (fp32's two low mantissa bytes, fp64's six), which are raw in nearly every block; none for
+/// other dtypes, or where the model conditions a plane in that range.
+fn direct_planes(model: &Model, dtype: DType) -> usize {
+    let Some((p, q)) = dtype.conditioned_plane() else {
+        return 0;
+    };
     model
         .planes
         .iter()
-        .take_while(|pm| pm.tables.is_empty() && pm.cond.is_none())
+        .take(p.min(q))
+        .take_while(|pm| pm.cond.is_none())
         .count()
 }
 
@@ -472,14 +477,16 @@ impl TensorEncoder<'_> {
         }
     }
 
-    /// [`TensorEncoder::lay_out`] for a model whose first `k` planes are raw in every block: their
-    /// blocks are split straight into the raw area, where they go first in each block, instead of
-    /// into the planes buffer and copied (one copy of half an fp32 tensor less). The layout is
-    /// the same; `None` (nothing written that matters) when it would not be: a block of the
-    /// first `k` planes is one repeated byte (which makes its plane `Blocks`, one byte in the
-    /// area for it, or `Const`), or a later plane's first block is (it could make the plane
-    /// `Const`, with no area bytes): [`TensorEncoder::lay_out`] then does the chunk. A plane whose
-    /// first block is not constant cannot become `Const`.
+    /// [`TensorEncoder::lay_out`] with the first `k` planes split straight into the raw area, where
+    /// their raw blocks go first in each block, instead of into the planes buffer and copied (one
+    /// copy of half an fp32 tensor less). Each block of those planes is split into the area at
+    /// the place it has if every one of them is raw; a raw block not at its place (a plane before
+    /// it in the block is coded or constant) is moved down, a coded block is copied to the planes
+    /// buffer (the stream reads it there), a constant one leaves its byte. The layout is the
+    /// same; `None` (nothing written that matters) when a plane's first block is one repeated
+    /// byte, which could make the plane constant in the chunk (mode `Const`, no area bytes, no
+    /// selectors): [`TensorEncoder::lay_out`] then does the chunk. A plane whose first block is
+    /// not constant cannot become `Const`.
     fn lay_out_direct(&self, c: u64, k: usize, scratch: &mut ChunkScratch) -> Option<Layout> {
         let model = self.model.as_ref().expect("a Planes encoder has a model");
         let h = &self.header;
@@ -496,7 +503,7 @@ impl TensorEncoder<'_> {
         let cond = h
             .dtype
             .conditioned_plane()
-            .filter(|&(p, _)| p >= k && model.planes[p].cond.is_some());
+            .filter(|&(p, _)| model.planes[p].cond.is_some());
         let cond_value = cond.map(|(p, _)| cond_value(model, p));
         let ChunkScratch {
             planes,
@@ -527,13 +534,37 @@ impl TensorEncoder<'_> {
                 );
                 transform::split(transform, &src[r.start * us..r.end * us], &mut views);
             }
-            // A repeated block makes its plane `Blocks` (a selector per block, one byte in the
-            // area for that block) or, if all are the same byte, `Const`.
-            let repeated = |blk: &[u8]| blk.iter().all(|&v| v == blk[0]);
-            if area[at..at + k * n].chunks(n).any(repeated) {
-                return None;
+            // The first k planes' blocks, from their places at `at + j n` to where they belong.
+            let spec = at;
+            for j in 0..k {
+                let slot = spec + j * n;
+                let (s, is_const) = self.select(
+                    &model.planes[j],
+                    &area[slot..slot + n],
+                    g0 + b as u64,
+                    j,
+                    &mut hist,
+                    &mut hints[j],
+                );
+                if b == 0 && is_const {
+                    return None;
+                }
+                sels[j * nb + b] = s;
+                all_raw[j] &= s == SEL_RAW;
+                match s {
+                    SEL_RAW => {
+                        if slot != at {
+                            area.copy_within(slot..slot + n, at);
+                        }
+                        at += n;
+                    }
+                    SEL_CONST => {
+                        area[at] = area[slot];
+                        at += 1;
+                    }
+                    _ => planes[j * len..][r.clone()].copy_from_slice(&area[slot..slot + n]),
+                }
             }
-            at += k * n;
             for p in k..us {
                 let pm = &model.planes[p];
                 let blk = &planes[p * len..][r.clone()];
@@ -568,7 +599,7 @@ impl TensorEncoder<'_> {
             }
         }
         let mut modes = [PlaneMode::Raw; 8];
-        for p in k..us {
+        for p in 0..us {
             modes[p] = match () {
                 _ if model.planes[p].cond.is_some() => PlaneMode::Cond,
                 _ if all_raw[p] => PlaneMode::Raw,
@@ -671,8 +702,11 @@ mod tests {
     fn compare_layouts(data: &[u8], dtype: DType, opts: &CompressOptions, what: &str) -> usize {
         let units = data.len() / dtype.itemsize();
         let enc = TensorEncoder::new(data, dtype, &[units as u64], opts).unwrap();
-        let k = raw_prefix(enc.model.as_ref().unwrap());
-        assert!(k > 0 || dtype == DType::BF16, "{what}: no raw planes");
+        let k = direct_planes(enc.model.as_ref().unwrap(), dtype);
+        assert!(
+            k > 0 || matches!(dtype, DType::BF16 | DType::F16),
+            "{what}: no planes split into the area"
+        );
         let h = enc.header().clone();
         let us = h.planes();
         let mut direct = 0;
@@ -691,6 +725,9 @@ mod tests {
             };
             direct += 1;
             let at = format!("{what}, chunk {c}");
+            if what == "coded low blocks" {
+                assert_eq!(want.modes[0], PlaneMode::Blocks, "{at}");
+            }
             assert_eq!(got.modes, want.modes, "{at}");
             assert_eq!(got.cond, want.cond, "{at}");
             assert_eq!(got.cond_ranges, want.cond_ranges, "{at}");
@@ -705,15 +742,20 @@ mod tests {
                 b.cond_syms[..got.coded] == a.cond_syms[..want.coded],
                 "{at}: sub-segments"
             );
-            for p in k..us {
+            let bu = h.block_units as usize;
+            for p in 0..us {
                 if want.modes[p] == PlaneMode::Blocks {
                     assert_eq!(b.sels[p * nb..][..nb], a.sels[p * nb..][..nb], "{at}");
                 }
-                // The planes the coded blocks are read from.
-                assert!(
-                    b.planes[p * len..][..len] == a.planes[p * len..][..len],
-                    "{at}"
-                );
+                // The planes the coded blocks are read from: whole from plane k on, the coded
+                // blocks below it.
+                for blk in 0..nb {
+                    let coded = !matches!(a.sels[p * nb + blk], SEL_RAW | SEL_CONST);
+                    if p >= k || (want.modes[p] == PlaneMode::Blocks && coded) {
+                        let r = p * len + blk * bu..p * len + ((blk + 1) * bu).min(len);
+                        assert!(b.planes[r.clone()] == a.planes[r], "{at}: plane {p}");
+                    }
+                }
             }
         }
         direct
@@ -722,20 +764,23 @@ mod tests {
     #[test]
     fn planes_split_into_the_raw_area_lay_out_as_copied() {
         let opts = CompressOptions::default();
-        // Three full chunks and a short one, in every float type with raw low planes (fp16's
-        // low mantissa byte too; bf16's low byte is conditioned, so it never takes the direct way).
-        for dtype in [DType::F32, DType::F64, DType::F16] {
+        // Three full chunks and a short one, in the float types with planes below the conditioned
+        // one (bf16's and fp16's low byte is the conditioned plane: they never take the direct way).
+        for dtype in [DType::F32, DType::F64] {
             let units = 3 * (128 << 10) / dtype.itemsize() + 5001;
             let data = weights(dtype, units, 7);
             let n = compare_layouts(&data, dtype, &opts, &format!("{dtype} weights"));
             assert_eq!(n, 4, "{dtype}: every chunk of weights is laid out directly");
         }
-        let data = weights(DType::BF16, 100_003, 3);
-        assert_eq!(compare_layouts(&data, DType::BF16, &opts, "bf16"), 0);
-        // A zero block inside chunk 1 (its low planes repeat a byte there: that plane is `Blocks`
-        // in the chunk), a zero first block in chunk 2, zeros from the middle of chunk 3 to the
-        // end. Four sampled blocks (global 0, 6, 13 and 19 of 26), so that the model sees none of
-        // the zeros and keeps the low planes raw.
+        for dtype in [DType::BF16, DType::F16] {
+            let data = weights(dtype, 100_003, 3);
+            assert_eq!(compare_layouts(&data, dtype, &opts, &format!("{dtype}")), 0);
+        }
+        // A zero block inside chunk 1 (its low planes repeat a byte there: those planes are
+        // `Blocks` in the chunk, that block's selector constant), a zero first block in chunk 2
+        // (laid out by copying: the planes could be `Const`), zeros from the middle of chunk 3 to
+        // the end. Four sampled blocks (global 0, 6, 13 and 19 of 26), so that the model sees none
+        // of the zeros and keeps the low planes raw.
         let sampled = CompressOptions {
             sample_blocks: 4,
             ..CompressOptions::default()
@@ -746,7 +791,23 @@ mod tests {
         data[4 * (cu + 3 * 4096)..4 * (cu + 4 * 4096)].fill(0);
         data[4 * 2 * cu..4 * (2 * cu + 4096)].fill(0);
         data[4 * (3 * cu + 2000)..].fill(0);
-        assert_eq!(compare_layouts(&data, dtype, &sampled, "zero blocks"), 1);
+        assert_eq!(compare_layouts(&data, dtype, &sampled, "zero blocks"), 3);
+        // Low planes with tables: in every chunk, plane 0 of a few values in block 1 (coded; plane
+        // 1's raw block moves down), plane 1 in block 5, plane 0 one value in block 3 (a constant
+        // selector; plane 1 moves down but one byte), both in block 6; the rest random (raw).
+        let mut data = weights(dtype, 3 * cu + 5001, 13);
+        let mut r = rng(17);
+        for (i, u) in data.chunks_exact_mut(4).enumerate() {
+            match (i % cu) / 4096 {
+                1 => u[0] = (r() % 4) as u8,
+                5 => u[1] = (r() % 3) as u8,
+                3 => u[0] = 7,
+                6 => u[..2].copy_from_slice(&[(r() % 4) as u8, (r() % 3) as u8]),
+                _ => {}
+            }
+        }
+        let n = compare_layouts(&data, dtype, &opts, "coded low blocks");
+        assert_eq!(n, 4, "coded low blocks: every chunk laid out directly");
         // fp32 widened from bf16: the low planes are zero everywhere.
         let mut data = weights(dtype, 3 * cu + 77, 5);
         for u in data.chunks_exact_mut(4) {
