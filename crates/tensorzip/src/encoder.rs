@@ -8,6 +8,7 @@ use crate::model::{build_model, choose, const_selector, Model};
 use crate::options::CompressOptions;
 use crate::rans::encode::{encode_stream, BlockJob, EncoderScratch, Seq};
 use crate::rans::MAX_STASH;
+use crate::raw_bound::RawBound;
 use crate::transform;
 
 /// Per-thread scratch of the chunk encoder.
@@ -63,6 +64,10 @@ pub struct TensorEncoder<'a> {
     header: BlobHeader,
     model: Option<Model>,
     threshold: u64,
+    /// Per plane, the bound that settles raw blocks without their histogram
+    /// ([`crate::raw_bound`]), for planes with tables whose block histograms the model did not
+    /// keep.
+    bounds: Vec<Option<RawBound>>,
     /// Whether chunk payloads are appended past the caches ([`crate::streaming`]): by default
     /// tensors of at least [`STREAMING_PAYLOAD_BYTES`], whose payload leaves the caches before the
     /// blob is read ([`TensorEncoder::set_streaming`]).
@@ -123,6 +128,7 @@ impl<'a> TensorEncoder<'a> {
                 header: stored_header(dtype, shape),
                 model: None,
                 threshold: 0,
+                bounds: Vec::new(),
                 streaming: false,
             });
         }
@@ -134,11 +140,23 @@ impl<'a> TensorEncoder<'a> {
             block_units: opts.block_units,
         };
         let model = build_model(data, &header, opts);
+        let threshold = opts.threshold_q16();
+        let bounds = (0..header.planes())
+            .map(|p| {
+                let pm = &model.planes[p];
+                let kept = model.block_hists.get(p).is_some_and(|h| !h.is_empty());
+                match pm.tables.is_empty() || kept {
+                    true => None,
+                    false => RawBound::new(&pm.costs, threshold),
+                }
+            })
+            .collect();
         Ok(TensorEncoder {
             data,
             header,
             model: Some(model),
-            threshold: opts.threshold_q16(),
+            threshold,
+            bounds,
             streaming: data.len() >= STREAMING_PAYLOAD_BYTES,
         })
     }
@@ -411,7 +429,7 @@ impl TensorEncoder<'_> {
             let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
             let mut all_raw = true;
             let mut const_val: Option<Option<u8>> = None; // Some(Some(v)): every block so far is v
-            let mut hint = FewHint::default();
+            let mut hint = BlockHint::default();
             for (b, sel) in sels.iter_mut().enumerate() {
                 let blk = &planes[p][block(b)];
                 let (s, is_const) = self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hint);
@@ -514,7 +532,7 @@ impl TensorEncoder<'_> {
         } = scratch;
         let mut all_raw = [true; 8];
         let mut hist = [0u32; 256];
-        let mut hints = [FewHint::default(); 8];
+        let mut hints = [BlockHint::default(); 8];
         let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
         let (mut at, mut coded) = (0usize, 0usize);
         let mut last_block_start = 0;
@@ -626,7 +644,7 @@ impl TensorEncoder<'_> {
         g: u64,
         p: usize,
         hist: &mut [u32; 256],
-        hint: &mut FewHint,
+        hint: &mut BlockHint,
     ) -> (u8, bool) {
         let first = blk[0];
         if pm.tables.is_empty() {
@@ -637,7 +655,19 @@ impl TensorEncoder<'_> {
         let hist = match model.block_hist(g, p) {
             Some(kept) => kept,
             None => {
-                histogram_hinted(blk, hist, hint);
+                if let Some(bound) = &self.bounds[p] {
+                    match hint.bound_skip {
+                        0 if blk.iter().any(|&v| v != first) => {
+                            if bound.proves_raw(blk) {
+                                return (SEL_RAW, false);
+                            }
+                            hint.bound_skip = BOUND_SKIP_AFTER_MISS;
+                        }
+                        0 => {}
+                        _ => hint.bound_skip -= 1,
+                    }
+                }
+                histogram_hinted(blk, hist, &mut hint.few);
                 &*hist
             }
         };
@@ -649,6 +679,19 @@ impl TensorEncoder<'_> {
         (sel, is_const)
     }
 }
+
+/// What the previous blocks of one plane taught about the next: how to count it
+/// ([`FewHint`]), and how many blocks to count without trying the raw bound first (after a
+/// block it did not settle).
+#[derive(Clone, Copy, Default)]
+struct BlockHint {
+    few: FewHint,
+    bound_skip: u8,
+}
+
+/// Blocks counted without the raw bound after one it did not settle: a plane whose blocks are
+/// mostly coded then pays for the bound's comparisons on one block in 17.
+const BOUND_SKIP_AFTER_MISS: u8 = 16;
 
 /// The value whose units the conditioned plane `p` codes.
 fn cond_value(model: &Model, p: usize) -> u8 {
@@ -759,6 +802,81 @@ mod tests {
             }
         }
         direct
+    }
+
+    /// Blocks settled by the raw bound (`raw_bound.rs`) code to the same bytes as blocks chosen
+    /// from their histograms: low planes with tables (a few coded and constant blocks among
+    /// random ones), sampled so that the model keeps no block histograms.
+    #[test]
+    fn the_raw_bound_changes_no_byte() {
+        let dtype = DType::F32;
+        let cu = (128 << 10) / 4;
+        let mut data = weights(dtype, 6 * cu + 999, 23);
+        let mut r = rng(29);
+        for (i, u) in data.chunks_exact_mut(4).enumerate() {
+            match (i / 4096) % 7 {
+                1 => u[0] = (r() % 4) as u8,
+                4 => u[..2].fill(0),
+                _ => {}
+            }
+        }
+        let opts = CompressOptions {
+            sample_blocks: 16,
+            ..CompressOptions::default()
+        };
+        let units = (data.len() / 4) as u64;
+        let code = |enc: &TensorEncoder<'_>| {
+            let mut out = Vec::new();
+            let mut scratch = ChunkScratch::default();
+            let entries: Vec<_> = (0..enc.n_chunks())
+                .map(|c| enc.encode_chunk_append(c, &mut scratch, &mut out))
+                .collect();
+            (
+                out,
+                entries
+                    .iter()
+                    .map(|e| (e.payload_len, e.rans_len))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let mut enc = TensorEncoder::new(&data, dtype, &[units], &opts).unwrap();
+        let tables: Vec<usize> = enc
+            .model
+            .as_ref()
+            .unwrap()
+            .planes
+            .iter()
+            .map(|pm| pm.tables.len())
+            .collect();
+        assert!(
+            enc.bounds[0].is_some(),
+            "plane 0 bounded (tables {tables:?})"
+        );
+        let with = code(&enc);
+        // The bound settles most blocks of planes 0 and 1 here: count them.
+        let settled = data
+            .chunks(4 * 4096)
+            .filter(|blk| {
+                let mut plane = vec![0u8; blk.len() / 4];
+                let mut rest = vec![vec![0u8; blk.len() / 4]; 3];
+                let [a, b, c] = &mut rest[..] else {
+                    unreachable!()
+                };
+                let mut views: Vec<&mut [u8]> = vec![&mut plane, a, b, c];
+                transform::split(dtype.transform(), blk, &mut views);
+                plane.iter().any(|&v| v != plane[0])
+                    && enc.bounds[0].as_ref().unwrap().proves_raw(&plane)
+            })
+            .count();
+        assert!(
+            settled > 20,
+            "the bound settled {settled} blocks of plane 0"
+        );
+        enc.bounds.iter_mut().for_each(|b| *b = None);
+        assert!(
+            code(&enc) == with,
+            "the same payloads and entries without the bound"
+        );
     }
 
     #[test]

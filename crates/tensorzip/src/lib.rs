@@ -39,6 +39,7 @@ pub mod model;
 pub mod options;
 mod pieces;
 pub mod rans;
+mod raw_bound;
 pub mod sample;
 pub mod select;
 pub mod stats;

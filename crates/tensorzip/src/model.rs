@@ -118,6 +118,16 @@ impl TableCost {
         c
     }
 
+    /// Whether symbol `s` is in the table.
+    pub fn present(&self, s: usize) -> bool {
+        self.present[s / 64] >> (s % 64) & 1 != 0
+    }
+
+    /// The code length of symbol `s` in Q16 bits (0 where it is not in the table).
+    pub fn code_len(&self, s: usize) -> u32 {
+        self.cl[s]
+    }
+
     /// The symbols with a non-zero count, as a bit set.
     fn support(hist: &[u32; 256]) -> [u64; 4] {
         let mut set = [0u64; 4];
