@@ -213,11 +213,9 @@ impl<'a> TensorEncoder<'a> {
             .as_ref()
             .expect("encode_chunk on a Planes encoder");
         let h = &self.header;
-        let us = h.planes();
-        let len = h.chunk_len(c);
-        let bu = h.block_units as usize;
-        let nb = len.div_ceil(bu);
-        let block = |b: usize| b * bu..((b + 1) * bu).min(len);
+        let ch = self.chunk(c);
+        let (us, len, nb) = (ch.us, ch.len, ch.nb);
+        let block = |b: usize| ch.block(b);
 
         scratch.prepare(us, len, nb);
         let direct = direct_planes(model, h.dtype);
@@ -360,6 +358,24 @@ impl<'a> TensorEncoder<'a> {
     }
 }
 
+/// A chunk's geometry: `len` units of `us` bytes from unit `start`, in `nb` blocks of `bu` units,
+/// the first of them global block `g0` (as `Sampling::block_range` numbers them).
+struct Chunk {
+    us: usize,
+    len: usize,
+    bu: usize,
+    nb: usize,
+    start: usize,
+    g0: u64,
+}
+
+impl Chunk {
+    /// Units of block `b` within the chunk.
+    fn block(&self, b: usize) -> std::ops::Range<usize> {
+        b * self.bu..((b + 1) * self.bu).min(self.len)
+    }
+}
+
 /// Where a chunk's planes went: the modes, the conditioned plane's sub-segments, and the raw area
 /// (`ChunkScratch::raw_area`, block by block: each block's raw bytes in plane order, the
 /// conditioned plane's last).
@@ -376,6 +392,51 @@ struct Layout {
     last_block_start: usize,
     /// The conditioned plane's raw bytes of the last block.
     last_cond_raw: usize,
+}
+
+impl Layout {
+    /// An empty area and no sub-segments yet.
+    fn new(modes: [PlaneMode; 8], cond: Option<(usize, usize)>, nb: usize) -> Layout {
+        Layout {
+            modes,
+            cond,
+            cond_ranges: Vec::with_capacity(if cond.is_some() { nb } else { 0 }),
+            area_len: 0,
+            coded: 0,
+            last_block_start: 0,
+            last_cond_raw: 0,
+        }
+    }
+
+    /// Appends a block's raw bytes of a plane to the area.
+    fn push_raw(&mut self, area: &mut [u8], raw: &[u8]) {
+        area[self.area_len..self.area_len + raw.len()].copy_from_slice(raw);
+        self.area_len += raw.len();
+    }
+
+    /// The conditioned plane's bytes of one block (`plane`, with condition bytes `cond`): those of
+    /// units whose condition byte is `v` to the block's sub-segment in `cond_syms`, the others
+    /// to the area.
+    fn split_cond(
+        &mut self,
+        v: u8,
+        cond: &[u8],
+        plane: &[u8],
+        cond_syms: &mut [u8],
+        area: &mut [u8],
+    ) {
+        let (t, r) = crate::select::split_into(
+            v,
+            cond,
+            plane,
+            &mut cond_syms[self.coded..],
+            &mut area[self.area_len..],
+        );
+        self.cond_ranges.push(self.coded..self.coded + t);
+        self.coded += t;
+        self.area_len += r;
+        self.last_cond_raw = r;
+    }
 }
 
 /// How many of a float tensor's first planes are split straight into a chunk's raw area
@@ -395,15 +456,31 @@ fn direct_planes(model: &Model, dtype: DType) -> usize {
 }
 
 impl TensorEncoder<'_> {
+    /// The geometry of chunk `c`.
+    fn chunk(&self, c: u64) -> Chunk {
+        let h = &self.header;
+        let (len, bu) = (h.chunk_len(c), h.block_units as usize);
+        Chunk {
+            us: h.planes(),
+            len,
+            bu,
+            nb: len.div_ceil(bu),
+            start: c as usize * h.chunk_units as usize,
+            g0: c * (h.chunk_units as u64).div_ceil(bu as u64),
+        }
+    }
+
+    /// The bytes of chunk `ch`'s units `r`.
+    fn units(&self, ch: &Chunk, r: std::ops::Range<usize>) -> &[u8] {
+        &self.data[(ch.start + r.start) * ch.us..(ch.start + r.end) * ch.us]
+    }
+
     /// Splits chunk `c` into `planes` (plane `p` at `p * len`).
     fn split_chunk(&self, c: u64, planes: &mut [u8]) {
-        let h = &self.header;
-        let us = h.planes();
-        let len = h.chunk_len(c);
-        let start = c as usize * h.chunk_units as usize;
-        let src = &self.data[start * us..(start + len) * us];
-        let mut views: Vec<&mut [u8]> = planes[..us * len].chunks_mut(len).collect();
-        transform::split(h.dtype.transform(), src, &mut views);
+        let ch = self.chunk(c);
+        let src = self.units(&ch, 0..ch.len);
+        let mut views: Vec<&mut [u8]> = planes[..ch.us * ch.len].chunks_mut(ch.len).collect();
+        transform::split(self.header.dtype.transform(), src, &mut views);
     }
 
     /// Splits chunk `c` into the planes buffer, chooses every block's selector and the planes'
@@ -411,19 +488,15 @@ impl TensorEncoder<'_> {
     fn lay_out(&self, c: u64, scratch: &mut ChunkScratch) -> Layout {
         let model = self.model.as_ref().expect("a Planes encoder has a model");
         let h = &self.header;
-        let us = h.planes();
-        let len = h.chunk_len(c);
-        let bu = h.block_units as usize;
-        let nb = len.div_ceil(bu);
-        let block = |b: usize| b * bu..((b + 1) * bu).min(len);
+        let ch = self.chunk(c);
+        let (us, len, nb, g0) = (ch.us, ch.len, ch.nb, ch.g0);
+        let block = |b: usize| ch.block(b);
         self.split_chunk(c, &mut scratch.planes);
         let planes: Vec<&[u8]> = scratch.planes.chunks(len).collect();
 
         // Per-block selectors of every plane, and whether each block is one repeated byte.
         let mut modes = [PlaneMode::Raw; 8];
         let mut hist = [0u32; 256];
-        // Global index of the chunk's first block (as `Sampling::block_range` numbers them).
-        let g0 = c * (h.chunk_units as u64).div_ceil(bu as u64);
         for p in 0..us {
             let pm = &model.planes[p];
             let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
@@ -457,42 +530,26 @@ impl TensorEncoder<'_> {
             .filter(|&(p, _)| modes[p] == PlaneMode::Cond);
         let cond_value = cond.map(|(p, _)| cond_value(model, p));
         let (area, cond_syms) = (&mut scratch.raw_area, &mut scratch.cond_syms);
-        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
-        let (mut at, mut coded) = (0usize, 0usize);
-        let mut last_block_start = 0;
-        let mut last_cond_raw = 0;
+        let mut lay = Layout::new(modes, cond, nb);
         for b in 0..nb {
-            last_block_start = at;
+            lay.last_block_start = lay.area_len;
             for p in 0..us {
                 let blk = &planes[p][block(b)];
                 if let Some(raw) = raw_part(modes[p], scratch.sels[p * nb + b], blk) {
-                    area[at..at + raw.len()].copy_from_slice(raw);
-                    at += raw.len();
+                    lay.push_raw(area, raw);
                 }
             }
             if let (Some((p, q)), Some(v)) = (cond, cond_value) {
-                let (t, r) = crate::select::split_into(
+                lay.split_cond(
                     v,
                     &planes[q][block(b)],
                     &planes[p][block(b)],
-                    &mut cond_syms[coded..],
-                    &mut area[at..],
+                    cond_syms,
+                    area,
                 );
-                cond_ranges.push(coded..coded + t);
-                coded += t;
-                at += r;
-                last_cond_raw = r;
             }
         }
-        Layout {
-            modes,
-            cond,
-            cond_ranges,
-            area_len: at,
-            coded,
-            last_block_start,
-            last_cond_raw,
-        }
+        lay
     }
 
     /// [`TensorEncoder::lay_out`] with the first `k` planes split straight into the raw area, where
@@ -508,15 +565,9 @@ impl TensorEncoder<'_> {
     fn lay_out_direct(&self, c: u64, k: usize, scratch: &mut ChunkScratch) -> Option<Layout> {
         let model = self.model.as_ref().expect("a Planes encoder has a model");
         let h = &self.header;
-        let us = h.planes();
-        let len = h.chunk_len(c);
-        let bu = h.block_units as usize;
-        let nb = len.div_ceil(bu);
-        let block = |b: usize| b * bu..((b + 1) * bu).min(len);
-        let start = c as usize * h.chunk_units as usize;
-        let src = &self.data[start * us..(start + len) * us];
+        let ch = self.chunk(c);
+        let (us, len, nb, g0) = (ch.us, ch.len, ch.nb, ch.g0);
         let transform = h.dtype.transform();
-        let g0 = c * (h.chunk_units as u64).div_ceil(bu as u64);
         // The conditioned plane, coded unless constant (which the first block rules out).
         let cond = h
             .dtype
@@ -533,14 +584,12 @@ impl TensorEncoder<'_> {
         let mut all_raw = [true; 8];
         let mut hist = [0u32; 256];
         let mut hints = [BlockHint::default(); 8];
-        let mut cond_ranges = Vec::with_capacity(if cond.is_some() { nb } else { 0 });
-        let (mut at, mut coded) = (0usize, 0usize);
-        let mut last_block_start = 0;
-        let mut last_cond_raw = 0;
+        let mut lay = Layout::new([PlaneMode::Raw; 8], cond, nb);
         for b in 0..nb {
-            let r = block(b);
+            let r = ch.block(b);
             let n = r.len();
-            last_block_start = at;
+            let at = lay.area_len;
+            lay.last_block_start = at;
             {
                 // Planes below k into the area, one after the other; the rest into the buffer.
                 let (direct, _) = area[at..].split_at_mut(k * n);
@@ -550,12 +599,11 @@ impl TensorEncoder<'_> {
                         .chunks_mut(len)
                         .map(|p| &mut p[r.clone()]),
                 );
-                transform::split(transform, &src[r.start * us..r.end * us], &mut views);
+                transform::split(transform, self.units(&ch, r.clone()), &mut views);
             }
             // The first k planes' blocks, from their places at `at + j n` to where they belong.
-            let spec = at;
             for j in 0..k {
-                let slot = spec + j * n;
+                let slot = at + j * n;
                 let (s, is_const) = self.select(
                     &model.planes[j],
                     &area[slot..slot + n],
@@ -569,16 +617,17 @@ impl TensorEncoder<'_> {
                 }
                 sels[j * nb + b] = s;
                 all_raw[j] &= s == SEL_RAW;
+                let to = lay.area_len;
                 match s {
                     SEL_RAW => {
-                        if slot != at {
-                            area.copy_within(slot..slot + n, at);
+                        if slot != to {
+                            area.copy_within(slot..slot + n, to);
                         }
-                        at += n;
+                        lay.area_len += n;
                     }
                     SEL_CONST => {
-                        area[at] = area[slot];
-                        at += 1;
+                        area[to] = area[slot];
+                        lay.area_len += 1;
                     }
                     _ => planes[j * len..][r.clone()].copy_from_slice(&area[slot..slot + n]),
                 }
@@ -598,41 +647,22 @@ impl TensorEncoder<'_> {
                     None => PlaneMode::Blocks,
                 };
                 if let Some(raw) = raw_part(mode, s, blk) {
-                    area[at..at + raw.len()].copy_from_slice(raw);
-                    at += raw.len();
+                    lay.push_raw(area, raw);
                 }
             }
             if let (Some((p, q)), Some(v)) = (cond, cond_value) {
-                let (t, r) = crate::select::split_into(
-                    v,
-                    &planes[q * len..][r.clone()],
-                    &planes[p * len..][r.clone()],
-                    &mut cond_syms[coded..],
-                    &mut area[at..],
-                );
-                cond_ranges.push(coded..coded + t);
-                coded += t;
-                at += r;
-                last_cond_raw = r;
+                let (e, m) = (&planes[q * len..][r.clone()], &planes[p * len..][r]);
+                lay.split_cond(v, e, m, cond_syms, area);
             }
         }
-        let mut modes = [PlaneMode::Raw; 8];
         for p in 0..us {
-            modes[p] = match () {
+            lay.modes[p] = match () {
                 _ if model.planes[p].cond.is_some() => PlaneMode::Cond,
                 _ if all_raw[p] => PlaneMode::Raw,
                 _ => PlaneMode::Blocks,
             };
         }
-        Some(Layout {
-            modes,
-            cond,
-            cond_ranges,
-            area_len: at,
-            coded,
-            last_block_start,
-            last_cond_raw,
-        })
+        Some(lay)
     }
 
     /// The selector of one block `blk` of plane `p` (global block `g`) and whether the block is
