@@ -736,6 +736,43 @@ pub(crate) mod tests {
         }
     }
 
+    /// The units of a tensor of `dtype` whose transformed plane `k` holds `byte(k, i)` at unit `i`.
+    fn units_from_planes(
+        dtype: crate::dtype::DType,
+        units: usize,
+        mut byte: impl FnMut(usize, usize) -> u8,
+    ) -> Vec<u8> {
+        let us = dtype.unit_size();
+        let planes: Vec<Vec<u8>> = (0..us)
+            .map(|k| (0..units).map(|i| byte(k, i)).collect())
+            .collect();
+        let mut data = vec![0u8; us * units];
+        let refs: Vec<&[u8]> = planes.iter().map(|v| v.as_slice()).collect();
+        crate::transform::merge(dtype.transform(), &refs, &mut data);
+        data
+    }
+
+    /// Splits sampled block `g` of `data` into `scratch` (plane `k` at `k * bu`); returns its length.
+    fn split_sampled(
+        sampling: &Sampling,
+        dtype: crate::dtype::DType,
+        data: &[u8],
+        bu: usize,
+        g: u64,
+        scratch: &mut [u8],
+    ) -> usize {
+        let us = dtype.unit_size();
+        let rg = sampling.block_range(g);
+        let len = (rg.end - rg.start) as usize;
+        let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu).map(|v| &mut v[..len]).collect();
+        crate::transform::split(
+            dtype.transform(),
+            &data[us * rg.start as usize..us * rg.end as usize],
+            &mut views,
+        );
+        len
+    }
+
     #[test]
     fn fused_counts_equal_separate_counts_and_the_model_keeps_full_samples() {
         use crate::blob::{BlobHeader, Scheme};
@@ -748,20 +785,11 @@ pub(crate) mod tests {
             // with a constant block in plane p and a partial last block, merged into units;
             // chunk and block sizes small enough that 1 and all blocks are sampled in turn.
             let units = 5 * 256 + 77;
-            let planes: Vec<Vec<u8>> = (0..us)
-                .map(|k| {
-                    (0..units)
-                        .map(|i| match k {
-                            _ if k == q => 118 + (r() % 5) as u8,
-                            _ if k == p && (256..512).contains(&i) => 9,
-                            _ => r() as u8,
-                        })
-                        .collect()
-                })
-                .collect();
-            let mut data = vec![0u8; us * units];
-            let refs: Vec<&[u8]> = planes.iter().map(|v| v.as_slice()).collect();
-            crate::transform::merge(dtype.transform(), &refs, &mut data);
+            let data = units_from_planes(dtype, units, |k, i| match k {
+                _ if k == q => 118 + (r() % 5) as u8,
+                _ if k == p && (256..512).contains(&i) => 9,
+                _ => r() as u8,
+            });
             let opts = CompressOptions {
                 chunk_bytes: 256 * us * 2,
                 block_units: 256,
@@ -782,17 +810,8 @@ pub(crate) mod tests {
                 };
                 let sampling = Sampling::new(&header, &opts);
                 // The transformed planes to scratch[256 k..]; returns the length.
-                let split = |g: u64, scratch: &mut [u8]| -> usize {
-                    let rg = sampling.block_range(g);
-                    let len = (rg.end - rg.start) as usize;
-                    let mut views: Vec<&mut [u8]> =
-                        scratch.chunks_mut(256).map(|v| &mut v[..len]).collect();
-                    crate::transform::split(
-                        dtype.transform(),
-                        &data[us * rg.start as usize..us * rg.end as usize],
-                        &mut views,
-                    );
-                    len
+                let split = |g: u64, scratch: &mut [u8]| {
+                    split_sampled(&sampling, dtype, &data, 256, g, scratch)
                 };
                 let (hists, joint) = fused_counts(&sampling, 256, us, (p, q), 65536, split);
                 let mut want_joint = vec![0u32; 65536];
@@ -865,32 +884,13 @@ pub(crate) mod tests {
         // Plane 1 holds four values in block `easy` (none if `None`).
         let run = |easy: Option<usize>| {
             let mut r = rng(5);
-            let planes: Vec<Vec<u8>> = (0..us)
-                .map(|k| {
-                    (0..units)
-                        .map(|i| match k {
-                            _ if k == q => 118 + (r() % 5) as u8,
-                            1 if easy == Some(i / bu) => (r() % 4) as u8,
-                            _ => r() as u8,
-                        })
-                        .collect()
-                })
-                .collect();
-            let mut data = vec![0u8; us * units];
-            let refs: Vec<&[u8]> = planes.iter().map(|v| v.as_slice()).collect();
-            crate::transform::merge(dtype.transform(), &refs, &mut data);
-            let split = |g: u64, scratch: &mut [u8]| -> usize {
-                let rg = sampling.block_range(g);
-                let len = (rg.end - rg.start) as usize;
-                let mut views: Vec<&mut [u8]> =
-                    scratch.chunks_mut(bu).map(|v| &mut v[..len]).collect();
-                crate::transform::split(
-                    dtype.transform(),
-                    &data[us * rg.start as usize..us * rg.end as usize],
-                    &mut views,
-                );
-                len
-            };
+            let data = units_from_planes(dtype, units, |k, i| match k {
+                _ if k == q => 118 + (r() % 5) as u8,
+                1 if easy == Some(i / bu) => (r() % 4) as u8,
+                _ => r() as u8,
+            });
+            let split =
+                |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, bu, g, scratch);
             let threshold = opts.threshold_q16();
             let (hists, joint) = fused_counts(&sampling, bu, us, (p, q), threshold, split);
             // Every block's counts.
