@@ -166,6 +166,11 @@ impl<'a> TensorEncoder<'a> {
         &self.header
     }
 
+    /// Whether chunk payloads are appended past the caches (see [`TensorEncoder::set_streaming`]).
+    pub fn streaming(&self) -> bool {
+        self.streaming
+    }
+
     /// Whether chunk payloads are appended past the caches ([`crate::streaming`]; by default for
     /// tensors of at least [`STREAMING_PAYLOAD_BYTES`]). Callers that code chunks into buffers
     /// they copy from soon turn it off. The bytes are the same either way.
@@ -516,9 +521,7 @@ impl TensorEncoder<'_> {
             }
             modes[p] = match const_val {
                 Some(Some(v)) => PlaneMode::Const(v),
-                _ if pm.cond.is_some() => PlaneMode::Cond,
-                _ if all_raw => PlaneMode::Raw,
-                _ => PlaneMode::Blocks,
+                _ => coded_mode(pm, all_raw),
             };
         }
 
@@ -656,11 +659,7 @@ impl TensorEncoder<'_> {
             }
         }
         for p in 0..us {
-            lay.modes[p] = match () {
-                _ if model.planes[p].cond.is_some() => PlaneMode::Cond,
-                _ if all_raw[p] => PlaneMode::Raw,
-                _ => PlaneMode::Blocks,
-            };
+            lay.modes[p] = coded_mode(&model.planes[p], all_raw[p]);
         }
         Some(lay)
     }
@@ -722,6 +721,16 @@ struct BlockHint {
 /// Blocks counted without the raw bound after one it did not settle: a plane whose blocks are
 /// mostly coded then pays for the bound's comparisons on one block in 17.
 const BOUND_SKIP_AFTER_MISS: u8 = 16;
+
+/// The mode of a plane that is not one byte throughout the chunk: `Cond` if it has a conditional
+/// table, else `Raw` if every block's selector is raw (`all_raw`), else `Blocks`.
+fn coded_mode(pm: &crate::model::PlaneModel, all_raw: bool) -> PlaneMode {
+    match () {
+        _ if pm.cond.is_some() => PlaneMode::Cond,
+        _ if all_raw => PlaneMode::Raw,
+        _ => PlaneMode::Blocks,
+    }
+}
 
 /// The value whose units the conditioned plane `p` codes.
 fn cond_value(model: &Model, p: usize) -> u8 {

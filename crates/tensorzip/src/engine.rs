@@ -348,7 +348,7 @@ impl CpuEngine {
         let n = enc.n_chunks() as usize;
         let piece_chunks = (pieces::PIECE_BYTES / opts.chunk_bytes).max(1);
         let in_pieces = rayon::current_num_threads() > 1 && n >= 2 * piece_chunks;
-        let streaming = data.len() >= encoder::STREAMING_PAYLOAD_BYTES;
+        let streaming = enc.streaming();
         // Pieces are coded into buffers that must stay in the cache until they are placed: the
         // placing copy writes past the caches instead.
         enc.set_streaming(streaming && !in_pieces);

@@ -215,19 +215,6 @@ pub struct PlaneModel {
     pub costs: Vec<TableCost>,
 }
 
-impl PlaneModel {
-    /// A plane with no tables: every block raw (or constant).
-    fn raw() -> PlaneModel {
-        PlaneModel {
-            tables: Vec::new(),
-            enc: Vec::new(),
-            cond: None,
-            cond_enc: None,
-            costs: Vec::new(),
-        }
-    }
-}
-
 /// The spacing of the flat-plane rule's probes (`docs/FORMAT.md`, "Flat planes") for a tensor of
 /// `dtype` with `n_sampled` sampled blocks: float dtypes (those with a conditioned plane) only,
 /// whose low mantissa bytes are flat wherever they are; integers' planes need not be.
@@ -602,28 +589,31 @@ pub fn model_from_counts(
         .into_par_iter()
         .map(|p| {
             let plane: Vec<&[u32; 256]> = hists.iter().skip(p).step_by(us).collect();
-            if let Some(s) = flat_stride {
-                if probes_flat(plane.iter().step_by(s).copied(), threshold) {
-                    return PlaneModel::raw();
+            // A plane whose probes are flat has no tables (its other blocks may be uncounted).
+            let flat = flat_stride
+                .is_some_and(|s| probes_flat(plane.iter().step_by(s).copied(), threshold));
+            let tables = match flat {
+                true => Vec::new(),
+                false => {
+                    // Blocks whose plane is one repeated byte cost nothing already.
+                    let blocks: Vec<&[u32; 256]> = plane
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, h)| {
+                            prefetch_ahead(&plane, i);
+                            h.iter().filter(|&&c| c != 0).nth(1).is_some()
+                        })
+                        .map(|(_, &h)| h)
+                        .collect();
+                    cluster(
+                        &blocks,
+                        n_sampled,
+                        sampling.n_blocks,
+                        opts.max_tables,
+                        threshold,
+                    )
                 }
-            }
-            // Blocks whose plane is one repeated byte cost nothing already.
-            let blocks: Vec<&[u32; 256]> = plane
-                .iter()
-                .enumerate()
-                .filter(|&(i, h)| {
-                    prefetch_ahead(&plane, i);
-                    h.iter().filter(|&&c| c != 0).nth(1).is_some()
-                })
-                .map(|(_, &h)| h)
-                .collect();
-            let tables = cluster(
-                &blocks,
-                n_sampled,
-                sampling.n_blocks,
-                opts.max_tables,
-                threshold,
-            );
+            };
             let enc = tables
                 .iter()
                 .map(|t| (!t.is_single()).then(|| t.encode_table()))
