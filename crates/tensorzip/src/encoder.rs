@@ -759,25 +759,11 @@ mod tests {
     use super::*;
     use crate::model::tests::rng;
 
-    /// Weights of `n` units: a sum of uniforms, scaled per row of 384.
+    /// Weights of `n` units (`sample::weights` in rows of 384, the last cut short).
     fn weights(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
-        let mut r = rng(seed);
-        let mut u = || (r() >> 11) as f64 / (1u64 << 53) as f64;
-        let mut out = Vec::with_capacity(n * dtype.itemsize());
-        let mut scale = 0.02;
-        for i in 0..n {
-            if i % 384 == 0 {
-                scale = 0.02 * (0.3 * (u() - 0.5)).exp();
-            }
-            let x = scale * ((0..4).map(|_| u()).sum::<f64>() - 2.0);
-            match dtype {
-                DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-                DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-                DType::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-                _ => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
-            }
-        }
-        out
+        let mut w = crate::sample::weights(n.div_ceil(384), 384, dtype, seed);
+        w.truncate(n * dtype.itemsize());
+        w
     }
 
     /// Lays out every chunk of `data` both ways; returns how many chunks took the direct way.
