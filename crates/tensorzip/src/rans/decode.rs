@@ -156,7 +156,7 @@ impl<'a> Decoder<'a> {
     /// Decodes one block: `len` symbols of every segment (each `out` holds at least `len` bytes).
     pub fn decode_block(&mut self, segs: &mut [DecodeSegment<'_, '_>], len: usize) -> Result<()> {
         self.used |= len > 0 && !segs.is_empty();
-        let done = simd_rounds(self, segs, len, 0);
+        let done = simd_rounds(self, segs, len, 0)?;
         self.decode_block_scalar(segs, len, done)
     }
 
@@ -173,9 +173,9 @@ impl<'a> Decoder<'a> {
         da.used |= la > 0 && !sa.is_empty();
         db.used |= lb > 0 && !sb.is_empty();
         let both = simd_rounds_pair(da, sa, la, db, sb, lb);
-        let done_a = simd_rounds(da, sa, la, both);
+        let done_a = simd_rounds(da, sa, la, both)?;
         da.decode_block_scalar(sa, la, done_a)?;
-        let done_b = simd_rounds(db, sb, lb, both);
+        let done_b = simd_rounds(db, sb, lb, both)?;
         db.decode_block_scalar(sb, lb, done_b)
     }
 
@@ -271,26 +271,30 @@ unsafe fn lookup(
     )
 }
 
-/// Full steps `first..` of a block decoded with SIMD where the CPU has it; returns the step it
-/// stopped at (the rest, and a partial last step, go to the scalar path).
+/// Steps `first..` of a block decoded with SIMD where the CPU has it; returns the step it
+/// stopped at (the rest go to the scalar path: with AVX-512 none, with AVX2 a partial last step
+/// and the steps near the stream's end), or an error where the stream ran out.
 fn simd_rounds(
     dec: &mut Decoder<'_>,
     segs: &mut [DecodeSegment<'_, '_>],
     len: usize,
     first: usize,
-) -> usize {
+) -> Result<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512() {
             // SAFETY: AVX-512F support was checked at run time.
-            return unsafe { avx512::rounds(dec, segs, len, first) };
+            return match unsafe { avx512::rounds(dec, segs, len, first) } {
+                Some(r) => Ok(r),
+                None => corrupt("rANS stream ends early"),
+            };
         }
         if crate::cpu::has_avx2() {
             // SAFETY: AVX2 support was checked at run time.
-            return unsafe { avx2_rounds(dec, segs, len, first) };
+            return Ok(unsafe { avx2_rounds(dec, segs, len, first) });
         }
     }
-    first
+    Ok(first)
 }
 
 /// The full steps the two streams of [`Decoder::decode_block_pair`] decode together (from step
@@ -555,7 +559,8 @@ mod avx512 {
     }
 
     /// Steps `first..` of a block of one stream, the last partial one included; returns the step
-    /// it stopped at (all of them unless the words left might not cover a step).
+    /// it stopped at (all of them, but for more than 8 segments near the stream's end), or `None`
+    /// where the stream ran out (a lane needed a word past its end).
     ///
     /// # Safety
     /// The CPU must support the enabled features. Every segment must hold at least `len` bytes.
@@ -565,15 +570,17 @@ mod avx512 {
         segs: &mut [DecodeSegment<'_, '_>],
         len: usize,
         first: usize,
-    ) -> usize {
+    ) -> Option<usize> {
         let full = len / LANES;
-        if segs.is_empty() {
-            return full.max(first);
+        let n = len % LANES;
+        let steps = len.div_ceil(LANES);
+        if segs.is_empty() || first >= steps {
+            return Some(steps.max(first));
         }
         let need = 64 * segs.len();
         // SAFETY: the features are enabled; full steps run while `r < full` (so
         // `32 (r + 1) <= len`), the partial step at `r = full` with `32 r + n = len`, each only
-        // while `need` bytes of words remain.
+        // while `need` bytes of words remain (in the stream, or in `tail` below).
         unsafe {
             let mut l = load(dec);
             let mut r = first;
@@ -582,14 +589,48 @@ mod avx512 {
                 step512!(&mut l, segs, r);
                 r += 1;
             }
-            // The partial step: `32 full + n` bytes in every segment, `need` bytes of words.
-            let n = len % LANES;
+            // The partial step: `32 full + n` bytes in every segment, `need` bytes of words. It
+            // prefetches too: a block's output not aligned to cache lines has a line more than its
+            // main steps take (fp32: 257 at two a step), and a sub-segment of fewer than 32 units
+            // has only this step (without, 4% of a synthetic fp32 tensor's blocks were merged by
+            // the slower non-temporal passes).
             if r == full && n != 0 && l.wlen - l.pos >= need {
+                l.pf.step();
                 step512_partial!(&mut l, segs, r, n);
                 r += 1;
             }
+            if r < steps && need <= 512 {
+                // The stream's last words (fewer than a step may read: a chunk's last few steps)
+                // copied into a zeroed buffer that a step cannot read past, so that they stay
+                // vector steps (the scalar loop took them: 1-2% of a one-thread decode), and
+                // prefetch as the others (without, a chunk's last block missed some of its output
+                // lines and was merged by the slower non-temporal passes). A step
+                // that leaves the read position past the copied words read a word the stream
+                // does not have: the stream ran out.
+                let rem = l.wlen - l.pos;
+                let mut tail = [0u8; 1024];
+                std::ptr::copy_nonoverlapping(l.words.add(l.pos), tail.as_mut_ptr(), rem);
+                let (words, wlen, pos) = (l.words, l.wlen, l.pos);
+                (l.words, l.wlen, l.pos) = (tail.as_ptr(), rem + need, 0);
+                while r < full && l.pos <= rem {
+                    l.pf.step();
+                    step512!(&mut l, segs, r);
+                    r += 1;
+                }
+                if r == full && n != 0 && l.pos <= rem {
+                    l.pf.step();
+                    step512_partial!(&mut l, segs, r, n);
+                    r += 1;
+                }
+                let over = l.pos > rem;
+                (l.words, l.wlen, l.pos) = (words, wlen, pos + l.pos.min(rem));
+                if over {
+                    store(dec, &l);
+                    return None;
+                }
+            }
             store(dec, &l);
-            r
+            Some(r)
         }
     }
 
@@ -652,7 +693,8 @@ mod tests {
     /// loop decodes, lane by lane, and leave the same states and read position — over any
     /// words (a stream of random words is decodable), block lengths that are and are not
     /// multiples of the 32 lanes, one to three segments, tables from skewed to flat; and a
-    /// stream that runs out fails on both paths.
+    /// stream that runs out fails on both paths (the vector steps take a stream's last words
+    /// from a padded copy: a short stream runs there from its first step).
     #[test]
     fn simd_steps_equal_the_scalar_loop() {
         let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
