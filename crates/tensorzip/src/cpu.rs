@@ -42,8 +42,9 @@ pub fn has_avx512() -> bool {
     })
 }
 
-/// Whether this CPU also has AVX-512BW and AVX-512VBMI2 (byte expansion), for the conditioned
-/// plane's scatter (off with [`has_avx512`]).
+/// Whether this CPU also has AVX-512BW, AVX-512VBMI (byte permutes) and AVX-512VBMI2 (byte
+/// expansion), for the conditioned plane's split and scatter (off with [`has_avx512`]). Every CPU
+/// with VBMI2 we know of (Intel since Ice Lake, AMD since Zen 4) has VBMI too.
 pub fn has_avx512_vbmi2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
@@ -53,6 +54,7 @@ pub fn has_avx512_vbmi2() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vbmi")
                 && std::is_x86_feature_detected!("avx512vbmi2")
         }
         #[cfg(not(target_arch = "x86_64"))]
