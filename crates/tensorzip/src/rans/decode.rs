@@ -2,8 +2,10 @@
 //!
 //! Safety against hostile streams: table lookups are masked to 12 bits, every word read is bounds
 //! checked (the AVX2 path only runs while 64 bytes remain, which covers the most a step of 32 lanes can
-//! read), and the end-of-stream checks (all states back at `2^16`, all words read) reject streams that
-//! do not decode to exactly what an encoder wrote.
+//! read; the AVX-512 path too, and it takes a stream's last words from a zero-padded copy, where a
+//! step that moves past them is the stream ending early), and the end-of-stream checks (all states
+//! back at `2^16`, all words read) reject streams that do not decode to exactly what an encoder
+//! wrote.
 
 use super::{LANES, MAX_STASH, PROB_BITS, PROB_SCALE, STATE_BYTES, STATE_LOWER};
 use crate::error::{corrupt, Result};
@@ -602,11 +604,11 @@ mod avx512 {
             if r < steps && need <= 512 {
                 // The stream's last words (fewer than a step may read: a chunk's last few steps)
                 // copied into a zeroed buffer that a step cannot read past, so that they stay
-                // vector steps (the scalar loop took them: 1-2% of a one-thread decode), and
-                // prefetch as the others (without, a chunk's last block missed some of its output
-                // lines and was merged by the slower non-temporal passes). A step
-                // that leaves the read position past the copied words read a word the stream
-                // does not have: the stream ran out.
+                // vector steps (the scalar loop took them: 1-2% of a one-thread decode) and
+                // prefetch as the others (without, a chunk's last block missed some of its
+                // output lines and was merged by the slower non-temporal passes). A step that
+                // leaves the read position past the copied words read a word the stream does not
+                // have: the stream ran out.
                 let rem = l.wlen - l.pos;
                 let mut tail = [0u8; 1024];
                 std::ptr::copy_nonoverlapping(l.words.add(l.pos), tail.as_mut_ptr(), rem);
