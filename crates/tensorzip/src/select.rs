@@ -276,32 +276,16 @@ unsafe fn scatter_merge4_avx512<const E: u32>(
     let n = dst.len() / 4;
     let (mut i, mut k, mut r) = (0, 0, 0);
     // Byte pairs (x[u], y[u]) of units 0..32 and 32..64 from two 64-byte sources, and 32-bit units
-    // (pair01, pair23) of units 16h..16h + 16 from two registers of pairs.
-    let pairs = |half: u8| {
-        let mut idx = [0u8; 64];
-        for j in 0..32u8 {
-            idx[2 * j as usize] = 32 * half + j;
-            idx[2 * j as usize + 1] = 64 + 32 * half + j;
-        }
-        idx
-    };
-    let units = |quarter: u16| {
-        let mut idx = [0u16; 32];
-        for j in 0..16u16 {
-            idx[2 * j as usize] = 16 * quarter + j;
-            idx[2 * j as usize + 1] = 32 + 16 * quarter + j;
-        }
-        idx
-    };
+    // (pair01, pair23) of units 0..16 and 16..32 of two registers of pairs.
+    let (lo, hi) = (interleave_index(64, 0), interleave_index(64, 32));
+    let (q0, q1) = (interleave_index(32, 0), interleave_index(32, 16));
     // SAFETY: 64 bytes are read at sub[k..], raw[r..] and each plane at [i..] and 256 written at
     // dst[4i..], each only while that many remain; 8 mask bytes are read at masks[i / 8..] while
     // i + 64 <= n (masks holds a byte per 8 units); the index tables are 64-byte arrays.
     unsafe {
         let ld = |p: *const u8| _mm512_loadu_si512(p as *const __m512i);
-        let (lo, hi) = (pairs(0), pairs(1));
         let (pair_lo, pair_hi) = (ld(lo.as_ptr()), ld(hi.as_ptr()));
-        let (q0, q1) = (units(0), units(1));
-        let (unit_lo, unit_hi) = (ld(q0.as_ptr() as *const u8), ld(q1.as_ptr() as *const u8));
+        let (unit_lo, unit_hi) = (ld(q0.as_ptr()), ld(q1.as_ptr()));
         let inv = |u: __m512i| {
             if E == 0 {
                 u
@@ -352,6 +336,22 @@ unsafe fn scatter_merge4_avx512<const E: u32>(
         }
     }
     (i, k, r)
+}
+
+/// The index vector of a two-source permute of `n` elements a register (`vpermt2b`: 64 bytes,
+/// `vpermt2w`: 32 words) that interleaves elements `first .. first + n / 2` of its two sources:
+/// element `2j` is the first source's `first + j`, element `2j + 1` the second's (index `n + first
+/// + j`). As bytes, each element little-endian in `64 / n` bytes.
+#[cfg(target_arch = "x86_64")]
+fn interleave_index(n: usize, first: usize) -> [u8; 64] {
+    let size = 64 / n;
+    let mut idx = [0u8; 64];
+    for j in 0..n / 2 {
+        for (k, v) in [(2 * j, first + j), (2 * j + 1, n + first + j)] {
+            idx[k * size..(k + 1) * size].copy_from_slice(&(v as u16).to_le_bytes()[..size]);
+        }
+    }
+    idx
 }
 
 /// For each 8-bit mask: `[0..8]` the positions of its set bits packed to the front ("compress"), and
