@@ -185,8 +185,11 @@ unsafe fn flush_row_avx2(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mu
     flush_row_impl(row, hist, joint)
 }
 
+/// Enables AVX-512F only: [`crate::cpu::has_avx512`] checks no more (the widening and the adds
+/// are AVX-512F instructions; with `avx512bw` enabled too, a CPU with F but not BW could have
+/// been handed BW instructions).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx2,popcnt")]
+#[target_feature(enable = "avx512f,avx2,popcnt")]
 unsafe fn flush_row_avx512(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mut [u32; 256]) {
     flush_row_impl(row, hist, joint)
 }
