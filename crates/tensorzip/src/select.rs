@@ -252,7 +252,7 @@ pub fn scatter_merge4(
 }
 
 /// The 64-unit steps of [`scatter_merge4`]: plane 2's bytes expanded under the mask (`vpexpandb`),
-/// planes 0 and 1, and plane 2 and 3, paired into 16-bit halves of units in unit order by two-source
+/// planes 0 and 1, and planes 2 and 3, paired into 16-bit halves of units in unit order by two-source
 /// byte permutes (`vpermt2b`), the halves joined into 32-bit units by two-source word permutes
 /// (`vpermt2w`), the inverse transform (`E = 8`: plane 3 is the exponent, moved to bits 30..23, bit
 /// 23 the sign; `E = 0`: none), four 64-byte stores. Eight permutes for 64 units, where byte and
@@ -292,7 +292,8 @@ unsafe fn scatter_merge4_avx512<const E: u32>(
             } else {
                 // Bits 31..24 (the exponent) -> 30..23, bit 23 (the sign) -> 31, 22..0 stay:
                 // the exponent from the right shift over the rest, then the sign from the left
-                // shift over bit 31.
+                // shift over bit 31 (ternary logic 0xCA: where the first operand's bit is set the
+                // second's, elsewhere the third's).
                 let t = _mm512_ternarylogic_epi32::<0xCA>(
                     _mm512_set1_epi32(0x7F80_0000),
                     _mm512_srli_epi32::<1>(u),
