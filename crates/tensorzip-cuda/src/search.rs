@@ -466,7 +466,7 @@ mod tests {
     use super::*;
     use crate::GpuEngine;
     use cudarc::driver::DevicePtr;
-    use tensorzip::cluster::{probe_stride, probes_flat};
+    use tensorzip::cluster::{probe_stride, probes_flat, varied};
     use tensorzip::model::{choose_conditional, cluster};
 
     /// A plane's sampled histograms, its blocks in the tensor, and its joint counts if any.
@@ -613,10 +613,7 @@ mod tests {
         threshold: u32,
         flat: bool,
     ) -> PlaneTables {
-        let blocks: Vec<&[u32; 256]> = hists
-            .iter()
-            .filter(|h| h.iter().filter(|&&c| c != 0).nth(1).is_some())
-            .collect();
+        let blocks: Vec<&[u32; 256]> = hists.iter().filter(|h| varied(h)).collect();
         let n_sampled = hists.len() as u64;
         let flat_probes = flat
             && probe_stride(hists.len())

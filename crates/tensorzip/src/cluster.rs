@@ -581,6 +581,12 @@ pub fn probe_stride(n_sampled: usize) -> Option<usize> {
     (s >= 2).then_some(s)
 }
 
+/// Whether a block's histogram has at least two distinct bytes (a block of one repeated byte
+/// costs nothing under any table, and its plane is searched without it).
+pub fn varied(h: &[u32; 256]) -> bool {
+    h.iter().filter(|&&c| c != 0).nth(1).is_some()
+}
+
 /// The flat-plane rule: whether every probe histogram in `probes` has at least two distinct bytes
 /// and is shown raw under every table by the collision bound ([`CollisionTest`]). A plane whose
 /// probes are all flat gets no block tables, and its other sampled blocks need not be counted:
@@ -589,8 +595,7 @@ pub fn probe_stride(n_sampled: usize) -> Option<usize> {
 pub fn probes_flat<'h>(probes: impl Iterator<Item = &'h [u32; 256]>, threshold: u64) -> bool {
     let mut test = CollisionTest::new(threshold);
     let mut probes = probes.peekable();
-    probes.peek().is_some()
-        && probes.all(|h| h.iter().filter(|&&c| c != 0).nth(1).is_some() && test.raw(h))
+    probes.peek().is_some() && probes.all(|h| varied(h) && test.raw(h))
 }
 
 /// Histograms ahead of the one being read whose lines are requested early: a plane's histograms

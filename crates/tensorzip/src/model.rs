@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use crate::blob::{BlobHeader, SEL_CONST, SEL_RAW};
 /// The table search lives in [`crate::cluster`]; this path is kept for its callers.
 pub use crate::cluster::cluster;
-use crate::cluster::{ideal_cost_dense, prefetch_ahead, probe_stride, probes_flat};
+use crate::cluster::{ideal_cost_dense, prefetch_ahead, probe_stride, probes_flat, varied};
 use crate::dtype::DType;
 use crate::options::CompressOptions;
 use crate::rans::log2::{code_len_table, FRAC_BITS};
@@ -395,25 +395,35 @@ impl Sampling {
     }
 }
 
+/// Splits sampled block `g` (global block index) of `data`, a tensor of `dtype`, into `scratch`:
+/// plane `k` at `k * block_units`; returns the block's length in units.
+fn split_sampled(
+    sampling: &Sampling,
+    dtype: DType,
+    data: &[u8],
+    g: u64,
+    scratch: &mut [u8],
+) -> usize {
+    let (us, bu) = (dtype.unit_size(), sampling.block_units as usize);
+    let r = sampling.block_range(g);
+    let len = (r.end - r.start) as usize;
+    let src = &data[r.start as usize * us..r.end as usize * us];
+    let mut views: Vec<&mut [u8]> = scratch
+        .chunks_mut(bu)
+        .take(us)
+        .map(|p| &mut p[..len])
+        .collect();
+    transform::split(dtype.transform(), src, &mut views);
+    len
+}
+
 /// Builds the model of a tensor (`data` is the whole tensor, `header` its Planes header).
 pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> Model {
     let us = header.planes();
     let sampling = Sampling::new(header, opts);
     let bu = sampling.block_units as usize;
-    let transform = header.dtype.transform();
-    // The byte planes of sampled block `g` (global block index), split into `scratch`.
-    let split_block = |g: u64, scratch: &mut [u8]| -> usize {
-        let r = sampling.block_range(g);
-        let len = (r.end - r.start) as usize;
-        let src = &data[r.start as usize * us..r.end as usize * us];
-        let mut views: Vec<&mut [u8]> = scratch
-            .chunks_mut(bu)
-            .take(us)
-            .map(|p| &mut p[..len])
-            .collect();
-        transform::split(transform, src, &mut views);
-        len
-    };
+    let split_block =
+        |g: u64, scratch: &mut [u8]| split_sampled(&sampling, header.dtype, data, g, scratch);
     // Where plane `p` of a split block of `len` units lies in the scratch.
     let plane = |p: usize, len: usize| p * bu..p * bu + len;
     // The conditioned plane's joint counts are taken in the same pass as the histograms, which
@@ -601,7 +611,7 @@ pub fn model_from_counts(
                         .enumerate()
                         .filter(|&(i, h)| {
                             prefetch_ahead(&plane, i);
-                            h.iter().filter(|&&c| c != 0).nth(1).is_some()
+                            varied(h)
                         })
                         .map(|(_, &h)| h)
                         .collect();
@@ -742,27 +752,6 @@ pub(crate) mod tests {
         data
     }
 
-    /// Splits sampled block `g` of `data` into `scratch` (plane `k` at `k * bu`); returns its length.
-    fn split_sampled(
-        sampling: &Sampling,
-        dtype: crate::dtype::DType,
-        data: &[u8],
-        bu: usize,
-        g: u64,
-        scratch: &mut [u8],
-    ) -> usize {
-        let us = dtype.unit_size();
-        let rg = sampling.block_range(g);
-        let len = (rg.end - rg.start) as usize;
-        let mut views: Vec<&mut [u8]> = scratch.chunks_mut(bu).map(|v| &mut v[..len]).collect();
-        crate::transform::split(
-            dtype.transform(),
-            &data[us * rg.start as usize..us * rg.end as usize],
-            &mut views,
-        );
-        len
-    }
-
     #[test]
     fn fused_counts_equal_separate_counts_and_the_model_keeps_full_samples() {
         use crate::blob::{BlobHeader, Scheme};
@@ -800,9 +789,8 @@ pub(crate) mod tests {
                 };
                 let sampling = Sampling::new(&header, &opts);
                 // The transformed planes to scratch[256 k..]; returns the length.
-                let split = |g: u64, scratch: &mut [u8]| {
-                    split_sampled(&sampling, dtype, &data, 256, g, scratch)
-                };
+                let split =
+                    |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
                 let (hists, joint) = fused_counts(&sampling, 256, us, (p, q), 65536, split);
                 let mut want_joint = vec![0u32; 65536];
                 let mut scratch = vec![0u8; 256 * us];
@@ -840,9 +828,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// `choose` picks what its definition picks (FORMAT.md section 7: the covering table of
-    /// least cost, the lowest index among ties, raw above the threshold): blocks of few and of
-    /// many distinct bytes (both ways of costing), tables of partial and of full support.
     /// The flat-plane rule: fp32's planes 0 and 1 are counted only in the probe blocks when the
     /// probes are flat, the model from those counts is the model from every block's counts, and
     /// a plane with flat probes has no tables even where a block between them is compressible.
@@ -880,7 +865,7 @@ pub(crate) mod tests {
                 _ => r() as u8,
             });
             let split =
-                |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, bu, g, scratch);
+                |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
             let threshold = opts.threshold_q16();
             let (hists, joint) = fused_counts(&sampling, bu, us, (p, q), threshold, split);
             // Every block's counts.
@@ -929,6 +914,9 @@ pub(crate) mod tests {
         assert!(tables[1] > 0, "plane 1 has tables: {tables:?}");
     }
 
+    /// `choose` picks what its definition picks (FORMAT.md section 7: the covering table of
+    /// least cost, the lowest index among ties, raw above the threshold): blocks of few and of
+    /// many distinct bytes (both ways of costing), tables of partial and of full support.
     #[test]
     fn choose_is_its_definition() {
         let mut r = rng(5);
