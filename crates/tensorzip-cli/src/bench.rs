@@ -9,7 +9,8 @@
 //! byte planes with one table per tensor and with one table per 256 KiB chunk. Both directions take
 //! the tensors as `tensorzip compress` and `decompress` do: runs of small tensors concurrently
 //! (`CpuEngine::compress_many_into` / `decompress_many_into`, `archive::small_runs`), each larger
-//! tensor on its own.
+//! tensor on its own — compressed one after the other with the next one's model built beside it
+//! (`CpuEngine::compress_seq_into`, `archive::encode_runs`), decompressed one at a time.
 //!
 //! With `--scaling` it also measures thread scaling *in pairs* (`scaling` in the JSON): every run
 //! times the warm compress and the warm decompress on a one-thread engine and on the `--threads`
@@ -24,7 +25,7 @@
 
 use std::time::Instant;
 
-use tensorzip::archive::{small_runs, BlobEncoder, BlobItem};
+use tensorzip::archive::{encode_runs, small_runs, BlobEncoder, BlobItem, SMALL_SEGMENT_BYTES};
 use tensorzip::{sample, transform, CpuEngine, DType};
 
 use crate::output::map_file;
@@ -126,9 +127,12 @@ pub fn run(
             warm_blobs.push(b);
         }
         // Tensors are compressed as `tensorzip compress` codes a file: runs of small tensors
-        // together (concurrently), each larger one alone (archive::small_runs).
+        // together (concurrently), larger ones one after the other (archive::encode_runs), and
+        // decompressed as `tensorzip decompress` does: runs of small ones together, each larger
+        // one alone (archive::small_runs).
         let lens: Vec<u64> = items.iter().map(|i| i.data.len() as u64).collect();
         let runs_of = small_runs(&lens);
+        let enc_runs = encode_runs(&lens);
         let blob_items: Vec<BlobItem<'_>> = items
             .iter()
             .map(|i| (&i.data[..], i.dtype, &i.shape[..]))
@@ -138,17 +142,27 @@ pub fn run(
         let warm_pass = WarmPasses {
             items: &blob_items,
             runs_of: &runs_of,
+            enc_runs: &enc_runs,
             opts: &opts,
         };
         for _ in 0..runs {
             tcw.push(warm_pass.compress(&eng, &mut warm_blobs)?);
             let t = Instant::now();
             let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
-            for r in &runs_of {
-                blobs.extend(
-                    eng.encode_blobs(&blob_items[r.clone()], &opts)
-                        .map_err(|e| e.to_string())?,
-                );
+            for r in &enc_runs {
+                let run = &blob_items[r.clone()];
+                if lens[r.start] < SMALL_SEGMENT_BYTES {
+                    blobs.extend(eng.encode_blobs(run, &opts).map_err(|e| e.to_string())?);
+                    continue;
+                }
+                // Fresh blobs, as `encode_blobs` gives.
+                let mut fresh: Vec<Vec<u8>> = run
+                    .iter()
+                    .map(|i| tensorzip::fresh::with_capacity(i.0.len() + 64 * 1024))
+                    .collect();
+                eng.compress_seq_into(run, &opts, &mut fresh)
+                    .map_err(|e| e.to_string())?;
+                blobs.extend(fresh);
             }
             tc.push(t.elapsed().as_secs_f64());
             comp = blobs.iter().map(|b| b.len() as u64).sum();
@@ -212,7 +226,10 @@ pub fn run(
 /// scaling measurement).
 struct WarmPasses<'a> {
     items: &'a [BlobItem<'a>],
+    /// The runs the decompress takes together (`small_runs`).
     runs_of: &'a [std::ops::Range<usize>],
+    /// The runs the compress takes together (`encode_runs`).
+    enc_runs: &'a [std::ops::Range<usize>],
     opts: &'a tensorzip::CompressOptions,
 }
 
@@ -227,9 +244,13 @@ struct Scaling {
 impl WarmPasses<'_> {
     fn compress(&self, eng: &CpuEngine, blobs: &mut [Vec<u8>]) -> Result<f64, String> {
         let t = Instant::now();
-        for r in self.runs_of {
-            eng.compress_many_into(&self.items[r.clone()], self.opts, &mut blobs[r.clone()])
-                .map_err(|e| e.to_string())?;
+        for r in self.enc_runs {
+            let (items, outs) = (&self.items[r.clone()], &mut blobs[r.clone()]);
+            match items[0].0.len() as u64 >= SMALL_SEGMENT_BYTES {
+                true => eng.compress_seq_into(items, self.opts, outs),
+                false => eng.compress_many_into(items, self.opts, outs),
+            }
+            .map_err(|e| e.to_string())?;
         }
         Ok(t.elapsed().as_secs_f64())
     }

@@ -363,6 +363,28 @@ pub trait BlobEncoder {
             })
             .collect()
     }
+
+    /// Compresses tensors one after the other into `w`, each blob where the one before it ends,
+    /// and returns their lengths; `progress` gets a tensor's index and its original bytes handled
+    /// so far. `write_archive` hands over runs of large tensors this way; this default codes them
+    /// with [`BlobEncoder::encode_blob`] in turn.
+    fn encode_blob_seq(
+        &self,
+        items: &[BlobItem<'_>],
+        opts: &CompressOptions,
+        w: &mut dyn SeekWrite,
+        progress: &(dyn Fn(usize, u64) + Sync),
+    ) -> Result<Vec<u64>> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        let mut lens = Vec::with_capacity(items.len());
+        for (k, &(data, dtype, shape)) in items.iter().enumerate() {
+            let start = w.stream_position().map_err(io)?;
+            let len = self.encode_blob(data, dtype, shape, opts, w, &|done| progress(k, done))?;
+            w.seek(SeekFrom::Start(start + len)).map_err(io)?;
+            lens.push(len);
+        }
+        Ok(lens)
+    }
 }
 
 /// A tensor to compress: its bytes, dtype and shape.
@@ -392,6 +414,18 @@ impl BlobEncoder for CpuEngine {
         self.compress_many_into(items, opts, &mut blobs)?;
         Ok(blobs)
     }
+
+    /// The model of each tensor is built while the one before it is coded
+    /// ([`CpuEngine::compress_seq_to`]).
+    fn encode_blob_seq(
+        &self,
+        items: &[BlobItem<'_>],
+        opts: &CompressOptions,
+        w: &mut dyn SeekWrite,
+        progress: &(dyn Fn(usize, u64) + Sync),
+    ) -> Result<Vec<u64>> {
+        self.compress_seq_to(items, opts, &mut &mut *w, progress)
+    }
 }
 
 /// The runs of segments of `lens` bytes that [`write_archive`] codes together: consecutive segments
@@ -413,6 +447,21 @@ pub fn small_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
         let end = j.max(i + 1);
         runs.push(i..end);
         i = end;
+    }
+    runs
+}
+
+/// The runs of segments of `lens` bytes that [`write_archive`] hands to the engine in one call: the
+/// runs of [`small_runs`], with consecutive larger segments joined into one run (coded one after
+/// the other, [`BlobEncoder::encode_blob_seq`]). A run is all small segments or all large ones.
+pub fn encode_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for run in small_runs(lens) {
+        let large = lens[run.start] >= SMALL_SEGMENT_BYTES;
+        match runs.last_mut() {
+            Some(last) if large && lens[last.start] >= SMALL_SEGMENT_BYTES => last.end = run.end,
+            _ => runs.push(run),
+        }
     }
     runs
 }
@@ -480,14 +529,14 @@ pub fn write_archive(
         blob_crcs: Vec::new(),
     };
     let lens: Vec<u64> = segments.iter().map(|s| s.len).collect();
-    for run in small_runs(&lens) {
+    for run in encode_runs(&lens) {
         let (i, j) = (run.start, run.end);
-        // A run of small segments is coded together, into memory, then written in order; a large
-        // one is streamed into the file.
+        let items = (i..j)
+            .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
+            .collect::<Result<Vec<BlobItem<'_>>>>()?;
+        // A run of small segments is coded together, into memory, then written in order; large
+        // ones are streamed into the file one after the other.
         if segments[i].len < SMALL_SEGMENT_BYTES {
-            let items = (i..j)
-                .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
-                .collect::<Result<Vec<BlobItem<'_>>>>()?;
             let blobs = engine.encode_blobs(&items, &opts.compress)?;
             for ((s, item), blob) in segments[i..j].iter().zip(&items).zip(&blobs) {
                 w.write_all(blob).map_err(io)?;
@@ -497,14 +546,20 @@ pub fn write_archive(
             }
             continue;
         }
-        let s = &segments[i];
-        let data = bytes_of(i)?;
-        let base = s.offset;
-        let len = engine.encode_blob(data, s.dtype, &s.shape, &opts.compress, &mut w, &|done| {
-            progress(base + done)
+        let lens = engine.encode_blob_seq(&items, &opts.compress, &mut w, &|k, done| {
+            progress(segments[i + k].offset + done)
         })?;
-        entries.push(entry(s, data, pos, len));
-        pos += len;
+        if lens.len() != items.len() {
+            return Err(Error::Engine(format!(
+                "{} blobs written for {} segments",
+                lens.len(),
+                items.len()
+            )));
+        }
+        for ((s, item), len) in segments[i..j].iter().zip(&items).zip(lens) {
+            entries.push(entry(s, item.0, pos, len));
+            pos += len;
+        }
         w.seek(SeekFrom::Start(pos)).map_err(io)?;
     }
     w.flush().map_err(io)?;
@@ -997,12 +1052,29 @@ mod tests {
                 weights(64, 100, DType::BF16, k),
             ));
         }
-        // Larger than SMALL_SEGMENT_BYTES: streamed on its own.
+        // Larger than SMALL_SEGMENT_BYTES: streamed one after the other (the second is random
+        // bytes, stored).
         data.push((
             "big".into(),
             "F32",
             vec![1100, 1024],
             weights(1100, 1024, DType::F32, 9),
+        ));
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let random = (0..1100 * 1024 * 4)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        data.push(("rand".into(), "F32", vec![1100, 1024], random));
+        data.push((
+            "big2".into(),
+            "BF16",
+            vec![2200, 1024],
+            weights(2200, 1024, DType::BF16, 10),
         ));
         // One more of these than SMALL_GROUP_BYTES holds: two groups.
         let m_bytes = 768 * 1024 * 4;
@@ -1025,13 +1097,16 @@ mod tests {
             .iter()
             .map(|(n, d, s, x)| (n.as_str(), *d, &s[..], &x[..]))
             .collect();
-        assert!(tensors[6].3.len() as u64 > SMALL_SEGMENT_BYTES);
-        assert_eq!(tensors[7].3.len() as u64, m_bytes);
+        for big in &tensors[6..9] {
+            assert!(big.3.len() as u64 > SMALL_SEGMENT_BYTES);
+        }
+        assert_eq!(tensors[9].3.len() as u64, m_bytes);
         assert!(n_m as u64 * m_bytes > SMALL_GROUP_BYTES);
         let file = serialize_safetensors(&tensors, None).unwrap();
         let segs = plan_safetensors(&file).unwrap();
         let opts = ArchiveOptions::default();
-        /// The CPU engine with the trait's default `encode_blobs`: one segment at a time.
+        /// The CPU engine with the trait's default `encode_blobs` and `encode_blob_seq`: one
+        /// segment at a time.
         struct OneByOne(CpuEngine);
         impl BlobEncoder for OneByOne {
             fn encode_blob(
@@ -1058,6 +1133,17 @@ mod tests {
             assert!(written == reference, "{threads} threads: archives differ");
         }
         let ar = Archive::parse(&reference).unwrap();
+        // Of the large tensors, the random one is stored and the others are coded.
+        let schemes: Vec<(u64, crate::blob::Scheme)> = (0..ar.segments.len())
+            .filter(|&i| ar.segments[i].orig_len > SMALL_SEGMENT_BYTES)
+            .map(|i| {
+                let head = crate::blob::BlobHeader::parse(ar.blob(i)).unwrap().0;
+                (ar.segments[i].orig_len, head.scheme)
+            })
+            .collect();
+        use crate::blob::Scheme::{Planes, Stored};
+        let (f, b) = (1100 * 1024 * 4, 2200 * 1024 * 2);
+        assert_eq!(schemes, vec![(f, Planes), (f, Stored), (b, Planes)]);
         let eng = CpuEngine::new(2).unwrap();
         let mut back = Vec::new();
         for i in 0..ar.segments.len() {

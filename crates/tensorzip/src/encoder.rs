@@ -161,6 +161,11 @@ impl<'a> TensorEncoder<'a> {
         })
     }
 
+    /// The tensor's bytes.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
     /// The header this encoder writes.
     pub fn header(&self) -> &BlobHeader {
         &self.header

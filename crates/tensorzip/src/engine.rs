@@ -124,6 +124,50 @@ impl CpuEngine {
         })
     }
 
+    /// Compresses tensors one after the other, blob `i` replacing the contents of `outs[i]` (the
+    /// bytes of [`CpuEngine::compress_into`]): while one tensor's chunks are coded, the model of
+    /// the next is built beside them.
+    pub fn compress_seq_into(
+        &self,
+        items: &[crate::archive::BlobItem<'_>],
+        opts: &CompressOptions,
+        outs: &mut [Vec<u8>],
+    ) -> Result<()> {
+        one_buffer_each(items.len(), outs.len(), "tensors")?;
+        let mut outs = outs.iter_mut();
+        self.in_sequence(items, opts, |_, enc| match outs.next() {
+            Some(out) => self.code_in_place(enc, opts, out),
+            None => Ok(()),
+        })?;
+        Ok(())
+    }
+
+    /// Calls `code(k, encoder of item k)` for the items in order, on the pool, while the model of
+    /// item `k + 1` is built beside it (`TensorEncoder::new`); stops at the first error.
+    fn in_sequence<'a, R: Send>(
+        &self,
+        items: &[crate::archive::BlobItem<'a>],
+        opts: &CompressOptions,
+        mut code: impl FnMut(usize, TensorEncoder<'a>) -> Result<R> + Send,
+    ) -> Result<Vec<R>> {
+        let model = |k: usize| {
+            items
+                .get(k)
+                .map(|&(data, dtype, shape)| TensorEncoder::new(data, dtype, shape, opts))
+        };
+        self.run(|| {
+            let mut done = Vec::with_capacity(items.len());
+            let mut next = model(0);
+            while let Some(enc) = next.take() {
+                let (k, enc) = (done.len(), enc?);
+                let (r, n) = rayon::join(|| code(k, enc), || model(k + 1));
+                done.push(r?);
+                next = n;
+            }
+            Ok(done)
+        })
+    }
+
     /// Decompresses a blob into a new buffer.
     pub fn decompress(&self, blob: &[u8]) -> Result<Tensor> {
         let dec = TensorDecoder::new(blob)?;
@@ -334,8 +378,21 @@ impl CpuEngine {
         opts: &CompressOptions,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        let enc = TensorEncoder::new(data, dtype, shape, opts)?;
+        self.code_in_place(enc, opts, out)
+    }
+
+    /// The coding step of [`CpuEngine::compress_in_place`], for an encoder whose model is built.
+    fn code_in_place(
+        &self,
+        mut enc: TensorEncoder<'_>,
+        opts: &CompressOptions,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         out.clear();
-        let mut enc = TensorEncoder::new(data, dtype, shape, opts)?;
+        let (data, dtype) = (enc.data(), enc.header().dtype);
+        let shape = enc.header().shape.clone();
+        let shape = &shape[..];
         let write_stored = |out: &mut Vec<u8>| {
             out.clear();
             stored_header(dtype, shape).write(out);
@@ -435,9 +492,40 @@ impl CpuEngine {
         w: &mut W,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<u64> {
+        let enc = TensorEncoder::new(data, dtype, shape, opts)?;
+        self.stream_blob(enc, w, progress)
+    }
+
+    /// Compresses tensors one after the other into `w` (each blob where the one before it ends,
+    /// with the bytes of [`CpuEngine::compress_to`]) and returns the blobs' lengths; `progress`
+    /// receives a tensor's index and the original bytes of it handled so far. While one tensor's
+    /// chunks are coded, the model of the next is built beside them: its table search is mostly
+    /// sequential, so one tensor at a time left a core idle at every tensor's start.
+    pub fn compress_seq_to<W: Write + Seek + Send>(
+        &self,
+        items: &[crate::archive::BlobItem<'_>],
+        opts: &CompressOptions,
+        w: &mut W,
+        progress: &(dyn Fn(usize, u64) + Sync),
+    ) -> Result<Vec<u64>> {
+        self.in_sequence(items, opts, |k, enc| {
+            self.stream_blob(enc, w, &|done| progress(k, done))
+        })
+    }
+
+    /// Writes the blob of an encoder whose model is built into `w` at its current position,
+    /// leaving `w` at the blob's end (see [`CpuEngine::compress_to`]); on a pool thread.
+    fn stream_blob<W: Write + Seek + Send>(
+        &self,
+        enc: TensorEncoder<'_>,
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
         let start = w.stream_position().map_err(io)?;
-        let enc = self.run(|| TensorEncoder::new(data, dtype, shape, opts))?;
+        let (data, dtype) = (enc.data(), enc.header().dtype);
+        let shape = enc.header().shape.clone();
+        let shape = &shape[..];
         let write_stored = |w: &mut W| -> Result<u64> {
             w.seek(SeekFrom::Start(start)).map_err(io)?;
             let h = stored_header(dtype, shape);

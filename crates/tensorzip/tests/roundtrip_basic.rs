@@ -115,7 +115,9 @@ fn large_tensors_written_past_the_caches_round_trip() {
 
 #[test]
 fn tensors_compressed_together_equal_tensors_compressed_alone() {
-    use tensorzip::archive::{small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES};
+    use tensorzip::archive::{
+        encode_runs, small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES,
+    };
     use tensorzip::CpuEngine;
     let eng = CpuEngine::new(2).unwrap();
     let opts = CompressOptions::default();
@@ -195,6 +197,132 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
         vec![0..per, per..2 * per, 2 * per..2 * per + 1]
     );
     assert!(small_runs(&[]).is_empty());
+
+    // The runs handed over in one call: consecutive large segments join.
+    let large = SMALL_SEGMENT_BYTES;
+    assert_eq!(
+        encode_runs(&[large, large + 1, 10, 20, large, 5, large, large, large]),
+        vec![0..2, 2..4, 4..5, 5..6, 6..9]
+    );
+    assert_eq!(encode_runs(&lens), want);
+    assert_eq!(encode_runs(&many), small_runs(&many));
+    assert!(encode_runs(&[]).is_empty());
+}
+
+/// Tensors coded one after the other with the next one's model built beside them
+/// (`compress_seq_into`, `compress_seq_to`) give the blobs of one-by-one compression — stored
+/// tensors (empty, tiny, random bytes) and coded ones of every float kind among them, at one and
+/// two threads — and an invalid tensor is an error, whichever place it has.
+#[test]
+fn tensors_coded_in_sequence_equal_tensors_coded_alone() {
+    use std::io::{Cursor, Seek, SeekFrom, Write};
+    use tensorzip::archive::BlobItem;
+    use tensorzip::CpuEngine;
+    let opts = CompressOptions {
+        chunk_bytes: 8192,
+        block_units: 512,
+        ..Default::default()
+    };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..70_001)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let tensors: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
+        (
+            sample::weights(150, 700, DType::F32, 11),
+            DType::F32,
+            vec![150, 700],
+        ),
+        (Vec::new(), DType::BF16, vec![0]),
+        (
+            sample::weights(300, 513, DType::BF16, 12),
+            DType::BF16,
+            vec![300, 513],
+        ),
+        (random, DType::U8, vec![70_001]),
+        (vec![3u8; 8], DType::F64, vec![]),
+        (
+            sample::weights(77, 1000, DType::F16, 13),
+            DType::F16,
+            vec![77, 1000],
+        ),
+    ];
+    let items: Vec<BlobItem<'_>> = tensors
+        .iter()
+        .map(|(d, t, s)| (&d[..], *t, &s[..]))
+        .collect();
+    let alone: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(d, t, s)| compress(d, *t, s, &opts).unwrap())
+        .collect();
+    for threads in [1, 2] {
+        let eng = CpuEngine::new(threads).unwrap();
+        let mut outs = vec![vec![0xAAu8; 100]; items.len()];
+        eng.compress_seq_into(&items, &opts, &mut outs).unwrap();
+        assert!(outs == alone, "{threads} threads: in-memory blobs differ");
+        // Into a writer that already holds 5 bytes, and past bytes left from before.
+        let mut w = Cursor::new(vec![0x77u8; 1 << 20]);
+        w.seek(SeekFrom::Start(5)).unwrap();
+        let done = std::sync::Mutex::new(vec![0u64; items.len()]);
+        let lens = eng
+            .compress_seq_to(&items, &opts, &mut w, &|k, n| {
+                let mut d = done.lock().unwrap();
+                assert!(n >= d[k], "tensor {k}: progress went back");
+                d[k] = n;
+            })
+            .unwrap();
+        let end = w.position() as usize;
+        w.write_all(b"end").unwrap();
+        let written = w.into_inner();
+        let want: Vec<u8> = alone.concat();
+        assert_eq!(
+            lens,
+            alone.iter().map(|b| b.len() as u64).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            end,
+            5 + want.len(),
+            "{threads} threads: the writer's position"
+        );
+        assert!(
+            written[5..end] == want[..],
+            "{threads} threads: streamed blobs differ"
+        );
+        assert_eq!(&written[end..end + 3], b"end");
+        // Progress reached every coded tensor's end.
+        for (k, (d, _, _)) in tensors.iter().enumerate() {
+            assert!(done.lock().unwrap()[k] <= d.len() as u64);
+        }
+        assert_eq!(done.lock().unwrap()[0], tensors[0].0.len() as u64);
+        // A tensor whose bytes do not fill its shape, first, in the middle or last: an error.
+        let short = &tensors[2].0[..tensors[2].0.len() - 2];
+        for at in [0, 3, items.len()] {
+            let mut bad = items.clone();
+            bad.insert(at, (short, DType::BF16, &tensors[2].2[..]));
+            let mut outs = vec![Vec::new(); bad.len()];
+            assert!(eng.compress_seq_into(&bad, &opts, &mut outs).is_err());
+            let mut w = Cursor::new(Vec::new());
+            assert!(eng
+                .compress_seq_to(&bad, &opts, &mut w, &|_, _| {})
+                .is_err());
+        }
+        // As many buffers as tensors, or an error.
+        assert!(eng
+            .compress_seq_into(&items, &opts, &mut outs[..2])
+            .is_err());
+        // No tensors: nothing written.
+        let mut w = Cursor::new(Vec::new());
+        assert!(eng
+            .compress_seq_to(&[], &opts, &mut w, &|_, _| {})
+            .unwrap()
+            .is_empty());
+        assert!(w.into_inner().is_empty());
+    }
 }
 
 /// The in-memory compress codes a blob of two pieces or more (1 MiB of input each: 64 chunks of
