@@ -717,3 +717,87 @@ fn gpu_reads_ranges_back_in_one_gather() {
         assert!(got[..] == want[1..1 + 17 + 16]);
     }
 }
+
+/// An archive written through the GPU engine (`compress --gpu`: runs of small tensors in one batch,
+/// consecutive large ones through `BlobEncoder::encode_blob_seq`'s default, one after the other)
+/// equals the CPU engine's, whose large tensors are coded with the next one's model built beside
+/// them; a large random tensor between them is stored by both.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {
+    use tensorzip::archive::{plan_safetensors, serialize_safetensors, write_archive};
+    use tensorzip::archive::{ArchiveOptions, SMALL_SEGMENT_BYTES};
+    let mut x = 0x5851_F42D_4C95_7F2Du64;
+    let random: Vec<u8> = (0..1100 * 1024 * 4)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let data: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = vec![
+        (
+            "s0",
+            "BF16",
+            vec![64, 100],
+            sample::weights(64, 100, DType::BF16, 1),
+        ),
+        (
+            "big",
+            "F32",
+            vec![1100, 1024],
+            sample::weights(1100, 1024, DType::F32, 2),
+        ),
+        ("rand", "F32", vec![1100, 1024], random),
+        (
+            "big2",
+            "BF16",
+            vec![2200, 1024],
+            sample::weights(2200, 1024, DType::BF16, 3),
+        ),
+        (
+            "s1",
+            "F16",
+            vec![33, 7],
+            sample::weights(33, 7, DType::F16, 4),
+        ),
+        (
+            "big3",
+            "F16",
+            vec![2100, 1024],
+            sample::weights(2100, 1024, DType::F16, 5),
+        ),
+    ];
+    let tensors: Vec<(&str, &str, &[u64], &[u8])> = data
+        .iter()
+        .map(|(n, d, s, x)| (*n, *d, &s[..], &x[..]))
+        .collect();
+    for t in [&tensors[1], &tensors[2], &tensors[3], &tensors[5]] {
+        assert!(t.3.len() as u64 > SMALL_SEGMENT_BYTES);
+    }
+    let file = serialize_safetensors(&tensors, None).unwrap();
+    let segs = plan_safetensors(&file).unwrap();
+    let opts = ArchiveOptions::default();
+    let write = |eng: &dyn tensorzip::archive::BlobEncoder, name: &str| {
+        let path = std::env::temp_dir().join(format!("tz-gpu-{name}-{}.tz", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        write_archive(eng, &file[..], &segs, &opts, &mut f, &|_| {}).unwrap();
+        drop(f);
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        bytes
+    };
+    let gpu = write(&engine(), "gpu");
+    let cpu = write(&tensorzip::CpuEngine::new(0).unwrap(), "cpu");
+    assert!(
+        gpu == cpu,
+        "the GPU engine's archive differs from the CPU's"
+    );
+}

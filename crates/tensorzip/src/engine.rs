@@ -343,13 +343,46 @@ fn write_batch<W: Write>(
     dir: &mut Vec<u8>,
     w: &mut W,
 ) -> Result<u64> {
-    let mut n = 0;
-    for (e, buf) in entries.iter().zip(bufs) {
+    for e in entries {
         e.write(planes, dir);
-        w.write_all(buf).map_err(|e| Error::Io(e.to_string()))?;
-        n += buf.len() as u64;
     }
-    Ok(n)
+    // Vectored writes of about WRITE_GROUP_BYTES: a buffered writer hands them straight to the
+    // file instead of copying each ~100 KiB payload into its buffer first.
+    let mut slices: Vec<std::io::IoSlice<'_>> = Vec::new();
+    let mut n = 0;
+    for (i, b) in bufs.iter().enumerate() {
+        slices.push(std::io::IoSlice::new(b));
+        n += b.len();
+        if n >= WRITE_GROUP_BYTES || i + 1 == bufs.len() {
+            write_all_vectored(w, &mut slices).map_err(|e| Error::Io(e.to_string()))?;
+            slices.clear();
+            n = 0;
+        }
+    }
+    Ok(bufs.iter().map(|b| b.len() as u64).sum())
+}
+
+/// Payload bytes per vectored write of [`write_batch`]. `tensorzip compress` of 256 MiB fp32 on two
+/// threads (2026-12-04, Intel VM, eight alternating rounds): the copy into the `BufWriter` was 10%
+/// of its samples; 1 MiB groups written past it took the median from 0.316 to 0.307 s, while one
+/// writev of a whole batch (~16 MiB) was slower (0.37-0.69 s: a long write syscall stalls).
+const WRITE_GROUP_BYTES: usize = 1 << 20;
+
+/// `Write::write_all` for several buffers (the standard library's is not stable).
+fn write_all_vectored<W: Write>(
+    w: &mut W,
+    mut slices: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    std::io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Trims the engine's pool of payload buffers to what is kept for the next call: at most a
@@ -696,6 +729,51 @@ impl CpuEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer that takes at most 7 bytes a call, of the first slice only, and is interrupted
+    /// every third call.
+    struct Stingy(Vec<u8>, usize);
+
+    impl Write for Stingy {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.1 += 1;
+            if self.1.is_multiple_of(3) {
+                return Err(std::io::ErrorKind::Interrupted.into());
+            }
+            let n = b.len().min(7);
+            self.0.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `write_all_vectored` writes every buffer whole and in order through short and interrupted
+    /// writes, and reports a writer that takes nothing.
+    #[test]
+    fn vectored_writes_write_everything() {
+        let bufs: Vec<Vec<u8>> = [0usize, 5, 0, 20, 1, 7, 0]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect();
+        let mut w = Stingy(Vec::new(), 0);
+        let mut slices: Vec<std::io::IoSlice<'_>> =
+            bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
+        write_all_vectored(&mut w, &mut slices).unwrap();
+        assert_eq!(w.0, bufs.concat());
+        let mut full = [0u8; 4];
+        let mut slices = [std::io::IoSlice::new(&bufs[3])];
+        let err = write_all_vectored(&mut &mut full[..], &mut slices).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::WriteZero);
+        // Entries and payloads of a batch: the directory bytes and the payload count.
+        let mut dir = Vec::new();
+        let mut w = Stingy(Vec::new(), 0);
+        let n = write_batch(2, &[], &bufs, &mut dir, &mut w).unwrap();
+        assert_eq!(n, 33);
+        assert_eq!(w.0, bufs.concat());
+    }
 
     /// The payload buffers the engine keeps between calls carry nothing from one blob into the
     /// next: blobs coded one after the other through one engine, and by two threads at once through
