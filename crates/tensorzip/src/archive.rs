@@ -605,23 +605,26 @@ pub fn write_archive(
 }
 
 /// Reads blobs back from an archive being written and takes their checksums (CRC-32 of every
-/// `piece` bytes; of the whole blob when `piece` is 0): windows of the blob are read and hashed by
-/// all of rayon's threads at once, into buffers kept from blob to blob. The sequential loop before
-/// (1 MiB reads, one hasher) was 27 ms of a 311 ms two-thread `tensorzip compress` of 256 MiB fp32
+/// `piece` bytes; of the whole blob when `piece` is 0): windows of the blob (at most 1 MiB, a
+/// multiple of the piece where the piece is smaller) are read and hashed by all of rayon's threads
+/// at once, into buffers kept from blob to blob, and the hashes of the parts of a piece that
+/// spans windows are combined (`crc32fast::Hasher::combine`). The sequential loop before (1 MiB
+/// reads, one hasher) was 27 ms of a 311 ms two-thread `tensorzip compress` of 256 MiB fp32
 /// (2026-12-04, Intel VM; the read's copy and the CRC about half each).
 struct BlobReader {
-    piece: u32,
+    piece: u64,
     /// One buffer per window read at once.
     bufs: Vec<Vec<u8>>,
-    window: usize,
+    window: u64,
 }
 
 impl BlobReader {
     fn new(piece: u32) -> BlobReader {
-        const WINDOW_BYTES: usize = 1 << 20;
-        let window = match piece as usize {
-            0 => WINDOW_BYTES,
-            p => (WINDOW_BYTES / p).max(1) * p,
+        const WINDOW_BYTES: u64 = 1 << 20;
+        let piece = piece as u64;
+        let window = match piece {
+            1..WINDOW_BYTES => WINDOW_BYTES / piece * piece,
+            _ => WINDOW_BYTES,
         };
         let threads = rayon::current_num_threads().clamp(1, 16);
         BlobReader {
@@ -634,40 +637,52 @@ impl BlobReader {
     /// The checksums of the `len` bytes at `offset` of `file`.
     fn checksums(&mut self, file: &File, offset: u64, len: u64) -> Result<Vec<u32>> {
         use rayon::prelude::*;
-        let (w, piece) = (self.window as u64, self.piece as usize);
+        let (w, piece) = (self.window, self.piece);
+        // Where the part of a blob that starts at `at` ends: the next piece's start, or `end`.
+        let part_end = |at: u64, end: u64| match piece {
+            0 => end,
+            p => (at / p + 1).saturating_mul(p).min(end),
+        };
         let n = len.div_ceil(w);
         let mut crcs = Vec::new();
-        let mut whole = crc32fast::Hasher::new();
+        let mut cur = crc32fast::Hasher::new();
         let mut k0 = 0;
         while k0 < n {
             let k1 = (k0 + self.bufs.len() as u64).min(n);
-            let done: Vec<Result<(Vec<u32>, crc32fast::Hasher)>> = self.bufs[..(k1 - k0) as usize]
+            // Per window, its parts' hashes and whether each ends a piece.
+            let done: Vec<Result<Vec<(crc32fast::Hasher, bool)>>> = self.bufs[..(k1 - k0) as usize]
                 .par_iter_mut()
                 .enumerate()
                 .map(|(i, buf)| {
                     let at = (k0 + i as u64) * w;
-                    let size = (len - at).min(w) as usize;
-                    buf.resize(size, 0);
+                    let end = (at + w).min(len);
+                    buf.resize((end - at) as usize, 0);
                     read_at(file, buf, offset + at)?;
-                    Ok(match piece {
-                        0 => {
-                            let mut h = crc32fast::Hasher::new();
-                            h.update(buf);
-                            (Vec::new(), h)
-                        }
-                        _ => (crc32_pieces(buf, piece)?, crc32fast::Hasher::new()),
-                    })
+                    let mut parts = Vec::new();
+                    let mut a = at;
+                    while a < end {
+                        let b = part_end(a, end);
+                        let mut h = crc32fast::Hasher::new();
+                        h.update(&buf[(a - at) as usize..(b - at) as usize]);
+                        let ends = piece > 0 && (b % piece == 0 || b == len);
+                        parts.push((h, ends));
+                        a = b;
+                    }
+                    Ok(parts)
                 })
                 .collect();
-            for r in done {
-                let (c, h) = r?;
-                crcs.extend(c);
-                whole.combine(&h);
+            for parts in done {
+                for (h, ends) in parts? {
+                    cur.combine(&h);
+                    if ends {
+                        crcs.push(std::mem::replace(&mut cur, crc32fast::Hasher::new()).finalize());
+                    }
+                }
             }
             k0 = k1;
         }
         if piece == 0 {
-            crcs.push(whole.finalize());
+            crcs.push(cur.finalize());
         }
         Ok(crcs)
     }
@@ -1140,7 +1155,16 @@ mod tests {
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            for piece in [0u32, 1, 4093, 16384, 1 << 20, 3 << 20] {
+            for piece in [
+                0u32,
+                1,
+                4093,
+                16384,
+                1 << 20,
+                (1 << 20) + 1,
+                3 << 20,
+                u32::MAX,
+            ] {
                 let mut reader = pool.install(|| BlobReader::new(piece));
                 for (offset, len) in [
                     (0u64, 0u64),
