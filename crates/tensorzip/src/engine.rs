@@ -364,8 +364,9 @@ fn write_batch<W: Write>(
 
 /// Payload bytes per vectored write of [`write_batch`]. `tensorzip compress` of 256 MiB fp32 on two
 /// threads (2026-12-04, Intel VM, eight alternating rounds): the copy into the `BufWriter` was 10%
-/// of its samples; 1 MiB groups written past it took the median from 0.316 to 0.307 s, while one
-/// writev of a whole batch (~16 MiB) was slower (0.37-0.69 s: a long write syscall stalls).
+/// of its samples; 1 MiB groups written past it (with the sequence of large tensors, against the
+/// build before both) took the median from 0.316 to 0.307 s, while one writev of a whole batch
+/// (~16 MiB) was slower (0.37-0.69 s: a long write syscall stalls).
 const WRITE_GROUP_BYTES: usize = 1 << 20;
 
 /// `Write::write_all` for several buffers (the standard library's is not stable).
@@ -767,7 +768,7 @@ mod tests {
         let mut slices = [std::io::IoSlice::new(&bufs[3])];
         let err = write_all_vectored(&mut &mut full[..], &mut slices).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::WriteZero);
-        // Entries and payloads of a batch: the directory bytes and the payload count.
+        // A batch's payloads through `write_batch`: all of them, in order, and their count.
         let mut dir = Vec::new();
         let mut w = Stingy(Vec::new(), 0);
         let n = write_batch(2, &[], &bufs, &mut dir, &mut w).unwrap();
