@@ -727,15 +727,7 @@ fn gpu_reads_ranges_back_in_one_gather() {
 fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {
     use tensorzip::archive::{plan_safetensors, serialize_safetensors, write_archive};
     use tensorzip::archive::{ArchiveOptions, SMALL_SEGMENT_BYTES};
-    let mut x = 0x5851_F42D_4C95_7F2Du64;
-    let random: Vec<u8> = (0..1100 * 1024 * 4)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let random = sample::random_bytes(1100 * 1024 * 4, 6);
     let data: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = vec![
         (
             "s0",

@@ -1138,15 +1138,7 @@ mod tests {
     /// window, of whole windows and of a window and a bit, at odd offsets.
     #[test]
     fn blob_checksums_read_back_equal_the_bytes_checksums() {
-        let mut x = 0x1234_5678_9ABC_DEF1u64;
-        let bytes: Vec<u8> = (0..(3 << 20) + 777)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let bytes = crate::sample::random_bytes((3 << 20) + 777, 10);
         let path = std::env::temp_dir().join(format!("tz-crc-{}.bin", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
         let file = File::open(&path).unwrap();
@@ -1221,15 +1213,7 @@ mod tests {
             vec![1100, 1024],
             weights(1100, 1024, DType::F32, 9),
         ));
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let random = (0..1100 * 1024 * 4)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let random = crate::sample::random_bytes(1100 * 1024 * 4, 9);
         data.push(("rand".into(), "F32", vec![1100, 1024], random));
         data.push((
             "big2".into(),

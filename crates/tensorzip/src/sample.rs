@@ -32,6 +32,17 @@ impl Rng {
     }
 }
 
+/// `n` seeded random bytes (incompressible data for tests and benchmarks).
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
 /// The bytes of an f32 tensor (`raw`, little-endian) cast to `to` with round to nearest even:
 /// `Some` for bf16 and f16, `None` for any other target dtype.
 pub fn cast_f32_bytes(raw: &[u8], to: DType) -> Option<Vec<u8>> {

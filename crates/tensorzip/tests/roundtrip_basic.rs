@@ -223,15 +223,7 @@ fn tensors_coded_in_sequence_equal_tensors_coded_alone() {
         block_units: 512,
         ..Default::default()
     };
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let random: Vec<u8> = (0..70_001)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let random = sample::random_bytes(70_001, 14);
     let tensors: Vec<(Vec<u8>, DType, Vec<u64>)> = vec![
         (
             sample::weights(150, 700, DType::F32, 11),
