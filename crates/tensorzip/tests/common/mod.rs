@@ -73,15 +73,7 @@ pub fn weights(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
     }
 }
 
-pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut r = Rng::new(seed);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        out.extend_from_slice(&r.next_u64().to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+pub use tensorzip::sample::random_bytes;
 
 /// Bit patterns of special values of `dtype` (NaN, +-Inf, -0, max) as little-endian units.
 fn specials(dtype: DType) -> Vec<Vec<u8>> {
