@@ -25,7 +25,7 @@
 
 use std::time::Instant;
 
-use tensorzip::archive::{encode_runs, small_runs, BlobEncoder, BlobItem, SMALL_SEGMENT_BYTES};
+use tensorzip::archive::{encode_runs, is_seq_run, small_runs, BlobEncoder, BlobItem};
 use tensorzip::{sample, transform, CpuEngine, DType};
 
 use crate::output::map_file;
@@ -143,6 +143,7 @@ pub fn run(
             items: &blob_items,
             runs_of: &runs_of,
             enc_runs: &enc_runs,
+            lens: &lens,
             opts: &opts,
         };
         for _ in 0..runs {
@@ -151,7 +152,7 @@ pub fn run(
             let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
             for r in &enc_runs {
                 let run = &blob_items[r.clone()];
-                if lens[r.start] < SMALL_SEGMENT_BYTES {
+                if !is_seq_run(&lens, r) {
                     blobs.extend(eng.encode_blobs(run, &opts).map_err(|e| e.to_string())?);
                     continue;
                 }
@@ -230,6 +231,8 @@ struct WarmPasses<'a> {
     runs_of: &'a [std::ops::Range<usize>],
     /// The runs the compress takes together (`encode_runs`).
     enc_runs: &'a [std::ops::Range<usize>],
+    /// The tensors' sizes.
+    lens: &'a [u64],
     opts: &'a tensorzip::CompressOptions,
 }
 
@@ -246,7 +249,7 @@ impl WarmPasses<'_> {
         let t = Instant::now();
         for r in self.enc_runs {
             let (items, outs) = (&self.items[r.clone()], &mut blobs[r.clone()]);
-            match items[0].0.len() as u64 >= SMALL_SEGMENT_BYTES {
+            match is_seq_run(self.lens, r) {
                 true => eng.compress_seq_into(items, self.opts, outs),
                 false => eng.compress_many_into(items, self.opts, outs),
             }

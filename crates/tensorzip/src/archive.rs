@@ -457,13 +457,19 @@ pub fn small_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
 pub fn encode_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     for run in small_runs(lens) {
-        let large = lens[run.start] >= SMALL_SEGMENT_BYTES;
         match runs.last_mut() {
-            Some(last) if large && lens[last.start] >= SMALL_SEGMENT_BYTES => last.end = run.end,
+            Some(last) if is_seq_run(lens, &run) && is_seq_run(lens, last) => last.end = run.end,
             _ => runs.push(run),
         }
     }
     runs
+}
+
+/// Whether a run of [`encode_runs`] is a sequence of large segments (streamed one after the other)
+/// rather than small segments coded together.
+pub fn is_seq_run(lens: &[u64], run: &std::ops::Range<usize>) -> bool {
+    lens.get(run.start)
+        .is_some_and(|&l| l >= SMALL_SEGMENT_BYTES)
 }
 
 /// `write_archive` codes runs of segments smaller than this together ([`BlobEncoder::encode_blobs`]),
@@ -536,7 +542,7 @@ pub fn write_archive(
             .collect::<Result<Vec<BlobItem<'_>>>>()?;
         // A run of small segments is coded together, into memory, then written in order; large
         // ones are streamed into the file one after the other.
-        if segments[i].len < SMALL_SEGMENT_BYTES {
+        if !is_seq_run(&lens, &run) {
             let blobs = engine.encode_blobs(&items, &opts.compress)?;
             for ((s, item), blob) in segments[i..j].iter().zip(&items).zip(&blobs) {
                 w.write_all(blob).map_err(io)?;

@@ -116,7 +116,7 @@ fn large_tensors_written_past_the_caches_round_trip() {
 #[test]
 fn tensors_compressed_together_equal_tensors_compressed_alone() {
     use tensorzip::archive::{
-        encode_runs, small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES,
+        encode_runs, is_seq_run, small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES,
     };
     use tensorzip::CpuEngine;
     let eng = CpuEngine::new(2).unwrap();
@@ -204,6 +204,16 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
         encode_runs(&[large, large + 1, 10, 20, large, 5, large, large, large]),
         vec![0..2, 2..4, 4..5, 5..6, 6..9]
     );
+    // A run is all large segments (a sequence) or all small ones.
+    let mixed = [large, large + 1, 10, 20, large, 5, large, large, large];
+    for r in encode_runs(&mixed) {
+        let seq = is_seq_run(&mixed, &r);
+        assert!(
+            mixed[r.clone()].iter().all(|&l| (l >= large) == seq),
+            "{r:?}"
+        );
+    }
+    assert!(!is_seq_run(&mixed, &(9..9)));
     assert_eq!(encode_runs(&lens), want);
     assert_eq!(encode_runs(&many), small_runs(&many));
     assert!(encode_runs(&[]).is_empty());
