@@ -552,17 +552,17 @@ pub fn write_archive(
             }
             continue;
         }
-        let lens = engine.encode_blob_seq(&items, &opts.compress, &mut w, &|k, done| {
+        let blob_lens = engine.encode_blob_seq(&items, &opts.compress, &mut w, &|k, done| {
             progress(segments[i + k].offset + done)
         })?;
-        if lens.len() != items.len() {
+        if blob_lens.len() != items.len() {
             return Err(Error::Engine(format!(
                 "{} blobs written for {} segments",
-                lens.len(),
+                blob_lens.len(),
                 items.len()
             )));
         }
-        for ((s, item), len) in segments[i..j].iter().zip(&items).zip(lens) {
+        for ((s, item), len) in segments[i..j].iter().zip(&items).zip(blob_lens) {
             entries.push(entry(s, item.0, pos, len));
             pos += len;
         }

@@ -134,10 +134,9 @@ impl CpuEngine {
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
         one_buffer_each(items.len(), outs.len(), "tensors")?;
-        let mut outs = outs.iter_mut();
-        self.in_sequence(items, opts, |_, enc| match outs.next() {
-            Some(out) => self.code_in_place(enc, opts, out),
-            None => Ok(()),
+        // `k` runs over the items, of which there are as many as buffers.
+        self.in_sequence(items, opts, |k, enc| {
+            self.code_in_place(enc, opts, &mut outs[k])
         })?;
         Ok(())
     }
