@@ -8,8 +8,9 @@
 //! decompress time into fresh allocations ("end-to-end"), plus the order-0 entropy bound of the
 //! byte planes with one table per tensor and with one table per 256 KiB chunk. Both directions take
 //! the tensors as `tensorzip compress` and `decompress` do: runs of small tensors concurrently
-//! (`CpuEngine::compress_many_into` / `decompress_many_into`, `archive::small_runs`), each larger
-//! tensor on its own — compressed one after the other with the next one's model built beside it
+//! (`CpuEngine::decompress_many_into`, `archive::small_runs`; the compress as
+//! `CpuEngine::compress_seq_into` codes a run's lead), each larger tensor on its own — compressed
+//! one after the other with the next one's model built beside the tensor or the lead before it
 //! (`CpuEngine::compress_seq_into`, `archive::encode_runs`), decompressed one at a time.
 //!
 //! With `--scaling` it also measures thread scaling *in pairs* (`scaling` in the JSON): every run
@@ -25,7 +26,7 @@
 
 use std::time::Instant;
 
-use tensorzip::archive::{encode_runs, is_seq_run, small_runs, BlobEncoder, BlobItem};
+use tensorzip::archive::{encode_runs, lead_len, small_runs, BlobItem};
 use tensorzip::{sample, transform, CpuEngine, DType};
 
 use crate::output::map_file;
@@ -152,16 +153,12 @@ pub fn run(
             let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
             for r in &enc_runs {
                 let run = &blob_items[r.clone()];
-                if !is_seq_run(&lens, r) {
-                    blobs.extend(eng.encode_blobs(run, &opts).map_err(|e| e.to_string())?);
-                    continue;
-                }
-                // Fresh blobs, as `encode_blobs` gives.
+                // Fresh blobs, as `BlobEncoder::encode_blobs` gives.
                 let mut fresh: Vec<Vec<u8>> = run
                     .iter()
                     .map(|i| tensorzip::fresh::with_capacity(i.0.len() + 64 * 1024))
                     .collect();
-                eng.compress_seq_into(run, &opts, &mut fresh)
+                eng.compress_seq_into(run, lead_len(&lens, r), &opts, &mut fresh)
                     .map_err(|e| e.to_string())?;
                 blobs.extend(fresh);
             }
@@ -249,11 +246,8 @@ impl WarmPasses<'_> {
         let t = Instant::now();
         for r in self.enc_runs {
             let (items, outs) = (&self.items[r.clone()], &mut blobs[r.clone()]);
-            match is_seq_run(self.lens, r) {
-                true => eng.compress_seq_into(items, self.opts, outs),
-                false => eng.compress_many_into(items, self.opts, outs),
-            }
-            .map_err(|e| e.to_string())?;
+            eng.compress_seq_into(items, lead_len(self.lens, r), self.opts, outs)
+                .map_err(|e| e.to_string())?;
         }
         Ok(t.elapsed().as_secs_f64())
     }

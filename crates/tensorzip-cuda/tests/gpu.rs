@@ -718,10 +718,10 @@ fn gpu_reads_ranges_back_in_one_gather() {
     }
 }
 
-/// An archive written through the GPU engine (`compress --gpu`: runs of small tensors in one batch,
-/// consecutive large ones through `BlobEncoder::encode_blob_seq`'s default, one after the other)
-/// equals the CPU engine's, whose large tensors are coded with the next one's model built beside
-/// them; a large random tensor between them is stored by both.
+/// An archive written through the GPU engine (`compress --gpu`: `BlobEncoder::encode_blob_seq`'s
+/// default, a run's lead of small tensors in one batch, the large ones after it one after the
+/// other) equals the CPU engine's, whose large tensors are coded with the next one's model built
+/// beside them (the first beside the lead); a large random tensor between them is stored by both.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {

@@ -366,18 +366,32 @@ pub trait BlobEncoder {
 
     /// Compresses tensors one after the other into `w`, each blob where the one before it ends,
     /// and returns their lengths; `progress` gets a tensor's index and its original bytes handled
-    /// so far. `write_archive` hands over runs of large tensors this way; this default codes them
-    /// with [`BlobEncoder::encode_blob`] in turn.
+    /// so far. The first `lead` tensors are small ones (a run of [`small_runs`]) that may be coded
+    /// together, the rest large ones. `write_archive` hands over its runs this way; this default
+    /// codes the lead with [`BlobEncoder::encode_blobs`] and the others with
+    /// [`BlobEncoder::encode_blob`] in turn.
     fn encode_blob_seq(
         &self,
         items: &[BlobItem<'_>],
+        lead: usize,
         opts: &CompressOptions,
         w: &mut dyn SeekWrite,
         progress: &(dyn Fn(usize, u64) + Sync),
     ) -> Result<Vec<u64>> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
+        let Some(small) = items.get(..lead) else {
+            return Err(Error::InvalidInput(format!(
+                "{lead} leading tensors of {}",
+                items.len()
+            )));
+        };
         let mut lens = Vec::with_capacity(items.len());
-        for (k, &(data, dtype, shape)) in items.iter().enumerate() {
+        for (k, blob) in self.encode_blobs(small, opts)?.into_iter().enumerate() {
+            w.write_all(&blob).map_err(io)?;
+            lens.push(blob.len() as u64);
+            progress(k, small[k].0.len() as u64);
+        }
+        for (k, &(data, dtype, shape)) in items.iter().enumerate().skip(lead) {
             let start = w.stream_position().map_err(io)?;
             let len = self.encode_blob(data, dtype, shape, opts, w, &|done| progress(k, done))?;
             w.seek(SeekFrom::Start(start + len)).map_err(io)?;
@@ -415,16 +429,17 @@ impl BlobEncoder for CpuEngine {
         Ok(blobs)
     }
 
-    /// The model of each tensor is built while the one before it is coded
-    /// ([`CpuEngine::compress_seq_to`]).
+    /// The lead is coded while the model of the first large tensor is built, and the model of
+    /// each large tensor while the one before it is coded ([`CpuEngine::compress_seq_to`]).
     fn encode_blob_seq(
         &self,
         items: &[BlobItem<'_>],
+        lead: usize,
         opts: &CompressOptions,
         w: &mut dyn SeekWrite,
         progress: &(dyn Fn(usize, u64) + Sync),
     ) -> Result<Vec<u64>> {
-        self.compress_seq_to(items, opts, &mut &mut *w, progress)
+        self.compress_seq_to(items, lead, opts, &mut &mut *w, progress)
     }
 }
 
@@ -451,25 +466,33 @@ pub fn small_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
     runs
 }
 
-/// The runs of segments of `lens` bytes that [`write_archive`] hands to the engine in one call: the
-/// runs of [`small_runs`], with consecutive larger segments joined into one run (coded one after
-/// the other, [`BlobEncoder::encode_blob_seq`]). A run is all small segments or all large ones.
+/// The runs of segments of `lens` bytes that [`write_archive`] hands to the engine in one call
+/// ([`BlobEncoder::encode_blob_seq`]): a run of [`small_runs`] (its *lead*, possibly empty)
+/// followed by the larger segments after it, up to the next small one. A run of small segments
+/// not followed by a large one is a run of its own.
 pub fn encode_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     for run in small_runs(lens) {
         match runs.last_mut() {
-            Some(last) if is_seq_run(lens, &run) && is_seq_run(lens, last) => last.end = run.end,
+            Some(last) if is_large(lens, &run) => last.end = run.end,
             _ => runs.push(run),
         }
     }
     runs
 }
 
-/// Whether a run of [`encode_runs`] is a sequence of large segments (streamed one after the other)
-/// rather than small segments coded together.
-pub fn is_seq_run(lens: &[u64], run: &std::ops::Range<usize>) -> bool {
+/// Whether `run` (of [`small_runs`]) is one large segment.
+fn is_large(lens: &[u64], run: &std::ops::Range<usize>) -> bool {
     lens.get(run.start)
         .is_some_and(|&l| l >= SMALL_SEGMENT_BYTES)
+}
+
+/// The number of small segments a run of [`encode_runs`] starts with (its lead, coded together);
+/// the segments after them are large ones, coded one after the other.
+pub fn lead_len(lens: &[u64], run: &std::ops::Range<usize>) -> usize {
+    run.clone()
+        .take_while(|&i| lens.get(i).is_some_and(|&l| l < SMALL_SEGMENT_BYTES))
+        .count()
 }
 
 /// `write_archive` codes runs of segments smaller than this together ([`BlobEncoder::encode_blobs`]),
@@ -540,21 +563,13 @@ pub fn write_archive(
         let items = (i..j)
             .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
             .collect::<Result<Vec<BlobItem<'_>>>>()?;
-        // A run of small segments is coded together, into memory, then written in order; large
-        // ones are streamed into the file one after the other.
-        if !is_seq_run(&lens, &run) {
-            let blobs = engine.encode_blobs(&items, &opts.compress)?;
-            for ((s, item), blob) in segments[i..j].iter().zip(&items).zip(&blobs) {
-                w.write_all(blob).map_err(io)?;
-                entries.push(entry(s, item.0, pos, blob.len() as u64));
-                pos += blob.len() as u64;
-                progress(s.offset + s.len);
-            }
-            continue;
-        }
-        let blob_lens = engine.encode_blob_seq(&items, &opts.compress, &mut w, &|k, done| {
-            progress(segments[i + k].offset + done)
-        })?;
+        // The run's small segments are coded together, into memory, and written in order; the
+        // large ones after them are streamed into the file one after the other.
+        let lead = lead_len(&lens, &run);
+        let blob_lens =
+            engine.encode_blob_seq(&items, lead, &opts.compress, &mut w, &|k, done| {
+                progress(segments[i + k].offset + done)
+            })?;
         if blob_lens.len() != items.len() {
             return Err(Error::Engine(format!(
                 "{} blobs written for {} segments",

@@ -35,6 +35,16 @@ pub struct CpuEngine {
 }
 
 /// An error unless there are as many output buffers as inputs (`what`: the inputs' name).
+/// `lead` if `items` has that many tensors, else an error.
+fn lead_of(items: usize, lead: usize) -> Result<usize> {
+    match lead <= items {
+        true => Ok(lead),
+        false => Err(Error::InvalidInput(format!(
+            "{lead} leading tensors of {items}"
+        ))),
+    }
+}
+
 fn one_buffer_each(inputs: usize, outs: usize, what: &str) -> Result<()> {
     if inputs == outs {
         return Ok(());
@@ -115,40 +125,61 @@ impl CpuEngine {
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
         one_buffer_each(items.len(), outs.len(), "tensors")?;
-        self.run(|| {
-            items.par_iter().zip(outs.par_iter_mut()).try_for_each(
-                |(&(data, dtype, shape), out)| {
-                    self.compress_in_place(data, dtype, shape, opts, out)
-                },
-            )
-        })
+        self.run(|| self.code_many(items, opts, outs))
     }
 
-    /// Compresses tensors one after the other, blob `i` replacing the contents of `outs[i]` (the
-    /// bytes of [`CpuEngine::compress_into`]): while one tensor's chunks are coded, the model of
-    /// the next is built beside them.
-    pub fn compress_seq_into(
+    /// [`CpuEngine::compress_many_into`] on a thread of the pool, `outs` as many as `items`.
+    fn code_many(
         &self,
         items: &[crate::archive::BlobItem<'_>],
         opts: &CompressOptions,
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
+        items
+            .par_iter()
+            .zip(outs.par_iter_mut())
+            .try_for_each(|(&(data, dtype, shape), out)| {
+                self.compress_in_place(data, dtype, shape, opts, out)
+            })
+    }
+
+    /// Compresses tensors, blob `i` replacing the contents of `outs[i]` (the bytes of
+    /// [`CpuEngine::compress_into`]): the first `lead` tensors (a model's small ones) are coded
+    /// together, as [`CpuEngine::compress_many_into`] does, while the model of tensor `lead` is
+    /// built beside them; the tensors from `lead` on are coded one after the other, the model of
+    /// each built while the one before it is coded. A tensor's model (sampling and table search)
+    /// scales worse over threads than its coding, and a large tensor's is milliseconds: on its
+    /// own it left a thread idle at the start of every large tensor.
+    pub fn compress_seq_into(
+        &self,
+        items: &[crate::archive::BlobItem<'_>],
+        lead: usize,
+        opts: &CompressOptions,
+        outs: &mut [Vec<u8>],
+    ) -> Result<()> {
         one_buffer_each(items.len(), outs.len(), "tensors")?;
-        // `k` runs over the items, of which there are as many as buffers.
-        self.in_sequence(items, opts, |k, enc| {
-            self.code_in_place(enc, opts, &mut outs[k])
-        })?;
+        let (small, seq) = items.split_at(lead_of(items.len(), lead)?);
+        let (small_outs, seq_outs) = outs.split_at_mut(small.len());
+        // `k` runs over the sequence's items, of which there are as many as its buffers.
+        self.in_sequence(
+            seq,
+            opts,
+            || self.code_many(small, opts, small_outs),
+            |k, enc, _| self.code_in_place(enc, opts, &mut seq_outs[k]),
+        )?;
         Ok(())
     }
 
-    /// Calls `code(k, encoder of item k)` for the items in order, on the pool, while the model of
-    /// item `k + 1` is built beside it (`TensorEncoder::new`); stops at the first error.
-    fn in_sequence<'a, R: Send>(
+    /// On the pool: `lead()` beside the model of item 0, then `code(k, encoder of item k, lead's
+    /// result)` for the items in order, the model of item `k + 1` built beside each; stops at the
+    /// first error.
+    fn in_sequence<'a, L: Send, R: Send>(
         &self,
         items: &[crate::archive::BlobItem<'a>],
         opts: &CompressOptions,
-        mut code: impl FnMut(usize, TensorEncoder<'a>) -> Result<R> + Send,
-    ) -> Result<Vec<R>> {
+        lead: impl FnOnce() -> Result<L> + Send,
+        mut code: impl FnMut(usize, TensorEncoder<'a>, &mut L) -> Result<R> + Send,
+    ) -> Result<(L, Vec<R>)> {
         let model = |k: usize| {
             items
                 .get(k)
@@ -156,14 +187,15 @@ impl CpuEngine {
         };
         self.run(|| {
             let mut done = Vec::with_capacity(items.len());
-            let mut next = model(0);
+            let (led, mut next) = rayon::join(lead, || model(0));
+            let mut led = led?;
             while let Some(enc) = next.take() {
                 let (k, enc) = (done.len(), enc?);
-                let (r, n) = rayon::join(|| code(k, enc), || model(k + 1));
+                let (r, n) = rayon::join(|| code(k, enc, &mut led), || model(k + 1));
                 done.push(r?);
                 next = n;
             }
-            Ok(done)
+            Ok((led, done))
         })
     }
 
@@ -531,19 +563,51 @@ impl CpuEngine {
 
     /// Compresses tensors one after the other into `w` (each blob where the one before it ends,
     /// with the bytes of [`CpuEngine::compress_to`]) and returns the blobs' lengths; `progress`
-    /// receives a tensor's index and the original bytes of it handled so far. While one tensor's
-    /// chunks are coded, the model of the next is built beside them: its table search is mostly
-    /// sequential, so one tensor at a time left a core idle at every tensor's start.
+    /// receives a tensor's index and the original bytes of it handled so far. As in
+    /// [`CpuEngine::compress_seq_into`], the first `lead` tensors are coded together (into memory,
+    /// then written) while the model of tensor `lead` is built, and the model of each later tensor
+    /// is built while the one before it is coded.
     pub fn compress_seq_to<W: Write + Seek + Send>(
         &self,
         items: &[crate::archive::BlobItem<'_>],
+        lead: usize,
         opts: &CompressOptions,
         w: &mut W,
         progress: &(dyn Fn(usize, u64) + Sync),
     ) -> Result<Vec<u64>> {
-        self.in_sequence(items, opts, |k, enc| {
-            self.stream_blob(enc, w, &|done| progress(k, done))
-        })
+        let (small, seq) = items.split_at(lead_of(items.len(), lead)?);
+        let n_small = small.len();
+        // The lead's blobs, written into `w` before the first tensor of the sequence (or at the
+        // end if there is none), with their lengths.
+        let write_lead = |blobs: &mut Option<Vec<Vec<u8>>>, w: &mut W| -> Result<Vec<u64>> {
+            let mut lens = Vec::new();
+            for (k, blob) in blobs.take().into_iter().flatten().enumerate() {
+                w.write_all(&blob).map_err(|e| Error::Io(e.to_string()))?;
+                lens.push(blob.len() as u64);
+                progress(k, small[k].0.len() as u64);
+            }
+            Ok(lens)
+        };
+        let mut lens = Vec::with_capacity(items.len());
+        let (mut rest, seq_lens) = self.in_sequence(
+            seq,
+            opts,
+            || {
+                let mut blobs: Vec<Vec<u8>> = small
+                    .iter()
+                    .map(|i| crate::fresh::with_capacity(i.0.len() + 64 * 1024))
+                    .collect();
+                self.code_many(small, opts, &mut blobs)?;
+                Ok(Some(blobs))
+            },
+            |k, enc, blobs| {
+                lens.extend(write_lead(blobs, w)?);
+                self.stream_blob(enc, w, &|done| progress(n_small + k, done))
+            },
+        )?;
+        lens.extend(write_lead(&mut rest, w)?);
+        lens.extend(seq_lens);
+        Ok(lens)
     }
 
     /// Writes the blob of an encoder whose model is built into `w` at its current position,

@@ -116,7 +116,7 @@ fn large_tensors_written_past_the_caches_round_trip() {
 #[test]
 fn tensors_compressed_together_equal_tensors_compressed_alone() {
     use tensorzip::archive::{
-        encode_runs, is_seq_run, small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES,
+        encode_runs, lead_len, small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES,
     };
     use tensorzip::CpuEngine;
     let eng = CpuEngine::new(2).unwrap();
@@ -198,31 +198,34 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     );
     assert!(small_runs(&[]).is_empty());
 
-    // The runs handed over in one call: consecutive large segments join.
+    // The runs handed over in one call: a large segment joins the run before it, so that a run
+    // is a lead of small segments (possibly none) and the large ones after it.
     let large = SMALL_SEGMENT_BYTES;
-    assert_eq!(
-        encode_runs(&[large, large + 1, 10, 20, large, 5, large, large, large]),
-        vec![0..2, 2..4, 4..5, 5..6, 6..9]
-    );
-    // A run is all large segments (a sequence) or all small ones.
-    let mixed = [large, large + 1, 10, 20, large, 5, large, large, large];
-    for r in encode_runs(&mixed) {
-        let seq = is_seq_run(&mixed, &r);
-        assert!(
-            mixed[r.clone()].iter().all(|&l| (l >= large) == seq),
-            "{r:?}"
-        );
+    let mixed = [large, large + 1, 10, 20, large, 5, large, large, large, 7];
+    let runs = encode_runs(&mixed);
+    assert_eq!(runs, vec![0..2, 2..5, 5..9, 9..10]);
+    let leads: Vec<usize> = runs.iter().map(|r| lead_len(&mixed, r)).collect();
+    assert_eq!(leads, vec![0, 2, 1, 1]);
+    for (r, lead) in runs.iter().zip(leads) {
+        let (small, big) = mixed[r.clone()].split_at(lead);
+        assert!(small.iter().all(|&l| l < large), "{r:?}");
+        assert!(big.iter().all(|&l| l >= large), "{r:?}");
     }
-    assert!(!is_seq_run(&mixed, &(9..9)));
-    assert_eq!(encode_runs(&lens), want);
+    assert_eq!(lead_len(&mixed, &(9..9)), 0);
+    // The large segment after `10 + small` joins them; the small runs after it stay as they were.
+    let mut want_enc = want.clone();
+    want_enc.remove(1);
+    want_enc[0].end = 3;
+    assert_eq!(encode_runs(&lens), want_enc);
     assert_eq!(encode_runs(&many), small_runs(&many));
     assert!(encode_runs(&[]).is_empty());
 }
 
-/// Tensors coded one after the other with the next one's model built beside them
-/// (`compress_seq_into`, `compress_seq_to`) give the blobs of one-by-one compression — stored
-/// tensors (empty, tiny, random bytes) and coded ones of every float kind among them, at one and
-/// two threads — and an invalid tensor is an error, whichever place it has.
+/// Tensors coded one after the other with the next one's model built beside them, after a lead
+/// coded together (`compress_seq_into`, `compress_seq_to`), give the blobs of one-by-one
+/// compression — stored tensors (empty, tiny, random bytes) and coded ones of every float kind
+/// among them, at one and two threads, for every length of the lead — and an invalid tensor is
+/// an error, whichever place it has.
 #[test]
 fn tensors_coded_in_sequence_equal_tensors_coded_alone() {
     use std::io::{Cursor, Seek, SeekFrom, Write};
@@ -264,66 +267,84 @@ fn tensors_coded_in_sequence_equal_tensors_coded_alone() {
         .collect();
     for threads in [1, 2] {
         let eng = CpuEngine::new(threads).unwrap();
-        let mut outs = vec![vec![0xAAu8; 100]; items.len()];
-        eng.compress_seq_into(&items, &opts, &mut outs).unwrap();
-        assert!(outs == alone, "{threads} threads: in-memory blobs differ");
-        // Into a writer that already holds 5 bytes, and past bytes left from before.
-        let mut w = Cursor::new(vec![0x77u8; 1 << 20]);
-        w.seek(SeekFrom::Start(5)).unwrap();
-        let done = std::sync::Mutex::new(vec![0u64; items.len()]);
-        let lens = eng
-            .compress_seq_to(&items, &opts, &mut w, &|k, n| {
-                let mut d = done.lock().unwrap();
-                assert!(n >= d[k], "tensor {k}: progress went back");
-                d[k] = n;
-            })
-            .unwrap();
-        let end = w.position() as usize;
-        w.write_all(b"end").unwrap();
-        let written = w.into_inner();
-        let want: Vec<u8> = alone.concat();
-        assert_eq!(
-            lens,
-            alone.iter().map(|b| b.len() as u64).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            end,
-            5 + want.len(),
-            "{threads} threads: the writer's position"
-        );
-        assert!(
-            written[5..end] == want[..],
-            "{threads} threads: streamed blobs differ"
-        );
-        assert_eq!(&written[end..end + 3], b"end");
-        // Progress reached every tensor's end, and no further.
-        for (k, (d, _, _)) in tensors.iter().enumerate() {
-            assert_eq!(
-                done.lock().unwrap()[k],
-                d.len() as u64,
-                "tensor {k}'s progress"
+        for lead in 0..=items.len() {
+            let mut outs = vec![vec![0xAAu8; 100]; items.len()];
+            eng.compress_seq_into(&items, lead, &opts, &mut outs)
+                .unwrap();
+            assert!(
+                outs == alone,
+                "{threads} threads, lead {lead}: in-memory blobs differ"
             );
+            // Into a writer that already holds 5 bytes, and past bytes left from before.
+            let mut w = Cursor::new(vec![0x77u8; 1 << 20]);
+            w.seek(SeekFrom::Start(5)).unwrap();
+            let done = std::sync::Mutex::new(vec![0u64; items.len()]);
+            let lens = eng
+                .compress_seq_to(&items, lead, &opts, &mut w, &|k, n| {
+                    let mut d = done.lock().unwrap();
+                    assert!(n >= d[k], "tensor {k}: progress went back");
+                    d[k] = n;
+                })
+                .unwrap();
+            let end = w.position() as usize;
+            w.write_all(b"end").unwrap();
+            let written = w.into_inner();
+            let want: Vec<u8> = alone.concat();
+            assert_eq!(
+                lens,
+                alone.iter().map(|b| b.len() as u64).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                end,
+                5 + want.len(),
+                "{threads} threads, lead {lead}: the writer's position"
+            );
+            assert!(
+                written[5..end] == want[..],
+                "{threads} threads, lead {lead}: streamed blobs differ"
+            );
+            assert_eq!(&written[end..end + 3], b"end");
+            // Progress reached every tensor's end, and no further.
+            for (k, (d, _, _)) in tensors.iter().enumerate() {
+                assert_eq!(
+                    done.lock().unwrap()[k],
+                    d.len() as u64,
+                    "lead {lead}: tensor {k}'s progress"
+                );
+            }
         }
-        // A tensor whose bytes do not fill its shape, first, in the middle or last: an error.
+        // A tensor whose bytes do not fill its shape, first, in the middle or last, in the lead
+        // or in the sequence: an error.
         let short = &tensors[2].0[..tensors[2].0.len() - 2];
         for at in [0, 3, items.len()] {
             let mut bad = items.clone();
             bad.insert(at, (short, DType::BF16, &tensors[2].2[..]));
-            let mut outs = vec![Vec::new(); bad.len()];
-            assert!(eng.compress_seq_into(&bad, &opts, &mut outs).is_err());
-            let mut w = Cursor::new(Vec::new());
-            assert!(eng
-                .compress_seq_to(&bad, &opts, &mut w, &|_, _| {})
-                .is_err());
+            for lead in [0, 2, 4, bad.len()] {
+                let mut outs = vec![Vec::new(); bad.len()];
+                assert!(eng.compress_seq_into(&bad, lead, &opts, &mut outs).is_err());
+                let mut w = Cursor::new(Vec::new());
+                assert!(eng
+                    .compress_seq_to(&bad, lead, &opts, &mut w, &|_, _| {})
+                    .is_err());
+            }
         }
-        // As many buffers as tensors, or an error.
+        // As many buffers as tensors, and a lead no longer than the tensors, or an error.
+        let mut outs = vec![Vec::new(); items.len()];
         assert!(eng
-            .compress_seq_into(&items, &opts, &mut outs[..2])
+            .compress_seq_into(&items, 0, &opts, &mut outs[..2])
+            .is_err());
+        let over = items.len() + 1;
+        assert!(eng
+            .compress_seq_into(&items, over, &opts, &mut outs)
+            .is_err());
+        let mut w = Cursor::new(Vec::new());
+        assert!(eng
+            .compress_seq_to(&items, over, &opts, &mut w, &|_, _| {})
             .is_err());
         // No tensors: nothing written.
         let mut w = Cursor::new(Vec::new());
         assert!(eng
-            .compress_seq_to(&[], &opts, &mut w, &|_, _| {})
+            .compress_seq_to(&[], 0, &opts, &mut w, &|_, _| {})
             .unwrap()
             .is_empty());
         assert!(w.into_inner().is_empty());
