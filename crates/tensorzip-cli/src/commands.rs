@@ -16,8 +16,40 @@ use crate::{Common, DecodeArgs, EncoderArgs};
 /// Extension of archives.
 pub const EXT: &str = "tz";
 
+/// The CPU engine for `--threads`: it runs on rayon's global pool, sized to that count
+/// ([`size_pool`]).
 fn engine(common: &Common) -> Result<CpuEngine, String> {
-    CpuEngine::new(common.threads).map_err(|e| e.to_string())
+    size_pool(common)?;
+    CpuEngine::new(0).map_err(|e| e.to_string())
+}
+
+/// Sizes rayon's global pool to `--threads` (0: every core) and returns its size. Everything a
+/// command does on the CPU runs there — the engine's coding, the archive writer's checksums of the
+/// original bytes and of the blobs read back, the GPU engine's host work — so `--threads 1` works
+/// on one thread. (Until 2026-12-04 the CPU engine had a pool of its own and the checksums ran on
+/// a global pool of every core.)
+fn size_pool(common: &Common) -> Result<usize, String> {
+    if common.threads > 0 {
+        let built = rayon::ThreadPoolBuilder::new()
+            .num_threads(common.threads)
+            .thread_name(|i| format!("tensorzip-{i}"))
+            .build_global();
+        // Built already (a second engine in one command) with this size: nothing to do.
+        if let Err(e) = built {
+            if rayon::current_num_threads() != common.threads {
+                return Err(format!("--threads {}: {e}", common.threads));
+            }
+        }
+    }
+    Ok(rayon::current_num_threads())
+}
+
+/// "1 thread", "2 threads".
+fn threads_note(n: usize) -> String {
+    match n {
+        1 => "1 thread".into(),
+        n => format!("{n} threads"),
+    }
 }
 
 fn gb_s(bytes: u64, secs: f64) -> f64 {
@@ -38,6 +70,7 @@ pub fn compress(
         checksum_piece_bytes: piece,
     };
     opts.compress.validate().map_err(|e| e.to_string())?;
+    let threads = size_pool(common)?;
     let eng: Box<dyn BlobEncoder> = if gpu {
         Box::new(tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))?)
     } else {
@@ -70,14 +103,15 @@ pub fn compress(
         .filter(|s| s.kind == SegmentKind::Tensor)
         .count();
     eprintln!(
-        "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s",
+        "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s, {}",
         file.display(),
         dest.display(),
         tensors,
         src.len(),
         len,
         len as f64 / src.len().max(1) as f64 * 100.0,
-        gb_s(src.len() as u64, secs)
+        gb_s(src.len() as u64, secs),
+        threads_note(threads)
     );
     Ok(())
 }
@@ -97,6 +131,7 @@ fn decode_all<W: Write + Send>(
     pb: &indicatif::ProgressBar,
 ) -> Result<(), String> {
     if dec.gpu {
+        size_pool(common)?;
         let gpu = tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))?;
         tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, &|done| pb.set_position(done))
             .map_err(|e| e.to_string())
@@ -144,11 +179,12 @@ pub fn decompress(
     pb.finish_and_clear();
     out.commit()?;
     eprintln!(
-        "{} -> {}: {} bytes, {:.2} GB/s",
+        "{} -> {}: {} bytes, {:.2} GB/s, {}",
         path.display(),
         dest.display(),
         ar.original_len,
-        gb_s(ar.original_len, secs)
+        gb_s(ar.original_len, secs),
+        threads_note(size_pool(common)?)
     );
     Ok(())
 }
@@ -309,7 +345,7 @@ pub fn verify(
         }
     }
     eprintln!(
-        "{}: OK ({} segments, {} bytes, every checksum matches{}; {:.2} GB/s)",
+        "{}: OK ({} segments, {} bytes, every checksum matches{}; {:.2} GB/s, {})",
         path.display(),
         ar.segments.len(),
         ar.original_len,
@@ -318,7 +354,8 @@ pub fn verify(
         } else {
             ""
         },
-        gb_s(ar.original_len, t.elapsed().as_secs_f64())
+        gb_s(ar.original_len, t.elapsed().as_secs_f64()),
+        threads_note(size_pool(common)?)
     );
     Ok(())
 }

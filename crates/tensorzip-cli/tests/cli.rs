@@ -180,28 +180,49 @@ fn compress_decompress_round_trip_is_byte_exact() {
         "decompress b.tz",
     );
     assert!(std::fs::read(d.join("b.safetensors")).unwrap() == model);
-    // Archives do not depend on the thread count.
-    ok(
-        &tz(
-            d,
-            &[
-                "compress",
-                "model.safetensors",
-                "-o",
-                "t1.tz",
-                "--chunk-bytes",
-                "1024",
-                "--block-units",
-                "64",
-                "-t",
-                "1",
-            ],
-        ),
-        "compress -t 1",
+    // Archives do not depend on the thread count; every command reports the threads it ran on,
+    // its whole process's pool (checksums included).
+    let t1 = tz(
+        d,
+        &[
+            "compress",
+            "model.safetensors",
+            "-o",
+            "t1.tz",
+            "--chunk-bytes",
+            "1024",
+            "--block-units",
+            "64",
+            "-t",
+            "1",
+        ],
+    );
+    ok(&t1, "compress -t 1");
+    assert!(
+        stderr(&t1).trim_end().ends_with(", 1 thread"),
+        "{}",
+        stderr(&t1)
     );
     assert!(
         std::fs::read(d.join("t1.tz")).unwrap() == ar,
         "archives differ between 1 and 2 threads"
+    );
+    let v3 = tz(d, &["verify", "t1.tz", "-t", "3"]);
+    ok(&v3, "verify -t 3");
+    assert!(
+        stderr(&v3).trim_end().ends_with(", 3 threads)"),
+        "{}",
+        stderr(&v3)
+    );
+    let x1 = tz(
+        d,
+        &["decompress", "t1.tz", "-o", "t1.safetensors", "-t", "1"],
+    );
+    ok(&x1, "decompress -t 1");
+    assert!(
+        stderr(&x1).trim_end().ends_with(", 1 thread"),
+        "{}",
+        stderr(&x1)
     );
     no_temp_files(d);
 }
