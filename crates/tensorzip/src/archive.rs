@@ -385,8 +385,16 @@ pub trait BlobEncoder {
                 items.len()
             )));
         };
+        let blobs = self.encode_blobs(small, opts)?;
+        if blobs.len() != small.len() {
+            return Err(Error::Engine(format!(
+                "{} blobs for {} tensors",
+                blobs.len(),
+                small.len()
+            )));
+        }
         let mut lens = Vec::with_capacity(items.len());
-        for (k, blob) in self.encode_blobs(small, opts)?.into_iter().enumerate() {
+        for (k, blob) in blobs.into_iter().enumerate() {
             w.write_all(&blob).map_err(io)?;
             lens.push(blob.len() as u64);
             progress(k, small[k].0.len() as u64);
@@ -1316,5 +1324,62 @@ mod tests {
             back.extend_from_slice(&ar.decode_segment(&eng, i).unwrap());
         }
         assert!(back == file, "the archive does not decode to the file");
+    }
+
+    /// The trait's default `encode_blob_seq` refuses a lead longer than the tensors, and an
+    /// engine whose `encode_blobs` returns a blob more or less than asked is an error, not a panic.
+    #[test]
+    fn the_default_sequence_checks_its_lead_and_the_engines_blob_count() {
+        /// The CPU engine, its `encode_blobs` giving `extra` blobs more (or, below zero, fewer).
+        struct Miscount(CpuEngine, i32);
+        impl BlobEncoder for Miscount {
+            fn encode_blob(
+                &self,
+                data: &[u8],
+                dtype: DType,
+                shape: &[u64],
+                opts: &CompressOptions,
+                w: &mut dyn SeekWrite,
+                progress: &(dyn Fn(u64) + Sync),
+            ) -> Result<u64> {
+                self.0.encode_blob(data, dtype, shape, opts, w, progress)
+            }
+            fn encode_blobs(
+                &self,
+                items: &[BlobItem<'_>],
+                opts: &CompressOptions,
+            ) -> Result<Vec<Vec<u8>>> {
+                let mut blobs = self.0.encode_blobs(items, opts)?;
+                match self.1 {
+                    1 => blobs.push(vec![1, 2, 3]),
+                    -1 => {
+                        blobs.pop();
+                    }
+                    _ => {}
+                }
+                Ok(blobs)
+            }
+        }
+        let data = crate::sample::weights(30, 40, DType::BF16, 2);
+        let shape = [30u64, 40];
+        let items: Vec<BlobItem<'_>> = vec![(&data[..], DType::BF16, &shape[..]); 3];
+        let opts = CompressOptions::default();
+        let run = |eng: &Miscount, lead: usize| {
+            let mut w = std::io::Cursor::new(Vec::new());
+            eng.encode_blob_seq(&items, lead, &opts, &mut w, &|_, _| {})
+        };
+        let exact = Miscount(CpuEngine::new(1).unwrap(), 0);
+        let lens = run(&exact, 2).unwrap();
+        assert_eq!(lens.len(), 3);
+        assert!(run(&exact, 4).is_err());
+        for extra in [1, -1] {
+            let eng = Miscount(CpuEngine::new(1).unwrap(), extra);
+            assert!(run(&eng, 2).is_err(), "{extra} blobs more");
+            // Without a lead `encode_blobs` is asked for no blobs: one more is still an error.
+            assert!(
+                run(&eng, 0).is_err() == (extra == 1),
+                "{extra} blobs more, no lead"
+            );
+        }
     }
 }

@@ -34,7 +34,6 @@ pub struct CpuEngine {
     payloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
-/// An error unless there are as many output buffers as inputs (`what`: the inputs' name).
 /// `lead` if `items` has that many tensors, else an error.
 fn lead_of(items: usize, lead: usize) -> Result<usize> {
     match lead <= items {
@@ -45,6 +44,7 @@ fn lead_of(items: usize, lead: usize) -> Result<usize> {
     }
 }
 
+/// An error unless there are as many output buffers as inputs (`what`: the inputs' name).
 fn one_buffer_each(inputs: usize, outs: usize, what: &str) -> Result<()> {
     if inputs == outs {
         return Ok(());
