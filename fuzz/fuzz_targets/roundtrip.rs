@@ -44,7 +44,10 @@ fuzz_target!(|data: &[u8]| {
     let back = engine().decompress(&blob).expect("our own blob decodes");
     assert_eq!(back.dtype, dtype);
     assert_eq!(back.shape, shape);
-    assert!(back.data == tensor, "round trip differs ({dtype:?}, {n} elements)");
+    assert!(
+        back.data == tensor,
+        "round trip differs ({dtype:?}, {n} elements)"
+    );
     if *t & 0x40 != 0 {
         sequence(tensor, dtype, n, (*b as usize, *c as usize), &opts);
     }
@@ -57,7 +60,11 @@ fn sequence(tensor: &[u8], dtype: DType, n: usize, (b, c): (usize, usize), opts:
     let isz = dtype.itemsize();
     let (x, y) = (b * n / 255, c * n / 255);
     let (x, y) = (x.min(y), x.max(y));
-    let parts = [&tensor[..x * isz], &tensor[x * isz..y * isz], &tensor[y * isz..]];
+    let parts = [
+        &tensor[..x * isz],
+        &tensor[x * isz..y * isz],
+        &tensor[y * isz..],
+    ];
     let shapes: Vec<[u64; 1]> = parts.iter().map(|p| [(p.len() / isz) as u64]).collect();
     let items: Vec<(&[u8], DType, &[u64])> = parts
         .iter()
@@ -81,10 +88,16 @@ fn sequence(tensor: &[u8], dtype: DType, n: usize, (b, c): (usize, usize), opts:
     let lens = engine()
         .compress_seq_to(&items, lead, opts, &mut w, &|_, _| {})
         .expect("the parts stream in sequence");
-    assert_eq!(lens, alone.iter().map(|a| a.len() as u64).collect::<Vec<_>>());
+    assert_eq!(
+        lens,
+        alone.iter().map(|a| a.len() as u64).collect::<Vec<_>>()
+    );
     // A stored blob is written over a longer coded attempt, which may leave bytes past the last
     // blob (the archive writer truncates its file): the blobs are the prefix.
     let want = alone.concat();
     let got = w.into_inner();
-    assert!(got.len() >= want.len() && got[..want.len()] == want[..], "streamed sequence differs (lead {lead})");
+    assert!(
+        got.len() >= want.len() && got[..want.len()] == want[..],
+        "streamed sequence differs (lead {lead})"
+    );
 }
