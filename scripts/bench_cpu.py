@@ -514,15 +514,27 @@ def cmd_run(args):
                      "same for a fixed integer loop on every thread, the VM's own scaling):")
         lines.append("")
         lines.append("| dataset | threads | rounds | comp warm | dec warm | machine | comp warm 1 / all GB/s "
-                     "| dec warm 1 / all GB/s | bg load |")
-        lines.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+                     "| dec warm 1 / all GB/s | bg load | comp rounds (TLB shootdowns) | dec rounds (TLB shootdowns) |")
+        lines.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
+
+        def rounds(ratios, shootdowns):
+            # Each round's ratio, with the kernel's TLB shootdowns during it where there were any.
+            shootdowns = shootdowns or [None] * len(ratios)
+            return " ".join(f"{r:.2f}" + (f" ({t})" if t else "") for r, t in zip(ratios, shootdowns))
+
         for p in paired:
             sc = p["scaling"]
             lines.append(f"| {p['dataset']} | {p['threads']}/1 | {sc['runs']} | {sc['compress_warm_ratio']:.2f}× | "
                          f"{sc['decompress_warm_ratio']:.2f}× | {sc['machine_ratio']:.2f}× | "
                          f"{sc['compress_warm_1t_gbps']:.3f} / {sc['compress_warm_nt_gbps']:.3f} | "
                          f"{sc['decompress_warm_1t_gbps']:.3f} / {sc['decompress_warm_nt_gbps']:.3f} | "
-                         f"{sc['foreign_load_cores']:.2f} |")
+                         f"{sc['foreign_load_cores']:.2f} | "
+                         f"{rounds(sc['compress_warm_ratios'], sc.get('compress_tlb_shootdowns'))} | "
+                         f"{rounds(sc['decompress_warm_ratios'], sc.get('decompress_tlb_shootdowns'))} |")
+        lines.append("TLB shootdowns: the `TLB:` row of /proc/interrupts, all CPUs, during the round's two "
+                     "measurements (the kernel unmapping or sampling pages while we ran; the 2-core VM runs "
+                     "DAMON with a pageout scheme). In a probe on that VM the embedding's slowest rounds had "
+                     "several and the others none or one; rounds can also dip without any.")
         lines.append("")
     notes = []
     nf = sorted({n for r in results for n in r["zipnn"]["non_float_as_float32"]})

@@ -239,6 +239,26 @@ struct Scaling {
     compress: Vec<(f64, f64)>,
     decompress: Vec<(f64, f64)>,
     machine: Vec<(f64, f64)>,
+    /// The kernel's TLB shootdowns (all CPUs) during each round's compress pair and decompress
+    /// pair, where `/proc/interrupts` tells (Linux).
+    shootdowns: Vec<(Option<u64>, Option<u64>)>,
+}
+
+/// The machine's TLB shootdowns so far (the `TLB:` row of `/proc/interrupts`, summed over the
+/// CPUs), or `None` where there is no such row. On the 2-core VM (2026-12-04, a probe of 75
+/// rounds each way) the rounds of MiniLM fp32's word embedding that ran 1.4-2x slower than the
+/// rest had 1-9 shootdowns where the others had 0-1 (the kernel unmapping or sampling pages while
+/// we code: the VM runs DAMON with a pageout scheme); whole-file pairs also dip by 10% in rounds
+/// without any. The pairs report them per round.
+fn tlb_shootdowns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let row = text.lines().find(|l| l.trim_start().starts_with("TLB:"))?;
+    Some(
+        row.split_whitespace()
+            .skip(1)
+            .map_while(|x| x.parse::<u64>().ok())
+            .sum(),
+    )
 }
 
 impl WarmPasses<'_> {
@@ -283,7 +303,9 @@ impl WarmPasses<'_> {
             compress: Vec::new(),
             decompress: Vec::new(),
             machine: Vec::new(),
+            shootdowns: Vec::new(),
         };
+        let since = |t0: Option<u64>| Some(tlb_shootdowns()?.saturating_sub(t0?));
         // The spare buffers let both engines compress into warm memory without copying; one
         // untimed pass each way touches them and the one-thread engine's scratch first.
         let mut spare: Vec<Vec<u8>> = blobs.to_vec();
@@ -300,22 +322,27 @@ impl WarmPasses<'_> {
             let mut c = [0.0; 2];
             let mut d = [0.0; 2];
             let mut m = [0.0; 2];
+            let t0 = tlb_shootdowns();
             for (e, k) in order {
                 c[k] = self.compress(e, if k == 0 { &mut spare } else { blobs })?;
             }
+            let tc = since(t0);
             if spare != blobs {
                 return Err("one thread and several compress differently".into());
             }
             let refs: Vec<&[u8]> = spare.iter().map(|b| &b[..]).collect();
+            let t0 = tlb_shootdowns();
             for (e, k) in order {
                 d[k] = self.decompress(e, &refs, outs)?;
             }
+            let td = since(t0);
             for (_, k) in order {
                 m[k] = spin_threads(if k == 0 { 1 } else { n });
             }
             s.compress.push((c[0], c[1]));
             s.decompress.push((d[0], d[1]));
             s.machine.push((m[0], m[1]));
+            s.shootdowns.push((tc, td));
         }
         Ok(s)
     }
@@ -380,6 +407,8 @@ impl Scaling {
             "decompress_warm_ratio": dr, "decompress_warm_1t_gbps": gb(d1), "decompress_warm_nt_gbps": gb(dn),
             "machine_ratio": mr,
             "compress_warm_ratios": round(crs), "decompress_warm_ratios": round(drs), "machine_ratios": round(mrs),
+            "compress_tlb_shootdowns": self.shootdowns.iter().map(|p| p.0).collect::<Vec<_>>(),
+            "decompress_tlb_shootdowns": self.shootdowns.iter().map(|p| p.1).collect::<Vec<_>>(),
         })
     }
 }

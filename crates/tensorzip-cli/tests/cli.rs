@@ -656,6 +656,17 @@ fn bench_reports_sizes_and_paired_scaling() {
             "{k}: {s}"
         );
     }
+    // The kernel's TLB shootdowns of each round: counts where /proc/interrupts has them.
+    let linux = std::fs::read_to_string("/proc/interrupts").is_ok_and(|t| t.contains("TLB:"));
+    for k in ["compress_tlb_shootdowns", "decompress_tlb_shootdowns"] {
+        let v = s[k].as_array().unwrap_or_else(|| panic!("{k}: {s}"));
+        assert_eq!(v.len(), 2, "{k}");
+        assert!(
+            v.iter()
+                .all(|t| t.is_u64() == linux && (linux || t.is_null())),
+            "{k}: {s}"
+        );
+    }
     // One thread: nothing to pair.
     assert!(json(&[&base[..], &["-t", "1"]].concat())["scaling"].is_null());
 }
