@@ -771,23 +771,17 @@ fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {
     let file = serialize_safetensors(&tensors, None).unwrap();
     let segs = plan_safetensors(&file).unwrap();
     let opts = ArchiveOptions::default();
-    let write = |eng: &dyn tensorzip::archive::BlobEncoder, name: &str| {
-        let path = std::env::temp_dir().join(format!("tz-gpu-{name}-{}.tz", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+    let write = |eng: &dyn tensorzip::archive::BlobEncoder| {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = tempfile::tempfile().unwrap();
         write_archive(eng, &file[..], &segs, &opts, &mut f, &|_| {}).unwrap();
-        drop(f);
-        let bytes = std::fs::read(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
+        let mut bytes = Vec::new();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.read_to_end(&mut bytes).unwrap();
         bytes
     };
-    let gpu = write(&engine(), "gpu");
-    let cpu = write(&tensorzip::CpuEngine::new(0).unwrap(), "cpu");
+    let gpu = write(&engine());
+    let cpu = write(&tensorzip::CpuEngine::new(0).unwrap());
     assert!(
         gpu == cpu,
         "the GPU engine's archive differs from the CPU's"

@@ -1144,21 +1144,12 @@ mod tests {
 
     /// The bytes of the archive `src` writes into a temporary file.
     fn archive(src: &dyn Fn(&mut File)) -> Vec<u8> {
-        let path = std::env::temp_dir().join(format!(
-            "tz-archive-{}-{:?}.tz",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        use std::io::Read;
+        let mut f = tempfile::tempfile().unwrap();
         src(&mut f);
-        let bytes = std::fs::read(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
+        let mut bytes = Vec::new();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.read_to_end(&mut bytes).unwrap();
         bytes
     }
 

@@ -455,18 +455,6 @@ impl CpuEngine {
         out: &mut Vec<u8>,
     ) -> Result<()> {
         out.clear();
-        let (data, dtype) = (enc.data(), enc.header().dtype);
-        let shape = enc.header().shape.clone();
-        let shape = &shape[..];
-        let write_stored = |out: &mut Vec<u8>| {
-            out.clear();
-            stored_header(dtype, shape).write(out);
-            out.extend_from_slice(data);
-        };
-        if enc.header().scheme == Scheme::Stored {
-            write_stored(out);
-            return Ok(());
-        }
         let n = enc.n_chunks() as usize;
         let piece_chunks = (pieces::PIECE_BYTES / opts.chunk_bytes).max(1);
         let in_pieces = rayon::current_num_threads() > 1 && n >= 2 * piece_chunks;
@@ -474,11 +462,20 @@ impl CpuEngine {
         // Pieces are coded into buffers that must stay in the cache until they are placed: the
         // placing copy writes past the caches instead.
         enc.set_streaming(streaming && !in_pieces);
-        let h = enc.header();
+        let (h, data) = (enc.header(), enc.data());
+        let write_stored = |out: &mut Vec<u8>| {
+            out.clear();
+            stored_header(h.dtype, &h.shape).write(out);
+            out.extend_from_slice(data);
+        };
+        if h.scheme == Scheme::Stored {
+            write_stored(out);
+            return Ok(());
+        }
         enc.write_prefix(out);
         let (dir_pos, dir_len) = (out.len(), n * h.dir_entry_len());
         out.resize(dir_pos + dir_len, 0);
-        let stored_len = stored_header(dtype, shape).encoded_len() + data.len();
+        let stored_len = stored_header(h.dtype, &h.shape).encoded_len() + data.len();
         // Codes chunks `from..to` into `buf` and their directory entries into `dir`; stops early
         // once `buf` reaches the stored blob's length (the blob will be stored: the directory
         // then lacks entries).
@@ -620,14 +617,11 @@ impl CpuEngine {
     ) -> Result<u64> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
         let start = w.stream_position().map_err(io)?;
-        let (data, dtype) = (enc.data(), enc.header().dtype);
-        let shape = enc.header().shape.clone();
-        let shape = &shape[..];
+        let (h, data) = (enc.header(), enc.data());
         let write_stored = |w: &mut W| -> Result<u64> {
             w.seek(SeekFrom::Start(start)).map_err(io)?;
-            let h = stored_header(dtype, shape);
             let mut head = Vec::new();
-            h.write(&mut head);
+            stored_header(h.dtype, &h.shape).write(&mut head);
             w.write_all(&head).map_err(io)?;
             for piece in data.chunks(STREAM_BATCH_BYTES) {
                 w.write_all(piece).map_err(io)?;
@@ -635,10 +629,9 @@ impl CpuEngine {
             progress(data.len() as u64);
             Ok((head.len() + data.len()) as u64)
         };
-        if enc.header().scheme == Scheme::Stored {
+        if h.scheme == Scheme::Stored {
             return write_stored(w);
         }
-        let h = enc.header().clone();
         let mut prefix = Vec::new();
         enc.write_prefix(&mut prefix);
         w.write_all(&prefix).map_err(io)?;
@@ -697,7 +690,7 @@ impl CpuEngine {
         }
         keep_some(&mut pool);
         *self.payloads.lock().unwrap_or_else(|e| e.into_inner()) = pool;
-        let stored_len = (stored_header(dtype, shape).encoded_len() + data.len()) as u64;
+        let stored_len = (stored_header(h.dtype, &h.shape).encoded_len() + data.len()) as u64;
         if total >= stored_len {
             return write_stored(w);
         }
