@@ -144,6 +144,22 @@ struct HistJob {
 template <int U> struct UnitReg { typedef u32 type; };
 template <> struct UnitReg<8> { typedef u64 type; };
 
+// The PER = 16 / U units of one 16-byte load, transformed.
+template <int U, int E>
+__device__ __forceinline__ void units_of(const uint4 v, typename UnitReg<U>::type (&t)[16 / U]) {
+    constexpr u32 PER = 16 / U;
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    #pragma unroll
+    for (u32 k = 0; k < PER; k++) {
+        u64 u;
+        if (U == 8) u = (u64)w[2 * k] | ((u64)w[2 * k + 1] << 32);
+        else if (U == 4) u = w[k];
+        else if (U == 2) u = (w[k / 2] >> (16 * (k & 1))) & 0xFFFFu;
+        else u = (w[k / 4] >> (8 * (k & 3))) & 0xFFu;
+        t[k] = (typename UnitReg<U>::type)fwd<U, E>(u);
+    }
+}
+
 // The transformed units base .. base + 16 / U of a sampled block of `len` units from unit `start`
 // of `data` (those inside it: the count is returned), with one 16-byte load where they are all
 // inside and aligned, else unit by unit.
@@ -154,17 +170,7 @@ __device__ __forceinline__ u32 load_units(const u8* __restrict__ data, u64 start
     const u32 n = base < len ? min(PER, len - base) : 0u;
     const u8* p = data + (start + base) * U;
     if (n == PER && ((unsigned long long)p & 15) == 0) {
-        const uint4 v = __ldg((const uint4*)p);
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        #pragma unroll
-        for (u32 k = 0; k < PER; k++) {
-            u64 u;
-            if (U == 8) u = (u64)w[2 * k] | ((u64)w[2 * k + 1] << 32);
-            else if (U == 4) u = w[k];
-            else if (U == 2) u = (w[k / 2] >> (16 * (k & 1))) & 0xFFFFu;
-            else u = (w[k / 4] >> (8 * (k & 3))) & 0xFFu;
-            t[k] = (typename UnitReg<U>::type)fwd<U, E>(u);
-        }
+        units_of<U, E>(__ldg((const uint4*)p), t);
     } else {
         #pragma unroll
         for (u32 k = 0; k < PER; k++) t[k] = k < n ? (typename UnitReg<U>::type)unit<U, E>(data, start + base + k) : 0;
@@ -177,7 +183,12 @@ __device__ __forceinline__ u32 load_units(const u8* __restrict__ data, u64 start
 // thread block (4096 units of one or two bytes: a bf16 block fills 512 threads, an fp32 one 1024),
 // the halves count two sampled blocks at once, each into its own histograms (since 2026-12-02: a
 // bf16 block kept only 512 of the 1024 threads busy, and each sampled block was a chain of a load
-// and three barriers).
+// and three barriers). Since 2026-12-04 the picks' ranges are read once into shared memory and a
+// round's 16-byte loads are issued a round ahead, so that a round no longer waits for its pick,
+// then its units, then the block's first unit (for `want`) one after the other: on the H200, 1
+// GiB bf16 (8 tensors), the counting step ended at 0.123-0.136 ms of the call's stream against
+// 0.152-0.161 (event traces, three each), encode calls 301.7-306.2 against 299.5-304.1 GB/s
+// (five alternating rounds; docs/BENCHMARKS.md).
 template <int U, int E>
 __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __restrict__ params,
                            const u64* __restrict__ picks, u32* __restrict__ hists, u32* __restrict__ joint_all,
@@ -186,6 +197,9 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
     typedef typename UnitReg<U>::type UT;
     __shared__ u32 hh[2][U * 256];
     __shared__ u32 any_joint;
+    __shared__ u64 pick_start[PICKS_PER_BLOCK];
+    __shared__ u32 pick_len[PICKS_PER_BLOCK];
+    __shared__ UT first_unit[2];
     extern __shared__ uint4 dyn4[];
     u32* sj4 = (u32*)dyn4;
     const HistJob job = jobs[blockIdx.x];
@@ -198,50 +212,106 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
         for (u32 k = threadIdx.x; k < 32768; k += blockDim.x) sj4[k] = 0;
     }
     if (threadIdx.x == 0) any_joint = 0;
+    // The sampled block `q`'s first unit and length.
+    auto range = [&](u32 q, u64& start, u32& len) {
+        const u64 g = picks[job.first + q];
+        const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
+        start = c * P->chunk_units + b * P->block_units;
+        const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
+        const u64 end = min(start + P->block_units, chunk_end);
+        len = (u32)(end - start);
+    };
+    // Every pick's range once, in shared memory (the host gives a job at most PICKS_PER_BLOCK
+    // picks; a longer job finds its ranges as it goes): each round then waits for no pick.
+    const bool staged = job.n <= PICKS_PER_BLOCK;
+    if (staged && threadIdx.x < job.n) {
+        u64 start;
+        u32 len;
+        range(threadIdx.x, start, len);
+        pick_start[threadIdx.x] = start;
+        pick_len[threadIdx.x] = len;
+    }
+    __syncthreads();
+    auto pick = [&](u32 q, u64& start, u32& len) {
+        start = 0;
+        len = 0;
+        if (q >= job.n) return;
+        if (staged) {
+            start = pick_start[q];
+            len = pick_len[q];
+        } else {
+            range(q, start, len);
+        }
+    };
     // Groups: two when the longest block (a block, or a chunk shorter than one) fits half the threads.
     const u64 longest = min((u64)P->block_units, (u64)P->chunk_units);
     const u32 ng = longest <= (u64)(blockDim.x / 2) * PER ? 2u : 1u;
     const u32 gsize = blockDim.x / ng, grp = threadIdx.x / gsize, gt = threadIdx.x % gsize;
     u32* h = hh[grp];
     const u32 span = gsize * PER;
+    // A thread's 16 bytes of sampled block `q` where the block is one round and they are whole and
+    // aligned: loaded a round ahead, so that a round counts from registers while the next round's
+    // load is in flight (else the round loads its units itself, as `load_units` does).
+    auto ahead = [&](u32 q, uint4& v) -> bool {
+        u64 start;
+        u32 len;
+        pick(q, start, len);
+        const u32 base = gt * PER;
+        if (len > span || base >= len || len - base < PER) return false;
+        const u8* p = data + (start + base) * U;
+        if (((unsigned long long)p & 15) != 0) return false;
+        v = __ldg((const uint4*)p);
+        return true;
+    };
+    uint4 next = make_uint4(0, 0, 0, 0);
+    bool next_ok = ahead(grp, next);
     for (u32 q0 = 0; q0 < job.n; q0 += ng) {
         const u32 q = q0 + grp;
         const bool active = q < job.n;
-        u64 start = 0;
-        u32 len = 0;
-        if (active) {
-            const u64 g = picks[job.first + q];
-            const u64 c = g / P->blocks_per_chunk, b = g % P->blocks_per_chunk;
-            start = c * P->chunk_units + b * P->block_units;
-            const u64 chunk_end = min((c + 1) * (u64)P->chunk_units, P->units);
-            const u64 end = min(start + P->block_units, chunk_end);
-            len = (u32)(end - start);
-        }
+        u64 start;
+        u32 len;
+        pick(q, start, len);
+        const uint4 cur = next;
+        const bool cur_ok = next_ok;
+        next_ok = ahead(q + ng, next);
         const bool one_round = len <= span;
         for (u32 k = gt; k < U * 256; k += gsize) h[k] = 0;
         __syncthreads();
         UT kept[PER];
         u32 n_kept = 0;
-        for (u32 base = gt * PER; base < len; base += span) {
-            UT t[PER];
-            const u32 n = load_units<U, E>(data, start, len, base, t);
+        if (cur_ok) {
+            units_of<U, E>(cur, kept);
+            n_kept = PER;
             #pragma unroll
             for (u32 k = 0; k < PER; k++) {
-                if (k < n) {
-                    #pragma unroll
-                    for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t[k], p)], 1u);
-                }
-                kept[k] = t[k];
+                #pragma unroll
+                for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(kept[k], p)], 1u);
             }
-            n_kept = n;
+            if (gt == 0) first_unit[grp] = kept[0];
+        } else {
+            for (u32 base = gt * PER; base < len; base += span) {
+                UT t[PER];
+                const u32 n = load_units<U, E>(data, start, len, base, t);
+                #pragma unroll
+                for (u32 k = 0; k < PER; k++) {
+                    if (k < n) {
+                        #pragma unroll
+                        for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t[k], p)], 1u);
+                    }
+                    kept[k] = t[k];
+                }
+                if (base == 0) first_unit[grp] = t[0];
+                n_kept = n;
+            }
         }
         __syncthreads();
         if (active) {
             u32* out = hists + (job.first + q) * U * 256;
             for (u32 k = gt; k < U * 256; k += gsize) out[k] = h[k];
         }
-        // Joint counts only where the plane is not one repeated byte.
-        const bool want = active && jp < (u32)U && h[jp * 256 + byte_of(unit<U, E>(data, start), jp)] != len;
+        // Joint counts only where the plane is not one repeated byte (the block's first unit was
+        // kept in shared memory by the thread that counted it).
+        const bool want = active && len > 0 && jp < (u32)U && h[jp * 256 + byte_of(first_unit[grp], jp)] != len;
         __syncthreads();
         if (!want) continue;
         if (gt == 0) any_joint = 1;
