@@ -160,17 +160,27 @@ __device__ __forceinline__ void units_of(const uint4 v, typename UnitReg<U>::typ
     }
 }
 
+// The address of the one 16-byte load that holds units base .. base + 16 / U of a sampled block of
+// `len` units from unit `start` of `data`, where they are all inside the block and the address is
+// aligned; else null (the caller then reads unit by unit).
+template <int U>
+__device__ __forceinline__ const uint4* whole_load(const u8* __restrict__ data, u64 start, u32 len, u32 base) {
+    constexpr u32 PER = 16 / U;
+    if (base >= len || len - base < PER) return nullptr;
+    const u8* p = data + (start + base) * U;
+    return ((unsigned long long)p & 15) == 0 ? (const uint4*)p : nullptr;
+}
+
 // The transformed units base .. base + 16 / U of a sampled block of `len` units from unit `start`
-// of `data` (those inside it: the count is returned), with one 16-byte load where they are all
-// inside and aligned, else unit by unit.
+// of `data` (those inside it: the count is returned), with one 16-byte load where `whole_load`
+// finds one, else unit by unit.
 template <int U, int E>
 __device__ __forceinline__ u32 load_units(const u8* __restrict__ data, u64 start, u32 len, u32 base,
                                           typename UnitReg<U>::type (&t)[16 / U]) {
     constexpr u32 PER = 16 / U;
     const u32 n = base < len ? min(PER, len - base) : 0u;
-    const u8* p = data + (start + base) * U;
-    if (n == PER && ((unsigned long long)p & 15) == 0) {
-        units_of<U, E>(__ldg((const uint4*)p), t);
+    if (const uint4* p = whole_load<U>(data, start, len, base)) {
+        units_of<U, E>(__ldg(p), t);
     } else {
         #pragma unroll
         for (u32 k = 0; k < PER; k++) t[k] = k < n ? (typename UnitReg<U>::type)unit<U, E>(data, start + base + k) : 0;
@@ -249,18 +259,17 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
     const u32 gsize = blockDim.x / ng, grp = threadIdx.x / gsize, gt = threadIdx.x % gsize;
     u32* h = hh[grp];
     const u32 span = gsize * PER;
-    // A thread's 16 bytes of sampled block `q` where the block is one round and they are whole and
-    // aligned: loaded a round ahead, so that a round counts from registers while the next round's
+    // A thread's 16 bytes of sampled block `q` where the block is one round and `whole_load` finds
+    // them: loaded a round ahead, so that a round counts from registers while the next round's
     // load is in flight (else the round loads its units itself, as `load_units` does).
     auto ahead = [&](u32 q, uint4& v) -> bool {
         u64 start;
         u32 len;
         pick(q, start, len);
-        const u32 base = gt * PER;
-        if (len > span || base >= len || len - base < PER) return false;
-        const u8* p = data + (start + base) * U;
-        if (((unsigned long long)p & 15) != 0) return false;
-        v = __ldg((const uint4*)p);
+        if (len > span) return false;
+        const uint4* p = whole_load<U>(data, start, len, gt * PER);
+        if (!p) return false;
+        v = __ldg(p);
         return true;
     };
     uint4 next = make_uint4(0, 0, 0, 0);
