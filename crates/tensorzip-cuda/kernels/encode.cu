@@ -547,22 +547,27 @@ __host__ __device__ constexpr u32 hist_bytes() {
 }
 
 // Loads the units bl .. bl + blen of the chunk at `src` into `planes`, transformed
-// and split: byte p of unit i at planes[p * bu + i]. 16-byte loads, four in flight per lane.
+// and split: byte p of unit i at planes[p * bu + i]. 16-byte loads, eight in flight per lane
+// (four until 2026-12-04: the first use of each round's loads was the kernel's largest stall, 12%
+// of its samples in ncu, and a 4096-unit bf16 block took four rounds of HBM latency; with eight,
+// H200, 1 GiB, three alternating rounds of five runs: encode 312.9-314.7 -> 316.3-319.9 GB/s
+// (bf16), 328.9-333.4 -> 345.5-351.2 (fp32)).
 template <int U, int E>
 __device__ __forceinline__ void stage(const u8* __restrict__ src, u32 bl, u32 blen, u8* planes, u32 bu, int lane) {
     constexpr u32 PER = 16 / U;  // units per 16-byte vector
+    constexpr int LOADS = 8;     // 16-byte loads in flight per lane
     const uint4* v = (const uint4*)(src + (u64)bl * U);
     // Chunks of a size that is not a multiple of 16 bytes may start unaligned: units one by one.
     const u32 nv = ((u64)v & 15) == 0 ? blen / PER : 0u;
-    for (u32 j0 = 0; j0 < nv; j0 += 4 * 32) {
-        uint4 w[4];
+    for (u32 j0 = 0; j0 < nv; j0 += LOADS * 32) {
+        uint4 w[LOADS];
         #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < LOADS; k++) {
             const u32 j = j0 + k * 32 + lane;
             w[k] = j < nv ? __ldg(v + j) : make_uint4(0u, 0u, 0u, 0u);
         }
         #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < LOADS; k++) {
             const u32 j = j0 + k * 32 + lane;
             if (j >= nv) continue;
             const u32 i0 = j * PER;
@@ -959,7 +964,43 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                         const bool act = (u32)lane < rem;
                         put(x, down, act, act ? (u32)csyms[o + full * 32 + lane] : 0u, fc, words);
                     }
-                    if (lean) {
+                    // The full steps' symbols, csyms[o .. o + 32 * full), from the 16-byte line
+                    // at or below their start.
+                    const u32 a0 = (u32)((u64)(csyms + o) & 15);
+                    const u32 nv = (a0 + full * 32 + 15) / 16;
+                    if (lean && planes_sh && nv * 16 <= U * bu) {
+                        // Copied first into the stage buffer (free until this block is staged
+                        // below) with eight 16-byte loads in flight per lane, then read from
+                        // shared memory by the steps: read from global memory one step ahead,
+                        // each step waited for its symbol's load (8.4% of the kernel's stall
+                        // samples, ncu 2026-12-04). The loads read at most 15 bytes either side of
+                        // the symbols, inside the slot (`csyms` has 64 bytes of slack and follows
+                        // the raw area). Not `__ldg`: this warp wrote the symbols in this launch.
+                        // H200, 1 GiB, three alternating rounds (median of five runs each):
+                        // encode 303.1-306.5 -> 314.9-321.0 GB/s (bf16), 315.1-316.2 ->
+                        // 332.8-334.6 (fp32); an L2 prefetch of the next block before each
+                        // stage was no faster (bf16) or slower (fp32), and was not kept.
+                        copy_fc(hist, fc, lane);
+                        const uint4* s16 = (const uint4*)(csyms + o - a0);
+                        for (u32 j0 = 0; j0 < nv; j0 += 8 * 32) {
+                            uint4 w[8];
+                            #pragma unroll
+                            for (int k = 0; k < 8; k++) {
+                                const u32 j = j0 + k * 32 + lane;
+                                w[k] = j < nv ? s16[j] : make_uint4(0u, 0u, 0u, 0u);
+                            }
+                            #pragma unroll
+                            for (int k = 0; k < 8; k++) {
+                                const u32 j = j0 + k * 32 + lane;
+                                if (j < nv) ((uint4*)planes)[j] = w[k];
+                            }
+                        }
+                        __syncwarp();
+                        const u32 base = planes_sh + a0 + lane;
+                        put_full(x, down, full, [&](u32 r) { return lds8(base + r * 32); }, hist_sh, words, gt);
+                        // The stage below overwrites the buffer the steps read.
+                        __syncwarp();
+                    } else if (lean) {
                         copy_fc(hist, fc, lane);
                         const u8* cs = csyms + o + lane;
                         put_full(x, down, full, [&](u32 r) { return (u32)cs[r * 32]; }, hist_sh, words, gt);
