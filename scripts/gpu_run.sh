@@ -119,9 +119,9 @@ if [[ $what == profile ]]; then
         -o /tmp/gpu-profile-rep -f ./gpu-bin/gpu_bench $args > "$out/ncu.log" 2>&1 || rc=1
     "$cuda/ncu" -i /tmp/gpu-profile-rep.ncu-rep --page source --csv --print-source sass > "$out/sass.csv" || rc=1
     "$cuda/ncu" -i /tmp/gpu-profile-rep.ncu-rep --page details --csv > "$out/details.csv" || rc=1
-    # The cubin of this run that holds the profiled kernel (cached by source, architecture and
-    # driver), disassembled with its line table: NVRTC compiles with -lineinfo. Only that one: a
-    # device call returns a limited number of files, and all of them (one per compile unit of
+    # The cubins of this run that hold the profiled kernel's name (cached by source, architecture
+    # and driver), disassembled with their line table: NVRTC compiles with -lineinfo. Only those:
+    # a device call returns a limited number of files, and all of them (one per compile unit of
     # each source) made it drop some (2026-12-04).
     for c in "$TENSORZIP_CACHE_DIR"/tz_*.cubin; do
         if grep -q "$kernel" "$c"; then
