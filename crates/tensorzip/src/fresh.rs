@@ -6,7 +6,8 @@
 //! faults 2 MiB at a time: 4-6 GB/s measured on the same machine (docs/BENCHMARKS.md). Large
 //! buffers from the allocator are fresh `mmap`s, so advising their 2 MiB-aligned interior before the
 //! first write is enough; the advice changes no contents and is a no-op where THP is off.
-//! `TENSORZIP_NO_HUGEPAGES=1` turns the advice off (for comparisons, or where compaction stalls).
+//! `TENSORZIP_NO_HUGEPAGES=1` (any value but `0`) turns the advice off (for comparisons, or where
+//! compaction stalls).
 //!
 //! It can also lose: on a VM with free page reporting (the 2-core Intel VM's kernel logs "Free page
 //! reporting enabled"), free 2 MiB blocks are handed back to the host, and a huge page taken from
@@ -43,7 +44,9 @@ pub fn with_capacity(n: usize) -> Vec<u8> {
 
 #[cfg(target_os = "linux")]
 fn advise(ptr: *mut u8, len: usize) {
-    if len < MIN_ADVISE || std::env::var_os("TENSORZIP_NO_HUGEPAGES").is_some() {
+    // Set to anything but "0", as `TENSORZIP_NO_AVX512` (before 2026-12-04 any value, "0"
+    // included, turned the advice off).
+    if len < MIN_ADVISE || std::env::var_os("TENSORZIP_NO_HUGEPAGES").is_some_and(|v| v != "0") {
         return;
     }
     let start = (ptr as usize).next_multiple_of(HUGE);
