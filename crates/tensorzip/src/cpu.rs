@@ -2,6 +2,11 @@
 
 use std::sync::OnceLock;
 
+/// Whether the switch `name` (e.g. `TENSORZIP_NO_AVX512`) is on: set to anything but `0`.
+pub(crate) fn switch_on(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v != "0")
+}
+
 /// Whether this CPU runs our AVX2 code: AVX2 and POPCNT (checked once; `TENSORZIP_NO_SIMD=1` forces
 /// the scalar paths). The SIMD functions enable both: with AVX2 alone the compiler may not use the
 /// `popcnt` instruction, and it emulated the population counts of the refill and split masks with
@@ -9,7 +14,7 @@ use std::sync::OnceLock;
 pub fn has_avx2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
-        if std::env::var_os("TENSORZIP_NO_SIMD").is_some_and(|v| v != "0") {
+        if switch_on("TENSORZIP_NO_SIMD") {
             return false;
         }
         #[cfg(target_arch = "x86_64")]
@@ -28,7 +33,7 @@ pub fn has_avx2() -> bool {
 pub fn has_avx512() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
-        if !has_avx2() || std::env::var_os("TENSORZIP_NO_AVX512").is_some_and(|v| v != "0") {
+        if !has_avx2() || switch_on("TENSORZIP_NO_AVX512") {
             return false;
         }
         #[cfg(target_arch = "x86_64")]

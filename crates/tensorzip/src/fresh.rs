@@ -44,9 +44,8 @@ pub fn with_capacity(n: usize) -> Vec<u8> {
 
 #[cfg(target_os = "linux")]
 fn advise(ptr: *mut u8, len: usize) {
-    // Set to anything but "0", as `TENSORZIP_NO_AVX512` (before 2026-12-04 any value, "0"
-    // included, turned the advice off).
-    if len < MIN_ADVISE || std::env::var_os("TENSORZIP_NO_HUGEPAGES").is_some_and(|v| v != "0") {
+    // Read as the other switches (before 2026-12-04 any value, "0" included, turned it off).
+    if len < MIN_ADVISE || crate::cpu::switch_on("TENSORZIP_NO_HUGEPAGES") {
         return;
     }
     let start = (ptr as usize).next_multiple_of(HUGE);
