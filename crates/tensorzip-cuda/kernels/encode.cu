@@ -546,6 +546,10 @@ __host__ __device__ constexpr u32 hist_bytes() {
     return U >= 2 && U < 4 ? 4096u : U * 1024u;
 }
 
+// 16-byte loads a lane keeps in flight where a warp reads a block's bytes into shared memory
+// (`stage`, and the conditioned symbols' copy in `encode_chunk`).
+#define LOADS_IN_FLIGHT 8
+
 // Loads the units bl .. bl + blen of the chunk at `src` into `planes`, transformed
 // and split: byte p of unit i at planes[p * bu + i]. 16-byte loads, eight in flight per lane
 // (four until 2026-12-04: the first use of each round's loads was the kernel's largest stall, 12%
@@ -555,19 +559,18 @@ __host__ __device__ constexpr u32 hist_bytes() {
 template <int U, int E>
 __device__ __forceinline__ void stage(const u8* __restrict__ src, u32 bl, u32 blen, u8* planes, u32 bu, int lane) {
     constexpr u32 PER = 16 / U;  // units per 16-byte vector
-    constexpr int LOADS = 8;     // 16-byte loads in flight per lane
     const uint4* v = (const uint4*)(src + (u64)bl * U);
     // Chunks of a size that is not a multiple of 16 bytes may start unaligned: units one by one.
     const u32 nv = ((u64)v & 15) == 0 ? blen / PER : 0u;
-    for (u32 j0 = 0; j0 < nv; j0 += LOADS * 32) {
-        uint4 w[LOADS];
+    for (u32 j0 = 0; j0 < nv; j0 += LOADS_IN_FLIGHT * 32) {
+        uint4 w[LOADS_IN_FLIGHT];
         #pragma unroll
-        for (int k = 0; k < LOADS; k++) {
+        for (int k = 0; k < LOADS_IN_FLIGHT; k++) {
             const u32 j = j0 + k * 32 + lane;
             w[k] = j < nv ? __ldg(v + j) : make_uint4(0u, 0u, 0u, 0u);
         }
         #pragma unroll
-        for (int k = 0; k < LOADS; k++) {
+        for (int k = 0; k < LOADS_IN_FLIGHT; k++) {
             const u32 j = j0 + k * 32 + lane;
             if (j >= nv) continue;
             const u32 i0 = j * PER;
@@ -970,7 +973,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                     const u32 nv = (a0 + full * 32 + 15) / 16;
                     if (lean && planes_sh && nv * 16 <= U * bu) {
                         // Copied first into the stage buffer (free until this block is staged
-                        // below) with eight 16-byte loads in flight per lane, then read from
+                        // below) with LOADS_IN_FLIGHT 16-byte loads per lane, then read from
                         // shared memory by the steps: read from global memory one step ahead,
                         // each step waited for its symbol's load (8.4% of the kernel's stall
                         // samples, ncu 2026-12-04). The loads read at most 15 bytes either side of
@@ -982,15 +985,15 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                         // stage was no faster (bf16) or slower (fp32), and was not kept.
                         copy_fc(hist, fc, lane);
                         const uint4* s16 = (const uint4*)(csyms + o - a0);
-                        for (u32 j0 = 0; j0 < nv; j0 += 8 * 32) {
-                            uint4 w[8];
+                        for (u32 j0 = 0; j0 < nv; j0 += LOADS_IN_FLIGHT * 32) {
+                            uint4 w[LOADS_IN_FLIGHT];
                             #pragma unroll
-                            for (int k = 0; k < 8; k++) {
+                            for (int k = 0; k < LOADS_IN_FLIGHT; k++) {
                                 const u32 j = j0 + k * 32 + lane;
                                 w[k] = j < nv ? s16[j] : make_uint4(0u, 0u, 0u, 0u);
                             }
                             #pragma unroll
-                            for (int k = 0; k < 8; k++) {
+                            for (int k = 0; k < LOADS_IN_FLIGHT; k++) {
                                 const u32 j = j0 + k * 32 + lane;
                                 if (j < nv) ((uint4*)planes)[j] = w[k];
                             }
