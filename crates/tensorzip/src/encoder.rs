@@ -275,6 +275,7 @@ impl<'a> TensorEncoder<'a> {
                         syms: &planes[p][block(b)],
                         packed: &enc.packed,
                         scalar: &enc.syms,
+                        ranked: enc.ranked.as_deref(),
                     });
                 }
             }
@@ -288,6 +289,7 @@ impl<'a> TensorEncoder<'a> {
                         syms: &cond_syms[cond_ranges[b].clone()],
                         packed: &ce.packed,
                         scalar: &ce.syms,
+                        ranked: ce.ranked.as_deref(),
                     })
                 }
                 _ => None,

@@ -1,7 +1,7 @@
 //! The interleaved rANS encoder. It walks the decoder's order backwards; full steps of 32 symbols
 //! use AVX2 where the CPU has it (identical output to the scalar path).
 
-use super::table::EncSymbol;
+use super::table::{EncSymbol, RankedTable};
 use super::{stash_states, LANES, PROB_BITS, PROB_SCALE};
 
 /// A sequence of symbols and the table that codes them.
@@ -12,6 +12,8 @@ pub struct Seq<'a> {
     pub packed: &'a [u64; 256],
     /// Scalar entries.
     pub scalar: &'a [EncSymbol; 256],
+    /// The entries by rank, where the table is small (see [`RankedTable`]).
+    pub ranked: Option<&'a RankedTable>,
 }
 
 /// The symbols one block contributes to its chunk's stream: the `main` sequences (all of one length,
@@ -114,6 +116,10 @@ fn encode_group(
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512() {
+            if crate::cpu::has_avx512_vbmi2() && group.iter().any(|s| s.ranked.is_some()) {
+                // SAFETY: AVX-512F/BW/VBMI support was checked at run time; `words` as below.
+                return unsafe { avx512_full_rounds_ranked(x, group, full, words, pos) };
+            }
             // SAFETY: AVX-512F support was checked at run time; `words` has room for every symbol
             // plus 2 * 32 words of slack (each vector store writes 16 words).
             return unsafe { avx512_full_rounds(x, group, full, words, pos) };
@@ -253,11 +259,68 @@ unsafe fn avx2_full_rounds(
     pos
 }
 
+/// Sixteen lanes' `(freq | cum << 16, R)` by two 64-bit gathers from a sequence's packed
+/// entries, split by a two-source permute; inside an `unsafe` block of a function with AVX-512F
+/// enabled. Safety (the caller's): 16 symbols at `$syms`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! gathered_entries {
+    ($seq:expr, $syms:expr) => {{
+        let table = $seq.packed.as_ptr();
+        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128($syms as *const __m128i));
+        let a = _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(idx), table as *const _);
+        let b = _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(idx), table as *const _);
+        // Even dwords of two vectors of eight u64 (the low halves), then the odd ones.
+        let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        (
+            _mm512_permutex2var_epi32(a, evens, b),
+            _mm512_permutex2var_epi32(a, odds, b),
+        )
+    }};
+}
+
+/// One encoding step of sixteen lanes from their entries (`fc` = `freq | cum << 16`, `rcp` = R):
+/// renormalise (the emitted words in descending lane order, by reversing the lanes and
+/// compressing them, narrowed to 16 bits), then `x = (x / freq) * scale + cum + x % freq` with the
+/// division by the reciprocal and one correction. Inside an `unsafe` block of a function with
+/// AVX-512F enabled. Safety (the caller's): 16 words of room at `$wp + $pos`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! encode16 {
+    ($x:expr, $fc:expr, $rcp:expr, $wp:expr, $pos:expr) => {{
+        let (fc, rcp) = ($fc, $rcp);
+        let m12 = _mm512_set1_epi32(0xFFF);
+        let freq = _mm512_and_si512(fc, m12);
+        let cum = _mm512_srli_epi32::<16>(fc);
+        let x0 = $x;
+        // Renormalise: lanes with x >= freq << 20 emit their low 16 bits.
+        let emit = _mm512_cmpge_epu32_mask(x0, _mm512_slli_epi32::<20>(freq));
+        // Their words in descending lane order: lanes reversed, then compressed.
+        let desc = (emit as u16).reverse_bits();
+        let reverse = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        let w = _mm512_maskz_compress_epi32(desc, _mm512_permutexvar_epi32(reverse, x0));
+        _mm256_storeu_si256($wp.add($pos) as *mut __m256i, _mm512_cvtepi32_epi16(w));
+        $pos += emit.count_ones() as usize;
+        let x1 = _mm512_mask_blend_epi32(emit, x0, _mm512_srli_epi32::<16>(x0));
+        // q = x / freq: high half of x * R, then one correction.
+        let even = _mm512_srli_epi64::<32>(_mm512_mul_epu32(x1, rcp));
+        let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(x1), _mm512_srli_epi64::<32>(rcp));
+        let q = _mm512_mask_blend_epi32(0xAAAA, even, odd);
+        let rem = _mm512_sub_epi32(x1, _mm512_mullo_epi32(q, freq));
+        let fix = _mm512_cmpge_epu32_mask(rem, freq);
+        let q = _mm512_mask_add_epi32(q, fix, q, _mm512_set1_epi32(1));
+        $x = _mm512_add_epi32(
+            _mm512_add_epi32(x1, cum),
+            _mm512_mullo_epi32(
+                q,
+                _mm512_sub_epi32(_mm512_set1_epi32(PROB_SCALE as i32), freq),
+            ),
+        );
+    }};
+}
+
 /// [`avx2_full_rounds`] with AVX-512F: two vectors of sixteen lanes, highest lanes first; the table
-/// entries by two 64-bit gathers per vector, split into (freq | cum) and R by a two-source
-/// permute; the words of the lanes that renormalise taken in descending lane order by reversing
-/// the lanes and compressing them (`vpcompressd`), narrowed to 16 bits (`vpmovdw`). The same
-/// arithmetic, so the same words and states.
+/// entries by two 64-bit gathers per vector ([`gathered_entries`]), the step by [`encode16`]. The
+/// same arithmetic, so the same words and states.
 ///
 /// # Safety
 /// AVX-512F required; `words` must have room for `pos` plus every symbol of these steps plus 16.
@@ -277,53 +340,82 @@ unsafe fn avx512_full_rounds(
     unsafe {
         let xp = x.as_mut_ptr() as *mut __m512i;
         let mut xv = [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))];
-        let m12 = _mm512_set1_epi32(0xFFF);
-        let scale = _mm512_set1_epi32(PROB_SCALE as i32);
-        let one = _mm512_set1_epi32(1);
-        // Even dwords of two vectors of eight u64 (the low halves), then the odd ones.
-        let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let reverse = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
         let wp = words.as_mut_ptr();
         for r in (0..full).rev() {
             for seq in group.iter().rev() {
-                let table = seq.packed.as_ptr();
                 for v in (0..2).rev() {
-                    let k0 = r * LANES + 16 * v;
-                    let syms = _mm_loadu_si128(seq.syms.as_ptr().add(k0) as *const __m128i);
-                    let idx = _mm512_cvtepu8_epi32(syms);
-                    let a =
-                        _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(idx), table as *const _);
-                    let b = _mm512_i32gather_epi64::<8>(
-                        _mm512_extracti64x4_epi64::<1>(idx),
-                        table as *const _,
+                    let (fc, rcp) =
+                        gathered_entries!(seq, seq.syms.as_ptr().add(r * LANES + 16 * v));
+                    encode16!(xv[v], fc, rcp, wp, pos);
+                }
+            }
+        }
+        _mm512_storeu_si512(xp, xv[0]);
+        _mm512_storeu_si512(xp.add(1), xv[1]);
+    }
+    pos
+}
+
+/// [`avx512_full_rounds`] for groups with small tables ([`RankedTable`]): a step's 32 symbols are
+/// turned into ranks by two 128-byte permutes and a blend on the symbols' top bit, and each
+/// vector's entries taken by rank with two-register permutes; sequences without ranks gather as
+/// there. Same words and states.
+///
+/// # Safety
+/// AVX-512F, BW and VBMI required; `words` as for [`avx512_full_rounds`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,popcnt")]
+unsafe fn avx512_full_rounds_ranked(
+    x: &mut [u32; LANES],
+    group: &[Seq<'_>],
+    full: usize,
+    words: &mut [u16],
+    mut pos: usize,
+) -> usize {
+    use std::arch::x86_64::*;
+    // SAFETY: as in `avx512_full_rounds`; the ranked tables' loads read their own 64-byte-aligned
+    // arrays (256 rank bytes, 32 entries each of `fc` and `rcp`), and ranks are below 32 (a
+    // present symbol's; absent symbols map to 0), so the permutes' indices stay in range.
+    unsafe {
+        let xp = x.as_mut_ptr() as *mut __m512i;
+        let mut xv = [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))];
+        let wp = words.as_mut_ptr();
+        for r in (0..full).rev() {
+            for seq in group.iter().rev() {
+                let syms = seq.syms.as_ptr().add(r * LANES);
+                if let Some(rt) = seq.ranked {
+                    let s = _mm512_castsi256_si512(_mm256_loadu_si256(syms as *const __m256i));
+                    let rp = rt.rank.as_ptr() as *const __m512i;
+                    let low = _mm512_permutex2var_epi8(
+                        _mm512_load_si512(rp),
+                        s,
+                        _mm512_load_si512(rp.add(1)),
                     );
-                    let fc = _mm512_permutex2var_epi32(a, evens, b);
-                    let rcp = _mm512_permutex2var_epi32(a, odds, b);
-                    let freq = _mm512_and_si512(fc, m12);
-                    let cum = _mm512_srli_epi32::<16>(fc);
-                    let x0 = xv[v];
-                    // Renormalise: lanes with x >= freq << 20 emit their low 16 bits.
-                    let emit = _mm512_cmpge_epu32_mask(x0, _mm512_slli_epi32::<20>(freq));
-                    // Their words in descending lane order: lanes reversed, then compressed.
-                    let desc = (emit as u16).reverse_bits();
-                    let w =
-                        _mm512_maskz_compress_epi32(desc, _mm512_permutexvar_epi32(reverse, x0));
-                    _mm256_storeu_si256(wp.add(pos) as *mut __m256i, _mm512_cvtepi32_epi16(w));
-                    pos += emit.count_ones() as usize;
-                    let x1 = _mm512_mask_blend_epi32(emit, x0, _mm512_srli_epi32::<16>(x0));
-                    // q = x / freq: high half of x * R, then one correction.
-                    let even = _mm512_srli_epi64::<32>(_mm512_mul_epu32(x1, rcp));
-                    let odd =
-                        _mm512_mul_epu32(_mm512_srli_epi64::<32>(x1), _mm512_srli_epi64::<32>(rcp));
-                    let q = _mm512_mask_blend_epi32(0xAAAA, even, odd);
-                    let rem = _mm512_sub_epi32(x1, _mm512_mullo_epi32(q, freq));
-                    let fix = _mm512_cmpge_epu32_mask(rem, freq);
-                    let q = _mm512_mask_add_epi32(q, fix, q, one);
-                    xv[v] = _mm512_add_epi32(
-                        _mm512_add_epi32(x1, cum),
-                        _mm512_mullo_epi32(q, _mm512_sub_epi32(scale, freq)),
+                    let high = _mm512_permutex2var_epi8(
+                        _mm512_load_si512(rp.add(2)),
+                        s,
+                        _mm512_load_si512(rp.add(3)),
                     );
+                    let ranks = _mm512_mask_blend_epi8(_mm512_movepi8_mask(s), low, high);
+                    let fp = rt.fc.as_ptr() as *const __m512i;
+                    let cp = rt.rcp.as_ptr() as *const __m512i;
+                    let (f0, f1) = (_mm512_load_si512(fp), _mm512_load_si512(fp.add(1)));
+                    let (c0, c1) = (_mm512_load_si512(cp), _mm512_load_si512(cp.add(1)));
+                    for v in (0..2).rev() {
+                        let idx = _mm512_cvtepu8_epi32(if v == 0 {
+                            _mm512_castsi512_si128(ranks)
+                        } else {
+                            _mm512_extracti32x4_epi32::<1>(ranks)
+                        });
+                        let fc = _mm512_permutex2var_epi32(f0, idx, f1);
+                        let rcp = _mm512_permutex2var_epi32(c0, idx, c1);
+                        encode16!(xv[v], fc, rcp, wp, pos);
+                    }
+                } else {
+                    for v in (0..2).rev() {
+                        let (fc, rcp) = gathered_entries!(seq, syms.add(16 * v));
+                        encode16!(xv[v], fc, rcp, wp, pos);
+                    }
                 }
             }
         }
@@ -338,19 +430,34 @@ mod tests {
     use super::*;
     use crate::rans::table::FreqTable;
 
-    /// The scalar, AVX2 and AVX-512 full steps emit the same words and end in the same states, for
-    /// groups of one to three sequences over tables from skewed to flat (including frequency-1
-    /// symbols, whose reciprocal is the special `2^32 - 1`).
+    /// The scalar, AVX2 and AVX-512 full steps (gathering, and by rank where tables are small)
+    /// emit the same words and end in the same states, for groups of one to three sequences over
+    /// tables from skewed to flat (including frequency-1 symbols, whose reciprocal is the special
+    /// `2^32 - 1`); every other case's tables keep at most 32 symbols scattered over 0..=255 (the
+    /// rank lookup's two halves), some groups mixing small and large tables.
     #[test]
     fn simd_full_steps_equal_the_scalar_ones() {
         let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
-        for case in 0..60 {
+        let mut ranked_cases = 0;
+        for case in 0..120 {
             let full = 1 + (next() % 9) as usize;
             let nseq = 1 + case % 3;
             let mut tables = Vec::new();
             let mut syms = Vec::new();
-            for _ in 0..nseq {
-                let counts = crate::rans::test_input::table_counts(&mut next, case);
+            for i in 0..nseq {
+                let mut counts = crate::rans::test_input::table_counts(&mut next, case);
+                if case % 2 == 1 && (i == 0 || next().is_multiple_of(2)) {
+                    // 2 to 32 symbols, anywhere (a table of one symbol codes no rANS: the
+                    // plane is constant there). The first two are distinct.
+                    let keep = 2 + next() % 31;
+                    let mut kept = [0u64; 256];
+                    let first = next() % 256;
+                    for k in 0..keep {
+                        let s = if k < 2 { first + k } else { next() } % 256;
+                        kept[s as usize] = 1 + next() % [3, 100, 100_000][case % 3];
+                    }
+                    counts = kept;
+                }
                 let t = FreqTable::normalize(&counts, None).unwrap();
                 let present: Vec<u8> = (0..256)
                     .filter(|&s| t.freq[s] > 0)
@@ -368,8 +475,10 @@ mod tests {
                     syms: &syms[i],
                     packed: &tables[i].packed,
                     scalar: &tables[i].syms,
+                    ranked: tables[i].ranked.as_deref(),
                 })
                 .collect();
+            ranked_cases += group.iter().any(|s| s.ranked.is_some()) as usize;
             // States anywhere in [2^16, 2^32), as the encoder keeps them.
             let start: [u32; LANES] = std::array::from_fn(|_| {
                 crate::rans::STATE_LOWER
@@ -404,6 +513,12 @@ mod tests {
                     "avx512" => {
                         pos = unsafe { avx512_full_rounds(&mut st, &group, full, &mut words, 0) }
                     }
+                    #[cfg(target_arch = "x86_64")]
+                    "avx512_ranked" => {
+                        pos = unsafe {
+                            avx512_full_rounds_ranked(&mut st, &group, full, &mut words, 0)
+                        }
+                    }
                     _ => unreachable!(),
                 }
                 words.truncate(pos);
@@ -418,7 +533,14 @@ mod tests {
                 if std::is_x86_feature_detected!("avx512f") {
                     assert!(run("avx512") == want, "AVX-512, case {case}");
                 }
+                if crate::cpu::has_avx512_vbmi2() {
+                    assert!(run("avx512_ranked") == want, "AVX-512 by rank, case {case}");
+                }
             }
         }
+        assert!(
+            ranked_cases >= 60,
+            "{ranked_cases} cases with a small table"
+        );
     }
 }

@@ -314,6 +314,7 @@ impl FreqTable {
         let mut t = Box::new(EncTable {
             syms: [EncSymbol::default(); 256],
             packed: [0; 256],
+            ranked: None,
         });
         for s in 0..256 {
             let f = self.freq[s] as u32;
@@ -331,6 +332,20 @@ impl FreqTable {
                 t.packed[s] = f as u64 | (cum[s] as u64) << 16 | r << 32;
             }
         }
+        let present = (0..256).filter(|&s| self.freq[s] != 0);
+        if present.clone().count() <= RANKED_SYMBOLS {
+            let mut rt = Box::new(RankedTable {
+                rank: [0; 256],
+                fc: [0; RANKED_SYMBOLS],
+                rcp: [0; RANKED_SYMBOLS],
+            });
+            for (k, s) in present.enumerate() {
+                rt.rank[s] = k as u8;
+                rt.fc[k] = t.packed[s] as u32;
+                rt.rcp[k] = (t.packed[s] >> 32) as u32;
+            }
+            t.ranked = Some(rt);
+        }
         t
     }
 }
@@ -342,6 +357,29 @@ pub struct EncTable {
     /// `freq | cum << 16 | R << 32` with `R = floor(2^32 / freq)` (`2^32 - 1` for `freq == 1`):
     /// `(x * R) >> 32` is `x / freq` or one less, for any `x < 2^32`.
     pub packed: [u64; 256],
+    /// The same entries indexed by rank, for a table of at most [`RANKED_SYMBOLS`] symbols.
+    pub ranked: Option<Box<RankedTable>>,
+}
+
+/// Most symbols a table may have for [`RankedTable`]: two vectors of sixteen 32-bit entries.
+pub const RANKED_SYMBOLS: usize = 32;
+
+/// A small table's entries by rank, so that the AVX-512 encoder looks them up with register
+/// permutes instead of gathers: symbol → rank by two 128-byte permutes (`vpermi2b`), rank →
+/// entry by one two-register permute (`vpermi2d`) per vector of sixteen lanes. Gathers are the
+/// encoder's bottleneck on some cores (AMD Zen 4: ~13 cycles for an eight-lane 64-bit gather,
+/// two per sixteen symbols), and most tables are small: the exponent planes of every tensor of
+/// all-MiniLM-L6-v2 and of the synthetic sets have at most 29 symbols (docs/BENCHMARKS.md).
+#[derive(Clone, Debug)]
+#[repr(C, align(64))]
+pub struct RankedTable {
+    /// Rank of each present symbol among the present symbols (0 for absent ones, which a
+    /// sequence never holds).
+    pub rank: [u8; 256],
+    /// `freq | cum << 16` by rank (the low half of [`EncTable::packed`]).
+    pub fc: [u32; RANKED_SYMBOLS],
+    /// `R` by rank (the high half of [`EncTable::packed`]).
+    pub rcp: [u32; RANKED_SYMBOLS],
 }
 
 /// Encoder constants of one symbol.
