@@ -675,8 +675,16 @@ mod tests {
         // Outcomes seen: planes with no table, one, two, three or more; conditional tables; and
         // planes left without tables by the flat-plane rule that have some without it.
         let mut seen = [0usize; 6];
-        for max_tables in [8usize, 1, 3, 64] {
-            for threshold in [62259u32, 65536, 1] {
+        // `TENSORZIP_TEST_SEARCH_QUICK=1`: the first table limit and threshold only, for runs
+        // under `compute-sanitizer --tool racecheck`, which takes minutes per launch of these
+        // planes (the outcome check below then does not apply).
+        let quick = std::env::var("TENSORZIP_TEST_SEARCH_QUICK").is_ok_and(|v| v == "1");
+        let (limits, thresholds) = match quick {
+            true => (&[8usize][..], &[62259u32][..]),
+            false => (&[8usize, 1, 3, 64][..], &[62259u32, 65536, 1][..]),
+        };
+        for &max_tables in limits {
+            for &threshold in thresholds {
                 // One launch for all planes, or (with one of the thresholds) one launch per
                 // plane, all sharing one scratch.
                 let limit = if threshold == 65536 { 0 } else { u64::MAX };
@@ -705,7 +713,7 @@ mod tests {
             }
         }
         // The cases reach every outcome (else the comparison above could pass on trivial ones).
-        assert!(seen.iter().all(|&n| n > 0), "outcomes {seen:?}");
+        assert!(quick || seen.iter().all(|&n| n > 0), "outcomes {seen:?}");
     }
 
     #[test]
