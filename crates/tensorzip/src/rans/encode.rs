@@ -1,5 +1,5 @@
 //! The interleaved rANS encoder. It walks the decoder's order backwards; full steps of 32 symbols
-//! use AVX2 where the CPU has it (identical output to the scalar path).
+//! use AVX-512 or AVX2 where the CPU has them (identical output to the scalar path).
 
 use super::table::{EncSymbol, RankedTable};
 use super::{stash_states, LANES, PROB_BITS, PROB_SCALE};

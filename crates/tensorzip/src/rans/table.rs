@@ -382,6 +382,12 @@ pub struct RankedTable {
     pub rcp: [u32; RANKED_SYMBOLS],
 }
 
+// The AVX-512 encoder reads each field with aligned 64-byte loads.
+const _: () = assert!(
+    std::mem::offset_of!(RankedTable, fc) % 64 == 0
+        && std::mem::offset_of!(RankedTable, rcp) % 64 == 0
+);
+
 /// Encoder constants of one symbol.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct EncSymbol {
