@@ -48,7 +48,8 @@ pub fn has_avx512() -> bool {
 }
 
 /// Whether this CPU also has AVX-512BW, AVX-512VBMI (byte permutes) and AVX-512VBMI2 (byte
-/// expansion), for the conditioned plane's split and scatter (off with [`has_avx512`]). Every CPU
+/// expansion), for the conditioned plane's split and scatter and the encoder's lookups by rank
+/// (off with [`has_avx512`]). Every CPU
 /// with VBMI2 we know of (Intel since Ice Lake, AMD since Zen 4) has VBMI too.
 pub fn has_avx512_vbmi2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
