@@ -318,6 +318,27 @@ macro_rules! encode16 {
     }};
 }
 
+/// The AVX-512 loops' skeleton: the states in two vectors of sixteen lanes; steps `full-1` down
+/// to 0, the group's sequences from the last; `$step` codes one sequence's step (its 32 symbols
+/// at `$syms`) into the states `$xv` and the words at `$wp`. Inside an `unsafe` block of a
+/// function with AVX-512F enabled. Safety (the caller's): every sequence holds `32 full` symbols.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_steps {
+    ($x:expr, $group:expr, $full:expr, $words:expr, |$seq:ident, $syms:ident, $xv:ident, $wp:ident| $step:block) => {{
+        let xp = $x.as_mut_ptr() as *mut __m512i;
+        let mut $xv = [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))];
+        let $wp = $words.as_mut_ptr();
+        for r in (0..$full).rev() {
+            for $seq in $group.iter().rev() {
+                let $syms = $seq.syms.as_ptr().add(r * LANES);
+                $step
+            }
+        }
+        _mm512_storeu_si512(xp, $xv[0]);
+        _mm512_storeu_si512(xp.add(1), $xv[1]);
+    }};
+}
+
 /// [`avx2_full_rounds`] with AVX-512F: two vectors of sixteen lanes, highest lanes first; the table
 /// entries by two 64-bit gathers per vector ([`gathered_entries`]), the step by [`encode16`]. The
 /// same arithmetic, so the same words and states.
@@ -338,20 +359,12 @@ unsafe fn avx512_full_rounds(
     // gather indices are symbols (< 256, the length of `packed`); stores of 32 bytes at `pos`
     // stay inside `words` (guaranteed by the caller).
     unsafe {
-        let xp = x.as_mut_ptr() as *mut __m512i;
-        let mut xv = [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))];
-        let wp = words.as_mut_ptr();
-        for r in (0..full).rev() {
-            for seq in group.iter().rev() {
-                for v in (0..2).rev() {
-                    let (fc, rcp) =
-                        gathered_entries!(seq, seq.syms.as_ptr().add(r * LANES + 16 * v));
-                    encode16!(xv[v], fc, rcp, wp, pos);
-                }
+        avx512_steps!(x, group, full, words, |seq, syms, xv, wp| {
+            for v in (0..2).rev() {
+                let (fc, rcp) = gathered_entries!(seq, syms.add(16 * v));
+                encode16!(xv[v], fc, rcp, wp, pos);
             }
-        }
-        _mm512_storeu_si512(xp, xv[0]);
-        _mm512_storeu_si512(xp.add(1), xv[1]);
+        });
     }
     pos
 }
@@ -377,50 +390,42 @@ unsafe fn avx512_full_rounds_ranked(
     // arrays (256 rank bytes, 32 entries each of `fc` and `rcp`), and ranks are below 32 (a
     // present symbol's; absent symbols map to 0), so the permutes' indices stay in range.
     unsafe {
-        let xp = x.as_mut_ptr() as *mut __m512i;
-        let mut xv = [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))];
-        let wp = words.as_mut_ptr();
-        for r in (0..full).rev() {
-            for seq in group.iter().rev() {
-                let syms = seq.syms.as_ptr().add(r * LANES);
-                if let Some(rt) = seq.ranked {
-                    let s = _mm512_castsi256_si512(_mm256_loadu_si256(syms as *const __m256i));
-                    let rp = rt.rank.as_ptr() as *const __m512i;
-                    let low = _mm512_permutex2var_epi8(
-                        _mm512_load_si512(rp),
-                        s,
-                        _mm512_load_si512(rp.add(1)),
-                    );
-                    let high = _mm512_permutex2var_epi8(
-                        _mm512_load_si512(rp.add(2)),
-                        s,
-                        _mm512_load_si512(rp.add(3)),
-                    );
-                    let ranks = _mm512_mask_blend_epi8(_mm512_movepi8_mask(s), low, high);
-                    let fp = rt.fc.as_ptr() as *const __m512i;
-                    let cp = rt.rcp.as_ptr() as *const __m512i;
-                    let (f0, f1) = (_mm512_load_si512(fp), _mm512_load_si512(fp.add(1)));
-                    let (c0, c1) = (_mm512_load_si512(cp), _mm512_load_si512(cp.add(1)));
-                    for v in (0..2).rev() {
-                        let idx = _mm512_cvtepu8_epi32(if v == 0 {
-                            _mm512_castsi512_si128(ranks)
-                        } else {
-                            _mm512_extracti32x4_epi32::<1>(ranks)
-                        });
-                        let fc = _mm512_permutex2var_epi32(f0, idx, f1);
-                        let rcp = _mm512_permutex2var_epi32(c0, idx, c1);
-                        encode16!(xv[v], fc, rcp, wp, pos);
-                    }
-                } else {
-                    for v in (0..2).rev() {
-                        let (fc, rcp) = gathered_entries!(seq, syms.add(16 * v));
-                        encode16!(xv[v], fc, rcp, wp, pos);
-                    }
+        avx512_steps!(x, group, full, words, |seq, syms, xv, wp| {
+            if let Some(rt) = seq.ranked {
+                let s = _mm512_castsi256_si512(_mm256_loadu_si256(syms as *const __m256i));
+                let rp = rt.rank.as_ptr() as *const __m512i;
+                let low = _mm512_permutex2var_epi8(
+                    _mm512_load_si512(rp),
+                    s,
+                    _mm512_load_si512(rp.add(1)),
+                );
+                let high = _mm512_permutex2var_epi8(
+                    _mm512_load_si512(rp.add(2)),
+                    s,
+                    _mm512_load_si512(rp.add(3)),
+                );
+                let ranks = _mm512_mask_blend_epi8(_mm512_movepi8_mask(s), low, high);
+                let fp = rt.fc.as_ptr() as *const __m512i;
+                let cp = rt.rcp.as_ptr() as *const __m512i;
+                let (f0, f1) = (_mm512_load_si512(fp), _mm512_load_si512(fp.add(1)));
+                let (c0, c1) = (_mm512_load_si512(cp), _mm512_load_si512(cp.add(1)));
+                for v in (0..2).rev() {
+                    let idx = _mm512_cvtepu8_epi32(if v == 0 {
+                        _mm512_castsi512_si128(ranks)
+                    } else {
+                        _mm512_extracti32x4_epi32::<1>(ranks)
+                    });
+                    let fc = _mm512_permutex2var_epi32(f0, idx, f1);
+                    let rcp = _mm512_permutex2var_epi32(c0, idx, c1);
+                    encode16!(xv[v], fc, rcp, wp, pos);
+                }
+            } else {
+                for v in (0..2).rev() {
+                    let (fc, rcp) = gathered_entries!(seq, syms.add(16 * v));
+                    encode16!(xv[v], fc, rcp, wp, pos);
                 }
             }
-        }
-        _mm512_storeu_si512(xp, xv[0]);
-        _mm512_storeu_si512(xp.add(1), xv[1]);
+        });
     }
     pos
 }
