@@ -369,7 +369,8 @@ pub const RANKED_SYMBOLS: usize = 32;
 /// entry by one two-register permute (`vpermi2d`) per vector of sixteen lanes. Gathers are the
 /// encoder's bottleneck on some cores (AMD Zen 4: ~13 cycles for an eight-lane 64-bit gather,
 /// two per sixteen symbols), and most tables are small: the exponent planes of every tensor of
-/// all-MiniLM-L6-v2 and of the synthetic sets have at most 29 symbols (docs/BENCHMARKS.md).
+/// all-MiniLM-L6-v2 and of the synthetic sets, bf16 and fp32, have at most 29 symbols
+/// (docs/DESIGN.md, "Small tables by rank").
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub struct RankedTable {
