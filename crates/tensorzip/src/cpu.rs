@@ -70,6 +70,34 @@ pub fn has_avx512_vbmi2() -> bool {
     })
 }
 
+/// Whether the encoder should look up tables of 33 to 128 symbols by rank with register permutes
+/// ([`crate::rans::table::RankedTable`]) rather than gather them: AVX-512 VBMI on an AMD CPU
+/// (checked once). On the Zen 4 VM a 16-lane gather issues only every ~7.5 ns and the wide
+/// lookup took MiniLM fp16's encode pass from 32.4-41.4 to 28.2-33.5 ms; on the Intel VM the
+/// encoder's step is bound by its 512-bit operations, not by its gathers (a bound measured with
+/// the gathers replaced by permutes: at most 5%), so the wide lookup's extra permutes and blends
+/// are left out there (docs/DESIGN.md, "Small tables by rank").
+pub fn wide_rank_lookups() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if !has_avx512_vbmi2() {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let id = std::arch::x86_64::__cpuid(0);
+            [id.ebx, id.edx, id.ecx]
+                .iter()
+                .flat_map(|r| r.to_le_bytes())
+                .eq(*b"AuthenticAMD")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// For each 8-bit mask of lanes that refill, the source word index of each lane: lane `i` takes word
 /// `popcount(mask & ((1 << i) - 1))` (lanes outside the mask get an index that is ignored).
 pub fn refill_permutations() -> &'static [[u32; 8]; 256] {

@@ -371,8 +371,8 @@ unsafe fn avx512_full_rounds(
 
 /// [`avx512_full_rounds`] for groups with small tables ([`RankedTable`]): a step's 32 symbols are
 /// turned into ranks by two 128-byte permutes and a blend on the symbols' top bit, and each
-/// vector's entries taken by rank with two-register permutes; sequences without ranks gather as
-/// there. Same words and states.
+/// vector's entries taken by rank with two-register permutes (four and three blends for a wide
+/// table); sequences without ranks gather as there. Same words and states.
 ///
 /// # Safety
 /// AVX-512F, BW and VBMI required; `words` as for [`avx512_full_rounds`].
@@ -387,8 +387,9 @@ unsafe fn avx512_full_rounds_ranked(
 ) -> usize {
     use std::arch::x86_64::*;
     // SAFETY: as in `avx512_full_rounds`; the ranked tables' loads read their own 64-byte-aligned
-    // arrays (256 rank bytes, 32 entries each of `fc` and `rcp`), and ranks are below 32 (a
-    // present symbol's; absent symbols map to 0), so the permutes' indices stay in range.
+    // arrays (256 rank bytes, 128 entries each of `fc` and `rcp`: vectors 0..8), and the
+    // permutes read only their indices' low bits, so any rank selects an entry of the table
+    // (a present symbol's rank its own; absent symbols, which a sequence never holds, map to 0).
     unsafe {
         avx512_steps!(x, group, full, words, |seq, syms, xv, wp| {
             if let Some(rt) = seq.ranked {
@@ -407,16 +408,33 @@ unsafe fn avx512_full_rounds_ranked(
                 let ranks = _mm512_mask_blend_epi8(_mm512_movepi8_mask(s), low, high);
                 let fp = rt.fc.as_ptr() as *const __m512i;
                 let cp = rt.rcp.as_ptr() as *const __m512i;
-                let (f0, f1) = (_mm512_load_si512(fp), _mm512_load_si512(fp.add(1)));
-                let (c0, c1) = (_mm512_load_si512(cp), _mm512_load_si512(cp.add(1)));
+                // Entries `32 q .. 32 q + 32` of a field by rank (the permute reads the rank's
+                // low five bits).
+                let quarter = |t: *const __m512i, q: usize, idx: __m512i| {
+                    let lo = _mm512_load_si512(t.add(2 * q));
+                    _mm512_permutex2var_epi32(lo, idx, _mm512_load_si512(t.add(2 * q + 1)))
+                };
                 for v in (0..2).rev() {
                     let idx = _mm512_cvtepu8_epi32(if v == 0 {
                         _mm512_castsi512_si128(ranks)
                     } else {
                         _mm512_extracti32x4_epi32::<1>(ranks)
                     });
-                    let fc = _mm512_permutex2var_epi32(f0, idx, f1);
-                    let rcp = _mm512_permutex2var_epi32(c0, idx, c1);
+                    let (fc, rcp) = if rt.wide {
+                        // The quarter by the rank's bits 5 and 6.
+                        let b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+                        let b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
+                        let field = |t: *const __m512i| {
+                            let low =
+                                _mm512_mask_blend_epi32(b5, quarter(t, 0, idx), quarter(t, 1, idx));
+                            let high =
+                                _mm512_mask_blend_epi32(b5, quarter(t, 2, idx), quarter(t, 3, idx));
+                            _mm512_mask_blend_epi32(b6, low, high)
+                        };
+                        (field(fp), field(cp))
+                    } else {
+                        (quarter(fp, 0, idx), quarter(cp, 0, idx))
+                    };
                     encode16!(xv[v], fc, rcp, wp, pos);
                 }
             } else {
@@ -443,7 +461,7 @@ mod tests {
     #[test]
     fn simd_full_steps_equal_the_scalar_ones() {
         let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
-        let mut ranked_cases = 0;
+        let (mut ranked_cases, mut wide_cases) = (0, 0);
         for case in 0..120 {
             let full = 1 + (next() % 9) as usize;
             let nseq = 1 + case % 3;
@@ -473,7 +491,9 @@ mod tests {
                         .map(|_| present[(next() % present.len() as u64) as usize])
                         .collect::<Vec<u8>>(),
                 );
-                tables.push(t.encode_table());
+                // Wide tables by rank too, whatever this CPU's vendor (they are correct on
+                // any CPU with VBMI; `encode_table` makes them only where they pay).
+                tables.push(t.encode_table_with(true));
             }
             let group: Vec<Seq<'_>> = (0..nseq)
                 .map(|i| Seq {
@@ -484,6 +504,7 @@ mod tests {
                 })
                 .collect();
             ranked_cases += group.iter().any(|s| s.ranked.is_some()) as usize;
+            wide_cases += group.iter().any(|s| s.ranked.is_some_and(|r| r.wide)) as usize;
             // States anywhere in [2^16, 2^32), as the encoder keeps them.
             let start: [u32; LANES] = std::array::from_fn(|_| {
                 crate::rans::STATE_LOWER
@@ -544,8 +565,8 @@ mod tests {
             }
         }
         assert!(
-            ranked_cases >= 60,
-            "{ranked_cases} cases with a small table"
+            ranked_cases >= 60 && wide_cases >= 10,
+            "{ranked_cases} cases with a small table, {wide_cases} with a wide one"
         );
     }
 }

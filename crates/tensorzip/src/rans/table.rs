@@ -310,6 +310,12 @@ impl FreqTable {
 
     /// The encoder's per-symbol constants. Only for tables of two or more symbols.
     pub fn encode_table(&self) -> Box<EncTable> {
+        self.encode_table_with(crate::cpu::wide_rank_lookups())
+    }
+
+    /// [`FreqTable::encode_table`], with entries by rank for tables of up to 32 symbols, and with
+    /// `wide` up to [`RANKED_SYMBOLS`].
+    pub(crate) fn encode_table_with(&self, wide: bool) -> Box<EncTable> {
         let cum = self.cumulative();
         let mut t = Box::new(EncTable {
             syms: [EncSymbol::default(); 256],
@@ -333,11 +339,13 @@ impl FreqTable {
             }
         }
         let present = (0..256).filter(|&s| self.freq[s] != 0);
-        if present.clone().count() <= RANKED_SYMBOLS {
+        let n = present.clone().count();
+        if n <= NARROW_RANKED_SYMBOLS || (wide && n <= RANKED_SYMBOLS) {
             let mut rt = Box::new(RankedTable {
                 rank: [0; 256],
                 fc: [0; RANKED_SYMBOLS],
                 rcp: [0; RANKED_SYMBOLS],
+                wide: n > NARROW_RANKED_SYMBOLS,
             });
             for (k, s) in present.enumerate() {
                 rt.rank[s] = k as u8;
@@ -361,12 +369,17 @@ pub struct EncTable {
     pub ranked: Option<Box<RankedTable>>,
 }
 
-/// Most symbols a table may have for [`RankedTable`]: two vectors of sixteen 32-bit entries.
-pub const RANKED_SYMBOLS: usize = 32;
+/// Most symbols a table may have for [`RankedTable`]: eight vectors of sixteen 32-bit entries.
+pub const RANKED_SYMBOLS: usize = 128;
+
+/// Most symbols of a narrow [`RankedTable`] (entries in two vectors, one permute a field).
+pub const NARROW_RANKED_SYMBOLS: usize = 32;
 
 /// A small table's entries by rank, so that the AVX-512 encoder looks them up with register
 /// permutes instead of gathers: symbol → rank by two 128-byte permutes (`vpermi2b`), rank →
-/// entry by one two-register permute (`vpermi2d`) per vector of sixteen lanes. Gathers are the
+/// entry by one two-register permute (`vpermi2d`) per vector of sixteen lanes for up to 32
+/// symbols, or four and three blends (`wide`, up to 128, made only where
+/// [`crate::cpu::wide_rank_lookups`]). Gathers are the
 /// encoder's bottleneck on some cores (AMD Zen 4: ~13 cycles for an eight-lane 64-bit gather,
 /// two per sixteen symbols), and most tables are small: the exponent planes of every tensor of
 /// all-MiniLM-L6-v2 and of the synthetic sets, bf16 and fp32, have at most 29 symbols
@@ -381,6 +394,8 @@ pub struct RankedTable {
     pub fc: [u32; RANKED_SYMBOLS],
     /// `R` by rank (the high half of [`EncTable::packed`]).
     pub rcp: [u32; RANKED_SYMBOLS],
+    /// More than [`NARROW_RANKED_SYMBOLS`] symbols: the lookup takes all eight vectors.
+    pub wide: bool,
 }
 
 // The AVX-512 encoder reads each field with aligned 64-byte loads.
