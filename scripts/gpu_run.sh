@@ -5,7 +5,8 @@
 #                                 CRC-32 == zlib, CPU == GPU on corrupted blobs) and the engine crate's
 #                                 unit tests (the encoder's placement refusing forged chunk reports,
 #                                 the GPU table search equal to the core's)
-#   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases)
+#   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases), and the
+#                                 GPU table search test under racecheck
 #   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
 #                                 and the anchors on the same bytes; a markdown table at the end
 #   scripts/gpu_run.sh model F    whole-model batch decode of the safetensors file F (and its bf16
@@ -52,6 +53,12 @@ if [[ $what == sanitize || $what == all ]]; then
         TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
             --include-ignored --test-threads=1 gpu_rejects_corrupted gpu_decodes_cpu_blobs gpu_encodes gpu_crc gpu_copies gpu_reads || rc=1
         "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 placement search || rc=1
+        # The table search's warps share their block's shared memory without a barrier between
+        # the trial's candidate and the bank copy (a187e34): racecheck on the GPU search test,
+        # its quick case list (the full one takes more than a device call under the tool).
+        echo "== compute-sanitizer racecheck (table search)"
+        TENSORZIP_TEST_QUICK=1 "$san" --tool racecheck --racecheck-report all --error-exitcode 3 ./gpu-bin/gpu-unit \
+            --include-ignored --test-threads=1 gpu_table_search_equals_the_cores || rc=1
     else
         echo "compute-sanitizer not found"; rc=1
     fi
