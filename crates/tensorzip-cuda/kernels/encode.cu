@@ -286,31 +286,30 @@ __device__ void hist_entry(const HistJob* __restrict__ jobs, const EncParams* __
         const bool one_round = len <= span;
         for (u32 k = gt; k < U * 256; k += gsize) h[k] = 0;
         __syncthreads();
+        // The units a thread holds: the last 16 bytes it counted (all of its units where the
+        // block is one round).
         UT kept[PER];
         u32 n_kept = 0;
+        // Counts the first `n` of the held units into the group's histograms.
+        auto count_kept = [&](u32 n) {
+            #pragma unroll
+            for (u32 k = 0; k < PER; k++) {
+                if (k < n) {
+                    #pragma unroll
+                    for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(kept[k], p)], 1u);
+                }
+            }
+        };
         if (cur_ok) {
             units_of<U, E>(cur, kept);
             n_kept = PER;
-            #pragma unroll
-            for (u32 k = 0; k < PER; k++) {
-                #pragma unroll
-                for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(kept[k], p)], 1u);
-            }
+            count_kept(PER);
             if (gt == 0) first_unit[grp] = kept[0];
         } else {
             for (u32 base = gt * PER; base < len; base += span) {
-                UT t[PER];
-                const u32 n = load_units<U, E>(data, start, len, base, t);
-                #pragma unroll
-                for (u32 k = 0; k < PER; k++) {
-                    if (k < n) {
-                        #pragma unroll
-                        for (int p = 0; p < U; p++) atomicAdd(&h[p * 256 + byte_of(t[k], p)], 1u);
-                    }
-                    kept[k] = t[k];
-                }
-                if (base == 0) first_unit[grp] = t[0];
-                n_kept = n;
+                n_kept = load_units<U, E>(data, start, len, base, kept);
+                count_kept(n_kept);
+                if (base == 0) first_unit[grp] = kept[0];
             }
         }
         __syncthreads();
