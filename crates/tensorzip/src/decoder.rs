@@ -504,7 +504,10 @@ struct Segments<'t, 'o> {
 }
 
 /// The table of the unused entries of a [`Segments`] (never decoded with: they are past `n`).
-static UNUSED_TABLE: DecodeTable = [0; crate::rans::PROB_SCALE as usize];
+static UNUSED_TABLE: DecodeTable = DecodeTable {
+    slots: [0; crate::rans::PROB_SCALE as usize],
+    ranked: None,
+};
 
 impl<'t, 'o> Segments<'t, 'o> {
     fn new() -> Self {

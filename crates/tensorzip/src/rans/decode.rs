@@ -7,11 +7,18 @@
 //! back at `2^16`, all words read) reject streams that do not decode to exactly what an encoder
 //! wrote.
 
+use super::table::RankedDecodeTable;
 use super::{LANES, MAX_STASH, PROB_BITS, PROB_SCALE, STATE_BYTES, STATE_LOWER};
 use crate::error::{corrupt, Result};
 
-/// Decoder slot table of one frequency table (see [`super::table::FreqTable::decode_table`]).
-pub type DecodeTable = [u32; PROB_SCALE as usize];
+/// The decoder's tables of one frequency table ([`super::table::FreqTable::decode_table`]).
+pub struct DecodeTable {
+    /// Per slot (`x & 4095`): `sym | freq << 8 | (slot - cum) << 20`.
+    pub slots: [u32; PROB_SCALE as usize],
+    /// The same lookup by rank, for a small table (the AVX-512 VBMI step's, where
+    /// [`crate::cpu::ranked_decode`]).
+    pub ranked: Option<RankedDecodeTable>,
+}
 
 /// One segment to decode: its table and where its symbols go.
 pub struct DecodeSegment<'t, 'o> {
@@ -210,7 +217,7 @@ impl<'a> Decoder<'a> {
                 let out = &mut seg.out[base..base + active];
                 for (l, o) in out.iter_mut().enumerate() {
                     let x = self.x[l];
-                    let e = seg.table[(x & MASK) as usize];
+                    let e = seg.table.slots[(x & MASK) as usize];
                     *o = e as u8;
                     let mut x = step(x, e);
                     if x < STATE_LOWER {
@@ -274,7 +281,7 @@ unsafe fn lookup(
     let q2 = _mm_cvtsi128_si64(hi) as u64;
     let q3 = _mm_extract_epi64::<1>(hi) as u64;
     // SAFETY: the caller guarantees every slot is below the table's length.
-    let t = |i: u64| unsafe { *table.get_unchecked((i & 0xFFFF_FFFF) as usize) as i32 };
+    let t = |i: u64| unsafe { *table.slots.get_unchecked((i & 0xFFFF_FFFF) as usize) as i32 };
     _mm256_setr_epi32(
         t(q0),
         t(q0 >> 32),
@@ -299,8 +306,16 @@ fn simd_rounds(
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support was checked at run time.
-            return match unsafe { avx512::rounds(dec, segs, len, first) } {
+            // SAFETY: AVX-512F support (and for the ranked steps BW and VBMI) was checked at
+            // run time.
+            let r = unsafe {
+                if crate::cpu::ranked_decode() {
+                    avx512::rounds_ranked(dec, segs, len, first)
+                } else {
+                    avx512::rounds(dec, segs, len, first)
+                }
+            };
+            return match r {
                 Some(r) => Ok(r),
                 None => corrupt("rANS stream ends early"),
             };
@@ -328,8 +343,15 @@ fn simd_rounds_pair(
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support was checked at run time.
-            return unsafe { avx512::rounds_pair(da, sa, la, db, sb, lb) };
+            // SAFETY: AVX-512F support (and for the ranked steps BW and VBMI) was checked at
+            // run time.
+            return unsafe {
+                if crate::cpu::ranked_decode() {
+                    avx512::rounds_pair_ranked(da, sa, la, db, sb, lb)
+                } else {
+                    avx512::rounds_pair(da, sa, la, db, sb, lb)
+                }
+            };
         }
     }
     let _ = (da, sa, la, db, sb, lb);
@@ -430,7 +452,8 @@ unsafe fn avx2_rounds(
 /// overlap. One thread of the Intel VM of 2026-12-01 (`examples/hotloop {bf16,fp32,fp16} 4096 7
 /// dec`): AVX2 1.27 / 2.07 / 1.38 GB/s; this, one stream 1.39-1.43 / 2.19-2.24 / 1.41-1.52; two
 /// streams 1.79-1.86 / 2.62-2.70 / 1.89-1.97. (`vpexpandw` straight from memory, AVX512-VBMI2, was
-/// no faster.)
+/// no faster.) Where [`crate::cpu::ranked_decode`], tables of at most 32 symbols are looked up
+/// by rank with register permutes instead ([`RankedDecodeTable`]; `rounds_ranked`).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::*;
@@ -499,6 +522,68 @@ mod avx512 {
         (e, nx)
     }
 
+    /// [`entries_and_next`] of `table`'s slots: the plain AVX-512 steps' lookup.
+    ///
+    /// # Safety
+    /// AVX-512F required.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn gathered(x: __m512i, table: &DecodeTable) -> (__m512i, __m512i) {
+        // SAFETY: `slots` holds 4096 entries.
+        unsafe { entries_and_next(x, table.slots.as_ptr()) }
+    }
+
+    /// What [`entries_and_next`] gives, looked up by rank with register permutes where the table
+    /// has a ranked form ([`RankedDecodeTable`], whose doc explains the buckets), else gathered.
+    /// The entries differ from the slot table's above bit 20 (`cum` there, `slot - cum` in the
+    /// slot table), which the steps do not read (they store the low byte).
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VBMI required.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    #[inline]
+    unsafe fn by_rank_or_gathered(x: __m512i, table: &DecodeTable) -> (__m512i, __m512i) {
+        let Some(t) = &table.ranked else {
+            // SAFETY: `slots` holds 4096 entries.
+            return unsafe { entries_and_next(x, table.slots.as_ptr()) };
+        };
+        let mask = _mm512_set1_epi32(MASK as i32);
+        // SAFETY: every field of the table is 64-byte aligned (asserted beside its definition)
+        // and two vectors long.
+        let (b0, b1, f0, f1, n0, n1, e0, e1) = unsafe {
+            let v = |p: *const u8, k: usize| _mm512_load_si512(p.add(64 * k) as *const _);
+            (
+                v(t.bucket.as_ptr(), 0),
+                v(t.bucket.as_ptr(), 1),
+                v(t.fine.as_ptr(), 0),
+                v(t.fine.as_ptr(), 1),
+                v(t.end.as_ptr() as *const u8, 0),
+                v(t.end.as_ptr() as *const u8, 1),
+                v(t.entry.as_ptr() as *const u8, 0),
+                v(t.entry.as_ptr() as *const u8, 1),
+            )
+        };
+        let slot = _mm512_and_si512(x, mask);
+        // The bucket's byte lands in each lane's low byte (the lane's other index bytes are 0,
+        // so its other bytes hold bucket 0's, which nothing below reads: the dword permutes use
+        // bits 0-4, the byte permute bits 0-6 of the low byte).
+        let cb = _mm512_permutex2var_epi8(b0, _mm512_srli_epi32::<5>(slot), b1);
+        let fine = _mm512_test_epi32_mask(cb, _mm512_set1_epi32(0x80));
+        let end = _mm512_permutex2var_epi32(n0, cb, n1);
+        let past = _mm512_cmpge_epu32_mask(slot, end);
+        let coarse = _mm512_mask_add_epi32(cb, past, cb, _mm512_set1_epi32(1));
+        // `fine` index: bits 5-6 from the bucket's byte (`m`), bits 0-4 from the slot.
+        let at = _mm512_ternarylogic_epi32::<0xCA>(_mm512_set1_epi32(0x1F), slot, cb);
+        let rank = _mm512_mask_blend_epi32(fine, coarse, _mm512_permutex2var_epi8(f0, at, f1));
+        let e = _mm512_permutex2var_epi32(e0, rank, e1);
+        let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
+        let nx = _mm512_add_epi32(
+            _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(x)),
+            _mm512_sub_epi32(slot, _mm512_srli_epi32::<20>(e)),
+        );
+        (e, nx)
+    }
+
     /// One step `r` of every segment of a stream, inside an `unsafe` block of a function with the
     /// features enabled (a macro, so that each loop keeps its states in registers).
     ///
@@ -506,14 +591,14 @@ mod avx512 {
     /// `64 * segs.len()` bytes of words remain after `pos`. Slots are masked to 12 bits (the tables
     /// hold 4096 entries); a step reads at most 64 bytes of words per segment.
     macro_rules! step512 {
-        ($l:expr, $segs:expr, $r:expr) => {{
+        ($look:ident, $l:expr, $segs:expr, $r:expr) => {{
             let lower = _mm512_set1_epi32(STATE_LOWER as i32);
             let l: &mut Lanes = $l;
             for seg in $segs.iter_mut() {
-                let table = seg.table.as_ptr();
+                let table = seg.table;
                 let out = seg.out.as_mut_ptr().add($r * LANES);
                 for (v, xv) in l.x.iter_mut().enumerate() {
-                    let (e, nx) = entries_and_next(*xv, table);
+                    let (e, nx) = $look(*xv, table);
                     // Symbols: the low byte of each entry.
                     _mm_storeu_si128(out.add(16 * v) as *mut __m128i, _mm512_cvtepi32_epi8(e));
                     let k = _mm512_cmplt_epu32_mask(nx, lower);
@@ -543,16 +628,16 @@ mod avx512 {
     /// A block's conditioned sub-segment ends in such a step (a fifth of a bf16 block's units
     /// are conditioned), which the scalar loop decoded a lane at a time.
     macro_rules! step512_partial {
-        ($l:expr, $segs:expr, $r:expr, $n:expr) => {{
+        ($look:ident, $l:expr, $segs:expr, $r:expr, $n:expr) => {{
             let lower = _mm512_set1_epi32(STATE_LOWER as i32);
             let l: &mut Lanes = $l;
             let active = (1u32 << $n) - 1;
             for seg in $segs.iter_mut() {
-                let table = seg.table.as_ptr();
+                let table = seg.table;
                 let out = seg.out.as_mut_ptr().add($r * LANES);
                 for (v, xv) in l.x.iter_mut().enumerate() {
                     let am = (active >> (16 * v)) as __mmask16;
-                    let (e, nx) = entries_and_next(*xv, table);
+                    let (e, nx) = $look(*xv, table);
                     // Symbols of the active lanes only (a masked store writes nothing else).
                     _mm512_mask_cvtepi32_storeu_epi8(out.add(16 * v) as *mut _, am, e);
                     let k = _mm512_cmplt_epu32_mask(nx, lower) & am;
@@ -574,118 +659,136 @@ mod avx512 {
         }};
     }
 
-    /// Steps `first..` of a block of one stream, the last partial one included; returns the step
-    /// it stopped at (all of them, but for more than 8 segments near the stream's end), or `None`
-    /// where the stream ran out (a lane needed a word past its end).
-    ///
-    /// # Safety
-    /// The CPU must support the enabled features. Every segment must hold at least `len` bytes.
-    #[target_feature(enable = "avx512f,popcnt")]
-    pub(super) unsafe fn rounds(
-        dec: &mut Decoder<'_>,
-        segs: &mut [DecodeSegment<'_, '_>],
-        len: usize,
-        first: usize,
-    ) -> Option<usize> {
-        let full = len / LANES;
-        let n = len % LANES;
-        let steps = len.div_ceil(LANES);
-        if segs.is_empty() || first >= steps {
-            return Some(steps.max(first));
-        }
-        let need = 64 * segs.len();
-        // SAFETY: the features are enabled; full steps run while `r < full` (so
-        // `32 (r + 1) <= len`), the partial step at `r = full` with `32 r + n = len`, each only
-        // while `need` bytes of words remain (in the stream, or in `tail` below).
-        unsafe {
-            let mut l = load(dec);
-            let mut r = first;
-            while r < full && l.wlen - l.pos >= need {
-                l.pf.step();
-                step512!(&mut l, segs, r);
-                r += 1;
-            }
-            // The partial step: `32 full + n` bytes in every segment, `need` bytes of words. It
-            // prefetches too: a block's output not aligned to cache lines has a line more than its
-            // main steps take (fp32: 257 at two a step), and a sub-segment of fewer than 32 units
-            // has only this step (without, 4% of a synthetic fp32 tensor's blocks were merged by
-            // the slower non-temporal passes).
-            if r == full && n != 0 && l.wlen - l.pos >= need {
-                l.pf.step();
-                step512_partial!(&mut l, segs, r, n);
-                r += 1;
-            }
-            if r < steps && need <= 512 {
-                // The stream's last words (fewer than a step may read: a chunk's last few steps)
-                // copied into a zeroed buffer that a step cannot read past, so that they stay
-                // vector steps (the scalar loop took them: 1-2% of a one-thread decode) and
-                // prefetch as the others (without, a chunk's last block missed some of its
-                // output lines and was merged by the slower non-temporal passes). A step that
-                // leaves the read position past the copied words read a word the stream does not
-                // have: the stream ran out.
-                let rem = l.wlen - l.pos;
-                let mut tail = [0u8; 1024];
-                std::ptr::copy_nonoverlapping(l.words.add(l.pos), tail.as_mut_ptr(), rem);
-                let (words, wlen, pos) = (l.words, l.wlen, l.pos);
-                (l.words, l.wlen, l.pos) = (tail.as_ptr(), rem + need, 0);
-                while r < full && l.pos <= rem {
-                    l.pf.step();
-                    step512!(&mut l, segs, r);
-                    r += 1;
+    /// The step loops of one stream ([`rounds`]) and of two ([`rounds_pair`]), made with the lookup
+    /// `$look` and the target features `$features`: with [`gathered`] for every AVX-512 CPU, and
+    /// with [`by_rank_or_gathered`] (`rounds_ranked`, `rounds_pair_ranked`) where
+    /// [`crate::cpu::ranked_decode`].
+    macro_rules! rounds_fns {
+        ($rounds:ident, $pair:ident, $look:ident, $features:literal) => {
+            /// Steps `first..` of a block of one stream, the last partial one included; returns the
+            /// step it stopped at (all of them, but for more than 8 segments near the stream's
+            /// end), or `None` where the stream ran out (a lane needed a word past its end).
+            ///
+            /// # Safety
+            /// The CPU must support the enabled features. Every segment must hold at least `len`
+            /// bytes.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $rounds(
+                dec: &mut Decoder<'_>,
+                segs: &mut [DecodeSegment<'_, '_>],
+                len: usize,
+                first: usize,
+            ) -> Option<usize> {
+                let full = len / LANES;
+                let n = len % LANES;
+                let steps = len.div_ceil(LANES);
+                if segs.is_empty() || first >= steps {
+                    return Some(steps.max(first));
                 }
-                if r == full && n != 0 && l.pos <= rem {
-                    l.pf.step();
-                    step512_partial!(&mut l, segs, r, n);
-                    r += 1;
-                }
-                let over = l.pos > rem;
-                (l.words, l.wlen, l.pos) = (words, wlen, pos + l.pos.min(rem));
-                if over {
+                let need = 64 * segs.len();
+                // SAFETY: the features are enabled; full steps run while `r < full` (so `32 (r + 1)
+                // <= len`), the partial step at `r = full` with `32 r + n = len`, each only while
+                // `need` bytes of words remain (in the stream, or in `tail` below).
+                unsafe {
+                    let mut l = load(dec);
+                    let mut r = first;
+                    while r < full && l.wlen - l.pos >= need {
+                        l.pf.step();
+                        step512!($look, &mut l, segs, r);
+                        r += 1;
+                    }
+                    // The partial step: `32 full + n` bytes in every segment, `need` bytes of
+                    // words. It prefetches too: a block's output not aligned to cache lines has a
+                    // line more than its main steps take (fp32: 257 at two a step), and a
+                    // sub-segment of fewer than 32 units has only this step (without, 4% of a
+                    // synthetic fp32 tensor's blocks were merged by the slower non-temporal
+                    // passes).
+                    if r == full && n != 0 && l.wlen - l.pos >= need {
+                        l.pf.step();
+                        step512_partial!($look, &mut l, segs, r, n);
+                        r += 1;
+                    }
+                    if r < steps && need <= 512 {
+                        // The stream's last words (fewer than a step may read: a chunk's last few
+                        // steps) copied into a zeroed buffer that a step cannot read past, so that
+                        // they stay vector steps (the scalar loop took them: 1-2% of a one-thread
+                        // decode) and prefetch as the others (without, a chunk's last block missed
+                        // some of its output lines and was merged by the slower non-temporal
+                        // passes). A step that leaves the read position past the copied words read
+                        // a word the stream does not have: the stream ran out.
+                        let rem = l.wlen - l.pos;
+                        let mut tail = [0u8; 1024];
+                        std::ptr::copy_nonoverlapping(l.words.add(l.pos), tail.as_mut_ptr(), rem);
+                        let (words, wlen, pos) = (l.words, l.wlen, l.pos);
+                        (l.words, l.wlen, l.pos) = (tail.as_ptr(), rem + need, 0);
+                        while r < full && l.pos <= rem {
+                            l.pf.step();
+                            step512!($look, &mut l, segs, r);
+                            r += 1;
+                        }
+                        if r == full && n != 0 && l.pos <= rem {
+                            l.pf.step();
+                            step512_partial!($look, &mut l, segs, r, n);
+                            r += 1;
+                        }
+                        let over = l.pos > rem;
+                        (l.words, l.wlen, l.pos) = (words, wlen, pos + l.pos.min(rem));
+                        if over {
+                            store(dec, &l);
+                            return None;
+                        }
+                    }
                     store(dec, &l);
-                    return None;
+                    Some(r)
                 }
             }
-            store(dec, &l);
-            Some(r)
-        }
+
+            /// Full steps `0..` of a block of each of two streams, interleaved; returns the number
+            /// of steps both decoded.
+            ///
+            /// # Safety
+            /// As for [`rounds`], for both streams.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $pair(
+                da: &mut Decoder<'_>,
+                sa: &mut [DecodeSegment<'_, '_>],
+                la: usize,
+                db: &mut Decoder<'_>,
+                sb: &mut [DecodeSegment<'_, '_>],
+                lb: usize,
+            ) -> usize {
+                if sa.is_empty() || sb.is_empty() {
+                    return 0;
+                }
+                let full = (la / LANES).min(lb / LANES);
+                let (need_a, need_b) = (64 * sa.len(), 64 * sb.len());
+                // SAFETY: as in `rounds`, for each stream.
+                unsafe {
+                    let mut a = load(da);
+                    let mut b = load(db);
+                    let mut r = 0;
+                    while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
+                        a.pf.step();
+                        b.pf.step();
+                        step512!($look, &mut a, sa, r);
+                        step512!($look, &mut b, sb, r);
+                        r += 1;
+                    }
+                    store(da, &a);
+                    store(db, &b);
+                    r
+                }
+            }
+        };
     }
 
-    /// Full steps `0..` of a block of each of two streams, interleaved; returns the number of
-    /// steps both decoded.
-    ///
-    /// # Safety
-    /// As for [`rounds`], for both streams.
-    #[target_feature(enable = "avx512f,popcnt")]
-    pub(super) unsafe fn rounds_pair(
-        da: &mut Decoder<'_>,
-        sa: &mut [DecodeSegment<'_, '_>],
-        la: usize,
-        db: &mut Decoder<'_>,
-        sb: &mut [DecodeSegment<'_, '_>],
-        lb: usize,
-    ) -> usize {
-        if sa.is_empty() || sb.is_empty() {
-            return 0;
-        }
-        let full = (la / LANES).min(lb / LANES);
-        let (need_a, need_b) = (64 * sa.len(), 64 * sb.len());
-        // SAFETY: as in `rounds`, for each stream.
-        unsafe {
-            let mut a = load(da);
-            let mut b = load(db);
-            let mut r = 0;
-            while r < full && a.wlen - a.pos >= need_a && b.wlen - b.pos >= need_b {
-                a.pf.step();
-                b.pf.step();
-                step512!(&mut a, sa, r);
-                step512!(&mut b, sb, r);
-                r += 1;
-            }
-            store(da, &a);
-            store(db, &b);
-            r
-        }
-    }
+    rounds_fns!(rounds, rounds_pair, gathered, "avx512f,popcnt");
+    rounds_fns!(
+        rounds_ranked,
+        rounds_pair_ranked,
+        by_rank_or_gathered,
+        "avx512f,avx512bw,avx512vbmi,popcnt"
+    );
 }
 
 #[cfg(test)]
@@ -710,18 +813,31 @@ mod tests {
     /// words (a stream of random words is decodable), block lengths that are and are not
     /// multiples of the 32 lanes, one to three segments, tables from skewed to flat; and a
     /// stream that runs out fails on both paths (the vector steps take a stream's last words
-    /// from a padded copy: a short stream runs there from its first step).
+    /// from a padded copy: a short stream runs there from its first step). The second half of
+    /// the cases use tables of at most 32 symbols, which the ranked steps look up by rank
+    /// ([`RankedDecodeTable`]) on CPUs where [`crate::cpu::ranked_decode`]; the test checks that
+    /// such tables, with and without buckets looked up slot by slot, were among them.
     #[test]
     fn simd_steps_equal_the_scalar_loop() {
         let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
-        for case in 0..120 {
+        let (mut plain, mut with_fine) = (0, 0);
+        for case in 0..240 {
             let nseg = 1 + case % 3;
             let tables: Vec<Box<DecodeTable>> = (0..nseg)
                 .map(|_| {
-                    let counts = crate::rans::test_input::table_counts(&mut next, case);
+                    let counts = match case < 120 {
+                        true => crate::rans::test_input::table_counts(&mut next, case),
+                        false => crate::rans::test_input::narrow_counts(&mut next, case),
+                    };
                     FreqTable::normalize(&counts, None).unwrap().decode_table()
                 })
                 .collect();
+            for t in tables.iter().filter_map(|t| t.ranked.as_ref()) {
+                match t.bucket.iter().any(|&b| b & 0x80 != 0) {
+                    true => with_fine += 1,
+                    false => plain += 1,
+                }
+            }
             let len = 1 + (next() % 200) as usize;
             // Enough words for every lane to refill at every step, or (every fourth case) a
             // stream cut short.
@@ -777,5 +893,9 @@ mod tests {
                 );
             }
         }
+        assert!(
+            plain >= 20 && with_fine >= 20,
+            "ranked tables: {plain} without and {with_fine} with fine buckets"
+        );
     }
 }

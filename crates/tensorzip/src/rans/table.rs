@@ -16,6 +16,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::decode::DecodeTable;
 use super::log2::code_len_table;
 use super::PROB_SCALE;
 use crate::error::{corrupt, truncated, Result};
@@ -292,19 +293,24 @@ impl FreqTable {
         cum
     }
 
-    /// The decoder's slot table: for slot `x & 4095`, `sym | freq << 8 | (slot - cum) << 20`.
-    /// Only for tables of two or more symbols.
-    pub fn decode_table(&self) -> Box<[u32; PROB_SCALE as usize]> {
+    /// The decoder's tables: for slot `x & 4095`, `sym | freq << 8 | (slot - cum) << 20`, and
+    /// for a table of at most 32 symbols the same lookup by rank ([`RankedDecodeTable`]) where
+    /// its buckets allow it. Only for tables of two or more symbols.
+    pub fn decode_table(&self) -> Box<DecodeTable> {
         debug_assert!(!self.is_single());
-        let mut t = Box::new([0u32; PROB_SCALE as usize]);
+        let mut t = Box::new(DecodeTable {
+            slots: [0u32; PROB_SCALE as usize],
+            ranked: None,
+        });
         let mut slot = 0usize;
         for s in 0..256usize {
             let f = self.freq[s] as usize;
             for k in 0..f {
-                t[slot + k] = s as u32 | (f as u32) << 8 | (k as u32) << 20;
+                t.slots[slot + k] = s as u32 | (f as u32) << 8 | (k as u32) << 20;
             }
             slot += f;
         }
+        t.ranked = RankedDecodeTable::new(&self.freq);
         t
     }
 
@@ -403,6 +409,102 @@ const _: () = assert!(
     std::mem::offset_of!(RankedTable, fc) % 64 == 0
         && std::mem::offset_of!(RankedTable, rcp) % 64 == 0
 );
+
+/// The decoder's lookup of a table of at most [`NARROW_RANKED_SYMBOLS`] symbols by rank, with
+/// register permutes instead of a gather of [`DecodeTable::slots`] (AVX-512 VBMI, where
+/// [`crate::cpu::ranked_decode`]): on the Zen 4 VM a 16-lane gather issues every ~7.5 ns, and a
+/// model of the AVX-512 step (two streams, random states, this table's lookup against the
+/// gather) took 0.41-0.42 instead of 0.68-0.72 ns a symbol (docs/DESIGN.md, "Small tables by
+/// rank").
+///
+/// Slot `s` belongs to the symbol of rank `r` with `end[r - 1] <= s < end[r]`. Bucket
+/// `b = s >> 5` (32 slots) holds the rank of its first slot, `c`. Where at most one rank ends
+/// inside the bucket (after its first slot), `r = c + (s >= end[c])`. The few buckets where
+/// several do (rare symbols of frequency below 32 side by side: 1-3 per exponent table of
+/// all-MiniLM-L6-v2) are marked `0x80 | m << 5` and look the rank up per slot in `fine`, at
+/// `32 m + (s & 31)`, for `m < 4`; a table with more such buckets has no ranked form.
+#[derive(Clone, Debug)]
+#[repr(C, align(64))]
+pub struct RankedDecodeTable {
+    /// Per bucket of 32 slots: the rank of its first slot, or `0x80 | m << 5` for the `m`-th
+    /// bucket looked up in `fine`.
+    pub bucket: [u8; 128],
+    /// The rank of each slot of the marked buckets: slot `32 j` of the `m`-th at `32 m + j`.
+    pub fine: [u8; 128],
+    /// `cum + freq` by rank (4096 past the last rank).
+    pub end: [u32; NARROW_RANKED_SYMBOLS],
+    /// `sym | freq << 8 | cum << 20` by rank.
+    pub entry: [u32; NARROW_RANKED_SYMBOLS],
+}
+
+// The AVX-512 decoder reads each field with aligned 64-byte loads.
+const _: () = assert!(
+    std::mem::offset_of!(RankedDecodeTable, fine) % 64 == 0
+        && std::mem::offset_of!(RankedDecodeTable, end) % 64 == 0
+        && std::mem::offset_of!(RankedDecodeTable, entry) % 64 == 0
+);
+
+/// Buckets of [`RankedDecodeTable`] a table may have looked up slot by slot (`fine` holds 128
+/// ranks: 32 a bucket).
+const FINE_BUCKETS: usize = 4;
+
+impl RankedDecodeTable {
+    /// The ranked lookup of the table of frequencies `freq` (summing to 4096, two or more
+    /// symbols), or `None` where it has more than 32 symbols or more than four buckets where
+    /// several ranks end.
+    pub fn new(freq: &[u16; 256]) -> Option<RankedDecodeTable> {
+        let mut t = RankedDecodeTable {
+            bucket: [0; 128],
+            fine: [0; 128],
+            end: [PROB_SCALE; NARROW_RANKED_SYMBOLS],
+            entry: [0; NARROW_RANKED_SYMBOLS],
+        };
+        let mut n = 0usize;
+        let mut cum = 0u32;
+        for (s, &f) in freq.iter().enumerate() {
+            if f == 0 {
+                continue;
+            }
+            if n == NARROW_RANKED_SYMBOLS {
+                return None;
+            }
+            t.entry[n] = s as u32 | (f as u32) << 8 | cum << 20;
+            cum += f as u32;
+            t.end[n] = cum;
+            n += 1;
+        }
+        if n < 2 || cum != PROB_SCALE {
+            return None;
+        }
+        // The rank of slot `s`: the first whose end is past it.
+        let end = t.end;
+        let rank_of = |s: u32| end.iter().position(|&e| e > s).unwrap_or(0) as u8;
+        let mut fine = [0u8; 128];
+        let mut marked = 0usize;
+        for b in 0..128u32 {
+            let first = 32 * b;
+            let c = rank_of(first);
+            let inside = end[..n - 1]
+                .iter()
+                .filter(|&&e| e > first && e < first + 32)
+                .count();
+            if inside <= 1 {
+                t.bucket[b as usize] = c;
+                continue;
+            }
+            if marked == FINE_BUCKETS {
+                return None;
+            }
+            t.bucket[b as usize] = 0x80 | (marked as u8) << 5;
+            for j in 0..32 {
+                fine[32 * marked + j] = rank_of(first + j as u32);
+            }
+            marked += 1;
+        }
+        t.fine = fine;
+        Some(t)
+    }
+}
 
 /// Encoder constants of one symbol.
 #[derive(Clone, Copy, Default, Debug)]
@@ -656,5 +758,58 @@ mod tests {
         assert_eq!(t.cost(&h), 10 << 16); // p = 1/2 -> 1 bit each
         h[3] = 1;
         assert!(t.cost(&h) >= CL_ABSENT);
+    }
+
+    /// A ranked decoder table gives every slot the slot table's symbol and range, read as the
+    /// AVX-512 step reads it (bucket, one end compared, or the slot's own rank in `fine`); tables
+    /// of more than 32 symbols, or with more than four buckets where several ranks end, have none.
+    #[test]
+    fn ranked_decode_table_ranks_every_slot() {
+        let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
+        let (mut ranked, mut with_fine) = (0, 0);
+        for case in 0..400 {
+            let counts = match case % 2 {
+                0 => crate::rans::test_input::narrow_counts(&mut next, case),
+                _ => crate::rans::test_input::table_counts(&mut next, case),
+            };
+            let f = FreqTable::normalize(&counts, None).unwrap();
+            let t = f.decode_table();
+            let n = f.freq.iter().filter(|&&q| q != 0).count();
+            let Some(r) = &t.ranked else {
+                // Only too many symbols or too many ends side by side leave a table unranked.
+                let crowded = (0..128u32)
+                    .filter(|&b| {
+                        let ends: Vec<u32> = (0..256)
+                            .map(|s| f.cumulative()[s] + f.freq[s] as u32)
+                            .filter(|&e| e < PROB_SCALE && e > 32 * b && e < 32 * b + 32)
+                            .collect();
+                        let mut ends = ends;
+                        ends.dedup();
+                        ends.len() > 1
+                    })
+                    .count();
+                assert!(n > 32 || crowded > 4, "case {case}: {n} symbols unranked");
+                continue;
+            };
+            ranked += 1;
+            with_fine += r.bucket.iter().any(|&b| b & 0x80 != 0) as usize;
+            for s in 0..PROB_SCALE {
+                let b = r.bucket[s as usize >> 5];
+                let rank = match b & 0x80 {
+                    0 => b as usize + (s >= r.end[b as usize]) as usize,
+                    _ => r.fine[(b as usize & 0x60) | (s as usize & 31)] as usize,
+                };
+                let e = r.entry[rank];
+                let want = t.slots[s as usize];
+                let cum = e >> 20;
+                assert_eq!(e & 0xFFFFF, want & 0xFFFFF, "case {case}, slot {s}");
+                assert_eq!(s - cum, want >> 20, "case {case}, slot {s}");
+                assert_eq!(r.end[rank], cum + ((e >> 8) & 0xFFF), "case {case}");
+            }
+        }
+        assert!(
+            ranked >= 100 && with_fine >= 20,
+            "{ranked} ranked, {with_fine} with fine buckets"
+        );
     }
 }
