@@ -99,12 +99,16 @@ pub fn wide_rank_lookups() -> bool {
 }
 
 /// Whether the AVX-512 decoder should look small tables up by rank with register permutes
-/// ([`crate::rans::table::RankedDecodeTable`]) rather than gather them: AVX-512 VBMI on an AMD
-/// CPU (checked once; `TENSORZIP_NO_RANKED_DECODE=1` turns it off, for comparisons). On the Zen 4
-/// VM a 16-lane gather issues only every ~7.5 ns (docs/DESIGN.md, "Small tables by rank").
+/// ([`crate::rans::table::RankedDecodeTable`]) rather than gather them: by default on AMD CPUs
+/// with AVX-512 VBMI (checked once; `TENSORZIP_RANKED_DECODE=0` or `=1` overrides the choice,
+/// for comparisons, on any CPU with VBMI). On the Zen 4 VM a 16-lane gather issues only every
+/// ~7.5 ns (docs/DESIGN.md, "Small tables by rank").
 pub fn ranked_decode() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| wide_rank_lookups() && !switch_on("TENSORZIP_NO_RANKED_DECODE"))
+    *HAS.get_or_init(|| match std::env::var_os("TENSORZIP_RANKED_DECODE") {
+        Some(v) => has_avx512_vbmi2() && v != "0",
+        None => wide_rank_lookups(),
+    })
 }
 
 /// For each 8-bit mask of lanes that refill, the source word index of each lane: lane `i` takes word
