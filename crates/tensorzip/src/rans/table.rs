@@ -476,28 +476,35 @@ impl RankedDecodeTable {
         if n < 2 || cum != PROB_SCALE {
             return None;
         }
-        // The rank of slot `s`: the first whose end is past it.
+        // One walk over the buckets: `c` is the rank of the bucket's first slot, `past` the first
+        // rank that ends at or after the bucket's end (ranks `c..past` end inside it).
         let end = t.end;
-        let rank_of = |s: u32| end.iter().position(|&e| e > s).unwrap_or(0) as u8;
         let mut fine = [0u8; 128];
-        let mut marked = 0usize;
-        for b in 0..128u32 {
-            let first = 32 * b;
-            let c = rank_of(first);
-            let inside = end[..n - 1]
-                .iter()
-                .filter(|&&e| e > first && e < first + 32)
-                .count();
-            if inside <= 1 {
-                t.bucket[b as usize] = c;
+        let (mut c, mut past, mut marked) = (0usize, 0usize, 0usize);
+        for b in 0..128usize {
+            let first = 32 * b as u32;
+            while end[c] <= first {
+                c += 1;
+            }
+            past = past.max(c);
+            while past < n - 1 && end[past] < first + 32 {
+                past += 1;
+            }
+            // Ends inside the bucket, after its first slot: `end[c] > first` always.
+            if past - c <= 1 {
+                t.bucket[b] = c as u8;
                 continue;
             }
             if marked == FINE_BUCKETS {
                 return None;
             }
-            t.bucket[b as usize] = 0x80 | (marked as u8) << 5;
+            t.bucket[b] = 0x80 | (marked as u8) << 5;
+            let mut r = c;
             for j in 0..32 {
-                fine[32 * marked + j] = rank_of(first + j as u32);
+                while end[r] <= first + j as u32 {
+                    r += 1;
+                }
+                fine[32 * marked + j] = r as u8;
             }
             marked += 1;
         }
