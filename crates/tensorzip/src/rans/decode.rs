@@ -35,6 +35,9 @@ pub struct Decoder<'a> {
     used: bool,
     /// Lines to prefetch during the next steps.
     pf: Prefetches,
+    /// Whether the AVX-512 steps look small tables up by rank ([`crate::cpu::ranked_decode`]
+    /// unless a test chose).
+    ranked: bool,
 }
 
 /// The lines a stream's steps prefetch: output for writing ([`Decoder::prefetch_output`]) and
@@ -138,7 +141,17 @@ impl<'a> Decoder<'a> {
             pos: 0,
             used: false,
             pf: Prefetches::default(),
+            ranked: crate::cpu::ranked_decode(),
         })
+    }
+
+    /// The decoder with the lookups by rank on or off where the CPU has AVX-512 VBMI (off
+    /// elsewhere), whatever [`crate::cpu::ranked_decode`] chose: the tests run both step loops
+    /// on any such CPU.
+    #[cfg(test)]
+    fn with_ranked(mut self, ranked: bool) -> Self {
+        self.ranked = ranked && crate::cpu::has_avx512_vbmi2();
+        self
     }
 
     /// Asks the next steps to prefetch `out`'s cache lines for writing, `per_step` lines a step
@@ -306,10 +319,10 @@ fn simd_rounds(
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support (and for the ranked steps BW and VBMI) was checked at
-            // run time.
+            // SAFETY: AVX-512F support was checked at run time, and for the ranked steps BW and
+            // VBMI (`ranked` is only set where `cpu::has_avx512_vbmi2`).
             let r = unsafe {
-                if crate::cpu::ranked_decode() {
+                if dec.ranked {
                     avx512::rounds_ranked(dec, segs, len, first)
                 } else {
                     avx512::rounds(dec, segs, len, first)
@@ -343,10 +356,10 @@ fn simd_rounds_pair(
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support (and for the ranked steps BW and VBMI) was checked at
-            // run time.
+            // SAFETY: AVX-512F support was checked at run time, and for the ranked steps BW and
+            // VBMI (`ranked` is only set where `cpu::has_avx512_vbmi2`).
             return unsafe {
-                if crate::cpu::ranked_decode() {
+                if da.ranked && db.ranked {
                     avx512::rounds_pair_ranked(da, sa, la, db, sb, lb)
                 } else {
                     avx512::rounds_pair(da, sa, la, db, sb, lb)
@@ -815,8 +828,9 @@ mod tests {
     /// stream that runs out fails on both paths (the vector steps take a stream's last words
     /// from a padded copy: a short stream runs there from its first step). The second half of
     /// the cases use tables of at most 32 symbols, which the ranked steps look up by rank
-    /// ([`RankedDecodeTable`]) on CPUs where [`crate::cpu::ranked_decode`]; the test checks that
-    /// such tables, with and without buckets looked up slot by slot, were among them.
+    /// ([`RankedDecodeTable`]); every case runs both step loops where the CPU has AVX-512 VBMI
+    /// (whatever vendor), and the test checks that such tables, with and without buckets looked
+    /// up slot by slot, were among them.
     #[test]
     fn simd_steps_equal_the_scalar_loop() {
         let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
@@ -852,45 +866,59 @@ mod tests {
                 stream.extend_from_slice(&s.to_le_bytes());
             }
             stream.extend((0..2 * n_words).map(|_| next() as u8));
-            let run = |simd: bool| {
+            // `None`: the scalar loop; `Some(ranked)`: the SIMD steps, with the lookups by rank
+            // or not (by rank only where the CPU has VBMI).
+            let run = |simd: Option<bool>| {
                 let mut outs = vec![vec![0u8; len]; nseg];
                 let mut dec = Decoder::new(&stream).unwrap();
                 let mut segs = segments(&tables, &mut outs);
-                let r = if simd {
-                    dec.decode_block(&mut segs, len)
-                } else {
-                    dec.decode_block_scalar(&mut segs, len, 0)
+                let r = match simd {
+                    Some(ranked) => {
+                        dec = dec.with_ranked(ranked);
+                        dec.decode_block(&mut segs, len)
+                    }
+                    None => dec.decode_block_scalar(&mut segs, len, 0),
                 };
                 drop(segs);
                 (r.is_ok(), dec.x, dec.pos, outs)
             };
-            let want = run(false);
-            let got = run(true);
-            assert_eq!(got.0, want.0, "case {case}: result");
-            if want.0 {
-                assert!(got == want, "case {case}: len {len}, {nseg} segments");
-            }
-            // Two streams in one loop: each as if alone.
-            let mut outs_a = vec![vec![0u8; len]; nseg];
-            let mut outs_b = vec![vec![0u8; len]; nseg];
-            let (mut da, mut db) = (
-                Decoder::new(&stream).unwrap(),
-                Decoder::new(&stream).unwrap(),
-            );
-            let mut sa = segments(&tables, &mut outs_a);
-            let mut sb = segments(&tables, &mut outs_b);
-            let r = Decoder::decode_block_pair((&mut da, &mut sa, len), (&mut db, &mut sb, len));
-            drop((sa, sb));
-            assert_eq!(r.is_ok(), want.0, "case {case}: pair result");
-            if want.0 {
-                assert!(
-                    (da.x, da.pos, &outs_a) == (want.1, want.2, &want.3),
-                    "case {case}: pair a"
+            let want = run(None);
+            for ranked in [false, true] {
+                let got = run(Some(ranked));
+                assert_eq!(got.0, want.0, "case {case}, ranked {ranked}: result");
+                if want.0 {
+                    assert!(
+                        got == want,
+                        "case {case}, ranked {ranked}: len {len}, {nseg} segments"
+                    );
+                }
+                // Two streams in one loop: each as if alone.
+                let mut outs_a = vec![vec![0u8; len]; nseg];
+                let mut outs_b = vec![vec![0u8; len]; nseg];
+                let (mut da, mut db) = (
+                    Decoder::new(&stream).unwrap().with_ranked(ranked),
+                    Decoder::new(&stream).unwrap().with_ranked(ranked),
                 );
-                assert!(
-                    (db.x, db.pos, &outs_b) == (want.1, want.2, &want.3),
-                    "case {case}: pair b"
+                let mut sa = segments(&tables, &mut outs_a);
+                let mut sb = segments(&tables, &mut outs_b);
+                let r =
+                    Decoder::decode_block_pair((&mut da, &mut sa, len), (&mut db, &mut sb, len));
+                drop((sa, sb));
+                assert_eq!(
+                    r.is_ok(),
+                    want.0,
+                    "case {case}, ranked {ranked}: pair result"
                 );
+                if want.0 {
+                    assert!(
+                        (da.x, da.pos, &outs_a) == (want.1, want.2, &want.3),
+                        "case {case}, ranked {ranked}: pair a"
+                    );
+                    assert!(
+                        (db.x, db.pos, &outs_b) == (want.1, want.2, &want.3),
+                        "case {case}, ranked {ranked}: pair b"
+                    );
+                }
             }
         }
         assert!(
