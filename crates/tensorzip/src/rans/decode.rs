@@ -465,7 +465,7 @@ unsafe fn avx2_rounds(
 /// overlap. One thread of the Intel VM of 2026-12-01 (`examples/hotloop {bf16,fp32,fp16} 4096 7
 /// dec`): AVX2 1.27 / 2.07 / 1.38 GB/s; this, one stream 1.39-1.43 / 2.19-2.24 / 1.41-1.52; two
 /// streams 1.79-1.86 / 2.62-2.70 / 1.89-1.97. (`vpexpandw` straight from memory, AVX512-VBMI2, was
-/// no faster.) Where [`crate::cpu::ranked_decode`], tables of at most 32 symbols are looked up
+/// no faster.) Where [`crate::cpu::ranked_decode`], tables of at most 64 symbols are looked up
 /// by rank with register permutes instead ([`RankedDecodeTable`]; `rounds_ranked`).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -556,39 +556,55 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
     #[inline]
     unsafe fn by_rank_or_gathered(x: __m512i, table: &DecodeTable) -> (__m512i, __m512i) {
-        let Some(t) = &table.ranked else {
-            // SAFETY: `slots` holds 4096 entries.
-            return unsafe { entries_and_next(x, table.slots.as_ptr()) };
-        };
+        // SAFETY (all three): the features are enabled; `slots` holds 4096 entries.
+        match &table.ranked {
+            Some(t) if !t.wide => unsafe { by_rank::<false>(x, t) },
+            Some(t) => unsafe { by_rank::<true>(x, t) },
+            None => unsafe { entries_and_next(x, table.slots.as_ptr()) },
+        }
+    }
+
+    /// [`by_rank_or_gathered`]'s lookup by rank, of ranks up to 31 or (`WIDE`) 63.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VBMI required.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    #[inline]
+    unsafe fn by_rank<const WIDE: bool>(x: __m512i, t: &RankedDecodeTable) -> (__m512i, __m512i) {
         let mask = _mm512_set1_epi32(MASK as i32);
-        // SAFETY: every field of the table is 64-byte aligned (asserted beside its definition)
-        // and two vectors long.
-        let (b0, b1, f0, f1, n0, n1, e0, e1) = unsafe {
-            let v = |p: *const u8, k: usize| _mm512_load_si512(p.add(64 * k) as *const _);
-            (
-                v(t.bucket.as_ptr(), 0),
-                v(t.bucket.as_ptr(), 1),
-                v(t.fine.as_ptr(), 0),
-                v(t.fine.as_ptr(), 1),
-                v(t.end.as_ptr() as *const u8, 0),
-                v(t.end.as_ptr() as *const u8, 1),
-                v(t.entry.as_ptr() as *const u8, 0),
-                v(t.entry.as_ptr() as *const u8, 1),
-            )
+        let v = |p: *const u8, k: usize| {
+            // SAFETY: every field of the table is 64-byte aligned (asserted beside its
+            // definition); `bucket` and `fine` are two vectors long, `end` and `entry` four.
+            unsafe { _mm512_load_si512(p.add(64 * k) as *const _) }
         };
+        let (bucket, fine) = (t.bucket.as_ptr(), t.fine.as_ptr());
+        let (ends, entries) = (t.end.as_ptr() as *const u8, t.entry.as_ptr() as *const u8);
         let slot = _mm512_and_si512(x, mask);
         // The bucket's byte lands in each lane's low byte (the lane's other index bytes are 0,
         // so its other bytes hold bucket 0's, which nothing below reads: the dword permutes use
-        // bits 0-4, the byte permute bits 0-6 of the low byte).
-        let cb = _mm512_permutex2var_epi8(b0, _mm512_srli_epi32::<5>(slot), b1);
-        let fine = _mm512_test_epi32_mask(cb, _mm512_set1_epi32(0x80));
-        let end = _mm512_permutex2var_epi32(n0, cb, n1);
-        let past = _mm512_cmpge_epu32_mask(slot, end);
+        // bits 0-4, the byte permute bits 0-6 of the low byte, the tests bits 5 and 7).
+        let cb = _mm512_permutex2var_epi8(v(bucket, 0), _mm512_srli_epi32::<5>(slot), v(bucket, 1));
+        let marked = _mm512_test_epi32_mask(cb, _mm512_set1_epi32(0x80));
+        // A field by rank: ranks 0-31 from its first two vectors, 32-63 (bit 5) from the next two.
+        let bit5 = _mm512_set1_epi32(0x20);
+        let by_rank = |p: *const u8, r: __m512i| {
+            let lo = _mm512_permutex2var_epi32(v(p, 0), r, v(p, 1));
+            match WIDE {
+                false => lo,
+                true => _mm512_mask_blend_epi32(
+                    _mm512_test_epi32_mask(r, bit5),
+                    lo,
+                    _mm512_permutex2var_epi32(v(p, 2), r, v(p, 3)),
+                ),
+            }
+        };
+        let past = _mm512_cmpge_epu32_mask(slot, by_rank(ends, cb));
         let coarse = _mm512_mask_add_epi32(cb, past, cb, _mm512_set1_epi32(1));
         // `fine` index: bits 5-6 from the bucket's byte (`m`), bits 0-4 from the slot.
         let at = _mm512_ternarylogic_epi32::<0xCA>(_mm512_set1_epi32(0x1F), slot, cb);
-        let rank = _mm512_mask_blend_epi32(fine, coarse, _mm512_permutex2var_epi8(f0, at, f1));
-        let e = _mm512_permutex2var_epi32(e0, rank, e1);
+        let ranked = _mm512_permutex2var_epi8(v(fine, 0), at, v(fine, 1));
+        let rank = _mm512_mask_blend_epi32(marked, coarse, ranked);
+        let e = by_rank(entries, rank);
         let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
         let nx = _mm512_add_epi32(
             _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(x)),
@@ -827,14 +843,14 @@ mod tests {
     /// multiples of the 32 lanes, one to three segments, tables from skewed to flat; and a
     /// stream that runs out fails on both paths (the vector steps take a stream's last words
     /// from a padded copy: a short stream runs there from its first step). The second half of
-    /// the cases use tables of at most 32 symbols, which the ranked steps look up by rank
+    /// the cases use tables of at most 64 symbols, which the ranked steps look up by rank
     /// ([`RankedDecodeTable`]); every case runs both step loops where the CPU has AVX-512 VBMI
     /// (whatever vendor), and the test checks that such tables, with and without buckets looked
     /// up slot by slot, were among them.
     #[test]
     fn simd_steps_equal_the_scalar_loop() {
         let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
-        let (mut plain, mut with_fine) = (0, 0);
+        let (mut plain, mut with_fine, mut wide) = (0, 0, 0);
         for case in 0..240 {
             let nseg = 1 + case % 3;
             let tables: Vec<Box<DecodeTable>> = (0..nseg)
@@ -851,6 +867,7 @@ mod tests {
                     true => with_fine += 1,
                     false => plain += 1,
                 }
+                wide += t.wide as usize;
             }
             let len = 1 + (next() % 200) as usize;
             // Enough words for every lane to refill at every step, or (every fourth case) a
@@ -922,8 +939,8 @@ mod tests {
             }
         }
         assert!(
-            plain >= 20 && with_fine >= 20,
-            "ranked tables: {plain} without and {with_fine} with fine buckets"
+            plain >= 20 && with_fine >= 20 && wide >= 20,
+            "ranked tables: {plain} without and {with_fine} with fine buckets, {wide} wide"
         );
     }
 }

@@ -73,11 +73,11 @@ pub(crate) mod test_input {
         })
     }
 
-    /// Counts for a table of 2..=32 symbols from a random first symbol, as an exponent plane's:
+    /// Counts for a table of 2..=64 symbols from a random first symbol, as an exponent plane's:
     /// a third of them (all, every fifth case) rare (1..=3: frequency 1 or 2 once normalised),
     /// the others 1..=100000, so that rare symbols lie side by side in some tables.
     pub(crate) fn narrow_counts(next: &mut impl FnMut() -> u64, case: usize) -> [u64; 256] {
-        let width = 2 + (next() % 31) as usize;
+        let width = 2 + (next() % 63) as usize;
         let first = (next() % (257 - width as u64)) as usize;
         std::array::from_fn(|s| {
             if s < first || s >= first + width {

@@ -294,7 +294,7 @@ impl FreqTable {
     }
 
     /// The decoder's tables: for slot `x & 4095`, `sym | freq << 8 | (slot - cum) << 20`, and
-    /// for a table of at most 32 symbols the same lookup by rank ([`RankedDecodeTable`]) where
+    /// for a table of at most 64 symbols the same lookup by rank ([`RankedDecodeTable`]) where
     /// its buckets allow it. Only for tables of two or more symbols.
     pub fn decode_table(&self) -> Box<DecodeTable> {
         debug_assert!(!self.is_single());
@@ -410,7 +410,7 @@ const _: () = assert!(
         && std::mem::offset_of!(RankedTable, rcp) % 64 == 0
 );
 
-/// The decoder's lookup of a table of at most [`NARROW_RANKED_SYMBOLS`] symbols by rank, with
+/// The decoder's lookup of a table of at most [`RANKED_DECODE_SYMBOLS`] symbols by rank, with
 /// register permutes instead of a gather of [`DecodeTable::slots`] (AVX-512 VBMI, where
 /// [`crate::cpu::ranked_decode`]): on the Zen 4 VM a 16-lane gather issues every ~7.5 ns, and a
 /// model of the AVX-512 step (two streams, random states, this table's lookup against the
@@ -422,7 +422,10 @@ const _: () = assert!(
 /// inside the bucket (after its first slot), `r = c + (s >= end[c])`. The few buckets where
 /// several do (rare symbols of frequency below 32 side by side: 1-3 per exponent table of
 /// all-MiniLM-L6-v2) are marked `0x80 | m << 5` and look the rank up per slot in `fine`, at
-/// `32 m + (s & 31)`, for `m < 4`; a table with more such buckets has no ranked form.
+/// `32 m + (s & 31)`, for `m < 4`; a table with more such buckets has no ranked form. Ranks
+/// 32-63 (`wide`: tables of 33-64 symbols, which a tensor whose rows' scales vary widely has, as
+/// its tables cover every exponent of its sample) take a second pair of vectors of `end` and
+/// `entry`, chosen by bit 5 of the rank.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub struct RankedDecodeTable {
@@ -432,10 +435,15 @@ pub struct RankedDecodeTable {
     /// The rank of each slot of the marked buckets: slot `32 j` of the `m`-th at `32 m + j`.
     pub fine: [u8; 128],
     /// `cum + freq` by rank (4096 past the last rank).
-    pub end: [u32; NARROW_RANKED_SYMBOLS],
+    pub end: [u32; RANKED_DECODE_SYMBOLS],
     /// `sym | freq << 8 | cum << 20` by rank.
-    pub entry: [u32; NARROW_RANKED_SYMBOLS],
+    pub entry: [u32; RANKED_DECODE_SYMBOLS],
+    /// More than [`NARROW_RANKED_SYMBOLS`] symbols: ranks 32-63 are in use.
+    pub wide: bool,
 }
+
+/// Most symbols a table may have for [`RankedDecodeTable`] (four vectors a field).
+pub const RANKED_DECODE_SYMBOLS: usize = 64;
 
 // The AVX-512 decoder reads each field with aligned 64-byte loads.
 const _: () = assert!(
@@ -450,14 +458,15 @@ const FINE_BUCKETS: usize = 4;
 
 impl RankedDecodeTable {
     /// The ranked lookup of the table of frequencies `freq` (summing to 4096, two or more
-    /// symbols), or `None` where it has more than 32 symbols or more than four buckets where
+    /// symbols), or `None` where it has more than 64 symbols or more than four buckets where
     /// several ranks end.
     pub fn new(freq: &[u16; 256]) -> Option<RankedDecodeTable> {
         let mut t = RankedDecodeTable {
             bucket: [0; 128],
             fine: [0; 128],
-            end: [PROB_SCALE; NARROW_RANKED_SYMBOLS],
-            entry: [0; NARROW_RANKED_SYMBOLS],
+            end: [PROB_SCALE; RANKED_DECODE_SYMBOLS],
+            entry: [0; RANKED_DECODE_SYMBOLS],
+            wide: false,
         };
         let mut n = 0usize;
         let mut cum = 0u32;
@@ -465,7 +474,7 @@ impl RankedDecodeTable {
             if f == 0 {
                 continue;
             }
-            if n == NARROW_RANKED_SYMBOLS {
+            if n == RANKED_DECODE_SYMBOLS {
                 return None;
             }
             t.entry[n] = s as u32 | (f as u32) << 8 | cum << 20;
@@ -476,6 +485,7 @@ impl RankedDecodeTable {
         if n < 2 || cum != PROB_SCALE {
             return None;
         }
+        t.wide = n > NARROW_RANKED_SYMBOLS;
         // One walk over the buckets: `c` is the rank of the bucket's first slot, `past` the first
         // rank that ends at or after the bucket's end (ranks `c..past` end inside it).
         let end = t.end;
@@ -769,11 +779,11 @@ mod tests {
 
     /// A ranked decoder table gives every slot the slot table's symbol and range, read as the
     /// AVX-512 step reads it (bucket, one end compared, or the slot's own rank in `fine`); tables
-    /// of more than 32 symbols, or with more than four buckets where several ranks end, have none.
+    /// of more than 64 symbols, or with more than four buckets where several ranks end, have none.
     #[test]
     fn ranked_decode_table_ranks_every_slot() {
         let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
-        let (mut ranked, mut with_fine) = (0, 0);
+        let (mut ranked, mut with_fine, mut wide) = (0, 0, 0);
         for case in 0..400 {
             let counts = match case % 2 {
                 0 => crate::rans::test_input::narrow_counts(&mut next, case),
@@ -795,11 +805,13 @@ mod tests {
                         ends.len() > 1
                     })
                     .count();
-                assert!(n > 32 || crowded > 4, "case {case}: {n} symbols unranked");
+                assert!(n > 64 || crowded > 4, "case {case}: {n} symbols unranked");
                 continue;
             };
             ranked += 1;
             with_fine += r.bucket.iter().any(|&b| b & 0x80 != 0) as usize;
+            assert_eq!(r.wide, n > 32, "case {case}");
+            wide += r.wide as usize;
             for s in 0..PROB_SCALE {
                 let b = r.bucket[s as usize >> 5];
                 let rank = match b & 0x80 {
@@ -815,8 +827,8 @@ mod tests {
             }
         }
         assert!(
-            ranked >= 100 && with_fine >= 20,
-            "{ranked} ranked, {with_fine} with fine buckets"
+            ranked >= 100 && with_fine >= 20 && wide >= 20,
+            "{ranked} ranked, {with_fine} with fine buckets, {wide} wide"
         );
     }
 }
