@@ -587,7 +587,7 @@ mod avx512 {
         let marked = _mm512_test_epi32_mask(cb, _mm512_set1_epi32(0x80));
         // A field by rank: ranks 0-31 from its first two vectors, 32-63 (bit 5) from the next two.
         let bit5 = _mm512_set1_epi32(0x20);
-        let by_rank = |p: *const u8, r: __m512i| {
+        let field = |p: *const u8, r: __m512i| {
             let lo = _mm512_permutex2var_epi32(v(p, 0), r, v(p, 1));
             match WIDE {
                 false => lo,
@@ -598,13 +598,13 @@ mod avx512 {
                 ),
             }
         };
-        let past = _mm512_cmpge_epu32_mask(slot, by_rank(ends, cb));
+        let past = _mm512_cmpge_epu32_mask(slot, field(ends, cb));
         let coarse = _mm512_mask_add_epi32(cb, past, cb, _mm512_set1_epi32(1));
         // `fine` index: bits 5-6 from the bucket's byte (`m`), bits 0-4 from the slot.
         let at = _mm512_ternarylogic_epi32::<0xCA>(_mm512_set1_epi32(0x1F), slot, cb);
         let ranked = _mm512_permutex2var_epi8(v(fine, 0), at, v(fine, 1));
         let rank = _mm512_mask_blend_epi32(marked, coarse, ranked);
-        let e = by_rank(entries, rank);
+        let e = field(entries, rank);
         let f = _mm512_and_si512(_mm512_srli_epi32::<8>(e), mask);
         let nx = _mm512_add_epi32(
             _mm512_mullo_epi32(f, _mm512_srli_epi32::<12>(x)),
