@@ -1,7 +1,8 @@
 //! Development probe: single-thread CPU time of the encoder's two passes on a safetensors file —
 //! the model (sampling, histograms, table search) and the chunk encoding — tensor by tensor,
 //! warm (each pass repeated; the median of `runs` is reported).
-//! `THREADS=n [SAMPLE=blocks] cargo run --release --example phasetime -- FILE [runs]` (`SAMPLE`
+//! `PHASE=model|encode` times (and runs) only that pass, for profiles of one.
+//! `THREADS=n [SAMPLE=blocks] [PHASE=…] cargo run --release --example phasetime -- FILE [runs]` (`SAMPLE`
 //! overrides `sample_blocks`, for A/B runs of the sampling).
 use std::time::Instant;
 
@@ -38,16 +39,25 @@ fn main() {
     pool.install(|| {
         let (mut tm, mut te) = (Vec::new(), Vec::new());
         let mut payload = Vec::new();
-        for _ in 0..runs {
-            let t = Instant::now();
-            let encs: Vec<TensorEncoder<'_>> = items
+        let phase = std::env::var("PHASE").unwrap_or_default();
+        let build = || -> Vec<TensorEncoder<'_>> {
+            items
                 .iter()
                 .map(|(d, dt, s)| TensorEncoder::new(d, *dt, s, &opts).unwrap())
-                .collect();
+                .collect()
+        };
+        let kept = (phase == "encode").then(build);
+        for _ in 0..runs {
+            let t = Instant::now();
+            let built = match kept {
+                Some(_) => None,
+                None => Some(build()),
+            };
+            let encs = kept.as_ref().or(built.as_ref()).unwrap();
             tm.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
             let mut n = 0usize;
-            for e in &encs {
+            for e in encs.iter().filter(|_| phase != "model") {
                 for c in 0..e.n_chunks() {
                     with_scratch(|s| e.encode_chunk(c, s, &mut payload));
                     n += payload.len();

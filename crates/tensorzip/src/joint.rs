@@ -120,10 +120,56 @@ impl BlockJoint {
     }
 }
 
-/// Adds one to `counts[e[i] << 8 | m[i]]` for every `i` of the shorter of `e` and `m`: eight
-/// units from two 64-bit loads, their indices by shifts.
+/// Adds one to `counts[e[i] << 8 | m[i]]` for every `i` of the shorter of `e` and `m`.
 #[inline]
 fn count_pairs(counts: &mut [u16; 65536], e: &[u8], m: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2() {
+        // SAFETY: AVX2 support was checked at run time.
+        return unsafe { count_pairs_avx2(counts, e, m) };
+    }
+    count_pairs_impl(counts, e, m)
+}
+
+/// [`count_pairs`] with the indices of 32 units made by two byte unpacks (`m` low, `e` high),
+/// stored, and read back four to a 64-bit load: the shifts and masks of [`count_pairs_impl`]
+/// took as many instructions as the increments themselves. The unpacks interleave within
+/// 128-bit halves, so the indices come out of order, which a count does not see. In a C model of
+/// the loop (one 4096-unit block of bf16-like exponents, Zen 4 VM): 0.84 ns a unit by shifts,
+/// 0.55 with the indices read back one by one, 0.48 four at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn count_pairs_avx2(counts: &mut [u16; 65536], e: &[u8], m: &[u8]) {
+    use std::arch::x86_64::*;
+    let n = e.len().min(m.len());
+    let mut idx = [0u64; 8];
+    let mut i = 0;
+    while i + 32 <= n {
+        // SAFETY: 32-byte loads at e[i..], m[i..] with i + 32 <= n, and 32-byte stores into the
+        // 64-byte `idx`.
+        unsafe {
+            let ev = _mm256_loadu_si256(e.as_ptr().add(i) as *const __m256i);
+            let mv = _mm256_loadu_si256(m.as_ptr().add(i) as *const __m256i);
+            let ip = idx.as_mut_ptr() as *mut __m256i;
+            _mm256_storeu_si256(ip, _mm256_unpacklo_epi8(mv, ev));
+            _mm256_storeu_si256(ip.add(1), _mm256_unpackhi_epi8(mv, ev));
+        }
+        // Read back from memory: without this the compiler takes the indices out of the vector
+        // registers with `vpextrw`, two micro-ops each on Zen 4 where a load is one.
+        std::hint::black_box(&mut idx);
+        for &w in &idx {
+            for k in 0..4 {
+                counts[(w >> (16 * k)) as u16 as usize] += 1;
+            }
+        }
+        i += 32;
+    }
+    count_pairs_impl(counts, &e[i..n], &m[i..n]);
+}
+
+/// [`count_pairs`] without SIMD: eight units from two 64-bit loads, their indices by shifts.
+#[inline(always)]
+fn count_pairs_impl(counts: &mut [u16; 65536], e: &[u8], m: &[u8]) {
     let n = e.len().min(m.len());
     let (e8, m8) = (e[..n].chunks_exact(8), m[..n].chunks_exact(8));
     let tail = n - n % 8;
@@ -231,6 +277,28 @@ mod tests {
         let mut h = [0u32; 256];
         bytes.iter().for_each(|&b| h[b as usize] += 1);
         h
+    }
+
+    /// The pair counting loops (the scalar one, and the one `count_pairs` takes on this CPU) add
+    /// the plain counts for every length around their steps of 8 and 32 units.
+    #[test]
+    fn pair_loops_count_every_pair() {
+        let mut r = crate::model::tests::rng(5);
+        for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100, 4096, 4099] {
+            let e: Vec<u8> = (0..n).map(|_| 100 + (r() % 40) as u8).collect();
+            let m: Vec<u8> = (0..n).map(|_| r() as u8).collect();
+            let (want, _) = reference(&e, &m);
+            let mut scalar = vec![0u16; 65536];
+            count_pairs_impl((&mut scalar[..]).try_into().unwrap(), &e, &m);
+            let mut chosen = vec![0u16; 65536];
+            count_pairs((&mut chosen[..]).try_into().unwrap(), &e, &m);
+            for (name, got) in [("scalar", &scalar), ("chosen", &chosen)] {
+                assert!(
+                    got.iter().zip(&want).all(|(&g, &w)| g as u32 == w),
+                    "{name} loop, {n} units"
+                );
+            }
+        }
     }
 
     /// Block by block the counts equal the plain ones, the counters are zero again after every
