@@ -77,7 +77,7 @@ impl JointCounts {
 }
 
 /// Units counted between two flushes of the 16-bit counters (no counter can pass `u16::MAX`).
-const PIECE: usize = u16::MAX as usize;
+pub(crate) const PIECE: usize = u16::MAX as usize;
 
 /// A block's 16-bit joint counters, all zero between blocks.
 pub(crate) struct BlockJoint {
@@ -94,7 +94,8 @@ impl BlockJoint {
     /// Counts the pairs `(e[i], m[i])` of one block into the tensor's joint counts and into
     /// `plane_hist` (the block's histogram of the plane `m`, which must start at zero). `e_hist`
     /// is the histogram of `e` (the rows to read back: any byte of `e` must have a non-zero
-    /// count there; more rows cost time, not correctness).
+    /// count there; more rows cost time, not correctness). Returns the number of rows (distinct
+    /// bytes in `e_hist`).
     pub(crate) fn count(
         &mut self,
         e: &[u8],
@@ -102,10 +103,11 @@ impl BlockJoint {
         e_hist: &[u32; 256],
         plane_hist: &mut [u32; 256],
         joint: &mut JointCounts,
-    ) {
+    ) -> usize {
         let rows = e_hist.iter().filter(|&&c| c != 0).count();
         if rows > FLUSH_ROWS {
-            return count_direct(e, m, e_hist, plane_hist, joint);
+            count_direct(e, m, e_hist, plane_hist, joint);
+            return rows;
         }
         let counts: &mut [u16; 65536] = (&mut *self.counts).try_into().expect("65536 counters");
         for (e, m) in e.chunks(PIECE).zip(m.chunks(PIECE)) {
@@ -117,8 +119,172 @@ impl BlockJoint {
                 flush_row(row, plane_hist, joint.row_mut(ev as u8));
             }
         }
+        rows
     }
 }
+
+impl BlockJoint {
+    /// [`BlockJoint::count`] for a block of 2-byte units read straight from the tensor (`src`,
+    /// at most [`PIECE`] units), without splitting it into planes: a unit's value after the
+    /// transform ([`transform::fwd16`], `E` = 8 for bf16, 0 for none) is the joint index
+    /// `e << 8 | m` of its plane 1 (`e`) and plane 0 (`m`). Writes the block's histograms of both
+    /// planes into `hq` (`e`, from the sums of the rows) and `hp` (`m`), which must start at
+    /// zero, and adds the joint counts unless plane 0 is one repeated byte in the block, exactly
+    /// as a split followed by [`BlockJoint::count`] would. Returns the number of distinct `e`.
+    ///
+    /// This saves the split and the histogram of plane 1, ~25% of a one-thread bf16 model pass,
+    /// and costs a pass over the rows between the block's smallest and largest `e` (each row's
+    /// sum; the rows of absent bytes are zero and skipped).
+    pub(crate) fn count_units<const E: u32>(
+        &mut self,
+        src: &[u8],
+        hp: &mut [u32; 256],
+        hq: &mut [u32; 256],
+        joint: &mut JointCounts,
+    ) -> usize {
+        debug_assert!(src.len() / 2 <= PIECE);
+        let counts: &mut [u16; 65536] = (&mut *self.counts).try_into().expect("65536 counters");
+        let span = count_units(counts, &src[..src.len() / 2 * 2], E);
+        let Some(span) = span else { return 0 };
+        let constant = span.m_and == span.m_or;
+        let mut rows = 0;
+        for ev in span.lo as usize >> 8..=span.hi as usize >> 8 {
+            let row: &mut [u16; 256] = (&mut counts[ev << 8..(ev << 8) + 256])
+                .try_into()
+                .expect("a row");
+            let sum: u32 = row.iter().map(|&c| c as u32).sum();
+            if sum == 0 {
+                continue;
+            }
+            rows += 1;
+            hq[ev] = sum;
+            match constant {
+                // No joint counts: plane 0's histogram is its one byte.
+                true => *row = [0; 256],
+                false => flush_row(row, hp, joint.row_mut(ev as u8)),
+            }
+        }
+        if constant {
+            hp[span.m_and as usize] = (src.len() / 2) as u32;
+        }
+        rows
+    }
+}
+
+/// What [`count_units`] saw of a block: the smallest and largest joint index (so the rows
+/// `lo >> 8 ..= hi >> 8` hold its counts), and the AND and OR of its `m` bytes (equal where they
+/// are one repeated byte).
+struct Span {
+    lo: u16,
+    hi: u16,
+    m_and: u8,
+    m_or: u8,
+}
+
+/// Adds one to `counts[fwd16(u)]` for every 2-byte unit `u` of `src` (whole units); `None` for
+/// no units. `e` is the transform's exponent bits (8 or 0).
+fn count_units(counts: &mut [u16; 65536], src: &[u8], e: u32) -> Option<Span> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2() {
+        // SAFETY: AVX2 support was checked at run time.
+        return unsafe {
+            match e {
+                8 => count_units_avx2::<8>(counts, src),
+                _ => count_units_avx2::<0>(counts, src),
+            }
+        };
+    }
+    match e {
+        8 => count_units_impl::<8>(counts, src, None),
+        _ => count_units_impl::<0>(counts, src, None),
+    }
+}
+
+/// [`count_units`] without SIMD; `from` is what the units before `src` of the same block gave.
+#[inline(always)]
+fn count_units_impl<const E: u32>(
+    counts: &mut [u16; 65536],
+    src: &[u8],
+    from: Option<Span>,
+) -> Option<Span> {
+    let mut span = from;
+    for c in src.chunks_exact(2) {
+        let k = crate::transform::fwd16::<E>(u16::from_le_bytes([c[0], c[1]]));
+        counts[k as usize] += 1;
+        let s = span.get_or_insert(Span {
+            lo: k,
+            hi: k,
+            m_and: k as u8,
+            m_or: k as u8,
+        });
+        s.lo = s.lo.min(k);
+        s.hi = s.hi.max(k);
+        s.m_and &= k as u8;
+        s.m_or |= k as u8;
+    }
+    span
+}
+
+/// [`count_units`] in steps of 32 units: the transform on 16-bit lanes
+/// ([`crate::transform::fwd16_wide`]) gives the indices, stored and read back four to a load as
+/// in [`count_pairs_avx2`]; the span is kept in vectors (unsigned minimum and maximum, AND, OR).
+/// The source is prefetched ahead as the split does (it is where a sampled block is first read).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn count_units_avx2<const E: u32>(counts: &mut [u16; 65536], src: &[u8]) -> Option<Span> {
+    use std::arch::x86_64::*;
+    let n = src.len() / 2;
+    let mut idx = [0u64; 8];
+    let mut i = 0;
+    let mut span = None;
+    if n >= 32 {
+        // SAFETY: 32-byte loads at src[2i..2i + 64] with i + 32 <= n, 32-byte stores into the
+        // 64-byte `idx`, register operations; a prefetch never faults.
+        unsafe {
+            let (mut lo, mut hi) = (_mm256_set1_epi16(-1), _mm256_setzero_si256());
+            let (mut and, mut or) = (_mm256_set1_epi16(-1), _mm256_setzero_si256());
+            while i + 32 <= n {
+                let s = src.as_ptr().add(2 * i) as *const __m256i;
+                _mm_prefetch::<_MM_HINT_T0>((s as *const i8).wrapping_add(PREFETCH_BYTES));
+                let a = crate::transform::fwd16_wide::<E>(_mm256_loadu_si256(s));
+                let b = crate::transform::fwd16_wide::<E>(_mm256_loadu_si256(s.add(1)));
+                let ip = idx.as_mut_ptr() as *mut __m256i;
+                _mm256_storeu_si256(ip, a);
+                _mm256_storeu_si256(ip.add(1), b);
+                lo = _mm256_min_epu16(lo, _mm256_min_epu16(a, b));
+                hi = _mm256_max_epu16(hi, _mm256_max_epu16(a, b));
+                and = _mm256_and_si256(and, _mm256_and_si256(a, b));
+                or = _mm256_or_si256(or, _mm256_or_si256(a, b));
+                // Read back from memory (see `count_pairs_avx2`).
+                std::hint::black_box(&mut idx);
+                for &w in &idx {
+                    for k in 0..4 {
+                        counts[(w >> (16 * k)) as u16 as usize] += 1;
+                    }
+                }
+                i += 32;
+            }
+            let lanes = |v: __m256i| {
+                let mut l = [0u16; 16];
+                _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, v);
+                l
+            };
+            let (lo, hi, and, or) = (lanes(lo), lanes(hi), lanes(and), lanes(or));
+            span = Some(Span {
+                lo: lo.into_iter().fold(u16::MAX, u16::min),
+                hi: hi.into_iter().fold(0, u16::max),
+                m_and: and.into_iter().fold(0xFF, |x, y| x & y as u8),
+                m_or: or.into_iter().fold(0, |x, y| x | y as u8),
+            });
+        }
+    }
+    count_units_impl::<E>(counts, &src[2 * i..2 * n], span)
+}
+
+/// How far ahead of its loads [`count_units_avx2`] prefetches (as the split it replaces:
+/// `transform::SPLIT_PREFETCH_BYTES`).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 1024;
 
 /// Adds one to `counts[e[i] << 8 | m[i]]` for every `i` of the shorter of `e` and `m`.
 #[inline]
@@ -191,7 +357,7 @@ fn count_pairs_impl(counts: &mut [u16; 65536], e: &[u8], m: &[u8]) {
 /// there. An exponent plane of bf16 or fp32 weights has 14-20 distinct bytes in a 4096-unit
 /// block (all-MiniLM-L6-v2, synthetic data), fp16's high byte ~90 (which this keeps as fast as
 /// the two-increment loop was: with every block flushed, fp16's model pass lost ~8%).
-const FLUSH_ROWS: usize = 32;
+pub(crate) const FLUSH_ROWS: usize = 32;
 
 /// [`BlockJoint::count`] for blocks of many condition bytes. Not inlined: inlined into the
 /// model pass's parallel loop its loop reloaded its pointers from the stack at every unit
@@ -297,6 +463,72 @@ mod tests {
                     got.iter().zip(&want).all(|(&g, &w)| g as u32 == w),
                     "{name} loop, {n} units"
                 );
+            }
+        }
+    }
+
+    /// Blocks of 2-byte units counted from the units (`count_units`) give what a split and
+    /// `count` give — both planes' histograms, the joint counts (none where plane 0 is one
+    /// repeated byte, and no rows made for them), and the number of rows — for bf16's transform
+    /// and none, at lengths around the 32-unit steps up to the largest piece, with few and many
+    /// exponent bytes, a zero among large exponents (a wide span of mostly absent rows), and
+    /// plane 0 constant.
+    #[test]
+    fn units_count_as_split_planes() {
+        let mut r = crate::model::tests::rng(9);
+        let mut cases: Vec<Vec<u16>> = Vec::new();
+        for n in [1usize, 2, 31, 32, 33, 64, 95, 4096, 4097, PIECE] {
+            cases.push((0..n).map(|_| 0x3C00 + (r() % 0x300) as u16).collect());
+            cases.push((0..n).map(|_| r() as u16).collect());
+        }
+        let mut wide: Vec<u16> = (0..4096).map(|_| 0x3F00 | (r() % 256) as u16).collect();
+        wide[17] = 0;
+        cases.push(wide);
+        // Plane 0 constant after bf16's transform (sign 0, mantissa 0x25) and without one.
+        cases.push(
+            (0..5000)
+                .map(|_| ((r() % 9) as u16 + 120) << 7 | 0x25)
+                .collect(),
+        );
+        cases.push(
+            (0..5000)
+                .map(|_| ((r() % 9) as u16 + 60) << 8 | 0x25)
+                .collect(),
+        );
+        cases.push(vec![0xBF80; 300]);
+        let mut unit_joint = BlockJoint::new();
+        let mut split_joint = BlockJoint::new();
+        for (i, units) in cases.iter().enumerate() {
+            let src: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
+            for (e, t) in [
+                (
+                    8,
+                    crate::dtype::Transform::SignBelowExponent { exp_bits: 8 },
+                ),
+                (0, crate::dtype::Transform::Identity),
+            ] {
+                let (mut hp, mut hq, mut joint) =
+                    ([0u32; 256], [0u32; 256], JointCounts::default());
+                let rows = match e {
+                    8 => unit_joint.count_units::<8>(&src, &mut hp, &mut hq, &mut joint),
+                    _ => unit_joint.count_units::<0>(&src, &mut hp, &mut hq, &mut joint),
+                };
+                let n = units.len();
+                let (mut p0, mut p1) = (vec![0u8; n], vec![0u8; n]);
+                crate::transform::split(t, &src, &mut [&mut p0[..], &mut p1[..]]);
+                let (wq, mut wp, mut wj) = (hist(&p1), [0u32; 256], JointCounts::default());
+                let want_rows = wq.iter().filter(|&&c| c != 0).count();
+                if p0.iter().all(|&v| v == p0[0]) {
+                    wp[p0[0] as usize] = n as u32;
+                } else {
+                    split_joint.count(&p1, &p0, &wq, &mut wp, &mut wj);
+                }
+                let what = format!("case {i}, {n} units, exponent bits {e}");
+                assert_eq!((hq, hp, rows), (wq, wp, want_rows), "{what}");
+                assert!(joint.dense() == wj.dense(), "{what}");
+                let stored = |j: &JointCounts| (0..=255u8).filter(|&e| j.row(e).is_some()).count();
+                assert_eq!(stored(&joint), stored(&wj), "{what}");
+                assert!(unit_joint.counts.iter().all(|&c| c == 0), "{what}");
             }
         }
     }

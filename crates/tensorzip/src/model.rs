@@ -9,7 +9,7 @@ use crate::blob::{BlobHeader, SEL_CONST, SEL_RAW};
 /// The table search lives in [`crate::cluster`]; this path is kept for its callers.
 pub use crate::cluster::cluster;
 use crate::cluster::{ideal_cost_dense, prefetch_ahead, probe_stride, probes_flat, varied};
-use crate::dtype::DType;
+use crate::dtype::{DType, Transform};
 use crate::options::CompressOptions;
 use crate::rans::log2::{code_len_table, FRAC_BITS};
 use crate::rans::table::{EncTable, FreqTable};
@@ -433,7 +433,25 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // one-thread model pass, in one process (2026-12-03, 12 rounds), MiniLM fp32 +18%,
     // synthetic fp32 +7% (+8-10% at two threads); fp32 had been 3% slower fused before.
     if let Some(pq) = header.dtype.conditioned_plane().filter(|_| opts.condition) {
-        let (hists, joint) = fused_counts(&sampling, bu, us, pq, opts.threshold_q16(), split_block);
+        // Two-byte units are counted straight from the tensor where that pays (`joint.rs`,
+        // `BlockJoint::count_units`): bf16 with its transform, fp16 without.
+        let direct = match header.dtype.transform() {
+            _ if us != 2 => None,
+            Transform::Identity => Some(0),
+            Transform::SignBelowExponent { exp_bits } => Some(exp_bits),
+        };
+        let units = |g: u64| {
+            let r = sampling.block_range(g);
+            &data[r.start as usize * us..r.end as usize * us]
+        };
+        let (hists, joint) = fused_counts(
+            &sampling,
+            (bu, us),
+            pq,
+            opts.threshold_q16(),
+            split_block,
+            direct.map(|e| (e, units)),
+        );
         let model = model_from_counts(header, opts, &sampling, &hists, |_, _| joint)
             .keeping(&sampling, &hists);
         if hists.capacity() * 1024 <= KEPT_HISTS_BYTES {
@@ -493,17 +511,20 @@ fn joint_part_blocks(n_sampled: usize) -> usize {
 /// The histograms of every plane of every sampled block of a tensor of `us`-byte units, and the
 /// joint counts `J[e][m]` of plane `q` (`e`) and plane `p` (`m`) over the blocks whose plane `p`
 /// is not one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g` into
-/// `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length.
-fn fused_counts<F>(
+/// `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length. With `direct`
+/// (`(exponent bits of the transform, units(g))`, 2-byte units whose planes 1 and 0 are `q` and
+/// `p`), blocks are counted from their units instead while their exponent bytes are few.
+fn fused_counts<'a, F, U>(
     sampling: &Sampling,
-    bu: usize,
-    us: usize,
+    (bu, us): (usize, usize),
     (p, q): (usize, usize),
     threshold: u64,
     split: F,
+    direct: Option<(u32, U)>,
 ) -> (Vec<[u32; 256]>, JointCounts)
 where
     F: Fn(u64, &mut [u8]) -> usize + Sync,
+    U: Fn(u64) -> &'a [u8] + Sync,
 {
     let n = sampling.picks.len();
     let per = joint_part_blocks(n);
@@ -527,9 +548,26 @@ where
                 let mut scratch = vec![0u8; us * bu];
                 let mut hints = [FewHint::default(); 8];
                 let mut block_joint = BlockJoint::new();
+                // Whether the last block had few enough exponent bytes for the next to be
+                // counted from its units (many rows cost more read back than the split saves).
+                let mut few_rows = true;
                 for (j, (&g, h)) in part.iter().zip(rows.chunks_exact_mut(us)).enumerate() {
                     if let Some((s, probe)) = probes {
                         if (part_index * per + j).is_multiple_of(s) != probe {
+                            continue;
+                        }
+                    }
+                    if let Some((e, units)) = direct.as_ref().filter(|_| few_rows) {
+                        let src = units(g);
+                        if src.len() / 2 <= crate::joint::PIECE {
+                            let [hp, hq] = h
+                                .get_disjoint_mut([p, q])
+                                .expect("a plane is not conditioned on itself");
+                            let rows = match e {
+                                8 => block_joint.count_units::<8>(src, hp, hq, &mut joint),
+                                _ => block_joint.count_units::<0>(src, hp, hq, &mut joint),
+                            };
+                            few_rows = rows <= crate::joint::FLUSH_ROWS;
                             continue;
                         }
                     }
@@ -551,7 +589,8 @@ where
                     let [hp, hq] = h
                         .get_disjoint_mut([p, q])
                         .expect("a plane is not conditioned on itself");
-                    block_joint.count(e, m, hq, hp, &mut joint);
+                    few_rows =
+                        block_joint.count(e, m, hq, hp, &mut joint) <= crate::joint::FLUSH_ROWS;
                 }
                 joint
             })
@@ -756,7 +795,7 @@ pub(crate) mod tests {
     fn fused_counts_equal_separate_counts_and_the_model_keeps_full_samples() {
         use crate::blob::{BlobHeader, Scheme};
         use crate::dtype::DType;
-        for dtype in [DType::BF16, DType::F32] {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
             let mut r = rng(11);
             let us = dtype.unit_size();
             let (p, q) = dtype.conditioned_plane().unwrap();
@@ -791,7 +830,20 @@ pub(crate) mod tests {
                 // The transformed planes to scratch[256 k..]; returns the length.
                 let split =
                     |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
-                let (hists, joint) = fused_counts(&sampling, 256, us, (p, q), 65536, split);
+                // Two-byte units are counted from the units as build_model does, then split.
+                let units = |g: u64| {
+                    let r = sampling.block_range(g);
+                    &data[r.start as usize * us..r.end as usize * us]
+                };
+                let e = match dtype.transform() {
+                    crate::dtype::Transform::SignBelowExponent { exp_bits } => exp_bits,
+                    crate::dtype::Transform::Identity => 0,
+                };
+                let counted =
+                    |direct| fused_counts(&sampling, (256, us), (p, q), 65536, split, direct);
+                let (hists, joint) = counted((us == 2).then_some((e, units)));
+                let (split_hists, split_joint) = counted(None);
+                assert!(hists == split_hists && joint.dense() == split_joint.dense());
                 let mut want_joint = vec![0u32; 65536];
                 let mut scratch = vec![0u8; 256 * us];
                 for (i, &g) in sampling.picks.iter().enumerate() {
@@ -867,7 +919,9 @@ pub(crate) mod tests {
             let split =
                 |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
             let threshold = opts.threshold_q16();
-            let (hists, joint) = fused_counts(&sampling, bu, us, (p, q), threshold, split);
+            let no_units = None::<(u32, fn(u64) -> &'static [u8])>;
+            let (hists, joint) =
+                fused_counts(&sampling, (bu, us), (p, q), threshold, split, no_units);
             // Every block's counts.
             let mut full = vec![[0u32; 256]; us * sampling.picks.len()];
             let mut scratch = vec![0u8; bu * us];

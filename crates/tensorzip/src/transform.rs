@@ -32,6 +32,44 @@ sign_below_exponent!(w16, u16, 16u32);
 sign_below_exponent!(w32, u32, 32u32);
 sign_below_exponent!(w64, u64, 64u32);
 
+/// The transform of a 2-byte unit with an 8-bit exponent (`E` = 8), or none (`E` = 0): plane 1's
+/// byte (the exponent) above plane 0's, as [`split`] would place them.
+#[inline(always)]
+pub(crate) fn fwd16<const E: u32>(u: u16) -> u16 {
+    match E {
+        0 => u,
+        _ => w16::fwd(u, E),
+    }
+}
+
+/// [`fwd16`] on sixteen 16-bit lanes.
+///
+/// # Safety
+/// AVX2 required.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+#[inline]
+pub(crate) unsafe fn fwd16_wide<const E: u32>(
+    u: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    if E == 0 {
+        return u;
+    }
+    // w16::fwd with an 8-bit exponent: bits 14..7 -> 15..8, bit 15 -> 7.
+    // SAFETY: register operations only; AVX2 is enabled for this function.
+    unsafe {
+        fields3(
+            _mm256_slli_epi16::<1>(u),
+            _mm256_set1_epi16(-0x100), // 0xFF00
+            _mm256_srli_epi16::<8>(u),
+            _mm256_set1_epi16(0x80),
+            u,
+            _mm256_set1_epi16(0x7F),
+        )
+    }
+}
+
 /// Transformed value of one unit given as little-endian bytes (test and reference helper).
 pub fn transform_unit(t: Transform, unit: &[u8]) -> Vec<u8> {
     let e = match t {
@@ -218,24 +256,7 @@ unsafe fn split2_wide<const E: u32>(src: &[u8], p0: &mut [u8], p1: &mut [u8]) {
     // SAFETY: loads of 64 bytes at src[2i..] and stores of 32 bytes at p0[i..], p1[i..] only while
     // 32 units remain; the prefetches ahead of them only hint (a prefetch never faults).
     unsafe {
-        let exp = _mm256_set1_epi16(-0x100); // 0xFF00
-        let sign = _mm256_set1_epi16(0x80);
-        let mant = _mm256_set1_epi16(0x7F);
-        let fwd = |u: __m256i| {
-            if E == 0 {
-                u
-            } else {
-                // w16::fwd with an 8-bit exponent: bits 14..7 -> 15..8, bit 15 -> 7.
-                fields3(
-                    _mm256_slli_epi16::<1>(u),
-                    exp,
-                    _mm256_srli_epi16::<8>(u),
-                    sign,
-                    u,
-                    mant,
-                )
-            }
-        };
+        let fwd = |u: __m256i| fwd16_wide::<E>(u);
         let sel = _mm256_setr_epi8(
             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
             5, 7, 9, 11, 13, 15,
