@@ -124,27 +124,38 @@ impl BlockJoint {
 }
 
 impl BlockJoint {
-    /// [`BlockJoint::count`] for a block of 2-byte units read straight from the tensor (`src`,
-    /// at most [`PIECE`] units), without splitting it into planes: a unit's value after the
-    /// transform ([`transform::fwd16`], `E` = 8 for bf16, 0 for none) is the joint index
-    /// `e << 8 | m` of its plane 1 (`e`) and plane 0 (`m`). Writes the block's histograms of both
-    /// planes into `hq` (`e`, from the sums of the rows) and `hp` (`m`), which must start at
-    /// zero, and adds the joint counts unless plane 0 is one repeated byte in the block, exactly
-    /// as a split followed by [`BlockJoint::count`] would. Returns the number of distinct `e`.
+    /// [`BlockJoint::count`] for a block read straight from the tensor's units (`src`, at most
+    /// [`PIECE`] units of `US` = 2 or 4 bytes), without splitting it into planes: the top 16
+    /// bits of a unit after the transform are the joint index `e << 8 | m` of its top plane
+    /// (`e`) and the one below (`m`); for bf16 or fp32 the index is [`transform::fwd16`] of the
+    /// unit's top 16 bits (`E` = 8; fp32's top half is a bf16), without a transform the top 16
+    /// bits themselves (`E` = 0, fp16). Writes the block's histograms of those two planes into
+    /// `hq` (`e`, from the sums of the rows) and `hp` (`m`), which must start at zero, and adds
+    /// the joint counts unless `m` is one repeated byte in the block, exactly as a split
+    /// followed by [`BlockJoint::count`] would. Planes below those two are not looked at.
+    /// Returns the number of distinct `e`.
     ///
-    /// This saves the split and the histogram of plane 1, ~25% of a one-thread bf16 model pass,
-    /// and costs a pass over the rows between the block's smallest and largest `e` (each row's
-    /// sum; the rows of absent bytes are zero and skipped).
-    pub(crate) fn count_units<const E: u32>(
+    /// This saves the split and the histogram of the top plane (~25% of a one-thread bf16 model
+    /// pass), and costs a pass over the rows between the block's smallest and largest `e` (each
+    /// row's sum; the rows of absent bytes are zero and skipped).
+    pub(crate) fn count_units<const US: usize, const E: u32>(
         &mut self,
         src: &[u8],
         hp: &mut [u32; 256],
         hq: &mut [u32; 256],
         joint: &mut JointCounts,
     ) -> usize {
-        debug_assert!(src.len() / 2 <= PIECE);
+        debug_assert!(src.len() / US <= PIECE);
         let counts: &mut [u16; 65536] = (&mut *self.counts).try_into().expect("65536 counters");
-        let span = count_units(counts, &src[..src.len() / 2 * 2], E);
+        let units = &src[..src.len() / US * US];
+        #[cfg(target_arch = "x86_64")]
+        let span = match crate::cpu::has_avx2() {
+            // SAFETY: AVX2 support was checked at run time.
+            true => unsafe { count_units_avx2::<US, E>(counts, units) },
+            false => count_units_impl::<US, E>(counts, units, None),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let span = count_units_impl::<US, E>(counts, units, None);
         let Some(span) = span else { return 0 };
         let constant = span.m_and == span.m_or;
         let mut rows = 0;
@@ -159,21 +170,21 @@ impl BlockJoint {
             rows += 1;
             hq[ev] = sum;
             match constant {
-                // No joint counts: plane 0's histogram is its one byte.
+                // No joint counts: plane m's histogram is its one byte.
                 true => *row = [0; 256],
                 false => flush_row(row, hp, joint.row_mut(ev as u8)),
             }
         }
         if constant {
-            hp[span.m_and as usize] = (src.len() / 2) as u32;
+            hp[span.m_and as usize] = (units.len() / US) as u32;
         }
         rows
     }
 }
 
-/// What [`count_units`] saw of a block: the smallest and largest joint index (so the rows
-/// `lo >> 8 ..= hi >> 8` hold its counts), and the AND and OR of its `m` bytes (equal where they
-/// are one repeated byte).
+/// What the unit counting loops saw of a block: the smallest and largest joint index (so the
+/// rows `lo >> 8 ..= hi >> 8` hold its counts), and the AND and OR of its `m` bytes (equal where
+/// they are one repeated byte).
 struct Span {
     lo: u16,
     hi: u16,
@@ -181,35 +192,24 @@ struct Span {
     m_or: u8,
 }
 
-/// Adds one to `counts[fwd16(u)]` for every 2-byte unit `u` of `src` (whole units); `None` for
-/// no units. `e` is the transform's exponent bits (8 or 0).
-fn count_units(counts: &mut [u16; 65536], src: &[u8], e: u32) -> Option<Span> {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::has_avx2() {
-        // SAFETY: AVX2 support was checked at run time.
-        return unsafe {
-            match e {
-                8 => count_units_avx2::<8>(counts, src),
-                _ => count_units_avx2::<0>(counts, src),
-            }
-        };
-    }
-    match e {
-        8 => count_units_impl::<8>(counts, src, None),
-        _ => count_units_impl::<0>(counts, src, None),
-    }
+/// The joint index of a unit of `US` bytes (little-endian; see [`BlockJoint::count_units`]).
+#[inline(always)]
+fn unit_index<const US: usize, const E: u32>(unit: &[u8]) -> u16 {
+    crate::transform::fwd16::<E>(u16::from_le_bytes([unit[US - 2], unit[US - 1]]))
 }
 
-/// [`count_units`] without SIMD; `from` is what the units before `src` of the same block gave.
+/// Adds one to `counts[unit_index(u)]` for every unit `u` of `src` (whole units of `US` bytes)
+/// and returns the span of the block so far (`from`: what its units before `src` gave; `None`
+/// for no units at all).
 #[inline(always)]
-fn count_units_impl<const E: u32>(
+fn count_units_impl<const US: usize, const E: u32>(
     counts: &mut [u16; 65536],
     src: &[u8],
     from: Option<Span>,
 ) -> Option<Span> {
     let mut span = from;
-    for c in src.chunks_exact(2) {
-        let k = crate::transform::fwd16::<E>(u16::from_le_bytes([c[0], c[1]]));
+    for c in src.chunks_exact(US) {
+        let k = unit_index::<US, E>(c);
         counts[k as usize] += 1;
         let s = span.get_or_insert(Span {
             lo: k,
@@ -225,29 +225,51 @@ fn count_units_impl<const E: u32>(
     span
 }
 
-/// [`count_units`] in steps of 32 units: the transform on 16-bit lanes
-/// ([`crate::transform::fwd16_wide`]) gives the indices, stored and read back four to a load as
-/// in [`count_pairs_avx2`]; the span is kept in vectors (unsigned minimum and maximum, AND, OR).
-/// The source is prefetched ahead as the split does (it is where a sampled block is first read).
+/// [`count_units_impl`] in steps of 32 units: the units' top halves (for 4-byte units, shifted
+/// down and packed to 16 bits) transformed on 16-bit lanes ([`crate::transform::fwd16_wide`]) are
+/// the indices, stored and read back four to a load as in [`count_pairs_avx2`] (the packs
+/// interleave 128-bit halves: the order does not matter to a count); the span is kept in vectors
+/// (unsigned minimum and maximum, AND, OR). The source is prefetched ahead as the split does
+/// (this is where a sampled block is first read).
+///
+/// # Safety
+/// AVX2 required.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn count_units_avx2<const E: u32>(counts: &mut [u16; 65536], src: &[u8]) -> Option<Span> {
+unsafe fn count_units_avx2<const US: usize, const E: u32>(
+    counts: &mut [u16; 65536],
+    src: &[u8],
+) -> Option<Span> {
     use std::arch::x86_64::*;
-    let n = src.len() / 2;
+    let n = src.len() / US;
     let mut idx = [0u64; 8];
     let mut i = 0;
     let mut span = None;
     if n >= 32 {
-        // SAFETY: 32-byte loads at src[2i..2i + 64] with i + 32 <= n, 32-byte stores into the
-        // 64-byte `idx`, register operations; a prefetch never faults.
+        // SAFETY: 32-byte loads at src[US i..US (i + 32)] with i + 32 <= n, 32-byte stores into
+        // the 64-byte `idx`, register operations; a prefetch never faults.
         unsafe {
             let (mut lo, mut hi) = (_mm256_set1_epi16(-1), _mm256_setzero_si256());
             let (mut and, mut or) = (_mm256_set1_epi16(-1), _mm256_setzero_si256());
+            // Sixteen units' top halves from `US / 2` loads at unit `at`.
+            let halves = |at: usize| {
+                let s = src.as_ptr().add(US * at) as *const __m256i;
+                match US {
+                    2 => _mm256_loadu_si256(s),
+                    _ => _mm256_packus_epi32(
+                        _mm256_srli_epi32::<16>(_mm256_loadu_si256(s)),
+                        _mm256_srli_epi32::<16>(_mm256_loadu_si256(s.add(1))),
+                    ),
+                }
+            };
             while i + 32 <= n {
-                let s = src.as_ptr().add(2 * i) as *const __m256i;
-                _mm_prefetch::<_MM_HINT_T0>((s as *const i8).wrapping_add(PREFETCH_BYTES));
-                let a = crate::transform::fwd16_wide::<E>(_mm256_loadu_si256(s));
-                let b = crate::transform::fwd16_wide::<E>(_mm256_loadu_si256(s.add(1)));
+                let ahead = src.as_ptr().wrapping_add(US * i + PREFETCH_BYTES) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                if US == 4 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+                }
+                let a = crate::transform::fwd16_wide::<E>(halves(i));
+                let b = crate::transform::fwd16_wide::<E>(halves(i + 16));
                 let ip = idx.as_mut_ptr() as *mut __m256i;
                 _mm256_storeu_si256(ip, a);
                 _mm256_storeu_si256(ip.add(1), b);
@@ -278,7 +300,7 @@ unsafe fn count_units_avx2<const E: u32>(counts: &mut [u16; 65536], src: &[u8]) 
             });
         }
     }
-    count_units_impl::<E>(counts, &src[2 * i..2 * n], span)
+    count_units_impl::<US, E>(counts, &src[US * i..US * n], span)
 }
 
 /// How far ahead of its loads [`count_units_avx2`] prefetches (as the split it replaces:
@@ -467,8 +489,8 @@ mod tests {
         }
     }
 
-    /// Blocks of 2-byte units counted from the units (`count_units`) give what a split and
-    /// `count` give — both planes' histograms, the joint counts (none where plane 0 is one
+    /// Blocks of 2- and 4-byte units counted from the units (`count_units`) give what a split
+    /// and `count` give for the top two planes — both planes' histograms, the joint counts (none where plane 0 is one
     /// repeated byte, and no rows made for them), and the number of rows — for bf16's transform
     /// and none, at lengths around the 32-unit steps up to the largest piece, with few and many
     /// exponent bytes, a zero among large exponents (a wide span of mostly absent rows), and
@@ -498,32 +520,41 @@ mod tests {
         cases.push(vec![0xBF80; 300]);
         let mut unit_joint = BlockJoint::new();
         let mut split_joint = BlockJoint::new();
+        let sbe = crate::dtype::Transform::SignBelowExponent { exp_bits: 8 };
         for (i, units) in cases.iter().enumerate() {
-            let src: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
-            for (e, t) in [
-                (
-                    8,
-                    crate::dtype::Transform::SignBelowExponent { exp_bits: 8 },
-                ),
-                (0, crate::dtype::Transform::Identity),
+            // As 2-byte units (bf16's transform, none), and as the top halves of fp32 units
+            // below which random bytes lie.
+            let src2: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
+            let src4: Vec<u8> = units
+                .iter()
+                .flat_map(|&u| ((u as u32) << 16 | (r() as u32 & 0xFFFF)).to_le_bytes())
+                .collect();
+            for (us, e, t) in [
+                (2, 8, sbe),
+                (2, 0, crate::dtype::Transform::Identity),
+                (4, 8, sbe),
             ] {
+                let src = if us == 2 { &src2 } else { &src4 };
                 let (mut hp, mut hq, mut joint) =
                     ([0u32; 256], [0u32; 256], JointCounts::default());
-                let rows = match e {
-                    8 => unit_joint.count_units::<8>(&src, &mut hp, &mut hq, &mut joint),
-                    _ => unit_joint.count_units::<0>(&src, &mut hp, &mut hq, &mut joint),
+                let rows = match (us, e) {
+                    (2, 8) => unit_joint.count_units::<2, 8>(src, &mut hp, &mut hq, &mut joint),
+                    (2, _) => unit_joint.count_units::<2, 0>(src, &mut hp, &mut hq, &mut joint),
+                    _ => unit_joint.count_units::<4, 8>(src, &mut hp, &mut hq, &mut joint),
                 };
                 let n = units.len();
-                let (mut p0, mut p1) = (vec![0u8; n], vec![0u8; n]);
-                crate::transform::split(t, &src, &mut [&mut p0[..], &mut p1[..]]);
-                let (wq, mut wp, mut wj) = (hist(&p1), [0u32; 256], JointCounts::default());
+                let mut planes = vec![vec![0u8; n]; us];
+                let mut views: Vec<&mut [u8]> = planes.iter_mut().map(|v| &mut v[..]).collect();
+                crate::transform::split(t, src, &mut views);
+                let (p0, p1) = (&planes[us - 2], &planes[us - 1]);
+                let (wq, mut wp, mut wj) = (hist(p1), [0u32; 256], JointCounts::default());
                 let want_rows = wq.iter().filter(|&&c| c != 0).count();
                 if p0.iter().all(|&v| v == p0[0]) {
                     wp[p0[0] as usize] = n as u32;
                 } else {
-                    split_joint.count(&p1, &p0, &wq, &mut wp, &mut wj);
+                    split_joint.count(p1, p0, &wq, &mut wp, &mut wj);
                 }
-                let what = format!("case {i}, {n} units, exponent bits {e}");
+                let what = format!("case {i}, {n} units of {us} bytes, exponent bits {e}");
                 assert_eq!((hq, hp, rows), (wq, wp, want_rows), "{what}");
                 assert!(joint.dense() == wj.dense(), "{what}");
                 let stored = |j: &JointCounts| (0..=255u8).filter(|&e| j.row(e).is_some()).count();

@@ -433,12 +433,14 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // one-thread model pass, in one process (2026-12-03, 12 rounds), MiniLM fp32 +18%,
     // synthetic fp32 +7% (+8-10% at two threads); fp32 had been 3% slower fused before.
     if let Some(pq) = header.dtype.conditioned_plane().filter(|_| opts.condition) {
-        // Two-byte units are counted straight from the tensor where that pays (`joint.rs`,
-        // `BlockJoint::count_units`): bf16 with its transform, fp16 without.
-        let direct = match header.dtype.transform() {
-            _ if us != 2 => None,
-            Transform::Identity => Some(0),
-            Transform::SignBelowExponent { exp_bits } => Some(exp_bits),
+        // Blocks are counted straight from the tensor's units where that pays (`joint.rs`,
+        // `BlockJoint::count_units`): bf16 and fp32 (whose planes below the top two are counted
+        // only in the probe blocks) with their transform, fp16 without.
+        let direct = match (us, header.dtype.transform()) {
+            _ if pq != (us - 2, us - 1) => None,
+            (2, Transform::Identity) => Some(0),
+            (2 | 4, Transform::SignBelowExponent { exp_bits: 8 }) => Some(8),
+            _ => None,
         };
         let units = |g: u64| {
             let r = sampling.block_range(g);
@@ -512,8 +514,9 @@ fn joint_part_blocks(n_sampled: usize) -> usize {
 /// joint counts `J[e][m]` of plane `q` (`e`) and plane `p` (`m`) over the blocks whose plane `p`
 /// is not one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g` into
 /// `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length. With `direct`
-/// (`(exponent bits of the transform, units(g))`, 2-byte units whose planes 1 and 0 are `q` and
-/// `p`), blocks are counted from their units instead while their exponent bytes are few.
+/// (`(exponent bits of the transform, units(g))`, units whose top two planes are `q` and `p`),
+/// blocks none of whose other planes are counted (2-byte units, or the flat-plane rule's
+/// skipped planes) are counted from their units instead while their exponent bytes are few.
 fn fused_counts<'a, F, U>(
     sampling: &Sampling,
     (bu, us): (usize, usize),
@@ -551,21 +554,24 @@ where
                 // Whether the last block had few enough exponent bytes for the next to be
                 // counted from its units (many rows cost more read back than the split saves).
                 let mut few_rows = true;
+                // Whether planes other than p and q are counted (then the blocks are split).
+                let others = (0..us).any(|k| k != p && k != q && skip >> k & 1 == 0);
                 for (j, (&g, h)) in part.iter().zip(rows.chunks_exact_mut(us)).enumerate() {
                     if let Some((s, probe)) = probes {
                         if (part_index * per + j).is_multiple_of(s) != probe {
                             continue;
                         }
                     }
-                    if let Some((e, units)) = direct.as_ref().filter(|_| few_rows) {
+                    if let Some((e, units)) = direct.as_ref().filter(|_| few_rows && !others) {
                         let src = units(g);
-                        if src.len() / 2 <= crate::joint::PIECE {
+                        if src.len() / us <= crate::joint::PIECE {
                             let [hp, hq] = h
                                 .get_disjoint_mut([p, q])
                                 .expect("a plane is not conditioned on itself");
-                            let rows = match e {
-                                8 => block_joint.count_units::<8>(src, hp, hq, &mut joint),
-                                _ => block_joint.count_units::<0>(src, hp, hq, &mut joint),
+                            let rows = match (us, e) {
+                                (2, 8) => block_joint.count_units::<2, 8>(src, hp, hq, &mut joint),
+                                (2, _) => block_joint.count_units::<2, 0>(src, hp, hq, &mut joint),
+                                _ => block_joint.count_units::<4, 8>(src, hp, hq, &mut joint),
                             };
                             few_rows = rows <= crate::joint::FLUSH_ROWS;
                             continue;
@@ -830,7 +836,8 @@ pub(crate) mod tests {
                 // The transformed planes to scratch[256 k..]; returns the length.
                 let split =
                     |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
-                // Two-byte units are counted from the units as build_model does, then split.
+                // Counted from the units where build_model would (the 2-byte dtypes here: fp32
+                // has no flat-plane probes at this size), then split.
                 let units = |g: u64| {
                     let r = sampling.block_range(g);
                     &data[r.start as usize * us..r.end as usize * us]
@@ -841,7 +848,7 @@ pub(crate) mod tests {
                 };
                 let counted =
                     |direct| fused_counts(&sampling, (256, us), (p, q), 65536, split, direct);
-                let (hists, joint) = counted((us == 2).then_some((e, units)));
+                let (hists, joint) = counted(Some((e, units)));
                 let (split_hists, split_joint) = counted(None);
                 assert!(hists == split_hists && joint.dense() == split_joint.dense());
                 let mut want_joint = vec![0u32; 65536];
@@ -922,6 +929,16 @@ pub(crate) mod tests {
             let no_units = None::<(u32, fn(u64) -> &'static [u8])>;
             let (hists, joint) =
                 fused_counts(&sampling, (bu, us), (p, q), threshold, split, no_units);
+            // The blocks whose planes 0 and 1 are skipped counted from their units instead (as
+            // build_model does): the same counts.
+            let units = |g: u64| {
+                let r = sampling.block_range(g);
+                &data[r.start as usize * us..r.end as usize * us]
+            };
+            let direct = Some((8, units));
+            let (by_units, by_units_joint) =
+                fused_counts(&sampling, (bu, us), (p, q), threshold, split, direct);
+            assert!(by_units == hists && by_units_joint.dense() == joint.dense());
             // Every block's counts.
             let mut full = vec![[0u32; 256]; us * sampling.picks.len()];
             let mut scratch = vec![0u8; bu * us];
