@@ -207,22 +207,29 @@ fn count_units_impl<const US: usize, const E: u32>(
     src: &[u8],
     from: Option<Span>,
 ) -> Option<Span> {
-    let mut span = from;
-    for c in src.chunks_exact(US) {
+    let mut units = src.chunks_exact(US);
+    let mut s = match from {
+        Some(s) => s,
+        None => {
+            let k = unit_index::<US, E>(units.next()?);
+            counts[k as usize] += 1;
+            Span {
+                lo: k,
+                hi: k,
+                m_and: k as u8,
+                m_or: k as u8,
+            }
+        }
+    };
+    for c in units {
         let k = unit_index::<US, E>(c);
         counts[k as usize] += 1;
-        let s = span.get_or_insert(Span {
-            lo: k,
-            hi: k,
-            m_and: k as u8,
-            m_or: k as u8,
-        });
         s.lo = s.lo.min(k);
         s.hi = s.hi.max(k);
         s.m_and &= k as u8;
         s.m_or |= k as u8;
     }
-    span
+    Some(s)
 }
 
 /// [`count_units_impl`] in steps of 32 units: the units' top halves (for 4-byte units, shifted
@@ -489,12 +496,44 @@ mod tests {
         }
     }
 
+    /// The portable unit loop and the AVX2 one (where this CPU has it) count alike and see the
+    /// same span, for every length around the 32-unit step (the portable loop otherwise runs
+    /// only the AVX2 loop's tails on such a CPU).
+    #[test]
+    fn unit_loops_count_alike() {
+        let mut r = crate::model::tests::rng(13);
+        for n in [0usize, 1, 31, 32, 33, 64, 100, 4096, 4099] {
+            let src: Vec<u8> = (0..4 * n).map(|_| r() as u8).collect();
+            let span = |s: Option<Span>| s.map(|s| (s.lo, s.hi, s.m_and, s.m_or));
+            let mut portable = Box::new([0u16; 65536]);
+            let mut wide = Box::new([0u16; 65536]);
+            let (a, b) = (
+                span(count_units_impl::<2, 8>(&mut portable, &src[..2 * n], None)),
+                span(count_units_impl::<4, 8>(&mut portable, &src, None)),
+            );
+            #[cfg(target_arch = "x86_64")]
+            if crate::cpu::has_avx2() {
+                // SAFETY: AVX2 support was checked at run time.
+                let (c, d) = unsafe {
+                    (
+                        span(count_units_avx2::<2, 8>(&mut wide, &src[..2 * n])),
+                        span(count_units_avx2::<4, 8>(&mut wide, &src)),
+                    )
+                };
+                assert_eq!((a, b), (c, d), "{n} units");
+                assert!(portable == wide, "{n} units");
+            }
+            assert_eq!((a.is_some(), b.is_some()), (n > 0, n > 0), "{n} units");
+            assert_eq!(portable.iter().map(|&c| c as usize).sum::<usize>(), 2 * n);
+        }
+    }
+
     /// Blocks of 2- and 4-byte units counted from the units (`count_units`) give what a split
-    /// and `count` give for the top two planes — both planes' histograms, the joint counts (none where plane 0 is one
-    /// repeated byte, and no rows made for them), and the number of rows — for bf16's transform
-    /// and none, at lengths around the 32-unit steps up to the largest piece, with few and many
-    /// exponent bytes, a zero among large exponents (a wide span of mostly absent rows), and
-    /// plane 0 constant.
+    /// and `count` give for the top two planes — both planes' histograms, the joint counts
+    /// (none where the lower plane is one repeated byte, and no rows made for them), and the
+    /// number of rows — for bf16's transform and none, and fp32 units, at lengths around the
+    /// 32-unit steps up to the largest piece, with few and many exponent bytes, a zero among
+    /// large exponents (a wide span of mostly absent rows), and the lower plane constant.
     #[test]
     fn units_count_as_split_planes() {
         let mut r = crate::model::tests::rng(9);
