@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tensorzip::{CompressOptions, CpuEngine, DType};
+use tensorzip::{CompressOptions, Condition, CpuEngine, DType};
 
 fn engine() -> &'static CpuEngine {
     static E: OnceLock<CpuEngine> = OnceLock::new();
@@ -28,7 +28,12 @@ fuzz_target!(|data: &[u8]| {
         block_units: 32 << (*b % 4),
         sample_blocks: 1 + (*b as usize >> 2) % 48,
         chunk_bytes: 8 * (1 + *c as usize % 128),
-        condition: *c & 0x80 == 0,
+        // Off, or the default, or every dtype the format allows (fp16's conditioned plane).
+        condition: match (*c & 0x80, *t & 0x80) {
+            (0x80, _) => Condition::Off,
+            (_, 0) => Condition::Auto,
+            _ => Condition::All,
+        },
         max_tables: 1 + (*t as usize % 8),
         passthrough_threshold: [0.95, 1.0, 0.6, 0.99][(*t as usize >> 3) % 4],
         min_compress_bytes: [0, 1024][(*t as usize >> 5) % 2],

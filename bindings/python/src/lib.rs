@@ -89,7 +89,11 @@ impl OptionArgs {
             passthrough_threshold,
             min_compress_bytes,
             max_tables,
-            condition,
+            // True: the dtypes where it pays (`Condition::Auto`: not fp16).
+            condition: match condition {
+                true => tensorzip::Condition::Auto,
+                false => tensorzip::Condition::Off,
+            },
             ..Default::default()
         };
         o.validate().map_err(to_py)?;

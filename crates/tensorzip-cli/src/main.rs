@@ -56,8 +56,12 @@ pub struct EncoderArgs {
     max_tables: usize,
     /// Do not code the byte below the exponent conditioned on the exponent (faster to decode,
     /// 0.1-0.3 points larger on float weights).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "condition_fp16")]
     no_condition: bool,
+    /// Consider the conditioned byte for fp16 too (by default bf16, fp32 and fp64 only: fp16's
+    /// byte below the top byte is low mantissa bits, where it measured no gain).
+    #[arg(long)]
+    condition_fp16: bool,
 }
 
 impl EncoderArgs {
@@ -68,7 +72,11 @@ impl EncoderArgs {
             passthrough_threshold: self.passthrough_threshold,
             min_compress_bytes: self.min_compress_bytes,
             max_tables: self.max_tables,
-            condition: !self.no_condition,
+            condition: match (self.no_condition, self.condition_fp16) {
+                (true, _) => tensorzip::Condition::Off,
+                (false, true) => tensorzip::Condition::All,
+                (false, false) => tensorzip::Condition::Auto,
+            },
             ..Default::default()
         }
     }

@@ -128,7 +128,10 @@ fn main() {
     let cpu = CpuEngine::default();
     let t = Instant::now();
     let opts = CompressOptions {
-        condition: std::env::var_os("NO_COND").is_none(),
+        condition: match std::env::var_os("NO_COND") {
+            Some(_) => tensorzip::Condition::Off,
+            None => tensorzip::Condition::Auto,
+        },
         chunk_bytes: std::env::var("CHUNK_BYTES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -404,7 +407,7 @@ fn main() {
         enc_round.push(t0.elapsed().as_secs_f64());
     }
     let encoder = serde_json::json!({
-        "tool": if opts.condition { "tensorzip" } else { "tensorzip (condition off)" },
+        "tool": if opts.condition != tensorzip::Condition::Off { "tensorzip" } else { "tensorzip (condition off)" },
         "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
         "ratio": comp as f64 / orig as f64,
         "encode_resident_gbps": gb(median(enc)), "encode_equal_cpu": encode_equal_cpu,

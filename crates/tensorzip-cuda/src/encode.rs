@@ -720,7 +720,7 @@ impl GpuEngine {
                 joint_src: 255,
                 ..Default::default()
             };
-            if let (true, Some((cp, cq))) = (opts.condition, t.dtype.conditioned_plane()) {
+            if let Some((cp, cq)) = opts.conditioned_plane(t.dtype) {
                 p.joint_plane = cp as u32;
                 p.joint_src = cq as u32;
             }

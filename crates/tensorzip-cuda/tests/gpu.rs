@@ -2,7 +2,7 @@
 //! the reason); `scripts/gpu_run.sh` runs them on the device machine with `--include-ignored`.
 
 use cudarc::driver::DevicePtr;
-use tensorzip::{compress, sample, CompressOptions, DType};
+use tensorzip::{compress, sample, CompressOptions, Condition, DType};
 use tensorzip_cuda::{DecodeLayout, GpuEngine};
 
 const NEEDS_GPU: &str = "needs a CUDA GPU: run with --include-ignored on the device machine";
@@ -116,7 +116,13 @@ fn all_option_sets() -> Vec<CompressOptions> {
             ..Default::default()
         },
         CompressOptions {
-            condition: false,
+            condition: Condition::Off,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
+        // fp16's conditioned plane too (not by default): the GPU encoder must write it alike.
+        CompressOptions {
+            condition: Condition::All,
             min_compress_bytes: 0,
             ..Default::default()
         },

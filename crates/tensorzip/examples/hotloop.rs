@@ -1,6 +1,6 @@
 //! Development probe for the single-thread hot loops: codes one synthetic tensor once, then
 //! compresses and decompresses it (into a warm buffer) repeatedly, printing GB/s of each run.
-//! `THREADS=n cargo run --release --example hotloop -- [bf16|fp32|fp16] [rows] [runs] [enc|dec|both] [cond=0|1]`
+//! `THREADS=n cargo run --release --example hotloop -- [bf16|fp32|fp16] [rows] [runs] [enc|dec|both] [cond=0|1|all]`
 use std::time::Instant;
 
 mod common;
@@ -15,7 +15,11 @@ fn main() {
     let what = args.get(4).cloned().unwrap_or("both".into());
     let mut opts = CompressOptions::default();
     if let Some(c) = args.get(5) {
-        opts.condition = c != "cond=0";
+        opts.condition = match c.as_str() {
+            "cond=0" => tensorzip::Condition::Off,
+            "cond=all" => tensorzip::Condition::All,
+            _ => tensorzip::Condition::Auto,
+        };
     }
     let data = sample::weights(rows, 4096, dt, 7);
     let eng = CpuEngine::new(threads_env()).unwrap();

@@ -27,7 +27,13 @@ fn main() {
             "thr" => opts.passthrough_threshold = v.parse().unwrap(),
             "min" => opts.min_compress_bytes = v.parse().unwrap(),
             "threads" => threads = v.parse().unwrap(),
-            "cond" => opts.condition = v == "1",
+            "cond" => {
+                opts.condition = match v {
+                    "0" => tensorzip::Condition::Off,
+                    "all" => tensorzip::Condition::All,
+                    _ => tensorzip::Condition::Auto,
+                }
+            }
             _ => panic!("unknown {k}"),
         }
     }

@@ -432,7 +432,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // four-byte units too since the exponent planes are counted by comparison (`histogram`):
     // one-thread model pass, in one process (2026-12-03, 12 rounds), MiniLM fp32 +18%,
     // synthetic fp32 +7% (+8-10% at two threads); fp32 had been 3% slower fused before.
-    if let Some(pq) = header.dtype.conditioned_plane().filter(|_| opts.condition) {
+    if let Some(pq) = opts.conditioned_plane(header.dtype) {
         // Blocks are counted straight from the tensor's units where that pays (`joint.rs`,
         // `BlockJoint::count_units`): bf16 and fp32 (whose planes below the top two are counted
         // only in the probe blocks) with their transform, fp16 without.
@@ -684,7 +684,7 @@ pub fn model_from_counts(
         })
         .collect();
     // Conditioning of the byte below the exponent, when the block model leaves that plane raw.
-    if let (true, Some((p, q))) = (opts.condition, header.dtype.conditioned_plane()) {
+    if let Some((p, q)) = opts.conditioned_plane(header.dtype) {
         if plane_models[p].tables.is_empty() {
             let joint = joint(p, q);
             let cond = choose_conditional(&joint, n_sampled, sampling.n_blocks);

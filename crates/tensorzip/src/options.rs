@@ -1,6 +1,7 @@
 //! Compression options. Their meaning follows cuZipNN's `compress_tensor` where the names match.
 
 use crate::blob::{MAX_BLOCK_UNITS, MAX_CHUNK_BYTES, MAX_TABLES, MIN_BLOCK_UNITS};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Options of the lossless encoder. Every engine given the same options writes the same bytes.
@@ -21,9 +22,30 @@ pub struct CompressOptions {
     pub max_tables: usize,
     /// Most blocks per plane sampled to build the tables (>= 1).
     pub sample_blocks: usize,
-    /// Code the byte below a float's exponent conditioned on the exponent where that saves at least
-    /// 1/64 (better ratio; decoding those bytes costs a second rANS step).
-    pub condition: bool,
+    /// Which dtypes may code the byte below the exponent conditioned on the exponent (where that
+    /// saves at least 1/64 of those bytes; better ratio, and decoding them costs a second rANS
+    /// step). See [`Condition`].
+    pub condition: Condition,
+}
+
+/// Which float dtypes the encoder considers coding conditioned (format v1 allows it for bf16,
+/// fp16, fp32, complex64 and fp64: `DType::conditioned_plane`; every decoder reads it for all of
+/// them, whatever this option said when the blob was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Condition {
+    /// None: every plane is coded on its own (fastest to decode; 0.1-0.3 points larger on float
+    /// weights).
+    Off,
+    /// bf16, fp32, complex64 and fp64, whose byte below the exponent byte holds the sign and the
+    /// top mantissa bits, which the exponent skews. Not fp16: its byte below the top byte is the
+    /// low eight mantissa bits, which the exponent does not tell anything about. Measured
+    /// 2026-12-04 (docs/DESIGN.md, "Conditioned plane"): conditioning saved 0.0007 points on
+    /// all-MiniLM-L6-v2's fp16 cast and lost 0.0001 on synthetic fp16 weights, for a one-thread
+    /// compress ~15-60% and a decode ~6-16% slower.
+    #[default]
+    Auto,
+    /// Every dtype the format allows, fp16 included.
+    All,
 }
 
 impl Default for CompressOptions {
@@ -38,7 +60,7 @@ impl Default for CompressOptions {
             min_compress_bytes: 1024,
             max_tables: 8,
             sample_blocks: 1024,
-            condition: true,
+            condition: Condition::Auto,
         }
     }
 }
@@ -80,6 +102,16 @@ impl CompressOptions {
             return bad("sample_blocks must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// The plane the encoder may code conditioned for a tensor of `dtype`, and the plane it is
+    /// conditioned on (`DType::conditioned_plane`, where [`CompressOptions::condition`] allows
+    /// it). Every engine's encoder asks this, so that they write the same bytes.
+    pub fn conditioned_plane(&self, dtype: DType) -> Option<(usize, usize)> {
+        match (self.condition, dtype) {
+            (Condition::Off, _) | (Condition::Auto, DType::F16) => None,
+            _ => dtype.conditioned_plane(),
+        }
     }
 
     /// The threshold as an integer fraction of 65536 (what the encoder decisions use).

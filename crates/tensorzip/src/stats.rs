@@ -137,12 +137,54 @@ mod tests {
         assert_eq!(st.planes[2].coded_units, 0);
         assert!(st.planes[3].summary().starts_with("coded"));
         let opts = CompressOptions {
-            condition: false,
+            condition: crate::Condition::Off,
             ..Default::default()
         };
         let off = compress(&w, DType::F32, &shape, &opts).unwrap();
         let st = BlobStats::of(&off).unwrap();
         assert!(st.planes.iter().all(|p| p.cond_units == 0));
         assert!(st.planes.iter().all(|p| !p.summary().contains("cond")));
+    }
+
+    /// fp16 is conditioned only when asked for (`Condition::All`): by default its blob is the one
+    /// without conditioning, byte for byte, and with `All` a tensor whose low byte follows its
+    /// high byte gets the conditioned plane and decodes exactly.
+    #[test]
+    fn fp16_is_conditioned_only_when_asked() {
+        use crate::Condition;
+        // High bytes 0x30..0x37; where it is 0x34, the low byte is one of four values.
+        let mut r = sample::Rng::new(7);
+        let w: Vec<u8> = (0..1 << 16)
+            .flat_map(|_| {
+                let hi = 0x30 + (r.next_u64() % 8) as u16;
+                let lo = match hi {
+                    0x34 => (r.next_u64() % 4) as u16 * 0x40,
+                    _ => r.next_u64() as u16 & 0xFF,
+                };
+                (hi << 8 | lo).to_le_bytes()
+            })
+            .collect();
+        let shape = [256u64, 256];
+        let with = |condition| {
+            let opts = CompressOptions {
+                condition,
+                ..Default::default()
+            };
+            compress(&w, DType::F16, &shape, &opts).unwrap()
+        };
+        let (auto, off, all) = (
+            with(Condition::Auto),
+            with(Condition::Off),
+            with(Condition::All),
+        );
+        assert!(auto == off);
+        assert!(BlobStats::of(&auto)
+            .unwrap()
+            .planes
+            .iter()
+            .all(|p| p.cond_units == 0));
+        assert!(BlobStats::of(&all).unwrap().planes[0].cond_units > 0);
+        assert!(all.len() < auto.len());
+        assert!(crate::decompress(&all).unwrap().data == w);
     }
 }

@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use tensorzip::blob::{peek_header, BlobView, PlaneMode, SEL_CONST, SEL_RAW};
 use tensorzip::decoder::{DecodeScratch, TensorDecoder};
 use tensorzip::sample::Rng;
-use tensorzip::{crc32, CompressOptions, CpuEngine, DType, Error, Scheme};
+use tensorzip::{crc32, CompressOptions, Condition, CpuEngine, DType, Error, Scheme};
 
 static ONE: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(1).unwrap());
 static TWO: LazyLock<CpuEngine> = LazyLock::new(|| CpuEngine::new(2).unwrap());
@@ -772,7 +772,11 @@ fn opts_strategy() -> impl Strategy<Value = CompressOptions> {
         1usize..=8,
         prop_oneof![Just(0usize), 0usize..4096],
         1usize..=64,
-        any::<bool>(),
+        prop_oneof![
+            Just(Condition::Off),
+            Just(Condition::Auto),
+            Just(Condition::All)
+        ],
     )
         .prop_map(
             |(c8, bu_log, thr, tables, min, samples, condition)| CompressOptions {
