@@ -11,7 +11,7 @@
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
 //! `BENCH_DECODE_ONLY=1` skips the encoder's measurements; `CHUNK_BYTES=N` compresses with chunks of
 //! N bytes instead of the default; `BLOCK_UNITS=N` with blocks of N units; `NO_COND=1` without the
-//! conditioned plane.
+//! conditioned plane; `COND_ALL=1` with it for fp16 too (`Condition::All`).
 
 use std::time::Instant;
 
@@ -128,9 +128,10 @@ fn main() {
     let cpu = CpuEngine::default();
     let t = Instant::now();
     let opts = CompressOptions {
-        condition: match std::env::var_os("NO_COND") {
-            Some(_) => tensorzip::Condition::Off,
-            None => tensorzip::Condition::Auto,
+        condition: match (std::env::var_os("NO_COND"), std::env::var_os("COND_ALL")) {
+            (Some(_), _) => tensorzip::Condition::Off,
+            (None, Some(_)) => tensorzip::Condition::All,
+            (None, None) => tensorzip::Condition::Auto,
         },
         chunk_bytes: std::env::var("CHUNK_BYTES")
             .ok()
