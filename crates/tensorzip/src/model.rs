@@ -432,14 +432,23 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // four-byte units too since the exponent planes are counted by comparison (`histogram`):
     // one-thread model pass, in one process (2026-12-03, 12 rounds), MiniLM fp32 +18%,
     // synthetic fp32 +7% (+8-10% at two threads); fp32 had been 3% slower fused before.
-    if let Some(pq) = opts.conditioned_plane(header.dtype) {
+    // Float tensors without a conditioned plane (fp16 by default, any float with `condition`
+    // off) take the same pass without the joint counts, for its flat-plane probes: their flat
+    // planes (fp16's low byte) are counted in the probe blocks only, and the histograms go
+    // straight into their rows (the per-block pass below collected a vector a block). MiniLM
+    // fp16's one-thread model pass 21.7 -> 15.9 ms (2026-12-04, docs/DESIGN.md "Conditioned
+    // plane").
+    let pq = opts.conditioned_plane(header.dtype);
+    let stride = flat_stride(header.dtype, sampling.picks.len());
+    if pq.is_some() || stride.is_some() {
         // Blocks are counted straight from the tensor's units where that pays (`joint.rs`,
         // `BlockJoint::count_units`): bf16 and fp32 (whose planes below the top two are counted
         // only in the probe blocks) with their transform, fp16 without.
-        let direct = match (us, header.dtype.transform()) {
-            _ if pq != (us - 2, us - 1) => None,
-            (2, Transform::Identity) => Some(0),
-            (2 | 4, Transform::SignBelowExponent { exp_bits: 8 }) => Some(8),
+        let direct = match (pq, us, header.dtype.transform()) {
+            (None, _, _) => None,
+            (Some(pq), _, _) if pq != (us - 2, us - 1) => None,
+            (_, 2, Transform::Identity) => Some(0),
+            (_, 2 | 4, Transform::SignBelowExponent { exp_bits: 8 }) => Some(8),
             _ => None,
         };
         let units = |g: u64| {
@@ -449,7 +458,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         let (hists, joint) = fused_counts(
             &sampling,
             (bu, us),
-            pq,
+            (pq, stride),
             opts.threshold_q16(),
             split_block,
             direct.map(|e| (e, units)),
@@ -461,7 +470,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         }
         return model;
     }
-    // Histograms of every sampled block, per plane.
+    // Histograms of every sampled block, per plane (integer tensors: no flat-plane rule).
     let hists: Vec<[u32; 256]> = sampling
         .picks
         .par_iter()
@@ -480,8 +489,8 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         )
         .flatten_iter()
         .collect();
-    // Without a conditioned plane, or with conditioning off, no conditional table is considered
-    // and the joint counts are never asked for (zero counts would choose none).
+    // Without a conditioned plane no conditional table is considered and the joint counts are
+    // never asked for (zero counts would choose none).
     let joint = |_: usize, _: usize| JointCounts::default();
     model_from_counts(header, opts, &sampling, &hists, joint).keeping(&sampling, &hists)
 }
@@ -512,15 +521,17 @@ fn joint_part_blocks(n_sampled: usize) -> usize {
 
 /// The histograms of every plane of every sampled block of a tensor of `us`-byte units, and the
 /// joint counts `J[e][m]` of plane `q` (`e`) and plane `p` (`m`) over the blocks whose plane `p`
-/// is not one repeated byte, in one pass. `split(g, scratch)` splits sampled block `g` into
-/// `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length. With `direct`
+/// is not one repeated byte, in one pass (`pq = Some((p, q))`; with `None`, the histograms only).
+/// `stride` is the flat-plane rule's probe spacing (`flat_stride`): planes other than `p` and `q`
+/// whose probes are flat are counted in the probes only. `split(g, scratch)` splits sampled
+/// block `g` into `scratch` (`us * bu` bytes, plane `k` at `k * bu`) and returns its length. With `direct`
 /// (`(exponent bits of the transform, units(g))`, units whose top two planes are `q` and `p`),
 /// blocks none of whose other planes are counted (2-byte units, or the flat-plane rule's
 /// skipped planes) are counted from their units instead while their exponent bytes are few.
 fn fused_counts<'a, F, U>(
     sampling: &Sampling,
     (bu, us): (usize, usize),
-    (p, q): (usize, usize),
+    (pq, stride): (Option<(usize, usize)>, Option<usize>),
     threshold: u64,
     split: F,
     direct: Option<(u32, U)>,
@@ -531,6 +542,8 @@ where
 {
     let n = sampling.picks.len();
     let per = joint_part_blocks(n);
+    // Plane `k` is the conditioned plane or the one it is conditioned on.
+    let in_pq = |k: usize| pq.is_some_and(|(p, q)| k == p || k == q);
     // Each part counts into its own rows of the result (the parts' rows were copied together
     // after: ~1% of a one-thread bf16 compress), zeroed here (the joint counts add plane `p`'s).
     let mut hists = SAMPLED_HISTS.with(|h| std::mem::take(&mut *h.borrow_mut()));
@@ -550,19 +563,22 @@ where
                 let mut joint = JointCounts::default();
                 let mut scratch = vec![0u8; us * bu];
                 let mut hints = [FewHint::default(); 8];
-                let mut block_joint = BlockJoint::new();
+                let mut block_joint = pq.map(|_| BlockJoint::new());
                 // Whether the last block had few enough exponent bytes for the next to be
                 // counted from its units (many rows cost more read back than the split saves).
                 let mut few_rows = true;
                 // Whether planes other than p and q are counted (then the blocks are split).
-                let others = (0..us).any(|k| k != p && k != q && skip >> k & 1 == 0);
+                let others = (0..us).any(|k| !in_pq(k) && skip >> k & 1 == 0);
                 for (j, (&g, h)) in part.iter().zip(rows.chunks_exact_mut(us)).enumerate() {
                     if let Some((s, probe)) = probes {
                         if (part_index * per + j).is_multiple_of(s) != probe {
                             continue;
                         }
                     }
-                    if let Some((e, units)) = direct.as_ref().filter(|_| few_rows && !others) {
+                    let unit_path = direct.as_ref().filter(|_| few_rows && !others);
+                    if let (Some((e, units)), Some((p, q)), Some(block_joint)) =
+                        (unit_path, pq, block_joint.as_mut())
+                    {
                         let src = units(g);
                         if src.len() / us <= crate::joint::PIECE {
                             let [hp, hq] = h
@@ -581,10 +597,13 @@ where
                     let plane = |k: usize| &scratch[k * bu..k * bu + len];
                     // Plane q's histogram first: its bytes are the rows the joint counts touch.
                     for (k, hint) in hints.iter_mut().enumerate().take(us) {
-                        if k != p && skip >> k & 1 == 0 {
+                        if pq.is_none_or(|(p, _)| k != p) && skip >> k & 1 == 0 {
                             histogram_hinted(plane(k), &mut h[k], hint);
                         }
                     }
+                    let (Some((p, q)), Some(block_joint)) = (pq, block_joint.as_mut()) else {
+                        continue;
+                    };
                     let (m, e) = (plane(p), plane(q));
                     // Plane p's histogram comes with the joint counts (`joint.rs`); a block whose
                     // plane p is one repeated byte adds no joint counts and needs no pass.
@@ -605,16 +624,16 @@ where
                 acc
             })
     };
-    // Only planes other than p and q can be skipped (fp32's two low bytes; none in bf16 or fp16,
-    // which are counted in one pass: two cost those ~1.5%).
-    let skippable = (0..us).any(|k| k != p && k != q);
-    let joint = match probe_stride(n).filter(|_| skippable) {
+    // Only planes other than p and q can be skipped (fp32's two low bytes; none in bf16, which is
+    // counted in one pass: two cost it ~1.5%; fp16's low byte when it is not conditioned).
+    let skippable = (0..us).any(|k| !in_pq(k));
+    let joint = match stride.filter(|_| skippable) {
         None => count(&mut hists, None, 0),
         Some(s) => {
             let mut joint = count(&mut hists, Some((s, true)), 0);
             let flat = |k: usize| {
                 let probes = hists.iter().skip(k).step_by(us).step_by(s);
-                k != p && k != q && probes_flat(probes, threshold)
+                !in_pq(k) && probes_flat(probes, threshold)
             };
             let skip = (0..us).filter(|&k| flat(k)).fold(0u32, |m, k| m | 1 << k);
             joint.add(&count(&mut hists, Some((s, false)), skip));
@@ -846,8 +865,10 @@ pub(crate) mod tests {
                     crate::dtype::Transform::SignBelowExponent { exp_bits } => exp_bits,
                     crate::dtype::Transform::Identity => 0,
                 };
-                let counted =
-                    |direct| fused_counts(&sampling, (256, us), (p, q), 65536, split, direct);
+                let counted = |direct| {
+                    let at = (Some((p, q)), flat_stride(dtype, sampling.picks.len()));
+                    fused_counts(&sampling, (256, us), at, 65536, split, direct)
+                };
                 let (hists, joint) = counted(Some((e, units)));
                 let (split_hists, split_joint) = counted(None);
                 assert!(hists == split_hists && joint.dense() == split_joint.dense());
@@ -927,8 +948,14 @@ pub(crate) mod tests {
                 |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
             let threshold = opts.threshold_q16();
             let no_units = None::<(u32, fn(u64) -> &'static [u8])>;
-            let (hists, joint) =
-                fused_counts(&sampling, (bu, us), (p, q), threshold, split, no_units);
+            let (hists, joint) = fused_counts(
+                &sampling,
+                (bu, us),
+                (Some((p, q)), Some(stride)),
+                threshold,
+                split,
+                no_units,
+            );
             // The blocks whose planes 0 and 1 are skipped counted from their units instead (as
             // build_model does): the same counts.
             let units = |g: u64| {
@@ -936,8 +963,14 @@ pub(crate) mod tests {
                 &data[r.start as usize * us..r.end as usize * us]
             };
             let direct = Some((8, units));
-            let (by_units, by_units_joint) =
-                fused_counts(&sampling, (bu, us), (p, q), threshold, split, direct);
+            let (by_units, by_units_joint) = fused_counts(
+                &sampling,
+                (bu, us),
+                (Some((p, q)), Some(stride)),
+                threshold,
+                split,
+                direct,
+            );
             assert!(by_units == hists && by_units_joint.dense() == joint.dense());
             // Every block's counts.
             let mut full = vec![[0u32; 256]; us * sampling.picks.len()];
@@ -960,6 +993,26 @@ pub(crate) mod tests {
             };
             let (got, want) = (tables(&hists), tables(&full));
             assert_eq!(got, want, "block {easy:?} compressible");
+            // Without the conditioned plane (as fp16 by default, or `Condition::Off`) plane 2 may
+            // be skipped too where its probes are flat (it is random here): the model of those
+            // counts is still the model of every block's counts.
+            let none = (None, Some(stride));
+            let none = fused_counts(&sampling, (bu, us), none, threshold, split, no_units);
+            let skipped = (0..sampling.picks.len()).any(|i| none.0[us * i + 2] != full[us * i + 2]);
+            assert!(skipped, "block {easy:?}: plane 2 was counted everywhere");
+            let off = CompressOptions {
+                condition: crate::Condition::Off,
+                ..opts.clone()
+            };
+            let no_joint = |_: usize, _: usize| JointCounts::default();
+            let mut ours = Vec::new();
+            model_from_counts(&header, &off, &sampling, &none.0, no_joint).write_tables(&mut ours);
+            let mut all = Vec::new();
+            model_from_counts(&header, &off, &sampling, &full, no_joint).write_tables(&mut all);
+            assert!(
+                ours == all,
+                "block {easy:?}: tables without the conditioned plane"
+            );
             // The rows counted: every probe's; the others' only for planes 2 and 3.
             let counted = |k: usize| {
                 (0..sampling.picks.len())
