@@ -947,30 +947,24 @@ pub(crate) mod tests {
             let split =
                 |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
             let threshold = opts.threshold_q16();
-            let no_units = None::<(u32, fn(u64) -> &'static [u8])>;
-            let (hists, joint) = fused_counts(
-                &sampling,
-                (bu, us),
-                (Some((p, q)), Some(stride)),
-                threshold,
-                split,
-                no_units,
-            );
-            // The blocks whose planes 0 and 1 are skipped counted from their units instead (as
-            // build_model does): the same counts.
+            // The counts as build_model takes them (the blocks whose planes 0 and 1 are skipped
+            // counted from their units), and with every block split: the same counts.
             let units = |g: u64| {
                 let r = sampling.block_range(g);
                 &data[r.start as usize * us..r.end as usize * us]
             };
-            let direct = Some((8, units));
-            let (by_units, by_units_joint) = fused_counts(
-                &sampling,
-                (bu, us),
-                (Some((p, q)), Some(stride)),
-                threshold,
-                split,
-                direct,
-            );
+            let counted = |pq, direct| {
+                fused_counts(
+                    &sampling,
+                    (bu, us),
+                    (pq, Some(stride)),
+                    threshold,
+                    split,
+                    direct,
+                )
+            };
+            let (by_units, by_units_joint) = counted(Some((p, q)), Some((8, units)));
+            let (hists, joint) = counted(Some((p, q)), None);
             assert!(by_units == hists && by_units_joint.dense() == joint.dense());
             // Every block's counts.
             let mut full = vec![[0u32; 256]; us * sampling.picks.len()];
@@ -996,8 +990,7 @@ pub(crate) mod tests {
             // Without the conditioned plane (as fp16 by default, or `Condition::Off`) plane 2 may
             // be skipped too where its probes are flat (it is random here): the model of those
             // counts is still the model of every block's counts.
-            let none = (None, Some(stride));
-            let none = fused_counts(&sampling, (bu, us), none, threshold, split, no_units);
+            let none = counted(None, None);
             let skipped = (0..sampling.picks.len()).any(|i| none.0[us * i + 2] != full[us * i + 2]);
             assert!(skipped, "block {easy:?}: plane 2 was counted everywhere");
             let off = CompressOptions {
