@@ -433,8 +433,8 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // one-thread model pass, in one process (2026-12-03, 12 rounds), MiniLM fp32 +18%,
     // synthetic fp32 +7% (+8-10% at two threads); fp32 had been 3% slower fused before.
     // Float tensors without a conditioned plane (fp16 by default, any float with `condition`
-    // off) take the same pass without the joint counts, for its flat-plane probes: their flat
-    // planes (fp16's low byte) are counted in the probe blocks only, and the histograms go
+    // off) take the same pass without the joint counts, for its flat-plane probes: a flat
+    // plane (fp16's low byte) is counted in the probe blocks only, and the histograms go
     // straight into their rows (the per-block pass below collected a vector a block). MiniLM
     // fp16's one-thread model pass 21.7 -> 15.9 ms (2026-12-04, docs/DESIGN.md "Conditioned
     // plane").
