@@ -234,7 +234,7 @@ fn count_units_impl<const US: usize, const E: u32>(
 
 /// [`count_units_impl`] in steps of 32 units: the units' top halves (for 4-byte units, shifted
 /// down and packed to 16 bits) transformed on 16-bit lanes ([`crate::transform::fwd16_wide`]) are
-/// the indices, stored and read back four to a load as in [`count_pairs_avx2`] (the packs
+/// the indices, stored and read back four to a load ([`add_stored`]; the packs
 /// interleave 128-bit halves: the order does not matter to a count); the span is kept in vectors
 /// (unsigned minimum and maximum, AND, OR). The source is prefetched ahead as the split does
 /// (this is where a sampled block is first read).
@@ -284,13 +284,7 @@ unsafe fn count_units_avx2<const US: usize, const E: u32>(
                 hi = _mm256_max_epu16(hi, _mm256_max_epu16(a, b));
                 and = _mm256_and_si256(and, _mm256_and_si256(a, b));
                 or = _mm256_or_si256(or, _mm256_or_si256(a, b));
-                // Read back from memory (see `count_pairs_avx2`).
-                std::hint::black_box(&mut idx);
-                for &w in &idx {
-                    for k in 0..4 {
-                        counts[(w >> (16 * k)) as u16 as usize] += 1;
-                    }
-                }
+                add_stored(counts, &mut idx);
                 i += 32;
             }
             let lanes = |v: __m256i| {
@@ -349,17 +343,23 @@ unsafe fn count_pairs_avx2(counts: &mut [u16; 65536], e: &[u8], m: &[u8]) {
             _mm256_storeu_si256(ip, _mm256_unpacklo_epi8(mv, ev));
             _mm256_storeu_si256(ip.add(1), _mm256_unpackhi_epi8(mv, ev));
         }
-        // Read back from memory: without this the compiler takes the indices out of the vector
-        // registers with `vpextrw`, two micro-ops each on Zen 4 where a load is one.
-        std::hint::black_box(&mut idx);
-        for &w in &idx {
-            for k in 0..4 {
-                counts[(w >> (16 * k)) as u16 as usize] += 1;
-            }
-        }
+        add_stored(counts, &mut idx);
         i += 32;
     }
     count_pairs_impl(counts, &e[i..n], &m[i..n]);
+}
+
+/// Adds one to `counts[k]` for each of the 32 16-bit indices `k` stored in `idx`, read back from
+/// memory four to a 64-bit load: without the `black_box` the compiler takes them out of the vector
+/// registers they were stored from with `vpextrw`, two micro-ops each on Zen 4 where a load is one.
+#[inline(always)]
+fn add_stored(counts: &mut [u16; 65536], idx: &mut [u64; 8]) {
+    std::hint::black_box(&mut *idx);
+    for &w in idx.iter() {
+        for k in 0..4 {
+            counts[(w >> (16 * k)) as u16 as usize] += 1;
+        }
+    }
 }
 
 /// [`count_pairs`] without SIMD: eight units from two 64-bit loads, their indices by shifts.
