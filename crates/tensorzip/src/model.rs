@@ -393,6 +393,12 @@ impl Sampling {
         let end = (start + self.block_units).min(((c + 1) * self.chunk_units).min(self.units));
         start..end
     }
+
+    /// The bytes of global block `g` of `data`, a tensor of `us`-byte units.
+    pub fn block_bytes<'a>(&self, data: &'a [u8], us: usize, g: u64) -> &'a [u8] {
+        let r = self.block_range(g);
+        &data[r.start as usize * us..r.end as usize * us]
+    }
 }
 
 /// Splits sampled block `g` (global block index) of `data`, a tensor of `dtype`, into `scratch`:
@@ -405,9 +411,8 @@ fn split_sampled(
     scratch: &mut [u8],
 ) -> usize {
     let (us, bu) = (dtype.unit_size(), sampling.block_units as usize);
-    let r = sampling.block_range(g);
-    let len = (r.end - r.start) as usize;
-    let src = &data[r.start as usize * us..r.end as usize * us];
+    let src = sampling.block_bytes(data, us, g);
+    let len = src.len() / us;
     let mut views: Vec<&mut [u8]> = scratch
         .chunks_mut(bu)
         .take(us)
@@ -451,10 +456,7 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
             (_, 2 | 4, Transform::SignBelowExponent { exp_bits: 8 }) => Some(8),
             _ => None,
         };
-        let units = |g: u64| {
-            let r = sampling.block_range(g);
-            &data[r.start as usize * us..r.end as usize * us]
-        };
+        let units = |g: u64| sampling.block_bytes(data, us, g);
         let (hists, joint) = fused_counts(
             &sampling,
             (bu, us),
@@ -857,10 +859,7 @@ pub(crate) mod tests {
                     |g: u64, scratch: &mut [u8]| split_sampled(&sampling, dtype, &data, g, scratch);
                 // Counted from the units where build_model would (the 2-byte dtypes here: fp32
                 // has no flat-plane probes at this size), then split.
-                let units = |g: u64| {
-                    let r = sampling.block_range(g);
-                    &data[r.start as usize * us..r.end as usize * us]
-                };
+                let units = |g: u64| sampling.block_bytes(&data, us, g);
                 let e = match dtype.transform() {
                     crate::dtype::Transform::SignBelowExponent { exp_bits } => exp_bits,
                     crate::dtype::Transform::Identity => 0,
@@ -949,10 +948,7 @@ pub(crate) mod tests {
             let threshold = opts.threshold_q16();
             // The counts as build_model takes them (the blocks whose planes 0 and 1 are skipped
             // counted from their units), and with every block split: the same counts.
-            let units = |g: u64| {
-                let r = sampling.block_range(g);
-                &data[r.start as usize * us..r.end as usize * us]
-            };
+            let units = |g: u64| sampling.block_bytes(&data, us, g);
             let counted = |pq, direct| {
                 fused_counts(
                     &sampling,
