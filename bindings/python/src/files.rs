@@ -248,10 +248,10 @@ impl ArchiveFile {
         let path = &self.path;
         // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes.
         let out = unsafe { host_mut(out_ptr, out_len) };
+        tensorzip::fresh::advise_huge(out);
         py.detach(|| -> tensorzip::Result<()> {
             ar.check_segment(i)?;
-            cpu().decompress_into(ar.blob(i), out)?;
-            if tensorzip::crc32(out) != ar.segments[i].orig_crc {
+            if cpu().decompress_into_crc(ar.blob(i), out)? != ar.segments[i].orig_crc {
                 return Err(tensorzip::Error::Checksum(format!(
                     "tensor {name:?}: decoded data"
                 )));
@@ -259,6 +259,43 @@ impl ArchiveFile {
             Ok(())
         })
         .map_err(|e| named(path, e))
+    }
+
+    /// Decodes the tensors `names` into host memory (`outs`: (address, byte count) of each, sized
+    /// by `info`) in one call on the CPU engine, all of them concurrently (checksums as
+    /// `decode_into`; the first failing tensor in `names`' order is raised). What `load_file`
+    /// does on the CPU: tensor by tensor, a model's small tensors left cores idle.
+    fn decode_many_into(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        outs: Vec<(usize, usize)>,
+    ) -> PyResult<()> {
+        if names.len() != outs.len() {
+            return Err(PyValueError::new_err("one output per tensor"));
+        }
+        let ar = self.archive()?;
+        let mut segs = Vec::with_capacity(names.len());
+        for n in &names {
+            segs.push(self.entry(n)?.segment);
+        }
+        let mut sorted = segs.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(PyValueError::new_err("a tensor named twice"));
+        }
+        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of each byte count, one
+        // per name (distinct tensors: no two buffers overlap), alive for the call.
+        let mut bufs: Vec<&mut [u8]> = outs
+            .iter()
+            .map(|&(p, l)| unsafe { host_mut(p, l) })
+            .collect();
+        for b in bufs.iter_mut() {
+            tensorzip::fresh::advise_huge(b);
+        }
+        let path = &self.path;
+        py.detach(|| ar.decode_segments_into(cpu(), &segs, &mut bufs))
+            .map_err(|e| named(path, e))
     }
 
     /// Decodes the tensors `names` into device memory (`outs`: device addresses, sized by `info`)

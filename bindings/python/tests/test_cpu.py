@@ -330,6 +330,27 @@ def test_damaged_files_raise_value_error_naming_the_file(gen, tmp_path):
         tz.load_file(tmp_path / "missing.tz")
 
 
+def test_batch_decode_checks_its_arguments(gen, tmp_path):
+    """The native call behind `load_file` on the CPU refuses what the torch layer must never pass:
+    a count mismatch, a tensor named twice, a buffer of the wrong size, an unknown name."""
+    tensors = _model(gen)
+    path = tmp_path / "b.tz"
+    tz.save_file(tensors, path)
+    f = tz.safe_open(path)
+    w = torch.empty(128, 256, dtype=torch.bfloat16)
+    ptr, n = w.data_ptr(), w.numel() * 2
+    with pytest.raises(ValueError, match="one output per tensor"):
+        f._file.decode_many_into(["layer.0.w"], [])
+    with pytest.raises(ValueError, match="twice"):
+        f._file.decode_many_into(["layer.0.w", "layer.0.w"], [(ptr, n), (ptr, n)])
+    with pytest.raises(ValueError, match="b.tz"):
+        f._file.decode_many_into(["layer.0.w"], [(ptr, n - 2)])
+    with pytest.raises(KeyError):
+        f._file.decode_many_into(["nope"], [(ptr, n)])
+    f._file.decode_many_into(["layer.0.w"], [(ptr, n)])
+    assert same(w, tensors["layer.0.w"])
+
+
 def test_save_file_rejects_bad_arguments(tmp_path):
     with pytest.raises(TypeError):
         tz.save_file({"a": [1, 2]}, tmp_path / "x.tz")

@@ -985,6 +985,53 @@ impl<'a> Archive<'a> {
         })
     }
 
+    /// Decodes segments `segs` into `outs` (segment `segs[k]` into `outs[k]`, which must hold
+    /// exactly its original bytes), concurrently: each blob's checksums are checked before it is
+    /// decoded and the decoded bytes' CRC-32 after, as [`Archive::decode_segment`] does. Buffers
+    /// the caller owns, e.g. a whole model's tensors, filled in one call: one tensor at a time
+    /// left cores idle on a model's small tensors (a chunk or two each) and on the checksum of
+    /// each large one. On failure the error of the first failing segment in `segs`' order is
+    /// returned (after every segment was tried) and the buffers' contents are unspecified.
+    pub fn decode_segments_into(
+        &self,
+        engine: &CpuEngine,
+        segs: &[usize],
+        outs: &mut [&mut [u8]],
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        if segs.len() != outs.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} buffers for {} segments",
+                outs.len(),
+                segs.len()
+            )));
+        }
+        for (&i, out) in segs.iter().zip(outs.iter()) {
+            let s = self.segments.get(i).ok_or_else(|| {
+                Error::InvalidInput(format!("segment {i} of {}", self.segments.len()))
+            })?;
+            if out.len() as u64 != s.orig_len {
+                return Err(Error::OutputSize {
+                    expected: s.orig_len as usize,
+                    got: out.len(),
+                });
+            }
+        }
+        let results: Vec<Result<()>> = engine.run(|| {
+            segs.par_iter()
+                .zip(outs.par_iter_mut())
+                .map(|(&i, out)| {
+                    self.check_segment(i)?;
+                    if engine.decompress_into_crc(self.blob(i), out)? != self.segments[i].orig_crc {
+                        return Err(Error::Checksum(format!("segment {i}: decoded data")));
+                    }
+                    Ok(())
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
     /// Decodes every segment into `w`, in order, checking every checksum: runs of small segments
     /// ([`small_runs`], as [`write_archive`] coded them) concurrently into memory and then written,
     /// a large segment streamed. What `tensorzip decompress` writes. `progress` receives the
@@ -1140,6 +1187,96 @@ mod tests {
                 assert_ne!(ar.whole_blob_crc(t), Some(crc32fast::hash(ar.blob(t))));
             }
         }
+    }
+
+    /// `decode_segments_into` fills the caller's buffers with exactly what `decode_segment` gives,
+    /// in any order of segments; refuses a buffer of the wrong size, a missing segment and a
+    /// mismatched count before decoding; and reports a damaged blob (checked before decoding) and
+    /// a damaged original checksum (checked after) as the first failing segment in the order
+    /// asked.
+    #[test]
+    fn segments_decode_into_the_callers_buffers() {
+        let a: Vec<u8> = (0..40_000u32)
+            .flat_map(|i| ((i % 97) as f32 * 0.01).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = (0..3000u32)
+            .flat_map(|i| (i as u16).to_le_bytes())
+            .collect();
+        let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
+            ("a", "F32", &[400, 100], &a),
+            ("e", "BF16", &[0], &[]),
+            ("b", "BF16", &[3000], &b),
+        ];
+        let file = serialize_safetensors(&tensors, None).unwrap();
+        let segs = plan_safetensors(&file).unwrap();
+        let eng = CpuEngine::new(2).unwrap();
+        let mut bytes = archive(&|f| {
+            write_archive(
+                &eng,
+                &file[..],
+                &segs,
+                &ArchiveOptions::default(),
+                f,
+                &|_| {},
+            )
+            .unwrap();
+        });
+        let ar = Archive::parse(&bytes).unwrap();
+        let n = ar.segments.len();
+        let want: Vec<Vec<u8>> = (0..n)
+            .map(|i| ar.decode_segment(&eng, i).unwrap())
+            .collect();
+        let order: Vec<usize> = (0..n).rev().collect();
+        let mut bufs: Vec<Vec<u8>> = order.iter().map(|&i| vec![0xAB; want[i].len()]).collect();
+        let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        ar.decode_segments_into(&eng, &order, &mut outs).unwrap();
+        for (k, &i) in order.iter().enumerate() {
+            assert_eq!(bufs[k], want[i], "segment {i}");
+        }
+        // Refused before anything is decoded.
+        let mut short = vec![0u8; want[1].len() - 1];
+        assert!(matches!(
+            ar.decode_segments_into(&eng, &[1], &mut [&mut short[..]]),
+            Err(Error::OutputSize { .. })
+        ));
+        assert!(matches!(
+            ar.decode_segments_into(&eng, &[n], &mut [&mut [][..]]),
+            Err(Error::InvalidInput(_))
+        ));
+        assert!(matches!(
+            ar.decode_segments_into(&eng, &[0, 1], &mut [&mut [][..]]),
+            Err(Error::InvalidInput(_))
+        ));
+        // A flipped payload byte of the first tensor's blob, and the last tensor's original CRC
+        // (in the index, whose own CRC is rewritten so that the archive still parses).
+        let (ta, tb) = (1, n - 1);
+        let at = (ar.segments[ta].blob_offset + ar.segments[ta].blob_len - 1) as usize;
+        let index_offset = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+        drop(ar);
+        bytes[at] ^= 0x10;
+        let idx = &mut bytes[index_offset..];
+        let mut pos = 4;
+        for i in 0..n {
+            let nc = u32::from_le_bytes(idx[pos + 37..pos + 41].try_into().unwrap()) as usize;
+            if i == tb {
+                idx[pos + 33] ^= 1;
+            }
+            pos += ENTRY_FIXED + 4 * nc;
+        }
+        let crc = crc32fast::hash(&idx[..pos]).to_le_bytes();
+        idx[pos..pos + 4].copy_from_slice(&crc);
+        let ar = Archive::parse(&bytes).unwrap();
+        let mut bufs: Vec<Vec<u8>> = (0..n).map(|i| vec![0; want[i].len()]).collect();
+        let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let all: Vec<usize> = (0..n).collect();
+        let first = |r: Result<()>| match r {
+            Err(Error::Checksum(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        let m = first(ar.decode_segments_into(&eng, &all, &mut outs));
+        assert!(m.starts_with(&format!("segment {ta}: blob")), "{m}");
+        let m = first(ar.decode_segments_into(&eng, &[tb], &mut outs[tb..]));
+        assert_eq!(m, format!("segment {tb}: decoded data"));
     }
 
     /// The bytes of the archive `src` writes into a temporary file.

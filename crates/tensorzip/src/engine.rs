@@ -219,6 +219,28 @@ impl CpuEngine {
         Ok(dec.header().clone())
     }
 
+    /// [`CpuEngine::decompress_into`], returning the CRC-32 of the decoded bytes (equal to
+    /// `zlib.crc32(out)`), taken as they are decoded instead of in a pass over `out` afterwards.
+    pub fn decompress_into_crc(&self, blob: &[u8], out: &mut [u8]) -> Result<u32> {
+        let dec = TensorDecoder::new(blob)?;
+        let h = dec.header();
+        if out.len() as u64 != h.nbytes() {
+            return Err(Error::OutputSize {
+                expected: h.nbytes() as usize,
+                got: out.len(),
+            });
+        }
+        match h.scheme {
+            Scheme::Stored => {
+                out.copy_from_slice(dec.view().stored_data());
+                Ok(self.run(|| crate::checksum::crc32(out)))
+            }
+            Scheme::Planes => self
+                .decode_chunks_par_crc(&dec, 0, out, true)
+                .map(|c| c.expect("asked for")),
+        }
+    }
+
     /// Decompresses several blobs concurrently, blob `i` into `outs[i]` (which must hold exactly its
     /// tensor's bytes), as [`CpuEngine::decompress_into`]; a model's small tensors have a chunk or
     /// two each, too few to keep every core busy one tensor at a time.
@@ -261,11 +283,34 @@ impl CpuEngine {
         first: usize,
         out: &mut [u8],
     ) -> Result<()> {
+        self.decode_chunks_par_crc(dec, first, out, false)
+            .map(|_| ())
+    }
+
+    /// [`CpuEngine::decode_chunks_par`], and with `crc` the CRC-32 of the decoded bytes, each
+    /// task's piece hashed right after it is decoded (while it is in cache; a pass over the whole
+    /// output afterwards read it back from memory) and the pieces' CRCs combined in order.
+    fn decode_chunks_par_crc(
+        &self,
+        dec: &TensorDecoder<'_>,
+        first: usize,
+        out: &mut [u8],
+        crc: bool,
+    ) -> Result<Option<u32>> {
         let h = dec.header();
         let cb = h.chunk_units as usize * h.planes();
         let n = out.len().div_ceil(cb);
-        let single =
-            |(i, o): (usize, &mut [u8])| with_scratch(|s| dec.decode_chunk(first + i, o, s));
+        let hash = |o: &[u8]| {
+            crc.then(|| {
+                let mut h = crc32fast::Hasher::new();
+                h.update(o);
+                h
+            })
+        };
+        let single = |(i, o): (usize, &mut [u8])| {
+            with_scratch(|s| dec.decode_chunk(first + i, o, s))?;
+            Ok::<_, Error>(hash(o))
+        };
         // Chunks in pairs, their streams decoded in one loop (`decode_chunk_pair`), where the CPU
         // has AVX-512 (elsewhere the pair loop is not used: `simd_rounds_pair`). One core of the
         // Intel VM of 2026-12-01 (`examples/hotloop ... dec`): bf16 1.39-1.43 -> 1.79-1.86 GB/s,
@@ -273,28 +318,40 @@ impl CpuEngine {
         let pair = |(i, o): (usize, &mut [u8])| {
             let c = first + 2 * i;
             if o.len() <= cb {
-                return with_scratch(|s| dec.decode_chunk(c, o, s));
+                with_scratch(|s| dec.decode_chunk(c, o, s))?;
+            } else {
+                let (oa, ob) = o.split_at_mut(cb);
+                with_scratch_pair(|sa, sb| dec.decode_chunk_pair(c, oa, ob, sa, sb))?;
             }
-            let (oa, ob) = o.split_at_mut(cb);
-            with_scratch_pair(|sa, sb| dec.decode_chunk_pair(c, oa, ob, sa, sb))
+            Ok::<_, Error>(hash(o))
         };
         let avx512 = crate::cpu::has_avx512();
-        if n <= 1 || self.threads() == 1 {
+        type Pieces = Result<Vec<Option<crc32fast::Hasher>>>;
+        let pieces: Pieces = if n <= 1 || self.threads() == 1 {
             // One task, or one worker: decoded on the calling thread, without the hand-off to
             // the pool and back (two thread switches: ~80 us on this VM, more than decoding a
             // 128 KiB chunk takes; a 1.5 KiB tensor decompressed in 77-87 us, now 2).
-            return match avx512 {
-                true => out.chunks_mut(2 * cb).enumerate().try_for_each(pair),
-                false => out.chunks_mut(cb).enumerate().try_for_each(single),
-            };
-        }
-        self.run(|| {
-            // Pairs only where pairing leaves no worker idle.
-            if !avx512 || n.div_ceil(2) < rayon::current_num_threads() {
-                return out.par_chunks_mut(cb).enumerate().try_for_each(single);
+            match avx512 {
+                true => out.chunks_mut(2 * cb).enumerate().map(pair).collect(),
+                false => out.chunks_mut(cb).enumerate().map(single).collect(),
             }
-            out.par_chunks_mut(2 * cb).enumerate().try_for_each(pair)
-        })
+        } else {
+            self.run(|| {
+                // Pairs only where pairing leaves no worker idle.
+                if !avx512 || n.div_ceil(2) < rayon::current_num_threads() {
+                    return out.par_chunks_mut(cb).enumerate().map(single).collect();
+                }
+                out.par_chunks_mut(2 * cb).enumerate().map(pair).collect()
+            })
+        };
+        let pieces = pieces?;
+        Ok(crc.then(|| {
+            let mut all = crc32fast::Hasher::new();
+            for p in pieces.iter().flatten() {
+                all.combine(p);
+            }
+            all.finalize()
+        }))
     }
 
     /// Decodes elements `start..end` (row-major order) into `out` (exactly their bytes), touching only
@@ -803,6 +860,71 @@ mod tests {
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// `decompress_into_crc` decodes what `decompress_into` does and returns `zlib.crc32` of it,
+    /// for stored and coded blobs, one chunk, odd and even chunk counts (the pair loop's lone
+    /// last chunk), on one thread and on several; it refuses a wrong-sized buffer.
+    #[test]
+    fn decoding_with_its_checksum_equals_decoding_then_hashing() {
+        use crate::sample::{random_bytes, weights};
+        let small = CompressOptions {
+            chunk_bytes: 4096,
+            block_units: 256,
+            ..Default::default()
+        };
+        let cases: Vec<(Vec<u8>, DType, Vec<u64>, CompressOptions)> = vec![
+            (
+                weights(40, 100, DType::BF16, 1),
+                DType::BF16,
+                vec![40, 100],
+                small.clone(),
+            ),
+            (
+                weights(41, 100, DType::F32, 2),
+                DType::F32,
+                vec![41, 100],
+                small.clone(),
+            ),
+            (
+                weights(9, 64, DType::F16, 3),
+                DType::F16,
+                vec![9, 64],
+                small.clone(),
+            ),
+            (
+                weights(8, 64, DType::F32, 4),
+                DType::F32,
+                vec![8, 64],
+                CompressOptions::default(),
+            ),
+            (
+                random_bytes(30_000, 5),
+                DType::U8,
+                vec![30_000],
+                small.clone(),
+            ),
+            (vec![7; 12], DType::U8, vec![12], small),
+        ];
+        for threads in [1, 3] {
+            let eng = CpuEngine::new(threads).unwrap();
+            for (data, dt, shape, opts) in &cases {
+                let blob = eng.compress(data, *dt, shape, opts).unwrap();
+                let mut out = vec![0xAB; data.len()];
+                let crc = eng.decompress_into_crc(&blob, &mut out).unwrap();
+                assert_eq!(&out, data, "{dt} {shape:?}, {threads} threads");
+                assert_eq!(
+                    crc,
+                    crc32fast::hash(data),
+                    "{dt} {shape:?}, {threads} threads"
+                );
+                let mut short = vec![0; data.len() - 1];
+                assert!(matches!(
+                    eng.decompress_into_crc(&blob, &mut short),
+                    Err(Error::OutputSize { .. })
+                ));
+            }
         }
     }
 

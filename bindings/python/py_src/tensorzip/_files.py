@@ -180,4 +180,11 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
         outs = [f._empty(n, dev) for n in names]
         _decode_gpu(f._file, names, outs, dev)
         return dict(zip(names, outs))
-    return {n: f.get_tensor(n) for n in names}
+    # All tensors in one call: decoded concurrently (a model's small tensors, a chunk or two each,
+    # left cores idle one at a time).
+    outs = [f._empty(n, torch.device("cpu")) for n in names]
+    views = [_core.as_bytes(o) for o in outs]
+    f._file.decode_many_into(names, [(v.data_ptr() if v.numel() else 0, v.numel()) for v in views])
+    if dev.type != "cpu":
+        outs = [o.to(dev) for o in outs]
+    return dict(zip(names, outs))
