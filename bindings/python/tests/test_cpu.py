@@ -330,6 +330,27 @@ def test_damaged_files_raise_value_error_naming_the_file(gen, tmp_path):
         tz.load_file(tmp_path / "missing.tz")
 
 
+def test_tensors_with_odd_strides_on_dimensions_of_one_compress(gen, tmp_path):
+    """Torch calls a tensor contiguous whatever the stride of a dimension of size 1
+    (`x[:, 3][2:3]` has stride 301); such tensors compress, decompress and save like any other
+    (their flat byte view once raised RuntimeError)."""
+    odd = {
+        "a": gen(torch.float16, (5, 301), 31)[:, 3][2:3],
+        "b": gen(torch.bfloat16, (301,), 32)[None, 2],
+        "c": gen(torch.float32, (7, 9), 33).t()[2:3, 1:2],
+        "d": gen(torch.bool, (4, 6), 34)[:, 1][None, 3],
+    }
+    for name, t in odd.items():
+        assert t.is_contiguous() and t.numel() == 1 and max(t.stride()) > 1, name
+        back = tz.decompress_tensor(tz.compress_tensor(t), device="cpu")
+        assert torch.equal(_core.as_bytes(back), _core.as_bytes(t.clone())), name
+    path = tmp_path / "odd.tz"
+    tz.save_file(odd, path)
+    back = tz.load_file(path)
+    for name, t in odd.items():
+        assert same(back[name], t), name
+
+
 def test_batch_decode_checks_its_arguments(gen, tmp_path):
     """The native call behind `load_file` on the CPU refuses what the torch layer must never pass:
     a count mismatch, a tensor named twice, a buffer of the wrong size, an unknown name."""

@@ -102,7 +102,11 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8, device=t.device)
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
-    return t.reshape(-1).view(torch.uint8)
+    # A contiguous tensor's elements lie back to back from its storage offset, but torch calls a
+    # tensor contiguous whatever the strides of its dimensions of size 1 (`x[:, 3][2:3]` has
+    # stride 301), and `reshape` keeps such a stride, which `view` to bytes refuses: the flat
+    # view is made with stride 1 explicitly.
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
 def from_rust(buf: "_native.RustBytes") -> torch.Tensor:
