@@ -261,6 +261,33 @@ impl ArchiveFile {
         .map_err(|e| named(path, e))
     }
 
+    /// Decodes elements `start..end` (row-major order) of tensor `name` into the `out_len` bytes at
+    /// host address `out_ptr`, decoding only the chunks that hold them (`get_slice`). The blob's
+    /// checksums are checked first; the original bytes' CRC-32 covers the whole tensor, so a part
+    /// of it cannot be checked against it.
+    fn decode_range_into(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        start: u64,
+        end: u64,
+        out_ptr: usize,
+        out_len: usize,
+    ) -> PyResult<()> {
+        let e = self.entry(name)?;
+        let ar = self.archive()?;
+        let i = e.segment;
+        let path = &self.path;
+        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes.
+        let out = unsafe { host_mut(out_ptr, out_len) };
+        py.detach(|| -> tensorzip::Result<()> {
+            ar.check_segment(i)?;
+            cpu().decompress_range_into(ar.blob(i), start, end, out)?;
+            Ok(())
+        })
+        .map_err(|e| named(path, e))
+    }
+
     /// Decodes the tensors `names` into host memory (`outs`: (address, byte count) of each, sized
     /// by `info`) in one call on the CPU engine, all of them concurrently (checksums as
     /// `decode_into`; the first failing tensor in `names`' order is raised). What `load_file`

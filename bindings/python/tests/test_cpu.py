@@ -351,6 +351,51 @@ def test_tensors_with_odd_strides_on_dimensions_of_one_compress(gen, tmp_path):
         assert same(back[name], t), name
 
 
+def test_slices_decode_only_their_rows_and_index_as_torch(gen, tmp_path):
+    """`get_slice(name)[index]` equals `tensor[index]` for every kind of index (errors included),
+    and asks the decoder for the rows from the first to the last the index reads (`_rows_of`;
+    the range decoder's touching only the chunks that hold them is the core's to test)."""
+    from tensorzip._files import _rows_of
+
+    assert _rows_of(5, [1000, 64]) == (5, 6, (0,))
+    assert _rows_of(-1, [1000, 64]) == (999, 1000, (0,))
+    assert _rows_of((slice(3, 900, 7), 2), [1000, 64]) == (3, 900, (slice(0, 897, 7), 2))
+    assert _rows_of(slice(50, 10), [1000]) == (0, 0, (slice(0, 0),))
+    assert _rows_of(slice(990, 2000), [1000]) == (990, 1000, (slice(0, 10, 1),))
+    for whole in (1000, [1, 4], None, ..., True, (), slice(None, None, -1)):
+        assert _rows_of(whole, [1000, 64]) is None, whole
+    assert _rows_of(0, []) is None
+    tensors = {
+        "w": gen(torch.float32, (1000, 64), 21),
+        "h": gen(torch.bfloat16, (37, 5, 3), 22),
+        "v": gen(torch.float16, (301,), 23),
+        "m": gen(torch.bool, (50, 7), 24),
+        "z": torch.empty(0, 4),
+        "s": torch.tensor(2.5),
+    }
+    path = tmp_path / "s.tz"
+    tz.save_file(tensors, path, chunk_bytes=4096)
+    indices = [
+        0, 5, -1, -1000, 999, slice(None), slice(10, 20), slice(-7, None), slice(3, 900, 7),
+        slice(50, 10), slice(None, None, 3), (slice(2, 9), slice(1, 4)), (7, 3), (slice(4, 6), ...),
+        (slice(1, 3), None), (..., 1), (None, 2), (-2,), (), [1, 4], slice(990, 2000),
+    ]
+    with tz.safe_open(path, framework="pt") as f:
+        for name, t in tensors.items():
+            sl = f.get_slice(name)
+            for idx in indices:
+                try:
+                    want = t[idx]
+                except (IndexError, TypeError, ValueError) as e:
+                    with pytest.raises(type(e)):
+                        sl[idx]
+                    continue
+                got = sl[idx]
+                assert got.shape == want.shape and same(got, want), (name, idx)
+        with pytest.raises(IndexError):
+            f.get_slice("w")[1000]
+
+
 def test_batch_decode_checks_its_arguments(gen, tmp_path):
     """The native call behind `load_file` on the CPU refuses what the torch layer must never pass:
     a count mismatch, a tensor named twice, a buffer of the wrong size, an unknown name."""

@@ -146,7 +146,13 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
 
 
 class _Slice:
-    """`safe_open.get_slice(name)`: shape and dtype without decoding; indexing decodes the tensor."""
+    """`safe_open.get_slice(name)`: shape and dtype without decoding. Indexing decodes only the rows
+    (indices of the first dimension) the index selects, from the first to the last, as one range of
+    elements, so that a tensor-parallel shard reads only the chunks that hold it; the rest of the
+    index applies to those rows. Indices whose rows cannot be told without the data (tensors,
+    lists, booleans, `None` or `...` first) decode the whole tensor, as on a CUDA device, where the
+    GPU decodes it. The blob's checksum is checked; the original bytes' CRC-32 covers the whole
+    tensor, so a part of it is not checked against that."""
 
     def __init__(self, f: safe_open, name: str):
         self._f, self._name = f, name
@@ -160,7 +166,48 @@ class _Slice:
         return self._st
 
     def __getitem__(self, index) -> torch.Tensor:
-        return self._f.get_tensor(self._name)[index]
+        f, dev = self._f, self._f._device
+        rows = None if dev.type == "cuda" and _core.gpu_available() else _rows_of(index, self._shape)
+        if rows is None:
+            return f.get_tensor(self._name)[index]
+        r0, r1, rest = rows
+        inner = 1
+        for d in self._shape[1:]:
+            inner *= d
+        part = torch.empty((r1 - r0, *self._shape[1:]), dtype=_torch_dtype(self._st))
+        b = _core.as_bytes(part)
+        f._file.decode_range_into(self._name, r0 * inner, r1 * inner, b.data_ptr() if b.numel() else 0, b.numel())
+        out = part[rest]
+        return out if dev.type == "cpu" else out.to(dev)
+
+
+def _rows_of(index, shape: list[int]):
+    """For `tensor[index]` on a tensor of `shape`: the rows `r0:r1` of its first dimension that the
+    index reads and the index to apply to those rows alone, or None where that is not known from
+    the index (or the tensor has no dimension)."""
+    if not shape:
+        return None
+    items = index if isinstance(index, tuple) else (index,)
+    if not items:
+        return None
+    first, n = items[0], shape[0]
+    if isinstance(first, bool) or not isinstance(first, (int, slice)):
+        return None
+    if isinstance(first, int):
+        k = first + n if first < 0 else first
+        if not 0 <= k < n:
+            return None  # torch raises its IndexError on the whole tensor
+        return k, k + 1, (0, *items[1:])
+    if first.step is not None and (not isinstance(first.step, int) or first.step <= 0):
+        return None  # torch refuses non-positive steps itself
+    for v in (first.start, first.stop):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            return None
+    picked = range(*first.indices(n))
+    if len(picked) == 0:
+        return 0, 0, (slice(0, 0), *items[1:])
+    r0, r1 = picked[0], picked[-1] + 1
+    return r0, r1, (slice(0, r1 - r0, picked.step), *items[1:])
 
 
 def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.device) -> None:
