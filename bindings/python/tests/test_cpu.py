@@ -351,6 +351,22 @@ def test_tensors_with_odd_strides_on_dimensions_of_one_compress(gen, tmp_path):
         assert same(back[name], t), name
 
 
+def test_conjugate_and_negative_views_are_stored_as_their_values(gen, tmp_path):
+    """A conjugate view (`x.conj()`) or a negative view keeps its values' sign in a flag beside
+    unchanged memory; what is stored is the values (the raw memory would be `x`)."""
+    x = gen(torch.complex64, (6, 5), 41)
+    views = {"conj": x.conj(), "conj_t": x.conj().t(), "neg": torch._neg_view(gen(torch.float32, (9,), 42))}
+    for name, v in views.items():
+        want = v.resolve_conj().resolve_neg()
+        back = tz.decompress_tensor(tz.compress_tensor(v), device="cpu")
+        assert torch.equal(back.reshape(v.shape), want), name
+    path = tmp_path / "views.tz"
+    tz.save_file(views, path)
+    back = tz.load_file(path)
+    for name, v in views.items():
+        assert torch.equal(back[name], v.resolve_conj().resolve_neg()), name
+
+
 def test_slices_decode_only_their_rows_and_index_as_torch(gen, tmp_path):
     """`get_slice(name)[index]` equals `tensor[index]` for every kind of index (errors included),
     and asks the decoder for the rows from the first to the last the index reads (`_rows_of`;

@@ -96,6 +96,9 @@ def check_options(opts: Options) -> None:
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes in row-major order as a contiguous 1-D uint8 tensor (a view when possible)."""
     t = t.detach()
+    # Conjugate and negative views keep their values' sign as a flag beside unchanged memory:
+    # the bytes to store are the values', materialised.
+    t = t.resolve_conj().resolve_neg()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.numel() == 0:
