@@ -440,6 +440,10 @@ def test_save_file_rejects_bad_arguments(tmp_path):
         tz.save_file({"a": torch.zeros(2)}, tmp_path / "x.tz", metadata={"a": 1})
     with pytest.raises(ValueError, match="chunk_bytes"):
         tz.save_file({"a": torch.zeros(2)}, tmp_path / "x.tz", chunk_bytes=3)
+    # The header's reserved key (once saved, and then the file did not load).
+    with pytest.raises(ValueError, match="reserved"):
+        tz.save_file({"__metadata__": torch.zeros(2)}, tmp_path / "x.tz")
+    assert not (tmp_path / "x.tz").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tz.save_file({}, tmp_path / "empty.tz")

@@ -179,6 +179,12 @@ pub fn safetensors_header(
     }
     let mut off = 0u64;
     for (name, dtype, shape, len) in tensors {
+        // The header's one reserved key: a tensor of that name would be read back as metadata.
+        if *name == "__metadata__" {
+            return Err(Error::InvalidInput(
+                "\"__metadata__\" is reserved for the header's metadata, not a tensor name".into(),
+            ));
+        }
         if header.contains_key(*name) {
             return Err(Error::InvalidInput(format!(
                 "tensor name {name:?} appears twice"
@@ -1187,6 +1193,23 @@ mod tests {
                 assert_ne!(ar.whole_blob_crc(t), Some(crc32fast::hash(ar.blob(t))));
             }
         }
+    }
+
+    /// A tensor may not be named `__metadata__` (the header's reserved key), with or without
+    /// metadata; any other name, the empty one included, is written as given.
+    #[test]
+    fn the_metadata_key_is_not_a_tensor_name() {
+        for meta in [None, Some(&[("k".to_string(), "v".to_string())][..])] {
+            let r = safetensors_header(&[("__metadata__", "F32", &[1], 4)], meta);
+            assert!(
+                matches!(&r, Err(Error::InvalidInput(m)) if m.contains("reserved")),
+                "{r:?}"
+            );
+        }
+        let head =
+            safetensors_header(&[("", "F32", &[1], 4), ("a\"b", "U8", &[2], 2)], None).unwrap();
+        let (_, list) = parse_header(&head).unwrap();
+        assert_eq!(list.len(), 2);
     }
 
     /// `decode_segments_into` fills the caller's buffers with exactly what `decode_segment` gives,
