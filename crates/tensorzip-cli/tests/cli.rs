@@ -444,6 +444,25 @@ fn not_a_safetensors_file() {
     }
     let o = tz(d, &["compress", "missing.safetensors"]);
     fails(&o, "compress a missing file", &["missing.safetensors"]);
+    // A directory and a device are named as what they are (mapping them gave "No such device").
+    std::fs::create_dir_all(d.join("adir")).unwrap();
+    for args in [
+        &["compress", "adir"][..],
+        &["decompress", "adir"],
+        &["info", "adir"],
+    ] {
+        fails(
+            &tz(d, args),
+            &format!("{} a directory", args[0]),
+            &["adir", "is a directory"],
+        );
+    }
+    #[cfg(unix)]
+    fails(
+        &tz(d, &["verify", "/dev/null"]),
+        "verify a device",
+        &["/dev/null", "not a regular file"],
+    );
     // Not an archive.
     for args in [
         &["decompress", "junk.safetensors", "-o", "out"][..],
