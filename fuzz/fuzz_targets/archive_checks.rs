@@ -14,13 +14,33 @@ fn engine() -> &'static CpuEngine {
     E.get_or_init(|| CpuEngine::new(1).expect("one thread"))
 }
 
-/// Parses `data` as an archive, lists its tensors and decodes every segment both streamed and in
-/// memory: each must return `Ok` or `Err` (never panic), and the two must agree.
+/// Parses `data` as an archive, lists its tensors and decodes every segment streamed, in memory
+/// and into the caller's buffers (all at once, as `load_file` does): each must return `Ok` or
+/// `Err` (never panic), and they must agree.
 pub fn check_archive(data: &[u8]) {
     let eng = engine();
     let Ok(ar) = Archive::parse(data) else { return };
     // Lists the tensors: decodes segment 0 (the safetensors header) in memory.
     let _ = ar.tensors(eng);
+    // Segments small enough (each at most the limit, together at most four times it: their
+    // buffers are held at once), into buffers sized by the index, in one call; compared with the
+    // one-by-one decoding below.
+    let mut budget = 4 * SEGMENT_LIMIT;
+    let some: Vec<usize> = (0..ar.segments.len())
+        .filter(|&i| {
+            let n = ar.segments[i].orig_len;
+            let take = n <= SEGMENT_LIMIT && n <= budget;
+            budget -= if take { n } else { 0 };
+            take
+        })
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = some
+        .iter()
+        .map(|&i| vec![0u8; ar.segments[i].orig_len as usize])
+        .collect();
+    let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let together = ar.decode_segments_into(eng, &some, &mut outs);
+    let mut all_ok = true;
     for i in 0..ar.segments.len() {
         let checked = ar.check_blob(i);
         // The GPU loader's order: layout unverified, the whole-blob CRC compared by the caller.
@@ -60,6 +80,25 @@ pub fn check_archive(data: &[u8]) {
                 "segment {i}: streamed and in-memory bytes differ"
             );
             assert_eq!(m.len() as u64, ar.segments[i].orig_len);
+            if let (true, Ok(k)) = (together.is_ok(), some.binary_search(&i)) {
+                assert!(
+                    bufs[k] == m,
+                    "segment {i}: decoded differently with the others"
+                );
+            }
+        } else {
+            all_ok &= some.binary_search(&i).is_err();
         }
+    }
+    // A segment skipped above (its blob claims more than the limit) was not compared.
+    let skipped = some
+        .iter()
+        .any(|&i| peek_header(ar.blob(i)).map(|h| h.nbytes()).unwrap_or(0) > SEGMENT_LIMIT);
+    if !skipped {
+        assert_eq!(
+            together.is_ok(),
+            all_ok,
+            "decoding together and one by one disagree"
+        );
     }
 }

@@ -69,6 +69,18 @@ fuzz_target!(|data: &[u8]| {
         assert!(streamed == t.data, "decompress_to wrote different bytes");
         assert_eq!(crc.unwrap(), tensorzip::crc32(&t.data));
     }
+    // Into a buffer with the CRC taken as chunks are decoded (`load_file`'s path).
+    let mut into = vec![0u8; h.nbytes() as usize];
+    let fused = eng.decompress_into_crc(data, &mut into);
+    assert_eq!(
+        whole.is_ok(),
+        fused.is_ok(),
+        "decompress and decompress_into_crc disagree"
+    );
+    if let (Ok(t), Ok(c)) = (&whole, fused) {
+        assert!(into == t.data, "decompress_into_crc wrote different bytes");
+        assert_eq!(c, tensorzip::crc32(&t.data));
+    }
 
     // Each chunk on its own.
     if h.scheme == Scheme::Planes {
