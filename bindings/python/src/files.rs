@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use cudarc::driver::DevicePtrMut;
-use pyo3::exceptions::{PyKeyError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use rayon::prelude::*;
 use tensorzip::archive::{
@@ -149,6 +149,18 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
     let named = |e| named(&shown, e);
     let file =
         std::fs::File::open(&path).map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+    // Only regular files map (a directory gave "No such device (os error 19)").
+    let meta = file
+        .metadata()
+        .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+    if meta.is_dir() {
+        return Err(PyIsADirectoryError::new_err(format!(
+            "{shown}: is a directory"
+        )));
+    }
+    if !meta.is_file() {
+        return Err(PyOSError::new_err(format!("{shown}: not a regular file")));
+    }
     // SAFETY: the file is mapped read-only; a file changed underneath us yields wrong bytes, which
     // the checksums report, not undefined behaviour of this process's memory.
     let map = unsafe { memmap2::Mmap::map(&file) }

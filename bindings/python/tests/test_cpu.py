@@ -328,6 +328,8 @@ def test_damaged_files_raise_value_error_naming_the_file(gen, tmp_path):
         tz.load_file(trunc)
     with pytest.raises(OSError):
         tz.load_file(tmp_path / "missing.tz")
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        tz.load_file(tmp_path)
 
 
 def test_tensors_with_odd_strides_on_dimensions_of_one_compress(gen, tmp_path):
