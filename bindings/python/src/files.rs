@@ -124,6 +124,28 @@ pub struct ArchiveFile {
 }
 
 impl ArchiveFile {
+    /// Checks the blob of tensor `name`'s segment, then runs `decode(archive, segment, out)` with
+    /// the GIL released on the `out_len` bytes at host address `out_ptr`; errors name the file.
+    fn decode_segment_with(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        out_ptr: usize,
+        out_len: usize,
+        decode: impl FnOnce(&Archive<'_>, usize, &mut [u8]) -> tensorzip::Result<()> + Send,
+    ) -> PyResult<()> {
+        let i = self.entry(name)?.segment;
+        let ar = self.archive()?;
+        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes, alive
+        // for the call.
+        let out = unsafe { host_mut(out_ptr, out_len) };
+        py.detach(|| {
+            ar.check_segment(i)?;
+            decode(&ar, i, out)
+        })
+        .map_err(|e| named(&self.path, e))
+    }
+
     fn archive(&self) -> PyResult<Archive<'_>> {
         Archive::parse(&self.map).map_err(|e| named(&self.path, e))
     }
@@ -254,15 +276,8 @@ impl ArchiveFile {
         out_ptr: usize,
         out_len: usize,
     ) -> PyResult<()> {
-        let e = self.entry(name)?;
-        let ar = self.archive()?;
-        let i = e.segment;
-        let path = &self.path;
-        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes.
-        let out = unsafe { host_mut(out_ptr, out_len) };
-        tensorzip::fresh::advise_huge(out);
-        py.detach(|| -> tensorzip::Result<()> {
-            ar.check_segment(i)?;
+        self.decode_segment_with(py, name, out_ptr, out_len, |ar, i, out| {
+            tensorzip::fresh::advise_huge(out);
             if cpu().decompress_into_crc(ar.blob(i), out)? != ar.segments[i].orig_crc {
                 return Err(tensorzip::Error::Checksum(format!(
                     "tensor {name:?}: decoded data"
@@ -270,7 +285,6 @@ impl ArchiveFile {
             }
             Ok(())
         })
-        .map_err(|e| named(path, e))
     }
 
     /// Decodes elements `start..end` (row-major order) of tensor `name` into the `out_len` bytes at
@@ -286,18 +300,10 @@ impl ArchiveFile {
         out_ptr: usize,
         out_len: usize,
     ) -> PyResult<()> {
-        let e = self.entry(name)?;
-        let ar = self.archive()?;
-        let i = e.segment;
-        let path = &self.path;
-        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes.
-        let out = unsafe { host_mut(out_ptr, out_len) };
-        py.detach(|| -> tensorzip::Result<()> {
-            ar.check_segment(i)?;
+        self.decode_segment_with(py, name, out_ptr, out_len, |ar, i, out| {
             cpu().decompress_range_into(ar.blob(i), start, end, out)?;
             Ok(())
         })
-        .map_err(|e| named(path, e))
     }
 
     /// Decodes the tensors `names` into host memory (`outs`: (address, byte count) of each, sized

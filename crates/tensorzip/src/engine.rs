@@ -204,7 +204,7 @@ impl CpuEngine {
         let dec = TensorDecoder::new(blob)?;
         let h = dec.header().clone();
         let mut data = crate::fresh::zeroed(h.nbytes() as usize);
-        self.decode_all(&dec, &mut data)?;
+        self.decode_all(&dec, &mut data, false)?;
         Ok(Tensor {
             dtype: h.dtype,
             shape: h.shape,
@@ -215,7 +215,7 @@ impl CpuEngine {
     /// Decompresses a blob into `out`, which must hold exactly the tensor's bytes.
     pub fn decompress_into(&self, blob: &[u8], out: &mut [u8]) -> Result<BlobHeader> {
         let dec = TensorDecoder::new(blob)?;
-        self.decode_all(&dec, out)?;
+        self.decode_all(&dec, out, false)?;
         Ok(dec.header().clone())
     }
 
@@ -223,22 +223,8 @@ impl CpuEngine {
     /// `zlib.crc32(out)`), taken as they are decoded instead of in a pass over `out` afterwards.
     pub fn decompress_into_crc(&self, blob: &[u8], out: &mut [u8]) -> Result<u32> {
         let dec = TensorDecoder::new(blob)?;
-        let h = dec.header();
-        if out.len() as u64 != h.nbytes() {
-            return Err(Error::OutputSize {
-                expected: h.nbytes() as usize,
-                got: out.len(),
-            });
-        }
-        match h.scheme {
-            Scheme::Stored => {
-                out.copy_from_slice(dec.view().stored_data());
-                Ok(self.run(|| crate::checksum::crc32(out)))
-            }
-            Scheme::Planes => self
-                .decode_chunks_par_crc(&dec, 0, out, true)
-                .map(|c| c.expect("asked for")),
-        }
+        self.decode_all(&dec, out, true)
+            .map(|c| c.expect("a checksum was asked for"))
     }
 
     /// Decompresses several blobs concurrently, blob `i` into `outs[i]` (which must hold exactly its
@@ -259,7 +245,14 @@ impl CpuEngine {
         self.run(|| blobs.par_iter().map(|b| self.decompress(b)).collect())
     }
 
-    fn decode_all(&self, dec: &TensorDecoder<'_>, out: &mut [u8]) -> Result<()> {
+    /// Decodes the whole tensor into `out` (exactly its bytes), and with `crc` returns the CRC-32
+    /// of the decoded bytes.
+    fn decode_all(
+        &self,
+        dec: &TensorDecoder<'_>,
+        out: &mut [u8],
+        crc: bool,
+    ) -> Result<Option<u32>> {
         let h = dec.header();
         if out.len() as u64 != h.nbytes() {
             return Err(Error::OutputSize {
@@ -270,9 +263,9 @@ impl CpuEngine {
         match h.scheme {
             Scheme::Stored => {
                 out.copy_from_slice(dec.view().stored_data());
-                Ok(())
+                Ok(crc.then(|| self.run(|| crate::checksum::crc32(out))))
             }
-            Scheme::Planes => self.decode_chunks_par(dec, 0, out),
+            Scheme::Planes => self.decode_chunks_par_crc(dec, 0, out, crc),
         }
     }
 
