@@ -146,6 +146,17 @@ impl ArchiveFile {
         .map_err(|e| named(&self.path, e))
     }
 
+    /// The segments of tensors `names`, given `outs` output buffers (one per name).
+    fn segments_of(&self, names: &[String], outs: usize) -> PyResult<Vec<usize>> {
+        if names.len() != outs {
+            return Err(PyValueError::new_err("one output per tensor"));
+        }
+        names
+            .iter()
+            .map(|n| self.entry(n).map(|e| e.segment))
+            .collect()
+    }
+
     fn archive(&self) -> PyResult<Archive<'_>> {
         Archive::parse(&self.map).map_err(|e| named(&self.path, e))
     }
@@ -316,21 +327,20 @@ impl ArchiveFile {
         names: Vec<String>,
         outs: Vec<(usize, usize)>,
     ) -> PyResult<()> {
-        if names.len() != outs.len() {
-            return Err(PyValueError::new_err("one output per tensor"));
-        }
+        let segs = self.segments_of(&names, outs.len())?;
         let ar = self.archive()?;
-        let mut segs = Vec::with_capacity(names.len());
-        for n in &names {
-            segs.push(self.entry(n)?.segment);
+        // Writable slices of these buffers must not overlap: the torch layer allocates one
+        // tensor per name, and this refuses anything else.
+        let mut spans: Vec<(usize, usize)> = outs.iter().filter(|o| o.1 > 0).copied().collect();
+        spans.sort_unstable();
+        if spans
+            .windows(2)
+            .any(|w| w[0].0.checked_add(w[0].1).is_none_or(|end| end > w[1].0))
+        {
+            return Err(PyValueError::new_err("output buffers overlap"));
         }
-        let mut sorted = segs.clone();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0] == w[1]) {
-            return Err(PyValueError::new_err("a tensor named twice"));
-        }
-        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of each byte count, one
-        // per name (distinct tensors: no two buffers overlap), alive for the call.
+        // SAFETY: the torch layer passes a fresh contiguous CPU tensor of each byte count, alive
+        // for the call; no two of them overlap (checked above).
         let mut bufs: Vec<&mut [u8]> = outs
             .iter()
             .map(|&(p, l)| unsafe { host_mut(p, l) })
@@ -354,14 +364,8 @@ impl ArchiveFile {
         device: usize,
         stream: usize,
     ) -> PyResult<()> {
-        if names.len() != outs.len() {
-            return Err(PyValueError::new_err("one output per tensor"));
-        }
+        let segs = self.segments_of(&names, outs.len())?;
         let ar = self.archive()?;
-        let mut segs = Vec::with_capacity(names.len());
-        for n in &names {
-            segs.push(self.entry(n)?.segment);
-        }
         let path = &self.path;
         let eng = engine_on(device, stream)?;
         restoring(|| {

@@ -416,7 +416,8 @@ def test_slices_decode_only_their_rows_and_index_as_torch(gen, tmp_path):
 
 def test_batch_decode_checks_its_arguments(gen, tmp_path):
     """The native call behind `load_file` on the CPU refuses what the torch layer must never pass:
-    a count mismatch, a tensor named twice, a buffer of the wrong size, an unknown name."""
+    a count mismatch, overlapping buffers, a buffer of the wrong size, an unknown name; a tensor
+    named twice, into two buffers, is decoded twice."""
     tensors = _model(gen)
     path = tmp_path / "b.tz"
     tz.save_file(tensors, path)
@@ -425,8 +426,11 @@ def test_batch_decode_checks_its_arguments(gen, tmp_path):
     ptr, n = w.data_ptr(), w.numel() * 2
     with pytest.raises(ValueError, match="one output per tensor"):
         f._file.decode_many_into(["layer.0.w"], [])
-    with pytest.raises(ValueError, match="twice"):
-        f._file.decode_many_into(["layer.0.w", "layer.0.w"], [(ptr, n), (ptr, n)])
+    with pytest.raises(ValueError, match="overlap"):
+        f._file.decode_many_into(["layer.0.w", "layer.0.w"], [(ptr, n), (ptr + 2, n)])
+    w2 = torch.empty_like(w)
+    f._file.decode_many_into(["layer.0.w", "layer.0.w"], [(ptr, n), (w2.data_ptr(), n)])
+    assert same(w, tensors["layer.0.w"]) and same(w2, tensors["layer.0.w"])
     with pytest.raises(ValueError, match="b.tz"):
         f._file.decode_many_into(["layer.0.w"], [(ptr, n - 2)])
     with pytest.raises(KeyError):
