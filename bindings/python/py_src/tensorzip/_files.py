@@ -2,8 +2,8 @@
 
 The file is a tensorzip archive of the safetensors file the tensors make (the format of
 `tensorzip compress`; `tensorzip decompress` turns it back into that `.safetensors` file, byte for
-byte). Reading decodes only the tensors asked for; every blob's checksum is checked before it is
-decoded and the decoded bytes' CRC-32 after. `load_file(..., device="cuda")` decodes all tensors on
+byte). Reading decodes only the tensors asked for (and `get_slice` only the rows asked for); every
+blob's checksum is checked before it is decoded and a whole tensor's CRC-32 after. `load_file(..., device="cuda")` decodes all tensors on
 the GPU in one launch, into tensors torch allocates on that device.
 """
 
