@@ -379,34 +379,51 @@ impl CpuEngine {
             return Ok(h);
         }
         let cb = h.chunk_units as usize * h.planes();
+        // The chunks wholly inside the range are decoded as a whole tensor's are (in pairs where
+        // the CPU has AVX-512, in parallel: `decode_chunks_par`); a chunk cut by either end of
+        // the range is decoded into a buffer and its part copied. Before 2026-12-04 every chunk
+        // was a task of its own, without the pair loop.
+        let nbytes = h.nbytes() as usize;
+        let chunk_end = |c: usize| ((c + 1) * cb).min(nbytes);
+        let whole = |c: usize| b0 <= c * cb && chunk_end(c) <= b1;
         let (c0, c1) = (b0 / cb, (b1 - 1) / cb);
-        // Split `out` at chunk boundaries, then decode each chunk (directly when wholly inside).
-        let mut pieces: Vec<(usize, &mut [u8])> = Vec::with_capacity(c1 - c0 + 1);
-        let mut rest = out;
-        for c in c0..=c1 {
-            let lo = b0.max(c * cb);
-            let hi = b1.min((c + 1) * cb);
-            let (head, tail) = rest.split_at_mut(hi - lo);
-            pieces.push((c, head));
-            rest = tail;
+        let head_cut = !whole(c0);
+        let tail_cut = c1 != c0 && !whole(c1);
+        // Whole chunks `w0..w1`, contiguous between the cut ones.
+        let (w0, w1) = (c0 + head_cut as usize, c1 + 1 - tail_cut as usize);
+        let head_len = if head_cut {
+            chunk_end(c0).min(b1) - b0
+        } else {
+            0
+        };
+        let mid_len = if w1 > w0 {
+            chunk_end(w1 - 1) - w0 * cb
+        } else {
+            0
+        };
+        let (head, rest) = out.split_at_mut(head_len);
+        let (mid, tail) = rest.split_at_mut(mid_len);
+        // The cut chunks: (chunk, its part of the output, where that part starts in the chunk).
+        let mut cut: Vec<(usize, &mut [u8], usize)> = Vec::with_capacity(2);
+        if head_cut {
+            cut.push((c0, head, b0 - c0 * cb));
         }
+        if tail_cut {
+            cut.push((c1, tail, 0));
+        }
+        let part = |(c, piece, lo): (usize, &mut [u8], usize)| -> Result<()> {
+            let mut tmp = vec![0u8; h.chunk_len(c as u64) * h.planes()];
+            with_scratch(|s| dec.decode_chunk(c, &mut tmp, s))?;
+            piece.copy_from_slice(&tmp[lo..lo + piece.len()]);
+            Ok(())
+        };
+        let middle = |mid: &mut [u8]| match mid.is_empty() {
+            true => Ok(()),
+            false => self.decode_chunks_par(&dec, w0, mid),
+        };
         self.run(|| {
-            pieces
-                .into_par_iter()
-                .try_for_each_init(Vec::new, |tmp, (c, piece)| {
-                    let chunk_bytes = h.chunk_len(c as u64) * h.planes();
-                    let lo = b0.max(c * cb) - c * cb;
-                    with_scratch(|s| {
-                        if lo == 0 && piece.len() == chunk_bytes {
-                            dec.decode_chunk(c, piece, s)
-                        } else {
-                            tmp.resize(chunk_bytes, 0);
-                            dec.decode_chunk(c, tmp, s)?;
-                            piece.copy_from_slice(&tmp[lo..lo + piece.len()]);
-                            Ok(())
-                        }
-                    })
-                })
+            let (a, b) = rayon::join(|| cut.into_par_iter().try_for_each(part), || middle(mid));
+            a.and(b)
         })?;
         Ok(h)
     }
