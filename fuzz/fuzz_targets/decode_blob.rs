@@ -100,12 +100,14 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    // A few short ranges (elements), around the start, the middle and the end.
+    // A few short ranges (elements), around the start, the middle and the end, and one of all
+    // but the first and last elements (its whole chunks decoded as a tensor's are).
     let mid = numel / 2;
     for (a, b) in [
         (0, numel.min(3)),
         (mid, (mid + 5).min(numel)),
         (numel.saturating_sub(2), numel),
+        (numel.min(1), numel.saturating_sub(1).max(numel.min(1))),
     ] {
         let mut o = vec![0u8; ((b - a) * isz) as usize];
         let r = eng.decompress_range_into(data, a, b, &mut o);
