@@ -315,7 +315,7 @@ pub fn cut_chunks(blob: &[u8], c0: usize, c1: usize) -> Result<(Vec<u8>, u64)> {
     let (cu, upe) = (h.chunk_units as u64, h.dtype.units_per_element() as u64);
     let first_unit = c0 as u64 * cu;
     let end_unit = (c1 as u64 * cu).min(h.units());
-    if first_unit % upe != 0 || end_unit % upe != 0 {
+    if !first_unit.is_multiple_of(upe) || !end_unit.is_multiple_of(upe) {
         return Err(Error::InvalidInput(format!(
             "chunks of {cu} units cut {}-unit elements",
             upe
