@@ -20,7 +20,7 @@ use tensorzip::archive::{
 use tensorzip::blob::BlobLayout;
 
 use crate::gpu::{engine_on, gpu_err, restoring};
-use crate::{cpu, host, host_mut, to_py, OptionArgs, RustBytes};
+use crate::{cpu, host, host_mut, to_py, OptionArgs};
 
 /// Writes `entries` — (name, safetensors dtype name, shape, host address, byte count) — and the
 /// optional string metadata as a tensorzip archive at `path`: the archive of the `.safetensors`
@@ -318,42 +318,6 @@ impl ArchiveFile {
             cpu().decompress_range_into(ar.blob(i), start, end, out)?;
             Ok(())
         })
-    }
-
-    /// For a range decode on an engine that decodes whole blobs (the GPU's): a blob of only the
-    /// chunks of tensor `name` that hold elements `start..end` (`blob::cut_chunks`, after the
-    /// blob's checksums are checked), and the index of element `start` in it; `None` where there
-    /// is nothing to cut (an empty range, a stored blob), for the caller's other paths.
-    fn cut_range(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        start: u64,
-        end: u64,
-    ) -> PyResult<Option<(RustBytes, u64)>> {
-        let i = self.entry(name)?.segment;
-        let ar = self.archive()?;
-        let cut = py.detach(|| -> tensorzip::Result<Option<(Vec<u8>, u64)>> {
-            let layout = ar.segment_layout(i)?;
-            let h = &layout.header;
-            if start >= end || h.scheme != tensorzip::Scheme::Planes {
-                return Ok(None);
-            }
-            if end > h.numel() {
-                return Err(tensorzip::Error::Range {
-                    start,
-                    end,
-                    numel: h.numel(),
-                });
-            }
-            let (cu, upe) = (h.chunk_units as u64, h.dtype.units_per_element() as u64);
-            let (c0, c1) = (start * upe / cu, (end * upe).div_ceil(cu));
-            let (blob, first) = tensorzip::blob::cut_chunks(ar.blob(i), c0 as usize, c1 as usize)?;
-            Ok(Some((blob, start - first)))
-        });
-        Ok(cut
-            .map_err(|e| named(&self.path, e))?
-            .map(|(b, k)| (RustBytes::new(b), k)))
     }
 
     /// Decodes the tensors `names` into host memory (`outs`: (address, byte count) of each, sized

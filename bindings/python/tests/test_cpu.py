@@ -414,32 +414,6 @@ def test_slices_decode_only_their_rows_and_index_as_torch(gen, tmp_path):
             f.get_slice("w")[1000]
 
 
-def test_cut_ranges_decode_to_their_elements(gen, tmp_path):
-    """`cut_range` (the GPU's slice path, checked here through the CPU decoder): a blob of the
-    chunks that hold elements start..end, and where element `start` is in it; None for an empty
-    range or a stored tensor; an out-of-range end is refused."""
-    tensors = {
-        "w": gen(torch.float32, (1000, 64), 21),
-        "c": gen(torch.complex64, (300, 7), 23),
-        "s": torch.arange(50, dtype=torch.uint8),
-    }
-    path = tmp_path / "cut.tz"
-    tz.save_file(tensors, path, chunk_bytes=4096, min_compress_bytes=0)
-    f = tz.safe_open(path)
-    for name in ("w", "c"):
-        flat = tensors[name].reshape(-1)
-        n = flat.numel()
-        for a, b in [(0, 1), (0, n), (1, n - 1), (1000, 1025), (n - 3, n), (1023, 2049)]:
-            blob, skip = f._file.cut_range(name, a, b)
-            part = tz.decompress_tensor(_core.from_rust(blob), device="cpu")
-            assert part.dim() == 1 and part.numel() < n or (a, b) in ((0, n), (1, n - 1)), (name, a, b)
-            assert same(part[skip : skip + (b - a)], flat[a:b]), (name, a, b)
-        assert f._file.cut_range(name, 5, 5) is None
-        with pytest.raises(ValueError, match="cut.tz"):
-            f._file.cut_range(name, 0, n + 1)
-    assert f._file.cut_range("s", 0, 10) is None  # stored (50 bytes: nothing to code)
-
-
 def test_batch_decode_checks_its_arguments(gen, tmp_path):
     """The native call behind `load_file` on the CPU refuses what the torch layer must never pass:
     a count mismatch, overlapping buffers, a buffer of the wrong size, an unknown name; a tensor

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import torch
 
-from . import _codec, _core
+from . import _core
 from . import _tensorzip as _native
 from ._codec import DEFAULT_BLOCK_UNITS, DEFAULT_CHUNK_BYTES, DEFAULT_MAX_TABLES
 
@@ -150,10 +150,9 @@ class _Slice:
     (indices of the first dimension) the index selects, from the first to the last, as one range of
     elements, so that a tensor-parallel shard reads only the chunks that hold it; the rest of the
     index applies to those rows. Indices whose rows cannot be told without the data (tensors,
-    lists, booleans, `None` or `...` first) decode the whole tensor. On a CUDA device with the GPU
-    engine, a blob of only the chunks that hold the rows (`cut_range`) is uploaded and decoded on
-    the GPU. The blob's checksum is checked; the original bytes' CRC-32 covers the whole tensor, so
-    a part of it is not checked against that."""
+    lists, booleans, `None` or `...` first) decode the whole tensor, as on a CUDA device, where the
+    GPU decodes it. The blob's checksum is checked; the original bytes' CRC-32 covers the whole
+    tensor, so a part of it is not checked against that."""
 
     def __init__(self, f: safe_open, name: str):
         self._f, self._name = f, name
@@ -168,25 +167,14 @@ class _Slice:
 
     def __getitem__(self, index) -> torch.Tensor:
         f, dev = self._f, self._f._device
-        rows = _rows_of(index, self._shape)
+        rows = None if dev.type == "cuda" and _core.gpu_available() else _rows_of(index, self._shape)
         if rows is None:
             return f.get_tensor(self._name)[index]
         r0, r1, rest = rows
         inner = 1
         for d in self._shape[1:]:
             inner *= d
-        dtype, shape = _torch_dtype(self._st), (r1 - r0, *self._shape[1:])
-        if dev.type == "cuda" and _core.gpu_available():
-            # On the GPU: a blob of only the chunks that hold the rows, uploaded and decoded there.
-            cut = f._file.cut_range(self._name, r0 * inner, r1 * inner)
-            if cut is not None:
-                blob, skip = cut
-                flat = _codec.decompress_tensor(_core.from_rust(blob), device=dev)
-                if flat.dtype != dtype:
-                    raise ValueError(f"{self._name!r}: blob of {flat.dtype}, header says {dtype}")
-                return flat[skip : skip + (r1 - r0) * inner].view(shape)[rest]
-            # Nothing to cut (no rows, or a stored blob): the rows from the CPU, moved below.
-        part = torch.empty(shape, dtype=dtype)
+        part = torch.empty((r1 - r0, *self._shape[1:]), dtype=_torch_dtype(self._st))
         b = _core.as_bytes(part)
         f._file.decode_range_into(self._name, r0 * inner, r1 * inner, b.data_ptr() if b.numel() else 0, b.numel())
         out = part[rest]
