@@ -144,3 +144,28 @@ def test_load_file_on_the_gpu(gen, tmp_path):
     trunc.write_bytes(data[: len(data) // 3])
     with pytest.raises(ValueError, match="t.tz"):
         tz.load_file(trunc, device="cuda")
+
+
+def test_slices_with_a_cuda_reader_index_as_torch(gen, tmp_path):
+    """`get_slice(name)[index]` with a CUDA reader (the whole tensor decoded on the GPU, then
+    indexed) equals torch's indexing of the tensor, errors included, and is on the GPU."""
+    tensors = {
+        "w": gen(torch.float32, (1000, 64), 21),
+        "h": gen(torch.bfloat16, (37, 5, 3), 22),
+        "c": gen(torch.complex64, (300, 7), 23),
+        "s": torch.arange(50, dtype=torch.uint8).reshape(10, 5),
+    }
+    path = tmp_path / "gs.tz"
+    tz.save_file(tensors, path, chunk_bytes=4096, min_compress_bytes=0)
+    indices = [0, -1, 999, slice(10, 20), slice(3, 900, 7), slice(50, 10), (slice(2, 9), slice(1, 4)), (7, 3), 1000]
+    with tz.safe_open(path, framework="pt", device="cuda") as f:
+        for name, t in tensors.items():
+            for idx in indices:
+                try:
+                    want = t[idx]
+                except IndexError:
+                    with pytest.raises(IndexError):
+                        f.get_slice(name)[idx]
+                    continue
+                got = f.get_slice(name)[idx]
+                assert got.is_cuda and same(got, want), (name, idx)
