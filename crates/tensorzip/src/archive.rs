@@ -963,12 +963,16 @@ impl<'a> Archive<'a> {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<()> {
         self.check_segment(i)?;
-        let s = &self.segments[i];
         let crc = engine.decompress_to(self.blob(i), w, progress)?;
-        if crc != s.orig_crc {
-            return Err(Error::Checksum(format!("segment {i}: decoded data")));
+        self.check_decoded(i, crc)
+    }
+
+    /// Checks `crc`, the CRC-32 of what segment `i` decoded to, against the original's.
+    fn check_decoded(&self, i: usize, crc: u32) -> Result<()> {
+        match crc == self.segments[i].orig_crc {
+            true => Ok(()),
+            false => Err(Error::Checksum(format!("segment {i}: decoded data"))),
         }
-        Ok(())
     }
 
     /// Decodes segments `range` into memory, concurrently (checksums checked): for runs of small
@@ -1028,10 +1032,7 @@ impl<'a> Archive<'a> {
                 .zip(outs.par_iter_mut())
                 .map(|(&i, out)| {
                     self.check_segment(i)?;
-                    if engine.decompress_into_crc(self.blob(i), out)? != self.segments[i].orig_crc {
-                        return Err(Error::Checksum(format!("segment {i}: decoded data")));
-                    }
-                    Ok(())
+                    self.check_decoded(i, engine.decompress_into_crc(self.blob(i), out)?)
                 })
                 .collect()
         });
