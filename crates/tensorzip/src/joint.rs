@@ -182,6 +182,25 @@ impl BlockJoint {
     }
 }
 
+impl BlockJoint {
+    /// [`BlockJoint::count_units`] for units of `us` bytes (2 or 4) and a transform of `e`
+    /// exponent bits (8, or 0 for none; only 2-byte units go untransformed), chosen at run time.
+    pub(crate) fn count_units_of(
+        &mut self,
+        (us, e): (usize, u32),
+        src: &[u8],
+        hp: &mut [u32; 256],
+        hq: &mut [u32; 256],
+        joint: &mut JointCounts,
+    ) -> usize {
+        match (us, e) {
+            (2, 8) => self.count_units::<2, 8>(src, hp, hq, joint),
+            (2, _) => self.count_units::<2, 0>(src, hp, hq, joint),
+            _ => self.count_units::<4, 8>(src, hp, hq, joint),
+        }
+    }
+}
+
 /// What the unit counting loops saw of a block: the smallest and largest joint index (so the
 /// rows `lo >> 8 ..= hi >> 8` hold its counts), and the AND and OR of its `m` bytes (equal where
 /// they are one repeated byte).
@@ -576,11 +595,7 @@ mod tests {
                 let src = if us == 2 { &src2 } else { &src4 };
                 let (mut hp, mut hq, mut joint) =
                     ([0u32; 256], [0u32; 256], JointCounts::default());
-                let rows = match (us, e) {
-                    (2, 8) => unit_joint.count_units::<2, 8>(src, &mut hp, &mut hq, &mut joint),
-                    (2, _) => unit_joint.count_units::<2, 0>(src, &mut hp, &mut hq, &mut joint),
-                    _ => unit_joint.count_units::<4, 8>(src, &mut hp, &mut hq, &mut joint),
-                };
+                let rows = unit_joint.count_units_of((us, e), src, &mut hp, &mut hq, &mut joint);
                 let n = units.len();
                 let mut planes = vec![vec![0u8; n]; us];
                 let mut views: Vec<&mut [u8]> = planes.iter_mut().map(|v| &mut v[..]).collect();

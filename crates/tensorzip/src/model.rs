@@ -586,11 +586,8 @@ where
                             let [hp, hq] = h
                                 .get_disjoint_mut([p, q])
                                 .expect("a plane is not conditioned on itself");
-                            let rows = match (us, e) {
-                                (2, 8) => block_joint.count_units::<2, 8>(src, hp, hq, &mut joint),
-                                (2, _) => block_joint.count_units::<2, 0>(src, hp, hq, &mut joint),
-                                _ => block_joint.count_units::<4, 8>(src, hp, hq, &mut joint),
-                            };
+                            let rows =
+                                block_joint.count_units_of((us, *e), src, hp, hq, &mut joint);
                             few_rows = rows <= crate::joint::FLUSH_ROWS;
                             continue;
                         }
