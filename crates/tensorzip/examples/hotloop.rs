@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 mod common;
-use common::{cpu, dtype_arg, num_arg, threads_env};
+use common::{condition_named, cpu, dtype_arg, num_arg, threads_env};
 use tensorzip::{sample, CompressOptions, CpuEngine};
 
 fn main() {
@@ -15,11 +15,7 @@ fn main() {
     let what = args.get(4).cloned().unwrap_or("both".into());
     let mut opts = CompressOptions::default();
     if let Some(c) = args.get(5) {
-        opts.condition = match c.as_str() {
-            "cond=0" => tensorzip::Condition::Off,
-            "cond=all" => tensorzip::Condition::All,
-            _ => tensorzip::Condition::Auto,
-        };
+        opts.condition = condition_named(c.strip_prefix("cond=").unwrap_or_default());
     }
     let data = sample::weights(rows, 4096, dt, 7);
     let eng = CpuEngine::new(threads_env()).unwrap();

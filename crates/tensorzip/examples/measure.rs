@@ -4,7 +4,7 @@
 use tensorzip::{sample, CompressOptions, CpuEngine, DType};
 
 mod common;
-use common::cpu;
+use common::{condition_named, cpu};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -27,13 +27,7 @@ fn main() {
             "thr" => opts.passthrough_threshold = v.parse().unwrap(),
             "min" => opts.min_compress_bytes = v.parse().unwrap(),
             "threads" => threads = v.parse().unwrap(),
-            "cond" => {
-                opts.condition = match v {
-                    "0" => tensorzip::Condition::Off,
-                    "all" => tensorzip::Condition::All,
-                    _ => tensorzip::Condition::Auto,
-                }
-            }
+            "cond" => opts.condition = condition_named(v),
             _ => panic!("unknown {k}"),
         }
     }

@@ -7,15 +7,14 @@
 use std::time::Instant;
 
 mod common;
-use common::{num_arg, threads_env};
+use common::{file_tensors, num_arg, threads_env};
 use tensorzip::encoder::{with_scratch, TensorEncoder};
-use tensorzip::{CompressOptions, DType};
+use tensorzip::CompressOptions;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let bytes = std::fs::read(&args[1]).expect("read the file");
     let runs = num_arg(&args, 2, 5);
-    let (_, list) = tensorzip::archive::safetensors_layout(&bytes).expect("a safetensors file");
     let mut opts = CompressOptions::default();
     if let Some(n) = std::env::var("SAMPLE").ok().and_then(|v| v.parse().ok()) {
         opts.sample_blocks = n;
@@ -24,17 +23,7 @@ fn main() {
         .num_threads(threads_env())
         .build()
         .unwrap();
-    let items: Vec<(&[u8], DType, Vec<u64>)> = list
-        .iter()
-        .map(|t| {
-            let dt = DType::from_safetensors_name(&t.dtype_name).expect("dtype");
-            (
-                &bytes[t.begin as usize..t.end as usize],
-                dt,
-                t.shape.clone(),
-            )
-        })
-        .collect();
+    let items = file_tensors(&bytes);
     let total: usize = items.iter().map(|i| i.0.len()).sum();
     pool.install(|| {
         let (mut tm, mut te) = (Vec::new(), Vec::new());

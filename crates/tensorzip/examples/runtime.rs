@@ -6,23 +6,17 @@
 use std::time::Instant;
 
 mod common;
-use common::{num_arg, threads_env};
+use common::{file_tensors, num_arg, threads_env};
 use tensorzip::archive::{encode_runs, lead_len, BlobItem};
 use tensorzip::encoder::TensorEncoder;
-use tensorzip::{CompressOptions, CpuEngine, DType};
+use tensorzip::{CompressOptions, CpuEngine};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let bytes = std::fs::read(&args[1]).expect("read the file");
     let rounds = num_arg(&args, 2, 9);
-    let (_, list) = tensorzip::archive::safetensors_layout(&bytes).expect("a safetensors file");
-    let items: Vec<BlobItem<'_>> = list
-        .iter()
-        .map(|t| {
-            let dt = DType::from_safetensors_name(&t.dtype_name).expect("dtype");
-            (&bytes[t.begin as usize..t.end as usize], dt, &t.shape[..])
-        })
-        .collect();
+    let tensors = file_tensors(&bytes);
+    let items: Vec<BlobItem<'_>> = tensors.iter().map(|(d, dt, s)| (*d, *dt, &s[..])).collect();
     let lens: Vec<u64> = items.iter().map(|i| i.0.len() as u64).collect();
     let runs = encode_runs(&lens);
     let opts = CompressOptions::default();

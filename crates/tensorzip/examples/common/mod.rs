@@ -35,3 +35,23 @@ pub fn threads_env() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
 }
+
+/// The tensors of a safetensors file (its bytes): data, dtype and shape of each, in file order.
+pub fn file_tensors(bytes: &[u8]) -> Vec<(&[u8], tensorzip::DType, Vec<u64>)> {
+    let (_, list) = tensorzip::archive::safetensors_layout(bytes).expect("a safetensors file");
+    list.into_iter()
+        .map(|t| {
+            let dt = tensorzip::DType::from_safetensors_name(&t.dtype_name).expect("dtype");
+            (&bytes[t.begin as usize..t.end as usize], dt, t.shape)
+        })
+        .collect()
+}
+
+/// The conditioning named `0` (off) or `all` (fp16 too); anything else is the default.
+pub fn condition_named(v: &str) -> tensorzip::Condition {
+    match v {
+        "0" => tensorzip::Condition::Off,
+        "all" => tensorzip::Condition::All,
+        _ => tensorzip::Condition::Auto,
+    }
+}
