@@ -9,15 +9,12 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use cudarc::driver::DevicePtrMut;
 use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use rayon::prelude::*;
 use tensorzip::archive::{
     parse_header, plan_tensors, safetensors_header, write_archive, Archive, ArchiveOptions,
     SegmentBytes, SegmentKind, SourceSegment,
 };
-use tensorzip::blob::BlobLayout;
 
 use crate::gpu::{engine_on, gpu_err, restoring};
 use crate::{cpu, host, host_mut, to_py, OptionArgs};
@@ -373,89 +370,18 @@ impl ArchiveFile {
         let eng = engine_on(device, stream)?;
         restoring(|| {
             py.detach(|| -> PyResult<()> {
-                let trace = eng.tracer(format!("gpu_decode of {} tensors", segs.len()));
-                let named = |e| named(path, e);
-                // Every blob's layout, on all cores (a model's ~100 blobs took ~0.2 ms one after
-                // the other); the first failure in order is reported. With one checksum per blob
-                // (the default) the checksums are taken by the upload, from the bytes it copies,
-                // and compared before anything is decoded; with pieces, checked here first.
-                let stored: Option<Vec<u32>> = segs.iter().map(|&i| ar.whole_blob_crc(i)).collect();
-                let whole = stored.is_some();
-                let parsed: Vec<tensorzip::Result<BlobLayout>> = segs
-                    .par_iter()
-                    .map(|&i| {
-                        if whole {
-                            ar.segment_layout_unverified(i)
-                        } else {
-                            ar.segment_layout(i)
-                        }
-                    })
-                    .collect();
-                let layouts = parsed
-                    .into_iter()
-                    .collect::<tensorzip::Result<Vec<_>>>()
-                    .map_err(named)?;
-                trace("layouts");
-                // Blobs 16-byte aligned in one device buffer, copied there straight from the
-                // mapped file (gathering them into one host buffer first was a full copy into
-                // fresh memory).
-                let mut placed = Vec::with_capacity(segs.len());
-                let mut len = 0u64;
-                for (layout, &i) in layouts.into_iter().zip(&segs) {
-                    len = len.next_multiple_of(16);
-                    placed.push((layout, len, i));
-                    len += ar.blob(i).len() as u64;
-                }
-                let pieces: Vec<(&[u8], u64)> =
-                    placed.iter().map(|&(_, at, i)| (ar.blob(i), at)).collect();
-                let s = eng.stream();
-                // SAFETY: plain bytes, all written by the upload below before the decoder reads.
-                let mut dev =
-                    unsafe { s.alloc::<u8>(len.max(1) as usize) }.map_err(|e| gpu_err(e.into()))?;
-                let base = dev.device_ptr_mut(s).0;
-                trace("buffer");
-                if let Some(stored) = &stored {
-                    // SAFETY: `dev` holds `len` bytes, the end of the last piece.
-                    let crcs = unsafe { eng.upload_gather_crc(&pieces, base) }.map_err(gpu_err)?;
-                    for ((&(_, _, i), &c), &want) in placed.iter().zip(&crcs).zip(stored) {
-                        if c != want {
-                            return Err(named(tensorzip::Error::Checksum(format!(
-                                "segment {i}: blob piece 0"
-                            ))));
-                        }
-                    }
-                } else {
-                    // SAFETY: as above.
-                    unsafe { eng.upload_gather(&pieces, base) }.map_err(gpu_err)?;
-                }
-                trace("uploaded");
-                let jobs: Vec<(&BlobLayout, u64, u64)> = placed
-                    .iter()
-                    .zip(&outs)
-                    .map(|((l, off, _), &o)| (l, base + off, o))
-                    .collect();
-                // SAFETY: each blob lies at its offset in `dev` (uploaded above); each output is a
-                // live CUDA tensor of the tensor's byte count (the torch layer allocates it from
-                // `info`), distinct from the others.
-                unsafe { eng.decode_device(&jobs) }.map_err(gpu_err)?;
-                trace("decoded");
-                let ranges: Vec<(u64, u64)> = placed
-                    .iter()
-                    .zip(&outs)
-                    .map(|((l, _, _), &o)| (o, l.header.nbytes()))
-                    .collect();
-                // SAFETY: as above; each output holds `nbytes` decoded bytes.
-                let crcs = unsafe { eng.crc32_ranges_device(&ranges) }.map_err(gpu_err)?;
-                trace("checked");
-                for ((_, _, i), crc) in placed.iter().zip(&crcs) {
-                    if *crc != ar.segments[*i].orig_crc {
-                        return Err(PyValueError::new_err(format!(
-                            "{path}: checksum mismatch: segment {i}: decoded data"
-                        )));
-                    }
-                }
-                drop(dev);
-                Ok(())
+                // The blobs parsed on all cores, uploaded straight from the mapped file with their
+                // checksums taken on the way, decoded in one launch, the decoded bytes' CRC-32s
+                // checked on the GPU (`tensorzip_cuda::archive::Segments`).
+                let err = |e| match e {
+                    tensorzip_cuda::Error::Format(e) => named(path, e),
+                    e => gpu_err(e),
+                };
+                let batch = tensorzip_cuda::archive::Segments::parse(&ar, &segs).map_err(err)?;
+                // SAFETY: each output is a live CUDA tensor of the tensor's byte count (the torch
+                // layer allocates it from `info`, which the index gives and the parse above checked
+                // against each blob), distinct from the others, on this engine's device.
+                unsafe { batch.decode_into(&eng, &outs) }.map_err(err)
             })
         })
     }

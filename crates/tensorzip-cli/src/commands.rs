@@ -23,6 +23,11 @@ fn engine(common: &Common) -> Result<CpuEngine, String> {
     CpuEngine::new(0).map_err(|e| e.to_string())
 }
 
+/// The GPU engine of `--gpu` (device 0).
+fn gpu_engine() -> Result<tensorzip_cuda::GpuEngine, String> {
+    tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))
+}
+
 /// Sizes rayon's global pool to `--threads` (0: every core) and returns its size. Everything a
 /// command does on the CPU runs there — the engine's coding, the archive writer's checksums of the
 /// original bytes and of the blobs read back, the GPU engine's host work — so `--threads 1` works
@@ -72,7 +77,7 @@ pub fn compress(
     opts.compress.validate().map_err(|e| e.to_string())?;
     let threads = size_pool(common)?;
     let eng: Box<dyn BlobEncoder> = if gpu {
-        Box::new(tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))?)
+        Box::new(gpu_engine()?)
     } else {
         Box::new(engine(common)?)
     };
@@ -132,7 +137,7 @@ fn decode_all<W: Write + Send>(
 ) -> Result<(), String> {
     if dec.gpu {
         size_pool(common)?;
-        let gpu = tensorzip_cuda::GpuEngine::new(0).map_err(|e| format!("--gpu: {e}"))?;
+        let gpu = gpu_engine()?;
         tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, &|done| pb.set_position(done))
             .map_err(|e| e.to_string())
     } else {
@@ -324,7 +329,17 @@ pub fn verify(
     };
     let pb = progress_bar(ar.original_len, "verify");
     let t = Instant::now();
-    decode_all(&ar, dec, common, &mut cmp, &pb).map_err(|e| format!("{}: {e}", path.display()))?;
+    if dec.gpu && original.is_none() {
+        // Nothing to compare on the host: the checksums are checked on the GPU and nothing
+        // decoded comes back.
+        size_pool(common)?;
+        let gpu = gpu_engine()?;
+        tensorzip_cuda::archive::check_archive(&gpu, &ar, &|done| pb.set_position(done))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    } else {
+        decode_all(&ar, dec, common, &mut cmp, &pb)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     pb.finish_and_clear();
     if let (Some(o), Some(p)) = (&original, against) {
         if let Some(at) = cmp.mismatch {

@@ -3,11 +3,11 @@
 
 use std::io::Write;
 
+use cudarc::driver::DevicePtrMut;
 use rayon::prelude::*;
 
 use tensorzip::archive::Archive;
 use tensorzip::blob::BlobLayout;
-use tensorzip::checksum::crc32;
 
 use crate::engine::GpuEngine;
 use crate::error::Result;
@@ -17,11 +17,31 @@ use crate::error::Result;
 pub const BATCH_BYTES: u64 = 512 << 20;
 
 /// Decodes every segment of `ar` in order into `w`, batching consecutive segments into launches of
-/// up to [`BATCH_BYTES`]. `progress` gets the number of original bytes written so far.
+/// up to [`BATCH_BYTES`]. Each batch's blobs are checked as they are uploaded, the decoded bytes'
+/// CRC-32s on the GPU ([`Segments::decode_into`]), and the bytes go from the device to `w` through
+/// the staging buffers ([`GpuEngine::download_to`]: no host copy of a batch). `progress` gets the
+/// number of original bytes written so far.
 pub fn decode_archive_to<W: Write>(
     eng: &GpuEngine,
     ar: &Archive<'_>,
     w: &mut W,
+    progress: &dyn Fn(u64),
+) -> Result<()> {
+    decode_batches(eng, ar, Some(w), progress)
+}
+
+/// Decodes every segment of `ar` on the GPU and checks it (each blob's checksums, then the decoded
+/// bytes' CRC-32 on the GPU) without bringing anything back to the host: `verify --gpu`.
+/// `progress` gets the number of original bytes checked so far.
+pub fn check_archive(eng: &GpuEngine, ar: &Archive<'_>, progress: &dyn Fn(u64)) -> Result<()> {
+    decode_batches(eng, ar, None, progress)
+}
+
+/// [`decode_archive_to`] with `w`, [`check_archive`] without.
+fn decode_batches(
+    eng: &GpuEngine,
+    ar: &Archive<'_>,
+    mut w: Option<&mut dyn Write>,
     progress: &dyn Fn(u64),
 ) -> Result<()> {
     let n = ar.segments.len();
@@ -34,26 +54,28 @@ pub fn decode_archive_to<W: Write>(
             bytes += ar.segments[j].orig_len;
             j += 1;
         }
-        // Checksums and header-vs-index agreement, before anything is allocated for the batch (the
-        // sizes summed above come from the index, which the archive's parser has checked).
-        // (All checked in parallel, the first failure in order reported: the same error as a
-        // sequential check; the layouts they parse are the ones decoded.)
-        let checks: Vec<tensorzip::Result<BlobLayout>> = (i..j)
-            .into_par_iter()
-            .map(|k| ar.segment_layout(k))
-            .collect();
-        let layouts = checks.into_iter().collect::<tensorzip::Result<Vec<_>>>()?;
-        let blobs: Vec<&[u8]> = (i..j).map(|k| ar.blob(k)).collect();
-        let batch = eng.decode_host_parsed(&blobs, &layouts)?;
-        for (k, &(_, _, off, len)) in (i..j).zip(&batch.tensors) {
-            let bytes = &batch.data[off as usize..(off + len) as usize];
-            if crc32(bytes) != ar.segments[k].orig_crc {
-                return Err(
-                    tensorzip::Error::Checksum(format!("segment {k}: decoded data")).into(),
-                );
+        let segs: Vec<usize> = (i..j).collect();
+        // Parsed (and, with piece checksums, checked) before anything is allocated for the batch.
+        let batch = Segments::parse(ar, &segs)?;
+        let mut outs = Vec::with_capacity(segs.len());
+        let mut out_len = 0u64;
+        for k in 0..segs.len() {
+            outs.push(out_len);
+            out_len += batch.nbytes(k).div_ceil(16) * 16;
+        }
+        let s = eng.stream();
+        let mut dev_out = s.alloc_zeros::<u8>(out_len.max(1) as usize)?;
+        let (base, _g) = dev_out.device_ptr_mut(s);
+        let outs: Vec<u64> = outs.iter().map(|o| base + o).collect();
+        // SAFETY: each output lies inside `dev_out` (sized above for every segment's decoded
+        // length, 16-byte aligned, disjoint), which outlives the call.
+        unsafe { batch.decode_into(eng, &outs)? };
+        for (k, &o) in outs.iter().enumerate() {
+            let len = batch.nbytes(k);
+            if let Some(w) = w.as_deref_mut() {
+                // SAFETY: `o .. o + len` lies inside `dev_out`, decoded above.
+                unsafe { eng.download_to(o, len, w)? };
             }
-            w.write_all(bytes)
-                .map_err(|e| tensorzip::Error::Io(e.to_string()))?;
             done += len;
             progress(done);
         }
@@ -62,8 +84,134 @@ pub fn decode_archive_to<W: Write>(
     Ok(())
 }
 
+/// Segments of an archive to be decoded on the GPU together: their blobs parsed (checked against
+/// the index; with one checksum per blob the checksums are taken by the upload, else here), then
+/// [`Segments::decode_into`] device memory in one launch. The command line's `decompress --gpu`
+/// and the Python package's `load_file(device="cuda")` both go through it.
+pub struct Segments<'a> {
+    ar: &'a Archive<'a>,
+    segs: Vec<usize>,
+    layouts: Vec<BlobLayout>,
+    /// The blobs' stored CRC-32s when the archive keeps one per blob (checked on upload).
+    stored: Option<Vec<u32>>,
+}
+
+impl<'a> Segments<'a> {
+    /// Parses segments `segs` of `ar` (all cores; the first failure in order is reported).
+    pub fn parse(ar: &'a Archive<'a>, segs: &[usize]) -> Result<Segments<'a>> {
+        if let Some(&i) = segs.iter().find(|&&i| i >= ar.segments.len()) {
+            return Err(tensorzip::Error::InvalidInput(format!(
+                "segment {i} of {}",
+                ar.segments.len()
+            ))
+            .into());
+        }
+        let stored: Option<Vec<u32>> = segs.iter().map(|&i| ar.whole_blob_crc(i)).collect();
+        let whole = stored.is_some();
+        let parsed: Vec<tensorzip::Result<BlobLayout>> = segs
+            .par_iter()
+            .map(|&i| {
+                if whole {
+                    ar.segment_layout_unverified(i)
+                } else {
+                    ar.segment_layout(i)
+                }
+            })
+            .collect();
+        let layouts = parsed.into_iter().collect::<tensorzip::Result<Vec<_>>>()?;
+        Ok(Segments {
+            ar,
+            segs: segs.to_vec(),
+            layouts,
+            stored,
+        })
+    }
+
+    /// The decoded length of the `k`-th segment (its tensor's bytes, as the index says).
+    pub fn nbytes(&self, k: usize) -> u64 {
+        self.layouts[k].header.nbytes()
+    }
+
+    /// Uploads the blobs (16-byte aligned in one device buffer, straight from the archive's bytes:
+    /// no gathered host copy), compares their checksums, decodes the `k`-th segment to `outs[k]`
+    /// in one launch and checks each decoded segment's CRC-32 on the GPU; waits.
+    ///
+    /// # Safety
+    /// Each `outs[k]` must be `self.nbytes(k)` writable bytes of device memory in `eng`'s context,
+    /// alive until this returns; outputs must not overlap.
+    pub unsafe fn decode_into(&self, eng: &GpuEngine, outs: &[u64]) -> Result<()> {
+        if outs.len() != self.segs.len() {
+            return Err(tensorzip::Error::InvalidInput(format!(
+                "{} outputs for {} segments",
+                outs.len(),
+                self.segs.len()
+            ))
+            .into());
+        }
+        let trace = eng.tracer(format!("gpu decode of {} segments", self.segs.len()));
+        let ar = self.ar;
+        let mut placed = Vec::with_capacity(self.segs.len());
+        let mut len = 0u64;
+        for &i in &self.segs {
+            len = len.next_multiple_of(16);
+            placed.push(len);
+            len += ar.blob(i).len() as u64;
+        }
+        let pieces: Vec<(&[u8], u64)> = self
+            .segs
+            .iter()
+            .zip(&placed)
+            .map(|(&i, &at)| (ar.blob(i), at))
+            .collect();
+        let s = eng.stream();
+        // SAFETY: plain bytes, all written by the upload below before the decoder reads them.
+        let mut dev = unsafe { s.alloc::<u8>(len.max(1) as usize) }?;
+        let base = dev.device_ptr_mut(s).0;
+        trace("buffer");
+        if let Some(stored) = &self.stored {
+            // SAFETY: `dev` holds `len` bytes, the end of the last piece.
+            let crcs = unsafe { eng.upload_gather_crc(&pieces, base) }?;
+            for ((&i, &c), &want) in self.segs.iter().zip(&crcs).zip(stored) {
+                if c != want {
+                    return Err(
+                        tensorzip::Error::Checksum(format!("segment {i}: blob piece 0")).into(),
+                    );
+                }
+            }
+        } else {
+            // SAFETY: as above.
+            unsafe { eng.upload_gather(&pieces, base) }?;
+        }
+        trace("uploaded");
+        let jobs: Vec<(&BlobLayout, u64, u64)> = self
+            .layouts
+            .iter()
+            .zip(&placed)
+            .zip(outs)
+            .map(|((l, &at), &o)| (l, base + at, o))
+            .collect();
+        // SAFETY: each blob lies at its offset in `dev` (uploaded above, parsed from the same
+        // bytes); the outputs are the caller's.
+        unsafe { eng.decode_device(&jobs) }?;
+        trace("decoded");
+        let ranges: Vec<(u64, u64)> = outs
+            .iter()
+            .enumerate()
+            .map(|(k, &o)| (o, self.nbytes(k)))
+            .collect();
+        // SAFETY: each output holds `nbytes` decoded bytes.
+        let crcs = unsafe { eng.crc32_ranges_device(&ranges) }?;
+        trace("checked");
+        for (&i, crc) in self.segs.iter().zip(&crcs) {
+            ar.check_decoded(i, *crc)?;
+        }
+        drop(dev);
+        Ok(())
+    }
+}
+
 /// The GPU engine as the archive writer's blob encoder: each large tensor is uploaded, encoded on the
-/// GPU and the blob downloaded and written; runs of small ones go as one batch (the same bytes as
+/// GPU and the blob written to the file as it is downloaded; runs of small ones go as one batch (the same bytes as
 /// the CPU engine's either way).
 impl tensorzip::archive::BlobEncoder for GpuEngine {
     fn encode_blob(
@@ -75,13 +223,12 @@ impl tensorzip::archive::BlobEncoder for GpuEngine {
         w: &mut dyn tensorzip::archive::SeekWrite,
         progress: &(dyn Fn(u64) + Sync),
     ) -> tensorzip::Result<u64> {
-        let blob = self
-            .compress_host(data, dtype, shape, opts)
+        // The blob goes from the device to the file piece by piece (no host copy of it).
+        let len = self
+            .compress_host_to(data, dtype, shape, opts, w)
             .map_err(crate::error::Error::into_core)?;
-        w.write_all(&blob)
-            .map_err(|e| tensorzip::Error::Io(e.to_string()))?;
         progress(data.len() as u64);
-        Ok(blob.len() as u64)
+        Ok(len)
     }
 
     /// A run of small tensors in one batch on the GPU: one upload, one encode, one download.

@@ -520,6 +520,48 @@ impl GpuEngine {
         shape: &[u64],
         opts: &CompressOptions,
     ) -> Result<Vec<u8>> {
+        self.encode_host(data, dtype, shape, opts, |blob| {
+            let s = self.stream();
+            if !staged(blob.len as u64) {
+                return Ok(s.clone_dtoh(&blob.buf.slice(0..blob.len))?);
+            }
+            let mut out = tensorzip::fresh::zeroed(blob.len);
+            let bp = blob.buf.device_ptr(s).0;
+            // SAFETY: the blob's buffer holds at least `blob.len` bytes.
+            unsafe { self.download_from(bp, &mut out)? };
+            Ok(out)
+        })
+    }
+
+    /// [`GpuEngine::compress_host`] that writes the blob to `w` (from the staging buffers, piece by
+    /// piece: [`GpuEngine::download_to`]) instead of returning it; returns its length. The archive
+    /// writer's path for a large tensor: no host copy of the blob is made.
+    pub fn compress_host_to(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        w: &mut dyn std::io::Write,
+    ) -> Result<u64> {
+        self.encode_host(data, dtype, shape, opts, |blob| {
+            let bp = blob.buf.device_ptr(self.stream()).0;
+            // SAFETY: the blob's buffer holds at least `blob.len` bytes.
+            unsafe { self.download_to(bp, blob.len as u64, w)? };
+            Ok(blob.len as u64)
+        })
+    }
+
+    /// Uploads a host tensor (through the staging buffers when large), encodes it and hands the
+    /// blob, still on the device, to `take`.
+    fn encode_host<R>(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        shape: &[u64],
+        opts: &CompressOptions,
+        take: impl FnOnce(&DeviceBlob) -> Result<R>,
+    ) -> Result<R> {
         let s = self.stream();
         if !staged(data.len() as u64) {
             // Small tensors: plain copies (`transfer::staged`).
@@ -530,9 +572,9 @@ impl GpuEngine {
                 // which waits for its work before returning.
                 unsafe { self.compress_device(p, data.len(), dtype, shape, opts)? }
             };
-            return Ok(s.clone_dtoh(&blob.buf.slice(0..blob.len))?);
+            return take(&blob);
         }
-        // Large ones: both copies through the engine's page-locked staging buffers (transfer.rs).
+        // Large ones: the upload through the engine's page-locked staging buffers (transfer.rs).
         let mut dev = s.alloc_zeros::<u8>(data.len())?;
         let p = dev.device_ptr_mut(s).0;
         // SAFETY: `dev` holds `data.len()` bytes and outlives both calls, which wait for their work
@@ -541,11 +583,8 @@ impl GpuEngine {
             self.upload_to(data, p)?;
             self.compress_device(p, data.len(), dtype, shape, opts)?
         };
-        let mut out = tensorzip::fresh::zeroed(blob.len);
-        let bp = blob.buf.device_ptr(s).0;
-        // SAFETY: the blob's buffer holds at least `blob.len` bytes.
-        unsafe { self.download_from(bp, &mut out)? };
-        Ok(out)
+        drop(dev);
+        take(&blob)
     }
 
     /// Compresses several tensors held on the host with one upload, one batch encode

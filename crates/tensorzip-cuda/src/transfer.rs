@@ -7,6 +7,8 @@
 //! `STAGE_BYTES`, host threads (rayon) copy each piece between the caller's memory and a buffer,
 //! and the DMA of one piece overlaps the host copy of the next.
 
+use std::io::Write;
+
 use cudarc::driver::{result, sys, PinnedHostSlice};
 use rayon::prelude::*;
 
@@ -249,9 +251,59 @@ impl GpuEngine {
         // A new destination faults its pages in as it is filled: 2 MiB at a time where the kernel
         // allows it (see tensorzip::fresh).
         tensorzip::fresh::advise_huge(dst);
+        let total = dst.len();
+        // SAFETY: the caller's promise, for `total` bytes.
+        unsafe {
+            self.download_pieces(src, total, |at, piece| {
+                par_copy(&mut dst[at..at + piece.len()], piece);
+                Ok(())
+            })
+        }
+    }
+
+    /// Writes the `len` device bytes at `src` to `w` (the stream's earlier work is complete before
+    /// they are read) straight from the staging buffers: a piece is written while the next ones
+    /// are copied from the device, and no host buffer of `len` bytes is made. For the command
+    /// line's `--gpu` paths, whose blobs and tensors go to a file: a download into a new buffer
+    /// first faulted in `len` bytes of fresh memory and copied them once more before the write.
+    /// Small transfers (under the staging threshold) are one plain copy.
+    ///
+    /// # Safety
+    /// `src` must be a device address of `len` readable bytes in this engine's context.
+    pub unsafe fn download_to(&self, src: u64, len: u64, w: &mut dyn Write) -> Result<()> {
+        let io = |e: std::io::Error| Error::Format(tensorzip::Error::Io(e.to_string()));
+        if len == 0 {
+            return Ok(());
+        }
+        if !staged(len) {
+            let mut host = vec![0u8; len as usize];
+            let s = self.stream();
+            // SAFETY: the caller's promise; `host` holds `len` bytes and is not touched until the
+            // stream has been synchronised.
+            unsafe { result::memcpy_dtoh_async(&mut host, src, s.cu_stream()) }?;
+            s.synchronize()?;
+            return w.write_all(&host).map_err(io);
+        }
+        // SAFETY: the caller's promise.
+        unsafe {
+            self.download_pieces(src, len as usize, |_, piece| w.write_all(piece).map_err(io))
+        }
+    }
+
+    /// The download loop: the `total` device bytes at `src`, copied in `STAGE_BYTES` pieces into the
+    /// staging buffers (up to `STAGES` in flight), handed in order to `take(offset, piece)` as each
+    /// one arrives; waits for all.
+    ///
+    /// # Safety
+    /// `src` must be a device address of `total` readable bytes in this engine's context.
+    unsafe fn download_pieces(
+        &self,
+        src: u64,
+        total: usize,
+        mut take: impl FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let s = self.stream();
         let mut bufs = self.staging()?;
-        let total = dst.len();
         let n = total.div_ceil(STAGE_BYTES);
         let len_of = |k: usize| STAGE_BYTES.min(total - k * STAGE_BYTES);
         let mut done: Vec<Option<cudarc::driver::CudaEvent>> = (0..STAGES).map(|_| None).collect();
@@ -273,22 +325,30 @@ impl GpuEngine {
             done[b] = Some(s.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
             Ok(())
         };
-        for k in 0..n.min(STAGES) {
-            issue(k, &mut bufs, &mut done)?;
-        }
-        for k in 0..n {
-            let b = k % STAGES;
-            if let Some(e) = done[b].take() {
-                e.synchronize()?;
+        let mut run = || -> Result<()> {
+            for k in 0..n.min(STAGES) {
+                issue(k, &mut bufs, &mut done)?;
             }
-            let len = len_of(k);
-            let at = k * STAGE_BYTES;
-            par_copy(&mut dst[at..at + len], &bufs[b].as_slice()?[..len]);
-            if k + STAGES < n {
-                issue(k + STAGES, &mut bufs, &mut done)?;
+            for k in 0..n {
+                let b = k % STAGES;
+                if let Some(e) = done[b].take() {
+                    e.synchronize()?;
+                }
+                let len = len_of(k);
+                take(k * STAGE_BYTES, &bufs[b].as_slice()?[..len])?;
+                if k + STAGES < n {
+                    issue(k + STAGES, &mut bufs, &mut done)?;
+                }
             }
+            Ok(())
+        };
+        let r = run();
+        if r.is_err() {
+            // Copies still in flight write into the staging buffers, which the next transfer
+            // fills: none may outlive this call (a failed write, e.g. a full disk, returns early).
+            let _ = s.synchronize();
         }
-        Ok(())
+        r
     }
 }
 

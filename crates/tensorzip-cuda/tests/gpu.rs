@@ -574,8 +574,47 @@ fn gpu_staged_transfers_round_trip() {
         // SAFETY: as above.
         unsafe { eng.download_from(p, &mut down) }.unwrap();
         assert!(down == src, "download of {len} bytes");
+        // Straight into a writer, piece by piece.
+        let mut written = Vec::new();
+        // SAFETY: as above.
+        unsafe { eng.download_to(p, len as u64, &mut written) }.unwrap();
+        assert!(written == src, "download of {len} bytes into a writer");
         let _ = &mut dev;
     }
+    // A writer that fails part way: the error comes back, and the staging buffers are free for
+    // the next transfer (no copy of the failed one still lands in them).
+    struct FailAfter(usize);
+    impl std::io::Write for FailAfter {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.0 == 0 {
+                return Err(std::io::Error::other("disk full"));
+            }
+            self.0 -= 1;
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let len = 5 * stage + 3;
+    let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 3) as u8).collect();
+    let dev = s.clone_htod(&src).unwrap();
+    let (p, g) = dev.device_ptr(s);
+    drop(g);
+    // SAFETY: `dev` holds `len` bytes and lives until the end of the test.
+    let r = unsafe { eng.download_to(p, len as u64, &mut FailAfter(1)) };
+    assert!(r.is_err_and(|e| e.to_string().contains("disk full")));
+    let other: Vec<u8> = src.iter().map(|b| b ^ 0x5A).collect();
+    let mut dev2 = s.alloc_zeros::<u8>(len).unwrap();
+    let (p2, g2) = dev2.device_ptr(s);
+    drop(g2);
+    // SAFETY: `dev2` holds `len` bytes and lives until the end of the test.
+    unsafe { eng.upload_to(&other, p2) }.unwrap();
+    assert!(
+        s.clone_dtoh(&dev2).unwrap() == other,
+        "upload after a failed download"
+    );
+    let _ = &mut dev2;
     // Gathered uploads: pieces 16-aligned with gaps (zeros on the device, over bytes that were
     // not zero), a piece across several staging windows, empty pieces; and refused orders.
     let src: Vec<u8> = (0..3 * stage + 999)
@@ -766,6 +805,13 @@ fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {
             vec![2100, 1024],
             sample::weights(2100, 1024, DType::F16, 5),
         ),
+        // Above the staging threshold: uploaded and its blob written through the staging buffers.
+        (
+            "huge",
+            "BF16",
+            vec![5120, 4096],
+            sample::weights(5120, 4096, DType::BF16, 6),
+        ),
     ];
     let tensors: Vec<(&str, &str, &[u64], &[u8])> = data
         .iter()
@@ -786,10 +832,49 @@ fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {
         f.read_to_end(&mut bytes).unwrap();
         bytes
     };
-    let gpu = write(&engine());
+    let eng = engine();
+    let gpu = write(&eng);
     let cpu = write(&tensorzip::CpuEngine::new(0).unwrap());
     assert!(
         gpu == cpu,
         "the GPU engine's archive differs from the CPU's"
     );
+    // Decoded on the GPU (`decompress --gpu`) and checked there (`verify --gpu`), with one
+    // checksum per blob and with piece checksums; a changed byte in a blob is refused by both.
+    for piece in [0u32, 1 << 20] {
+        let opts = ArchiveOptions {
+            checksum_piece_bytes: piece,
+            ..ArchiveOptions::default()
+        };
+        let mut f = tempfile::tempfile().unwrap();
+        write_archive(&eng, &file[..], &segs, &opts, &mut f, &|_| {}).unwrap();
+        let bytes = {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut b = Vec::new();
+            f.seek(SeekFrom::Start(0)).unwrap();
+            f.read_to_end(&mut b).unwrap();
+            b
+        };
+        let ar = tensorzip::archive::Archive::parse(&bytes).unwrap();
+        let mut back = Vec::new();
+        tensorzip_cuda::archive::decode_archive_to(&eng, &ar, &mut back, &|_| {}).unwrap();
+        assert!(back == file, "GPU decode of the archive (pieces {piece})");
+        tensorzip_cuda::archive::check_archive(&eng, &ar, &|_| {}).unwrap();
+        let (big, _) = ar
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.blob_len))
+            .max_by_key(|&(_, l)| l)
+            .unwrap();
+        let mut bad = bytes.clone();
+        let at = (ar.segments[big].blob_offset + ar.segments[big].blob_len / 2) as usize;
+        bad[at] ^= 0x10;
+        let ar = tensorzip::archive::Archive::parse(&bad).unwrap();
+        let e = tensorzip_cuda::archive::decode_archive_to(&eng, &ar, &mut Vec::new(), &|_| {})
+            .unwrap_err();
+        assert!(e.to_string().contains("checksum mismatch"), "{e}");
+        let e = tensorzip_cuda::archive::check_archive(&eng, &ar, &|_| {}).unwrap_err();
+        assert!(e.to_string().contains("checksum mismatch"), "{e}");
+    }
 }

@@ -967,8 +967,9 @@ impl<'a> Archive<'a> {
         self.check_decoded(i, crc)
     }
 
-    /// Checks `crc`, the CRC-32 of what segment `i` decoded to, against the original's.
-    fn check_decoded(&self, i: usize, crc: u32) -> Result<()> {
+    /// Checks `crc`, the CRC-32 of what segment `i` decoded to (by any engine), against the
+    /// original's.
+    pub fn check_decoded(&self, i: usize, crc: u32) -> Result<()> {
         match crc == self.segments[i].orig_crc {
             true => Ok(()),
             false => Err(Error::Checksum(format!("segment {i}: decoded data"))),
