@@ -22,6 +22,9 @@
 #                                 PROFILE_KERNEL=tz_encode, one encode launch) and the kernels' SASS
 #                                 with source lines, into $OUT (or /tmp/gpu-profile);
 #                                 `scripts/ncu_lines.py` on this machine attributes them to source
+#   scripts/gpu_run.sh large      tensors past 2^31 elements and 2^32 bytes through the CLI (CPU and
+#                                 --gpu, archives compared, peak memory), gpu_bench and load_file
+#                                 (carry gpu-py/; scripts/large_tensors.sh --gpu, ~20 GB of /tmp)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -97,6 +100,10 @@ if [[ $what == load ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" gpu-py/*.whl || rc=1
     shift
     PYTHONPATH=$site python3 bindings/python/bench/bench.py load "$@" || rc=1
+fi
+if [[ $what == large ]]; then
+    echo "== large tensors"
+    scripts/large_tensors.sh --gpu /tmp/tz-large || rc=1
 fi
 if [[ $what == model ]]; then
     f=$2
