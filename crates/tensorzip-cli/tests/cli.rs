@@ -442,6 +442,32 @@ fn not_a_safetensors_file() {
             "{name}: an output was left"
         );
     }
+    // Tensors whose data ranges leave a gap or overlap (the safetensors reader refuses both): the
+    // message says what the rule is.
+    let header = |h: &str| {
+        let mut f = (h.len() as u64).to_le_bytes().to_vec();
+        f.extend_from_slice(h.as_bytes());
+        f.extend_from_slice(&[7u8; 64]);
+        f
+    };
+    for (name, h) in [
+        (
+            "gap.safetensors",
+            r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[12],"data_offsets":[16,64]},"c":{"dtype":"F32","shape":[1],"data_offsets":[60,64]}}"#,
+        ),
+        (
+            "gap2.safetensors",
+            r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[48,64]}}"#,
+        ),
+    ] {
+        std::fs::write(d.join(name), header(h)).unwrap();
+        let o = tz(d, &["compress", name]);
+        fails(
+            &o,
+            &format!("compress {name}"),
+            &[name, "no gap and no overlap"],
+        );
+    }
     let o = tz(d, &["compress", "missing.safetensors"]);
     fails(&o, "compress a missing file", &["missing.safetensors"]);
     // A directory and a device are named as what they are (mapping them gave "No such device").

@@ -63,8 +63,18 @@ pub struct TensorEntry {
 /// Parses and validates a safetensors file's header (given the whole file, or at least its header and
 /// the file's total length) and lists its tensors in data order, plus the header's byte length.
 pub fn safetensors_layout(file: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
-    let (n, meta) = safetensors::SafeTensors::read_metadata(file)
-        .map_err(|e| Error::NotSafetensors(format!("{e:?}")))?;
+    let (n, meta) = safetensors::SafeTensors::read_metadata(file).map_err(|e| {
+        Error::NotSafetensors(match e {
+            // The safetensors crate's own words, plus what its rule is: tensors' bytes are
+            // consecutive ranges from 0 with no gap or overlap (tensorzip keeps that rule, so
+            // that every file it accepts is one the reference reader loads).
+            safetensors::SafeTensorError::InvalidOffset(_) => format!(
+                "{e} (the tensors' data ranges must follow one another from 0, \
+                 with no gap and no overlap)"
+            ),
+            e => e.to_string(),
+        })
+    })?;
     let base = 8 + n as u64;
     let mut tensors: Vec<TensorEntry> = meta
         .tensors()
