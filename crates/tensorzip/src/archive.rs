@@ -552,14 +552,8 @@ pub fn write_archive(
     out: &mut File,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<u64> {
-    let io = |e: std::io::Error| Error::Io(e.to_string());
     opts.compress.validate()?;
-    out.set_len(0).map_err(io)?;
-    out.seek(SeekFrom::Start(ARCHIVE_HEADER_LEN as u64))
-        .map_err(io)?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *out);
-    let mut entries = Vec::with_capacity(segments.len());
-    let mut pos = ARCHIVE_HEADER_LEN as u64;
+    let mut aw = ArchiveWriter::new(out, opts.checksum_piece_bytes)?;
     let bytes_of = |i: usize| -> Result<&[u8]> {
         let (s, data) = (&segments[i], src.segment(i, &segments[i]));
         if data.len() as u64 != s.len {
@@ -571,82 +565,164 @@ pub fn write_archive(
         }
         Ok(data)
     };
-    // The index entry of segment `s` (original bytes `data`), its blob at `blob_offset`.
-    let entry = |s: &SourceSegment, data: &[u8], blob_offset: u64, blob_len: u64| Segment {
-        kind: s.kind,
-        orig_offset: s.offset,
-        orig_len: s.len,
-        blob_offset,
-        blob_len,
-        orig_crc: crate::checksum::crc32(data),
-        blob_crcs: Vec::new(),
-    };
     let lens: Vec<u64> = segments.iter().map(|s| s.len).collect();
     for run in encode_runs(&lens) {
         let (i, j) = (run.start, run.end);
         let items = (i..j)
             .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
             .collect::<Result<Vec<BlobItem<'_>>>>()?;
+        let crcs: Vec<u32> = items
+            .iter()
+            .map(|item| crate::checksum::crc32(item.0))
+            .collect();
         // The run's small segments are coded together, into memory, and written in order; the
         // large ones after them are streamed into the file one after the other.
         let lead = lead_len(&lens, &run);
-        let blob_lens =
-            engine.encode_blob_seq(&items, lead, &opts.compress, &mut w, &|k, done| {
+        aw.append(&segments[i..j], &crcs, |w| {
+            engine.encode_blob_seq(&items, lead, &opts.compress, w, &|k, done| {
                 progress(segments[i + k].offset + done)
-            })?;
-        if blob_lens.len() != items.len() {
+            })
+        })?;
+    }
+    aw.finish(segments.last().map_or(0, |s| s.offset + s.len))
+}
+
+/// An archive being written (FORMAT.md section 9): segments' blobs appended in order, then
+/// [`ArchiveWriter::finish`] takes the blobs' checksums, writes the index and the header. The
+/// engines' path is [`write_archive`]; a caller whose segments are not host bytes (the Python
+/// package's `save_file` of CUDA tensors, encoded on the GPU) appends blobs it makes itself.
+pub struct ArchiveWriter<'f> {
+    w: std::io::BufWriter<&'f mut File>,
+    checksum_piece_bytes: u32,
+    entries: Vec<Segment>,
+    pos: u64,
+}
+
+impl<'f> ArchiveWriter<'f> {
+    /// Truncates `out` and starts the archive in it (its blobs go after the header's place).
+    pub fn new(out: &'f mut File, checksum_piece_bytes: u32) -> Result<ArchiveWriter<'f>> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        out.set_len(0).map_err(io)?;
+        out.seek(SeekFrom::Start(ARCHIVE_HEADER_LEN as u64))
+            .map_err(io)?;
+        Ok(ArchiveWriter {
+            w: std::io::BufWriter::with_capacity(1 << 20, out),
+            checksum_piece_bytes,
+            entries: Vec::new(),
+            pos: ARCHIVE_HEADER_LEN as u64,
+        })
+    }
+
+    /// Appends the blobs of `segs` (whose original bytes have the CRC-32s `orig_crcs`): `write`
+    /// writes them one after the other from the current position and returns their lengths.
+    /// Segments must be appended in the order of their offsets, each starting where the one
+    /// before ended.
+    pub fn append(
+        &mut self,
+        segs: &[SourceSegment],
+        orig_crcs: &[u32],
+        write: impl FnOnce(&mut dyn SeekWrite) -> Result<Vec<u64>>,
+    ) -> Result<()> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        let mut next = self.entries.last().map_or(0, |e| e.orig_offset + e.orig_len);
+        for s in segs {
+            if s.offset != next {
+                return Err(Error::InvalidInput(format!(
+                    "segment at offset {} appended where {next} was expected",
+                    s.offset
+                )));
+            }
+            next = s.offset + s.len;
+        }
+        if orig_crcs.len() != segs.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} checksums for {} segments",
+                orig_crcs.len(),
+                segs.len()
+            )));
+        }
+        let blob_lens = write(&mut self.w)?;
+        if blob_lens.len() != segs.len() {
             return Err(Error::Engine(format!(
                 "{} blobs written for {} segments",
                 blob_lens.len(),
-                items.len()
+                segs.len()
             )));
         }
-        for ((s, item), len) in segments[i..j].iter().zip(&items).zip(blob_lens) {
-            entries.push(entry(s, item.0, pos, len));
-            pos += len;
+        for ((s, &orig_crc), len) in segs.iter().zip(orig_crcs).zip(blob_lens) {
+            self.entries.push(Segment {
+                kind: s.kind,
+                orig_offset: s.offset,
+                orig_len: s.len,
+                blob_offset: self.pos,
+                blob_len: len,
+                orig_crc,
+                blob_crcs: Vec::new(),
+            });
+            self.pos += len;
         }
-        w.seek(SeekFrom::Start(pos)).map_err(io)?;
+        // An engine may leave the position elsewhere (a blob's directory is written after its
+        // payloads): the next blob starts where this one ended.
+        self.w.seek(SeekFrom::Start(self.pos)).map_err(io)?;
+        Ok(())
     }
-    w.flush().map_err(io)?;
-    drop(w);
-    // Blob checksums, read back from the file (it is in the page cache) in windows of at most
-    // 1 MiB, a window per thread at a time, so that a large blob does not cost its size in memory.
-    let mut reader = BlobReader::new(opts.checksum_piece_bytes);
-    for e in &mut entries {
-        e.blob_crcs = reader.checksums(out, e.blob_offset, e.blob_len)?;
-    }
-    let mut index = Vec::new();
-    index.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    for e in &entries {
-        index.push(e.kind as u8);
-        for v in [e.orig_offset, e.orig_len, e.blob_offset, e.blob_len] {
-            index.extend_from_slice(&v.to_le_bytes());
+
+    /// Takes the blobs' checksums, writes the index and the archive's header, for an original of
+    /// `original_len` bytes (the segments appended must cover it). Returns the archive's length.
+    pub fn finish(self, original_len: u64) -> Result<u64> {
+        let io = |e: std::io::Error| Error::Io(e.to_string());
+        let covered = self.entries.last().map_or(0, |e| e.orig_offset + e.orig_len);
+        if covered != original_len {
+            return Err(Error::InvalidInput(format!(
+                "segments cover {covered} bytes of {original_len}"
+            )));
         }
-        index.extend_from_slice(&e.orig_crc.to_le_bytes());
-        index.extend_from_slice(&(e.blob_crcs.len() as u32).to_le_bytes());
-        for c in &e.blob_crcs {
-            index.extend_from_slice(&c.to_le_bytes());
+        let ArchiveWriter {
+            w,
+            checksum_piece_bytes,
+            mut entries,
+            pos,
+        } = self;
+        let out = w.into_inner().map_err(|e| io(e.into_error()))?;
+        // Blob checksums, read back from the file (it is in the page cache) in windows of at most
+        // 1 MiB, a window per thread at a time, so that a large blob does not cost its size in
+        // memory.
+        let mut reader = BlobReader::new(checksum_piece_bytes);
+        for e in &mut entries {
+            e.blob_crcs = reader.checksums(out, e.blob_offset, e.blob_len)?;
         }
+        let mut index = Vec::new();
+        index.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for e in &entries {
+            index.push(e.kind as u8);
+            for v in [e.orig_offset, e.orig_len, e.blob_offset, e.blob_len] {
+                index.extend_from_slice(&v.to_le_bytes());
+            }
+            index.extend_from_slice(&e.orig_crc.to_le_bytes());
+            index.extend_from_slice(&(e.blob_crcs.len() as u32).to_le_bytes());
+            for c in &e.blob_crcs {
+                index.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+        let crc = crc32fast::hash(&index);
+        index.extend_from_slice(&crc.to_le_bytes());
+        out.seek(SeekFrom::Start(pos)).map_err(io)?;
+        out.write_all(&index).map_err(io)?;
+        let end = pos + index.len() as u64;
+        out.set_len(end).map_err(io)?;
+        let mut head = Vec::with_capacity(ARCHIVE_HEADER_LEN);
+        head.extend_from_slice(&ARCHIVE_MAGIC);
+        head.extend_from_slice(&ARCHIVE_VERSION.to_le_bytes());
+        head.extend_from_slice(&0u16.to_le_bytes());
+        head.extend_from_slice(&checksum_piece_bytes.to_le_bytes());
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&original_len.to_le_bytes());
+        head.extend_from_slice(&pos.to_le_bytes());
+        out.seek(SeekFrom::Start(0)).map_err(io)?;
+        out.write_all(&head).map_err(io)?;
+        out.flush().map_err(io)?;
+        Ok(end)
     }
-    let crc = crc32fast::hash(&index);
-    index.extend_from_slice(&crc.to_le_bytes());
-    out.seek(SeekFrom::Start(pos)).map_err(io)?;
-    out.write_all(&index).map_err(io)?;
-    let end = pos + index.len() as u64;
-    out.set_len(end).map_err(io)?;
-    let mut head = Vec::with_capacity(ARCHIVE_HEADER_LEN);
-    head.extend_from_slice(&ARCHIVE_MAGIC);
-    head.extend_from_slice(&ARCHIVE_VERSION.to_le_bytes());
-    head.extend_from_slice(&0u16.to_le_bytes());
-    head.extend_from_slice(&opts.checksum_piece_bytes.to_le_bytes());
-    head.extend_from_slice(&0u32.to_le_bytes());
-    let original_len = segments.last().map_or(0, |s| s.offset + s.len);
-    head.extend_from_slice(&original_len.to_le_bytes());
-    head.extend_from_slice(&pos.to_le_bytes());
-    out.seek(SeekFrom::Start(0)).map_err(io)?;
-    out.write_all(&head).map_err(io)?;
-    out.flush().map_err(io)?;
-    Ok(end)
 }
 
 /// Reads blobs back from an archive being written and takes their checksums (CRC-32 of every
