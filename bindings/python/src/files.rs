@@ -9,12 +9,14 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 
+use cudarc::driver::DevicePtr;
 use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::archive::{
     parse_header, plan_tensors, safetensors_header, write_archive, Archive, ArchiveOptions,
-    SegmentBytes, SegmentKind, SourceSegment,
+    ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
+use tensorzip_cuda::encode::DeviceTensor;
 
 use crate::gpu::{engine_on, gpu_err, restoring};
 use crate::{cpu, host, host_mut, to_py, OptionArgs};
@@ -53,37 +55,158 @@ fn save_file(
             header: &head,
             tensors: &data,
         };
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        let name = path
-            .file_name()
-            .ok_or_else(|| PyValueError::new_err(format!("{}: not a file name", path.display())))?;
-        let tmp = dir.join(format!(
-            ".{}.tmp{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        let io = |e: std::io::Error| PyOSError::new_err(format!("{}: {e}", path.display()));
-        let result = (|| -> PyResult<()> {
-            // Read and write: the archive writer reads its blobs back for their checksums.
-            let mut f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(io)?;
-            write_archive(cpu(), &parts, &segs, &opts, &mut f, &|_| {}).map_err(to_py)?;
-            f.flush().map_err(io)?;
-            f.sync_all().map_err(io)?;
-            std::fs::rename(&tmp, &path).map_err(io)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        write_atomically(&path, |f| {
+            write_archive(cpu(), &parts, &segs, &opts, f, &|_| {}).map_err(to_py)?;
+            Ok(())
+        })
+    })
+}
+
+/// Writes the file at `path` through a temporary file in the same directory (opened for reading
+/// and writing: the archive writer reads its blobs back for their checksums), synced and renamed
+/// into place; on failure the temporary file is removed and nothing is left at `path`.
+fn write_atomically(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::fs::File) -> PyResult<()>,
+) -> PyResult<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| PyValueError::new_err(format!("{}: not a file name", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let io = |e: std::io::Error| PyOSError::new_err(format!("{}: {e}", path.display()));
+    let result = (|| -> PyResult<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io)?;
+        write(&mut f)?;
+        f.flush().map_err(io)?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// [`save_file`] of tensors in the memory of GPU `device`: `entries` give device addresses. Each
+/// group of up to `tensorzip_cuda::archive::BATCH_BYTES` of consecutive tensors is encoded on the
+/// GPU in one call (on torch's stream `stream`), the tensors' CRC-32s are taken there, and each
+/// blob goes from the device to the file through the staging buffers: the tensors are never
+/// copied to the host. The header (and any empty tensor) is coded by the CPU engine. The archive
+/// is byte for byte the one [`save_file`] writes for the same tensors on the CPU.
+#[pyfunction]
+fn save_file_gpu(
+    py: Python<'_>,
+    path: PathBuf,
+    entries: Vec<(String, String, Vec<u64>, u64, usize)>,
+    metadata: Option<Vec<(String, String)>>,
+    opts: OptionArgs,
+    device: usize,
+    stream: usize,
+) -> PyResult<()> {
+    let opts = opts.options()?;
+    let list: Vec<(&str, &str, &[u64], u64)> = entries
+        .iter()
+        .map(|(n, d, s, _, l)| (n.as_str(), d.as_str(), s.as_slice(), *l as u64))
+        .collect();
+    let eng = engine_on(device, stream)?;
+    let core = |e: tensorzip_cuda::Error| e.into_core();
+    restoring(|| {
+        py.detach(|| -> PyResult<()> {
+            let head = safetensors_header(&list, metadata.as_deref()).map_err(to_py)?;
+            let segs = plan_tensors(head.len() as u64, &list);
+            write_atomically(&path, |f| {
+                let mut aw = ArchiveWriter::new(f, 0).map_err(to_py)?;
+                let h = &segs[0];
+                aw.append(&segs[..1], &[tensorzip::checksum::crc32(&head)], |w| {
+                    let len = cpu().encode_blob(&head, h.dtype, &h.shape, &opts, w, &|_| {})?;
+                    Ok(vec![len])
+                })
+                .map_err(to_py)?;
+                let mut i = 1;
+                while i < segs.len() {
+                    let mut j = i;
+                    let mut bytes = 0u64;
+                    while j < segs.len()
+                        && (j == i || bytes + segs[j].len <= tensorzip_cuda::archive::BATCH_BYTES)
+                    {
+                        bytes += segs[j].len;
+                        j += 1;
+                    }
+                    // Segment `k` is tensor `k - 1`; empty ones are coded on the CPU.
+                    let on_gpu: Vec<usize> = (i..j).filter(|&k| segs[k].len > 0).collect();
+                    let tensors: Vec<DeviceTensor> = on_gpu
+                        .iter()
+                        .map(|&k| DeviceTensor {
+                            ptr: entries[k - 1].3,
+                            nbytes: entries[k - 1].4,
+                            dtype: segs[k].dtype,
+                            shape: segs[k].shape.clone(),
+                        })
+                        .collect();
+                    let ranges: Vec<(u64, u64)> =
+                        tensors.iter().map(|t| (t.ptr, t.nbytes as u64)).collect();
+                    // SAFETY: the torch layer passes live contiguous CUDA tensors of these byte
+                    // counts on `device`, kept alive and unmodified during the call.
+                    let (blobs, gpu_crcs) = match tensors.is_empty() {
+                        true => (Ok(Vec::new()), Ok(Vec::new())),
+                        false => unsafe {
+                            (
+                                eng.compress_batch_device(&tensors, &opts),
+                                eng.crc32_ranges_device(&ranges),
+                            )
+                        },
+                    };
+                    let (mut blobs, mut gpu_crcs) = (
+                        blobs.map_err(gpu_err)?.into_iter(),
+                        gpu_crcs.map_err(gpu_err)?.into_iter(),
+                    );
+                    let crcs: Vec<u32> = (i..j)
+                        .map(|k| match segs[k].len {
+                            0 => tensorzip::checksum::crc32(&[]),
+                            _ => gpu_crcs.next().unwrap_or(0),
+                        })
+                        .collect();
+                    aw.append(&segs[i..j], &crcs, |w| {
+                        let mut lens = Vec::with_capacity(j - i);
+                        for s in &segs[i..j] {
+                            if s.len == 0 {
+                                let len =
+                                    cpu().encode_blob(&[], s.dtype, &s.shape, &opts, w, &|_| {})?;
+                                lens.push(len);
+                                continue;
+                            }
+                            let blob = blobs.next().ok_or_else(|| {
+                                tensorzip::Error::Engine("GPU: a blob is missing".into())
+                            })?;
+                            let ptr = blob.buf.device_ptr(eng.stream()).0;
+                            // SAFETY: the blob's buffer holds at least `blob.len` bytes.
+                            unsafe { eng.download_to(ptr, blob.len as u64, w) }.map_err(core)?;
+                            lens.push(blob.len as u64);
+                        }
+                        Ok(lens)
+                    })
+                    .map_err(to_py)?;
+                    i = j;
+                }
+                aw.finish(segs.last().map_or(0, |s| s.offset + s.len))
+                    .map_err(to_py)?;
+                Ok(())
+            })
+        })
     })
 }
 
@@ -390,6 +513,7 @@ impl ArchiveFile {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ArchiveFile>()?;
     m.add_function(wrap_pyfunction!(save_file, m)?)?;
+    m.add_function(wrap_pyfunction!(save_file_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(open_archive, m)?)?;
     Ok(())
 }

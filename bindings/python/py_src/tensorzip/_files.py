@@ -67,7 +67,10 @@ def save_file(
     """Saves `tensors` (name -> tensor, any device; each contiguous or made so) as a tensorzip
     archive at `filename`, written through a temporary file renamed into place. `metadata` is the
     safetensors header's string-to-string `__metadata__`. Tensors that share memory are saved as
-    copies each (as `safetensors.torch.save_file` refuses to; here no sharing is recorded)."""
+    copies each (as `safetensors.torch.save_file` refuses to; here no sharing is recorded). When
+    every tensor is on one CUDA device (and the GPU engine is usable) they are encoded there, on
+    torch's current stream, and only their blobs come to the host; the file is the same either
+    way."""
     if not isinstance(tensors, dict):
         raise TypeError(f"tensors must be a dict of name -> torch.Tensor, not {type(tensors).__name__}")
     if metadata is not None:
@@ -75,6 +78,15 @@ def save_file(
             raise TypeError("metadata must be a dict of str -> str")
     opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
     _core.check_options(opts)
+    # Tensors all on one GPU (a model's state_dict on its device) are encoded there and never
+    # copied to the host; any other mix goes through the CPU engine (CUDA tensors copied first).
+    devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
+    on_gpu = (
+        len(devices) == 1
+        and len(tensors) > 0
+        and next(iter(devices)).type == "cuda"
+        and _core.gpu_available()
+    )
     keep = []
     entries = []
     for name, t in tensors.items():
@@ -87,13 +99,21 @@ def save_file(
         st = _ST_NAMES.get(t.dtype)
         if st is None:
             raise TypeError(f"{name!r}: dtype {t.dtype} has no safetensors name")
-        data = _core.as_bytes(t.cpu())
+        data = _core.as_bytes(t if on_gpu else t.cpu())
         keep.append(data)
         entries.append((name, st, list(t.shape), data.data_ptr() if data.numel() else 0, data.numel()))
     # safetensors orders the header and the data by (dtype alignment, name); name order is stable
     # and enough here: offsets are recorded per tensor.
     entries.sort(key=lambda e: e[0])
-    _native.save_file(os.fspath(filename), entries, sorted(metadata.items()) if metadata else None, opts.args())
+    meta = sorted(metadata.items()) if metadata else None
+    if on_gpu:
+        dev = next(iter(devices))
+        with torch.cuda.device(dev):
+            _native.save_file_gpu(
+                os.fspath(filename), entries, meta, opts.args(), _core.cuda_index(dev), _core.stream_of(dev)
+            )
+    else:
+        _native.save_file(os.fspath(filename), entries, meta, opts.args())
 
 
 class safe_open:  # noqa: N801 (the name mirrors safetensors)

@@ -65,4 +65,12 @@ def save_file(
     metadata: list[tuple[str, str]] | None,
     opts: OptionArgs,
 ) -> None: ...
+def save_file_gpu(
+    path: str,
+    entries: list[tuple[str, str, list[int], int, int]],
+    metadata: list[tuple[str, str]] | None,
+    opts: OptionArgs,
+    device: int,
+    stream: int,
+) -> None: ...
 def open_archive(path: str) -> ArchiveFile: ...
