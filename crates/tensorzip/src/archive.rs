@@ -624,7 +624,7 @@ impl<'f> ArchiveWriter<'f> {
         write: impl FnOnce(&mut dyn SeekWrite) -> Result<Vec<u64>>,
     ) -> Result<()> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
-        let mut next = self.entries.last().map_or(0, |e| e.orig_offset + e.orig_len);
+        let mut next = self.covered();
         for s in segs {
             if s.offset != next {
                 return Err(Error::InvalidInput(format!(
@@ -667,11 +667,19 @@ impl<'f> ArchiveWriter<'f> {
         Ok(())
     }
 
+    /// The original bytes the segments appended so far cover (they start at 0 and follow one
+    /// another).
+    fn covered(&self) -> u64 {
+        self.entries
+            .last()
+            .map_or(0, |e| e.orig_offset + e.orig_len)
+    }
+
     /// Takes the blobs' checksums, writes the index and the archive's header, for an original of
     /// `original_len` bytes (the segments appended must cover it). Returns the archive's length.
     pub fn finish(self, original_len: u64) -> Result<u64> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
-        let covered = self.entries.last().map_or(0, |e| e.orig_offset + e.orig_len);
+        let covered = self.covered();
         if covered != original_len {
             return Err(Error::InvalidInput(format!(
                 "segments cover {covered} bytes of {original_len}"
