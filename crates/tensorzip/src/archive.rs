@@ -616,7 +616,8 @@ impl<'f> ArchiveWriter<'f> {
     /// Appends the blobs of `segs` (whose original bytes have the CRC-32s `orig_crcs`): `write`
     /// writes them one after the other from the current position and returns their lengths.
     /// Segments must be appended in the order of their offsets, each starting where the one
-    /// before ended.
+    /// before ended. After an error the archive cannot be finished: the caller discards the file
+    /// (both callers write a temporary file and rename it only on success).
     pub fn append(
         &mut self,
         segs: &[SourceSegment],
@@ -1399,6 +1400,68 @@ mod tests {
     }
 
     /// The bytes of the archive `src` writes into a temporary file.
+    /// An archive written segment by segment through `ArchiveWriter` (blobs made one at a time,
+    /// as the GPU `save_file` does) equals `write_archive`'s; appends out of order, checksum
+    /// counts that do not match and an incomplete original are refused.
+    #[test]
+    fn archive_writer_appends_equal_write_archive() {
+        let a: Vec<u8> = (0..20_000u32)
+            .flat_map(|i| ((i % 89) as f32 * 0.01).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = (0..999u32).map(|i| (i * 5) as u8).collect();
+        let tensors: Vec<(&str, &str, &[u64], &[u8])> = vec![
+            ("a", "F32", &[200, 100], &a),
+            ("e", "BF16", &[0, 3], &[]),
+            ("b", "U8", &[999], &b),
+        ];
+        let file = serialize_safetensors(&tensors, None).unwrap();
+        let segs = plan_safetensors(&file).unwrap();
+        let eng = CpuEngine::new(2).unwrap();
+        for piece in [0u32, 4096] {
+            let opts = ArchiveOptions {
+                checksum_piece_bytes: piece,
+                ..ArchiveOptions::default()
+            };
+            let want = archive(&|f| {
+                write_archive(&eng, &file[..], &segs, &opts, f, &|_| {}).unwrap();
+            });
+            let bytes_of =
+                |s: &SourceSegment| &file[s.offset as usize..(s.offset + s.len) as usize];
+            let got = archive(&|f| {
+                let mut aw = ArchiveWriter::new(f, piece).unwrap();
+                for (k, s) in segs.iter().enumerate() {
+                    let data = bytes_of(s);
+                    let crc = crate::checksum::crc32(data);
+                    aw.append(&segs[k..k + 1], &[crc], |w| {
+                        let n =
+                            eng.encode_blob(data, s.dtype, &s.shape, &opts.compress, w, &|_| {})?;
+                        Ok(vec![n])
+                    })
+                    .unwrap();
+                }
+                aw.finish(file.len() as u64).unwrap();
+            });
+            assert!(got == want, "piece {piece}");
+        }
+        let mut f = tempfile::tempfile().unwrap();
+        let mut aw = ArchiveWriter::new(&mut f, 0).unwrap();
+        let blob = |w: &mut dyn SeekWrite| -> Result<Vec<u64>> {
+            w.write_all(b"x").map_err(|e| Error::Io(e.to_string()))?;
+            Ok(vec![1])
+        };
+        // Not the first segment first; two checksums for one segment; too few blob lengths.
+        assert!(aw.append(&segs[1..2], &[0], blob).is_err());
+        assert!(aw.append(&segs[0..1], &[0, 0], blob).is_err());
+        assert!(aw.append(&segs[0..2], &[0, 0], blob).is_err());
+        drop(aw);
+        let mut aw = ArchiveWriter::new(&mut f, 0).unwrap();
+        aw.append(&segs[0..1], &[0], blob).unwrap();
+        assert!(
+            aw.finish(file.len() as u64).is_err(),
+            "an incomplete original"
+        );
+    }
+
     fn archive(src: &dyn Fn(&mut File)) -> Vec<u8> {
         use std::io::Read;
         let mut f = tempfile::tempfile().unwrap();
