@@ -136,16 +136,9 @@ fn save_file_gpu(
                     Ok(vec![len])
                 })
                 .map_err(to_py)?;
-                let mut i = 1;
-                while i < segs.len() {
-                    let mut j = i;
-                    let mut bytes = 0u64;
-                    while j < segs.len()
-                        && (j == i || bytes + segs[j].len <= tensorzip_cuda::archive::BATCH_BYTES)
-                    {
-                        bytes += segs[j].len;
-                        j += 1;
-                    }
+                let lens: Vec<u64> = segs[1..].iter().map(|s| s.len).collect();
+                for run in tensorzip_cuda::archive::batches(&lens) {
+                    let (i, j) = (run.start + 1, run.end + 1);
                     // Segment `k` is tensor `k - 1`; empty ones are coded on the CPU.
                     let on_gpu: Vec<usize> = (i..j).filter(|&k| segs[k].len > 0).collect();
                     let tensors: Vec<DeviceTensor> = on_gpu
@@ -170,10 +163,16 @@ fn save_file_gpu(
                             )
                         },
                     };
-                    let (mut blobs, mut gpu_crcs) = (
-                        blobs.map_err(gpu_err)?.into_iter(),
-                        gpu_crcs.map_err(gpu_err)?.into_iter(),
-                    );
+                    let (blobs, gpu_crcs) = (blobs.map_err(gpu_err)?, gpu_crcs.map_err(gpu_err)?);
+                    if blobs.len() != tensors.len() || gpu_crcs.len() != tensors.len() {
+                        return Err(gpu_err(tensorzip_cuda::Error::Kernel(format!(
+                            "{} blobs and {} checksums for {} tensors",
+                            blobs.len(),
+                            gpu_crcs.len(),
+                            tensors.len()
+                        ))));
+                    }
+                    let (mut blobs, mut gpu_crcs) = (blobs.into_iter(), gpu_crcs.into_iter());
                     let crcs: Vec<u32> = (i..j)
                         .map(|k| match segs[k].len {
                             0 => tensorzip::checksum::crc32(&[]),
@@ -200,7 +199,6 @@ fn save_file_gpu(
                         Ok(lens)
                     })
                     .map_err(to_py)?;
-                    i = j;
                 }
                 aw.finish(segs.last().map_or(0, |s| s.offset + s.len))
                     .map_err(to_py)?;

@@ -44,17 +44,10 @@ fn decode_batches(
     mut w: Option<&mut dyn Write>,
     progress: &dyn Fn(u64),
 ) -> Result<()> {
-    let n = ar.segments.len();
-    let mut i = 0;
+    let lens: Vec<u64> = ar.segments.iter().map(|s| s.orig_len).collect();
     let mut done = 0u64;
-    while i < n {
-        let mut j = i;
-        let mut bytes = 0u64;
-        while j < n && (j == i || bytes + ar.segments[j].orig_len <= BATCH_BYTES) {
-            bytes += ar.segments[j].orig_len;
-            j += 1;
-        }
-        let segs: Vec<usize> = (i..j).collect();
+    for run in batches(&lens) {
+        let segs: Vec<usize> = run.collect();
         // Parsed (and, with piece checksums, checked) before anything is allocated for the batch.
         let batch = Segments::parse(ar, &segs)?;
         let mut outs = Vec::with_capacity(segs.len());
@@ -79,9 +72,27 @@ fn decode_batches(
             done += len;
             progress(done);
         }
-        i = j;
     }
     Ok(())
+}
+
+/// Consecutive runs of items of `lens` bytes, each of at most [`BATCH_BYTES`] (an item larger
+/// than that is a run of its own): the GPU's batches of an archive's segments, decoded or encoded
+/// together.
+pub fn batches(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < lens.len() {
+        let mut j = i;
+        let mut bytes = 0u64;
+        while j < lens.len() && (j == i || bytes + lens[j] <= BATCH_BYTES) {
+            bytes += lens[j];
+            j += 1;
+        }
+        runs.push(i..j);
+        i = j;
+    }
+    runs
 }
 
 /// Segments of an archive to be decoded on the GPU together: their blobs parsed (checked against
@@ -239,5 +250,42 @@ impl tensorzip::archive::BlobEncoder for GpuEngine {
     ) -> tensorzip::Result<Vec<Vec<u8>>> {
         self.compress_host_batch(items, opts)
             .map_err(crate::error::Error::into_core)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batches cover every item once, in order; none passes `BATCH_BYTES` unless it is a single
+    /// item; and each takes as many items as fit (the next one would not).
+    #[test]
+    fn batches_cover_everything_in_order_within_the_limit() {
+        let b = BATCH_BYTES;
+        let cases: Vec<Vec<u64>> = vec![
+            vec![],
+            vec![0],
+            vec![b],
+            vec![b + 1, 1],
+            vec![1, b, 1],
+            vec![b / 2, b / 2, b / 2, 0, 0],
+            vec![3 * b, 0, 7, b - 7, 1],
+            (0..1000).map(|i| (i * 7919) % (b / 37)).collect(),
+        ];
+        for lens in &cases {
+            let runs = batches(lens);
+            let mut next = 0;
+            for r in &runs {
+                assert_eq!(r.start, next, "{lens:?}");
+                assert!(r.end > r.start, "{lens:?}");
+                let sum: u64 = lens[r.clone()].iter().sum();
+                assert!(sum <= b || r.len() == 1, "{lens:?}: {r:?}");
+                if r.end < lens.len() {
+                    assert!(sum + lens[r.end] > b, "{lens:?}: {r:?} could take the next");
+                }
+                next = r.end;
+            }
+            assert_eq!(next, lens.len(), "{lens:?}");
+        }
     }
 }
