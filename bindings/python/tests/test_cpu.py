@@ -330,6 +330,33 @@ def test_damaged_files_raise_value_error_naming_the_file(gen, tmp_path):
         tz.load_file(tmp_path / "missing.tz")
     with pytest.raises(IsADirectoryError, match="is a directory"):
         tz.load_file(tmp_path)
+    # A plain safetensors file, and a single blob, given where an archive is expected: the error
+    # says what the file is.
+    st = tmp_path / "plain.safetensors"
+    head = json.dumps({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}).encode()
+    st.write_bytes(struct.pack("<Q", len(head)) + head + torch.ones(3).numpy().tobytes())
+    with pytest.raises(ValueError, match="plain.safetensors: not a tensorzip archive .*it is a safetensors file"):
+        tz.load_file(st)
+    blob = tmp_path / "one.blob"
+    blob.write_bytes(bytes(tz.compress_tensor(torch.ones(3)).numpy()))
+    with pytest.raises(ValueError, match="single tensorzip blob"):
+        tz.safe_open(blob)
+
+
+def test_paths_as_bytes_and_a_closed_reader(gen, tmp_path):
+    """File names may be str, bytes or os.PathLike (as `open` takes them); a reader used after its
+    `with` block raises ValueError saying it is closed."""
+    m = _model(gen)
+    path = tmp_path / "b.tz"
+    tz.save_file(m, bytes(path))
+    back = tz.load_file(bytes(path))
+    assert all(torch.equal(back[k], v) for k, v in m.items())
+    with tz.safe_open(bytes(path)) as f:
+        name = f.keys()[0]
+        assert torch.equal(f.get_tensor(name), m[name])
+    for use in (lambda: f.get_tensor(name), f.keys, f.metadata, lambda: f.get_slice(name)[0]):
+        with pytest.raises(ValueError, match="closed"):
+            use()
 
 
 def test_tensors_with_odd_strides_on_dimensions_of_one_compress(gen, tmp_path):

@@ -499,6 +499,24 @@ fn not_a_safetensors_file() {
         let line = fails(&o, &format!("{} junk", args[0]), &["junk.safetensors"]);
         assert!(line.contains("magic"), "{line}");
     }
+    // A safetensors file given where an archive is expected: the error says what it is.
+    std::fs::write(d.join("m.safetensors"), model_bytes()).unwrap();
+    for args in [
+        &["decompress", "m.safetensors", "-o", "out"][..],
+        &["verify", "m.safetensors"],
+        &["info", "m.safetensors"],
+    ] {
+        let o = tz(d, args);
+        fails(
+            &o,
+            &format!("{} of a safetensors file", args[0]),
+            &[
+                "m.safetensors",
+                "not a tensorzip archive",
+                "it is a safetensors file",
+            ],
+        );
+    }
     assert!(!d.join("out").exists());
     no_temp_files(d);
 }

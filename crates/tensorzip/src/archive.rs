@@ -854,6 +854,23 @@ fn u32_at(d: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(d[at..at + 4].try_into().unwrap())
 }
 
+/// What bytes that are not an archive look like, for the error that says so: a safetensors file (an
+/// 8-byte header length that fits, then `{`) or a single blob.
+fn what_it_is(data: &[u8]) -> &'static str {
+    let st_len = data
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0xFF; 8])));
+    match st_len {
+        Some(n) if n >= 2 && n <= data.len() as u64 - 8 && data.get(8) == Some(&b'{') => {
+            "; it is a safetensors file: `tensorzip compress` makes an archive of it"
+        }
+        _ if data.starts_with(&crate::blob::BLOB_MAGIC) => {
+            "; it is a single tensorzip blob (a tensor compressed alone), not an archive of a file"
+        }
+        _ => "",
+    }
+}
+
 /// Whether `data` starts with the archive magic number.
 pub fn is_archive(data: &[u8]) -> bool {
     data.len() >= 4 && data[..4] == ARCHIVE_MAGIC
@@ -865,7 +882,7 @@ impl<'a> Archive<'a> {
     /// the header and the index in order.
     pub fn parse(data: &'a [u8]) -> Result<Archive<'a>> {
         if data.len() < 4 || data[..4] != ARCHIVE_MAGIC {
-            return Err(Error::BadMagic);
+            return Err(Error::NotAnArchive(what_it_is(data).into()));
         }
         if data.len() < 6 {
             return truncated("archive header");

@@ -15,6 +15,10 @@ pub enum Error {
     /// The bytes do not start with a tensorzip magic number.
     #[error("not a tensorzip blob (bad magic number)")]
     BadMagic,
+    /// The bytes do not start with the archive magic number; the text says what they look like
+    /// instead, when that is recognisable (a safetensors file, a single blob), else is empty.
+    #[error("not a tensorzip archive (bad magic number){0}")]
+    NotAnArchive(String),
     /// A blob or archive of a format version this build does not read.
     #[error("unsupported format version {found} (this build reads version {supported})")]
     UnsupportedVersion { found: u16, supported: u16 },

@@ -54,7 +54,7 @@ def _torch_dtype(st_name: str) -> torch.dtype:
 
 def save_file(
     tensors: dict[str, torch.Tensor],
-    filename: str | os.PathLike,
+    filename: str | bytes | os.PathLike,
     metadata: dict[str, str] | None = None,
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -110,27 +110,35 @@ def save_file(
         dev = next(iter(devices))
         with torch.cuda.device(dev):
             _native.save_file_gpu(
-                os.fspath(filename), entries, meta, opts.args(), _core.cuda_index(dev), _core.stream_of(dev)
+                os.fsdecode(filename), entries, meta, opts.args(), _core.cuda_index(dev), _core.stream_of(dev)
             )
     else:
-        _native.save_file(os.fspath(filename), entries, meta, opts.args())
+        _native.save_file(os.fsdecode(filename), entries, meta, opts.args())
 
 
 class safe_open:  # noqa: N801 (the name mirrors safetensors)
     """Lazy reader: `with safe_open(path, framework="pt", device="cpu") as f: f.get_tensor(name)`
     decodes that tensor only. `keys()`, `metadata()` and `get_slice(name)[...]` as in safetensors."""
 
-    def __init__(self, filename: str | os.PathLike, framework: str = "pt", device: str | int | torch.device = "cpu"):
+    def __init__(self, filename: str | bytes | os.PathLike, framework: str = "pt", device: str | int | torch.device = "cpu"):
         if framework not in ("pt", "torch"):
             raise ValueError(f"framework {framework!r} is not supported (only 'pt')")
-        self._file = _native.open_archive(os.fspath(filename))
+        self._name = os.fsdecode(filename)
+        self._handle = _native.open_archive(self._name)
         self._device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+
+    @property
+    def _file(self):
+        # After `with` the mapping is released; a use then says so (as a closed Python file does).
+        if self._handle is None:
+            raise ValueError(f"{self._name}: the archive is closed (used after its `with` block)")
+        return self._handle
 
     def __enter__(self) -> "safe_open":
         return self
 
     def __exit__(self, *exc) -> None:
-        self._file = None
+        self._handle = None
 
     def keys(self) -> list[str]:
         return sorted(self._file.keys())
@@ -236,7 +244,7 @@ def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.
         file.gpu_decode(names, ptrs, _core.cuda_index(device), _core.stream_of(device))
 
 
-def load_file(filename: str | os.PathLike, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def load_file(filename: str | bytes | os.PathLike, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Loads every tensor of a tensorzip archive onto `device`. On a CUDA device all tensors are
     decoded by the GPU in one launch (the blobs are uploaded once, compressed); on the CPU by all
     cores. Checksums are checked before and after decoding; a damaged file raises ValueError."""
