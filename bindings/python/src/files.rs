@@ -82,6 +82,23 @@ fn write_atomically(
         std::process::id()
     ));
     let io = |e: std::io::Error| PyOSError::new_err(format!("{}: {e}", path.display()));
+    // The rename would replace a directory entry that is not a regular file (`/dev/null` run as
+    // root) instead of writing into it: refused, as the command line does.
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.is_dir() {
+            return Err(PyIsADirectoryError::new_err(format!(
+                "{}: is a directory",
+                path.display()
+            )));
+        }
+        if !meta.is_file() {
+            return Err(PyOSError::new_err(format!(
+                "{}: not a regular file; the archive is written to a temporary file and renamed \
+                 into place, which would replace it",
+                path.display()
+            )));
+        }
+    }
     let result = (|| -> PyResult<()> {
         let mut f = std::fs::OpenOptions::new()
             .read(true)

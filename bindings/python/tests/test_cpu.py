@@ -481,3 +481,13 @@ def test_save_file_rejects_bad_arguments(tmp_path):
         warnings.simplefilter("error")
         tz.save_file({}, tmp_path / "empty.tz")
     assert tz.load_file(tmp_path / "empty.tz") == {}
+    # Not onto a directory, nor onto anything but a regular file (the rename would replace a
+    # device or a pipe — /dev/null when run as root — instead of writing into it).
+    with pytest.raises(IsADirectoryError):
+        tz.save_file({"a": torch.zeros(2)}, tmp_path)
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe")
+        with pytest.raises(OSError, match="not a regular file"):
+            tz.save_file({"a": torch.zeros(2)}, tmp_path / "pipe")
+        assert (tmp_path / "pipe").is_fifo()
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]

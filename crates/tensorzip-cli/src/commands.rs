@@ -88,7 +88,7 @@ pub fn compress(
         s.push(format!(".{EXT}"));
         PathBuf::from(s)
     });
-    let mut out = SafeOutput::create(&dest, force)?;
+    let mut out = SafeOutput::create(&dest, force, file)?;
     let pb = progress_bar(src.len() as u64, "compress");
     let t = Instant::now();
     let len = write_archive(
@@ -171,7 +171,7 @@ pub fn decompress(
             }
         }
     };
-    let mut out = SafeOutput::create(&dest, force)?;
+    let mut out = SafeOutput::create(&dest, force, path)?;
     let pb = progress_bar(ar.original_len, "decompress");
     let t = Instant::now();
     {

@@ -9,6 +9,26 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+/// Whether `a` and `b` name the same file (the same device and inode on Unix; the same canonical
+/// path elsewhere).
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match (a.canonicalize(), b.canonicalize()) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
+    }
+}
+
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
 pub struct SafeOutput {
     dest: PathBuf,
@@ -18,13 +38,33 @@ pub struct SafeOutput {
 }
 
 impl SafeOutput {
-    /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false.
-    pub fn create(dest: &Path, force: bool) -> Result<SafeOutput, String> {
-        if !force && dest.exists() {
-            return Err(format!(
-                "{}: already exists (use --force to overwrite)",
-                dest.display()
-            ));
+    /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false, and
+    /// even with `force` if `dest` is not a regular file (the rename would replace a directory
+    /// entry such as `/dev/null` itself, not write into it) or is the command's `input`.
+    pub fn create(dest: &Path, force: bool, input: &Path) -> Result<SafeOutput, String> {
+        if let Ok(meta) = std::fs::metadata(dest) {
+            if !force {
+                return Err(format!(
+                    "{}: already exists (use --force to overwrite)",
+                    dest.display()
+                ));
+            }
+            if meta.is_dir() {
+                return Err(format!("{}: is a directory", dest.display()));
+            }
+            if !meta.is_file() {
+                return Err(format!(
+                    "{}: not a regular file; the output is written to a temporary file and \
+                     renamed into place, which would replace it",
+                    dest.display()
+                ));
+            }
+            if same_file(dest, input) {
+                return Err(format!(
+                    "{}: is the input file; give another output with -o",
+                    dest.display()
+                ));
+            }
         }
         let dir = match dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

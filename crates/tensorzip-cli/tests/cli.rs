@@ -394,6 +394,82 @@ fn compress_refuses_to_overwrite_without_force() {
     no_temp_files(d);
 }
 
+/// Even with --force, the output may not be the input (it would be replaced by its own archive or
+/// restoration), a directory, or anything but a regular file (the rename would replace a device or
+/// a pipe — `/dev/null` when run as root — instead of writing into it). Nothing is written.
+#[test]
+fn outputs_that_are_the_input_or_not_regular_files_are_refused() {
+    let (dir, archive, model) = setup();
+    let d = dir.path();
+    let ar = std::fs::read(&archive).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("model.safetensors", d.join("link.safetensors")).unwrap();
+    let mut cases: Vec<(Vec<&str>, &[&str])> = vec![
+        (
+            vec![
+                "compress",
+                "model.safetensors",
+                "-o",
+                "model.safetensors",
+                "-f",
+            ],
+            &["model.safetensors", "is the input file"],
+        ),
+        (
+            vec![
+                "decompress",
+                "model.safetensors.tz",
+                "-o",
+                "model.safetensors.tz",
+                "-f",
+            ],
+            &["model.safetensors.tz", "is the input file"],
+        ),
+        (
+            vec!["compress", "model.safetensors", "-o", ".", "-f"],
+            &["is a directory"],
+        ),
+    ];
+    #[cfg(unix)]
+    cases.push((
+        vec![
+            "compress",
+            "model.safetensors",
+            "-o",
+            "link.safetensors",
+            "-f",
+        ],
+        &["link.safetensors", "is the input file"],
+    ));
+    #[cfg(unix)]
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(d.join("pipe"))
+        .status()
+        .is_ok_and(|s| s.success());
+    #[cfg(unix)]
+    if fifo {
+        cases.push((
+            vec!["decompress", "model.safetensors.tz", "-o", "pipe", "-f"],
+            &["pipe", "not a regular file"],
+        ));
+    }
+    for (args, needles) in &cases {
+        let o = tz(d, args);
+        fails(&o, &args.join(" "), needles);
+    }
+    assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
+    assert!(std::fs::read(&archive).unwrap() == ar);
+    #[cfg(unix)]
+    if fifo {
+        use std::os::unix::fs::FileTypeExt;
+        let t = std::fs::symlink_metadata(d.join("pipe"))
+            .unwrap()
+            .file_type();
+        assert!(t.is_fifo(), "the pipe was replaced");
+    }
+    no_temp_files(d);
+}
+
 #[test]
 fn decompress_needs_a_tz_name_or_an_output() {
     let (dir, archive, model) = setup();
