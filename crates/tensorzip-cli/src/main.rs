@@ -164,6 +164,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    output::on_interrupt();
     let result = match cli.command {
         Command::Compress {
             file,

@@ -9,6 +9,37 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+/// The temporary files of the outputs being written, removed by [`on_interrupt`]'s handler.
+static PENDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `f` on the list of pending temporary files (a poisoned lock is taken as it is: the list
+/// is only ever pushed to and filtered).
+fn pending(f: impl FnOnce(&mut Vec<PathBuf>)) {
+    let mut g = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut g);
+}
+
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP: it removes the temporary files of the
+/// outputs being written (a signal ends the process without running destructors, which left a
+/// hidden `.NAME.tmp-PID-N` of the partial output behind) and exits with status 130. The
+/// handler runs on a thread of its own (the `ctrlc` crate), not in the signal's context, so it may
+/// take the lock and touch the file system.
+pub fn on_interrupt() {
+    let _ = ctrlc::set_handler(|| {
+        let mut removed = false;
+        pending(|p| {
+            for t in p.iter() {
+                removed |= std::fs::remove_file(t).is_ok();
+            }
+        });
+        match removed {
+            true => eprintln!("\ntensorzip: interrupted; the partial output was removed"),
+            false => eprintln!("\ntensorzip: interrupted"),
+        }
+        std::process::exit(130);
+    });
+}
+
 /// Whether `a` and `b` name the same file (the same device and inode on Unix; the same canonical
 /// path elsewhere).
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -86,12 +117,13 @@ impl SafeOutput {
                 .open(&tmp)
             {
                 Ok(file) => {
+                    pending(|p| p.push(tmp.clone()));
                     return Ok(SafeOutput {
                         dest: dest.to_path_buf(),
                         tmp,
                         file: Some(file),
                         force,
-                    })
+                    });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
@@ -138,6 +170,7 @@ impl Drop for SafeOutput {
         if self.file.take().is_some() || self.tmp.exists() {
             let _ = std::fs::remove_file(&self.tmp);
         }
+        pending(|p| p.retain(|t| t != &self.tmp));
     }
 }
 

@@ -470,6 +470,101 @@ fn outputs_that_are_the_input_or_not_regular_files_are_refused() {
     no_temp_files(d);
 }
 
+/// Ctrl-C (SIGINT) or SIGTERM in the middle of a compress or decompress removes the temporary
+/// file of the partial output (a signal skips destructors: it was left behind) and exits with 130.
+/// The signal is sent once the temporary file exists (the command is then mid-way); a run that
+/// finishes first is repeated.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_run_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = sample::weights(2048, 4096, DType::F32, 9);
+    let file = serialize_safetensors(&[("w", "F32", &[2048, 4096], &data)], None).unwrap();
+    std::fs::write(d.join("big.safetensors"), &file).unwrap();
+    ok(
+        &tz(d, &["compress", "big.safetensors", "-o", "big.tz"]),
+        "compress",
+    );
+    let temp_exists = || {
+        std::fs::read_dir(d)
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-"))
+    };
+    for (args, signal) in [
+        (
+            &[
+                "compress",
+                "big.safetensors",
+                "-o",
+                "out.tz",
+                "-f",
+                "--threads",
+                "1",
+            ][..],
+            "INT",
+        ),
+        (
+            &[
+                "decompress",
+                "big.tz",
+                "-o",
+                "out.safetensors",
+                "-f",
+                "--threads",
+                "1",
+            ],
+            "INT",
+        ),
+        (
+            &[
+                "compress",
+                "big.safetensors",
+                "-o",
+                "out.tz",
+                "-f",
+                "--threads",
+                "1",
+            ],
+            "TERM",
+        ),
+    ] {
+        let mut interrupted = false;
+        for _ in 0..20 {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_tensorzip"))
+                .args(args)
+                .current_dir(d)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let t = std::time::Instant::now();
+            while !temp_exists()
+                && child.try_wait().unwrap().is_none()
+                && t.elapsed().as_secs() < 10
+            {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            let _ = Command::new("kill")
+                .args([format!("-{signal}"), child.id().to_string()])
+                .status();
+            let status = child.wait().unwrap();
+            assert!(
+                !temp_exists(),
+                "{args:?}: a temporary file was left (exit {status:?})"
+            );
+            match status.code() {
+                Some(130) => {
+                    interrupted = true;
+                    break;
+                }
+                Some(0) => continue,
+                other => panic!("{args:?} after SIG{signal}: exit {other:?}"),
+            }
+        }
+        assert!(interrupted, "{args:?}: never caught mid-way in 20 runs");
+    }
+}
+
 #[test]
 fn decompress_needs_a_tz_name_or_an_output() {
     let (dir, archive, model) = setup();
