@@ -491,44 +491,25 @@ fn an_interrupted_run_leaves_no_temporary_file() {
             .unwrap()
             .any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-"))
     };
-    for (args, signal) in [
-        (
-            &[
-                "compress",
-                "big.safetensors",
-                "-o",
-                "out.tz",
-                "-f",
-                "--threads",
-                "1",
-            ][..],
-            "INT",
-        ),
-        (
-            &[
-                "decompress",
-                "big.tz",
-                "-o",
-                "out.safetensors",
-                "-f",
-                "--threads",
-                "1",
-            ],
-            "INT",
-        ),
-        (
-            &[
-                "compress",
-                "big.safetensors",
-                "-o",
-                "out.tz",
-                "-f",
-                "--threads",
-                "1",
-            ],
-            "TERM",
-        ),
-    ] {
+    let compress = [
+        "compress",
+        "big.safetensors",
+        "-o",
+        "out.tz",
+        "-f",
+        "--threads",
+        "1",
+    ];
+    let decompress = [
+        "decompress",
+        "big.tz",
+        "-o",
+        "out.safetensors",
+        "-f",
+        "--threads",
+        "1",
+    ];
+    for (args, signal) in [(compress, "INT"), (decompress, "INT"), (compress, "TERM")] {
         let mut interrupted = false;
         for _ in 0..20 {
             let mut child = Command::new(env!("CARGO_BIN_EXE_tensorzip"))
