@@ -99,7 +99,7 @@ pub fn compress(
         out.file(),
         &|done| pb.set_position(done),
     )
-    .map_err(|e| format!("{}: {e}", file.display()))?;
+    .map_err(|e| failure(e, file, &dest))?;
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
     out.commit()?;
@@ -127,23 +127,34 @@ fn open_archive(path: &Path) -> Result<memmap2::Mmap, String> {
     Ok(data)
 }
 
-/// Decodes every segment of `ar` into `w`, on the GPU or the CPU.
+/// The message of a command's failure: an I/O error is the output's (writing it, or reading back
+/// what was written: the inputs are mapped), anything else the input's.
+fn failure(e: tensorzip::Error, input: &Path, output: &Path) -> String {
+    match e {
+        tensorzip::Error::Io(_) => format!("{}: {e}", output.display()),
+        e => format!("{}: {e}", input.display()),
+    }
+}
+
+/// Decodes every segment of `ar` into `w`, on the GPU or the CPU. The outer error is the engine's
+/// set-up, the inner one the decoding's.
 fn decode_all<W: Write + Send>(
     ar: &Archive<'_>,
     dec: &DecodeArgs,
     common: &Common,
     w: &mut W,
     pb: &indicatif::ProgressBar,
-) -> Result<(), String> {
+) -> Result<tensorzip::Result<()>, String> {
     if dec.gpu {
         size_pool(common)?;
         let gpu = gpu_engine()?;
-        tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, &|done| pb.set_position(done))
-            .map_err(|e| e.to_string())
+        Ok(
+            tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, &|done| pb.set_position(done))
+                .map_err(tensorzip_cuda::Error::into_core),
+        )
     } else {
         let eng = engine(common)?;
-        ar.decode_all_to(&eng, w, &|done| pb.set_position(done))
-            .map_err(|e| e.to_string())
+        Ok(ar.decode_all_to(&eng, w, &|done| pb.set_position(done)))
     }
 }
 
@@ -177,7 +188,8 @@ pub fn decompress(
     {
         let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
         decode_all(&ar, dec, common, &mut w, &pb)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .map_err(|e| failure(e, path, &dest))?;
         w.flush().map_err(|e| format!("{}: {e}", dest.display()))?;
     }
     let secs = t.elapsed().as_secs_f64();
@@ -338,6 +350,7 @@ pub fn verify(
             .map_err(|e| format!("{}: {e}", path.display()))?;
     } else {
         decode_all(&ar, dec, common, &mut cmp, &pb)
+            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     pb.finish_and_clear();
