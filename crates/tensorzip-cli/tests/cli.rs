@@ -651,8 +651,15 @@ fn not_a_safetensors_file() {
         let line = fails(&o, &format!("{} junk", args[0]), &["junk.safetensors"]);
         assert!(line.contains("magic"), "{line}");
     }
-    // A safetensors file given where an archive is expected: the error says what it is.
+    // An archive given to compress, and a safetensors file given where an archive is expected:
+    // the error says what each is.
     std::fs::write(d.join("m.safetensors"), model_bytes()).unwrap();
+    ok(&tz(d, &["compress", "m.safetensors"]), "compress");
+    fails(
+        &tz(d, &["compress", "m.safetensors.tz", "-o", "again.tz"]),
+        "compress of an archive",
+        &["m.safetensors.tz", "tensorzip archive already"],
+    );
     for args in [
         &["decompress", "m.safetensors", "-o", "out"][..],
         &["verify", "m.safetensors"],

@@ -63,6 +63,11 @@ pub struct TensorEntry {
 /// Parses and validates a safetensors file's header (given the whole file, or at least its header and
 /// the file's total length) and lists its tensors in data order, plus the header's byte length.
 pub fn safetensors_layout(file: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
+    if is_archive(file) {
+        return Err(Error::NotSafetensors(
+            "it is a tensorzip archive already (`tensorzip decompress` restores its file)".into(),
+        ));
+    }
     let (n, meta) = safetensors::SafeTensors::read_metadata(file).map_err(|e| {
         Error::NotSafetensors(match e {
             // The safetensors crate's own words, plus what its rule is: tensors' bytes are
