@@ -23,8 +23,10 @@ struct Cli {
 /// Options shared by the commands that do work.
 #[derive(Args, Clone)]
 pub struct Common {
-    /// Worker threads (0 = all cores).
-    #[arg(long, short = 't', default_value_t = 0)]
+    /// Worker threads (0 = all cores; at most 1024).
+    #[arg(long, short = 't', default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(0..=tensorzip::engine::MAX_THREADS as u64))]
     threads: usize,
 }
 

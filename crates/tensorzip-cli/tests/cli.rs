@@ -546,6 +546,35 @@ fn an_interrupted_run_leaves_no_temporary_file() {
     }
 }
 
+/// A thread count past the engines' limit is refused before anything starts (`--threads 100000`
+/// panicked in thread creation).
+#[test]
+fn absurd_thread_counts_are_refused() {
+    let (dir, _, _) = setup();
+    let d = dir.path();
+    for args in [
+        &[
+            "compress",
+            "model.safetensors",
+            "-o",
+            "x.tz",
+            "--threads",
+            "100000",
+        ][..],
+        &["verify", "model.safetensors.tz", "-t", "1025"],
+    ] {
+        // A usage error, as clap reports every bad argument: exit code 2.
+        let o = tz(d, args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("--threads") && err.contains("0..=1024"),
+            "{err}"
+        );
+    }
+    assert!(!d.join("x.tz").exists());
+}
+
 #[test]
 fn decompress_needs_a_tz_name_or_an_output() {
     let (dir, archive, model) = setup();

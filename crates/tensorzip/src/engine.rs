@@ -60,6 +60,11 @@ impl CpuEngine {
         if threads == 0 {
             return Ok(CpuEngine::default());
         }
+        if threads > MAX_THREADS {
+            return Err(Error::InvalidOption(format!(
+                "{threads} threads: at most {MAX_THREADS}"
+            )));
+        }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("tensorzip-{i}"))
@@ -428,6 +433,11 @@ impl CpuEngine {
         Ok(h)
     }
 }
+
+/// The most worker threads an engine starts. Far more than any machine's cores; what it stops is a
+/// typo such as `--threads 100000`, whose thread creation ran out of memory maps and panicked
+/// inside a new thread (std's stack guard setup) instead of failing cleanly.
+pub const MAX_THREADS: usize = 1024;
 
 /// Bytes of original data handled per batch by the streaming paths (bounds their memory).
 pub const STREAM_BATCH_BYTES: usize = 32 << 20;
@@ -853,6 +863,15 @@ impl CpuEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_counts_past_the_limit_are_an_option_error() {
+        assert!(matches!(
+            CpuEngine::new(MAX_THREADS + 1),
+            Err(Error::InvalidOption(_))
+        ));
+        assert_eq!(CpuEngine::new(3).unwrap().threads(), 3);
+    }
 
     /// A writer that takes at most 7 bytes a call, of the first slice only, and is interrupted
     /// every third call.
