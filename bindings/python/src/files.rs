@@ -42,15 +42,10 @@ fn save_file(
         .iter()
         .map(|&(_, _, _, p, l)| unsafe { host(p, l) })
         .collect();
-    let list: Vec<(&str, &str, &[u64], u64)> = entries
-        .iter()
-        .map(|(n, d, s, _, l)| (n.as_str(), d.as_str(), s.as_slice(), *l as u64))
-        .collect();
     py.detach(|| -> PyResult<()> {
         // The archive of the safetensors file these tensors make, coded from the tensors' own
         // memory: no serialised copy of the model.
-        let head = safetensors_header(&list, metadata.as_deref()).map_err(to_py)?;
-        let segs = plan_tensors(head.len() as u64, &list);
+        let (head, segs) = plan_file(&entries, metadata.as_deref())?;
         let parts = Parts {
             header: &head,
             tensors: &data,
@@ -60,6 +55,22 @@ fn save_file(
             Ok(())
         })
     })
+}
+
+/// The safetensors header of the file that `entries` — (name, safetensors dtype name, shape,
+/// address, byte count), back to back in this order — and `metadata` make, and the archive's
+/// segments of that file: segment 0 the header, segment `i` tensor `i - 1`.
+fn plan_file<A>(
+    entries: &[(String, String, Vec<u64>, A, usize)],
+    metadata: Option<&[(String, String)]>,
+) -> PyResult<(Vec<u8>, Vec<SourceSegment>)> {
+    let list: Vec<(&str, &str, &[u64], u64)> = entries
+        .iter()
+        .map(|(n, d, s, _, l)| (n.as_str(), d.as_str(), s.as_slice(), *l as u64))
+        .collect();
+    let head = safetensors_header(&list, metadata).map_err(to_py)?;
+    let segs = plan_tensors(head.len() as u64, &list);
+    Ok((head, segs))
 }
 
 /// Writes the file at `path` through a temporary file in the same directory (opened for reading
@@ -135,16 +146,11 @@ fn save_file_gpu(
     stream: usize,
 ) -> PyResult<()> {
     let opts = opts.options()?;
-    let list: Vec<(&str, &str, &[u64], u64)> = entries
-        .iter()
-        .map(|(n, d, s, _, l)| (n.as_str(), d.as_str(), s.as_slice(), *l as u64))
-        .collect();
     let eng = engine_on(device, stream)?;
     let core = |e: tensorzip_cuda::Error| e.into_core();
     restoring(|| {
         py.detach(|| -> PyResult<()> {
-            let head = safetensors_header(&list, metadata.as_deref()).map_err(to_py)?;
-            let segs = plan_tensors(head.len() as u64, &list);
+            let (head, segs) = plan_file(&entries, metadata.as_deref())?;
             write_atomically(&path, |f| {
                 let mut aw = ArchiveWriter::new(f, 0).map_err(to_py)?;
                 let h = &segs[0];

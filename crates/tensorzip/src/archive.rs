@@ -1421,7 +1421,6 @@ mod tests {
         assert_eq!(m, format!("segment {tb}: decoded data"));
     }
 
-    /// The bytes of the archive `src` writes into a temporary file.
     /// An archive written segment by segment through `ArchiveWriter` (blobs made one at a time,
     /// as the GPU `save_file` does) equals `write_archive`'s; appends out of order, checksum
     /// counts that do not match and an incomplete original are refused.
@@ -1484,6 +1483,7 @@ mod tests {
         );
     }
 
+    /// The bytes of the archive `src` writes into a temporary file.
     fn archive(src: &dyn Fn(&mut File)) -> Vec<u8> {
         use std::io::Read;
         let mut f = tempfile::tempfile().unwrap();
