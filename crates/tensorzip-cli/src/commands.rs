@@ -10,6 +10,8 @@ use tensorzip::archive::{
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
 
+use tensorzip::mapped::{MappedFile, Spent};
+
 use crate::output::{map_file, progress_bar, SafeOutput};
 use crate::{Common, DecodeArgs, EncoderArgs};
 
@@ -90,6 +92,8 @@ pub fn compress(
     });
     let mut out = SafeOutput::create(&dest, force, file)?;
     let pb = progress_bar(src.len() as u64, "compress");
+    // The input's pages leave the process once coded (the engines read it in order).
+    let spent = Spent::prefix(&src);
     let t = Instant::now();
     let len = write_archive(
         eng.as_ref(),
@@ -97,7 +101,10 @@ pub fn compress(
         &segments,
         &opts,
         out.file(),
-        &|done| pb.set_position(done),
+        &|done| {
+            pb.set_position(done);
+            spent.reached(done);
+        },
     )
     .map_err(|e| failure(e, file, &dest))?;
     let secs = t.elapsed().as_secs_f64();
@@ -121,10 +128,25 @@ pub fn compress(
     Ok(())
 }
 
-fn open_archive(path: &Path) -> Result<memmap2::Mmap, String> {
+fn open_archive(path: &Path) -> Result<MappedFile, String> {
     let data = map_file(path)?;
     Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(data)
+}
+
+/// Gives back the pages of archive `data`'s blobs as the progress of decoding it (original bytes
+/// written, in order) passes the end of each blob's segment.
+fn spent_blobs<'m>(data: &'m MappedFile, ar: &Archive<'_>) -> Spent<'m> {
+    let at = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    let steps = ar
+        .segments
+        .iter()
+        .map(|s| {
+            let blob = at(s.blob_offset)..at(s.blob_offset.saturating_add(s.blob_len));
+            (s.orig_offset.saturating_add(s.orig_len), blob)
+        })
+        .collect();
+    Spent::steps(data, steps)
 }
 
 /// The message of a command's failure: an I/O error is the output's (writing it, or reading back
@@ -143,18 +165,18 @@ fn decode_all<W: Write + Send>(
     dec: &DecodeArgs,
     common: &Common,
     w: &mut W,
-    pb: &indicatif::ProgressBar,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<tensorzip::Result<()>, String> {
     if dec.gpu {
         size_pool(common)?;
         let gpu = gpu_engine()?;
         Ok(
-            tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, &|done| pb.set_position(done))
+            tensorzip_cuda::archive::decode_archive_to(&gpu, ar, w, progress)
                 .map_err(tensorzip_cuda::Error::into_core),
         )
     } else {
         let eng = engine(common)?;
-        Ok(ar.decode_all_to(&eng, w, &|done| pb.set_position(done)))
+        Ok(ar.decode_all_to(&eng, w, progress))
     }
 }
 
@@ -184,10 +206,15 @@ pub fn decompress(
     };
     let mut out = SafeOutput::create(&dest, force, path)?;
     let pb = progress_bar(ar.original_len, "decompress");
+    let spent = spent_blobs(&data, &ar);
     let t = Instant::now();
     {
         let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
-        decode_all(&ar, dec, common, &mut w, &pb)
+        let progress = |done| {
+            pb.set_position(done);
+            spent.reached(done);
+        };
+        decode_all(&ar, dec, common, &mut w, &progress)
             .map_err(|e| format!("{}: {e}", path.display()))?
             .map_err(|e| failure(e, path, &dest))?;
         w.flush().map_err(|e| format!("{}: {e}", dest.display()))?;
@@ -340,16 +367,28 @@ pub fn verify(
         mismatch: None,
     };
     let pb = progress_bar(ar.original_len, "verify");
+    // The archive's and the original's pages leave the process once checked.
+    let spent = (
+        spent_blobs(&data, &ar),
+        original.as_ref().map(Spent::prefix),
+    );
+    let progress = |done| {
+        pb.set_position(done);
+        spent.0.reached(done);
+        if let Some(o) = &spent.1 {
+            o.reached(done);
+        }
+    };
     let t = Instant::now();
     if dec.gpu && original.is_none() {
         // Nothing to compare on the host: the checksums are checked on the GPU and nothing
         // decoded comes back.
         size_pool(common)?;
         let gpu = gpu_engine()?;
-        tensorzip_cuda::archive::check_archive(&gpu, &ar, &|done| pb.set_position(done))
+        tensorzip_cuda::archive::check_archive(&gpu, &ar, &progress)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     } else {
-        decode_all(&ar, dec, common, &mut cmp, &pb)
+        decode_all(&ar, dec, common, &mut cmp, &progress)
             .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }

@@ -8,6 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tensorzip::mapped::MappedFile;
 
 /// The temporary files of the outputs being written, removed by [`on_interrupt`]'s handler.
 static PENDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
@@ -189,7 +190,7 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
 }
 
 /// Maps the input file into memory.
-pub fn map_file(path: &Path) -> Result<memmap2::Mmap, String> {
+pub fn map_file(path: &Path) -> Result<MappedFile, String> {
     let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     // Only regular files map (a directory or a device gave "No such device (os error 19)").
     let meta = f
@@ -207,5 +208,5 @@ pub fn map_file(path: &Path) -> Result<memmap2::Mmap, String> {
     // SAFETY: the mapping is read-only; tensorzip treats its contents as untrusted bytes, and the
     // documentation warns that a file changed by another process while it is read gives wrong output
     // (caught by the checksums) — the usual caveat of memory-mapped input.
-    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))
+    unsafe { MappedFile::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))
 }

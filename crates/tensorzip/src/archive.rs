@@ -386,11 +386,13 @@ pub trait BlobEncoder {
     }
 
     /// Compresses tensors one after the other into `w`, each blob where the one before it ends,
-    /// and returns their lengths; `progress` gets a tensor's index and its original bytes handled
-    /// so far. The first `lead` tensors are small ones (a run of [`small_runs`]) that may be coded
-    /// together, the rest large ones. `write_archive` hands over its runs this way; this default
-    /// codes the lead with [`BlobEncoder::encode_blobs`] and the others with
-    /// [`BlobEncoder::encode_blob`] in turn.
+    /// and returns each blob's length and the CRC-32 of the tensor's original bytes; `progress`
+    /// gets a tensor's index and its original bytes handled so far. The first `lead` tensors are
+    /// small ones (a run of [`small_runs`]) that may be coded together, the rest large ones.
+    /// `write_archive` hands over its runs this way; this default codes the lead with
+    /// [`BlobEncoder::encode_blobs`] and the others with [`BlobEncoder::encode_blob`] in turn,
+    /// each large tensor's checksum taken just before it is coded (so that a caller giving back a
+    /// mapped file's pages once they are coded, `mapped::Spent`, never has a whole run read in).
     fn encode_blob_seq(
         &self,
         items: &[BlobItem<'_>],
@@ -398,7 +400,7 @@ pub trait BlobEncoder {
         opts: &CompressOptions,
         w: &mut dyn SeekWrite,
         progress: &(dyn Fn(usize, u64) + Sync),
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<(u64, u32)>> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
         let Some(small) = items.get(..lead) else {
             return Err(Error::InvalidInput(format!(
@@ -414,19 +416,20 @@ pub trait BlobEncoder {
                 small.len()
             )));
         }
-        let mut lens = Vec::with_capacity(items.len());
+        let mut done = Vec::with_capacity(items.len());
         for (k, blob) in blobs.into_iter().enumerate() {
             w.write_all(&blob).map_err(io)?;
-            lens.push(blob.len() as u64);
+            done.push((blob.len() as u64, crate::checksum::crc32(small[k].0)));
             progress(k, small[k].0.len() as u64);
         }
         for (k, &(data, dtype, shape)) in items.iter().enumerate().skip(lead) {
+            let crc = crate::checksum::crc32(data);
             let start = w.stream_position().map_err(io)?;
-            let len = self.encode_blob(data, dtype, shape, opts, w, &|done| progress(k, done))?;
+            let len = self.encode_blob(data, dtype, shape, opts, w, &|d| progress(k, d))?;
             w.seek(SeekFrom::Start(start + len)).map_err(io)?;
-            lens.push(len);
+            done.push((len, crc));
         }
-        Ok(lens)
+        Ok(done)
     }
 }
 
@@ -467,7 +470,7 @@ impl BlobEncoder for CpuEngine {
         opts: &CompressOptions,
         w: &mut dyn SeekWrite,
         progress: &(dyn Fn(usize, u64) + Sync),
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<(u64, u32)>> {
         self.compress_seq_to(items, lead, opts, &mut &mut *w, progress)
     }
 }
@@ -576,14 +579,11 @@ pub fn write_archive(
         let items = (i..j)
             .map(|k| Ok((bytes_of(k)?, segments[k].dtype, &segments[k].shape[..])))
             .collect::<Result<Vec<BlobItem<'_>>>>()?;
-        let crcs: Vec<u32> = items
-            .iter()
-            .map(|item| crate::checksum::crc32(item.0))
-            .collect();
         // The run's small segments are coded together, into memory, and written in order; the
-        // large ones after them are streamed into the file one after the other.
+        // large ones after them are streamed into the file one after the other. The engine
+        // takes the original bytes' checksums as it goes.
         let lead = lead_len(&lens, &run);
-        aw.append(&segments[i..j], &crcs, |w| {
+        aw.append_checked(&segments[i..j], |w| {
             engine.encode_blob_seq(&items, lead, &opts.compress, w, &|k, done| {
                 progress(segments[i + k].offset + done)
             })
@@ -629,6 +629,33 @@ impl<'f> ArchiveWriter<'f> {
         orig_crcs: &[u32],
         write: impl FnOnce(&mut dyn SeekWrite) -> Result<Vec<u64>>,
     ) -> Result<()> {
+        if orig_crcs.len() != segs.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} checksums for {} segments",
+                orig_crcs.len(),
+                segs.len()
+            )));
+        }
+        self.append_checked(segs, |w| {
+            let lens = write(w)?;
+            if lens.len() != orig_crcs.len() {
+                return Err(Error::Engine(format!(
+                    "{} blobs written for {} segments",
+                    lens.len(),
+                    segs.len()
+                )));
+            }
+            Ok(lens.into_iter().zip(orig_crcs.iter().copied()).collect())
+        })
+    }
+
+    /// [`ArchiveWriter::append`] where `write` returns, for each segment, its blob's length and
+    /// the CRC-32 of its original bytes (taken as they were coded).
+    pub fn append_checked(
+        &mut self,
+        segs: &[SourceSegment],
+        write: impl FnOnce(&mut dyn SeekWrite) -> Result<Vec<(u64, u32)>>,
+    ) -> Result<()> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
         let mut next = self.covered();
         for s in segs {
@@ -640,22 +667,15 @@ impl<'f> ArchiveWriter<'f> {
             }
             next = s.offset + s.len;
         }
-        if orig_crcs.len() != segs.len() {
-            return Err(Error::InvalidInput(format!(
-                "{} checksums for {} segments",
-                orig_crcs.len(),
-                segs.len()
-            )));
-        }
-        let blob_lens = write(&mut self.w)?;
-        if blob_lens.len() != segs.len() {
+        let written = write(&mut self.w)?;
+        if written.len() != segs.len() {
             return Err(Error::Engine(format!(
                 "{} blobs written for {} segments",
-                blob_lens.len(),
+                written.len(),
                 segs.len()
             )));
         }
-        for ((s, &orig_crc), len) in segs.iter().zip(orig_crcs).zip(blob_lens) {
+        for (s, (len, orig_crc)) in segs.iter().zip(written) {
             self.entries.push(Segment {
                 kind: s.kind,
                 orig_offset: s.offset,
@@ -1470,10 +1490,17 @@ mod tests {
             w.write_all(b"x").map_err(|e| Error::Io(e.to_string()))?;
             Ok(vec![1])
         };
-        // Not the first segment first; two checksums for one segment; too few blob lengths.
+        // Not the first segment first; two checksums for one segment; too few blob lengths; too
+        // many.
         assert!(aw.append(&segs[1..2], &[0], blob).is_err());
         assert!(aw.append(&segs[0..1], &[0, 0], blob).is_err());
         assert!(aw.append(&segs[0..2], &[0, 0], blob).is_err());
+        let two = |w: &mut dyn SeekWrite| -> Result<Vec<u64>> { blob(w).map(|_| vec![1, 1]) };
+        assert!(aw.append(&segs[0..1], &[0], two).is_err());
+        let checked = |w: &mut dyn SeekWrite| -> Result<Vec<(u64, u32)>> {
+            blob(w).map(|_| vec![(1, 0), (1, 0)])
+        };
+        assert!(aw.append_checked(&segs[0..1], checked).is_err());
         drop(aw);
         let mut aw = ArchiveWriter::new(&mut f, 0).unwrap();
         aw.append(&segs[0..1], &[0], blob).unwrap();
@@ -1701,8 +1728,12 @@ mod tests {
             eng.encode_blob_seq(&items, lead, &opts, &mut w, &|_, _| {})
         };
         let exact = Miscount(CpuEngine::new(1).unwrap(), 0);
-        let lens = run(&exact, 2).unwrap();
-        assert_eq!(lens.len(), 3);
+        let done = run(&exact, 2).unwrap();
+        assert_eq!(done.len(), 3);
+        assert!(
+            done.iter().all(|&(_, crc)| crc == crc32fast::hash(&data)),
+            "the original bytes' checksums"
+        );
         assert!(run(&exact, 4).is_err());
         for extra in [1, -1] {
             let eng = Miscount(CpuEngine::new(1).unwrap(), extra);

@@ -444,6 +444,13 @@ pub const STREAM_BATCH_BYTES: usize = 32 << 20;
 
 /// Writes a coded batch of `compress_to`: the chunks' directory entries to `dir`, their payloads
 /// to `w`. Returns the payload bytes written.
+/// A batch of chunks coded by [`CpuEngine::stream_blob`], waiting to be written.
+struct CodedBatch {
+    entries: Vec<ChunkEntry>,
+    payloads: Vec<Vec<u8>>,
+    chunks: std::ops::Range<usize>,
+}
+
 fn write_batch<W: Write>(
     planes: usize,
     entries: &[ChunkEntry],
@@ -632,15 +639,22 @@ impl CpuEngine {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<u64> {
         let enc = TensorEncoder::new(data, dtype, shape, opts)?;
-        self.stream_blob(enc, w, progress)
+        self.stream_blob(enc, w, progress, false)
+            .map(|(len, _)| len)
     }
 
     /// Compresses tensors one after the other into `w` (each blob where the one before it ends,
-    /// with the bytes of [`CpuEngine::compress_to`]) and returns the blobs' lengths; `progress`
-    /// receives a tensor's index and the original bytes of it handled so far. As in
-    /// [`CpuEngine::compress_seq_into`], the first `lead` tensors are coded together (into memory,
-    /// then written) while the model of tensor `lead` is built, and the model of each later tensor
-    /// is built while the one before it is coded.
+    /// with the bytes of [`CpuEngine::compress_to`]) and returns each blob's length and the CRC-32
+    /// of the tensor's original bytes; `progress` receives a tensor's index and the original bytes
+    /// of it handled so far. As in [`CpuEngine::compress_seq_into`], the first `lead` tensors are
+    /// coded together (into memory, then written) while the model of tensor `lead` is built, and
+    /// the model of each later tensor is built while the one before it is coded.
+    ///
+    /// A large tensor's checksum is taken batch by batch as its coded batches are written (the
+    /// batch's bytes were just read by the coders), not in a pass of its own before: the archive
+    /// writer took the checksums of a whole run of tensors before coding it, which read the run
+    /// twice and had all of a mapped file's run in memory at once (`mapped::Spent` gives pages back
+    /// once coded).
     pub fn compress_seq_to<W: Write + Seek + Send>(
         &self,
         items: &[crate::archive::BlobItem<'_>],
@@ -648,22 +662,25 @@ impl CpuEngine {
         opts: &CompressOptions,
         w: &mut W,
         progress: &(dyn Fn(usize, u64) + Sync),
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<(u64, u32)>> {
         let (small, seq) = items.split_at(lead_of(items.len(), lead)?);
         let n_small = small.len();
-        // The lead's blobs, written into `w` before the first tensor of the sequence (or at the
-        // end if there is none), with their lengths.
-        let write_lead = |blobs: &mut Option<Vec<Vec<u8>>>, w: &mut W| -> Result<Vec<u64>> {
-            let mut lens = Vec::new();
-            for (k, blob) in blobs.take().into_iter().flatten().enumerate() {
-                w.write_all(&blob).map_err(|e| Error::Io(e.to_string()))?;
-                lens.push(blob.len() as u64);
-                progress(k, small[k].0.len() as u64);
+        // The lead's blobs and checksums, written into `w` before the first tensor of the
+        // sequence (or at the end if there is none), with their lengths.
+        type Lead = Option<(Vec<Vec<u8>>, Vec<u32>)>;
+        let write_lead = |led: &mut Lead, w: &mut W| -> Result<Vec<(u64, u32)>> {
+            let mut out = Vec::new();
+            if let Some((blobs, crcs)) = led.take() {
+                for (k, (blob, crc)) in blobs.into_iter().zip(crcs).enumerate() {
+                    w.write_all(&blob).map_err(|e| Error::Io(e.to_string()))?;
+                    out.push((blob.len() as u64, crc));
+                    progress(k, small[k].0.len() as u64);
+                }
             }
-            Ok(lens)
+            Ok(out)
         };
-        let mut lens = Vec::with_capacity(items.len());
-        let (mut rest, seq_lens) = self.in_sequence(
+        let mut done = Vec::with_capacity(items.len());
+        let (mut rest, seq_done) = self.in_sequence(
             seq,
             opts,
             || {
@@ -672,25 +689,49 @@ impl CpuEngine {
                     .map(|i| crate::fresh::with_capacity(i.0.len() + 64 * 1024))
                     .collect();
                 self.code_many(small, opts, &mut blobs)?;
-                Ok(Some(blobs))
+                let crcs = small.iter().map(|i| crate::checksum::crc32(i.0)).collect();
+                Ok(Some((blobs, crcs)))
             },
-            |k, enc, blobs| {
-                lens.extend(write_lead(blobs, w)?);
-                self.stream_blob(enc, w, &|done| progress(n_small + k, done))
+            |k, enc, led| {
+                done.extend(write_lead(led, w)?);
+                let (len, crc) = self.stream_blob(enc, w, &|d| progress(n_small + k, d), true)?;
+                Ok((len, crc.unwrap_or_default()))
             },
         )?;
-        lens.extend(write_lead(&mut rest, w)?);
-        lens.extend(seq_lens);
-        Ok(lens)
+        done.extend(write_lead(&mut rest, w)?);
+        done.extend(seq_done);
+        Ok(done)
     }
 
     /// Writes the blob of an encoder whose model is built into `w` at its current position,
-    /// leaving `w` at the blob's end (see [`CpuEngine::compress_to`]); on a pool thread.
+    /// leaving `w` at the blob's end (see [`CpuEngine::compress_to`]); on a pool thread. Returns
+    /// the blob's length and, with `want_crc`, the CRC-32 of the tensor's bytes, taken batch by
+    /// batch beside the writes.
     fn stream_blob<W: Write + Seek + Send>(
         &self,
         enc: TensorEncoder<'_>,
         w: &mut W,
         progress: &(dyn Fn(u64) + Sync),
+        want_crc: bool,
+    ) -> Result<(u64, Option<u32>)> {
+        let (stored, data) = (enc.header().scheme == Scheme::Stored, enc.data());
+        if stored || !want_crc {
+            let crc = want_crc.then(|| crate::checksum::crc32(data));
+            return Ok((self.stream_coded(enc, w, progress, None)?, crc));
+        }
+        let mut crc = crc32fast::Hasher::new();
+        let len = self.stream_coded(enc, w, progress, Some(&mut crc))?;
+        Ok((len, Some(crc.finalize())))
+    }
+
+    /// [`CpuEngine::stream_blob`]'s coding and writing from `start`; with `crc`, the tensor's bytes
+    /// are added to it batch by batch (each batch once it is coded, beside its write).
+    fn stream_coded<W: Write + Seek + Send>(
+        &self,
+        enc: TensorEncoder<'_>,
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+        mut crc: Option<&mut crc32fast::Hasher>,
     ) -> Result<u64> {
         let io = |e: std::io::Error| Error::Io(e.to_string());
         let start = w.stream_position().map_err(io)?;
@@ -727,8 +768,13 @@ impl CpuEngine {
         // slow to touch). A call running concurrently on the same engine starts with none.
         let mut pool: Vec<Vec<u8>> =
             std::mem::take(&mut *self.payloads.lock().unwrap_or_else(|e| e.into_inner()));
-        // The coded batch waiting to be written: its entries, payloads and last chunk.
-        let mut pending: Option<(Vec<ChunkEntry>, Vec<Vec<u8>>, usize)> = None;
+        // The coded batch waiting to be written.
+        let mut pending: Option<CodedBatch> = None;
+        // The tensor's bytes of chunks `a..b`.
+        let bytes_of = |a: usize, b: usize| {
+            let len = data.len();
+            &data[(a * chunk_bytes).min(len)..(b * chunk_bytes).min(len)]
+        };
         let mut c0 = 0;
         // The last step only writes the last batch (its batch of chunks is empty).
         while c0 < n || pending.is_some() {
@@ -740,8 +786,11 @@ impl CpuEngine {
             let (written, entries) = self.run(|| {
                 rayon::join(
                     || -> Result<()> {
-                        if let Some((entries, bufs, _)) = &pending {
-                            total += write_batch(h.planes(), entries, bufs, &mut dir, w)?;
+                        if let Some(p) = &pending {
+                            total += write_batch(h.planes(), &p.entries, &p.payloads, &mut dir, w)?;
+                            if let Some(crc) = crc.as_deref_mut() {
+                                crc.update(bytes_of(p.chunks.start, p.chunks.end));
+                            }
                         }
                         Ok(())
                     },
@@ -756,12 +805,16 @@ impl CpuEngine {
                 )
             });
             written?;
-            if let Some((_, done, end)) = pending.take() {
-                pool.extend(done);
-                progress(((end * chunk_bytes) as u64).min(data.len() as u64));
+            if let Some(p) = pending.take() {
+                pool.extend(p.payloads);
+                progress(((p.chunks.end * chunk_bytes) as u64).min(data.len() as u64));
             }
             if c0 < n {
-                pending = Some((entries, bufs, c1));
+                pending = Some(CodedBatch {
+                    entries,
+                    payloads: bufs,
+                    chunks: c0..c1,
+                });
             }
             c0 = c1;
         }

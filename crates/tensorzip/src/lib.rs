@@ -35,6 +35,7 @@ pub mod error;
 pub mod fresh;
 pub mod histogram;
 pub mod joint;
+pub mod mapped;
 pub mod model;
 pub mod options;
 mod pieces;

@@ -290,9 +290,16 @@ fn tensors_coded_in_sequence_equal_tensors_coded_alone() {
             w.write_all(b"end").unwrap();
             let written = w.into_inner();
             let want: Vec<u8> = alone.concat();
+            // Each blob's length, and the checksum of each tensor's bytes (taken batch by batch
+            // for the streamed ones) equal to zlib.crc32's.
             assert_eq!(
                 lens,
-                alone.iter().map(|b| b.len() as u64).collect::<Vec<_>>()
+                alone
+                    .iter()
+                    .zip(&items)
+                    .map(|(b, i)| (b.len() as u64, crc32fast::hash(i.0)))
+                    .collect::<Vec<_>>(),
+                "{threads} threads, lead {lead}"
             );
             assert_eq!(
                 end,

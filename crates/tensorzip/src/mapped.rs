@@ -1,0 +1,263 @@
+//! Files read through a memory map that give their pages back once they have been read.
+//!
+//! Every page of a mapped file that the process touches counts in its resident memory until the
+//! mapping ends. The file commands read their input once, in order, yet `tensorzip compress` of a
+//! 4.8 GB file peaked at the file's size plus its working memory and `decompress` at the
+//! archive's size (BENCHMARKS.md, "Tensors past 2^31 elements"). `MADV_DONTNEED` on a range of a
+//! shared file mapping drops those pages from the process only: the bytes stay in the page cache,
+//! and a later read of the range maps them again (a minor fault) with the same contents, so
+//! giving back a page still in use costs time, never correctness. On anonymous memory the same
+//! call would discard the bytes, which is why the call is reached only through [`MappedFile`],
+//! a mapping of a file.
+
+use std::ops::{Deref, Range};
+use std::sync::Mutex;
+
+/// A file mapped read-only.
+pub struct MappedFile {
+    map: memmap2::Mmap,
+}
+
+impl MappedFile {
+    /// Maps `file` read-only (shared: the mapping shows the file's pages in the page cache).
+    ///
+    /// # Safety
+    /// As `memmap2::Mmap::map`: the file must not be changed or truncated while it is mapped. A
+    /// change made by another process shows as changed bytes (which the archive's checksums
+    /// catch), a truncation as `SIGBUS` — the usual caveat of mapped input.
+    pub unsafe fn map(file: &std::fs::File) -> std::io::Result<MappedFile> {
+        // SAFETY: forwarded to the caller.
+        let map = unsafe { memmap2::Mmap::map(file) }?;
+        Ok(MappedFile { map })
+    }
+
+    /// Gives back the whole pages inside `range` (clamped to the file): they leave the process's
+    /// resident memory and are mapped again from the page cache if read later. A hint: it does
+    /// nothing where the system has no such call, and its errors are ignored.
+    pub fn release(&self, range: Range<usize>) {
+        #[cfg(target_os = "linux")]
+        {
+            let page = page_size();
+            let base = self.map.as_ptr() as usize;
+            let end = range.end.min(self.map.len());
+            let begin = range.start.min(end);
+            // Whole pages only: the partial ones at either end may hold bytes still being read
+            // (those would only be mapped again, but there is no point).
+            let start = (base + begin).next_multiple_of(page) - base;
+            let stop = (base + end) / page * page;
+            if stop <= base || start >= stop - base {
+                return;
+            }
+            let stop = stop - base;
+            // SAFETY: the range lies inside the mapping, a read-only shared mapping of a file
+            // (`MappedFile::map`): after MADV_DONTNEED a read of these pages maps the file's
+            // page-cache pages again, with the bytes they had, so any slice borrowed from the
+            // mapping reads the same values before and after.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    stop - start,
+                )
+            };
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = range;
+    }
+}
+
+impl Deref for MappedFile {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// Pages are given back in steps of at least this many bytes (one system call each).
+pub const RELEASE_STEP_BYTES: usize = 8 << 20;
+
+/// Gives back a mapped file's pages as a command's progress passes them: the progress callbacks
+/// of `write_archive` and `Archive::decode_all_to` (and the GPU engine's) report the original
+/// bytes done so far, in order, and [`Spent::reached`] is called with each report.
+pub struct Spent<'m> {
+    file: &'m MappedFile,
+    /// `None`: the progress counts bytes of the file itself, all of them below it spent (the
+    /// input of `compress`, the original `verify` compares with). Otherwise the file's ranges in
+    /// the order they are spent, each with the progress that spends it (an archive's blobs,
+    /// spent when their segment's original bytes are written).
+    steps: Option<Vec<(u64, Range<usize>)>>,
+    state: Mutex<State>,
+}
+
+/// What [`Spent`] has seen: the next step, and the range spent but not yet given back.
+struct State {
+    next: usize,
+    from: usize,
+    to: usize,
+}
+
+impl<'m> Spent<'m> {
+    /// Progress counts bytes of `file`: every byte below it is spent.
+    pub fn prefix(file: &'m MappedFile) -> Spent<'m> {
+        Spent::new(file, None)
+    }
+
+    /// Range `steps[k].1` of `file` is spent once the progress reaches `steps[k].0`; the steps
+    /// come in the order the progress reaches them.
+    pub fn steps(file: &'m MappedFile, steps: Vec<(u64, Range<usize>)>) -> Spent<'m> {
+        Spent::new(file, Some(steps))
+    }
+
+    fn new(file: &'m MappedFile, steps: Option<Vec<(u64, Range<usize>)>>) -> Spent<'m> {
+        Spent {
+            file,
+            steps,
+            state: Mutex::new(State {
+                next: 0,
+                from: 0,
+                to: 0,
+            }),
+        }
+    }
+
+    /// The progress has reached `done`: gives back what it spent, once that is at least
+    /// [`RELEASE_STEP_BYTES`] (or where the spent ranges stop following one another).
+    pub fn reached(&self, done: u64) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &self.steps {
+            None => st.to = st.to.max(usize::try_from(done).unwrap_or(usize::MAX)),
+            Some(steps) => {
+                while let Some((at, r)) = steps.get(st.next) {
+                    if *at > done {
+                        break;
+                    }
+                    st.next += 1;
+                    if r.start != st.to {
+                        let (from, to) = (st.from, st.to);
+                        self.file.release(from..to);
+                        st.from = r.start;
+                    }
+                    st.to = r.end;
+                }
+            }
+        }
+        if st.to.saturating_sub(st.from) >= RELEASE_STEP_BYTES {
+            self.file.release(st.from..st.to);
+            // The partial page at the end was kept; it goes with the next step.
+            st.from = st.to;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Pages of `m` mapped into this process (its mapping's `Rss` in `/proc/self/smaps`;
+    /// `mincore` would tell the page cache's pages, which giving back leaves alone).
+    #[cfg(target_os = "linux")]
+    fn resident_pages(m: &MappedFile) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{:x}-", m.as_ptr() as usize);
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        assert!(lines.next().is_some(), "the mapping is in smaps");
+        let rss = lines
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .expect("an Rss line");
+        let kib: usize = rss.trim().trim_end_matches("kB").trim().parse().unwrap();
+        kib * 1024 / page_size()
+    }
+
+    fn file_of(bytes: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.flush().unwrap();
+        f
+    }
+
+    /// Released pages read back the same bytes, in whole or in part, at any alignment; ranges
+    /// past the end or empty are ignored.
+    #[test]
+    fn released_pages_read_back_the_same_bytes() {
+        let bytes: Vec<u8> = (0..(3 << 20) + 123u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let f = file_of(&bytes);
+        // SAFETY: a temporary file nobody else changes.
+        let m = unsafe { MappedFile::map(&f) }.unwrap();
+        assert!(m[..] == bytes[..]);
+        for r in [
+            0..bytes.len(),
+            5..4095,
+            4097..1 << 20,
+            1000..bytes.len() + 99,
+            7..7,
+            Range { start: 9, end: 3 },
+        ] {
+            m.release(r.clone());
+            assert!(m[..] == bytes[..], "after releasing {r:?}");
+        }
+        m.release(usize::MAX - 10..usize::MAX);
+        assert!(m[..] == bytes[..]);
+    }
+
+    /// What `Spent` gives back leaves the process (fewer resident pages), and only once the
+    /// progress passes it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn spent_ranges_leave_the_process_as_the_progress_passes_them() {
+        let len = 6 * RELEASE_STEP_BYTES + 4096 * 3 + 17;
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let f = file_of(&bytes);
+        // SAFETY: a temporary file nobody else changes.
+        let m = unsafe { MappedFile::map(&f) }.unwrap();
+        let touch = |m: &MappedFile| m.iter().step_by(512).map(|&b| b as u64).sum::<u64>();
+        let sum = touch(&m);
+        let all = resident_pages(&m);
+        assert_eq!(all, len.div_ceil(page_size()), "every page read");
+        let s = Spent::prefix(&m);
+        s.reached(RELEASE_STEP_BYTES as u64 - 1);
+        assert_eq!(
+            resident_pages(&m),
+            all,
+            "less than a step: nothing given back"
+        );
+        s.reached(3 * RELEASE_STEP_BYTES as u64 + 5);
+        let left = resident_pages(&m);
+        assert!(
+            all - left >= 3 * RELEASE_STEP_BYTES / page_size(),
+            "{all} -> {left} pages"
+        );
+        assert_eq!(touch(&m), sum, "the bytes read again");
+        // Steps: the middle third spent at progress 10, the rest at 20, in two ranges that do
+        // not follow one another (each given back as it stops).
+        touch(&m);
+        let third = len / 3;
+        let s = Spent::steps(
+            &m,
+            vec![(10, third..2 * third), (20, 0..third), (20, 2 * third..len)],
+        );
+        s.reached(9);
+        assert_eq!(resident_pages(&m), all);
+        s.reached(10);
+        let after_middle = resident_pages(&m);
+        assert!(
+            all - after_middle >= third / page_size() - 2,
+            "{all} -> {after_middle}"
+        );
+        s.reached(u64::MAX);
+        assert!(
+            resident_pages(&m) <= after_middle - (third / page_size() - 2),
+            "the first third"
+        );
+        assert_eq!(touch(&m), sum);
+    }
+}
