@@ -18,6 +18,8 @@ use tensorzip::archive::{
 };
 use tensorzip_cuda::encode::DeviceTensor;
 
+use tensorzip::mapped::MappedFile;
+
 use crate::gpu::{engine_on, gpu_err, restoring};
 use crate::{cpu, host, host_mut, to_py, OptionArgs};
 
@@ -257,7 +259,9 @@ struct Entry {
 /// An archive opened for reading (memory-mapped; the index and the safetensors header validated).
 #[pyclass(module = "tensorzip._tensorzip", frozen)]
 pub struct ArchiveFile {
-    map: memmap2::Mmap,
+    /// Blobs' pages are given back once their tensor is decoded (a loaded model would otherwise
+    /// hold its archive's size in resident memory beside its tensors until the reader closes).
+    map: MappedFile,
     names: Vec<String>,
     entries: HashMap<String, Entry>,
     metadata: Option<Vec<(String, String)>>,
@@ -337,7 +341,7 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
     }
     // SAFETY: the file is mapped read-only; a file changed underneath us yields wrong bytes, which
     // the checksums report, not undefined behaviour of this process's memory.
-    let map = unsafe { memmap2::Mmap::map(&file) }
+    let map = unsafe { MappedFile::map(&file) }
         .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
     let ar = Archive::parse(&map).map_err(named)?;
     // Segment 0 is the safetensors header.
@@ -430,7 +434,11 @@ impl ArchiveFile {
     ) -> PyResult<()> {
         self.decode_segment_with(py, name, out_ptr, out_len, |ar, i, out| {
             tensorzip::fresh::advise_huge(out);
-            if cpu().decompress_into_crc(ar.blob(i), out)? != ar.segments[i].orig_crc {
+            let crc = cpu().decompress_into_crc(ar.blob(i), out);
+            // The blob's pages leave the process (a reader that loads every tensor in turn
+            // otherwise ends with the whole archive resident beside them).
+            self.map.release(ar.blob_range(i));
+            if crc? != ar.segments[i].orig_crc {
                 return Err(tensorzip::Error::Checksum(format!(
                     "tensor {name:?}: decoded data"
                 )));
@@ -471,6 +479,8 @@ impl ArchiveFile {
         names: Vec<String>,
         outs: Vec<(usize, usize)>,
     ) -> PyResult<()> {
+        // Each blob's pages are given back as soon as it is decoded, so the peak is the tensors
+        // and the blobs being decoded, not the tensors and the whole archive.
         let segs = self.segments_of(&names, outs.len())?;
         let ar = self.archive()?;
         // Writable slices of these buffers must not overlap: the torch layer allocates one
@@ -493,7 +503,8 @@ impl ArchiveFile {
             tensorzip::fresh::advise_huge(b);
         }
         let path = &self.path;
-        py.detach(|| ar.decode_segments_into(cpu(), &segs, &mut bufs))
+        let release = |i: usize| self.map.release(ar.blob_range(i));
+        py.detach(|| ar.decode_segments_into_then(cpu(), &segs, &mut bufs, &release))
             .map_err(|e| named(path, e))
     }
 

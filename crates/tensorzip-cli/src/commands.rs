@@ -137,14 +137,11 @@ fn open_archive(path: &Path) -> Result<MappedFile, String> {
 /// Gives back the pages of archive `data`'s blobs as the progress of decoding it (original bytes
 /// written, in order) passes the end of each blob's segment.
 fn spent_blobs<'m>(data: &'m MappedFile, ar: &Archive<'_>) -> Spent<'m> {
-    let at = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     let steps = ar
         .segments
         .iter()
-        .map(|s| {
-            let blob = at(s.blob_offset)..at(s.blob_offset.saturating_add(s.blob_len));
-            (s.orig_offset.saturating_add(s.orig_len), blob)
-        })
+        .enumerate()
+        .map(|(i, s)| (s.orig_offset + s.orig_len, ar.blob_range(i)))
         .collect();
     Spent::steps(data, steps)
 }

@@ -1029,8 +1029,13 @@ impl<'a> Archive<'a> {
 
     /// The blob of segment `i`.
     pub fn blob(&self, i: usize) -> &'a [u8] {
+        &self.data[self.blob_range(i)]
+    }
+
+    /// Where the blob of segment `i` lies in the archive's bytes (`parse` checked it lies inside).
+    pub fn blob_range(&self, i: usize) -> std::ops::Range<usize> {
         let s = &self.segments[i];
-        &self.data[s.blob_offset as usize..(s.blob_offset + s.blob_len) as usize]
+        s.blob_offset as usize..(s.blob_offset + s.blob_len) as usize
     }
 
     /// The stored CRC-32 of the whole of segment `i`'s blob, if the archive keeps one checksum per
@@ -1146,6 +1151,19 @@ impl<'a> Archive<'a> {
         segs: &[usize],
         outs: &mut [&mut [u8]],
     ) -> Result<()> {
+        self.decode_segments_into_then(engine, segs, outs, &|_| {})
+    }
+
+    /// [`Archive::decode_segments_into`], calling `read(i)` (from any thread) once the blob of
+    /// segment `i` has been read for the last time, decoded or not: a reader of a mapped file gives
+    /// its pages back then (`mapped::MappedFile::release`).
+    pub fn decode_segments_into_then(
+        &self,
+        engine: &CpuEngine,
+        segs: &[usize],
+        outs: &mut [&mut [u8]],
+        read: &(dyn Fn(usize) + Sync),
+    ) -> Result<()> {
         use rayon::prelude::*;
         if segs.len() != outs.len() {
             return Err(Error::InvalidInput(format!(
@@ -1169,8 +1187,11 @@ impl<'a> Archive<'a> {
             segs.par_iter()
                 .zip(outs.par_iter_mut())
                 .map(|(&i, out)| {
-                    self.check_segment(i)?;
-                    self.check_decoded(i, engine.decompress_into_crc(self.blob(i), out)?)
+                    let decoded = self
+                        .check_segment(i)
+                        .and_then(|()| engine.decompress_into_crc(self.blob(i), out));
+                    read(i);
+                    self.check_decoded(i, decoded?)
                 })
                 .collect()
         });
@@ -1435,8 +1456,12 @@ mod tests {
             Err(Error::Checksum(m)) => m,
             other => panic!("{other:?}"),
         };
-        let m = first(ar.decode_segments_into(&eng, &all, &mut outs));
+        // Every blob is reported read once, the failing ones too (a reader gives its pages back).
+        let read = std::sync::Mutex::new(vec![0; n]);
+        let count = |i: usize| read.lock().unwrap()[i] += 1;
+        let m = first(ar.decode_segments_into_then(&eng, &all, &mut outs, &count));
         assert!(m.starts_with(&format!("segment {ta}: blob")), "{m}");
+        assert_eq!(*read.lock().unwrap(), vec![1; n]);
         let m = first(ar.decode_segments_into(&eng, &[tb], &mut outs[tb..]));
         assert_eq!(m, format!("segment {tb}: decoded data"));
     }
