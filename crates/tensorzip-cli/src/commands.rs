@@ -230,12 +230,72 @@ pub fn decompress(
     Ok(())
 }
 
-pub fn info(path: &Path, json: bool, common: &Common) -> Result<(), String> {
+/// `tensorzip info`: a table per archive (each headed by its name when there are several), or with
+/// `json` a document per archive (an array of them when there are several). An archive that fails
+/// is reported on its own line and the others are still described.
+pub fn info(paths: &[PathBuf], json: bool, common: &Common) -> Result<(), String> {
     let eng = engine(common)?;
+    let mut docs = Vec::new();
+    let mut failed = 0;
+    for path in paths {
+        let described = describe(path, &eng);
+        let described = match (described, paths.len()) {
+            (Err(msg), 1) => return Err(msg),
+            (Err(msg), _) => {
+                eprintln!("tensorzip: error: {msg}");
+                failed += 1;
+                continue;
+            }
+            (Ok(d), _) => d,
+        };
+        if json {
+            docs.push(described.json(path));
+            continue;
+        }
+        let mut text = String::new();
+        if paths.len() > 1 {
+            text = format!("==> {} <==\n", path.display());
+        }
+        text.push_str(&described.table());
+        print_out(&text)?;
+    }
+    if json {
+        let doc = match docs.len() {
+            1 if paths.len() == 1 => docs.pop().unwrap_or_default(),
+            _ => serde_json::Value::Array(docs),
+        };
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        print_out(&format!("{text}\n"))?;
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} inputs failed", paths.len())),
+    }
+}
+
+/// One tensor's line of `tensorzip info`.
+struct InfoRow {
+    name: String,
+    dtype: String,
+    shape: Vec<u64>,
+    bytes: u64,
+    compressed: u64,
+    planes: Vec<String>,
+    coded_as: tensorzip::DType,
+}
+
+/// What `tensorzip info` says about an archive.
+struct Described {
+    rows: Vec<InfoRow>,
+    original_bytes: u64,
+    archive_bytes: u64,
+}
+
+fn describe(path: &Path, eng: &tensorzip::CpuEngine) -> Result<Described, String> {
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let tensors = ar
-        .tensors(&eng)
+        .tensors(eng)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut rows = Vec::new();
     for (t, i) in &tensors {
@@ -249,66 +309,80 @@ pub fn info(path: &Path, json: bool, common: &Common) -> Result<(), String> {
         } else {
             st.planes.iter().map(|p| p.summary()).collect()
         };
-        rows.push((
-            t.name.clone(),
-            t.dtype_name.clone(),
-            t.shape.clone(),
-            ar.segments[*i].orig_len,
-            blob.len() as u64,
+        rows.push(InfoRow {
+            name: t.name.clone(),
+            dtype: t.dtype_name.clone(),
+            shape: t.shape.clone(),
+            bytes: ar.segments[*i].orig_len,
+            compressed: blob.len() as u64,
             planes,
-            h.dtype,
-        ));
+            coded_as: h.dtype,
+        });
     }
-    let total_orig = ar.original_len;
-    let mut text = String::new();
-    use std::fmt::Write as _;
-    let total_comp = data.len() as u64;
-    if json {
-        let out: Vec<serde_json::Value> = rows
+    Ok(Described {
+        rows,
+        original_bytes: ar.original_len,
+        archive_bytes: data.len() as u64,
+    })
+}
+
+impl Described {
+    fn json(&self, path: &Path) -> serde_json::Value {
+        let tensors: Vec<serde_json::Value> = self
+            .rows
             .iter()
             .map(|r| {
-                serde_json::json!({"name": r.0, "dtype": r.1, "shape": r.2, "bytes": r.3, "compressed": r.4,
-                    "ratio": r.4 as f64 / r.3.max(1) as f64, "planes": r.5, "coded_as": r.6.torch_name()})
+                serde_json::json!({"name": r.name, "dtype": r.dtype, "shape": r.shape,
+                    "bytes": r.bytes, "compressed": r.compressed,
+                    "ratio": r.compressed as f64 / r.bytes.max(1) as f64, "planes": r.planes,
+                    "coded_as": r.coded_as.torch_name()})
             })
             .collect();
-        let doc = serde_json::json!({"file": path.display().to_string(), "original_bytes": total_orig,
-            "archive_bytes": total_comp, "ratio": total_comp as f64 / total_orig.max(1) as f64, "tensors": out});
+        serde_json::json!({"file": path.display().to_string(), "original_bytes": self.original_bytes,
+            "archive_bytes": self.archive_bytes,
+            "ratio": self.archive_bytes as f64 / self.original_bytes.max(1) as f64,
+            "tensors": tensors})
+    }
+
+    fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let mut text = String::new();
+        let w = self
+            .rows
+            .iter()
+            .map(|r| r.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
         let _ = writeln!(
             text,
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+            "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>7}  planes (byte 0 first)",
+            "name", "dtype", "shape", "bytes", "compressed", "ratio"
         );
-        return print_out(&text);
-    }
-    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
-    let _ = writeln!(
-        text,
-        "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>7}  planes (byte 0 first)",
-        "name", "dtype", "shape", "bytes", "compressed", "ratio"
-    );
-    for r in &rows {
+        for r in &self.rows {
+            let _ = writeln!(
+                text,
+                "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>6.2}%  {}",
+                r.name,
+                r.dtype,
+                format!("{:?}", r.shape),
+                r.bytes,
+                r.compressed,
+                r.compressed as f64 / r.bytes.max(1) as f64 * 100.0,
+                r.planes.join(" | ")
+            );
+        }
         let _ = writeln!(
             text,
-            "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>6.2}%  {}",
-            r.0,
-            r.1,
-            format!("{:?}", r.2),
-            r.3,
-            r.4,
-            r.4 as f64 / r.3.max(1) as f64 * 100.0,
-            r.5.join(" | ")
+            "total: {} tensors, {} -> {} bytes ({:.3}%), archive format v{}",
+            self.rows.len(),
+            self.original_bytes,
+            self.archive_bytes,
+            self.archive_bytes as f64 / self.original_bytes.max(1) as f64 * 100.0,
+            tensorzip::archive::ARCHIVE_VERSION
         );
+        text
     }
-    let _ = writeln!(
-        text,
-        "total: {} tensors, {} -> {} bytes ({:.3}%), archive format v{}",
-        rows.len(),
-        total_orig,
-        total_comp,
-        total_comp as f64 / total_orig.max(1) as f64 * 100.0,
-        tensorzip::archive::ARCHIVE_VERSION
-    );
-    print_out(&text)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) ends the output quietly.

@@ -86,10 +86,15 @@ impl EncoderArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Compress a .safetensors file into a tensorzip archive (default output: FILE.tz).
+    /// Compress .safetensors files into tensorzip archives (default output: FILE.tz).
+    ///
+    /// Several files (the shards of a checkpoint, say) are compressed one after the other; a
+    /// file that fails is reported and the others are still done, and the exit status is then
+    /// non-zero.
     Compress {
-        file: std::path::PathBuf,
-        /// Output path.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Output path (only with a single input).
         #[arg(short, long)]
         output: Option<std::path::PathBuf>,
         /// Overwrite the output if it exists.
@@ -106,9 +111,13 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Restore the original .safetensors file, byte for byte (default output: ARCHIVE without .tz).
+    /// Restore the original .safetensors files, byte for byte (default output: ARCHIVE without .tz).
+    ///
+    /// Several archives are restored one after the other, as `compress` does.
     Decompress {
-        archive: std::path::PathBuf,
+        #[arg(required = true)]
+        archives: Vec<std::path::PathBuf>,
+        /// Output path (only with a single input).
         #[arg(short, long)]
         output: Option<std::path::PathBuf>,
         #[arg(short, long)]
@@ -120,8 +129,10 @@ enum Command {
     },
     /// Per tensor: dtype, shape, size, compressed size, ratio and how each byte plane is coded.
     Info {
-        archive: std::path::PathBuf,
-        /// Print JSON instead of a table.
+        #[arg(required = true)]
+        archives: Vec<std::path::PathBuf>,
+        /// Print JSON instead of a table (an array of the archives' documents when there are
+        /// several).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -129,8 +140,9 @@ enum Command {
     },
     /// Check every checksum and decode everything (nothing is written).
     Verify {
-        archive: std::path::PathBuf,
-        /// Also compare the decoded bytes with this original file.
+        #[arg(required = true)]
+        archives: Vec<std::path::PathBuf>,
+        /// Also compare the decoded bytes with this original file (only with a single archive).
         #[arg(long)]
         against: Option<std::path::PathBuf>,
         #[command(flatten)]
@@ -164,45 +176,95 @@ enum Command {
     },
 }
 
+/// `option` (a path that goes with one input: `-o`, `--against`) is refused with several inputs.
+fn one_output(
+    inputs: &[std::path::PathBuf],
+    option: &Option<std::path::PathBuf>,
+    name: &str,
+) -> Result<(), String> {
+    match (option, inputs.len()) {
+        (Some(p), n) if n > 1 => Err(format!(
+            "{name} {} names one file, but {n} inputs were given (leave {name} out: each \
+             input gets its own)",
+            p.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Runs `one` on each input in turn. With several inputs a failure is reported on its own line
+/// and the others are still done (as gzip does); the result is then an error that counts them.
+fn each(
+    inputs: &[std::path::PathBuf],
+    mut one: impl FnMut(&std::path::Path) -> Result<(), String>,
+) -> Result<(), String> {
+    if let [single] = inputs {
+        return one(single);
+    }
+    let mut failed = 0;
+    for input in inputs {
+        if let Err(msg) = one(input) {
+            eprintln!("tensorzip: error: {msg}");
+            failed += 1;
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} inputs failed", inputs.len())),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     output::on_interrupt();
     let result = match cli.command {
         Command::Compress {
-            file,
+            files,
             output,
             force,
             checksum_chunk_bytes,
             gpu,
             enc,
             common,
-        } => commands::compress(
-            &file,
-            output,
-            force,
-            checksum_chunk_bytes,
-            gpu,
-            &enc,
-            &common,
-        ),
+        } => one_output(&files, &output, "-o").and_then(|()| {
+            each(&files, |f| {
+                commands::compress(
+                    f,
+                    output.clone(),
+                    force,
+                    checksum_chunk_bytes,
+                    gpu,
+                    &enc,
+                    &common,
+                )
+            })
+        }),
         Command::Decompress {
-            archive,
+            archives,
             output,
             force,
             dec,
             common,
-        } => commands::decompress(&archive, output, force, &dec, &common),
+        } => one_output(&archives, &output, "-o").and_then(|()| {
+            each(&archives, |a| {
+                commands::decompress(a, output.clone(), force, &dec, &common)
+            })
+        }),
         Command::Info {
-            archive,
+            archives,
             json,
             common,
-        } => commands::info(&archive, json, &common),
+        } => commands::info(&archives, json, &common),
         Command::Verify {
-            archive,
+            archives,
             against,
             dec,
             common,
-        } => commands::verify(&archive, against.as_deref(), &dec, &common),
+        } => one_output(&archives, &against, "--against").and_then(|()| {
+            each(&archives, |a| {
+                commands::verify(a, against.as_deref(), &dec, &common)
+            })
+        }),
         Command::Demo { common } => demo::run(&common),
         Command::Bench {
             files,

@@ -318,6 +318,122 @@ fn verify_and_verify_against() {
     );
 }
 
+/// Several inputs in one command (a sharded checkpoint): each gets its own output; a bad one
+/// among them is reported on its own line while the others are still done, and the exit status
+/// is then non-zero; `-o` and `--against` (one file) are refused with several inputs.
+#[test]
+fn several_inputs_in_one_command() {
+    let (dir, _, model) = setup();
+    let d = dir.path();
+    let mut other = model_bytes();
+    // The same layout with other values (the last tensor's bytes end the file).
+    let n = other.len();
+    for b in &mut other[n - 64..] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(d.join("shard-1.safetensors"), &model).unwrap();
+    std::fs::write(d.join("shard-2.safetensors"), &other).unwrap();
+    std::fs::write(d.join("shard-bad.safetensors"), b"not a safetensors file").unwrap();
+    let o = tz(
+        d,
+        &[
+            "compress",
+            "shard-1.safetensors",
+            "shard-bad.safetensors",
+            "shard-2.safetensors",
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("tensorzip: error: "))
+        .collect();
+    assert_eq!(errors.len(), 2, "{err}");
+    assert!(errors[0].contains("shard-bad.safetensors"), "{err}");
+    assert!(errors[1].contains("1 of 3 inputs failed"), "{err}");
+    assert!(!d.join("shard-bad.safetensors.tz").exists());
+    // The good ones were compressed, the one after the bad one too.
+    for f in ["shard-1", "shard-2"] {
+        std::fs::rename(
+            d.join(format!("{f}.safetensors")),
+            d.join(format!("{f}.orig")),
+        )
+        .unwrap();
+    }
+    ok(
+        &tz(
+            d,
+            &[
+                "decompress",
+                "shard-1.safetensors.tz",
+                "shard-2.safetensors.tz",
+            ],
+        ),
+        "decompress two archives",
+    );
+    for (f, want) in [("shard-1", &model), ("shard-2", &other)] {
+        let got = std::fs::read(d.join(format!("{f}.safetensors"))).unwrap();
+        assert!(got == *want, "{f} restored");
+    }
+    let o = tz(
+        d,
+        &["verify", "shard-1.safetensors.tz", "shard-2.safetensors.tz"],
+    );
+    ok(&o, "verify two archives");
+    assert_eq!(stderr(&o).matches(": OK (").count(), 2, "{}", stderr(&o));
+    // info: a table per archive under its name; with --json an array.
+    let o = tz(
+        d,
+        &["info", "shard-1.safetensors.tz", "shard-2.safetensors.tz"],
+    );
+    ok(&o, "info two archives");
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("==> shard-1.safetensors.tz <=="), "{text}");
+    assert!(text.contains("==> shard-2.safetensors.tz <=="), "{text}");
+    assert_eq!(text.matches("total: ").count(), 2, "{text}");
+    let o = tz(
+        d,
+        &[
+            "info",
+            "--json",
+            "shard-1.safetensors.tz",
+            "shard-2.safetensors.tz",
+        ],
+    );
+    ok(&o, "info --json two archives");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let docs = v.as_array().expect("an array of documents");
+    assert_eq!(docs.len(), 2);
+    assert_eq!(docs[1]["file"], "shard-2.safetensors.tz");
+    // One output for several inputs is refused before anything is done.
+    let o = tz(
+        d,
+        &["compress", "shard-1.orig", "shard-2.orig", "-o", "both.tz"],
+    );
+    fails(&o, "-o with two inputs", &["-o both.tz", "2 inputs"]);
+    assert!(!d.join("both.tz").exists());
+    let o = tz(
+        d,
+        &[
+            "verify",
+            "shard-1.safetensors.tz",
+            "shard-2.safetensors.tz",
+            "--against",
+            "shard-1.orig",
+        ],
+    );
+    fails(
+        &o,
+        "--against with two archives",
+        &["--against", "2 inputs"],
+    );
+    // No input at all is a usage error.
+    let o = tz(d, &["compress"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    no_temp_files(d);
+}
+
 #[test]
 fn info_and_info_json() {
     let (dir, _, model) = setup();
