@@ -90,12 +90,17 @@ fn sequence(tensor: &[u8], dtype: DType, n: usize, (b, c): (usize, usize), opts:
     seq.expect("the parts compress in sequence");
     assert!(outs == alone, "in-memory sequence differs (lead {lead})");
     let mut w = std::io::Cursor::new(Vec::new());
-    let lens = engine()
+    let done = engine()
         .compress_seq_to(&items, lead, opts, &mut w, &|_, _| {})
         .expect("the parts stream in sequence");
+    // Each blob's length, and the CRC-32 of each part's bytes (taken batch by batch as coded).
     assert_eq!(
-        lens,
-        alone.iter().map(|a| a.len() as u64).collect::<Vec<_>>()
+        done,
+        alone
+            .iter()
+            .zip(&items)
+            .map(|(a, i)| (a.len() as u64, tensorzip::checksum::crc32(i.0)))
+            .collect::<Vec<_>>()
     );
     // A stored blob is written over a longer coded attempt, which may leave bytes past the last
     // blob (the archive writer truncates its file): the blobs are the prefix.

@@ -442,8 +442,6 @@ pub const MAX_THREADS: usize = 1024;
 /// Bytes of original data handled per batch by the streaming paths (bounds their memory).
 pub const STREAM_BATCH_BYTES: usize = 32 << 20;
 
-/// Writes a coded batch of `compress_to`: the chunks' directory entries to `dir`, their payloads
-/// to `w`. Returns the payload bytes written.
 /// A batch of chunks coded by [`CpuEngine::stream_blob`], waiting to be written.
 struct CodedBatch {
     entries: Vec<ChunkEntry>,
@@ -451,6 +449,8 @@ struct CodedBatch {
     chunks: std::ops::Range<usize>,
 }
 
+/// Writes a coded batch of `compress_to`: the chunks' directory entries to `dir`, their payloads
+/// to `w`. Returns the payload bytes written.
 fn write_batch<W: Write>(
     planes: usize,
     entries: &[ChunkEntry],
@@ -639,8 +639,7 @@ impl CpuEngine {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<u64> {
         let enc = TensorEncoder::new(data, dtype, shape, opts)?;
-        self.stream_blob(enc, w, progress, false)
-            .map(|(len, _)| len)
+        self.stream_blob(enc, w, progress, None)
     }
 
     /// Compresses tensors one after the other into `w` (each blob where the one before it ends,
@@ -694,8 +693,10 @@ impl CpuEngine {
             },
             |k, enc, led| {
                 done.extend(write_lead(led, w)?);
-                let (len, crc) = self.stream_blob(enc, w, &|d| progress(n_small + k, d), true)?;
-                Ok((len, crc.unwrap_or_default()))
+                let mut crc = crc32fast::Hasher::new();
+                let len =
+                    self.stream_blob(enc, w, &|d| progress(n_small + k, d), Some(&mut crc))?;
+                Ok((len, crc.finalize()))
             },
         )?;
         done.extend(write_lead(&mut rest, w)?);
@@ -704,29 +705,10 @@ impl CpuEngine {
     }
 
     /// Writes the blob of an encoder whose model is built into `w` at its current position,
-    /// leaving `w` at the blob's end (see [`CpuEngine::compress_to`]); on a pool thread. Returns
-    /// the blob's length and, with `want_crc`, the CRC-32 of the tensor's bytes, taken batch by
-    /// batch beside the writes.
+    /// leaving `w` at the blob's end (see [`CpuEngine::compress_to`]); on a pool thread. With
+    /// `crc`, the tensor's bytes are added to it as they are written: a coded batch's once it is
+    /// coded, beside its write.
     fn stream_blob<W: Write + Seek + Send>(
-        &self,
-        enc: TensorEncoder<'_>,
-        w: &mut W,
-        progress: &(dyn Fn(u64) + Sync),
-        want_crc: bool,
-    ) -> Result<(u64, Option<u32>)> {
-        let (stored, data) = (enc.header().scheme == Scheme::Stored, enc.data());
-        if stored || !want_crc {
-            let crc = want_crc.then(|| crate::checksum::crc32(data));
-            return Ok((self.stream_coded(enc, w, progress, None)?, crc));
-        }
-        let mut crc = crc32fast::Hasher::new();
-        let len = self.stream_coded(enc, w, progress, Some(&mut crc))?;
-        Ok((len, Some(crc.finalize())))
-    }
-
-    /// [`CpuEngine::stream_blob`]'s coding and writing from `start`; with `crc`, the tensor's bytes
-    /// are added to it batch by batch (each batch once it is coded, beside its write).
-    fn stream_coded<W: Write + Seek + Send>(
         &self,
         enc: TensorEncoder<'_>,
         w: &mut W,
@@ -748,6 +730,9 @@ impl CpuEngine {
             Ok((head.len() + data.len()) as u64)
         };
         if h.scheme == Scheme::Stored {
+            if let Some(crc) = crc {
+                crc.update(data);
+            }
             return write_stored(w);
         }
         let mut prefix = Vec::new();
@@ -770,10 +755,10 @@ impl CpuEngine {
             std::mem::take(&mut *self.payloads.lock().unwrap_or_else(|e| e.into_inner()));
         // The coded batch waiting to be written.
         let mut pending: Option<CodedBatch> = None;
-        // The tensor's bytes of chunks `a..b`.
-        let bytes_of = |a: usize, b: usize| {
+        // The tensor's bytes of `chunks`.
+        let bytes_of = |chunks: &std::ops::Range<usize>| {
             let len = data.len();
-            &data[(a * chunk_bytes).min(len)..(b * chunk_bytes).min(len)]
+            &data[(chunks.start * chunk_bytes).min(len)..(chunks.end * chunk_bytes).min(len)]
         };
         let mut c0 = 0;
         // The last step only writes the last batch (its batch of chunks is empty).
@@ -789,7 +774,7 @@ impl CpuEngine {
                         if let Some(p) = &pending {
                             total += write_batch(h.planes(), &p.entries, &p.payloads, &mut dir, w)?;
                             if let Some(crc) = crc.as_deref_mut() {
-                                crc.update(bytes_of(p.chunks.start, p.chunks.end));
+                                crc.update(bytes_of(&p.chunks));
                             }
                         }
                         Ok(())
