@@ -63,6 +63,7 @@ fn gb_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / 1e9
 }
 
+/// `tensorzip compress` of one file; returns the file's and the archive's sizes.
 pub fn compress(
     file: &Path,
     output: Option<PathBuf>,
@@ -71,7 +72,7 @@ pub fn compress(
     gpu: bool,
     enc: &EncoderArgs,
     common: &Common,
-) -> Result<(), String> {
+) -> Result<(u64, u64), String> {
     let opts = ArchiveOptions {
         compress: enc.options(),
         checksum_piece_bytes: piece,
@@ -125,7 +126,7 @@ pub fn compress(
         gb_s(src.len() as u64, secs),
         threads_note(threads)
     );
-    Ok(())
+    Ok((src.len() as u64, len))
 }
 
 fn open_archive(path: &Path) -> Result<MappedFile, String> {
@@ -236,6 +237,7 @@ pub fn decompress(
 pub fn info(paths: &[PathBuf], json: bool, common: &Common) -> Result<(), String> {
     let eng = engine(common)?;
     let mut docs = Vec::new();
+    let mut totals = Totals::default();
     let mut failed = 0;
     for path in paths {
         let described = describe(path, &eng);
@@ -258,6 +260,10 @@ pub fn info(paths: &[PathBuf], json: bool, common: &Common) -> Result<(), String
         }
         text.push_str(&described.table());
         print_out(&text)?;
+        totals.add(described.original_bytes, described.archive_bytes);
+    }
+    if !json && paths.len() > 1 {
+        print_out(&format!("{}\n", totals.line("archives")))?;
     }
     if json {
         let doc = match docs.len() {
@@ -270,6 +276,34 @@ pub fn info(paths: &[PathBuf], json: bool, common: &Common) -> Result<(), String
     match failed {
         0 => Ok(()),
         n => Err(format!("{n} of {} inputs failed", paths.len())),
+    }
+}
+
+/// The original and compressed bytes of several files, for the line that ends a command given
+/// several.
+#[derive(Default)]
+pub struct Totals {
+    files: usize,
+    original: u64,
+    compressed: u64,
+}
+
+impl Totals {
+    pub fn add(&mut self, original: u64, compressed: u64) {
+        self.files += 1;
+        self.original += original;
+        self.compressed += compressed;
+    }
+
+    /// "all 3 archives: 100 -> 66 bytes (66.00%)".
+    pub fn line(&self, what: &str) -> String {
+        format!(
+            "all {} {what}: {} -> {} bytes ({:.2}%)",
+            self.files,
+            self.original,
+            self.compressed,
+            self.compressed as f64 / self.original.max(1) as f64 * 100.0
+        )
     }
 }
 

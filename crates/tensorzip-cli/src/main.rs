@@ -227,8 +227,9 @@ fn main() -> ExitCode {
             enc,
             common,
         } => one_output(&files, &output, "-o").and_then(|()| {
-            each(&files, |f| {
-                commands::compress(
+            let mut totals = commands::Totals::default();
+            let done = each(&files, |f| {
+                let (original, archive) = commands::compress(
                     f,
                     output.clone(),
                     force,
@@ -236,8 +237,14 @@ fn main() -> ExitCode {
                     gpu,
                     &enc,
                     &common,
-                )
-            })
+                )?;
+                totals.add(original, archive);
+                Ok(())
+            });
+            if files.len() > 1 {
+                eprintln!("{}", totals.line("files compressed"));
+            }
+            done
         }),
         Command::Decompress {
             archives,

@@ -352,6 +352,13 @@ fn several_inputs_in_one_command() {
     assert_eq!(errors.len(), 2, "{err}");
     assert!(errors[0].contains("shard-bad.safetensors"), "{err}");
     assert!(errors[1].contains("1 of 3 inputs failed"), "{err}");
+    // The sizes of the two done, together, before the failure count.
+    let total = err
+        .lines()
+        .find(|l| l.starts_with("all 2 files compressed: "))
+        .unwrap_or_else(|| panic!("no total line: {err}"));
+    let twice = 2 * model.len();
+    assert!(total.contains(&format!(": {twice} -> ")), "{total}");
     assert!(!d.join("shard-bad.safetensors.tz").exists());
     // The good ones were compressed, the one after the bad one too.
     for f in ["shard-1", "shard-2"] {
@@ -392,6 +399,12 @@ fn several_inputs_in_one_command() {
     assert!(text.contains("==> shard-1.safetensors.tz <=="), "{text}");
     assert!(text.contains("==> shard-2.safetensors.tz <=="), "{text}");
     assert_eq!(text.matches("total: ").count(), 2, "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.starts_with(&format!("all 2 archives: {twice} -> "))),
+        "{text}"
+    );
     let o = tz(
         d,
         &[
