@@ -16,9 +16,8 @@ use tensorzip::archive::{
     parse_header, plan_tensors, safetensors_header, write_archive, Archive, ArchiveOptions,
     ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
-use tensorzip_cuda::encode::DeviceTensor;
-
 use tensorzip::mapped::MappedFile;
+use tensorzip_cuda::encode::DeviceTensor;
 
 use crate::gpu::{engine_on, gpu_err, restoring};
 use crate::{cpu, host, host_mut, to_py, OptionArgs};

@@ -7,10 +7,9 @@ use std::time::Instant;
 use tensorzip::archive::{
     plan_safetensors, write_archive, Archive, ArchiveOptions, BlobEncoder, SegmentKind,
 };
+use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
-
-use tensorzip::mapped::{MappedFile, Spent};
 
 use crate::output::{map_file, progress_bar, SafeOutput};
 use crate::{Common, DecodeArgs, EncoderArgs};

@@ -176,21 +176,25 @@ enum Command {
     },
 }
 
-/// `option` (a path that goes with one input: `-o`, `--against`) is refused with several inputs.
+/// `option` (a path that goes with one input: `-o`, `--against`) is refused with several inputs;
+/// `hint` says what to do instead.
 fn one_output(
     inputs: &[std::path::PathBuf],
     option: &Option<std::path::PathBuf>,
     name: &str,
+    hint: &str,
 ) -> Result<(), String> {
     match (option, inputs.len()) {
         (Some(p), n) if n > 1 => Err(format!(
-            "{name} {} names one file, but {n} inputs were given (leave {name} out: each \
-             input gets its own)",
+            "{name} {} names one file, but {n} inputs were given ({hint})",
             p.display()
         )),
         _ => Ok(()),
     }
 }
+
+/// What to do instead of `-o` with several inputs.
+const EACH_OUTPUT: &str = "leave -o out: each input gets its own output";
 
 /// Runs `one` on each input in turn. With several inputs a failure is reported on its own line
 /// and the others are still done (as gzip does); the result is then an error that counts them.
@@ -226,7 +230,7 @@ fn main() -> ExitCode {
             gpu,
             enc,
             common,
-        } => one_output(&files, &output, "-o").and_then(|()| {
+        } => one_output(&files, &output, "-o", EACH_OUTPUT).and_then(|()| {
             let mut totals = commands::Totals::default();
             let done = each(&files, |f| {
                 let (original, archive) = commands::compress(
@@ -252,7 +256,7 @@ fn main() -> ExitCode {
             force,
             dec,
             common,
-        } => one_output(&archives, &output, "-o").and_then(|()| {
+        } => one_output(&archives, &output, "-o", EACH_OUTPUT).and_then(|()| {
             each(&archives, |a| {
                 commands::decompress(a, output.clone(), force, &dec, &common)
             })
@@ -267,7 +271,13 @@ fn main() -> ExitCode {
             against,
             dec,
             common,
-        } => one_output(&archives, &against, "--against").and_then(|()| {
+        } => one_output(
+            &archives,
+            &against,
+            "--against",
+            "verify each archive against its original in a command of its own",
+        )
+        .and_then(|()| {
             each(&archives, |a| {
                 commands::verify(a, against.as_deref(), &dec, &common)
             })
