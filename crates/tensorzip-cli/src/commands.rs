@@ -62,10 +62,56 @@ fn gb_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / 1e9
 }
 
+/// Where a command writes its output.
+pub enum Output<'a> {
+    /// The input's default name (`FILE.tz`, or the archive's name without `.tz`) in `Some`
+    /// directory (`--output-dir`), or next to the input.
+    Default(Option<&'a Path>),
+    /// This path (`-o`).
+    Path(&'a Path),
+}
+
+impl<'a> Output<'a> {
+    /// From `-o` and `--output-dir` (which clap keeps apart).
+    pub fn of(output: &'a Option<PathBuf>, dir: &'a Option<PathBuf>) -> Output<'a> {
+        match output {
+            Some(p) => Output::Path(p),
+            None => Output::Default(dir.as_deref()),
+        }
+    }
+
+    /// The output path for `input`, whose default output is `default` (a path next to it).
+    fn resolve(&self, input: &Path, default: PathBuf) -> Result<PathBuf, String> {
+        match self {
+            Output::Path(p) => Ok(p.to_path_buf()),
+            Output::Default(None) => Ok(default),
+            Output::Default(Some(dir)) => match default.file_name() {
+                Some(name) => Ok(dir.join(name)),
+                None => Err(format!("{}: not a file name", input.display())),
+            },
+        }
+    }
+}
+
+/// `--output-dir`, when given, must be a directory that exists (checked before any input is read).
+pub fn check_dir(dir: Option<&Path>) -> Result<(), String> {
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!(
+            "{}: --output-dir is not a directory",
+            dir.display()
+        )),
+        Err(e) => Err(format!("{}: --output-dir: {e}", dir.display())),
+    }
+}
+
 /// `tensorzip compress` of one file; returns the file's and the archive's sizes.
 pub fn compress(
     file: &Path,
-    output: Option<PathBuf>,
+    output: Output<'_>,
     force: bool,
     piece: u32,
     gpu: bool,
@@ -85,11 +131,9 @@ pub fn compress(
     };
     let src = map_file(file)?;
     let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
-    let dest = output.unwrap_or_else(|| {
-        let mut s = file.as_os_str().to_owned();
-        s.push(format!(".{EXT}"));
-        PathBuf::from(s)
-    });
+    let mut default = file.as_os_str().to_owned();
+    default.push(format!(".{EXT}"));
+    let dest = output.resolve(file, PathBuf::from(default))?;
     let mut out = SafeOutput::create(&dest, force, file)?;
     let pb = progress_bar(src.len() as u64, "compress");
     // The input's pages leave the process once coded (the engines read it in order).
@@ -179,7 +223,7 @@ fn decode_all<W: Write + Send>(
 
 pub fn decompress(
     path: &Path,
-    output: Option<PathBuf>,
+    output: Output<'_>,
     force: bool,
     dec: &DecodeArgs,
     common: &Common,
@@ -187,11 +231,11 @@ pub fn decompress(
     let data = open_archive(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let dest = match output {
-        Some(o) => o,
-        None => {
+        Output::Path(p) => p.to_path_buf(),
+        Output::Default(_) => {
             let s = path.to_string_lossy();
             match s.strip_suffix(&format!(".{EXT}")) {
-                Some(stem) if !stem.is_empty() => PathBuf::from(stem),
+                Some(stem) if !stem.is_empty() => output.resolve(path, PathBuf::from(stem))?,
                 _ => {
                     return Err(format!(
                         "{}: name does not end in .{EXT}; give the output with -o",

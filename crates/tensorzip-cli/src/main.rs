@@ -97,6 +97,10 @@ enum Command {
         /// Output path (only with a single input).
         #[arg(short, long)]
         output: Option<std::path::PathBuf>,
+        /// Write each output into this directory (under its default name) instead of next to
+        /// its input.
+        #[arg(short = 'O', long, conflicts_with = "output")]
+        output_dir: Option<std::path::PathBuf>,
         /// Overwrite the output if it exists.
         #[arg(short, long)]
         force: bool,
@@ -120,6 +124,11 @@ enum Command {
         /// Output path (only with a single input).
         #[arg(short, long)]
         output: Option<std::path::PathBuf>,
+        /// Write each output into this directory (under its default name) instead of next to
+        /// its input.
+        #[arg(short = 'O', long, conflicts_with = "output")]
+        output_dir: Option<std::path::PathBuf>,
+        /// Overwrite the output if it exists.
         #[arg(short, long)]
         force: bool,
         #[command(flatten)]
@@ -194,7 +203,8 @@ fn one_output(
 }
 
 /// What to do instead of `-o` with several inputs.
-const EACH_OUTPUT: &str = "leave -o out: each input gets its own output";
+const EACH_OUTPUT: &str =
+    "leave -o out: each input gets its own output, next to it or in --output-dir";
 
 /// Runs `one` on each input in turn. With several inputs a failure is reported on its own line
 /// and the others are still done (as gzip does); the result is then an error that counts them.
@@ -225,42 +235,49 @@ fn main() -> ExitCode {
         Command::Compress {
             files,
             output,
+            output_dir,
             force,
             checksum_chunk_bytes,
             gpu,
             enc,
             common,
-        } => one_output(&files, &output, "-o", EACH_OUTPUT).and_then(|()| {
-            let mut totals = commands::Totals::default();
-            let done = each(&files, |f| {
-                let (original, archive) = commands::compress(
-                    f,
-                    output.clone(),
-                    force,
-                    checksum_chunk_bytes,
-                    gpu,
-                    &enc,
-                    &common,
-                )?;
-                totals.add(original, archive);
-                Ok(())
-            });
-            if files.len() > 1 {
-                eprintln!("{}", totals.line("files compressed"));
-            }
-            done
-        }),
+        } => one_output(&files, &output, "-o", EACH_OUTPUT)
+            .and_then(|()| commands::check_dir(output_dir.as_deref()))
+            .and_then(|()| {
+                let mut totals = commands::Totals::default();
+                let done = each(&files, |f| {
+                    let (original, archive) = commands::compress(
+                        f,
+                        commands::Output::of(&output, &output_dir),
+                        force,
+                        checksum_chunk_bytes,
+                        gpu,
+                        &enc,
+                        &common,
+                    )?;
+                    totals.add(original, archive);
+                    Ok(())
+                });
+                if files.len() > 1 {
+                    eprintln!("{}", totals.line("files compressed"));
+                }
+                done
+            }),
         Command::Decompress {
             archives,
             output,
+            output_dir,
             force,
             dec,
             common,
-        } => one_output(&archives, &output, "-o", EACH_OUTPUT).and_then(|()| {
-            each(&archives, |a| {
-                commands::decompress(a, output.clone(), force, &dec, &common)
-            })
-        }),
+        } => one_output(&archives, &output, "-o", EACH_OUTPUT)
+            .and_then(|()| commands::check_dir(output_dir.as_deref()))
+            .and_then(|()| {
+                each(&archives, |a| {
+                    let out = commands::Output::of(&output, &output_dir);
+                    commands::decompress(a, out, force, &dec, &common)
+                })
+            }),
         Command::Info {
             archives,
             json,

@@ -447,6 +447,72 @@ fn several_inputs_in_one_command() {
     no_temp_files(d);
 }
 
+/// `--output-dir` puts each output, under its default name, in a directory that must exist;
+/// it cannot go with `-o`.
+#[test]
+fn output_dir_takes_the_outputs() {
+    let (dir, _, model) = setup();
+    let d = dir.path();
+    std::fs::write(d.join("b.safetensors"), &model).unwrap();
+    std::fs::create_dir(d.join("out")).unwrap();
+    std::fs::create_dir(d.join("back")).unwrap();
+    ok(
+        &tz(
+            d,
+            &[
+                "compress",
+                "model.safetensors",
+                "b.safetensors",
+                "-O",
+                "out",
+                "-f",
+            ],
+        ),
+        "compress -O",
+    );
+    assert!(d.join("out/model.safetensors.tz").exists());
+    assert!(d.join("out/b.safetensors.tz").exists());
+    assert!(
+        !d.join("b.safetensors.tz").exists(),
+        "written next to its input"
+    );
+    ok(
+        &tz(
+            d,
+            &[
+                "decompress",
+                "out/model.safetensors.tz",
+                "out/b.safetensors.tz",
+                "--output-dir",
+                "back",
+            ],
+        ),
+        "decompress --output-dir",
+    );
+    for f in ["model", "b"] {
+        let got = std::fs::read(d.join(format!("back/{f}.safetensors"))).unwrap();
+        assert!(got == model, "{f} restored");
+    }
+    // Without -f an existing output in the directory is kept.
+    let o = tz(d, &["compress", "b.safetensors", "-O", "out"]);
+    fails(
+        &o,
+        "an existing output in -O",
+        &["b.safetensors.tz", "already exists"],
+    );
+    let o = tz(d, &["compress", "b.safetensors", "-O", "missing"]);
+    fails(&o, "a missing -O", &["missing", "--output-dir"]);
+    let o = tz(
+        d,
+        &["decompress", "out/b.safetensors.tz", "-O", "b.safetensors"],
+    );
+    fails(&o, "-O a file", &["b.safetensors", "not a directory"]);
+    let o = tz(d, &["compress", "b.safetensors", "-O", "out", "-o", "x.tz"]);
+    assert_eq!(o.status.code(), Some(2), "-O with -o: {}", stderr(&o));
+    no_temp_files(&d.join("out"));
+    no_temp_files(&d.join("back"));
+}
+
 #[test]
 fn info_and_info_json() {
     let (dir, _, model) = setup();
