@@ -93,19 +93,35 @@ impl<'a> Output<'a> {
     }
 }
 
-/// `--output-dir`, when given, must be a directory that exists (checked before any input is read).
-pub fn check_dir(dir: Option<&Path>) -> Result<(), String> {
+/// `--output-dir`, when given, must be a directory that exists, and no two `inputs` may have the
+/// same file name (their outputs would be one file, the second written over the first with `-f`).
+/// Checked before any input is read.
+pub fn check_dir(dir: Option<&Path>, inputs: &[PathBuf]) -> Result<(), String> {
     let Some(dir) = dir else {
         return Ok(());
     };
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(format!(
-            "{}: --output-dir is not a directory",
-            dir.display()
-        )),
-        Err(e) => Err(format!("{}: --output-dir: {e}", dir.display())),
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(format!(
+                "{}: --output-dir is not a directory",
+                dir.display()
+            ))
+        }
+        Err(e) => return Err(format!("{}: --output-dir: {e}", dir.display())),
     }
+    let mut seen = std::collections::HashMap::new();
+    for input in inputs {
+        if let Some(before) = seen.insert(input.file_name(), input) {
+            return Err(format!(
+                "{} and {} have the same name: their outputs in {} would be one file",
+                before.display(),
+                input.display(),
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `tensorzip compress` of one file; returns the file's and the archive's sizes.

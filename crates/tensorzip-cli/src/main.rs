@@ -242,7 +242,7 @@ fn main() -> ExitCode {
             enc,
             common,
         } => one_output(&files, &output, "-o", EACH_OUTPUT)
-            .and_then(|()| commands::check_dir(output_dir.as_deref()))
+            .and_then(|()| commands::check_dir(output_dir.as_deref(), &files))
             .and_then(|()| {
                 let mut totals = commands::Totals::default();
                 let done = each(&files, |f| {
@@ -271,7 +271,7 @@ fn main() -> ExitCode {
             dec,
             common,
         } => one_output(&archives, &output, "-o", EACH_OUTPUT)
-            .and_then(|()| commands::check_dir(output_dir.as_deref()))
+            .and_then(|()| commands::check_dir(output_dir.as_deref(), &archives))
             .and_then(|()| {
                 each(&archives, |a| {
                     let out = commands::Output::of(&output, &output_dir);

@@ -507,6 +507,25 @@ fn output_dir_takes_the_outputs() {
         &["decompress", "out/b.safetensors.tz", "-O", "b.safetensors"],
     );
     fails(&o, "-O a file", &["b.safetensors", "not a directory"]);
+    // Two inputs of the same name would have one output.
+    std::fs::create_dir(d.join("other")).unwrap();
+    std::fs::write(d.join("other/b.safetensors"), &model).unwrap();
+    let o = tz(
+        d,
+        &[
+            "compress",
+            "b.safetensors",
+            "other/b.safetensors",
+            "-O",
+            "out",
+            "-f",
+        ],
+    );
+    fails(
+        &o,
+        "two inputs of one name",
+        &["other/b.safetensors", "same name"],
+    );
     let o = tz(d, &["compress", "b.safetensors", "-O", "out", "-o", "x.tz"]);
     assert_eq!(o.status.code(), Some(2), "-O with -o: {}", stderr(&o));
     no_temp_files(&d.join("out"));
