@@ -13,10 +13,10 @@ use cudarc::driver::DevicePtr;
 use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::archive::{
-    parse_header, plan_tensors, safetensors_header, write_archive, Archive, ArchiveOptions,
-    ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
+    parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
+    ArchiveOptions, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
-use tensorzip::mapped::MappedFile;
+use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip_cuda::encode::DeviceTensor;
 
 use crate::gpu::{engine_on, gpu_err, restoring};
@@ -319,13 +319,10 @@ fn named(path: &str, e: tensorzip::Error) -> PyErr {
     }
 }
 
-/// Opens the archive at `path`.
-#[pyfunction]
-fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
-    let shown = path.display().to_string();
-    let named = |e| named(&shown, e);
+/// Maps the regular file at `path` (shown as `shown` in errors) for reading.
+fn map_input(path: &std::path::Path, shown: &str) -> PyResult<MappedFile> {
     let file =
-        std::fs::File::open(&path).map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+        std::fs::File::open(path).map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
     // Only regular files map (a directory gave "No such device (os error 19)").
     let meta = file
         .metadata()
@@ -340,8 +337,97 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
     }
     // SAFETY: the file is mapped read-only; a file changed underneath us yields wrong bytes, which
     // the checksums report, not undefined behaviour of this process's memory.
-    let map = unsafe { MappedFile::map(&file) }
-        .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+    unsafe { MappedFile::map(&file) }.map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))
+}
+
+/// `dst` must not be `src` itself (the temporary file would be renamed over the input).
+fn not_the_input(src: &std::path::Path, dst: &std::path::Path) -> PyResult<()> {
+    #[cfg(unix)]
+    let same = {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(src), std::fs::metadata(dst)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    };
+    #[cfg(not(unix))]
+    let same = matches!((src.canonicalize(), dst.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    match same {
+        true => Err(PyValueError::new_err(format!(
+            "{}: is the input file; give another output",
+            dst.display()
+        ))),
+        false => Ok(()),
+    }
+}
+
+/// Compresses the `.safetensors` file `src` into the archive `dst` (through a temporary file
+/// renamed into place) without loading its tensors: the file is mapped, coded as `tensorzip
+/// compress` codes it, and its pages are given back as they are coded. Returns the file's and the
+/// archive's sizes.
+#[pyfunction]
+fn compress_file(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    opts: OptionArgs,
+) -> PyResult<(u64, u64)> {
+    let shown = src.display().to_string();
+    let opts = ArchiveOptions {
+        compress: opts.options()?,
+        checksum_piece_bytes: 0,
+    };
+    let map = map_input(&src, &shown)?;
+    not_the_input(&src, &dst)?;
+    py.detach(|| {
+        let segs = plan_safetensors(&map).map_err(|e| named(&shown, e))?;
+        let spent = Spent::prefix(&map);
+        let mut len = 0;
+        write_atomically(&dst, |f| {
+            len = write_archive(cpu(), &map[..], &segs, &opts, f, &|done| {
+                spent.reached(done)
+            })
+            .map_err(|e| match e {
+                tensorzip::Error::Io(m) => PyOSError::new_err(format!("{}: {m}", dst.display())),
+                e => named(&shown, e),
+            })?;
+            Ok(())
+        })?;
+        Ok((map.len() as u64, len))
+    })
+}
+
+/// Restores the `.safetensors` file of archive `src` into `dst` byte for byte (through a
+/// temporary file renamed into place), checking every checksum; the archive's pages are given
+/// back as its segments are written. Returns the restored file's size.
+#[pyfunction]
+fn decompress_file(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<u64> {
+    let shown = src.display().to_string();
+    let map = map_input(&src, &shown)?;
+    not_the_input(&src, &dst)?;
+    py.detach(|| {
+        let ar = Archive::parse(&map).map_err(|e| named(&shown, e))?;
+        let spent = Spent::blobs(&map, &ar);
+        write_atomically(&dst, |f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let out_err = |m: String| PyOSError::new_err(format!("{}: {m}", dst.display()));
+            ar.decode_all_to(cpu(), &mut w, &|done| spent.reached(done))
+                .map_err(|e| match e {
+                    tensorzip::Error::Io(m) => out_err(m),
+                    e => named(&shown, e),
+                })?;
+            w.flush().map_err(|e| out_err(e.to_string()))
+        })?;
+        Ok(ar.original_len)
+    })
+}
+
+/// Opens the archive at `path`.
+#[pyfunction]
+fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
+    let shown = path.display().to_string();
+    let named = |e| named(&shown, e);
+    let map = map_input(&path, &shown)?;
     let ar = Archive::parse(&map).map_err(named)?;
     // Segment 0 is the safetensors header.
     let head = ar.decode_segment(cpu(), 0).map_err(named)?;
@@ -546,5 +632,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_file, m)?)?;
     m.add_function(wrap_pyfunction!(save_file_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(open_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(compress_file, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress_file, m)?)?;
     Ok(())
 }

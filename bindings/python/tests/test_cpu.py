@@ -311,6 +311,61 @@ def test_saved_file_is_the_cli_archive_of_a_safetensors_file(gen, tmp_path):
         assert same(back[k], v), k
 
 
+def test_compress_and_decompress_file(gen, tmp_path):
+    """A .safetensors file to an archive and back without loading its tensors: decompress_file
+    restores the file byte for byte, and compress_file of that file writes the very archive
+    save_file wrote (the same coder, the same segments); bad input raises errors naming the file
+    and leaves no output."""
+    tensors = _model(gen)
+    saved = tmp_path / "m.safetensors.tz"
+    tz.save_file(tensors, saved, metadata={"k": "v"})
+    n = tz.decompress_file(saved)  # default output: the name without .tz
+    restored = tmp_path / "m.safetensors"
+    assert restored.stat().st_size == n
+    raw = restored.read_bytes()
+    (hn,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + hn])
+    assert header["__metadata__"] == {"k": "v"}
+    for k, v in tensors.items():
+        begin, end = header[k]["data_offsets"]
+        assert raw[8 + hn + begin : 8 + hn + end] == _bytes(v.contiguous()), k
+    again = tmp_path / "again.tz"
+    size, archive = tz.compress_file(restored, again)
+    assert (size, archive) == (len(raw), again.stat().st_size)
+    assert again.read_bytes() == saved.read_bytes()
+    # bytes and PathLike names, the default output name, non-default options.
+    os.remove(saved)
+    tz.compress_file(bytes(restored), max_tables=2, condition=False)
+    back = tz.load_file(saved)
+    assert all(same(back[k], v) for k, v in tensors.items())
+    os.remove(restored)
+    tz.decompress_file(saved, bytes(tmp_path / "r2.safetensors"))
+    assert (tmp_path / "r2.safetensors").read_bytes() == raw
+    # Bad input: errors name the file; nothing is left at the output.
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ValueError, match="junk.safetensors"):
+        tz.compress_file(tmp_path / "junk.safetensors", tmp_path / "junk.tz")
+    with pytest.raises(ValueError, match="already"):
+        tz.compress_file(saved, tmp_path / "twice.tz")
+    bad = bytearray(saved.read_bytes())
+    bad[len(bad) // 2] ^= 0x10
+    (tmp_path / "bad.tz").write_bytes(bad)
+    with pytest.raises(ValueError, match="bad.tz"):
+        tz.decompress_file(tmp_path / "bad.tz", tmp_path / "bad.safetensors")
+    with pytest.raises(ValueError, match="does not end in .tz"):
+        tz.decompress_file(tmp_path / "r2.safetensors")
+    with pytest.raises(ValueError, match="is the input file"):
+        tz.compress_file(tmp_path / "r2.safetensors", tmp_path / "r2.safetensors")
+    with pytest.raises(IsADirectoryError):
+        tz.decompress_file(saved, tmp_path)
+    with pytest.raises(OSError):
+        tz.compress_file(tmp_path / "missing.safetensors")
+    with pytest.raises(ValueError, match="max_tables"):
+        tz.compress_file(tmp_path / "r2.safetensors", tmp_path / "x.tz", max_tables=0)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["again.tz", "bad.tz", "junk.safetensors", "m.safetensors.tz", "r2.safetensors"], left
+
+
 def test_damaged_files_raise_value_error_naming_the_file(gen, tmp_path):
     path = tmp_path / "d.tz"
     tz.save_file(_model(gen), path)

@@ -194,18 +194,6 @@ fn open_archive(path: &Path) -> Result<MappedFile, String> {
     Ok(data)
 }
 
-/// Gives back the pages of archive `data`'s blobs as the progress of decoding it (original bytes
-/// written, in order) passes the end of each blob's segment.
-fn spent_blobs<'m>(data: &'m MappedFile, ar: &Archive<'_>) -> Spent<'m> {
-    let steps = ar
-        .segments
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.orig_offset + s.orig_len, ar.blob_range(i)))
-        .collect();
-    Spent::steps(data, steps)
-}
-
 /// The message of a command's failure: an I/O error is the output's (writing it, or reading back
 /// what was written: the inputs are mapped), anything else the input's.
 fn failure(e: tensorzip::Error, input: &Path, output: &Path) -> String {
@@ -263,7 +251,7 @@ pub fn decompress(
     };
     let mut out = SafeOutput::create(&dest, force, path)?;
     let pb = progress_bar(ar.original_len, "decompress");
-    let spent = spent_blobs(&data, &ar);
+    let spent = Spent::blobs(&data, &ar);
     let t = Instant::now();
     {
         let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
@@ -533,7 +521,7 @@ pub fn verify(
     let pb = progress_bar(ar.original_len, "verify");
     // The archive's and the original's pages leave the process once checked.
     let spent = (
-        spent_blobs(&data, &ar),
+        Spent::blobs(&data, &ar),
         original.as_ref().map(Spent::prefix),
     );
     let progress = |done| {

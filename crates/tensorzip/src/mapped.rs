@@ -115,6 +115,18 @@ impl<'m> Spent<'m> {
         Spent::new(file, Some(steps))
     }
 
+    /// The blobs of `ar`, an archive parsed from `file`: each blob is spent once the progress of
+    /// decoding the archive (original bytes written, in order) passes the end of its segment.
+    pub fn blobs(file: &'m MappedFile, ar: &crate::archive::Archive<'_>) -> Spent<'m> {
+        let steps = ar
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.orig_offset + s.orig_len, ar.blob_range(i)))
+            .collect();
+        Spent::steps(file, steps)
+    }
+
     fn new(file: &'m MappedFile, steps: Option<Vec<(u64, Range<usize>)>>) -> Spent<'m> {
         Spent {
             file,

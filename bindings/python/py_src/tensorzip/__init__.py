@@ -30,7 +30,7 @@ from ._entropack import (
     compress,
     decompress,
 )
-from ._files import load_file, safe_open, save_file
+from ._files import compress_file, decompress_file, load_file, safe_open, save_file
 from ._tensorzip import __version__
 
 __all__ = [
@@ -42,9 +42,11 @@ __all__ = [
     "__version__",
     "blob_info",
     "compress",
+    "compress_file",
     "compress_tensor",
     "compress_tensor_with_crc32",
     "decompress",
+    "decompress_file",
     "decompress_tensor",
     "gpu_available",
     "gpu_unavailable_reason",

@@ -1,4 +1,6 @@
-"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`.
+"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`; and
+`compress_file` / `decompress_file`, a `.safetensors` file to an archive and back without loading
+its tensors (what `tensorzip compress` / `decompress` do).
 
 The file is a tensorzip archive of the safetensors file the tensors make (the format of
 `tensorzip compress`; `tensorzip decompress` turns it back into that `.safetensors` file, byte for
@@ -263,3 +265,39 @@ def load_file(filename: str | bytes | os.PathLike, device: str | int | torch.dev
     if dev.type != "cpu":
         outs = [o.to(dev) for o in outs]
     return dict(zip(names, outs))
+
+
+def compress_file(
+    src: str | bytes | os.PathLike,
+    dst: str | bytes | os.PathLike | None = None,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    passthrough_threshold: float = 0.95,
+    min_compress_bytes: int = 1024,
+    block_units: int = DEFAULT_BLOCK_UNITS,
+    max_tables: int = DEFAULT_MAX_TABLES,
+    condition: bool = True,
+) -> tuple[int, int]:
+    """Compresses the `.safetensors` file `src` into a tensorzip archive at `dst` (default: `src`
+    + ".tz") without loading its tensors: the archive `tensorzip compress` writes, byte for byte,
+    through a temporary file renamed into place (an existing `dst` is replaced, as `save_file`
+    does; `dst` may not be `src`). Returns (the file's size, the archive's size). A file that is
+    not a safetensors file raises ValueError naming it."""
+    src = os.fsdecode(src)
+    dst = src + ".tz" if dst is None else os.fsdecode(dst)
+    opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
+    _core.check_options(opts)
+    return _native.compress_file(src, dst, opts.args())
+
+
+def decompress_file(src: str | bytes | os.PathLike, dst: str | bytes | os.PathLike | None = None) -> int:
+    """Restores the `.safetensors` file of the tensorzip archive `src` at `dst` (default: `src`
+    without its ".tz"), byte for byte, checking every checksum, through a temporary file renamed
+    into place. Returns the restored file's size. A damaged archive raises ValueError naming it
+    (and nothing is left at `dst`)."""
+    src = os.fsdecode(src)
+    if dst is None:
+        if not src.endswith(".tz") or len(src) == 3 or src.endswith("/.tz"):
+            raise ValueError(f"{src}: name does not end in .tz; give the output file")
+        dst = src[:-3]
+    return _native.decompress_file(src, os.fsdecode(dst))
