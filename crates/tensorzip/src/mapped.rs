@@ -93,6 +93,8 @@ pub struct Spent<'m> {
     /// the order they are spent, each with the progress that spends it (an archive's blobs,
     /// spent when their segment's original bytes are written).
     steps: Option<Vec<(u64, Range<usize>)>>,
+    /// Bytes given back at a time ([`RELEASE_STEP_BYTES`]; smaller in tests).
+    step: usize,
     state: Mutex<State>,
 }
 
@@ -131,12 +133,21 @@ impl<'m> Spent<'m> {
         Spent {
             file,
             steps,
+            step: RELEASE_STEP_BYTES,
             state: Mutex::new(State {
                 next: 0,
                 from: 0,
                 to: 0,
             }),
         }
+    }
+
+    /// Gives back `step` bytes at a time instead of [`RELEASE_STEP_BYTES`] (for tests on small
+    /// files).
+    #[cfg(test)]
+    fn with_step(mut self, step: usize) -> Spent<'m> {
+        self.step = step;
+        self
     }
 
     /// The progress has reached `done`: gives back what it spent, once that is at least
@@ -160,7 +171,7 @@ impl<'m> Spent<'m> {
                 }
             }
         }
-        if st.to.saturating_sub(st.from) >= RELEASE_STEP_BYTES {
+        if st.to.saturating_sub(st.from) >= self.step {
             self.file.release(st.from..st.to);
             // The partial page at the end was kept; it goes with the next step.
             st.from = st.to;
@@ -193,6 +204,37 @@ mod tests {
         f.write_all(bytes).unwrap();
         f.flush().unwrap();
         f
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any steps (ranges reversed, overlapping, past the end, out of order) and any sequence
+        /// of progress reports: no panic, and the file reads back the same bytes.
+        #[test]
+        fn any_steps_and_progress_leave_the_bytes_alone(
+            steps in proptest::collection::vec((0u64..200, 0usize..80_000, 0usize..80_000), 0..12),
+            reports in proptest::collection::vec(0u64..220, 0..12),
+            prefix in proptest::bool::ANY,
+            step in 1usize..20_000,
+        ) {
+            let bytes: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+            let f = file_of(&bytes);
+            // SAFETY: a temporary file nobody else changes.
+            let m = unsafe { MappedFile::map(&f) }.unwrap();
+            let s = match prefix {
+                true => Spent::prefix(&m),
+                false => Spent::steps(
+                    &m,
+                    steps.iter().map(|&(at, a, b)| (at, Range { start: a, end: b })).collect(),
+                ),
+            }
+            .with_step(step);
+            for r in reports {
+                s.reached(r * 1000);
+            }
+            s.reached(u64::MAX);
+            proptest::prop_assert!(m[..] == bytes[..]);
+        }
     }
 
     /// Released pages read back the same bytes, in whole or in part, at any alignment; ranges
