@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 source scripts/ensure-rust.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The libraries' documentation builds without warnings (broken or private intra-doc links).
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p tensorzip -p tensorzip-cuda
 cargo test --workspace --release
 # The fuzz targets and their seed generator live in their own workspace (fuzzing itself needs
 # nightly and cargo-fuzz: docs/FUZZING.md); they must keep compiling against the library (the seed

@@ -588,7 +588,7 @@ pub fn varied(h: &[u32; 256]) -> bool {
 }
 
 /// The flat-plane rule: whether every probe histogram in `probes` has at least two distinct bytes
-/// and is shown raw under every table by the collision bound ([`CollisionTest`]). A plane whose
+/// and is shown raw under every table by the collision bound (`CollisionTest`). A plane whose
 /// probes are all flat gets no block tables, and its other sampled blocks need not be counted:
 /// fp32's two low mantissa bytes were counted in every sampled block only for the planes to be
 /// stored raw (not counting them: MiniLM fp32 one-thread compress +8%, 2026-12-03).

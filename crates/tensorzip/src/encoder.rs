@@ -51,7 +51,7 @@ pub fn with_scratch<R>(f: impl FnOnce(&mut ChunkScratch) -> R) -> R {
 }
 
 /// Tensors at least this large have their chunk payloads appended past the caches
-/// ([`crate::streaming`]): the decoder's threshold for its output. One-thread warm compress against
+/// (`crate::streaming`): the decoder's threshold for its output. One-thread warm compress against
 /// ordinary stores (2026-12-03, Intel VM, alternating processes, median of 5 per-round ratios):
 /// synthetic bf16 +3.5% and +2.4% (area, then the stream's words too), synthetic fp32 +3.2% and
 /// +1.0%, MiniLM fp32 +2.3%, MiniLM bf16 +2.0%; 1 MiB instead of 8 changed nothing measurable on
@@ -176,7 +176,7 @@ impl<'a> TensorEncoder<'a> {
         self.streaming
     }
 
-    /// Whether chunk payloads are appended past the caches ([`crate::streaming`]; by default for
+    /// Whether chunk payloads are appended past the caches (`crate::streaming`; by default for
     /// tensors of at least [`STREAMING_PAYLOAD_BYTES`]). Callers that code chunks into buffers
     /// they copy from soon turn it off. The bytes are the same either way.
     pub fn set_streaming(&mut self, on: bool) {

@@ -122,7 +122,7 @@ impl CpuEngine {
     /// small tensors have a few chunks each and a table search that is mostly sequential, so one
     /// at a time they leave cores idle (MiniLM fp32 on 2 cores: 1.3x one core). Coded side by
     /// side, each tensor's chunks go straight into its blob while every thread is busy; a thread
-    /// that runs out of tensors takes pieces of the others' ([`pieces::code_pieces`]).
+    /// that runs out of tensors takes pieces of the others' (`pieces::code_pieces`).
     pub fn compress_many_into(
         &self,
         items: &[crate::archive::BlobItem<'_>],

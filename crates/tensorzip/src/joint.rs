@@ -2,7 +2,7 @@
 //! condition byte `e` (the exponent), over the model's sampled blocks, from which
 //! [`crate::model::choose_conditional`] picks the conditional table.
 //!
-//! Counted block by block into 16-bit counters that stay zero between blocks ([`BlockJoint`]):
+//! Counted block by block into 16-bit counters that stay zero between blocks (`BlockJoint`):
 //! one increment a unit. After a block, only the rows of the condition bytes the block has are
 //! read — added to the tensor's counts and to the block's histogram of the plane — and zeroed.
 //! This replaced a loop of two 32-bit increments a unit (the joint counter and the plane's

@@ -16,7 +16,7 @@ pub struct DecodeTable {
     /// Per slot (`x & 4095`): `sym | freq << 8 | (slot - cum) << 20`.
     pub slots: [u32; PROB_SCALE as usize],
     /// The same lookup by rank, for a small table (the AVX-512 VBMI step's, where
-    /// [`crate::cpu::ranked_decode`]).
+    /// `crate::cpu::ranked_decode`).
     pub ranked: Option<RankedDecodeTable>,
 }
 

@@ -39,7 +39,7 @@ pub struct EncoderScratch {
 /// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then each sub sequence,
 /// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
 /// in its table. With `streaming`, the words are appended past the caches
-/// ([`crate::streaming::extend`]; the caller fences).
+/// (`crate::streaming::extend`; the caller fences).
 pub fn encode_stream(
     blocks: &[BlockJob<'_>],
     stash: &[u8],

@@ -385,7 +385,7 @@ pub const NARROW_RANKED_SYMBOLS: usize = 32;
 /// permutes instead of gathers: symbol → rank by two 128-byte permutes (`vpermi2b`), rank →
 /// entry by one two-register permute (`vpermi2d`) per vector of sixteen lanes for up to 32
 /// symbols, or four and three blends (`wide`, up to 128, made only where
-/// [`crate::cpu::wide_rank_lookups`]). Gathers are the
+/// `crate::cpu::wide_rank_lookups`). Gathers are the
 /// encoder's bottleneck on some cores (AMD Zen 4: ~13 cycles for an eight-lane 64-bit gather,
 /// two per sixteen symbols), and most tables are small: the exponent planes of every tensor of
 /// all-MiniLM-L6-v2 and of the synthetic sets, bf16 and fp32, have at most 29 symbols
@@ -412,7 +412,7 @@ const _: () = assert!(
 
 /// The decoder's lookup of a table of at most [`RANKED_DECODE_SYMBOLS`] symbols by rank, with
 /// register permutes instead of a gather of [`DecodeTable::slots`] (AVX-512 VBMI, where
-/// [`crate::cpu::ranked_decode`]): on the Zen 4 VM a 16-lane gather issues every ~7.5 ns, and a
+/// `crate::cpu::ranked_decode`): on the Zen 4 VM a 16-lane gather issues every ~7.5 ns, and a
 /// model of the AVX-512 step (two streams, random states, this table's lookup against the
 /// gather) took 0.41-0.42 instead of 0.68-0.72 ns a symbol (docs/DESIGN.md, "Small tables by
 /// rank").
