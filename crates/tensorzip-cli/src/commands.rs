@@ -7,11 +7,11 @@ use std::time::Instant;
 use tensorzip::archive::{
     plan_safetensors, write_archive, Archive, ArchiveOptions, BlobEncoder, SegmentKind,
 };
-use tensorzip::mapped::{MappedFile, Spent};
+use tensorzip::mapped::Spent;
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
 
-use crate::output::{map_file, progress_bar, SafeOutput};
+use crate::output::{map_file, progress_bar, Input, SafeOutput};
 use crate::{Common, DecodeArgs, EncoderArgs};
 
 /// Extension of archives.
@@ -188,7 +188,7 @@ pub fn compress(
     Ok((src.len() as u64, len))
 }
 
-fn open_archive(path: &Path) -> Result<MappedFile, String> {
+fn open_archive(path: &Path) -> Result<Input, String> {
     let data = map_file(path)?;
     Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(data)
@@ -514,7 +514,7 @@ pub fn verify(
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let original = against.map(map_file).transpose()?;
     let mut cmp = Compare {
-        original: original.as_deref(),
+        original: original.as_ref().map(|o| &o[..]),
         pos: 0,
         mismatch: None,
     };
@@ -522,7 +522,7 @@ pub fn verify(
     // The archive's and the original's pages leave the process once checked.
     let spent = (
         Spent::blobs(&data, &ar),
-        original.as_ref().map(Spent::prefix),
+        original.as_ref().map(|o| Spent::prefix(o)),
     );
     let progress = |done| {
         pb.set_position(done);

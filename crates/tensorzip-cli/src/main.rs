@@ -4,6 +4,20 @@ mod bench;
 mod commands;
 mod demo;
 mod output;
+#[cfg(unix)]
+mod sigbus;
+/// No `SIGBUS` elsewhere: nothing to prepare.
+#[cfg(not(unix))]
+mod sigbus {
+    pub fn install() {}
+    pub fn writing(_temp: Option<&std::path::Path>) {}
+    pub struct Reading;
+    impl Reading {
+        pub fn new(_path: &std::path::Path) -> Reading {
+            Reading
+        }
+    }
+}
 
 use std::process::ExitCode;
 
@@ -231,6 +245,7 @@ fn each(
 fn main() -> ExitCode {
     let cli = Cli::parse();
     output::on_interrupt();
+    sigbus::install();
     let result = match cli.command {
         Command::Compress {
             files,

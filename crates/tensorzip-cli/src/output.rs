@@ -119,6 +119,7 @@ impl SafeOutput {
             {
                 Ok(file) => {
                     pending(|p| p.push(tmp.clone()));
+                    crate::sigbus::writing(Some(&tmp));
                     return Ok(SafeOutput {
                         dest: dest.to_path_buf(),
                         tmp,
@@ -146,6 +147,8 @@ impl SafeOutput {
     /// Syncs the data and moves the file to its destination.
     pub fn commit(mut self) -> Result<(), String> {
         let file = self.file.take().expect("file is open until commit");
+        // The inputs have been read: a SIGBUS now is not theirs, and the output is complete.
+        crate::sigbus::writing(None);
         file.sync_all()
             .map_err(|e| format!("{}: {e}", self.dest.display()))?;
         drop(file);
@@ -168,6 +171,7 @@ impl SafeOutput {
 
 impl Drop for SafeOutput {
     fn drop(&mut self) {
+        crate::sigbus::writing(None);
         if self.file.take().is_some() || self.tmp.exists() {
             let _ = std::fs::remove_file(&self.tmp);
         }
@@ -189,8 +193,22 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// An input file mapped into memory; while it is, a `SIGBUS` (the file truncated by another
+/// process) is reported as naming it ([`crate::sigbus`]).
+pub struct Input {
+    map: MappedFile,
+    _reading: crate::sigbus::Reading,
+}
+
+impl std::ops::Deref for Input {
+    type Target = MappedFile;
+    fn deref(&self) -> &MappedFile {
+        &self.map
+    }
+}
+
 /// Maps the input file into memory.
-pub fn map_file(path: &Path) -> Result<MappedFile, String> {
+pub fn map_file(path: &Path) -> Result<Input, String> {
     let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     // Only regular files map (a directory or a device gave "No such device (os error 19)").
     let meta = f
@@ -208,5 +226,9 @@ pub fn map_file(path: &Path) -> Result<MappedFile, String> {
     // SAFETY: the mapping is read-only; tensorzip treats its contents as untrusted bytes, and the
     // documentation warns that a file changed by another process while it is read gives wrong output
     // (caught by the checksums) — the usual caveat of memory-mapped input.
-    unsafe { MappedFile::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))
+    let map = unsafe { MappedFile::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Input {
+        map,
+        _reading: crate::sigbus::Reading::new(path),
+    })
 }

@@ -762,6 +762,106 @@ fn an_interrupted_run_leaves_no_temporary_file() {
 
 /// A thread count past the engines' limit is refused before anything starts (`--threads 100000`
 /// panicked in thread creation).
+/// An input truncated by another process while it is mapped and read (a checkpoint saved again
+/// in place) raises SIGBUS: the command removes its partial output, names the input and exits
+/// with status 1 (it was killed by the signal, leaving a temporary file). The truncation must
+/// land while the file is being read, so a run that finishes first is repeated (up to 20).
+#[cfg(unix)]
+#[test]
+fn an_input_truncated_while_read_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = sample::weights(4096, 4096, DType::F32, 9);
+    let file = serialize_safetensors(&[("w", "F32", &[4096, 4096], &data)], None).unwrap();
+    std::fs::write(d.join("big.safetensors"), &file).unwrap();
+    ok(
+        &tz(d, &["compress", "big.safetensors", "-o", "big.tz"]),
+        "compress",
+    );
+    let archive = std::fs::read(d.join("big.tz")).unwrap();
+    let temp_exists = || {
+        std::fs::read_dir(d)
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-"))
+    };
+    let cases: [(&str, &[u8], [&str; 7]); 2] = [
+        (
+            "in.safetensors",
+            &file,
+            [
+                "compress",
+                "in.safetensors",
+                "-o",
+                "out.tz",
+                "-f",
+                "-t",
+                "1",
+            ],
+        ),
+        (
+            "in.tz",
+            &archive,
+            [
+                "decompress",
+                "in.tz",
+                "-o",
+                "out.safetensors",
+                "-f",
+                "-t",
+                "1",
+            ],
+        ),
+    ];
+    for (input, bytes, args) in cases {
+        let mut caught = false;
+        for _ in 0..20 {
+            std::fs::write(d.join(input), bytes).unwrap();
+            // A run that finished wrote its output: gone before the next.
+            let _ = std::fs::remove_file(d.join(args[3]));
+            let child = Command::new(env!("CARGO_BIN_EXE_tensorzip"))
+                .args(args)
+                .current_dir(d)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let t = std::time::Instant::now();
+            while !temp_exists() && t.elapsed().as_secs() < 10 {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(d.join(input))
+                .unwrap()
+                .set_len(4096)
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(!temp_exists(), "{args:?}: a temporary file was left");
+            match out.status.code() {
+                Some(0) => continue,
+                Some(1) => {
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    // An I/O or format error is possible too if the truncation lands between
+                    // reads; the SIGBUS case is the one this test waits for.
+                    if err.contains("truncated while it was read") {
+                        assert!(err.contains(input), "{args:?}: {err}");
+                        caught = true;
+                        break;
+                    }
+                }
+                other => panic!("{args:?}: exit {other:?}"),
+            }
+        }
+        assert!(
+            caught,
+            "{args:?}: the truncation never landed mid-read in 20 runs"
+        );
+        assert!(
+            !d.join(args[3]).exists(),
+            "{args:?}: an output was left behind"
+        );
+    }
+}
+
 #[test]
 fn absurd_thread_counts_are_refused() {
     let (dir, _, _) = setup();
