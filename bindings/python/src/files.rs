@@ -342,17 +342,7 @@ fn map_input(path: &std::path::Path, shown: &str) -> PyResult<MappedFile> {
 
 /// `dst` must not be `src` itself (the temporary file would be renamed over the input).
 fn not_the_input(src: &std::path::Path, dst: &std::path::Path) -> PyResult<()> {
-    #[cfg(unix)]
-    let same = {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::metadata(src), std::fs::metadata(dst)) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-            _ => false,
-        }
-    };
-    #[cfg(not(unix))]
-    let same = matches!((src.canonicalize(), dst.canonicalize()), (Ok(a), Ok(b)) if a == b);
-    match same {
+    match tensorzip::mapped::same_file(src, dst) {
         true => Err(PyValueError::new_err(format!(
             "{}: is the input file; give another output",
             dst.display()

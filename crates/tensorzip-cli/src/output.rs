@@ -41,26 +41,6 @@ pub fn on_interrupt() {
     });
 }
 
-/// Whether `a` and `b` name the same file (the same device and inode on Unix; the same canonical
-/// path elsewhere).
-fn same_file(a: &Path, b: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::metadata(a), std::fs::metadata(b)) {
-            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-            _ => false,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        match (a.canonicalize(), b.canonicalize()) {
-            (Ok(x), Ok(y)) => x == y,
-            _ => false,
-        }
-    }
-}
-
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
 pub struct SafeOutput {
     dest: PathBuf,
@@ -91,7 +71,7 @@ impl SafeOutput {
                     dest.display()
                 ));
             }
-            if same_file(dest, input) {
+            if tensorzip::mapped::same_file(dest, input) {
                 return Err(format!(
                     "{}: is the input file; give another output with -o",
                     dest.display()

@@ -80,6 +80,27 @@ fn page_size() -> usize {
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
+/// Whether `a` and `b` name the same file: the same device and inode on Unix, the same canonical
+/// path elsewhere. The command line and the Python package refuse an output that is the input
+/// (the temporary file would be renamed over it).
+pub fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match (a.canonicalize(), b.canonicalize()) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
+    }
+}
+
 /// Pages are given back in steps of at least this many bytes (one system call each).
 pub const RELEASE_STEP_BYTES: usize = 8 << 20;
 
