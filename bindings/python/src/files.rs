@@ -14,7 +14,7 @@ use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyOSError, PyValueError}
 use pyo3::prelude::*;
 use tensorzip::archive::{
     parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
-    ArchiveOptions, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
+    ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip_cuda::encode::DeviceTensor;
@@ -33,10 +33,7 @@ fn save_file(
     metadata: Option<Vec<(String, String)>>,
     opts: OptionArgs,
 ) -> PyResult<()> {
-    let opts = ArchiveOptions {
-        compress: opts.options()?,
-        checksum_piece_bytes: 0,
-    };
+    let opts = opts.archive()?;
     // SAFETY: the torch layer passes live contiguous CPU tensors of these byte counts and keeps
     // them alive during the call.
     let data: Vec<&[u8]> = entries
@@ -363,10 +360,7 @@ fn compress_file(
     opts: OptionArgs,
 ) -> PyResult<(u64, u64)> {
     let shown = src.display().to_string();
-    let opts = ArchiveOptions {
-        compress: opts.options()?,
-        checksum_piece_bytes: 0,
-    };
+    let opts = opts.archive()?;
     let map = map_input(&src, &shown)?;
     not_the_input(&src, &dst)?;
     py.detach(|| {

@@ -73,6 +73,15 @@ pub(crate) unsafe fn host_mut<'a>(ptr: usize, len: usize) -> &'a mut [u8] {
 pub(crate) struct OptionArgs(usize, u32, f64, usize, usize, bool);
 
 impl OptionArgs {
+    /// The archive writer's options of a file the package writes (`save_file`, `compress_file`):
+    /// these encoder options, one checksum per blob.
+    pub(crate) fn archive(self) -> PyResult<tensorzip::archive::ArchiveOptions> {
+        Ok(tensorzip::archive::ArchiveOptions {
+            compress: self.options()?,
+            checksum_piece_bytes: 0,
+        })
+    }
+
     /// The options, validated by the core (its error names the field).
     pub(crate) fn options(self) -> PyResult<CompressOptions> {
         let OptionArgs(

@@ -11,7 +11,7 @@ use tensorzip::mapped::Spent;
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
 
-use crate::output::{map_file, progress_bar, Input, SafeOutput};
+use crate::output::{map_file, progress_bar, SafeOutput};
 use crate::{Common, DecodeArgs, EncoderArgs};
 
 /// Extension of archives.
@@ -188,12 +188,6 @@ pub fn compress(
     Ok((src.len() as u64, len))
 }
 
-fn open_archive(path: &Path) -> Result<Input, String> {
-    let data = map_file(path)?;
-    Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(data)
-}
-
 /// The message of a command's failure: an I/O error is the output's (writing it, or reading back
 /// what was written: the inputs are mapped), anything else the input's.
 fn failure(e: tensorzip::Error, input: &Path, output: &Path) -> String {
@@ -232,7 +226,7 @@ pub fn decompress(
     dec: &DecodeArgs,
     common: &Common,
 ) -> Result<(), String> {
-    let data = open_archive(path)?;
+    let data = map_file(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let dest = match output {
         Output::Path(p) => p.to_path_buf(),
@@ -373,7 +367,7 @@ struct Described {
 }
 
 fn describe(path: &Path, eng: &tensorzip::CpuEngine) -> Result<Described, String> {
-    let data = open_archive(path)?;
+    let data = map_file(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let tensors = ar
         .tensors(eng)
@@ -510,7 +504,7 @@ pub fn verify(
     dec: &DecodeArgs,
     common: &Common,
 ) -> Result<(), String> {
-    let data = open_archive(path)?;
+    let data = map_file(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let original = against.map(map_file).transpose()?;
     let mut cmp = Compare {

@@ -16,6 +16,7 @@ import torch
 
 from . import _core
 from . import _tensorzip as _native
+from . import _codec
 from ._codec import DEFAULT_BLOCK_UNITS, DEFAULT_CHUNK_BYTES, DEFAULT_MAX_TABLES
 
 # safetensors dtype names of torch dtypes (as safetensors.torch writes them).
@@ -78,8 +79,7 @@ def save_file(
     if metadata is not None:
         if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("metadata must be a dict of str -> str")
-    opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
-    _core.check_options(opts)
+    opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
     # Tensors all on one GPU (a model's state_dict on its device) are encoded there and never
     # copied to the host; any other mix goes through the CPU engine (CUDA tensors copied first).
     devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
@@ -285,8 +285,7 @@ def compress_file(
     not a safetensors file raises ValueError naming it."""
     src = os.fsdecode(src)
     dst = src + ".tz" if dst is None else os.fsdecode(dst)
-    opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
-    _core.check_options(opts)
+    opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
     return _native.compress_file(src, dst, opts.args())
 
 
