@@ -69,6 +69,9 @@ pub enum Output<'a> {
     Default(Option<&'a Path>),
     /// This path (`-o`).
     Path(&'a Path),
+    /// `write`, a file inside a model directory output being built, which becomes `shown` (the
+    /// name the command's report gives) once the whole directory is done ([`crate::tree`]).
+    Staged { write: &'a Path, shown: &'a Path },
 }
 
 impl<'a> Output<'a> {
@@ -80,16 +83,41 @@ impl<'a> Output<'a> {
         }
     }
 
-    /// The output path for `input`, whose default output is `default` (a path next to it).
-    fn resolve(&self, input: &Path, default: PathBuf) -> Result<PathBuf, String> {
-        match self {
-            Output::Path(p) => Ok(p.to_path_buf()),
-            Output::Default(None) => Ok(default),
-            Output::Default(Some(dir)) => match default.file_name() {
-                Some(name) => Ok(dir.join(name)),
-                None => Err(format!("{}: not a file name", input.display())),
+    /// The path to write for `input`, whose default output is `default()` (a path next to it),
+    /// and the name to report it by.
+    fn resolve(
+        &self,
+        input: &Path,
+        default: impl FnOnce() -> Result<PathBuf, String>,
+    ) -> Result<(PathBuf, PathBuf), String> {
+        let path = match self {
+            Output::Path(p) => p.to_path_buf(),
+            Output::Staged { write, shown } => {
+                return Ok((write.to_path_buf(), shown.to_path_buf()))
+            }
+            Output::Default(None) => default()?,
+            Output::Default(Some(dir)) => match default()?.file_name() {
+                Some(name) => dir.join(name),
+                None => return Err(format!("{}: not a file name", input.display())),
             },
-        }
+        };
+        Ok((path.clone(), path))
+    }
+}
+
+/// `FILE.tz` for `FILE`.
+pub fn archive_name(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(format!(".{EXT}"));
+    PathBuf::from(name)
+}
+
+/// The name an archive restores to: its own without `.tz` (`None` if it has no such name).
+pub fn restored_name(archive: &Path) -> Option<PathBuf> {
+    // `extension` is `None` for a name that is only ".tz".
+    match archive.extension() {
+        Some(ext) if ext == EXT => Some(archive.with_file_name(archive.file_stem()?)),
+        _ => None,
     }
 }
 
@@ -147,9 +175,7 @@ pub fn compress(
     };
     let src = map_file(file)?;
     let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
-    let mut default = file.as_os_str().to_owned();
-    default.push(format!(".{EXT}"));
-    let dest = output.resolve(file, PathBuf::from(default))?;
+    let (dest, shown) = output.resolve(file, || Ok(archive_name(file)))?;
     let mut out = SafeOutput::create(&dest, force, file)?;
     let pb = progress_bar(src.len() as u64, "compress");
     // The input's pages leave the process once coded (the engines read it in order).
@@ -177,7 +203,7 @@ pub fn compress(
     eprintln!(
         "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s, {}",
         file.display(),
-        dest.display(),
+        shown.display(),
         tensors,
         src.len(),
         len,
@@ -219,30 +245,24 @@ fn decode_all<W: Write + Send>(
     }
 }
 
+/// `tensorzip decompress` of one archive; returns the archive's and the restored file's sizes.
 pub fn decompress(
     path: &Path,
     output: Output<'_>,
     force: bool,
     dec: &DecodeArgs,
     common: &Common,
-) -> Result<(), String> {
+) -> Result<(u64, u64), String> {
     let data = map_file(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
-    let dest = match output {
-        Output::Path(p) => p.to_path_buf(),
-        Output::Default(_) => {
-            let s = path.to_string_lossy();
-            match s.strip_suffix(&format!(".{EXT}")) {
-                Some(stem) if !stem.is_empty() => output.resolve(path, PathBuf::from(stem))?,
-                _ => {
-                    return Err(format!(
-                        "{}: name does not end in .{EXT}; give the output with -o",
-                        path.display()
-                    ))
-                }
-            }
-        }
-    };
+    let (dest, shown) = output.resolve(path, || {
+        restored_name(path).ok_or_else(|| {
+            format!(
+                "{}: name does not end in .{EXT}; give the output with -o",
+                path.display()
+            )
+        })
+    })?;
     let mut out = SafeOutput::create(&dest, force, path)?;
     let pb = progress_bar(ar.original_len, "decompress");
     let spent = Spent::blobs(&data, &ar);
@@ -264,12 +284,12 @@ pub fn decompress(
     eprintln!(
         "{} -> {}: {} bytes, {:.2} GB/s, {}",
         path.display(),
-        dest.display(),
+        shown.display(),
         ar.original_len,
         gb_s(ar.original_len, secs),
         threads_note(size_pool(common)?)
     );
-    Ok(())
+    Ok((ar.original_len, data.len() as u64))
 }
 
 /// `tensorzip info`: a table per archive (each headed by its name when there are several), or with
@@ -334,6 +354,14 @@ impl Totals {
         self.files += 1;
         self.original += original;
         self.compressed += compressed;
+    }
+
+    /// "all 3 archives restored: 66 -> 100 bytes" (the sizes in the direction of the work).
+    pub fn restored_line(&self) -> String {
+        format!(
+            "all {} archives restored: {} -> {} bytes",
+            self.files, self.compressed, self.original
+        )
     }
 
     /// "all 3 archives: 100 -> 66 bytes (66.00%)".

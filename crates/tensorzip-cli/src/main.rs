@@ -6,11 +6,14 @@ mod demo;
 mod output;
 #[cfg(unix)]
 mod sigbus;
+mod tree;
 /// No `SIGBUS` elsewhere: nothing to prepare.
 #[cfg(not(unix))]
 mod sigbus {
     pub fn install() {}
     pub fn writing(_temp: Option<&std::path::Path>) {}
+    pub fn created(_path: &std::path::Path) {}
+    pub fn tree_done() {}
     pub struct Reading;
     impl Reading {
         pub fn new(_path: &std::path::Path) -> Reading {
@@ -19,9 +22,11 @@ mod sigbus {
     }
 }
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use tree::Wanted;
 
 #[derive(Parser)]
 #[command(
@@ -104,11 +109,15 @@ enum Command {
     ///
     /// Several files (the shards of a checkpoint, say) are compressed one after the other; a
     /// file that fails is reported and the others are still done, and the exit status is then
-    /// non-zero.
+    /// non-zero. A directory stands for the .safetensors files under it; `DIR -o OUT` instead
+    /// makes OUT a copy of the whole model directory with its .safetensors files compressed and
+    /// every other file (config, tokenizer, index) copied — built aside and renamed into place
+    /// when complete; OUT must not exist. Names that begin with "." are skipped.
     Compress {
+        /// Files, or model directories.
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
-        /// Output path (only with a single input).
+        /// Output path (only with a single input; for a directory, the new directory).
         #[arg(short, long)]
         output: Option<std::path::PathBuf>,
         /// Write each output into this directory (under its default name) instead of next to
@@ -131,11 +140,14 @@ enum Command {
     },
     /// Restore the original .safetensors files, byte for byte (default output: ARCHIVE without .tz).
     ///
-    /// Several archives are restored one after the other, as `compress` does.
+    /// Several archives are restored one after the other, as `compress` does. A directory stands
+    /// for the .tz archives under it; `DIR -o OUT` makes OUT a copy of the directory with its
+    /// archives restored and every other file copied (the original model directory back).
     Decompress {
+        /// Archives, or directories of them.
         #[arg(required = true)]
         archives: Vec<std::path::PathBuf>,
-        /// Output path (only with a single input).
+        /// Output path (only with a single input; for a directory, the new directory).
         #[arg(short, long)]
         output: Option<std::path::PathBuf>,
         /// Write each output into this directory (under its default name) instead of next to
@@ -151,7 +163,10 @@ enum Command {
         common: Common,
     },
     /// Per tensor: dtype, shape, size, compressed size, ratio and how each byte plane is coded.
+    ///
+    /// A directory stands for the .tz archives under it.
     Info {
+        /// Archives, or directories of them.
         #[arg(required = true)]
         archives: Vec<std::path::PathBuf>,
         /// Print JSON instead of a table (an array of the archives' documents when there are
@@ -162,10 +177,16 @@ enum Command {
         common: Common,
     },
     /// Check every checksum and decode everything (nothing is written).
+    ///
+    /// A directory stands for the .tz archives under it; `DIR --against ORIG` checks a directory
+    /// made by `compress ORIG -o DIR`: each archive against its original in ORIG, every other file
+    /// against its namesake, and no file missing on either side.
     Verify {
+        /// Archives, or directories of them.
         #[arg(required = true)]
         archives: Vec<std::path::PathBuf>,
-        /// Also compare the decoded bytes with this original file (only with a single archive).
+        /// Also compare the decoded bytes with this original file (only with a single archive;
+        /// a directory with a directory).
         #[arg(long)]
         against: Option<std::path::PathBuf>,
         #[command(flatten)]
@@ -256,28 +277,32 @@ fn main() -> ExitCode {
             gpu,
             enc,
             common,
-        } => one_output(&files, &output, "-o", EACH_OUTPUT)
-            .and_then(|()| commands::check_dir(output_dir.as_deref(), &files))
-            .and_then(|()| {
-                let mut totals = commands::Totals::default();
-                let done = each(&files, |f| {
-                    let (original, archive) = commands::compress(
-                        f,
-                        commands::Output::of(&output, &output_dir),
-                        force,
-                        checksum_chunk_bytes,
-                        gpu,
-                        &enc,
-                        &common,
-                    )?;
-                    totals.add(original, archive);
-                    Ok(())
-                });
-                if files.len() > 1 {
-                    eprintln!("{}", totals.line("files compressed"));
+        } => {
+            let compress = |f: &Path, out: commands::Output<'_>, force: bool| {
+                commands::compress(f, out, force, checksum_chunk_bytes, gpu, &enc, &common)
+            };
+            match (&files[..], &output) {
+                ([dir], Some(dest)) if tree::is_dir(dir) => {
+                    tree::mirror(dir, dest, Wanted::Models, |f, out| compress(f, out, false))
                 }
-                done
-            }),
+                _ => one_output(&files, &output, "-o", EACH_OUTPUT)
+                    .and_then(|()| tree::expand(&files, Wanted::Models))
+                    .and_then(|files| {
+                        commands::check_dir(output_dir.as_deref(), &files)?;
+                        let mut totals = commands::Totals::default();
+                        let done = each(&files, |f| {
+                            let out = commands::Output::of(&output, &output_dir);
+                            let (original, archive) = compress(f, out, force)?;
+                            totals.add(original, archive);
+                            Ok(())
+                        });
+                        if files.len() > 1 {
+                            eprintln!("{}", totals.line("files compressed"));
+                        }
+                        done
+                    }),
+            }
+        }
         Command::Decompress {
             archives,
             output,
@@ -285,35 +310,50 @@ fn main() -> ExitCode {
             force,
             dec,
             common,
-        } => one_output(&archives, &output, "-o", EACH_OUTPUT)
-            .and_then(|()| commands::check_dir(output_dir.as_deref(), &archives))
-            .and_then(|()| {
-                each(&archives, |a| {
-                    let out = commands::Output::of(&output, &output_dir);
-                    commands::decompress(a, out, force, &dec, &common)
+        } => match (&archives[..], &output) {
+            ([dir], Some(dest)) if tree::is_dir(dir) => {
+                tree::mirror(dir, dest, Wanted::Archives, |a, out| {
+                    commands::decompress(a, out, false, &dec, &common)
                 })
-            }),
+            }
+            _ => one_output(&archives, &output, "-o", EACH_OUTPUT)
+                .and_then(|()| tree::expand(&archives, Wanted::Archives))
+                .and_then(|archives| {
+                    commands::check_dir(output_dir.as_deref(), &archives)?;
+                    each(&archives, |a| {
+                        let out = commands::Output::of(&output, &output_dir);
+                        commands::decompress(a, out, force, &dec, &common).map(|_| ())
+                    })
+                }),
+        },
         Command::Info {
             archives,
             json,
             common,
-        } => commands::info(&archives, json, &common),
+        } => tree::expand(&archives, Wanted::Archives)
+            .and_then(|archives| commands::info(&archives, json, &common)),
         Command::Verify {
             archives,
             against,
             dec,
             common,
-        } => one_output(
-            &archives,
-            &against,
-            "--against",
-            "verify each archive against its original in a command of its own",
-        )
-        .and_then(|()| {
-            each(&archives, |a| {
-                commands::verify(a, against.as_deref(), &dec, &common)
-            })
-        }),
+        } => match (&archives[..], &against) {
+            ([dir], Some(orig)) if tree::is_dir(dir) => tree::verify_mirror(dir, orig, |a, o| {
+                commands::verify(a, Some(o), &dec, &common)
+            }),
+            _ => one_output(
+                &archives,
+                &against,
+                "--against",
+                "verify each archive against its original in a command of its own",
+            )
+            .and_then(|()| tree::expand(&archives, Wanted::Archives))
+            .and_then(|archives| {
+                each(&archives, |a| {
+                    commands::verify(a, against.as_deref(), &dec, &common)
+                })
+            }),
+        },
         Command::Demo { common } => demo::run(&common),
         Command::Bench {
             files,

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensorzip::mapped::MappedFile;
 
-/// The temporary files of the outputs being written, removed by [`on_interrupt`]'s handler.
+/// The temporary files (and directories: [`crate::tree::Staged`]) of the outputs being written,
+/// removed by [`on_interrupt`]'s handler.
 static PENDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 /// Runs `f` on the list of pending temporary files (a poisoned lock is taken as it is: the list
@@ -18,6 +19,16 @@ static PENDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new(
 fn pending(f: impl FnOnce(&mut Vec<PathBuf>)) {
     let mut g = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     f(&mut g);
+}
+
+/// Adds a temporary output for the interrupt handler to remove.
+pub fn pending_add(tmp: &Path) {
+    pending(|p| p.push(tmp.to_path_buf()));
+}
+
+/// The temporary output is gone (renamed into place or removed).
+pub fn pending_remove(tmp: &Path) {
+    pending(|p| p.retain(|t| t != tmp));
 }
 
 /// Installs the handler of Ctrl-C, SIGTERM and SIGHUP: it removes the temporary files of the
@@ -30,7 +41,7 @@ pub fn on_interrupt() {
         let mut removed = false;
         pending(|p| {
             for t in p.iter() {
-                removed |= std::fs::remove_file(t).is_ok();
+                removed |= std::fs::remove_file(t).is_ok() || std::fs::remove_dir_all(t).is_ok();
             }
         });
         match removed {
@@ -98,7 +109,7 @@ impl SafeOutput {
                 .open(&tmp)
             {
                 Ok(file) => {
-                    pending(|p| p.push(tmp.clone()));
+                    pending_add(&tmp);
                     crate::sigbus::writing(Some(&tmp));
                     return Ok(SafeOutput {
                         dest: dest.to_path_buf(),
@@ -155,7 +166,7 @@ impl Drop for SafeOutput {
         if self.file.take().is_some() || self.tmp.exists() {
             let _ = std::fs::remove_file(&self.tmp);
         }
-        pending(|p| p.retain(|t| t != &self.tmp));
+        pending_remove(&self.tmp);
     }
 }
 

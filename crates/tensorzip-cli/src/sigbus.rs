@@ -4,7 +4,8 @@
 //! saving a checkpoint again in place, say), the next read of a page past its new end raises
 //! `SIGBUS`, which ends the process without destructors: the partial output stayed behind as a
 //! hidden `.NAME.tmp-PID-N`, and the only message was the shell's "Bus error". The handler here
-//! removes the temporary output, says which inputs were being read, and exits with status 1.
+//! removes the temporary output (and, for a directory output, the temporary directory's files and
+//! sub-directories written so far), says which inputs were being read, and exits with status 1.
 //!
 //! A signal handler may only call async-signal-safe functions (`unlink`, `write`, `_exit`) and
 //! may not take locks or allocate, so everything it needs is prepared beforehand as C strings
@@ -13,7 +14,7 @@
 //! be reading one); that is one short string per file a command opens.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// The temporary output being written (a NUL-terminated path), or null.
@@ -22,6 +23,17 @@ static TEMP: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 static MESSAGE: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 /// The inputs mapped now (the message is rebuilt from them when they change).
 static INPUTS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Most entries of a temporary directory output the handler removes (a model directory of more
+/// files leaves the rest behind on a `SIGBUS`; the interrupt handler and errors remove them all).
+const TREE_CAP: usize = 4096;
+/// The files and directories created in a temporary directory output, in creation order
+/// (NUL-terminated paths; the first [`TREE_LEN`] are set). The handler removes them in reverse —
+/// a directory's files before it — and the directory itself is the first entry.
+static TREE: [AtomicPtr<libc::c_char>; TREE_CAP] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; TREE_CAP];
+/// How many entries of [`TREE`] are set.
+static TREE_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// Installs the handler (once, at start-up).
 pub fn install() {
@@ -39,11 +51,18 @@ pub fn install() {
 extern "C" fn on_sigbus(_signal: libc::c_int) {
     let temp = TEMP.load(Ordering::Acquire);
     let message = MESSAGE.load(Ordering::Acquire);
-    // SAFETY: `temp` and `message` are null or leaked NUL-terminated strings, never freed;
-    // unlink, strlen, write and _exit are async-signal-safe.
+    // SAFETY: `temp`, `message` and the tree's entries are null or leaked NUL-terminated strings,
+    // never freed; unlink, rmdir, strlen, write and _exit are async-signal-safe.
     unsafe {
         if !temp.is_null() {
             libc::unlink(temp);
+        }
+        let n = TREE_LEN.load(Ordering::Acquire).min(TREE_CAP);
+        for entry in TREE[..n].iter().rev() {
+            let path = entry.load(Ordering::Acquire);
+            if !path.is_null() && libc::unlink(path) != 0 {
+                libc::rmdir(path);
+            }
         }
         if !message.is_null() {
             libc::write(2, message as *const libc::c_void, libc::strlen(message));
@@ -108,4 +127,23 @@ pub fn writing(temp: Option<&Path>) {
         Some(p) => leak(p.as_os_str().as_bytes().to_vec()),
     };
     TEMP.store(ptr, Ordering::Release);
+}
+
+/// Records `path` (a file or directory just created in a temporary directory output; the first
+/// call names the directory itself) for the handler to remove.
+pub fn created(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let n = TREE_LEN.load(Ordering::Acquire);
+    if n < TREE_CAP {
+        TREE[n].store(
+            leak(path.as_os_str().as_bytes().to_vec()),
+            Ordering::Release,
+        );
+        TREE_LEN.store(n + 1, Ordering::Release);
+    }
+}
+
+/// Forgets the temporary directory output's entries (it was renamed into place, or removed).
+pub fn tree_done() {
+    TREE_LEN.store(0, Ordering::Release);
 }

@@ -532,6 +532,239 @@ fn output_dir_takes_the_outputs() {
     no_temp_files(&d.join("back"));
 }
 
+/// A model directory as a Hugging Face snapshot has it: shards (one in a sub-folder), the
+/// config, a hidden folder that is skipped and a link to a file that is followed.
+fn model_dir(d: &Path, model: &[u8]) -> PathBuf {
+    let m = d.join("model");
+    std::fs::create_dir_all(m.join("text_encoder")).unwrap();
+    std::fs::create_dir_all(m.join(".cache")).unwrap();
+    std::fs::write(m.join("model-1.safetensors"), model).unwrap();
+    let mut other = model.to_vec();
+    let n = other.len();
+    for b in &mut other[n - 64..] {
+        *b ^= 0x33;
+    }
+    std::fs::write(m.join("text_encoder/model.safetensors"), &other).unwrap();
+    std::fs::write(m.join("config.json"), b"{\"layers\": 1}").unwrap();
+    std::fs::write(m.join("text_encoder/empty.txt"), b"").unwrap();
+    std::fs::write(m.join(".cache/lock"), b"x").unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("../config.json", m.join("text_encoder/config.json")).unwrap();
+    #[cfg(not(unix))]
+    std::fs::write(m.join("text_encoder/config.json"), b"{\"layers\": 1}").unwrap();
+    m
+}
+
+/// The files under `root` (relative, sorted, hidden ones included) and their bytes.
+fn tree_files(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `compress DIR -o OUT` builds OUT as a copy of the model directory with its `.safetensors`
+/// files compressed and every other file copied; `decompress OUT -o BACK` gives the directory
+/// back file for file; `verify OUT --against DIR` checks one against the other and names what
+/// differs or is missing. A directory output is never replaced.
+#[test]
+fn model_directories_are_mirrored() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_bytes();
+    let m = model_dir(d, &model);
+    let o = tz(d, &["compress", "model", "-o", "model-tz", "-t", "2"]);
+    ok(&o, "compress a directory");
+    let err = stderr(&o);
+    assert!(
+        err.contains("model -> model-tz: all 2 files compressed")
+            && err.contains("3 other files copied"),
+        "{err}"
+    );
+    // The report names the final paths, not the temporary directory's.
+    assert!(
+        err.contains("-> model-tz/text_encoder/model.safetensors.tz: "),
+        "{err}"
+    );
+    let names: Vec<String> = tree_files(&d.join("model-tz"))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "model-1.safetensors.tz",
+            "text_encoder/config.json",
+            "text_encoder/empty.txt",
+            "text_encoder/model.safetensors.tz"
+        ]
+    );
+    ok(
+        &tz(d, &["verify", "model-tz", "--against", "model"]),
+        "verify a directory against its original",
+    );
+    ok(
+        &tz(d, &["decompress", "model-tz", "-o", "back"]),
+        "decompress a directory",
+    );
+    let hidden_skipped: Vec<(String, Vec<u8>)> = tree_files(&m)
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with('.'))
+        .collect();
+    assert!(
+        tree_files(&d.join("back")) == hidden_skipped,
+        "restored directory differs"
+    );
+    // An existing output directory is kept, with or without -f, and nothing is left behind.
+    for args in [
+        &["compress", "model", "-o", "back"][..],
+        &["compress", "model", "-o", "back", "-f"][..],
+        &["decompress", "model-tz", "-o", "back", "-f"][..],
+    ] {
+        let o = tz(d, args);
+        fails(
+            &o,
+            "an existing output directory",
+            &["back", "already exists"],
+        );
+    }
+    assert!(
+        tree_files(&d.join("back")) == hidden_skipped,
+        "an existing directory was changed"
+    );
+    // verify --against names a changed file, a missing one and an extra one, and counts them.
+    std::fs::write(m.join("config.json"), b"{\"layers\": 2}").unwrap();
+    std::fs::write(m.join("text_encoder/extra.json"), b"{}").unwrap();
+    std::fs::remove_file(d.join("back/text_encoder/model.safetensors")).unwrap();
+    let o = tz(d, &["verify", "model-tz", "--against", "back"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("model-tz/text_encoder/model.safetensors.tz: ")
+            && err.contains("back/text_encoder/model.safetensors does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("1 of 5 files"), "{err}");
+    let o = tz(d, &["verify", "model-tz", "--against", "model"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("model-tz/config.json: differs from model/config.json at byte 11"),
+        "{err}"
+    );
+    assert!(
+        err.contains("model/text_encoder/extra.json: has no counterpart in model-tz"),
+        "{err}"
+    );
+    // The link in text_encoder/ follows the changed config: it differs too.
+    assert!(
+        err.contains("model-tz/text_encoder/config.json: differs"),
+        "{err}"
+    );
+    assert!(err.contains("3 of 6 files"), "{err}");
+    let o = tz(d, &["verify", "model-tz", "--against", "model/config.json"]);
+    fails(&o, "--against a file", &["not a directory"]);
+    no_temp_files(d);
+}
+
+/// Without `-o`, a directory stands for its `.safetensors` files (for `compress`) or its
+/// archives (for the others), each done as if named on the command line.
+#[test]
+fn a_directory_stands_for_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_bytes();
+    let m = model_dir(d, &model);
+    let o = tz(d, &["compress", "model"]);
+    ok(&o, "compress the files of a directory");
+    assert!(
+        stderr(&o).contains("all 2 files compressed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(m.join("model-1.safetensors.tz").exists());
+    assert!(m.join("text_encoder/model.safetensors.tz").exists());
+    let o = tz(d, &["verify", "model"]);
+    ok(&o, "verify the archives of a directory");
+    assert_eq!(stderr(&o).matches(": OK (").count(), 2, "{}", stderr(&o));
+    let o = tz(d, &["info", "model"]);
+    ok(&o, "info of a directory");
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.contains("==> model/text_encoder/model.safetensors.tz <=="),
+        "{text}"
+    );
+    std::fs::create_dir(d.join("flat")).unwrap();
+    ok(
+        &tz(d, &["decompress", "model", "-O", "flat"]),
+        "decompress the archives of a directory into another",
+    );
+    assert!(std::fs::read(d.join("flat/model-1.safetensors")).unwrap() == model);
+    // Outputs next to inputs that exist are kept without -f (each reported).
+    let o = tz(d, &["compress", "model"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("2 of 2 inputs failed"),
+        "{}",
+        stderr(&o)
+    );
+    // A directory without any of the command's files does nothing.
+    std::fs::create_dir(d.join("none")).unwrap();
+    std::fs::write(d.join("none/config.json"), b"{}").unwrap();
+    for (args, what) in [
+        (&["compress", "none"][..], ".safetensors"),
+        (&["compress", "none", "-o", "none-tz"][..], ".safetensors"),
+        (&["verify", "none"][..], ".tz"),
+        (&["info", "none"][..], ".tz"),
+    ] {
+        let o = tz(d, args);
+        fails(&o, "a directory of no input", &["none", what]);
+    }
+    assert!(!d.join("none-tz").exists());
+    // Two files written as one output are refused before anything is written.
+    std::fs::write(m.join("model-1.safetensors.tz"), b"an old archive").unwrap();
+    let o = tz(d, &["compress", "model", "-o", "out"]);
+    fails(
+        &o,
+        "two inputs of one output name",
+        &["model-1.safetensors.tz", "both"],
+    );
+    assert!(!d.join("out").exists());
+    no_temp_files(d);
+}
+
+/// A file that fails in a mirrored directory ends the command with nothing written.
+#[test]
+fn a_failed_directory_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = model_dir(d, &model_bytes());
+    std::fs::write(m.join("text_encoder/model.safetensors"), b"not safetensors").unwrap();
+    let o = tz(d, &["compress", "model", "-o", "out"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let last = err.trim_end().lines().last().unwrap();
+    assert!(
+        last.starts_with("tensorzip: error: model/text_encoder/model.safetensors: ")
+            && last.ends_with("(out was not written)"),
+        "{err}"
+    );
+    assert!(!d.join("out").exists());
+    no_temp_files(d);
+}
+
 #[test]
 fn info_and_info_json() {
     let (dir, _, model) = setup();
@@ -862,6 +1095,95 @@ fn an_input_truncated_while_read_fails_cleanly() {
     }
 }
 
+/// A mirrored directory interrupted (SIGINT) or whose input is truncated under it (SIGBUS) while
+/// its second shard is written: the temporary directory, with the first shard's finished archive
+/// and the copies in it, is removed, and the output does not appear.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_directory_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = d.join("model");
+    std::fs::create_dir_all(m.join("sub")).unwrap();
+    std::fs::write(m.join("a.safetensors"), model_bytes()).unwrap();
+    std::fs::write(m.join("sub/c.json"), b"{}").unwrap();
+    let data = sample::weights(4096, 4096, DType::F32, 9);
+    let big = serialize_safetensors(&[("w", "F32", &[4096, 4096], &data)], None).unwrap();
+    let staged = || {
+        std::fs::read_dir(d).unwrap().find_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.starts_with(".out.tmp-").then(|| d.join(name))
+        })
+    };
+    // The second shard's temporary archive exists: the first is done, the second being read.
+    let mid_way = || {
+        staged().is_some_and(|t| {
+            std::fs::read_dir(t).is_ok_and(|mut r| {
+                r.any(|e| {
+                    e.is_ok_and(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with(".b.safetensors")
+                    })
+                })
+            })
+        })
+    };
+    for how in ["INT", "truncate"] {
+        let mut caught = false;
+        for _ in 0..20 {
+            std::fs::write(m.join("b.safetensors"), &big).unwrap();
+            let _ = std::fs::remove_dir_all(d.join("out"));
+            let child = Command::new(env!("CARGO_BIN_EXE_tensorzip"))
+                .args(["compress", "model", "-o", "out", "-t", "1"])
+                .current_dir(d)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let t = std::time::Instant::now();
+            while !mid_way() && t.elapsed().as_secs() < 10 {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            match how {
+                "INT" => {
+                    let _ = Command::new("kill")
+                        .args(["-INT", &child.id().to_string()])
+                        .status();
+                }
+                _ => std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(m.join("b.safetensors"))
+                    .unwrap()
+                    .set_len(4096)
+                    .unwrap(),
+            }
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                staged().is_none(),
+                "{how}: the temporary directory was left: {err}"
+            );
+            match (how, out.status.code()) {
+                (_, Some(0)) => continue,
+                ("INT", Some(130)) => {
+                    caught = true;
+                    break;
+                }
+                (_, Some(1)) if err.contains("truncated while it was read") => {
+                    assert!(err.contains("b.safetensors"), "{err}");
+                    caught = true;
+                    break;
+                }
+                // The truncation between two reads: a format or I/O error, also clean.
+                (_, Some(1)) => {}
+                (_, other) => panic!("{how}: exit {other:?}: {err}"),
+            }
+        }
+        assert!(caught, "{how}: never caught mid-way in 20 runs");
+        assert!(!d.join("out").exists(), "{how}: an output was left");
+    }
+}
+
 #[test]
 fn absurd_thread_counts_are_refused() {
     let (dir, _, _) = setup();
@@ -965,17 +1287,18 @@ fn not_a_safetensors_file() {
     }
     let o = tz(d, &["compress", "missing.safetensors"]);
     fails(&o, "compress a missing file", &["missing.safetensors"]);
-    // A directory and a device are named as what they are (mapping them gave "No such device").
+    // A directory of no input and a device are named as what they are (mapping them gave "No
+    // such device").
     std::fs::create_dir_all(d.join("adir")).unwrap();
-    for args in [
-        &["compress", "adir"][..],
-        &["decompress", "adir"],
-        &["info", "adir"],
+    for (args, what) in [
+        (&["compress", "adir"][..], "no .safetensors file"),
+        (&["decompress", "adir"], "no .tz file"),
+        (&["info", "adir"], "no .tz file"),
     ] {
         fails(
             &tz(d, args),
             &format!("{} a directory", args[0]),
-            &["adir", "is a directory"],
+            &["adir", what],
         );
     }
     #[cfg(unix)]

@@ -1,0 +1,489 @@
+//! Model directories: a directory given to a command stands for the files under it.
+//!
+//! A model as users keep it is a directory (a Hugging Face snapshot: the shards, their index, the
+//! config, the tokenizer; a diffusers pipeline: one such folder per component). The commands take
+//! one in two ways:
+//!
+//! * **Expanded** (no `-o`): the directory stands for the files under it that the command works on
+//!   — `.safetensors` for `compress`, `.tz` for `decompress`, `verify` and `info` — each done as
+//!   if it had been named on the command line (its output next to it, or in `--output-dir`).
+//! * **Mirrored** (`compress DIR -o OUT`, `decompress DIR -o OUT`): OUT becomes a copy of the
+//!   whole directory with those files compressed (restored) and every other file copied as it is,
+//!   so that a compressed model directory travels complete and `decompress` gives back the
+//!   original directory. OUT is built as a hidden temporary directory next to it and renamed
+//!   into place only once every file is done; on any failure, interrupt or truncated input
+//!   nothing is left. OUT must not exist: a directory output is never replaced, not even with
+//!   `--force` (replacing would mean deleting a tree the user named). Empty directories are not
+//!   copied. `verify DIR --against ORIG` checks such a mirror file by file against the original
+//!   directory.
+//!
+//! Walking a directory: entries in name order, depth first; names that begin with `.` are
+//! skipped (`.git`, `.cache`, our own temporary outputs); symbolic links to files are followed
+//! (a Hugging Face cache snapshot is links into `blobs/`), links to directories are not (they
+//! may form loops) and are reported as skipped, as are broken links and special files.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use crate::commands::{archive_name, restored_name, Totals, EXT};
+
+/// Deepest nesting walked (a guard against pathological trees; models use two or three levels).
+const MAX_DEPTH: usize = 64;
+
+/// The regular files under a directory, by their paths relative to it, and what was skipped.
+pub struct Walk {
+    pub files: Vec<PathBuf>,
+    pub skipped: Vec<String>,
+}
+
+/// Walks `root` (see the module's note for what is taken and skipped).
+pub fn walk(root: &Path) -> Result<Walk, String> {
+    let mut w = Walk {
+        files: Vec::new(),
+        skipped: Vec::new(),
+    };
+    walk_into(root, Path::new(""), 0, &mut w)?;
+    Ok(w)
+}
+
+fn walk_into(root: &Path, rel: &Path, depth: usize, w: &mut Walk) -> Result<(), String> {
+    let dir = root.join(rel);
+    if depth > MAX_DEPTH {
+        return Err(format!(
+            "{}: directories nested more than {MAX_DEPTH} deep",
+            dir.display()
+        ));
+    }
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        names.push(
+            entry
+                .map_err(|e| format!("{}: {e}", dir.display()))?
+                .file_name(),
+        );
+    }
+    names.sort();
+    for name in names {
+        if name.as_encoded_bytes().starts_with(b".") {
+            continue;
+        }
+        let rel = rel.join(&name);
+        let path = root.join(&rel);
+        let own =
+            std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let link = own.file_type().is_symlink();
+        let meta = match link {
+            false => own,
+            true => match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(e) => {
+                    w.skipped
+                        .push(format!("{}: a broken link ({e})", path.display()));
+                    continue;
+                }
+            },
+        };
+        if meta.is_dir() && link {
+            w.skipped.push(format!(
+                "{}: a link to a directory (not followed)",
+                path.display()
+            ));
+        } else if meta.is_dir() {
+            walk_into(root, &rel, depth + 1, w)?;
+        } else if meta.is_file() {
+            w.files.push(rel);
+        } else {
+            w.skipped
+                .push(format!("{}: not a regular file", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` names a directory (following links).
+pub fn is_dir(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// What a command works on in a directory: `.safetensors` files for `compress`, archives for
+/// the others.
+#[derive(Clone, Copy)]
+pub enum Wanted {
+    Models,
+    Archives,
+}
+
+impl Wanted {
+    /// Whether a file of this name is one the command works on.
+    fn takes(self, file: &Path) -> bool {
+        let ext = match self {
+            Wanted::Models => "safetensors",
+            Wanted::Archives => EXT,
+        };
+        // `extension` is `None` for a name that is only the suffix (".tz").
+        file.extension().is_some_and(|e| e == ext)
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Wanted::Models => ".safetensors",
+            Wanted::Archives => ".tz",
+        }
+    }
+}
+
+/// Prints what a walk skipped, one note a line.
+fn report(skipped: &[String]) {
+    for s in skipped {
+        eprintln!("tensorzip: skipped {s}");
+    }
+}
+
+/// The inputs with each directory replaced by the files under it that the command works on
+/// (files named directly are kept as they are). A directory with none is an error: nothing is
+/// done then.
+pub fn expand(inputs: &[PathBuf], wanted: Wanted) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for input in inputs {
+        if !is_dir(input) {
+            out.push(input.clone());
+            continue;
+        }
+        let w = walk(input)?;
+        report(&w.skipped);
+        let before = out.len();
+        out.extend(
+            w.files
+                .iter()
+                .filter(|f| wanted.takes(f))
+                .map(|f| input.join(f)),
+        );
+        if out.len() == before {
+            return Err(format!(
+                "{}: no {} file in this directory",
+                input.display(),
+                wanted.what()
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A directory output being built under a hidden temporary name next to its destination; it
+/// becomes the destination on [`Staged::commit`] and is removed otherwise (on drop, by the
+/// interrupt handler, and by the `SIGBUS` handler, which learns each entry as it is created).
+pub struct Staged {
+    dest: PathBuf,
+    tmp: PathBuf,
+    done: bool,
+}
+
+impl Staged {
+    pub fn create(dest: &Path) -> Result<Staged, String> {
+        exists_refused(dest)?;
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = dest
+            .file_name()
+            .ok_or_else(|| format!("{}: not a directory name", dest.display()))?;
+        for attempt in 0..100u32 {
+            let tmp = parent.join(format!(
+                ".{}.tmp-{}-{attempt}",
+                name.to_string_lossy(),
+                std::process::id()
+            ));
+            match std::fs::create_dir(&tmp) {
+                Ok(()) => {
+                    crate::output::pending_add(&tmp);
+                    crate::sigbus::created(&tmp);
+                    return Ok(Staged {
+                        dest: dest.to_path_buf(),
+                        tmp,
+                        done: false,
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(format!(
+                        "{}: cannot create a temporary directory: {e}",
+                        parent.display()
+                    ))
+                }
+            }
+        }
+        Err(format!(
+            "{}: cannot create a temporary directory",
+            parent.display()
+        ))
+    }
+
+    /// Where `rel` is written, its parent directories created (and recorded) first.
+    pub fn place(&self, rel: &Path) -> Result<PathBuf, String> {
+        let mut dir = self.tmp.clone();
+        if let Some(parent) = rel.parent() {
+            for part in parent.components() {
+                dir.push(part);
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => crate::sigbus::created(&dir),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(format!("{}: {e}", dir.display())),
+                }
+            }
+        }
+        Ok(self.tmp.join(rel))
+    }
+
+    /// Records a file written at `path` (from [`Staged::place`]).
+    pub fn written(&self, path: &Path) {
+        crate::sigbus::created(path);
+    }
+
+    /// Renames the finished directory into place.
+    pub fn commit(mut self) -> Result<(), String> {
+        exists_refused(&self.dest)?;
+        std::fs::rename(&self.tmp, &self.dest)
+            .map_err(|e| format!("{}: {e}", self.dest.display()))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        crate::sigbus::tree_done();
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+        crate::output::pending_remove(&self.tmp);
+    }
+}
+
+/// A directory output's destination must not exist.
+fn exists_refused(dest: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(dest) {
+        Ok(_) => Err(format!(
+            "{}: already exists (a directory output is never replaced, not even with --force; \
+             remove it or choose another -o)",
+            dest.display()
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// What a mirrored command does with each file of the input directory.
+enum Step {
+    /// Compress or restore it (the command's own files).
+    Convert,
+    /// Copy it as it is.
+    Copy,
+}
+
+/// The plan of a mirror: each input file (relative), its output's relative name, and the step.
+/// Refused if two inputs would be written as one output (`a.safetensors` beside an
+/// `a.safetensors.tz` already there), or if the directory holds none of the command's files.
+fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, Step)>, String> {
+    let mut plan = Vec::new();
+    let mut outputs: BTreeMap<PathBuf, &Path> = BTreeMap::new();
+    for rel in &w.files {
+        let (out, step) = match (wanted.takes(rel), wanted) {
+            (true, Wanted::Models) => (archive_name(rel), Step::Convert),
+            (true, Wanted::Archives) => match restored_name(rel) {
+                Some(r) => (r, Step::Convert),
+                None => (rel.clone(), Step::Copy),
+            },
+            (false, _) => (rel.clone(), Step::Copy),
+        };
+        if let Some(other) = outputs.insert(out.clone(), rel) {
+            return Err(format!(
+                "{} and {} would both be written as {}",
+                src.join(other).display(),
+                src.join(rel).display(),
+                out.display()
+            ));
+        }
+        plan.push((rel.clone(), out, step));
+    }
+    if !plan.iter().any(|(_, _, s)| matches!(s, Step::Convert)) {
+        return Err(format!(
+            "{}: no {} file in this directory",
+            src.display(),
+            wanted.what()
+        ));
+    }
+    Ok(plan)
+}
+
+/// Copies `from` to `to` (a new file) and syncs it.
+fn copy_file(from: &Path, to: &Path) -> Result<u64, String> {
+    let n = std::fs::copy(from, to).map_err(|e| format!("{}: {e}", from.display()))?;
+    std::fs::File::open(to)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: {e}", to.display()))?;
+    Ok(n)
+}
+
+/// `compress DIR -o OUT` / `decompress DIR -o OUT`: OUT built as a copy of `src` whose
+/// `wanted` files go through `convert(input, output)` (which returns the sizes the totals
+/// count: original, then compressed) and whose other files are copied. Stops at the first
+/// failure, leaving nothing.
+pub fn mirror(
+    src: &Path,
+    dest: &Path,
+    wanted: Wanted,
+    mut convert: impl FnMut(&Path, crate::commands::Output<'_>) -> Result<(u64, u64), String>,
+) -> Result<(), String> {
+    let w = walk(src)?;
+    report(&w.skipped);
+    let plan = plan(src, &w, wanted)?;
+    let staged = Staged::create(dest)?;
+    let mut totals = Totals::default();
+    let (mut copied, mut copied_bytes) = (0usize, 0u64);
+    let unwritten = |msg: String| format!("{msg} ({} was not written)", dest.display());
+    for (rel, out, step) in &plan {
+        let input = src.join(rel);
+        let write = staged.place(out).map_err(unwritten)?;
+        match step {
+            Step::Convert => {
+                let shown = dest.join(out);
+                let (original, compressed) = convert(
+                    &input,
+                    crate::commands::Output::Staged {
+                        write: &write,
+                        shown: &shown,
+                    },
+                )
+                .map_err(unwritten)?;
+                totals.add(original, compressed);
+            }
+            Step::Copy => {
+                copied_bytes += copy_file(&input, &write).map_err(unwritten)?;
+                copied += 1;
+            }
+        }
+        staged.written(&write);
+    }
+    staged.commit()?;
+    let line = match wanted {
+        Wanted::Models => totals.line("files compressed"),
+        Wanted::Archives => totals.restored_line(),
+    };
+    eprintln!(
+        "{} -> {}: {line}; {copied} other files copied ({copied_bytes} bytes)",
+        src.display(),
+        dest.display(),
+    );
+    Ok(())
+}
+
+/// `verify DIR --against ORIG`: every archive under `dir` is verified against the file of its
+/// restored name under `orig`, every other file compared with its namesake byte for byte, and
+/// every file of either side without a counterpart reported. Each problem is reported on its own
+/// line and the others are still checked; the result counts them.
+pub fn verify_mirror(
+    dir: &Path,
+    orig: &Path,
+    mut verify: impl FnMut(&Path, &Path) -> Result<(), String>,
+) -> Result<(), String> {
+    if !is_dir(orig) {
+        return Err(format!(
+            "--against {}: not a directory, but {} is one",
+            orig.display(),
+            dir.display()
+        ));
+    }
+    let a = walk(dir)?;
+    let b = walk(orig)?;
+    report(&a.skipped);
+    report(&b.skipped);
+    let mut unmatched: BTreeSet<&PathBuf> = b.files.iter().collect();
+    let (mut failed, mut checked) = (0usize, 0usize);
+    let mut fail = |msg: String| {
+        eprintln!("tensorzip: error: {msg}");
+        failed += 1;
+    };
+    for rel in &a.files {
+        checked += 1;
+        let archive = Wanted::Archives.takes(rel);
+        let counterpart = match archive {
+            true => restored_name(rel).unwrap_or_else(|| rel.clone()),
+            false => rel.clone(),
+        };
+        if !unmatched.remove(&counterpart) {
+            fail(format!(
+                "{}: {} does not exist",
+                dir.join(rel).display(),
+                orig.join(&counterpart).display()
+            ));
+            continue;
+        }
+        let result = match archive {
+            true => verify(&dir.join(rel), &orig.join(&counterpart)),
+            false => same_bytes(&dir.join(rel), &orig.join(&counterpart)),
+        };
+        if let Err(msg) = result {
+            fail(msg);
+        }
+    }
+    for rel in &unmatched {
+        checked += 1;
+        fail(format!(
+            "{}: has no counterpart in {}",
+            orig.join(rel).display(),
+            dir.display()
+        ));
+    }
+    match failed {
+        0 => {
+            eprintln!(
+                "{}: OK ({checked} files, each archive identical to its original and every other \
+                 file to its namesake in {})",
+                dir.display(),
+                orig.display()
+            );
+            Ok(())
+        }
+        n => Err(format!(
+            "{n} of {checked} files of {} and {} failed",
+            dir.display(),
+            orig.display()
+        )),
+    }
+}
+
+/// Whether two files hold the same bytes (an error naming the first difference otherwise).
+fn same_bytes(a: &Path, b: &Path) -> Result<(), String> {
+    let x = crate::output::map_file(a)?;
+    let y = crate::output::map_file(b)?;
+    if x.len() != y.len() {
+        return Err(format!(
+            "{}: {} bytes but {} has {}",
+            a.display(),
+            x.len(),
+            b.display(),
+            y.len()
+        ));
+    }
+    // Compared in 8 MiB windows, each given back once compared (the files may be large).
+    const STEP: usize = 8 << 20;
+    for start in (0..x.len()).step_by(STEP) {
+        let end = (start + STEP).min(x.len());
+        if x[start..end] != y[start..end] {
+            let at = start
+                + x[start..end]
+                    .iter()
+                    .zip(&y[start..end])
+                    .position(|(p, q)| p != q)
+                    .unwrap_or(0);
+            return Err(format!(
+                "{}: differs from {} at byte {at}",
+                a.display(),
+                b.display()
+            ));
+        }
+        x.release(start..end);
+        y.release(start..end);
+    }
+    Ok(())
+}
