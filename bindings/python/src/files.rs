@@ -533,8 +533,10 @@ impl ArchiveFile {
         // of 47 MB slices took 26.5-27.4 ms advised against 16.6-18.6 not (2026-12-04; whole
         // tensors, `get_tensor` and `load_file`, 9-16 / 20-23 ms advised against 19 / 30-37).
         self.decode_segment_with(py, name, out_ptr, out_len, |ar, i, out| {
-            cpu().decompress_range_into(ar.blob(i), start, end, out)?;
-            Ok(())
+            let done = cpu().decompress_range_into(ar.blob(i), start, end, out);
+            // What was read of the blob leaves the process, as after a whole tensor.
+            self.map.release(ar.blob_range(i));
+            done.map(|_| ())
         })
     }
 
@@ -605,7 +607,13 @@ impl ArchiveFile {
                 // SAFETY: each output is a live CUDA tensor of the tensor's byte count (the torch
                 // layer allocates it from `info`, which the index gives and the parse above checked
                 // against each blob), distinct from the others, on this engine's device.
-                unsafe { batch.decode_into(&eng, &outs) }.map_err(err)
+                let done = unsafe { batch.decode_into(&eng, &outs) }.map_err(err);
+                // The call has waited for its uploads: the blobs' pages leave the process (a
+                // `safe_open` reader on a GPU kept every blob it had uploaded resident).
+                for &i in &segs {
+                    self.map.release(ar.blob_range(i));
+                }
+                done
             })
         })
     }
