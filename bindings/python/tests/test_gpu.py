@@ -200,3 +200,29 @@ def test_slices_with_a_cuda_reader_index_as_torch(gen, tmp_path):
                     continue
                 got = f.get_slice(name)[idx]
                 assert got.is_cuda and same(got, want), (name, idx)
+
+
+def test_compressed_linear_on_the_gpu():
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(384, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_((torch.randn(256, 384) * 0.02).to(torch.bfloat16))
+    lin = lin.cuda()
+    c = tz.CompressedLinear.from_linear(lin)
+    assert c.weight.device.type == "cuda" and c.weight_state.is_cuda
+    x = torch.randn(8, 384, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        want = lin(x)
+        assert same(c(x), want)
+        # Moved to the host and back, compressed: the header is kept, the result the same.
+        c = c.cpu()
+        assert not c.weight_state.is_cuda
+        assert same(c(x.cpu()), lin.cpu()(x.cpu()))
+        c = c.cuda()
+        assert same(c(x), want)
+    # A CPU checkpoint loaded into a layer on the GPU lands there.
+    fresh = tz.CompressedLinear(384, 256, device="cuda")
+    fresh.load_state_dict({k: v.cpu() for k, v in c.state_dict().items()})
+    assert fresh.weight_state.is_cuda
+    with torch.no_grad():
+        assert same(fresh(x), want)

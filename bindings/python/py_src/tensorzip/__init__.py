@@ -5,7 +5,8 @@ Three APIs over one format (docs/FORMAT.md), whose blobs both engines read and w
 * cuZipNN's: `compress_tensor`, `decompress_tensor`, `compress_tensor_with_crc32`,
   `hash_tensor_with_crc32` (same names, keywords, defaults and return types);
 * EntroPack's, for the lossless schemes: `compress(tensor, config)` -> `CompressedTensor`,
-  `decompress(compressed, config)`, `TensorZipConfig`, `RawConfig`;
+  `decompress(compressed, config)`, `TensorZipConfig`, `RawConfig`, and `CompressedLinear` (a
+  linear layer whose weight stays compressed; `compress_linears(model)` swaps them in);
 * files mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`.
 
 CUDA tensors are coded on their GPU, on torch's current stream, when the GPU engine can run
@@ -31,9 +32,11 @@ from ._entropack import (
     decompress,
 )
 from ._files import compress_file, decompress_file, load_file, safe_open, save_file
+from ._linear import CompressedLinear, compress_linears
 from ._tensorzip import __version__
 
 __all__ = [
+    "CompressedLinear",
     "CompressedTensor",
     "CompressionConfig",
     "CompressionFallbackWarning",
@@ -43,6 +46,7 @@ __all__ = [
     "blob_info",
     "compress",
     "compress_file",
+    "compress_linears",
     "compress_tensor",
     "compress_tensor_with_crc32",
     "decompress",

@@ -188,6 +188,15 @@ class CompressedTensor:
         out._dtype = dtype if dtype is not None else self._dtype
         return out
 
+    def _rebind(self, state: torch.Tensor) -> "CompressedTensor":
+        """The same compressed tensor over `state`, a copy of this one's state elsewhere (moved by
+        a module's `.to`): the header is not read again (reading it from a GPU waits for it)."""
+        if state.numel() != self._state.numel() or state.dtype != torch.uint8 or state.dim() != 1:
+            raise ValueError("a moved CompressedTensor state must keep its size")
+        out = CompressedTensor.__new__(CompressedTensor)
+        out._state, out._meta, out._blob_at, out._dtype = state, self._meta, self._blob_at, self._dtype
+        return out
+
     def cpu(self) -> "CompressedTensor":
         return self.to("cpu")
 

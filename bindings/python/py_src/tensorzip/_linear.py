@@ -1,0 +1,224 @@
+"""`CompressedLinear`: a linear layer whose weight stays compressed (losslessly) in memory and is
+decoded at each forward call, in the manner of EntroPack's class of the same name.
+
+The weight is held as a `CompressedTensor`'s state (one uint8 tensor: header and blob) in a
+buffer, so `.to(device)` moves it compressed and `.to(dtype)` leaves it as it is (the bias is cast;
+the decoded weight is cast to the activations' dtype at each call). In a `state_dict` the weight is
+the key `<prefix>weight.tensorzip_state` (the `CompressedTensor.state_dict(leaf)` convention) in
+place of `<prefix>weight`; `load_state_dict` into a layer made with the same features restores it
+(the state's size is whatever the compressed weight takes, so it replaces the buffer rather than
+copying into it). Decoding is lossless: the layer computes exactly what `torch.nn.Linear` with the
+same weight and bias computes.
+
+On a GPU the decode is one launch per call on torch's current stream (the compressed weight stays
+resident, ~66% of a bf16 weight); on the CPU a forward call costs a decode of the whole weight
+(all cores), which is a saving of memory, not of time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ._entropack import (
+    _LEAF,
+    CompressedTensor,
+    CompressionConfig,
+    TensorZipConfig,
+    _validate_config,
+    compress,
+    decompress,
+)
+
+_KEY = "weight." + _LEAF
+
+
+class CompressedLinear(torch.nn.Module):
+    """`y = x W^T + b` with `W` kept compressed and decoded at each call.
+
+    Args:
+        in_features, out_features: as `torch.nn.Linear`.
+        bias: whether the layer has a bias (kept uncompressed, frozen).
+        config: the scheme (`TensorZipConfig()` by default; `RawConfig()` stores the weight).
+        device: where the bias and, once compressed, the weight's state live.
+        dtype: the dtype the weight is compressed as (and the bias's).
+
+    A layer made this way has no weight until `compress_weight` or `load_state_dict` gives it one;
+    `CompressedLinear.from_linear(linear)` does both steps from an existing layer.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        config: CompressionConfig | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ):
+        super().__init__()
+        if in_features < 0 or out_features < 0:
+            raise ValueError(f"features must be non-negative, not ({in_features}, {out_features})")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.config = TensorZipConfig() if config is None else config
+        _validate_config(self.config)
+        self.weight_dtype = dtype
+        # Not persistent: `_save_to_state_dict` writes it under its own key.
+        self.register_buffer("weight_state", torch.empty(0, dtype=torch.uint8, device=device), persistent=False)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        self._parsed: CompressedTensor | None = None
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: torch.nn.Linear,
+        *,
+        config: CompressionConfig | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> "CompressedLinear":
+        """A layer holding `linear`'s weight compressed (as `dtype`, by default the weight's own)
+        and a copy of its bias, on the weight's device."""
+        w = linear.weight
+        if w is None or w.device.type == "meta":
+            raise ValueError("cannot compress a Linear whose weight is not materialized (load its state first)")
+        dtype = w.dtype if dtype is None else dtype
+        out = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            config=config,
+            device=w.device,
+            dtype=dtype,
+        )
+        out.compress_weight(w.detach())
+        if linear.bias is not None:
+            out.bias = torch.nn.Parameter(linear.bias.detach().to(dtype).clone(), requires_grad=False)
+        return out
+
+    def compress_weight(self, weight: torch.Tensor) -> None:
+        """Compresses `weight` (shape `(out_features, in_features)`, cast to the layer's weight
+        dtype) into the layer. A scheme that can only store the weight raw raises RuntimeError."""
+        self._check_shape(tuple(weight.shape))
+        c = compress(weight.detach().to(self.weight_dtype), self.config)
+        if c.compress_method == "raw" and "reason" in c.header:
+            raise RuntimeError(
+                f"{c.header['requested']} cannot code a {tuple(weight.shape)} {self.weight_dtype} weight: {c.header['reason']}"
+            )
+        self.weight_state = c.state_dict()[_LEAF]
+        self._parsed = c._rebind(self.weight_state)
+
+    def _check_shape(self, shape: tuple) -> None:
+        want = (self.out_features, self.in_features)
+        if tuple(shape) != want:
+            raise ValueError(f"weight has shape {tuple(shape)}, but the layer expects {want}")
+
+    @property
+    def weight(self) -> CompressedTensor:
+        """The compressed weight (a `CompressedTensor` on the state's device)."""
+        state = self.weight_state
+        if state.numel() == 0:
+            raise RuntimeError(
+                f"{type(self).__name__}({self.in_features}, {self.out_features}) has no weight yet "
+                "(compress_weight or load_state_dict gives it one)"
+            )
+        if self._parsed is None or self._parsed._state is not state:
+            # Assigned from outside: its header is read (moves by `.to` keep it: `_apply`).
+            self._parsed = CompressedTensor(state)
+        return self._parsed
+
+    def _apply(self, fn, recurse=True):
+        moved = self.weight_state
+        super()._apply(fn, recurse)
+        if self._parsed is not None and self._parsed._state is moved and self.weight_state is not moved:
+            # Moved (`.to(device)`, `.cuda()`): the header read before still holds.
+            self._parsed = self._parsed._rebind(self.weight_state)
+        return self
+
+    def dequantize(self, device: str | torch.device | None = None) -> torch.Tensor:
+        """The dense weight (bit for bit the one compressed), decoded on `device` (default: where
+        the compressed weight is; a GPU decodes it there)."""
+        c = self.weight
+        if device is not None and torch.device(device) != c.device:
+            c = c.to(device)
+        return decompress(c, self.config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.dequantize(x.device)
+        b = None if self.bias is None else self.bias.to(device=x.device, dtype=x.dtype)
+        return F.linear(x, w.to(x.dtype), b)
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes of the compressed weight, its header included (the bias is not counted)."""
+        return self.weight.storage_nbytes()
+
+    @property
+    def compressed_bits(self) -> float:
+        """Stored bits per weight element."""
+        return self.stored_nbytes * 8 / max(self.in_features * self.out_features, 1)
+
+    def extra_repr(self) -> str:
+        parts = [
+            f"in_features={self.in_features}",
+            f"out_features={self.out_features}",
+            f"bias={self.bias is not None}",
+            f"dtype={str(self.weight_dtype).removeprefix('torch.')}",
+        ]
+        if self.weight_state.numel():
+            parts.append(f"bits={self.compressed_bits:.3f}")
+        return ", ".join(parts)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.weight_state.numel():
+            state = self.weight_state
+            destination[prefix + _KEY] = state if keep_vars else state.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        key = prefix + _KEY
+        if key in state_dict:
+            state = state_dict.pop(key)
+            try:
+                parsed = CompressedTensor(state)
+                self._check_shape(tuple(parsed.shape))
+                if not local_metadata.get("assign_to_params_buffers", False):
+                    state = state.to(device=self.weight_state.device, copy=True)
+                    parsed = parsed._rebind(state)
+                self.weight_state = state
+                self.weight_dtype = parsed.encoded_dtype
+                self._parsed = parsed
+            except (TypeError, ValueError) as e:
+                error_msgs.append(f"{key}: {e}")
+        elif strict:
+            missing_keys.append(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+
+def compress_linears(
+    module: torch.nn.Module,
+    config: CompressionConfig | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    filter: Callable[[str, torch.nn.Linear], bool] | None = None,
+) -> int:
+    """Replaces, in place, every `torch.nn.Linear` inside `module` (for which `filter(name,
+    layer)` is true, if given; `name` as in `named_modules`) with a `CompressedLinear` holding its
+    weight, and returns how many were replaced. The model computes exactly what it did. `module`
+    itself is not replaced (a bare `Linear`: use `CompressedLinear.from_linear`), nor subclasses of
+    `Linear` (they may compute something else)."""
+    todo = [
+        (name, child)
+        for name, child in module.named_modules()
+        if name and type(child) is torch.nn.Linear and (filter is None or filter(name, child))
+    ]
+    for name, linear in todo:
+        parent_name, _, attr = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, attr, CompressedLinear.from_linear(linear, config=config, dtype=dtype))
+    return len(todo)
