@@ -546,3 +546,63 @@ def test_save_file_rejects_bad_arguments(tmp_path):
             tz.save_file({"a": torch.zeros(2)}, tmp_path / "pipe")
         assert (tmp_path / "pipe").is_fifo()
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_load_dir_reads_a_sharded_model_and_checks_its_index(gen, tmp_path):
+    tensors = _model(gen)
+    keys = sorted(tensors)
+    half = len(keys) // 2
+    shards = {"model-00001-of-00002.safetensors": keys[:half], "model-00002-of-00002.safetensors": keys[half:]}
+    d = tmp_path / "model-tz"
+    (d / "text_encoder").mkdir(parents=True)
+    for shard, names in shards.items():
+        tz.save_file({k: tensors[k] for k in names}, d / (shard + ".tz"))
+    # Another component in a sub-folder and a hidden file are not read.
+    tz.save_file({"other": tensors[keys[0]]}, d / "text_encoder" / "model.safetensors.tz")
+    (d / ".x.safetensors.tz").write_bytes(b"junk")
+    index = {"metadata": {}, "weight_map": {k: s for s, names in shards.items() for k in names}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    back = tz.load_dir(d)
+    assert sorted(back) == keys
+    for k in keys:
+        assert same(back[k], tensors[k]), k
+    # An index naming another shard, a tensor no index names, a name in two archives.
+    wrong = dict(index["weight_map"], **{keys[0]: "model-00002-of-00002.safetensors"})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wrong}))
+    with pytest.raises(ValueError, match=f"tensor {keys[0]!r} of shard model-00002-of-00002.safetensors is in model-00001"):
+        tz.load_dir(d)
+    partial = {k: v for k, v in index["weight_map"].items() if k != keys[-1]}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": partial}))
+    with pytest.raises(ValueError, match=f"1 tensors no index names, e.g. {keys[-1]!r}"):
+        tz.load_dir(d)
+    (d / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a safetensors index"):
+        tz.load_dir(d)
+    (d / "model.safetensors.index.json").unlink()
+    tz.save_file({keys[0]: tensors[keys[0]]}, d / "extra.safetensors.tz")
+    with pytest.raises(ValueError, match=f"model-00001-of-00002.safetensors.tz: tensor {keys[0]!r} is also in extra.safetensors.tz"):
+        tz.load_dir(d)
+    with pytest.raises(ValueError, match="no .safetensors.tz archive"):
+        tz.load_dir(tmp_path)
+    with pytest.raises(ValueError, match="not a directory"):
+        tz.load_dir(d / "extra.safetensors.tz")
+
+
+def test_load_dir_of_a_directory_the_cli_compressed(gen, tmp_path):
+    """`tensorzip compress DIR -o OUT` then `load_dir(OUT)`: the shards' tensors, the index checked."""
+    cli = Path(__file__).resolve().parents[3] / "target" / "release" / "tensorzip"
+    if not cli.exists():
+        pytest.skip(f"{cli} not built (scripts/test.sh builds it first)")
+    tensors = _model(gen)
+    keys = sorted(tensors)
+    src = tmp_path / "model"
+    src.mkdir()
+    for i, names in enumerate((keys[:2], keys[2:])):
+        tz.save_file({k: tensors[k] for k in names}, tmp_path / f"s{i}.tz")
+        tz.decompress_file(tmp_path / f"s{i}.tz", src / f"s{i}.safetensors")
+    index = {"weight_map": {k: f"s{0 if k in keys[:2] else 1}.safetensors" for k in keys}}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    (src / "config.json").write_text("{}")
+    subprocess.run([str(cli), "compress", str(src), "-o", str(tmp_path / "out")], check=True, capture_output=True)
+    back = tz.load_dir(tmp_path / "out")
+    assert sorted(back) == keys and all(same(back[k], tensors[k]) for k in keys)

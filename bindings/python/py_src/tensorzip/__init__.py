@@ -31,7 +31,7 @@ from ._entropack import (
     compress,
     decompress,
 )
-from ._files import compress_file, decompress_file, load_file, safe_open, save_file
+from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_file
 from ._linear import CompressedLinear, compress_linears
 from ._tensorzip import __version__
 
@@ -55,6 +55,7 @@ __all__ = [
     "gpu_available",
     "gpu_unavailable_reason",
     "hash_tensor_with_crc32",
+    "load_dir",
     "load_file",
     "safe_open",
     "save_file",

@@ -1,4 +1,5 @@
-"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`; and
+"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`; `load_dir`, a
+compressed model directory's shards into one dictionary; and
 `compress_file` / `decompress_file`, a `.safetensors` file to an archive and back without loading
 its tensors (what `tensorzip compress` / `decompress` do).
 
@@ -265,6 +266,51 @@ def load_file(filename: str | bytes | os.PathLike, device: str | int | torch.dev
     if dev.type != "cpu":
         outs = [o.to(dev) for o in outs]
     return dict(zip(names, outs))
+
+
+def load_dir(dirname: str | bytes | os.PathLike, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Loads a compressed model directory (`tensorzip compress DIR -o OUT`, or `compress DIR`):
+    every `*.safetensors.tz` archive directly in `dirname` — the shards of one model; sub-folders
+    (a pipeline's other components) are not read, pass them on their own — each with `load_file`
+    (on a GPU, one launch per archive), into one dictionary. Each `*.safetensors.index.json` there
+    (a sharded checkpoint's index, which the command line copies as it is) is checked: every
+    tensor of its `weight_map` must come from the archive of the shard it names (`<shard>.tz`),
+    and no archive may hold a tensor that no index names. A name found in two archives, a
+    directory without archives and an index that does not match raise ValueError naming the file."""
+    import json
+
+    root = os.fsdecode(dirname)
+    if not os.path.isdir(root):
+        raise ValueError(f"{root}: not a directory")
+    names = sorted(n for n in os.listdir(root) if n.endswith(".safetensors.tz") and not n.startswith("."))
+    if not names:
+        raise ValueError(f"{root}: no .safetensors.tz archive in this directory")
+    out: dict[str, torch.Tensor] = {}
+    source: dict[str, str] = {}
+    for n in names:
+        for key, t in load_file(os.path.join(root, n), device=device).items():
+            if key in source:
+                raise ValueError(f"{os.path.join(root, n)}: tensor {key!r} is also in {source[key]}")
+            out[key], source[key] = t, n
+    indexes = sorted(n for n in os.listdir(root) if n.endswith(".safetensors.index.json") and not n.startswith("."))
+    named: set[str] = set()
+    for n in indexes:
+        path = os.path.join(root, n)
+        try:
+            with open(path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            items = [(str(k), str(v)) for k, v in weight_map.items()]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}: not a safetensors index ({type(e).__name__}: {e})") from None
+        for key, shard in items:
+            if source.get(key) != shard + ".tz":
+                where = f"is in {source[key]}" if key in source else "is in no archive"
+                raise ValueError(f"{path}: tensor {key!r} of shard {shard} {where}")
+            named.add(key)
+    if indexes and len(named) != len(out):
+        extra = sorted(set(out) - named)
+        raise ValueError(f"{root}: {len(extra)} tensors no index names, e.g. {extra[0]!r} in {source[extra[0]]}")
+    return out
 
 
 def compress_file(
