@@ -606,3 +606,40 @@ def test_load_dir_of_a_directory_the_cli_compressed(gen, tmp_path):
     subprocess.run([str(cli), "compress", str(src), "-o", str(tmp_path / "out")], check=True, capture_output=True)
     back = tz.load_dir(tmp_path / "out")
     assert sorted(back) == keys and all(same(back[k], tensors[k]) for k in keys)
+    # save_dir's shards restore to a Hugging Face layout: the index names the restored files.
+    tz.save_dir(tensors, tmp_path / "sd", max_shard_bytes=200_000)
+    subprocess.run([str(cli), "decompress", str(tmp_path / "sd"), "-o", str(tmp_path / "hf")], check=True, capture_output=True)
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == sorted(p.name for p in (tmp_path / "hf").glob("*.safetensors"))
+    assert len(index["weight_map"]) == len(keys)
+
+
+def test_save_dir_shards_like_hugging_face_and_load_dir_reads_it(gen, tmp_path):
+    tensors = _model(gen)
+    d = tmp_path / "ckpt"
+    # 256 KB emb.weight alone; the rest together.
+    files = tz.save_dir(tensors, d, {"format": "pt"}, max_shard_bytes=200_000, chunk_bytes=65536)
+    assert files == [
+        "model-00001-of-00002.safetensors.tz",
+        "model-00002-of-00002.safetensors.tz",
+        "model.safetensors.index.json",
+    ]
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert index["metadata"] == {"total_size": total}
+    assert index["weight_map"]["emb.weight"] == "model-00001-of-00002.safetensors"
+    assert index["weight_map"]["step"] == "model-00002-of-00002.safetensors"
+    with tz.safe_open(d / files[0]) as f:
+        assert f.metadata() == {"format": "pt"} and f.keys() == ["emb.weight"]
+    back = tz.load_dir(d)
+    assert sorted(back) == sorted(tensors) and all(same(back[k], v) for k, v in tensors.items())
+    # Saved again in one shard: the old shards and index go, so load_dir reads this save alone.
+    (d / "notes.txt").write_text("kept")
+    assert tz.save_dir(tensors, d) == ["model.safetensors.tz"]
+    assert sorted(p.name for p in d.iterdir()) == ["model.safetensors.tz", "notes.txt"]
+    assert all(same(tz.load_dir(d)[k], v) for k, v in tensors.items())
+    with pytest.raises(ValueError, match="max_shard_bytes"):
+        tz.save_dir(tensors, d, max_shard_bytes=0)
+    with pytest.raises(ValueError, match="block_units"):
+        tz.save_dir(tensors, tmp_path / "bad", block_units=3)
+    assert not (tmp_path / "bad").exists()

@@ -31,7 +31,7 @@ from ._entropack import (
     compress,
     decompress,
 )
-from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_file
+from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_dir, save_file
 from ._linear import CompressedLinear, compress_linears
 from ._tensorzip import __version__
 
@@ -58,5 +58,6 @@ __all__ = [
     "load_dir",
     "load_file",
     "safe_open",
+    "save_dir",
     "save_file",
 ]

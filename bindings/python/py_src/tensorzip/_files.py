@@ -1,5 +1,5 @@
-"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`; `load_dir`, a
-compressed model directory's shards into one dictionary; and
+"""Files, mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`; `save_dir` /
+`load_dir`, a compressed model directory sharded as Hugging Face checkpoints are; and
 `compress_file` / `decompress_file`, a `.safetensors` file to an archive and back without loading
 its tensors (what `tensorzip compress` / `decompress` do).
 
@@ -266,6 +266,80 @@ def load_file(filename: str | bytes | os.PathLike, device: str | int | torch.dev
     if dev.type != "cpu":
         outs = [o.to(dev) for o in outs]
     return dict(zip(names, outs))
+
+
+def save_dir(
+    tensors: dict[str, torch.Tensor],
+    dirname: str | bytes | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    *,
+    max_shard_bytes: int = 5_000_000_000,
+    **options,
+) -> list[str]:
+    """Saves `tensors` as a compressed model directory, sharded the way Hugging Face checkpoints
+    are: `model.safetensors.tz` when everything fits in `max_shard_bytes` (of original tensor
+    bytes), else `model-00001-of-0000N.safetensors.tz`, ... and `model.safetensors.index.json`
+    (`{"metadata": {"total_size": ...}, "weight_map": {name: shard}}`, the shards named without
+    `.tz`, as `tensorzip decompress DIR -o OUT` restores them). Tensors go into shards in the
+    dictionary's order, a new shard starting when the next tensor would pass the limit (a tensor
+    larger than the limit gets a shard of its own). Each shard is written with `save_file`
+    (`metadata` in every one, `options` as `save_file`'s); the index last. The directory is made
+    if missing; files a previous save left under these names (`model.safetensors.tz`, other
+    `model-*-of-*.safetensors.tz`, the index) are removed once the new ones are written, so that
+    `load_dir` reads this save alone. Returns the names of the files written."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict of name -> torch.Tensor, not {type(tensors).__name__}")
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be a positive int, not {max_shard_bytes!r}")
+    root = os.fsdecode(dirname)
+    made = not os.path.isdir(root)
+    os.makedirs(root, exist_ok=True)
+    try:
+        return _save_shards(tensors, root, metadata, max_shard_bytes, options)
+    except BaseException:
+        # Bad input (a tensor, an option) found once the directory was made: nothing is left.
+        if made and not os.listdir(root):
+            os.rmdir(root)
+        raise
+
+
+def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: dict) -> list[str]:
+    import json
+    import re
+
+    shards: list[list[str]] = [[]]
+    size = 0
+    total = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+        total += n
+    if len(shards) == 1:
+        files = ["model.safetensors"]
+    else:
+        files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    written = []
+    for f, names in zip(files, shards):
+        save_file({k: tensors[k] for k in names}, os.path.join(root, f + ".tz"), metadata, **options)
+        written.append(f + ".tz")
+    index = "model.safetensors.index.json"
+    if len(shards) > 1:
+        doc = {"metadata": {"total_size": total}, "weight_map": {k: f for f, names in zip(files, shards) for k in names}}
+        tmp = os.path.join(root, f".{index}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(doc, out, indent=2, sort_keys=True)
+            out.write("\n")
+        os.replace(tmp, os.path.join(root, index))
+        written.append(index)
+    ours = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors\.tz|model\.safetensors\.index\.json")
+    for n in os.listdir(root):
+        if ours.fullmatch(n) and n not in written:
+            os.remove(os.path.join(root, n))
+    return written
 
 
 def load_dir(dirname: str | bytes | os.PathLike, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
