@@ -226,3 +226,18 @@ def test_compressed_linear_on_the_gpu():
     assert fresh.weight_state.is_cuda
     with torch.no_grad():
         assert same(fresh(x), want)
+
+
+def test_training_state_saved_from_and_loaded_onto_the_gpu(tmp_path):
+    torch.manual_seed(6)
+    model = torch.nn.Linear(256, 128).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 256, device="cuda")).sum().backward()
+    opt.step()
+    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1}
+    tz.save(ckpt, tmp_path / "c.tz")
+    back = tz.load(tmp_path / "c.tz", device="cuda")
+    assert back["step"] == 1
+    assert back["model"]["weight"].is_cuda and same(back["model"]["weight"], ckpt["model"]["weight"])
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert same(back["optimizer"]["state"][0][k], ckpt["optimizer"]["state"][0][k])

@@ -7,7 +7,9 @@ Three APIs over one format (docs/FORMAT.md), whose blobs both engines read and w
 * EntroPack's, for the lossless schemes: `compress(tensor, config)` -> `CompressedTensor`,
   `decompress(compressed, config)`, `TensorZipConfig`, `RawConfig`, and `CompressedLinear` (a
   linear layer whose weight stays compressed; `compress_linears(model)` swaps them in);
-* files mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`.
+* files mirroring `safetensors.torch`: `save_file`, `load_file`, `safe_open`; `save_dir` /
+  `load_dir` for sharded model directories; `save` / `load` for training state (nested dicts,
+  lists and tuples of tensors and plain values, as `torch.save` takes them, without pickle).
 
 CUDA tensors are coded on their GPU, on torch's current stream, when the GPU engine can run
 (`gpu_available()`); everything else runs on the CPU engine. Corrupted or foreign blobs raise
@@ -33,6 +35,7 @@ from ._entropack import (
 )
 from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_dir, save_file
 from ._linear import CompressedLinear, compress_linears
+from ._objects import load, save
 from ._tensorzip import __version__
 
 __all__ = [
@@ -55,9 +58,11 @@ __all__ = [
     "gpu_available",
     "gpu_unavailable_reason",
     "hash_tensor_with_crc32",
+    "load",
     "load_dir",
     "load_file",
     "safe_open",
+    "save",
     "save_dir",
     "save_file",
 ]
