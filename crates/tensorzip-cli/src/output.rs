@@ -52,6 +52,43 @@ pub fn on_interrupt() {
     });
 }
 
+/// Creates a hidden temporary `.NAME.tmp-PID-N` next to `dest` with `make` (which must fail with
+/// `AlreadyExists` if the name is taken: the next `N` is tried); `what` names it in errors.
+pub fn create_temp<T>(
+    dest: &Path,
+    what: &str,
+    make: impl Fn(&Path) -> std::io::Result<T>,
+) -> Result<(PathBuf, T), String> {
+    let dir = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = dest
+        .file_name()
+        .ok_or_else(|| format!("{}: not a {what} name", dest.display()))?;
+    for attempt in 0..100u32 {
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}-{attempt}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        match make(&tmp) {
+            Ok(made) => return Ok((tmp, made)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(format!(
+                    "{}: cannot create a temporary {what}: {e}",
+                    dir.display()
+                ))
+            }
+        }
+    }
+    Err(format!(
+        "{}: cannot create a temporary {what}",
+        dir.display()
+    ))
+}
+
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
 pub struct SafeOutput {
     dest: PathBuf,
@@ -89,45 +126,21 @@ impl SafeOutput {
                 ));
             }
         }
-        let dir = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = dest
-            .file_name()
-            .ok_or_else(|| format!("{}: not a file name", dest.display()))?;
-        for attempt in 0..100u32 {
-            let tmp = dir.join(format!(
-                ".{}.tmp-{}-{attempt}",
-                name.to_string_lossy(),
-                std::process::id()
-            ));
-            match OpenOptions::new()
+        let (tmp, file) = create_temp(dest, "file", |tmp| {
+            OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
-                .open(&tmp)
-            {
-                Ok(file) => {
-                    pending_add(&tmp);
-                    crate::sigbus::writing(Some(&tmp));
-                    return Ok(SafeOutput {
-                        dest: dest.to_path_buf(),
-                        tmp,
-                        file: Some(file),
-                        force,
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(format!(
-                        "{}: cannot create a temporary file: {e}",
-                        dir.display()
-                    ))
-                }
-            }
-        }
-        Err(format!("{}: cannot create a temporary file", dir.display()))
+                .open(tmp)
+        })?;
+        pending_add(&tmp);
+        crate::sigbus::writing(Some(&tmp));
+        Ok(SafeOutput {
+            dest: dest.to_path_buf(),
+            tmp,
+            file: Some(file),
+            force,
+        })
     }
 
     /// The temporary file.

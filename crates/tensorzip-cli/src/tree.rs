@@ -181,42 +181,15 @@ pub struct Staged {
 impl Staged {
     pub fn create(dest: &Path) -> Result<Staged, String> {
         exists_refused(dest)?;
-        let parent = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = dest
-            .file_name()
-            .ok_or_else(|| format!("{}: not a directory name", dest.display()))?;
-        for attempt in 0..100u32 {
-            let tmp = parent.join(format!(
-                ".{}.tmp-{}-{attempt}",
-                name.to_string_lossy(),
-                std::process::id()
-            ));
-            match std::fs::create_dir(&tmp) {
-                Ok(()) => {
-                    crate::output::pending_add(&tmp);
-                    crate::sigbus::created(&tmp);
-                    return Ok(Staged {
-                        dest: dest.to_path_buf(),
-                        tmp,
-                        done: false,
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(format!(
-                        "{}: cannot create a temporary directory: {e}",
-                        parent.display()
-                    ))
-                }
-            }
-        }
-        Err(format!(
-            "{}: cannot create a temporary directory",
-            parent.display()
-        ))
+        let (tmp, ()) =
+            crate::output::create_temp(dest, "directory", |tmp| std::fs::create_dir(tmp))?;
+        crate::output::pending_add(&tmp);
+        crate::sigbus::created(&tmp);
+        Ok(Staged {
+            dest: dest.to_path_buf(),
+            tmp,
+            done: false,
+        })
     }
 
     /// Where `rel` is written, its parent directories created (and recorded) first.
