@@ -280,11 +280,15 @@ impl ArchiveFile {
         // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes, alive
         // for the call.
         let out = unsafe { host_mut(out_ptr, out_len) };
-        py.detach(|| {
+        let done = py.detach(|| {
             ar.check_segment(i)?;
             decode(&ar, i, out)
-        })
-        .map_err(|e| named(&self.path, e))
+        });
+        unchanged(
+            &self.map,
+            &self.path,
+            done.map_err(|e| named(&self.path, e)),
+        )
     }
 
     /// The segments of tensors `names`, given `outs` output buffers (one per name).
@@ -299,12 +303,24 @@ impl ArchiveFile {
     }
 
     fn archive(&self) -> PyResult<Archive<'_>> {
-        Archive::parse(&self.map).map_err(|e| named(&self.path, e))
+        let ar = Archive::parse(&self.map).map_err(|e| named(&self.path, e));
+        unchanged(&self.map, &self.path, ar)
     }
     fn entry(&self, name: &str) -> PyResult<&Entry> {
         self.entries
             .get(name)
             .ok_or_else(|| PyKeyError::new_err(format!("{}: no tensor named {name:?}", self.path)))
+    }
+}
+
+/// `result`, unless a read of `map` found its file truncated by another process meanwhile (the
+/// bytes past the new end read as zeros: `tensorzip::truncation`), which wins over any result.
+fn unchanged<T>(map: &MappedFile, shown: &str, result: PyResult<T>) -> PyResult<T> {
+    match map.truncated() {
+        true => Err(PyOSError::new_err(format!(
+            "{shown}: the file was truncated while it was read (changed by another process?)"
+        ))),
+        false => result,
     }
 }
 
@@ -364,17 +380,20 @@ fn compress_file(
     let map = map_input(&src, &shown)?;
     not_the_input(&src, &dst)?;
     py.detach(|| {
-        let segs = plan_safetensors(&map).map_err(|e| named(&shown, e))?;
+        let segs = plan_safetensors(&map).map_err(|e| named(&shown, e));
+        let segs = unchanged(&map, &shown, segs)?;
         let spent = Spent::prefix(&map);
         let mut len = 0;
         write_atomically(&dst, |f| {
-            len = write_archive(cpu(), &map[..], &segs, &opts, f, &|done| {
+            let written = write_archive(cpu(), &map[..], &segs, &opts, f, &|done| {
                 spent.reached(done)
             })
             .map_err(|e| match e {
                 tensorzip::Error::Io(m) => PyOSError::new_err(format!("{}: {m}", dst.display())),
                 e => named(&shown, e),
-            })?;
+            });
+            // The temporary output goes if the input changed under us.
+            len = unchanged(&map, &shown, written)?;
             Ok(())
         })?;
         Ok((map.len() as u64, len))
@@ -390,16 +409,20 @@ fn decompress_file(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<u64> 
     let map = map_input(&src, &shown)?;
     not_the_input(&src, &dst)?;
     py.detach(|| {
-        let ar = Archive::parse(&map).map_err(|e| named(&shown, e))?;
+        let ar = Archive::parse(&map).map_err(|e| named(&shown, e));
+        let ar = unchanged(&map, &shown, ar)?;
         let spent = Spent::blobs(&map, &ar);
         write_atomically(&dst, |f| {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             let out_err = |m: String| PyOSError::new_err(format!("{}: {m}", dst.display()));
-            ar.decode_all_to(cpu(), &mut w, &|done| spent.reached(done))
+            let done = ar
+                .decode_all_to(cpu(), &mut w, &|done| spent.reached(done))
                 .map_err(|e| match e {
                     tensorzip::Error::Io(m) => out_err(m),
                     e => named(&shown, e),
-                })?;
+                });
+            // The temporary output goes if the archive changed under us.
+            unchanged(&map, &shown, done)?;
             w.flush().map_err(|e| out_err(e.to_string()))
         })?;
         Ok(ar.original_len)
@@ -412,9 +435,9 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
     let shown = path.display().to_string();
     let named = |e| named(&shown, e);
     let map = map_input(&path, &shown)?;
-    let ar = Archive::parse(&map).map_err(named)?;
+    let ar = unchanged(&map, &shown, Archive::parse(&map).map_err(named))?;
     // Segment 0 is the safetensors header.
-    let head = ar.decode_segment(cpu(), 0).map_err(named)?;
+    let head = unchanged(&map, &shown, ar.decode_segment(cpu(), 0).map_err(named))?;
     let (_, tensors) = parse_header(&head).map_err(named)?;
     let mut metadata = None;
     if head.len() >= 8 {
@@ -575,8 +598,8 @@ impl ArchiveFile {
         }
         let path = &self.path;
         let release = |i: usize| self.map.release(ar.blob_range(i));
-        py.detach(|| ar.decode_segments_into_then(cpu(), &segs, &mut bufs, &release))
-            .map_err(|e| named(path, e))
+        let done = py.detach(|| ar.decode_segments_into_then(cpu(), &segs, &mut bufs, &release));
+        unchanged(&self.map, path, done.map_err(|e| named(path, e)))
     }
 
     /// Decodes the tensors `names` into device memory (`outs`: device addresses, sized by `info`)
@@ -613,7 +636,7 @@ impl ArchiveFile {
                 for &i in &segs {
                     self.map.release(ar.blob_range(i));
                 }
-                done
+                unchanged(&self.map, path, done)
             })
         })
     }

@@ -239,6 +239,9 @@ fn format_versions() -> (u16, u16) {
 #[pymodule]
 fn _tensorzip(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // A mapped file truncated by another process while it is read: an OSError naming it, not a
+    // "Bus error" that ends the interpreter (`tensorzip::truncation`).
+    tensorzip::truncation::guard();
     m.add_class::<RustBytes>()?;
     m.add_function(wrap_pyfunction!(compress, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;

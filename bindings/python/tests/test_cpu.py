@@ -643,3 +643,40 @@ def test_save_dir_shards_like_hugging_face_and_load_dir_reads_it(gen, tmp_path):
     with pytest.raises(ValueError, match="block_units"):
         tz.save_dir(tensors, tmp_path / "bad", block_units=3)
     assert not (tmp_path / "bad").exists()
+
+
+def test_an_archive_truncated_while_open_raises_instead_of_crashing(tmp_path):
+    """Another process truncates an archive a reader has mapped (a checkpoint saved again in
+    place): reading past the new end raised SIGBUS, which ended the interpreter ("Bus error").
+    Now the read gives an OSError naming the file, and the process goes on. Run in a child
+    process, so that a regression kills the child, not the test session."""
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, torch, tensorzip as tz
+        p = {str(tmp_path / "m.tz")!r}
+        torch.manual_seed(0)
+        tz.save_file({{"a": torch.randn(512, 1024), "b": torch.randn(512, 1024)}}, p)
+        with tz.safe_open(p) as f:
+            os.truncate(p, 4096)
+            for name in ("b", "a"):
+                try:
+                    f.get_tensor(name)
+                    print("no error", name)
+                except OSError as e:
+                    print("OSError", e)
+            try:
+                f.get_slice("a")[0:2]
+                print("no error slice")
+            except OSError as e:
+                print("OSError", e)
+        print("alive")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "alive", r.stdout
+    assert len(lines) == 4 and all(l.startswith("OSError") and "truncated while it was read" in l and "m.tz" in l for l in lines[:3]), r.stdout

@@ -47,6 +47,7 @@ pub mod stats;
 mod streaming;
 
 pub mod transform;
+pub mod truncation;
 
 pub use blob::{BlobHeader, Scheme};
 pub use checksum::{crc32, crc32_pieces, DEFAULT_CHECKSUM_CHUNK_BYTES};

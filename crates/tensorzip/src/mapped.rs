@@ -15,6 +15,8 @@ use std::sync::Mutex;
 
 /// A file mapped read-only.
 pub struct MappedFile {
+    // Dropped before the mapping (fields drop in order): the handler forgets the range first.
+    slot: Option<crate::truncation::Slot>,
     map: memmap2::Mmap,
 }
 
@@ -28,7 +30,16 @@ impl MappedFile {
     pub unsafe fn map(file: &std::fs::File) -> std::io::Result<MappedFile> {
         // SAFETY: forwarded to the caller.
         let map = unsafe { memmap2::Mmap::map(file) }?;
-        Ok(MappedFile { map })
+        let slot = crate::truncation::Slot::register(map.as_ptr() as usize, map.len());
+        Ok(MappedFile { slot, map })
+    }
+
+    /// Whether a read of the mapping found the file shorter than it was when mapped (truncated by
+    /// another process) — only with [`crate::truncation::guard`] installed; without it such a
+    /// read ends the process. The bytes read past the new end were zeros: a caller that sees
+    /// this after its work must discard what it made from them.
+    pub fn truncated(&self) -> bool {
+        self.slot.as_ref().is_some_and(|s| s.hit())
     }
 
     /// Gives back the whole pages inside `range` (clamped to the file): they leave the process's

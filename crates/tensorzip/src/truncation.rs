@@ -1,0 +1,230 @@
+//! Mapped files truncated by another process while they are read: an error instead of a crash.
+//!
+//! A read of a page of a file mapping past the file's end raises `SIGBUS`, whose default action
+//! ends the process — a training job whose loader maps a checkpoint that the trainer is saving
+//! again in place dies with "Bus error". With [`guard`] installed, a `SIGBUS` whose address lies in
+//! a live [`crate::mapped::MappedFile`] is handled instead: the handler maps a page of zeros over
+//! the faulting page (so the read that faulted, retried on return, reads zeros), and marks the
+//! mapping; the caller asks [`crate::mapped::MappedFile::truncated`] after its work and reports
+//! the file as changed under it. The decoders are safe on any bytes (zeros included), and a wrong
+//! result is never returned: the flag is checked before any result is.
+//!
+//! A `SIGBUS` anywhere else (another library's mapping, a signal sent by `kill`) goes to the
+//! handler that was installed before, or takes the default action as it would have. The handler
+//! calls only `mmap` and reads atomics; it allocates nothing and takes no lock.
+//!
+//! Linux only (the address of the fault, `MAP_FIXED` over part of a mapping); elsewhere [`guard`]
+//! does nothing and no mapping is ever marked. The command line has its own handler (it removes
+//! its temporary output and exits: `tensorzip-cli/src/sigbus.rs`); the Python package installs
+//! this one, since a handler that ends the process is what it must avoid.
+
+/// Installs the process-wide `SIGBUS` handler (once; later calls do nothing). Returns whether
+/// the guard is active (false where the system has none).
+pub fn guard() -> bool {
+    imp::guard()
+}
+
+/// A mapping's range registered with the handler while it lives.
+pub(crate) struct Slot(#[cfg_attr(not(target_os = "linux"), allow(dead_code))] usize);
+
+impl Slot {
+    /// Registers `len` bytes at `start` (`None` when every slot is taken, or there is no guard
+    /// on this system: the mapping then has no protection, as before).
+    pub(crate) fn register(start: usize, len: usize) -> Option<Slot> {
+        imp::register(start, len).map(Slot)
+    }
+
+    /// Whether a read of the range faulted (the file was shorter than its mapping).
+    pub(crate) fn hit(&self) -> bool {
+        imp::hit(self.0)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        imp::unregister(self.0);
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::OnceLock;
+
+    /// Mappings registered at once (a reader holds one or two; more go unprotected).
+    const SLOTS: usize = 256;
+    static START: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    /// Zero: the slot is free.
+    static LEN: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static HIT: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+    /// Slot taken (set before `START`/`LEN` are written, cleared after `LEN` is zeroed).
+    static TAKEN: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+    /// The handler installed before ours, set once before ours is installed.
+    static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+
+    struct Previous(libc::sigaction);
+    // SAFETY: a plain C struct of a function pointer, flags and a signal mask, never mutated.
+    unsafe impl Sync for Previous {}
+    // SAFETY: as above.
+    unsafe impl Send for Previous {}
+
+    pub fn guard() -> bool {
+        PREVIOUS.get_or_init(|| {
+            // SAFETY: sigaction with a zeroed struct filled with our SA_SIGINFO handler; the
+            // previous action is written into `old` before ours takes effect.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_sigbus as *const () as libc::sighandler_t;
+                action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(libc::SIGBUS, &action, &mut old);
+                Previous(old)
+            }
+        });
+        true
+    }
+
+    pub fn register(start: usize, len: usize) -> Option<usize> {
+        if len == 0 {
+            return None;
+        }
+        for k in 0..SLOTS {
+            if TAKEN[k]
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                HIT[k].store(false, Ordering::Release);
+                START[k].store(start, Ordering::Release);
+                LEN[k].store(len, Ordering::Release);
+                return Some(k);
+            }
+        }
+        None
+    }
+
+    pub fn hit(k: usize) -> bool {
+        HIT[k].load(Ordering::Acquire)
+    }
+
+    pub fn unregister(k: usize) {
+        LEN[k].store(0, Ordering::Release);
+        START[k].store(0, Ordering::Release);
+        TAKEN[k].store(false, Ordering::Release);
+    }
+
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler; si_code > 0 means
+        // a fault raised by the kernel (not `kill`), whose si_addr is the faulting address.
+        let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+        if code > 0 {
+            for k in 0..SLOTS {
+                let len = LEN[k].load(Ordering::Acquire);
+                let start = START[k].load(Ordering::Acquire);
+                if len == 0 || addr < start || addr - start >= len {
+                    continue;
+                }
+                // SAFETY: sysconf and mmap are system calls with no memory preconditions; the
+                // page lies inside a live mapping of ours (registered until its MappedFile is
+                // dropped, and being read now), which MAP_FIXED replaces by a private page of
+                // zeros: the retried read reads zeros, and munmap of the mapping removes it too.
+                let mapped = unsafe {
+                    let page = usize::try_from(libc::sysconf(libc::_SC_PAGESIZE))
+                        .ok()
+                        .filter(|&p| p > 0)
+                        .unwrap_or(4096);
+                    libc::mmap(
+                        (addr / page * page) as *mut libc::c_void,
+                        page,
+                        libc::PROT_READ,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                        -1,
+                        0,
+                    )
+                };
+                if mapped != libc::MAP_FAILED {
+                    HIT[k].store(true, Ordering::Release);
+                    return;
+                }
+            }
+        }
+        // Not ours: what would have happened without us.
+        // SAFETY: the previous action as the kernel gave it back; a handler is called as it was
+        // registered (with siginfo if SA_SIGINFO), and the default action is restored for the
+        // retried fault (or the signal raised again, for a signal that was sent).
+        unsafe {
+            match PREVIOUS.get() {
+                Some(Previous(old))
+                    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN =>
+                {
+                    if old.sa_flags & libc::SA_SIGINFO != 0 {
+                        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                            std::mem::transmute(old.sa_sigaction);
+                        f(sig, info, ctx);
+                    } else {
+                        let f: extern "C" fn(libc::c_int) = std::mem::transmute(old.sa_sigaction);
+                        f(sig);
+                    }
+                }
+                _ => {
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigemptyset(&mut dfl.sa_mask);
+                    libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                    if code <= 0 {
+                        libc::raise(sig);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    pub fn guard() -> bool {
+        false
+    }
+    pub fn register(_start: usize, _len: usize) -> Option<usize> {
+        None
+    }
+    pub fn hit(_k: usize) -> bool {
+        false
+    }
+    pub fn unregister(_k: usize) {}
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use crate::mapped::MappedFile;
+
+    /// A mapped file truncated under its reader: with the guard, reading past the new end gives
+    /// zeros and marks the mapping, and the process goes on (without it, this test dies).
+    #[test]
+    fn a_truncated_mapping_is_marked_not_fatal() {
+        assert!(super::guard());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..64 * 4096).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: the test truncates the file on purpose: that is what the guard is for.
+        let map = unsafe { MappedFile::map(&f) }.unwrap();
+        assert_eq!(map[100], bytes[100]);
+        assert!(!map.truncated());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(8192)
+            .unwrap();
+        let tail: u64 = map[8192..].iter().map(|&b| b as u64).sum();
+        assert_eq!(tail, 0, "pages past the new end read as zeros");
+        assert_eq!(map[100], bytes[100], "pages before it are the file's");
+        assert!(map.truncated());
+        // Another mapping of the file, made now, is not marked.
+        let again = unsafe { MappedFile::map(&f) }.unwrap();
+        assert_eq!(again.len(), 8192);
+        assert!(!again.truncated());
+    }
+}
