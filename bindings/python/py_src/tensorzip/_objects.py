@@ -65,7 +65,9 @@ def _unkey(k, where: str):
 def save(obj, path: str | bytes | os.PathLike, **options) -> None:
     """Saves `obj` (see the module's note for what it may hold) as a tensorzip archive at `path`,
     through `save_file` (`options` as its keyword options; CUDA tensors all on one GPU are encoded
-    there)."""
+    there). As `torch.save(obj, path)`, but a path only, not a file object (the archive is written
+    through a temporary file renamed into place) — and unlike `safetensors.torch.save`, which
+    returns bytes."""
     tensors: dict[str, torch.Tensor] = {}
     seen: dict[tuple, str] = {}
     taken: set[str] = set()
