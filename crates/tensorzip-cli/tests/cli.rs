@@ -851,6 +851,7 @@ fn outputs_that_are_the_input_or_not_regular_files_are_refused() {
     let ar = std::fs::read(&archive).unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink("model.safetensors", d.join("link.safetensors")).unwrap();
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut cases: Vec<(Vec<&str>, &[&str])> = vec![
         (
             vec![

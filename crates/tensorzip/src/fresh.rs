@@ -19,7 +19,9 @@
 //! by default (a win on the machines without reporting, and on this one most of the time).
 
 /// Buffers below this size are left alone (the allocator's heap, already touched, serves them).
+#[cfg(target_os = "linux")]
 const MIN_ADVISE: usize = 4 << 20;
+#[cfg(target_os = "linux")]
 const HUGE: usize = 2 << 20;
 
 /// Advises a buffer the caller owns and has not written yet (e.g. a new tensor from another

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 /// CPU time of the process (all threads), in seconds: steadier than wall time on a shared VM.
+#[cfg(unix)]
 pub fn cpu() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -11,6 +12,16 @@ pub fn cpu() -> f64 {
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Wall time since the first call, where there is no process CPU clock in `libc`.
+#[cfg(not(unix))]
+pub fn cpu() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }
 
 /// The dtype named by argument 1 of a probe (`bf16`, `fp32` or `fp16`; bf16 by default).
