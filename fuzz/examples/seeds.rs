@@ -158,6 +158,18 @@ fn main() {
     ];
     let meta = vec![("format".to_string(), "pt".to_string())];
     let file = serialize_safetensors(&tensors, Some(&meta)).unwrap();
+    // The safetensors files themselves, for `compress_file` (its first byte picks the options).
+    let inputs = root.join("compress_file");
+    std::fs::create_dir_all(&inputs).unwrap();
+    for (i, p) in [0u8, 0x47, 0x80, 0xc1].into_iter().enumerate() {
+        write(&inputs, &format!("file-{i}"), &[&[p][..], &file[..]].concat());
+        count += 1;
+    }
+    // One with a gap between tensors and trailing bytes (kept byte for byte by the archive).
+    let mut gappy = file.clone();
+    gappy.extend_from_slice(b"trailing bytes");
+    write(&inputs, "file-trailing", &[&[3u8][..], &gappy[..]].concat());
+    count += 1;
     let segs = plan_safetensors(&file).unwrap();
     for (i, piece) in [0u32, 256].into_iter().enumerate() {
         let tmp = std::env::temp_dir().join(format!("tensorzip-seed-{}-{i}", std::process::id()));

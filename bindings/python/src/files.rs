@@ -626,7 +626,8 @@ impl ArchiveFile {
                     tensorzip_cuda::Error::Format(e) => named(path, e),
                     e => gpu_err(e),
                 };
-                let batch = tensorzip_cuda::archive::Segments::parse(&ar, &segs).map_err(err)?;
+                let batch = tensorzip_cuda::archive::Segments::parse(&ar, &segs).map_err(err);
+                let batch = unchanged(&self.map, path, batch)?;
                 // SAFETY: each output is a live CUDA tensor of the tensor's byte count (the torch
                 // layer allocates it from `info`, which the index gives and the parse above checked
                 // against each blob), distinct from the others, on this engine's device.
