@@ -7,7 +7,7 @@ use std::time::Instant;
 use tensorzip::archive::{
     plan_safetensors, write_archive, Archive, ArchiveOptions, BlobEncoder, SegmentKind,
 };
-use tensorzip::mapped::Spent;
+use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
 
@@ -160,24 +160,35 @@ pub fn check_dir(dir: Option<&Path>, inputs: &[PathBuf]) -> Result<(), String> {
     Ok(())
 }
 
+/// How `tensorzip compress` codes each file.
+pub struct CompressSettings<'a> {
+    /// `--checksum-chunk-bytes`.
+    pub piece: u32,
+    /// `--gpu`.
+    pub gpu: bool,
+    /// `--verify`: the archive decoded (on the CPU) and compared with the input before it is
+    /// renamed into place.
+    pub verify: bool,
+    pub enc: &'a EncoderArgs,
+    pub common: &'a Common,
+}
+
 /// `tensorzip compress` of one file; returns the file's and the archive's sizes.
 pub fn compress(
     file: &Path,
     output: Output<'_>,
     force: bool,
-    piece: u32,
-    gpu: bool,
-    enc: &EncoderArgs,
-    common: &Common,
+    set: &CompressSettings<'_>,
 ) -> Result<(u64, u64), String> {
+    let common = set.common;
     let opts = ArchiveOptions {
-        compress: enc.options(),
-        checksum_piece_bytes: piece,
+        compress: set.enc.options(),
+        checksum_piece_bytes: set.piece,
     };
     opts.compress.validate().map_err(|e| e.to_string())?;
     let threads = size_pool(common)?;
     let cpu;
-    let eng: &dyn BlobEncoder = if gpu {
+    let eng: &dyn BlobEncoder = if set.gpu {
         gpu_engine()?
     } else {
         cpu = engine(common)?;
@@ -198,13 +209,16 @@ pub fn compress(
     .map_err(|e| failure(e, file, &dest))?;
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    if set.verify {
+        check_written(out.file(), &src, file, &dest, common)?;
+    }
     out.commit()?;
     let tensors = segments
         .iter()
         .filter(|s| s.kind == SegmentKind::Tensor)
         .count();
     eprintln!(
-        "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s, {}",
+        "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s, {}{}",
         file.display(),
         shown.display(),
         tensors,
@@ -212,9 +226,54 @@ pub fn compress(
         len,
         len as f64 / src.len().max(1) as f64 * 100.0,
         gb_s(src.len() as u64, secs),
-        threads_note(threads)
+        threads_note(threads),
+        if set.verify { "; verified" } else { "" }
     );
     Ok((src.len() as u64, len))
+}
+
+/// `compress --verify`: decodes the archive just written to `out` (on the CPU engine, whichever
+/// engine wrote it) and compares it with the input `src`, before the archive is renamed into
+/// place — so a faulty archive never takes its name.
+fn check_written(
+    out: &std::fs::File,
+    src: &MappedFile,
+    file: &Path,
+    dest: &Path,
+    common: &Common,
+) -> Result<(), String> {
+    // SAFETY: our own temporary file, complete and no longer written; only a process that finds
+    // its hidden name could change it, and then the comparison below fails.
+    let map = unsafe { MappedFile::map(out) }.map_err(|e| format!("{}: {e}", dest.display()))?;
+    let ar = Archive::parse(&map).map_err(|e| {
+        format!(
+            "{}: the archive just written does not read back ({e}); it was not kept",
+            dest.display()
+        )
+    })?;
+    let mut cmp = Compare {
+        original: Some(&src[..]),
+        pos: 0,
+        mismatch: None,
+    };
+    let pb = progress_bar(ar.original_len, "verify");
+    let spent = (Spent::blobs(&map, &ar), Spent::prefix(src));
+    let progress = |done| {
+        pb.set_position(done);
+        spent.0.reached(done);
+        spent.1.reached(done);
+    };
+    let decoded = ar.decode_all_to(&engine(common)?, &mut cmp, &progress);
+    pb.finish_and_clear();
+    decoded
+        .map_err(|e| e.to_string())
+        .and_then(|()| cmp.against(ar.original_len, src.len(), file))
+        .map_err(|e| {
+            format!(
+                "{}: the archive just written failed verification: {e}; it was not kept",
+                dest.display()
+            )
+        })
 }
 
 /// The message of a command's failure: an I/O error is the output's (writing it, or reading back
@@ -508,6 +567,23 @@ struct Compare<'a> {
     mismatch: Option<usize>,
 }
 
+impl Compare<'_> {
+    /// After everything was written: an error if the bytes differed from the original `name`, or
+    /// if the archive restores `restored` bytes where the original has `len`.
+    fn against(&self, restored: u64, len: usize, name: &Path) -> Result<(), String> {
+        if let Some(at) = self.mismatch {
+            return Err(format!("differs from {} at byte {at}", name.display()));
+        }
+        if len as u64 != restored {
+            return Err(format!(
+                "restores {restored} bytes but {} has {len}",
+                name.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Write for Compare<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if let (Some(o), None) = (self.original, self.mismatch) {
@@ -571,22 +647,8 @@ pub fn verify(
     }
     pb.finish_and_clear();
     if let (Some(o), Some(p)) = (&original, against) {
-        if let Some(at) = cmp.mismatch {
-            return Err(format!(
-                "{}: differs from {} at byte {at}",
-                path.display(),
-                p.display()
-            ));
-        }
-        if o.len() as u64 != ar.original_len {
-            return Err(format!(
-                "{}: restores {} bytes but {} has {}",
-                path.display(),
-                ar.original_len,
-                p.display(),
-                o.len()
-            ));
-        }
+        cmp.against(ar.original_len, o.len(), p)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     eprintln!(
         "{}: OK ({} segments, {} bytes, every checksum matches{}; {:.2} GB/s, {})",
@@ -602,4 +664,74 @@ pub fn verify(
         threads_note(size_pool(common)?)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorzip::archive::serialize_safetensors;
+
+    fn mapped(path: &Path, bytes: &[u8]) -> MappedFile {
+        std::fs::write(path, bytes).unwrap();
+        let f = std::fs::File::open(path).unwrap();
+        // SAFETY: a test file nobody else touches.
+        unsafe { MappedFile::map(&f) }.unwrap()
+    }
+
+    /// `compress --verify` keeps an archive only if it decodes to its input: an archive of other
+    /// bytes (or of other length), or one that does not parse, is refused with what differs.
+    #[test]
+    fn verification_of_the_written_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let data: Vec<u8> = (0..4000u32)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect();
+        let file = serialize_safetensors(&[("w", "F32", &[4000], &data)], None).unwrap();
+        let src = mapped(&d.join("m.safetensors"), &file);
+        let segs = plan_safetensors(&src).unwrap();
+        let mut out = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(d.join("m.tz"))
+            .unwrap();
+        let eng = CpuEngine::new(1).unwrap();
+        let opts = ArchiveOptions {
+            compress: Default::default(),
+            checksum_piece_bytes: 0,
+        };
+        write_archive(&eng, &src[..], &segs, &opts, &mut out, &|_| {}).unwrap();
+        let common = Common { threads: 0 };
+        let (name, dest) = (d.join("m.safetensors"), d.join("m.tz"));
+        check_written(&out, &src, &name, &dest, &common).expect("its own input");
+        // Another input of the same length: one value changed.
+        let mut other = file.clone();
+        let n = other.len();
+        other[n - 7] ^= 1;
+        let o = mapped(&d.join("other"), &other);
+        let e = check_written(&out, &o, &name, &dest, &common).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "differs from {} at byte {}",
+                name.display(),
+                n - 7
+            )),
+            "{e}"
+        );
+        assert!(
+            e.contains("failed verification") && e.ends_with("it was not kept"),
+            "{e}"
+        );
+        // A longer input.
+        let o = mapped(&d.join("longer"), &[&file[..], b"x"].concat());
+        let e = check_written(&out, &o, &name, &dest, &common).unwrap_err();
+        assert!(e.contains(&format!("restores {n} bytes")), "{e}");
+        // An archive that does not parse.
+        std::fs::write(d.join("junk"), b"not an archive").unwrap();
+        let junk = std::fs::File::open(d.join("junk")).unwrap();
+        let e = check_written(&junk, &src, &name, &dest, &common).unwrap_err();
+        assert!(e.contains("does not read back"), "{e}");
+    }
 }

@@ -133,6 +133,10 @@ enum Command {
         /// Encode on the first CUDA GPU (the same bytes as the CPU engine writes).
         #[arg(long)]
         gpu: bool,
+        /// Decode each archive just written (on the CPU) and compare it with its input before
+        /// it takes its name: a faulty archive is never kept.
+        #[arg(long)]
+        verify: bool,
         #[command(flatten)]
         enc: EncoderArgs,
         #[command(flatten)]
@@ -275,11 +279,19 @@ fn main() -> ExitCode {
             force,
             checksum_chunk_bytes,
             gpu,
+            verify,
             enc,
             common,
         } => {
+            let set = commands::CompressSettings {
+                piece: checksum_chunk_bytes,
+                gpu,
+                verify,
+                enc: &enc,
+                common: &common,
+            };
             let compress = |f: &Path, out: commands::Output<'_>, force: bool| {
-                commands::compress(f, out, force, checksum_chunk_bytes, gpu, &enc, &common)
+                commands::compress(f, out, force, &set)
             };
             match (&files[..], &output) {
                 ([dir], Some(dest)) if tree::is_dir(dir) => {

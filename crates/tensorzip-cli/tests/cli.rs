@@ -127,6 +127,28 @@ fn compress_decompress_round_trip_is_byte_exact() {
         ar.len(),
         model.len()
     );
+    // --verify decodes the archive before keeping it: the same archive, said to be verified.
+    let o = tz(
+        d,
+        &[
+            "compress",
+            "model.safetensors",
+            "-o",
+            "verified.tz",
+            "--verify",
+            "--chunk-bytes",
+            "1024",
+            "--block-units",
+            "64",
+        ],
+    );
+    ok(&o, "compress --verify");
+    assert!(
+        stderr(&o).trim_end().ends_with("; verified"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(std::fs::read(d.join("verified.tz")).unwrap() == ar);
     ok(
         &tz(
             d,
