@@ -1,6 +1,6 @@
 //! Writes seed corpora of real blobs and archives for the fuzz targets:
-//! `cargo run --release --example seeds -- corpus` fills `corpus/decode_blob/` and
-//! `corpus/decode_archive/` (see `seeds.sh`). Everything is seeded, so the seeds are the same each run.
+//! `cargo run --release --example seeds -- corpus` fills `corpus/decode_blob/`,
+//! `corpus/decode_archive/` and `corpus/compress_file/` (see `seeds.sh`). Everything is seeded, so the seeds are the same each run.
 
 use std::path::{Path, PathBuf};
 
