@@ -16,6 +16,7 @@ use tensorzip::archive::{
     parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
     ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
+use tensorzip::compare::Compare;
 use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip_cuda::encode::DeviceTensor;
 
@@ -429,6 +430,43 @@ fn decompress_file(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<u64> 
     })
 }
 
+/// Checks every checksum of archive `src` and decodes all of it, keeping nothing; with `against`,
+/// also compares the restored bytes with that file (what `tensorzip verify [--against]` does).
+/// Returns the restored size; a damaged archive or a difference raises naming the files.
+#[pyfunction]
+#[pyo3(signature = (src, against=None))]
+fn verify_file(py: Python<'_>, src: PathBuf, against: Option<PathBuf>) -> PyResult<u64> {
+    let shown = src.display().to_string();
+    let map = map_input(&src, &shown)?;
+    let original = match &against {
+        Some(p) => Some((
+            map_input(p, &p.display().to_string())?,
+            p.display().to_string(),
+        )),
+        None => None,
+    };
+    py.detach(|| {
+        let ar = Archive::parse(&map).map_err(|e| named(&shown, e));
+        let ar = unchanged(&map, &shown, ar)?;
+        let spent = Spent::blobs(&map, &ar);
+        let mut cmp = Compare::new(original.as_ref().map(|(o, _)| &o[..]));
+        let done = ar
+            .decode_all_to(cpu(), &mut cmp, &|done| spent.reached(done))
+            .map_err(|e| named(&shown, e));
+        unchanged(&map, &shown, done)?;
+        if let Some((o, name)) = &original {
+            unchanged(o, name, Ok(()))?;
+            if let Some(d) = cmp.difference() {
+                return Err(PyValueError::new_err(format!(
+                    "{shown}: {}",
+                    d.describe(name)
+                )));
+            }
+        }
+        Ok(ar.original_len)
+    })
+}
+
 /// Opens the archive at `path`.
 #[pyfunction]
 fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
@@ -650,5 +688,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_archive, m)?)?;
     m.add_function(wrap_pyfunction!(compress_file, m)?)?;
     m.add_function(wrap_pyfunction!(decompress_file, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_file, m)?)?;
     Ok(())
 }

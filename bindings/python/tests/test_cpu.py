@@ -680,3 +680,28 @@ def test_an_archive_truncated_while_open_raises_instead_of_crashing(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[-1] == "alive", r.stdout
     assert len(lines) == 4 and all(l.startswith("OSError") and "truncated while it was read" in l and "m.tz" in l for l in lines[:3]), r.stdout
+
+
+def test_verify_file(gen, tmp_path):
+    """verify_file checks and decodes an archive without writing anything; with `against` it
+    compares the restore with the original and names the first differing byte."""
+    tensors = _model(gen)
+    tz.save_file(tensors, tmp_path / "m.tz")
+    n = tz.decompress_file(tmp_path / "m.tz", tmp_path / "m.safetensors")
+    assert tz.verify_file(tmp_path / "m.tz") == n
+    assert tz.verify_file(tmp_path / "m.tz", against=tmp_path / "m.safetensors") == n
+    raw = bytearray((tmp_path / "m.safetensors").read_bytes())
+    raw[-5] ^= 1
+    (tmp_path / "other.safetensors").write_bytes(raw)
+    with pytest.raises(ValueError, match=f"m.tz: differs from .*other.safetensors at byte {len(raw) - 5}"):
+        tz.verify_file(tmp_path / "m.tz", tmp_path / "other.safetensors")
+    (tmp_path / "longer.safetensors").write_bytes((tmp_path / "m.safetensors").read_bytes() + b"x")
+    with pytest.raises(ValueError, match=f"restores {n} bytes but .*longer.safetensors has {n + 1}"):
+        tz.verify_file(tmp_path / "m.tz", tmp_path / "longer.safetensors")
+    bad = bytearray((tmp_path / "m.tz").read_bytes())
+    bad[len(bad) // 2] ^= 0x10
+    (tmp_path / "bad.tz").write_bytes(bad)
+    with pytest.raises(ValueError, match="bad.tz"):
+        tz.verify_file(tmp_path / "bad.tz")
+    with pytest.raises(OSError):
+        tz.verify_file(tmp_path / "missing.tz")

@@ -7,6 +7,7 @@ use std::time::Instant;
 use tensorzip::archive::{
     plan_safetensors, write_archive, Archive, ArchiveOptions, BlobEncoder, SegmentKind,
 };
+use tensorzip::compare::Compare;
 use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
@@ -251,11 +252,7 @@ fn check_written(
             dest.display()
         )
     })?;
-    let mut cmp = Compare {
-        original: Some(&src[..]),
-        pos: 0,
-        mismatch: None,
-    };
+    let mut cmp = Compare::new(Some(&src[..]));
     let pb = progress_bar(ar.original_len, "verify");
     let spent = (Spent::blobs(&map, &ar), Spent::prefix(src));
     let progress = |done| {
@@ -265,9 +262,10 @@ fn check_written(
     };
     let decoded = ar.decode_all_to(&engine(common)?, &mut cmp, &progress);
     pb.finish_and_clear();
+    let name = file.display().to_string();
     decoded
         .map_err(|e| e.to_string())
-        .and_then(|()| cmp.against(ar.original_len, src.len(), file))
+        .and_then(|()| cmp.difference().map_or(Ok(()), |d| Err(d.describe(&name))))
         .map_err(|e| {
             format!(
                 "{}: the archive just written failed verification: {e}; it was not kept",
@@ -560,51 +558,6 @@ pub fn print_out(text: &str) -> Result<(), String> {
     }
 }
 
-/// A writer that compares what it is given with an original file (or discards it).
-struct Compare<'a> {
-    original: Option<&'a [u8]>,
-    pos: usize,
-    mismatch: Option<usize>,
-}
-
-impl Compare<'_> {
-    /// After everything was written: an error if the bytes differed from the original `name`, or
-    /// if the archive restores `restored` bytes where the original has `len`.
-    fn against(&self, restored: u64, len: usize, name: &Path) -> Result<(), String> {
-        if let Some(at) = self.mismatch {
-            return Err(format!("differs from {} at byte {at}", name.display()));
-        }
-        if len as u64 != restored {
-            return Err(format!(
-                "restores {restored} bytes but {} has {len}",
-                name.display()
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Write for Compare<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let (Some(o), None) = (self.original, self.mismatch) {
-            let end = self.pos + buf.len();
-            match o.get(self.pos..end) {
-                Some(want) if want == buf => {}
-                Some(want) => {
-                    self.mismatch =
-                        Some(self.pos + want.iter().zip(buf).position(|(a, b)| a != b).unwrap_or(0))
-                }
-                None => self.mismatch = Some(o.len().min(end)),
-            }
-        }
-        self.pos += buf.len();
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 pub fn verify(
     path: &Path,
     against: Option<&Path>,
@@ -614,11 +567,7 @@ pub fn verify(
     let data = map_file(path)?;
     let ar = Archive::parse(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     let original = against.map(map_file).transpose()?;
-    let mut cmp = Compare {
-        original: original.as_ref().map(|o| &o[..]),
-        pos: 0,
-        mismatch: None,
-    };
+    let mut cmp = Compare::new(original.as_ref().map(|o| &o[..]));
     let pb = progress_bar(ar.original_len, "verify");
     // The archive's and the original's pages leave the process once checked.
     let spent = (
@@ -646,9 +595,12 @@ pub fn verify(
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     pb.finish_and_clear();
-    if let (Some(o), Some(p)) = (&original, against) {
-        cmp.against(ar.original_len, o.len(), p)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+    if let (Some(d), Some(p)) = (cmp.difference(), against) {
+        return Err(format!(
+            "{}: {}",
+            path.display(),
+            d.describe(&p.display().to_string())
+        ));
     }
     eprintln!(
         "{}: OK ({} segments, {} bytes, every checksum matches{}; {:.2} GB/s, {})",

@@ -26,6 +26,7 @@ pub mod archive;
 pub mod blob;
 pub mod checksum;
 pub mod cluster;
+pub mod compare;
 mod cpu;
 pub mod decoder;
 pub mod dtype;

@@ -33,7 +33,7 @@ from ._entropack import (
     compress,
     decompress,
 )
-from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_dir, save_file
+from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_dir, save_file, verify_file
 from ._linear import CompressedLinear, compress_linears
 from ._objects import load, save
 from ._tensorzip import __version__
@@ -65,4 +65,5 @@ __all__ = [
     "save",
     "save_dir",
     "save_file",
+    "verify_file",
 ]

@@ -387,6 +387,14 @@ def load_dir(dirname: str | bytes | os.PathLike, device: str | int | torch.devic
     return out
 
 
+def verify_file(src: str | bytes | os.PathLike, against: str | bytes | os.PathLike | None = None) -> int:
+    """Checks every checksum of the archive `src` and decodes all of it without keeping anything;
+    with `against` (the original `.safetensors` file), also compares the restored bytes with it,
+    as `tensorzip verify [--against]`. Returns the restored size. A damaged archive, or a
+    restore that differs, raises ValueError naming the file (and the first differing byte)."""
+    return _native.verify_file(os.fsdecode(src), None if against is None else os.fsdecode(against))
+
+
 def compress_file(
     src: str | bytes | os.PathLike,
     dst: str | bytes | os.PathLike | None = None,
