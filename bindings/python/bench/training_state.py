@@ -1,7 +1,7 @@
 # Run: python bindings/python/bench/training_state.py (needs zipnn; docs/BENCHMARKS.md, "Training state").
 # Training state of a small transformer trained for a few hundred steps on a synthetic copy task:
 # tensorzip.save vs ZipNN (per tensor, same bytes) vs torch.save, by kind of tensor.
-import io, time, torch, zipnn, tensorzip as tz
+import io, os, tempfile, time, torch, zipnn, tensorzip as tz
 from tensorzip import _core
 torch.manual_seed(0)
 V, D, L, T = 2000, 256, 4, 64
@@ -19,8 +19,8 @@ for step in range(300):
     opt.zero_grad(); loss.backward(); opt.step()
 print(f"trained 300 steps in {time.time()-t0:.0f} s, loss {loss.item():.3f}")
 ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 300}
-tz.save(ckpt, "/tmp/ckpt.tz")
-import os
+path = os.path.join(tempfile.mkdtemp(), "ckpt.tz")
+tz.save(ckpt, path)
 buf = io.BytesIO(); torch.save(ckpt, buf)
 raw = buf.tell()
 kinds = {"weights": [], "exp_avg": [], "exp_avg_sq": []}
@@ -33,4 +33,4 @@ for k, ts in kinds.items():
     ours = sum(tz.compress_tensor(t.contiguous()).numel() for t in ts)
     theirs = sum(len(z.compress(bytes(_core.as_bytes(t.contiguous()).numpy()))) for t in ts)
     print(f"{k:11s} {n/1e6:7.2f} MB  tensorzip {ours/n*100:6.2f}%  zipnn {theirs/n*100:6.2f}%")
-print(f"whole checkpoint: torch.save {raw/1e6:.2f} MB, tensorzip.save {os.path.getsize('/tmp/ckpt.tz')/1e6:.2f} MB ({os.path.getsize('/tmp/ckpt.tz')/raw*100:.2f}%)")
+print(f"whole checkpoint: torch.save {raw/1e6:.2f} MB, tensorzip.save {os.path.getsize(path)/1e6:.2f} MB ({os.path.getsize(path)/raw*100:.2f}%)")
