@@ -79,18 +79,12 @@ fn write_atomically(
     path: &std::path::Path,
     write: impl FnOnce(&mut std::fs::File) -> PyResult<()>,
 ) -> PyResult<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| PyValueError::new_err(format!("{}: not a file name", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    if path.file_name().is_none() {
+        return Err(PyValueError::new_err(format!(
+            "{}: not a file name",
+            path.display()
+        )));
+    }
     let io = |e: std::io::Error| PyOSError::new_err(format!("{}: {e}", path.display()));
     // The rename would replace a directory entry that is not a regular file (`/dev/null` run as
     // root) instead of writing into it: refused, as the command line does.
@@ -109,14 +103,16 @@ fn write_atomically(
             )));
         }
     }
-    let result = (|| -> PyResult<()> {
-        let mut f = std::fs::OpenOptions::new()
+    // A temporary of its own (two threads saving one path do not share one).
+    let (tmp, mut f) = tensorzip::mapped::create_beside(path, |t| {
+        std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io)?;
+            .create_new(true)
+            .open(t)
+    })
+    .map_err(io)?;
+    let result = (|| -> PyResult<()> {
         write(&mut f)?;
         f.flush().map_err(io)?;
         f.sync_all().map_err(io)?;

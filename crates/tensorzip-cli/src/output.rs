@@ -52,41 +52,23 @@ pub fn on_interrupt() {
     });
 }
 
-/// Creates a hidden temporary `.NAME.tmp-PID-N` next to `dest` with `make` (which must fail with
-/// `AlreadyExists` if the name is taken: the next `N` is tried); `what` names it in errors.
+/// [`tensorzip::mapped::create_beside`] with the command's messages; `what` names the temporary
+/// in errors ("file", "directory").
 pub fn create_temp<T>(
     dest: &Path,
     what: &str,
     make: impl Fn(&Path) -> std::io::Result<T>,
 ) -> Result<(PathBuf, T), String> {
-    let dir = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = dest
-        .file_name()
-        .ok_or_else(|| format!("{}: not a {what} name", dest.display()))?;
-    for attempt in 0..100u32 {
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}-{attempt}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        match make(&tmp) {
-            Ok(made) => return Ok((tmp, made)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(format!(
-                    "{}: cannot create a temporary {what}: {e}",
-                    dir.display()
-                ))
-            }
-        }
+    if dest.file_name().is_none() {
+        return Err(format!("{}: not a {what} name", dest.display()));
     }
-    Err(format!(
-        "{}: cannot create a temporary {what}",
-        dir.display()
-    ))
+    tensorzip::mapped::create_beside(dest, make).map_err(|e| {
+        let dir = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        format!("{}: cannot create a temporary {what}: {e}", dir.display())
+    })
 }
 
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.

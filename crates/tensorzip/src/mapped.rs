@@ -112,6 +112,40 @@ pub fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
+/// Creates a hidden temporary `.NAME.tmp-PID-N` next to `dest` with `make`, which must fail with
+/// `AlreadyExists` when the name is taken (`create_new`, `create_dir`): the next `N` is tried, so
+/// two writers of one destination — two threads of a process included — never share a temporary.
+/// The command line's outputs and the Python package's files are written this way and renamed
+/// into place once complete.
+pub fn create_beside<T>(
+    dest: &std::path::Path,
+    make: impl Fn(&std::path::Path) -> std::io::Result<T>,
+) -> std::io::Result<(std::path::PathBuf, T)> {
+    let dir = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let name = dest
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    for attempt in 0..1000u32 {
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}-{attempt}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        match make(&tmp) {
+            Ok(made) => return Ok((tmp, made)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free temporary name",
+    ))
+}
+
 /// Pages are given back in steps of at least this many bytes (one system call each).
 pub const RELEASE_STEP_BYTES: usize = 8 << 20;
 
@@ -213,6 +247,30 @@ impl<'m> Spent<'m> {
 
 #[cfg(test)]
 mod tests {
+    /// Temporaries beside one destination never share a name: each takes the next free one.
+    #[test]
+    fn temporaries_beside_a_destination_are_distinct() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out.tz");
+        let make = |t: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(t)
+        };
+        let (a, _) = super::create_beside(&dest, make).unwrap();
+        let (b, _) = super::create_beside(&dest, make).unwrap();
+        let (c, ()) = super::create_beside(&dest, |t| std::fs::create_dir(t)).unwrap();
+        assert!(a != b && b != c && a != c);
+        for t in [&a, &b, &c] {
+            assert_eq!(t.parent(), Some(dir.path()));
+            let name = t.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(name.starts_with(".out.tz.tmp-"), "{name}");
+        }
+        let e = super::create_beside(std::path::Path::new("/"), make).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    }
+
     use super::*;
     use std::io::Write;
 
