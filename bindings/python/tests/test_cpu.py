@@ -705,3 +705,23 @@ def test_verify_file(gen, tmp_path):
         tz.verify_file(tmp_path / "bad.tz")
     with pytest.raises(OSError):
         tz.verify_file(tmp_path / "missing.tz")
+
+
+def test_threads_saving_one_path_leave_one_whole_archive(gen, tmp_path):
+    """Several threads saving to one path at once: each writes its own temporary file (they once
+    shared `.NAME.tmpPID` and could interleave into a corrupt archive), so the file left is one of
+    theirs, whole."""
+    import threading
+
+    path = tmp_path / "shared.tz"
+    versions = [{"w": gen(torch.float32, (256, 256), 100 + i)} for i in range(4)]
+    for _ in range(3):
+        threads = [threading.Thread(target=tz.save_file, args=(v, path)) for v in versions]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        back = tz.load_file(path)
+        assert any(same(back["w"], v["w"]) for v in versions)
+        assert tz.verify_file(path) > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared.tz"]
