@@ -118,7 +118,7 @@ def from_rust(buf: "_native.RustBytes") -> torch.Tensor:
     if n == 0:
         return torch.empty(0, dtype=torch.uint8)
     arr = (ctypes.c_uint8 * n).from_address(buf.ptr())
-    arr._tensorzip_owner = buf  # the ctypes array keeps the Rust bytes alive
+    setattr(arr, "_tensorzip_owner", buf)  # the ctypes array keeps the Rust bytes alive
     return torch.frombuffer(arr, dtype=torch.uint8)
 
 

@@ -127,7 +127,7 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         if framework not in ("pt", "torch"):
             raise ValueError(f"framework {framework!r} is not supported (only 'pt')")
         self._name = os.fsdecode(filename)
-        self._handle = _native.open_archive(self._name)
+        self._handle: _native.ArchiveFile | None = _native.open_archive(self._name)
         self._device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
 
     @property
@@ -336,9 +336,9 @@ def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: di
         os.replace(tmp, os.path.join(root, index))
         written.append(index)
     ours = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors\.tz|model\.safetensors\.index\.json")
-    for n in os.listdir(root):
-        if ours.fullmatch(n) and n not in written:
-            os.remove(os.path.join(root, n))
+    for entry in os.listdir(root):
+        if ours.fullmatch(entry) and entry not in written:
+            os.remove(os.path.join(root, entry))
     return written
 
 

@@ -157,7 +157,7 @@ def load(path: str | bytes | os.PathLike, device: str | int | torch.device = "cp
                 return (dict if tag == "d" else OrderedDict)((_unkey(k, name), build(e, depth + 1)) for k, e in v)
         if isinstance(x, dict) and len(x) == 2 and pairs(x.get("o")) and "m" in x:
             out = OrderedDict((_unkey(k, name), build(e, depth + 1)) for k, e in x["o"])
-            out._metadata = build(x["m"], depth + 1)
+            setattr(out, "_metadata", build(x["m"], depth + 1))
             return out
         raise ValueError(f"{name}: a corrupt saved structure (an entry {str(x)[:60]!r})")
 
