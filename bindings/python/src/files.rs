@@ -16,7 +16,7 @@ use tensorzip::archive::{
     parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
     ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
-use tensorzip::compare::Compare;
+use tensorzip::compare::{restore_difference, Compare};
 use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip_cuda::encode::DeviceTensor;
 
@@ -366,11 +366,13 @@ fn not_the_input(src: &std::path::Path, dst: &std::path::Path) -> PyResult<()> {
 /// compress` codes it, and its pages are given back as they are coded. Returns the file's and the
 /// archive's sizes.
 #[pyfunction]
+#[pyo3(signature = (src, dst, opts, verify=false))]
 fn compress_file(
     py: Python<'_>,
     src: PathBuf,
     dst: PathBuf,
     opts: OptionArgs,
+    verify: bool,
 ) -> PyResult<(u64, u64)> {
     let shown = src.display().to_string();
     let opts = opts.archive()?;
@@ -391,6 +393,23 @@ fn compress_file(
             });
             // The temporary output goes if the input changed under us.
             len = unchanged(&map, &shown, written)?;
+            if verify {
+                // As `tensorzip compress --verify`: the archive just written decodes to the
+                // input, or it is not kept.
+                let out = dst.display().to_string();
+                // SAFETY: our own temporary file, complete and no longer written.
+                let ar_map = unsafe { MappedFile::map(f) }
+                    .map_err(|e| PyOSError::new_err(format!("{out}: {e}")))?;
+                let ar = Archive::parse(&ar_map).map_err(|e| named(&out, e))?;
+                let found = restore_difference(&ar, cpu(), &map, &|_| {});
+                let found = unchanged(&map, &shown, found.map_err(|e| named(&out, e)))?;
+                if let Some(d) = found {
+                    return Err(PyValueError::new_err(format!(
+                        "{out}: the archive just written failed verification: {}; it was not kept",
+                        d.describe(&shown)
+                    )));
+                }
+            }
             Ok(())
         })?;
         Ok((map.len() as u64, len))

@@ -333,6 +333,10 @@ def test_compress_and_decompress_file(gen, tmp_path):
     size, archive = tz.compress_file(restored, again)
     assert (size, archive) == (len(raw), again.stat().st_size)
     assert again.read_bytes() == saved.read_bytes()
+    # verify=True decodes the archive before keeping it: the same archive.
+    assert tz.compress_file(restored, tmp_path / "v.tz", verify=True) == (size, archive)
+    assert (tmp_path / "v.tz").read_bytes() == saved.read_bytes()
+    os.remove(tmp_path / "v.tz")
     # bytes and PathLike names, the default output name, non-default options.
     os.remove(saved)
     tz.compress_file(bytes(restored), max_tables=2, condition=False)

@@ -7,7 +7,7 @@ use std::time::Instant;
 use tensorzip::archive::{
     plan_safetensors, write_archive, Archive, ArchiveOptions, BlobEncoder, SegmentKind,
 };
-use tensorzip::compare::Compare;
+use tensorzip::compare::{restore_difference, Compare};
 use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip::stats::BlobStats;
 use tensorzip::{blob::peek_header, CpuEngine};
@@ -252,7 +252,6 @@ fn check_written(
             dest.display()
         )
     })?;
-    let mut cmp = Compare::new(Some(&src[..]));
     let pb = progress_bar(ar.original_len, "verify");
     let spent = (Spent::blobs(&map, &ar), Spent::prefix(src));
     let progress = |done| {
@@ -260,12 +259,12 @@ fn check_written(
         spent.0.reached(done);
         spent.1.reached(done);
     };
-    let decoded = ar.decode_all_to(&engine(common)?, &mut cmp, &progress);
+    let decoded = restore_difference(&ar, &engine(common)?, src, &progress);
     pb.finish_and_clear();
     let name = file.display().to_string();
     decoded
         .map_err(|e| e.to_string())
-        .and_then(|()| cmp.difference().map_or(Ok(()), |d| Err(d.describe(&name))))
+        .and_then(|d| d.map_or(Ok(()), |d| Err(d.describe(&name))))
         .map_err(|e| {
             format!(
                 "{}: the archive just written failed verification: {e}; it was not kept",

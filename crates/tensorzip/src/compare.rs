@@ -89,6 +89,20 @@ impl Write for Compare<'_> {
     }
 }
 
+/// Decodes every segment of `ar` (on `engine`) and compares the restore with `original`:
+/// `Ok(None)` when they are the same bytes, else how they differ; a damaged archive is the
+/// decoder's error. `progress` as [`crate::archive::Archive::decode_all_to`]'s.
+pub fn restore_difference(
+    ar: &crate::archive::Archive<'_>,
+    engine: &crate::CpuEngine,
+    original: &[u8],
+    progress: &(dyn Fn(u64) + Sync),
+) -> crate::Result<Option<Difference>> {
+    let mut cmp = Compare::new(Some(original));
+    ar.decode_all_to(engine, &mut cmp, progress)?;
+    Ok(cmp.difference())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -405,16 +405,18 @@ def compress_file(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
+    verify: bool = False,
 ) -> tuple[int, int]:
     """Compresses the `.safetensors` file `src` into a tensorzip archive at `dst` (default: `src`
     + ".tz") without loading its tensors: the archive `tensorzip compress` writes, byte for byte,
     through a temporary file renamed into place (an existing `dst` is replaced, as `save_file`
-    does; `dst` may not be `src`). Returns (the file's size, the archive's size). A file that is
-    not a safetensors file raises ValueError naming it."""
+    does; `dst` may not be `src`). With `verify`, the archive is decoded and compared with `src`
+    before it takes its name (`tensorzip compress --verify`). Returns (the file's size, the
+    archive's size). A file that is not a safetensors file raises ValueError naming it."""
     src = os.fsdecode(src)
     dst = src + ".tz" if dst is None else os.fsdecode(dst)
     opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
-    return _native.compress_file(src, dst, opts.args())
+    return _native.compress_file(src, dst, opts.args(), verify)
 
 
 def decompress_file(src: str | bytes | os.PathLike, dst: str | bytes | os.PathLike | None = None) -> int:
