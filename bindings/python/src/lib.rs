@@ -236,6 +236,14 @@ fn format_versions() -> (u16, u16) {
     )
 }
 
+/// The `tensorzip` command line on `argv` (the program's name first), for the package's console
+/// script: returns the exit status. It installs the command's signal handlers, so it belongs in a
+/// process of its own (`python -m tensorzip`, the `tensorzip` script), not inside a program.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(|| tensorzip_cli::run(argv))
+}
+
 #[pymodule]
 fn _tensorzip(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -250,6 +258,7 @@ fn _tensorzip(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decompress_into, m)?)?;
     m.add_function(wrap_pyfunction!(crc32_pieces, m)?)?;
     m.add_function(wrap_pyfunction!(format_versions, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     gpu::register(m)?;
     files::register(m)?;
     Ok(())

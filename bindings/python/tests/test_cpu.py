@@ -729,3 +729,57 @@ def test_threads_saving_one_path_leave_one_whole_archive(gen, tmp_path):
         assert any(same(back["w"], v["w"]) for v in versions)
         assert tz.verify_file(path) > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shared.tz"]
+
+
+def test_the_command_line_from_the_package(gen, tmp_path):
+    """`python -m tensorzip` (and the `tensorzip` script a pip install adds) is the Rust command
+    line: the same archive as save_file's, the same exit statuses."""
+    import sys
+
+    tensors = _model(gen)
+    tz.save_file(tensors, tmp_path / "m.tz")
+    tz.decompress_file(tmp_path / "m.tz", tmp_path / "m.safetensors")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tensorzip", *a], capture_output=True, text=True, timeout=300)
+    r = run("compress", str(tmp_path / "m.safetensors"), "-o", str(tmp_path / "cli.tz"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cli.tz").read_bytes() == (tmp_path / "m.tz").read_bytes()
+    r = run("verify", str(tmp_path / "cli.tz"), "--against", str(tmp_path / "m.safetensors"))
+    assert r.returncode == 0 and "identical to the original" in r.stderr, r.stderr
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tensorzip {tz.__version__}"
+    r = run("decompress", str(tmp_path / "missing.tz"))
+    assert r.returncode == 1 and r.stderr.startswith("tensorzip: error: ") and "missing.tz" in r.stderr
+    assert run("no-such-command").returncode == 2
+
+
+def test_without_torch_only_the_command_line_runs():
+    """With torch missing, `import tensorzip` still works, the command line runs, and the torch
+    layer's names raise ImportError saying what to install (a child process with torch hidden)."""
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # as if it were not installed
+        import tensorzip
+        try:
+            tensorzip.compress_tensor
+            print("no error")
+        except ImportError as e:
+            print("ImportError:", e)
+        try:
+            tensorzip.no_such_name
+        except AttributeError:
+            print("AttributeError")
+        print(hasattr(tensorzip, "__wrapped__"))
+        from tensorzip.__main__ import main
+        sys.argv = ["tensorzip", "--version"]
+        main()
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0, r.stderr
+    assert lines[0].startswith("ImportError: tensorzip.compress_tensor needs PyTorch"), r.stdout
+    assert lines[1:] == ["AttributeError", "False", f"tensorzip {tz.__version__}"], r.stdout

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tensorzip as tz
-from tensorzip import _core
+from tensorzip import _core, _files
 
 pytestmark = pytest.mark.gpu
 
@@ -151,7 +151,7 @@ def test_save_file_of_cuda_tensors_encodes_on_the_gpu(gen, tmp_path):
     file save_file writes for the same tensors on the CPU, byte for byte: every dtype, empty and
     0-d tensors, a non-contiguous one, an unaligned view, and a 48 MiB one (its blob written from
     the staging buffers); metadata and options kept. Mixed devices go through the CPU."""
-    named = [d for d in DTYPES if d in tz._files._ST_NAMES]
+    named = [d for d in DTYPES if d in _files._ST_NAMES]
     tensors = {f"t{i}_{str(d)[6:]}": gen(d, (257, 129), i) for i, d in enumerate(named)}
     tensors["big"] = gen(torch.bfloat16, (3072, 8192), 99)
     tensors["empty"] = torch.empty(0, 7)

@@ -1,0 +1,401 @@
+//! `tensorzip`: compress, decompress, inspect and verify `.safetensors` files.
+//!
+//! The command line as a library: [`run`] is the whole command, called by this crate's binary
+//! (`src/main.rs`) and by the Python package's console script (`python -m tensorzip`, or the
+//! `tensorzip` script a `pip install` puts on the path), so that a wheel gives the same command.
+
+mod bench;
+mod commands;
+mod demo;
+mod output;
+#[cfg(unix)]
+mod sigbus;
+mod tree;
+/// No `SIGBUS` elsewhere: nothing to prepare.
+#[cfg(not(unix))]
+mod sigbus {
+    pub fn install() {}
+    pub fn writing(_temp: Option<&std::path::Path>) {}
+    pub fn created(_path: &std::path::Path) {}
+    pub fn tree_done() {}
+    pub struct Reading;
+    impl Reading {
+        pub fn new(_path: &std::path::Path) -> Reading {
+            Reading
+        }
+    }
+}
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use clap::{Args, Parser, Subcommand};
+use tree::Wanted;
+
+#[derive(Parser)]
+#[command(
+    name = "tensorzip",
+    version,
+    about = "Lossless compression of neural-network tensors (.safetensors files)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options shared by the commands that do work.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Worker threads (0 = all cores; at most 1024).
+    #[arg(long, short = 't', default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(0..=tensorzip::engine::MAX_THREADS as u64))]
+    threads: usize,
+}
+
+/// Where decoding runs.
+#[derive(Args, Clone)]
+pub struct DecodeArgs {
+    /// Decode on the first CUDA GPU (many tensors per launch); checksums are checked as on the CPU.
+    #[arg(long)]
+    gpu: bool,
+}
+
+/// Encoder options (meanings as in cuZipNN's `compress_tensor`).
+#[derive(Args, Clone)]
+pub struct EncoderArgs {
+    /// Bytes of original data per independently coded chunk (a multiple of 8, at most 16 MiB).
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().chunk_bytes)]
+    chunk_bytes: usize,
+    /// Units per table-selection block (a power of two, 32..=65536).
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().block_units)]
+    block_units: u32,
+    /// A block stays coded only below this fraction of its raw size, in (0, 1].
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().passthrough_threshold)]
+    passthrough_threshold: f64,
+    /// Tensors smaller than this many bytes are stored uncompressed.
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().min_compress_bytes)]
+    min_compress_bytes: usize,
+    /// Most frequency tables per byte plane (1..=64).
+    #[arg(long, default_value_t = tensorzip::CompressOptions::default().max_tables)]
+    max_tables: usize,
+    /// Do not code the byte below the exponent conditioned on the exponent (faster to decode,
+    /// 0.1-0.3 points larger on float weights).
+    #[arg(long, conflicts_with = "condition_fp16")]
+    no_condition: bool,
+    /// Consider the conditioned byte for fp16 too (by default bf16, fp32 and fp64 only: fp16's
+    /// byte below the top byte is low mantissa bits, where it measured no gain).
+    #[arg(long)]
+    condition_fp16: bool,
+}
+
+impl EncoderArgs {
+    pub fn options(&self) -> tensorzip::CompressOptions {
+        tensorzip::CompressOptions {
+            chunk_bytes: self.chunk_bytes,
+            block_units: self.block_units,
+            passthrough_threshold: self.passthrough_threshold,
+            min_compress_bytes: self.min_compress_bytes,
+            max_tables: self.max_tables,
+            condition: match (self.no_condition, self.condition_fp16) {
+                (true, _) => tensorzip::Condition::Off,
+                (false, true) => tensorzip::Condition::All,
+                (false, false) => tensorzip::Condition::Auto,
+            },
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compress .safetensors files into tensorzip archives (default output: FILE.tz).
+    ///
+    /// Several files (the shards of a checkpoint, say) are compressed one after the other; a
+    /// file that fails is reported and the others are still done, and the exit status is then
+    /// non-zero. A directory stands for the .safetensors files under it; `DIR -o OUT` instead
+    /// makes OUT a copy of the whole model directory with its .safetensors files compressed and
+    /// every other file (config, tokenizer, index) copied — built aside and renamed into place
+    /// when complete; OUT must not exist. Names that begin with "." are skipped.
+    Compress {
+        /// Files, or model directories.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Output path (only with a single input; for a directory, the new directory).
+        #[arg(short, long)]
+        output: Option<std::path::PathBuf>,
+        /// Write each output into this directory (under its default name) instead of next to
+        /// its input.
+        #[arg(short = 'O', long, conflicts_with = "output")]
+        output_dir: Option<std::path::PathBuf>,
+        /// Overwrite the output if it exists.
+        #[arg(short, long)]
+        force: bool,
+        /// Store a CRC-32 of every N bytes of each blob (cuZipNN's checksum_chunk_bytes); 0 = one per blob.
+        #[arg(long, default_value_t = 0)]
+        checksum_chunk_bytes: u32,
+        /// Encode on the first CUDA GPU (the same bytes as the CPU engine writes).
+        #[arg(long)]
+        gpu: bool,
+        /// Decode each archive just written (on the CPU) and compare it with its input before
+        /// it takes its name: a faulty archive is never kept.
+        #[arg(long)]
+        verify: bool,
+        #[command(flatten)]
+        enc: EncoderArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Restore the original .safetensors files, byte for byte (default output: ARCHIVE without .tz).
+    ///
+    /// Several archives are restored one after the other, as `compress` does. A directory stands
+    /// for the .tz archives under it; `DIR -o OUT` makes OUT a copy of the directory with its
+    /// archives restored and every other file copied (the original model directory back).
+    Decompress {
+        /// Archives, or directories of them.
+        #[arg(required = true)]
+        archives: Vec<std::path::PathBuf>,
+        /// Output path (only with a single input; for a directory, the new directory).
+        #[arg(short, long)]
+        output: Option<std::path::PathBuf>,
+        /// Write each output into this directory (under its default name) instead of next to
+        /// its input.
+        #[arg(short = 'O', long, conflicts_with = "output")]
+        output_dir: Option<std::path::PathBuf>,
+        /// Overwrite the output if it exists.
+        #[arg(short, long)]
+        force: bool,
+        #[command(flatten)]
+        dec: DecodeArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Per tensor: dtype, shape, size, compressed size, ratio and how each byte plane is coded.
+    ///
+    /// A directory stands for the .tz archives under it.
+    Info {
+        /// Archives, or directories of them.
+        #[arg(required = true)]
+        archives: Vec<std::path::PathBuf>,
+        /// Print JSON instead of a table (an array of the archives' documents when there are
+        /// several).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Check every checksum and decode everything (nothing is written).
+    ///
+    /// A directory stands for the .tz archives under it; `DIR --against ORIG` checks a directory
+    /// made by `compress ORIG -o DIR`: each archive against its original in ORIG, every other file
+    /// against its namesake, and no file missing on either side.
+    Verify {
+        /// Archives, or directories of them.
+        #[arg(required = true)]
+        archives: Vec<std::path::PathBuf>,
+        /// Also compare the decoded bytes with this original file (only with a single archive;
+        /// a directory with a directory).
+        #[arg(long)]
+        against: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        dec: DecodeArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Build the built-in sample model, compress, verify and decompress it; print ratio and speed.
+    Demo {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Measure ratio and speed on .safetensors files (tensor by tensor, median of runs); prints JSON lines.
+    Bench {
+        files: Vec<std::path::PathBuf>,
+        /// Cast f32 tensors to this dtype first: none, bf16 or f16.
+        #[arg(long, default_value = "none")]
+        cast: String,
+        /// Timed runs per measurement (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Also measure thread scaling in pairs: each run times the warm compress and decompress on
+        /// one thread and on `--threads` back to back (and a compute loop, the machine's own
+        /// scaling), and reports the median of the per-run ratios
+        #[arg(long)]
+        scaling: bool,
+        #[command(flatten)]
+        enc: EncoderArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// `option` (a path that goes with one input: `-o`, `--against`) is refused with several inputs;
+/// `hint` says what to do instead.
+fn one_output(
+    inputs: &[std::path::PathBuf],
+    option: &Option<std::path::PathBuf>,
+    name: &str,
+    hint: &str,
+) -> Result<(), String> {
+    match (option, inputs.len()) {
+        (Some(p), n) if n > 1 => Err(format!(
+            "{name} {} names one file, but {n} inputs were given ({hint})",
+            p.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What to do instead of `-o` with several inputs.
+const EACH_OUTPUT: &str =
+    "leave -o out: each input gets its own output, next to it or in --output-dir";
+
+/// Runs `one` on each input in turn. With several inputs a failure is reported on its own line
+/// and the others are still done (as gzip does); the result is then an error that counts them.
+fn each(
+    inputs: &[std::path::PathBuf],
+    mut one: impl FnMut(&std::path::Path) -> Result<(), String>,
+) -> Result<(), String> {
+    if let [single] = inputs {
+        return one(single);
+    }
+    let mut failed = 0;
+    for input in inputs {
+        if let Err(msg) = one(input) {
+            eprintln!("tensorzip: error: {msg}");
+            failed += 1;
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} inputs failed", inputs.len())),
+    }
+}
+
+/// Runs the command line on `args` (the program's name first) and returns its exit status: 0
+/// done, 1 failed (the error printed on stderr), 2 a usage error (clap's message). It installs
+/// the process's Ctrl-C / SIGTERM / SIGHUP and SIGBUS handlers (temporary outputs are removed and
+/// the process exits): meant for a process that runs one command.
+pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with status 0, usage errors to stderr with 2.
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(2);
+        }
+    };
+    output::on_interrupt();
+    sigbus::install();
+    let result = match cli.command {
+        Command::Compress {
+            files,
+            output,
+            output_dir,
+            force,
+            checksum_chunk_bytes,
+            gpu,
+            verify,
+            enc,
+            common,
+        } => {
+            let set = commands::CompressSettings {
+                piece: checksum_chunk_bytes,
+                gpu,
+                verify,
+                enc: &enc,
+                common: &common,
+            };
+            let compress = |f: &Path, out: commands::Output<'_>, force: bool| {
+                commands::compress(f, out, force, &set)
+            };
+            match (&files[..], &output) {
+                ([dir], Some(dest)) if tree::is_dir(dir) => {
+                    tree::mirror(dir, dest, Wanted::Models, |f, out| compress(f, out, false))
+                }
+                _ => one_output(&files, &output, "-o", EACH_OUTPUT)
+                    .and_then(|()| tree::expand(&files, Wanted::Models))
+                    .and_then(|files| {
+                        commands::check_dir(output_dir.as_deref(), &files)?;
+                        let mut totals = commands::Totals::default();
+                        let done = each(&files, |f| {
+                            let out = commands::Output::of(&output, &output_dir);
+                            let (original, archive) = compress(f, out, force)?;
+                            totals.add(original, archive);
+                            Ok(())
+                        });
+                        if files.len() > 1 {
+                            eprintln!("{}", totals.line("files compressed"));
+                        }
+                        done
+                    }),
+            }
+        }
+        Command::Decompress {
+            archives,
+            output,
+            output_dir,
+            force,
+            dec,
+            common,
+        } => match (&archives[..], &output) {
+            ([dir], Some(dest)) if tree::is_dir(dir) => {
+                tree::mirror(dir, dest, Wanted::Archives, |a, out| {
+                    commands::decompress(a, out, false, &dec, &common)
+                })
+            }
+            _ => one_output(&archives, &output, "-o", EACH_OUTPUT)
+                .and_then(|()| tree::expand(&archives, Wanted::Archives))
+                .and_then(|archives| {
+                    commands::check_dir(output_dir.as_deref(), &archives)?;
+                    each(&archives, |a| {
+                        let out = commands::Output::of(&output, &output_dir);
+                        commands::decompress(a, out, force, &dec, &common).map(|_| ())
+                    })
+                }),
+        },
+        Command::Info {
+            archives,
+            json,
+            common,
+        } => tree::expand(&archives, Wanted::Archives)
+            .and_then(|archives| commands::info(&archives, json, &common)),
+        Command::Verify {
+            archives,
+            against,
+            dec,
+            common,
+        } => match (&archives[..], &against) {
+            ([dir], Some(orig)) if tree::is_dir(dir) => tree::verify_mirror(dir, orig, |a, o| {
+                commands::verify(a, Some(o), &dec, &common)
+            }),
+            _ => one_output(
+                &archives,
+                &against,
+                "--against",
+                "verify each archive against its original in a command of its own",
+            )
+            .and_then(|()| tree::expand(&archives, Wanted::Archives))
+            .and_then(|archives| {
+                each(&archives, |a| {
+                    commands::verify(a, against.as_deref(), &dec, &common)
+                })
+            }),
+        },
+        Command::Demo { common } => demo::run(&common),
+        Command::Bench {
+            files,
+            cast,
+            runs,
+            scaling,
+            enc,
+            common,
+        } => bench::run(&files, &cast, runs, scaling, &enc, &common),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(msg) => {
+            eprintln!("tensorzip: error: {msg}");
+            1
+        }
+    }
+}
