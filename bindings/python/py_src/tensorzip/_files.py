@@ -330,10 +330,14 @@ def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: di
     if len(shards) > 1:
         doc = {"metadata": {"total_size": total}, "weight_map": {k: f for f, names in zip(files, shards) for k in names}}
         tmp = os.path.join(root, f".{index}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(doc, out, indent=2, sort_keys=True)
-            out.write("\n")
-        os.replace(tmp, os.path.join(root, index))
+        try:
+            with open(tmp, "w", encoding="utf-8") as out:
+                json.dump(doc, out, indent=2, sort_keys=True)
+                out.write("\n")
+            os.replace(tmp, os.path.join(root, index))
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
         written.append(index)
     ours = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors\.tz|model\.safetensors\.index\.json")
     for entry in os.listdir(root):
