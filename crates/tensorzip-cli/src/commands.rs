@@ -304,7 +304,8 @@ fn decode_all<W: Write + Send>(
     }
 }
 
-/// `tensorzip decompress` of one archive; returns the archive's and the restored file's sizes.
+/// `tensorzip decompress` of one archive; returns the restored file's and the archive's sizes (the
+/// order of [`Totals::add`]: original, then compressed).
 pub fn decompress(
     path: &Path,
     output: Output<'_>,
