@@ -289,8 +289,20 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
 }
 
 /// Copies `from` to `to` (a new file) and syncs it.
+/// A file whose size changed while it was copied (another process writing it) is an error, as a
+/// mapped input truncated under a command is.
 fn copy_file(from: &Path, to: &Path) -> Result<u64, String> {
+    let before = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
     let n = std::fs::copy(from, to).map_err(|e| format!("{}: {e}", from.display()))?;
+    let after = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    if n != before.len() || n != after.len() {
+        return Err(format!(
+            "{}: changed while it was copied ({} bytes before, {n} copied, {} after)",
+            from.display(),
+            before.len(),
+            after.len()
+        ));
+    }
     std::fs::File::open(to)
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("{}: {e}", to.display()))?;
