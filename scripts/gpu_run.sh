@@ -2,7 +2,8 @@
 # Runs on the GPU machine, after scripts/gpu_build.sh on this one, with gpu-bin/ carried (and, for
 # the anchors, gpu-wheels/: the anchor wheels copied by gpu_build.sh):
 #   scripts/gpu_run.sh tests      GPU tests (CPU blob -> GPU decode bit-exact, GPU encode == CPU encode,
-#                                 CRC-32 == zlib, CPU == GPU on corrupted blobs) and the engine crate's
+#                                 CRC-32 == zlib, CPU == GPU on corrupted blobs), the CLI's --gpu on
+#                                 a file and on a model directory, and the engine crate's
 #                                 unit tests (the encoder's placement refusing forged chunk reports,
 #                                 the GPU table search equal to the core's)
 #   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases), and the
@@ -48,6 +49,19 @@ if [[ $what == tests || $what == all ]]; then
     else
         echo "$sample not carried: CLI check skipped"
     fi
+    # A model directory (two shards, index, config; made here with the standard library) through
+    # one GPU engine shared by the command's files: the --gpu mirror equals the CPU's file for
+    # file, verifies against the original on the GPU, and decompresses on the GPU to the original.
+    md=/tmp/tz-model-dir
+    rm -rf "$md" "$md.gpu" "$md.cpu" "$md.back"
+    python3 scripts/make_model_dir.py "$md" &&
+        ./gpu-bin/tensorzip compress "$md" -o "$md.gpu" --gpu &&
+        ./gpu-bin/tensorzip compress "$md" -o "$md.cpu" &&
+        diff -r "$md.gpu" "$md.cpu" &&
+        ./gpu-bin/tensorzip verify "$md.gpu" --against "$md" --gpu &&
+        ./gpu-bin/tensorzip decompress "$md.gpu" -o "$md.back" --gpu &&
+        diff -r "$md" "$md.back" &&
+        echo "model directory --gpu: archives identical to the CPU's, restored byte for byte" || rc=1
 fi
 if [[ $what == sanitize || $what == all ]]; then
     echo "== compute-sanitizer memcheck"
