@@ -642,6 +642,12 @@ def test_save_dir_shards_like_hugging_face_and_load_dir_reads_it(gen, tmp_path):
     assert tz.save_dir(tensors, d) == ["model.safetensors.tz"]
     assert sorted(p.name for p in d.iterdir()) == ["model.safetensors.tz", "notes.txt"]
     assert all(same(tz.load_dir(d)[k], v) for k, v in tensors.items())
+    # A save that fails on its last shard (after the first was written) leaves the previous save
+    # as it was: no new shard, no index, no temporary file.
+    with pytest.raises(TypeError, match="not a tensor|torch.Tensor"):
+        tz.save_dir({**tensors, "zz": "not a tensor"}, d, max_shard_bytes=200_000, chunk_bytes=65536)
+    assert sorted(p.name for p in d.iterdir()) == ["model.safetensors.tz", "notes.txt"]
+    assert all(same(tz.load_dir(d)[k], v) for k, v in tensors.items())
     with pytest.raises(ValueError, match="max_shard_bytes"):
         tz.save_dir(tensors, d, max_shard_bytes=0)
     with pytest.raises(ValueError, match="block_units"):
@@ -719,12 +725,21 @@ def test_threads_saving_one_path_leave_one_whole_archive(gen, tmp_path):
 
     path = tmp_path / "shared.tz"
     versions = [{"w": gen(torch.float32, (256, 256), 100 + i)} for i in range(4)]
+    errors: list[BaseException] = []
+
+    def save(v):
+        try:
+            tz.save_file(v, path)
+        except BaseException as e:  # a thread's exception would otherwise only be a warning
+            errors.append(e)
+
     for _ in range(3):
-        threads = [threading.Thread(target=tz.save_file, args=(v, path)) for v in versions]
+        threads = [threading.Thread(target=save, args=(v,)) for v in versions]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        assert errors == []
         back = tz.load_file(path)
         assert any(same(back["w"], v["w"]) for v in versions)
         assert tz.verify_file(path) > 0

@@ -226,6 +226,11 @@ def test_compressed_linear_on_the_gpu():
     assert fresh.weight_state.is_cuda
     with torch.no_grad():
         assert same(fresh(x), want)
+    # A host weight compressed into a layer made on the GPU: the state lives on the GPU.
+    on_gpu = tz.CompressedLinear(384, 256, bias=False, device="cuda")
+    on_gpu.compress_weight(lin.weight.detach().cpu())
+    assert on_gpu.weight_state.is_cuda and on_gpu.weight.device.type == "cuda"
+    assert same(on_gpu.dequantize().cpu(), lin.weight.detach().cpu())
 
 
 def test_training_state_saved_from_and_loaded_onto_the_gpu(tmp_path):

@@ -142,3 +142,22 @@ def test_compress_linears_filter_and_subclasses():
     raw = tz.CompressedLinear.from_linear(lin, config=tz.RawConfig())
     assert raw.weight.compress_method == "raw"
     assert same(raw.dequantize(), lin.weight.detach())
+
+
+def test_compress_linears_tied_layers_and_all_or_nothing():
+    # One Linear under two names (tied): one CompressedLinear in both places, counted once.
+    shared = linear(8, 8, torch.float32)
+    model = torch.nn.ModuleDict({"enc": shared, "dec": shared, "own": linear(8, 4, torch.float32)})
+    x = torch.randn(3, 8)
+    want = {k: model[k](x) for k in model}
+    assert tz.compress_linears(model) == 2
+    assert model["enc"] is model["dec"] and isinstance(model["enc"], tz.CompressedLinear)
+    assert all(same(model[k](x), want[k]) for k in model)
+    # A layer that cannot be compressed (a weight not materialized) leaves the module untouched.
+    with torch.device("meta"):
+        ghost = torch.nn.Linear(8, 8)
+    model = torch.nn.Sequential(linear(8, 8, torch.float32), ghost)
+    with pytest.raises(ValueError, match="materialized"):
+        tz.compress_linears(model)
+    assert type(model[0]) is torch.nn.Linear and model[1] is ghost
+

@@ -61,10 +61,21 @@ def test_a_checkpoint_round_trips(tmp_path):
     assert equal(back, ckpt)
     # A state_dict's module versions come back too (load_state_dict passes them on).
     assert back["model"]._metadata == ckpt["model"]._metadata
-    # The optimizer takes its state back and steps on exactly as the original would.
-    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    # The optimizer takes its state back and steps on exactly as the original would: a copy of
+    # the model with the loaded state and the original take one more step on the same batch and
+    # end with the same parameters, bit for bit.
+    model2 = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10))
+    model2.load_state_dict(back["model"])
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3, betas=(0.9, 0.95))
     opt2.load_state_dict(back["optimizer"])
     assert opt2.state_dict()["param_groups"][0]["betas"] == (0.9, 0.95)
+    x = torch.randn(32, 64)
+    for m, o in ((model, opt), (model2, opt2)):
+        o.zero_grad()
+        m(x).square().mean().backward()
+        o.step()
+    for p1, p2 in zip(model.parameters(), model2.parameters()):
+        assert same(p1.detach(), p2.detach())
     # The archive is an ordinary one: the tensors are named by their path.
     with tz.safe_open(tmp_path / "ckpt.tz") as f:
         keys = f.keys()
@@ -116,3 +127,24 @@ def test_damaged_structures_and_plain_archives_raise(tmp_path):
         tz.save_file({"t": t}, tmp_path / "d.tz", {"tensorzip.object": doc})
         with pytest.raises(ValueError, match="d.tz"):
             tz.load(tmp_path / "d.tz")
+
+
+def test_conjugate_views_and_the_metadata_key(tmp_path):
+    # `z.conj()` shares z's storage, shape and strides but holds other values: not a reference.
+    z = torch.randn(6, 5, dtype=torch.complex64)
+    obj = {"z": z, "zc": z.conj(), "neg": z.imag, "negc": z.conj().imag, "__metadata__": torch.ones(3)}
+    tz.save(obj, tmp_path / "c.tz")
+    back = tz.load(tmp_path / "c.tz")
+    assert torch.equal(back["zc"], z.conj().resolve_conj())
+    assert torch.equal(back["negc"], z.conj().imag.resolve_neg())
+    assert torch.equal(back["neg"], z.imag)
+    assert torch.equal(back["__metadata__"], torch.ones(3))
+
+
+def test_a_damaged_entry_names_the_file(tmp_path):
+    tz.save({"a": 1.0}, tmp_path / "ok.tz")
+    for tree in ({"f": "not a float"}, {"d": [[{"f": "x"}, 1]]}):
+        doc = json.dumps({"version": 1, "tree": tree})
+        tz.save_file({}, tmp_path / "bad.tz", {"tensorzip.object": doc})
+        with pytest.raises(ValueError, match="bad.tz"):
+            tz.load(tmp_path / "bad.tz")

@@ -251,7 +251,12 @@ def load_file(filename: str | bytes | os.PathLike, device: str | int | torch.dev
     """Loads every tensor of a tensorzip archive onto `device`. On a CUDA device all tensors are
     decoded by the GPU in one launch (the blobs are uploaded once, compressed); on the CPU by all
     cores. Checksums are checked before and after decoding; a damaged file raises ValueError."""
-    f = safe_open(filename, device=device)
+    return _load_all(safe_open(filename, device=device))
+
+
+def _load_all(f: "safe_open") -> dict[str, torch.Tensor]:
+    """Every tensor of an open archive onto its device (`load_file`'s work, on a handle its caller
+    already read: `tensorzip.load` takes the structure and the tensors from one opening)."""
     names = f.offset_keys()
     dev = f._device
     if dev.type == "cuda" and _core.gpu_available():
@@ -283,10 +288,14 @@ def save_dir(
     `.tz`, as `tensorzip decompress DIR -o OUT` restores them). Tensors go into shards in the
     dictionary's order, a new shard starting when the next tensor would pass the limit (a tensor
     larger than the limit gets a shard of its own). Each shard is written with `save_file`
-    (`metadata` in every one, `options` as `save_file`'s); the index last. The directory is made
-    if missing; files a previous save left under these names (`model.safetensors.tz`, other
-    `model-*-of-*.safetensors.tz`, the index) are removed once the new ones are written, so that
-    `load_dir` reads this save alone. Returns the names of the files written."""
+    (`metadata` in every one, `options` as `save_file`'s) under a hidden temporary name; only once
+    every shard is written are they renamed into place, then the index is written, so a save that
+    fails (a tensor it cannot store, a full disk, an interrupt) leaves the directory as it was. The
+    renames are not one atomic step: a crash between two of them, or a reader looking at that
+    moment, can see new shards beside old ones. The directory is made if missing; files a previous
+    save left under these names (`model.safetensors.tz`, other `model-*-of-*.safetensors.tz`, the
+    index) are removed once the new ones are in place, so that `load_dir` reads this save alone.
+    Returns the names of the files written."""
     if not isinstance(tensors, dict):
         raise TypeError(f"tensors must be a dict of name -> torch.Tensor, not {type(tensors).__name__}")
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
@@ -297,10 +306,24 @@ def save_dir(
     try:
         return _save_shards(tensors, root, metadata, max_shard_bytes, options)
     except BaseException:
-        # Bad input (a tensor, an option) found once the directory was made: nothing is left.
+        # Nothing of this save is left (its shards were removed); a directory it made goes too.
         if made and not os.listdir(root):
             os.rmdir(root)
         raise
+
+
+def _new_hidden(root: str, name: str) -> tuple[int, str]:
+    """A new file `.NAME.<random>.staged` in `root`, opened for writing: a name no other call
+    (thread or process) uses, with the permissions the umask gives a new file (not mkstemp's 0600:
+    a model directory is often shared)."""
+    import uuid
+
+    while True:
+        path = os.path.join(root, f".{name}.{uuid.uuid4().hex[:12]}.staged")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
+        except FileExistsError:
+            continue
 
 
 def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: dict) -> list[str]:
@@ -322,23 +345,37 @@ def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: di
         files = ["model.safetensors"]
     else:
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    written = []
-    for f, names in zip(files, shards):
-        save_file({k: tensors[k] for k in names}, os.path.join(root, f + ".tz"), metadata, **options)
-        written.append(f + ".tz")
-    index = "model.safetensors.index.json"
-    if len(shards) > 1:
-        doc = {"metadata": {"total_size": total}, "weight_map": {k: f for f, names in zip(files, shards) for k in names}}
-        tmp = os.path.join(root, f".{index}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as out:
+    # Every shard under a hidden name unique to this call (threads and processes saving the same
+    # directory do not share one), renamed into place only once all of them are written.
+    staged: list[str] = []
+    try:
+        for f, names in zip(files, shards):
+            fd, tmp = _new_hidden(root, f + ".tz")
+            os.close(fd)
+            staged.append(tmp)
+            save_file({k: tensors[k] for k in names}, tmp, metadata, **options)
+        index = "model.safetensors.index.json"
+        index_tmp = None
+        if len(shards) > 1:
+            doc = {"metadata": {"total_size": total}, "weight_map": {k: f for f, names in zip(files, shards) for k in names}}
+            fd, index_tmp = _new_hidden(root, index)
+            staged.append(index_tmp)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
                 json.dump(doc, out, indent=2, sort_keys=True)
                 out.write("\n")
-            os.replace(tmp, os.path.join(root, index))
-        finally:
+                out.flush()
+                os.fsync(out.fileno())
+        written = []
+        for f, tmp in zip(files, staged):
+            os.replace(tmp, os.path.join(root, f + ".tz"))
+            written.append(f + ".tz")
+        if index_tmp is not None:
+            os.replace(index_tmp, os.path.join(root, index))
+            written.append(index)
+    finally:
+        for tmp in staged:
             if os.path.exists(tmp):
                 os.remove(tmp)
-        written.append(index)
     ours = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors\.tz|model\.safetensors\.index\.json")
     for entry in os.listdir(root):
         if ours.fullmatch(entry) and entry not in written:

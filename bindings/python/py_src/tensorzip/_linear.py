@@ -49,6 +49,8 @@ class CompressedLinear(torch.nn.Module):
     `CompressedLinear.from_linear(linear)` does both steps from an existing layer.
     """
 
+    weight_state: torch.Tensor  # a buffer (register_buffer in __init__)
+
     def __init__(
         self,
         in_features: int,
@@ -110,7 +112,8 @@ class CompressedLinear(torch.nn.Module):
             raise RuntimeError(
                 f"{c.header['requested']} cannot code a {tuple(weight.shape)} {self.weight_dtype} weight: {c.header['reason']}"
             )
-        self.weight_state = c.state_dict()[_LEAF]
+        # The state lives where the layer's does (its `device`), whatever device `weight` is on.
+        self.weight_state = c.state_dict()[_LEAF].to(self.weight_state.device)
         self._parsed = c._rebind(self.weight_state)
 
     def _check_shape(self, shape: tuple) -> None:
@@ -211,14 +214,23 @@ def compress_linears(
     layer)` is true, if given; `name` as in `named_modules`) with a `CompressedLinear` holding its
     weight, and returns how many were replaced. The model computes exactly what it did. `module`
     itself is not replaced (a bare `Linear`: use `CompressedLinear.from_linear`), nor subclasses of
-    `Linear` (they may compute something else)."""
-    todo = [
-        (name, child)
-        for name, child in module.named_modules()
-        if name and type(child) is torch.nn.Linear and (filter is None or filter(name, child))
-    ]
-    for name, linear in todo:
-        parent_name, _, attr = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, CompressedLinear.from_linear(linear, config=config, dtype=dtype))
-    return len(todo)
+    `Linear` (they may compute something else). Every layer is compressed before any is swapped
+    in, so a layer that cannot be (a weight on the meta device, a scheme that cannot code it)
+    raises and leaves `module` as it was. One `Linear` reachable under several names (a tied
+    layer) becomes one `CompressedLinear` under all of them, counted once; `filter` sees its
+    first name."""
+    # Every place a layer sits (named_modules lists a shared module once, under its first name).
+    places: dict[int, list[str]] = {}
+    layers: dict[int, tuple[str, torch.nn.Linear]] = {}
+    for name, child in module.named_modules(remove_duplicate=False):
+        if name and type(child) is torch.nn.Linear:
+            places.setdefault(id(child), []).append(name)
+            layers.setdefault(id(child), (name, child))
+    chosen = [k for k, (name, child) in layers.items() if filter is None or filter(name, child)]
+    new = {k: CompressedLinear.from_linear(layers[k][1], config=config, dtype=dtype) for k in chosen}
+    for k in chosen:
+        for name in places[k]:
+            parent_name, _, attr = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, attr, new[k])
+    return len(chosen)

@@ -11,7 +11,9 @@ header's `__metadata__` under the key `tensorzip.object`. Several references to 
 weights: the same storage, offset, shape, strides and dtype) are saved once and loaded as one
 tensor in each place; tensors that merely overlap are saved as copies each. An `OrderedDict`
 comes back as one, with its `_metadata` (a module `state_dict`'s per-module versions, which
-`load_state_dict` passes on) when it is plain data. `requires_grad` and tensor subclasses
+`load_state_dict` passes on; it must be plain data like the rest). Subclasses of the plain types
+are saved as their base type and come back as it: a namedtuple or `torch.Size` as a tuple, a
+`defaultdict` as a dict, an `IntEnum` as an int. `requires_grad` and tensor subclasses
 (`Parameter`) are not kept: tensors come back plain.
 """
 
@@ -24,7 +26,7 @@ from collections import OrderedDict
 
 import torch
 
-from ._files import load_file, safe_open, save_file
+from ._files import _load_all, safe_open, save_file
 
 _KEY = "tensorzip.object"
 _VERSION = 1
@@ -70,7 +72,9 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
     returns bytes."""
     tensors: dict[str, torch.Tensor] = {}
     seen: dict[tuple, str] = {}
-    taken: set[str] = set()
+    # The safetensors header's own key cannot name a tensor: a tensor at the top-level key
+    # "__metadata__" is stored as "__metadata__#2".
+    taken: set[str] = {"__metadata__"}
 
     def walk(x, path: list[str], depth: int):
         where = ".".join(path) or "the object"
@@ -84,8 +88,10 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
         if isinstance(x, torch.Tensor):
             if x.layout != torch.strided:
                 raise TypeError(f"{where}: only strided tensors can be saved, not {x.layout}")
+            # The conjugate and negative bits too: `z.conj()` is a view of `z`'s storage with the
+            # same shape and strides, but other values.
             ident = (x.device, x.dtype, tuple(x.shape), tuple(x.stride()), x.storage_offset(),
-                     x.untyped_storage().data_ptr() if x.numel() else None)
+                     x.is_conj(), x.is_neg(), x.untyped_storage().data_ptr() if x.numel() else None)
             name = seen.get(ident) if x.numel() else None
             if name is None:
                 name = _name(path, taken)
@@ -121,19 +127,21 @@ def load(path: str | bytes | os.PathLike, device: str | int | torch.device = "cp
     """Loads what `save` saved, its tensors on `device` (decoded there: on a GPU in one launch).
     A file `save` did not write, or whose structure is damaged, raises ValueError naming it."""
     name = os.fsdecode(path)
-    with safe_open(name) as f:
+    # One opening for the structure and the tensors: a file saved again meanwhile (a trainer
+    # rewriting it) cannot give the structure of one save and the tensors of another.
+    with safe_open(name, device=device) as f:
         meta = f.metadata() or {}
         names = set(f.keys())
-    if _KEY not in meta:
-        raise ValueError(f"{name}: not written by tensorzip.save (no {_KEY!r} in its metadata; use load_file)")
-    try:
-        doc = json.loads(meta[_KEY])
-        version, tree = doc["version"], doc["tree"]
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise ValueError(f"{name}: a corrupt saved structure ({type(e).__name__}: {e})") from None
-    if version != _VERSION:
-        raise ValueError(f"{name}: saved structure version {version!r} (this build reads {_VERSION})")
-    tensors = load_file(name, device=device)
+        if _KEY not in meta:
+            raise ValueError(f"{name}: not written by tensorzip.save (no {_KEY!r} in its metadata; use load_file)")
+        try:
+            doc = json.loads(meta[_KEY])
+            version, tree = doc["version"], doc["tree"]
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise ValueError(f"{name}: a corrupt saved structure ({type(e).__name__}: {e})") from None
+        if version != _VERSION:
+            raise ValueError(f"{name}: saved structure version {version!r} (this build reads {_VERSION})")
+        tensors = _load_all(f)
 
     def pairs(v) -> bool:
         return isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 for e in v)
@@ -163,5 +171,7 @@ def load(path: str | bytes | os.PathLike, device: str | int | torch.device = "cp
 
     try:
         return build(tree, 0)
-    except (TypeError, RecursionError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(f"{name}: "):
+            raise
         raise ValueError(f"{name}: a corrupt saved structure ({type(e).__name__}: {e})") from None
