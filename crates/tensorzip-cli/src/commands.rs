@@ -198,7 +198,7 @@ pub fn compress(
     let src = map_file(file)?;
     let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
     let (dest, shown) = output.resolve(file, || Ok(archive_name(file)))?;
-    let mut out = SafeOutput::create(&dest, force, file)?;
+    let mut out = SafeOutput::create(&dest, &shown, force, file)?;
     let pb = progress_bar(src.len() as u64, "compress");
     // The input's pages leave the process once coded (the engines read it in order).
     let spent = Spent::prefix(&src);
@@ -207,11 +207,11 @@ pub fn compress(
         pb.set_position(done);
         spent.reached(done);
     })
-    .map_err(|e| failure(e, file, &dest))?;
+    .map_err(|e| failure(e, file, &shown))?;
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
     if set.verify {
-        check_written(out.file(), &src, file, &dest, common)?;
+        check_written(out.file(), &src, file, &shown, common)?;
     }
     out.commit()?;
     let tensors = segments
@@ -323,7 +323,7 @@ pub fn decompress(
             )
         })
     })?;
-    let mut out = SafeOutput::create(&dest, force, path)?;
+    let mut out = SafeOutput::create(&dest, &shown, force, path)?;
     let pb = progress_bar(ar.original_len, "decompress");
     let spent = Spent::blobs(&data, &ar);
     let t = Instant::now();
@@ -335,8 +335,8 @@ pub fn decompress(
         };
         decode_all(&ar, dec, common, &mut w, &progress)
             .map_err(|e| format!("{}: {e}", path.display()))?
-            .map_err(|e| failure(e, path, &dest))?;
-        w.flush().map_err(|e| format!("{}: {e}", dest.display()))?;
+            .map_err(|e| failure(e, path, &shown))?;
+        w.flush().map_err(|e| format!("{}: {e}", shown.display()))?;
     }
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();

@@ -116,7 +116,8 @@ enum Command {
     /// non-zero. A directory stands for the .safetensors files under it; `DIR -o OUT` instead
     /// makes OUT a copy of the whole model directory with its .safetensors files compressed and
     /// every other file (config, tokenizer, index) copied — built aside and renamed into place
-    /// when complete; OUT must not exist. Names that begin with "." are skipped.
+    /// when complete; OUT must not exist, and DIR must hold no .tz archive already. Names that
+    /// begin with "." are skipped.
     Compress {
         /// Files, or model directories.
         #[arg(required = true)]

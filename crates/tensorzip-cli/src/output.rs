@@ -31,6 +31,20 @@ pub fn pending_remove(tmp: &Path) {
     pending(|p| p.retain(|t| t != tmp));
 }
 
+/// Runs `commit` (which moves the temporary output `tmp` into place) under the lock the interrupt
+/// handler takes, and forgets `tmp` if it succeeds: an interrupt either removes the temporary
+/// before the commit (which then fails, and the process is ending) or finds it gone, never
+/// removing a directory's entries while it is being renamed into place.
+pub fn pending_commit<T>(
+    tmp: &Path,
+    commit: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    let mut g = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let out = commit()?;
+    g.retain(|t| t != tmp);
+    Ok(out)
+}
+
 /// Installs the handler of Ctrl-C, SIGTERM and SIGHUP: it removes the temporary files of the
 /// outputs being written (a signal ends the process without running destructors, which left a
 /// hidden `.NAME.tmp-PID-N` of the partial output behind) and exits with status 130. The
@@ -39,11 +53,31 @@ pub fn pending_remove(tmp: &Path) {
 pub fn on_interrupt() {
     let _ = ctrlc::set_handler(|| {
         let mut removed = false;
-        pending(|p| {
-            for t in p.iter() {
-                removed |= std::fs::remove_file(t).is_ok() || std::fs::remove_dir_all(t).is_ok();
+        // The lock is held until the process exits: a directory output cannot be renamed into
+        // place while it is being removed (`pending_commit` renames under the lock), and no new
+        // temporary is registered after the list was read.
+        let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        for t in p.iter() {
+            if std::fs::remove_file(t).is_ok() {
+                removed = true;
+                continue;
             }
-        });
+            // A staged directory: the main thread may still be creating entries in it (a file
+            // being copied, a shard's temporary), which makes the last `rmdir` of a removal fail;
+            // removed again until it is gone (the main thread's next creation then fails, as its
+            // parent is gone).
+            for _ in 0..100 {
+                match std::fs::remove_dir_all(t) {
+                    Ok(()) => {
+                        removed = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        }
+        p.clear();
         match removed {
             true => eprintln!("\ntensorzip: interrupted; the partial output was removed"),
             false => eprintln!("\ntensorzip: interrupted"),
@@ -74,6 +108,9 @@ pub fn create_temp<T>(
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
 pub struct SafeOutput {
     dest: PathBuf,
+    /// The name messages give the output (`dest`'s final name when `dest` is inside a model
+    /// directory being built under a temporary name).
+    shown: PathBuf,
     tmp: PathBuf,
     file: Option<File>,
     force: bool,
@@ -82,17 +119,23 @@ pub struct SafeOutput {
 impl SafeOutput {
     /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false, and
     /// even with `force` if `dest` is not a regular file (the rename would replace a directory
-    /// entry such as `/dev/null` itself, not write into it) or is the command's `input`.
-    pub fn create(dest: &Path, force: bool, input: &Path) -> Result<SafeOutput, String> {
+    /// entry such as `/dev/null` itself, not write into it) or is the command's `input`. Messages
+    /// name the output `shown`.
+    pub fn create(
+        dest: &Path,
+        shown: &Path,
+        force: bool,
+        input: &Path,
+    ) -> Result<SafeOutput, String> {
         if let Ok(meta) = std::fs::metadata(dest) {
             if !force {
                 return Err(format!(
                     "{}: already exists (use --force to overwrite)",
-                    dest.display()
+                    shown.display()
                 ));
             }
             if meta.is_dir() {
-                return Err(format!("{}: is a directory", dest.display()));
+                return Err(format!("{}: is a directory", shown.display()));
             }
             if !meta.is_file() {
                 return Err(format!(
@@ -119,6 +162,7 @@ impl SafeOutput {
         crate::sigbus::writing(Some(&tmp));
         Ok(SafeOutput {
             dest: dest.to_path_buf(),
+            shown: shown.to_path_buf(),
             tmp,
             file: Some(file),
             force,
@@ -136,18 +180,18 @@ impl SafeOutput {
         // The inputs have been read: a SIGBUS now is not theirs, and the output is complete.
         crate::sigbus::writing(None);
         file.sync_all()
-            .map_err(|e| format!("{}: {e}", self.dest.display()))?;
+            .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         drop(file);
         if self.force {
             std::fs::rename(&self.tmp, &self.dest)
-                .map_err(|e| format!("{}: {e}", self.dest.display()))?;
+                .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         } else {
             std::fs::hard_link(&self.tmp, &self.dest).map_err(|e| match e.kind() {
                 std::io::ErrorKind::AlreadyExists => format!(
                     "{}: already exists (use --force to overwrite)",
-                    self.dest.display()
+                    self.shown.display()
                 ),
-                _ => format!("{}: {e}", self.dest.display()),
+                _ => format!("{}: {e}", self.shown.display()),
             })?;
             let _ = std::fs::remove_file(&self.tmp);
         }

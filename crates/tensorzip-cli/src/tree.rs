@@ -12,9 +12,12 @@
 //!   so that a compressed model directory travels complete and `decompress` gives back the
 //!   original directory. OUT is built as a hidden temporary directory next to it and renamed
 //!   into place only once every file is done; on any failure, interrupt or truncated input
-//!   nothing is left. OUT must not exist: a directory output is never replaced, not even with
-//!   `--force` (replacing would mean deleting a tree the user named). Empty directories are not
-//!   copied. `verify DIR --against ORIG` checks such a mirror file by file against the original
+//!   nothing is left (on a truncated input, whose `SIGBUS` handler removes only what it was told
+//!   of, a tree of more than 4096 entries leaves the rest of its hidden temporary behind). OUT
+//!   must not exist: a directory output is never replaced, not even with `--force` (replacing
+//!   would mean deleting a tree the user named). Empty directories are not copied. A directory
+//!   to compress that already holds `.tz` archives is refused: they would be copied, and the
+//!   mirror's `decompress` would then restore them too. `verify DIR --against ORIG` checks such a mirror file by file against the original
 //!   directory.
 //!
 //! Walking a directory: entries in name order, depth first; names that begin with `.` are
@@ -213,11 +216,20 @@ impl Staged {
         crate::sigbus::created(path);
     }
 
-    /// Renames the finished directory into place.
+    /// Renames the finished directory into place (never over anything created at its name
+    /// meanwhile; under the interrupt handler's lock, so that an interrupt cannot be removing
+    /// its entries as it takes its name).
     pub fn commit(mut self) -> Result<(), String> {
-        exists_refused(&self.dest)?;
-        std::fs::rename(&self.tmp, &self.dest)
-            .map_err(|e| format!("{}: {e}", self.dest.display()))?;
+        let (tmp, dest) = (&self.tmp, &self.dest);
+        crate::output::pending_commit(tmp, || {
+            exists_refused(dest)?;
+            rename_no_replace(tmp, dest).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => {
+                    exists_refused(dest).err().unwrap_or_else(|| e.to_string())
+                }
+                _ => format!("{}: {e}", dest.display()),
+            })
+        })?;
         self.done = true;
         Ok(())
     }
@@ -231,6 +243,40 @@ impl Drop for Staged {
         }
         crate::output::pending_remove(&self.tmp);
     }
+}
+
+/// Renames `from` to `to` unless `to` exists (an empty directory made at `to` after the check
+/// would otherwise be replaced by `rename`): `renameat2(RENAME_NOREPLACE)` where the C library
+/// has it, a plain rename after the caller's check elsewhere or where the file system refuses
+/// the flag.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        };
+        let (a, b) = (c(from)?, c(to)?);
+        // SAFETY: two NUL-terminated paths that outlive the call; no memory is written.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    std::fs::rename(from, to)
 }
 
 /// A directory output's destination must not exist.
@@ -254,12 +300,23 @@ enum Step {
 }
 
 /// The plan of a mirror: each input file (relative), its output's relative name, and the step.
-/// Refused if two inputs would be written as one output (`a.safetensors` beside an
-/// `a.safetensors.tz` already there), or if the directory holds none of the command's files.
+/// Refused if two inputs would be written as one output (`a.safetensors.tz` beside an
+/// `a.safetensors` already there, when restoring), if a directory to compress holds an archive
+/// already, or if the directory holds none of the command's files.
 fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, Step)>, String> {
     let mut plan = Vec::new();
     let mut outputs: BTreeMap<PathBuf, &Path> = BTreeMap::new();
     for rel in &w.files {
+        // An archive among the files to compress would be copied as it is, and `decompress` of
+        // the result would then restore it too: the directory would not come back as it was.
+        if matches!(wanted, Wanted::Models) && Wanted::Archives.takes(rel) {
+            return Err(format!(
+                "{}: a tensorzip archive in the directory to compress (the mirror's decompress \
+                 would restore it, so the directory would not come back as it is); move it out, \
+                 or name the .safetensors files to compress",
+                src.join(rel).display()
+            ));
+        }
         let (out, step) = match (wanted.takes(rel), wanted) {
             (true, Wanted::Models) => (archive_name(rel), Step::Convert),
             (true, Wanted::Archives) => match restored_name(rel) {
@@ -288,12 +345,25 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
     Ok(plan)
 }
 
-/// Copies `from` to `to` (a new file) and syncs it.
+/// Copies `from` to `to` (a new file, named `shown` in messages) and syncs it.
 /// A file whose size changed while it was copied (another process writing it) is an error, as a
 /// mapped input truncated under a command is.
-fn copy_file(from: &Path, to: &Path) -> Result<u64, String> {
+fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<u64, String> {
     let before = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
-    let n = std::fs::copy(from, to).map_err(|e| format!("{}: {e}", from.display()))?;
+    // Opened here so that an error says which side failed (`fs::copy` reports either as one).
+    let mut r = std::fs::File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    let mut w = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(to)
+        .map_err(|e| format!("{}: {e}", shown.display()))?;
+    let n = copy_reporting(&mut r, &mut w, from, shown)?;
+    drop(w);
+    // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
+    // executable).
+    if let Err(e) = std::fs::set_permissions(to, before.permissions()) {
+        return Err(format!("{}: {e}", shown.display()));
+    }
     let after = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
     if n != before.len() || n != after.len() {
         return Err(format!(
@@ -305,8 +375,31 @@ fn copy_file(from: &Path, to: &Path) -> Result<u64, String> {
     }
     std::fs::File::open(to)
         .and_then(|f| f.sync_all())
-        .map_err(|e| format!("{}: {e}", to.display()))?;
+        .map_err(|e| format!("{}: {e}", shown.display()))?;
     Ok(n)
+}
+
+/// `io::copy` with a read error named by `from` and a write error by `shown`.
+fn copy_reporting(
+    r: &mut std::fs::File,
+    w: &mut std::fs::File,
+    from: &Path,
+    shown: &Path,
+) -> Result<u64, String> {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = match r.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("{}: {e}", from.display())),
+        };
+        w.write_all(&buf[..k])
+            .map_err(|e| format!("{}: {e}", shown.display()))?;
+        n += k as u64;
+    }
 }
 
 /// `compress DIR -o OUT` / `decompress DIR -o OUT`: OUT built as a copy of `src` whose
@@ -343,7 +436,7 @@ pub fn mirror(
                 totals.add(original, compressed);
             }
             Step::Copy => {
-                copied_bytes += copy_file(&input, &write).map_err(unwritten)?;
+                copied_bytes += copy_file(&input, &write, &dest.join(out)).map_err(unwritten)?;
                 copied += 1;
             }
         }

@@ -755,15 +755,32 @@ fn a_directory_stands_for_its_files() {
         fails(&o, "a directory of no input", &["none", what]);
     }
     assert!(!d.join("none-tz").exists());
-    // Two files written as one output are refused before anything is written.
-    std::fs::write(m.join("model-1.safetensors.tz"), b"an old archive").unwrap();
+    // A directory to compress that holds archives (here, those written above) is refused.
     let o = tz(d, &["compress", "model", "-o", "out"]);
     fails(
         &o,
-        "two inputs of one output name",
-        &["model-1.safetensors.tz", "both"],
+        "archives in a directory to compress",
+        &[
+            "model-1.safetensors.tz",
+            "a tensorzip archive in the directory to compress",
+        ],
     );
     assert!(!d.join("out").exists());
+    // Two files restored as one output are refused before anything is written.
+    std::fs::create_dir(d.join("z")).unwrap();
+    std::fs::copy(
+        m.join("model-1.safetensors.tz"),
+        d.join("z/a.safetensors.tz"),
+    )
+    .unwrap();
+    std::fs::write(d.join("z/a.safetensors"), b"a stray copy").unwrap();
+    let o = tz(d, &["decompress", "z", "-o", "z-back"]);
+    fails(
+        &o,
+        "two inputs of one output name",
+        &["a.safetensors", "both"],
+    );
+    assert!(!d.join("z-back").exists());
     no_temp_files(d);
 }
 
@@ -785,6 +802,51 @@ fn a_failed_directory_leaves_nothing() {
     );
     assert!(!d.join("out").exists());
     no_temp_files(d);
+    assert!(
+        !err.contains(".tmp-"),
+        "a message names the temporary: {err}"
+    );
+}
+
+/// An archive already in a directory to compress is refused (the mirror's decompress would
+/// restore it, so the directory would not come back as it was); nothing is written.
+#[test]
+fn a_directory_to_compress_holding_an_archive_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = model_dir(d, &model_bytes());
+    std::fs::write(m.join("text_encoder/old.tz"), b"whatever").unwrap();
+    let o = tz(d, &["compress", "model", "-o", "out"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("model/text_encoder/old.tz: a tensorzip archive in the directory to compress"),
+        "{err}"
+    );
+    assert!(!d.join("out").exists());
+    no_temp_files(d);
+}
+
+/// A mirrored directory's other files keep their permissions (a script stays executable).
+#[cfg(unix)]
+#[test]
+fn a_mirrored_file_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = model_dir(d, &model_bytes());
+    std::fs::write(m.join("run.sh"), b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(m.join("run.sh"), std::fs::Permissions::from_mode(0o751)).unwrap();
+    ok(
+        &tz(d, &["compress", "model", "-o", "out"]),
+        "compress a directory",
+    );
+    let mode = std::fs::metadata(d.join("out/run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o751);
+    assert_eq!(std::fs::read(d.join("out/run.sh")).unwrap(), b"#!/bin/sh\n");
 }
 
 #[test]

@@ -733,6 +733,13 @@ impl<'f> ArchiveWriter<'f> {
                 e.blob_crcs = reader.checksums(out, e.blob_offset, e.blob_len)?;
             }
         }
+        // With the truncation guard installed, a page that could not be read (the file shortened
+        // by another process, an I/O error) read as zeros: checksums of zeros must not be kept.
+        if map.as_ref().is_some_and(|m| m.truncated()) {
+            return Err(Error::Io(
+                "the archive being written was shortened while its checksums were taken".into(),
+            ));
+        }
         drop(map);
         let mut index = Vec::new();
         index.extend_from_slice(&(entries.len() as u32).to_le_bytes());

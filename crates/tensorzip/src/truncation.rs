@@ -11,7 +11,7 @@
 //!
 //! A `SIGBUS` anywhere else (another library's mapping, a signal sent by `kill`) goes to the
 //! handler that was installed before, or takes the default action as it would have. The handler
-//! calls only `mmap` and reads atomics; it allocates nothing and takes no lock.
+//! calls only `mmap` and uses atomics; it allocates nothing and takes no lock.
 //!
 //! Linux only (the address of the fault, `MAP_FIXED` over part of a mapping); elsewhere [`guard`]
 //! does nothing and no mapping is ever marked. The command line has its own handler (it removes
@@ -61,6 +61,8 @@ mod imp {
     static TAKEN: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
     /// The handler installed before ours, set once before ours is installed.
     static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+    /// The page size, read before the handler is installed (`sysconf` is not async-signal-safe).
+    static PAGE: AtomicUsize = AtomicUsize::new(4096);
 
     struct Previous(libc::sigaction);
     // SAFETY: a plain C struct of a function pointer, flags and a signal mask, never mutated.
@@ -70,6 +72,13 @@ mod imp {
 
     pub fn guard() -> bool {
         PREVIOUS.get_or_init(|| {
+            // SAFETY: sysconf has no memory preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if let Ok(p) = usize::try_from(page) {
+                if p > 0 {
+                    PAGE.store(p, Ordering::Release);
+                }
+            }
             // SAFETY: sigaction with a zeroed struct filled with our SA_SIGINFO handler; the
             // previous action is written into `old` before ours takes effect.
             unsafe {
@@ -124,15 +133,16 @@ mod imp {
                 if len == 0 || addr < start || addr - start >= len {
                     continue;
                 }
-                // SAFETY: sysconf and mmap are system calls with no memory preconditions; the
-                // page lies inside a live mapping of ours (registered until its MappedFile is
-                // dropped, and being read now), which MAP_FIXED replaces by a private page of
-                // zeros: the retried read reads zeros, and munmap of the mapping removes it too.
+                // Marked before the page of zeros is mapped: another thread that reads the
+                // zeros without faulting cannot finish and ask `truncated` before the mark.
+                HIT[k].store(true, Ordering::Release);
+                let page = PAGE.load(Ordering::Acquire);
+                // SAFETY: mmap is an async-signal-safe system call with no memory
+                // preconditions; the page lies inside a live mapping of ours (registered until
+                // its MappedFile is dropped, and being read now), which MAP_FIXED replaces by a
+                // private page of zeros: the retried read reads zeros, and munmap of the mapping
+                // removes it too.
                 let mapped = unsafe {
-                    let page = usize::try_from(libc::sysconf(libc::_SC_PAGESIZE))
-                        .ok()
-                        .filter(|&p| p > 0)
-                        .unwrap_or(4096);
                     libc::mmap(
                         (addr / page * page) as *mut libc::c_void,
                         page,
@@ -143,7 +153,6 @@ mod imp {
                     )
                 };
                 if mapped != libc::MAP_FAILED {
-                    HIT[k].store(true, Ordering::Release);
                     return;
                 }
             }
