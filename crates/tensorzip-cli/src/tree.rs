@@ -17,8 +17,8 @@
 //!   must not exist: a directory output is never replaced, not even with `--force` (replacing
 //!   would mean deleting a tree the user named). Empty directories are not copied. A directory
 //!   to compress that already holds `.tz` archives is refused: they would be copied, and the
-//!   mirror's `decompress` would then restore them too. `verify DIR --against ORIG` checks such a mirror file by file against the original
-//!   directory.
+//!   mirror's `decompress` would then restore them too. `verify DIR --against ORIG` checks such
+//!   a mirror file by file against the original directory.
 //!
 //! Walking a directory: entries in name order, depth first; names that begin with `.` are
 //! skipped (`.git`, `.cache`, our own temporary outputs); symbolic links to files are followed
