@@ -86,8 +86,12 @@ def test_bad_states_and_missing_weights_are_refused():
         other.load_state_dict(lin.state_dict())
     with pytest.raises(RuntimeError, match="weight.tensorzip_state"):
         other.load_state_dict({"bias": torch.zeros(5)})
-    with pytest.raises(RuntimeError, match="has no weight yet"):
+    with pytest.raises(AttributeError, match="has no weight yet"):
         other(torch.randn(1, 8))
+    # No weight yet reads as no attribute (initialisers test for one with hasattr / getattr).
+    assert not hasattr(other, "weight") and getattr(other, "weight", None) is None
+    with pytest.raises(AttributeError, match=r"CompressedLinear\(8, 5\) has no weight yet"):
+        other.weight
     bad = dict(lin.state_dict())
     bad["weight.tensorzip_state"] = bad["weight.tensorzip_state"][:10].clone()
     with pytest.raises(RuntimeError, match="truncated"):

@@ -35,6 +35,10 @@ from ._entropack import (
 _KEY = "weight." + _LEAF
 
 
+class _NoWeight(AttributeError):
+    """A `CompressedLinear` read for its weight before it has one."""
+
+
 class CompressedLinear(torch.nn.Module):
     """`y = x W^T + b` with `W` kept compressed and decoded at each call.
 
@@ -126,14 +130,28 @@ class CompressedLinear(torch.nn.Module):
         """The compressed weight (a `CompressedTensor` on the state's device)."""
         state = self.weight_state
         if state.numel() == 0:
-            raise RuntimeError(
-                f"{type(self).__name__}({self.in_features}, {self.out_features}) has no weight yet "
-                "(compress_weight or load_state_dict gives it one)"
-            )
+            # An AttributeError, so that `hasattr(layer, "weight")` / `getattr(layer, "weight",
+            # None)` (initialisers, adapters) see no weight rather than fail; `__getattr__` below
+            # keeps this message where nn.Module's would replace it.
+            raise self._no_weight()
         if self._parsed is None or self._parsed._state is not state:
             # Assigned from outside: its header is read (moves by `.to` keep it: `_apply`).
             self._parsed = CompressedTensor(state)
         return self._parsed
+
+    def _no_weight(self) -> AttributeError:
+        return _NoWeight(
+            f"{type(self).__name__}({self.in_features}, {self.out_features}) has no weight yet "
+            "(compress_weight or load_state_dict gives it one)"
+        )
+
+    def __getattr__(self, name: str):
+        # Reached when the `weight` property raised (a layer with no weight yet): its message.
+        if name == "weight":
+            state = self._buffers.get("weight_state")
+            if state is None or state.numel() == 0:
+                raise self._no_weight()
+        return super().__getattr__(name)
 
     def _apply(self, fn, recurse=True):
         moved = self.weight_state
