@@ -53,6 +53,21 @@ pub struct Common {
     threads: usize,
 }
 
+/// Where `compress` and `decompress` write.
+#[derive(Args)]
+struct OutputArgs {
+    /// Output path (only with a single input; for a directory, the new directory).
+    #[arg(short, long)]
+    output: Option<std::path::PathBuf>,
+    /// Write each output into this directory (under its default name) instead of next to
+    /// its input.
+    #[arg(short = 'O', long, conflicts_with = "output")]
+    output_dir: Option<std::path::PathBuf>,
+    /// Overwrite the output if it exists.
+    #[arg(short, long)]
+    force: bool,
+}
+
 /// Where decoding runs.
 #[derive(Args, Clone)]
 pub struct DecodeArgs {
@@ -122,16 +137,8 @@ enum Command {
         /// Files, or model directories.
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
-        /// Output path (only with a single input; for a directory, the new directory).
-        #[arg(short, long)]
-        output: Option<std::path::PathBuf>,
-        /// Write each output into this directory (under its default name) instead of next to
-        /// its input.
-        #[arg(short = 'O', long, conflicts_with = "output")]
-        output_dir: Option<std::path::PathBuf>,
-        /// Overwrite the output if it exists.
-        #[arg(short, long)]
-        force: bool,
+        #[command(flatten)]
+        out: OutputArgs,
         /// Store a CRC-32 of every N bytes of each blob (cuZipNN's checksum_chunk_bytes); 0 = one per blob.
         #[arg(long, default_value_t = 0)]
         checksum_chunk_bytes: u32,
@@ -156,16 +163,8 @@ enum Command {
         /// Archives, or directories of them.
         #[arg(required = true)]
         archives: Vec<std::path::PathBuf>,
-        /// Output path (only with a single input; for a directory, the new directory).
-        #[arg(short, long)]
-        output: Option<std::path::PathBuf>,
-        /// Write each output into this directory (under its default name) instead of next to
-        /// its input.
-        #[arg(short = 'O', long, conflicts_with = "output")]
-        output_dir: Option<std::path::PathBuf>,
-        /// Overwrite the output if it exists.
-        #[arg(short, long)]
-        force: bool,
+        #[command(flatten)]
+        out: OutputArgs,
         #[command(flatten)]
         dec: DecodeArgs,
         #[command(flatten)]
@@ -272,6 +271,37 @@ fn each(
     }
 }
 
+/// `compress` / `decompress` of their inputs with `convert(input, output, force)` (which returns
+/// the original's and the archive's sizes): a single directory with `-o` is mirrored
+/// ([`tree::mirror`]; never with force), anything else expanded ([`tree::expand`]) and done file
+/// by file ([`each`]), compressions followed by their total when there are several.
+fn convert_inputs(
+    inputs: &[std::path::PathBuf],
+    out: &OutputArgs,
+    wanted: Wanted,
+    convert: impl Fn(&Path, commands::Output<'_>, bool) -> Result<(u64, u64), String>,
+) -> Result<(), String> {
+    if let ([dir], Some(dest)) = (inputs, &out.output) {
+        if tree::is_dir(dir) {
+            return tree::mirror(dir, dest, wanted, |f, o| convert(f, o, false));
+        }
+    }
+    one_output(inputs, &out.output, "-o", EACH_OUTPUT)?;
+    let files = tree::expand(inputs, wanted)?;
+    commands::check_dir(out.output_dir.as_deref(), &files)?;
+    let mut totals = commands::Totals::default();
+    let done = each(&files, |f| {
+        let o = commands::Output::of(&out.output, &out.output_dir);
+        let (original, archive) = convert(f, o, out.force)?;
+        totals.add(original, archive);
+        Ok(())
+    });
+    if matches!(wanted, Wanted::Models) && files.len() > 1 {
+        eprintln!("{}", totals.line("files compressed"));
+    }
+    done
+}
+
 /// Runs the command line on `args` (the program's name first) and returns its exit status: 0
 /// done, 1 failed (the error printed on stderr), 2 a usage error (clap's message). It installs
 /// the process's Ctrl-C / SIGTERM / SIGHUP and SIGBUS handlers (temporary outputs are removed and
@@ -290,9 +320,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
     let result = match cli.command {
         Command::Compress {
             files,
-            output,
-            output_dir,
-            force,
+            out,
             checksum_chunk_bytes,
             gpu,
             verify,
@@ -306,54 +334,18 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
                 enc: &enc,
                 common: &common,
             };
-            let compress = |f: &Path, out: commands::Output<'_>, force: bool| {
-                commands::compress(f, out, force, &set)
-            };
-            match (&files[..], &output) {
-                ([dir], Some(dest)) if tree::is_dir(dir) => {
-                    tree::mirror(dir, dest, Wanted::Models, |f, out| compress(f, out, false))
-                }
-                _ => one_output(&files, &output, "-o", EACH_OUTPUT)
-                    .and_then(|()| tree::expand(&files, Wanted::Models))
-                    .and_then(|files| {
-                        commands::check_dir(output_dir.as_deref(), &files)?;
-                        let mut totals = commands::Totals::default();
-                        let done = each(&files, |f| {
-                            let out = commands::Output::of(&output, &output_dir);
-                            let (original, archive) = compress(f, out, force)?;
-                            totals.add(original, archive);
-                            Ok(())
-                        });
-                        if files.len() > 1 {
-                            eprintln!("{}", totals.line("files compressed"));
-                        }
-                        done
-                    }),
-            }
+            convert_inputs(&files, &out, Wanted::Models, |f, o, force| {
+                commands::compress(f, o, force, &set)
+            })
         }
         Command::Decompress {
             archives,
-            output,
-            output_dir,
-            force,
+            out,
             dec,
             common,
-        } => match (&archives[..], &output) {
-            ([dir], Some(dest)) if tree::is_dir(dir) => {
-                tree::mirror(dir, dest, Wanted::Archives, |a, out| {
-                    commands::decompress(a, out, false, &dec, &common)
-                })
-            }
-            _ => one_output(&archives, &output, "-o", EACH_OUTPUT)
-                .and_then(|()| tree::expand(&archives, Wanted::Archives))
-                .and_then(|archives| {
-                    commands::check_dir(output_dir.as_deref(), &archives)?;
-                    each(&archives, |a| {
-                        let out = commands::Output::of(&output, &output_dir);
-                        commands::decompress(a, out, force, &dec, &common).map(|_| ())
-                    })
-                }),
-        },
+        } => convert_inputs(&archives, &out, Wanted::Archives, |a, o, force| {
+            commands::decompress(a, o, force, &dec, &common)
+        }),
         Command::Info {
             archives,
             json,
