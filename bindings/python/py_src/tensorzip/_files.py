@@ -288,9 +288,10 @@ def save_dir(
     `.tz`, as `tensorzip decompress DIR -o OUT` restores them). Tensors go into shards in the
     dictionary's order, a new shard starting when the next tensor would pass the limit (a tensor
     larger than the limit gets a shard of its own). Each shard is written with `save_file`
-    (`metadata` in every one, `options` as `save_file`'s) under a hidden temporary name; only once
-    every shard is written are they renamed into place, then the index is written, so a save that
-    fails (a tensor it cannot store, a full disk, an interrupt) leaves the directory as it was. The
+    (`metadata` in every one, `options` as `save_file`'s) into a hidden temporary directory in
+    `dirname`, with the index; only once all are written are they renamed into place (the index
+    last), so a save that fails (a tensor it cannot store, a full disk, an interrupt) leaves the
+    directory as it was. The
     renames are not one atomic step: a crash between two of them, or a reader looking at that
     moment, can see new shards beside old ones. The directory is made if missing; files a previous
     save left under these names (`model.safetensors.tz`, other `model-*-of-*.safetensors.tz`, the
@@ -312,23 +313,11 @@ def save_dir(
         raise
 
 
-def _new_hidden(root: str, name: str) -> tuple[int, str]:
-    """A new file `.NAME.<random>.staged` in `root`, opened for writing: a name no other call
-    (thread or process) uses, with the permissions the umask gives a new file (not mkstemp's 0600:
-    a model directory is often shared)."""
-    import uuid
-
-    while True:
-        path = os.path.join(root, f".{name}.{uuid.uuid4().hex[:12]}.staged")
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
-        except FileExistsError:
-            continue
-
-
 def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: dict) -> list[str]:
     import json
     import re
+    import shutil
+    import tempfile
 
     shards: list[list[str]] = [[]]
     size = 0
@@ -345,37 +334,27 @@ def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: di
         files = ["model.safetensors"]
     else:
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    # Every shard under a hidden name unique to this call (threads and processes saving the same
-    # directory do not share one), renamed into place only once all of them are written.
-    staged: list[str] = []
+    # Every file of this save is written into a hidden directory of its own (threads and
+    # processes saving the same directory do not share one) and moved into place only once all of
+    # them are written.
+    stage = tempfile.mkdtemp(dir=root, prefix=".tensorzip-save-")
     try:
         for f, names in zip(files, shards):
-            fd, tmp = _new_hidden(root, f + ".tz")
-            os.close(fd)
-            staged.append(tmp)
-            save_file({k: tensors[k] for k in names}, tmp, metadata, **options)
-        index = "model.safetensors.index.json"
-        index_tmp = None
+            save_file({k: tensors[k] for k in names}, os.path.join(stage, f + ".tz"), metadata, **options)
+        written = [f + ".tz" for f in files]
         if len(shards) > 1:
+            index = "model.safetensors.index.json"
             doc = {"metadata": {"total_size": total}, "weight_map": {k: f for f, names in zip(files, shards) for k in names}}
-            fd, index_tmp = _new_hidden(root, index)
-            staged.append(index_tmp)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
+            with open(os.path.join(stage, index), "w", encoding="utf-8") as out:
                 json.dump(doc, out, indent=2, sort_keys=True)
                 out.write("\n")
                 out.flush()
                 os.fsync(out.fileno())
-        written = []
-        for f, tmp in zip(files, staged):
-            os.replace(tmp, os.path.join(root, f + ".tz"))
-            written.append(f + ".tz")
-        if index_tmp is not None:
-            os.replace(index_tmp, os.path.join(root, index))
             written.append(index)
+        for name in written:
+            os.replace(os.path.join(stage, name), os.path.join(root, name))
     finally:
-        for tmp in staged:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        shutil.rmtree(stage, ignore_errors=True)
     ours = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors\.tz|model\.safetensors\.index\.json")
     for entry in os.listdir(root):
         if ours.fullmatch(entry) and entry not in written:
