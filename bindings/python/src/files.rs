@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use cudarc::driver::DevicePtr;
-use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::archive::{
     parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
@@ -325,6 +325,7 @@ fn unchanged<T>(map: &MappedFile, shown: &str, result: PyResult<T>) -> PyResult<
 fn named(path: &str, e: tensorzip::Error) -> PyErr {
     match e {
         tensorzip::Error::Io(m) => PyOSError::new_err(format!("{path}: {m}")),
+        e @ tensorzip::Error::OutOfMemory { .. } => PyMemoryError::new_err(format!("{path}: {e}")),
         e => PyValueError::new_err(format!("{path}: {e}")),
     }
 }

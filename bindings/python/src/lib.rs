@@ -13,7 +13,7 @@ mod gpu;
 
 use std::sync::OnceLock;
 
-use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::blob::{BlobView, Scheme};
 use tensorzip::{CompressOptions, CpuEngine, DType};
@@ -24,6 +24,7 @@ pub(crate) fn to_py(e: tensorzip::Error) -> PyErr {
     match e {
         E::Io(m) => PyOSError::new_err(m),
         E::Engine(m) => PyRuntimeError::new_err(m),
+        E::OutOfMemory { .. } => PyMemoryError::new_err(format!("tensorzip: {e}")),
         E::InvalidOption(_) | E::InvalidInput(_) => PyValueError::new_err(e.to_string()),
         // Every problem with the bytes of a blob or file.
         e => PyValueError::new_err(format!("tensorzip: {e}")),

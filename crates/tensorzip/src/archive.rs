@@ -971,6 +971,10 @@ impl<'a> Archive<'a> {
             return truncated("archive index");
         }
         let n = u32_at(idx, 0) as usize;
+        if n == 0 {
+            // Every archive has at least the safetensors header's segment.
+            return corrupt("archive index lists no segments");
+        }
         let mut at = 4;
         let mut segments = Vec::new();
         let mut orig = 0u64;
@@ -1001,6 +1005,10 @@ impl<'a> Archive<'a> {
             }
             if (i == 0) != (kind == SegmentKind::Header) {
                 return corrupt("the first segment (and only it) must be the safetensors header");
+            }
+            if e.blob_len == 0 {
+                // A blob has at least its header.
+                return corrupt(format!("segment {i} has an empty blob"));
             }
             if nc != n_pieces(e.blob_len, piece) {
                 return corrupt(format!("segment {i} has {nc} checksums"));
@@ -1087,12 +1095,14 @@ impl<'a> Archive<'a> {
         } else {
             crc32_pieces(blob, self.checksum_piece_bytes as usize)?
         };
-        match got
-            .iter()
-            .zip(&self.segments[i].blob_crcs)
-            .position(|(a, b)| a != b)
-        {
-            None => Ok(()),
+        let stored = &self.segments[i].blob_crcs;
+        match got.iter().zip(stored).position(|(a, b)| a != b) {
+            None if got.len() == stored.len() => Ok(()),
+            None => Err(Error::Checksum(format!(
+                "segment {i}: {} blob checksums stored for {} pieces",
+                stored.len(),
+                got.len()
+            ))),
             Some(p) => Err(Error::Checksum(format!("segment {i}: blob piece {p}"))),
         }
     }
@@ -1260,9 +1270,12 @@ impl<'a> Archive<'a> {
 
     /// Decodes segment `i` into memory (checksums checked).
     pub fn decode_segment(&self, engine: &CpuEngine, i: usize) -> Result<Vec<u8>> {
-        // Only a length the blob itself confirms is allocated.
+        // Only a length the blob itself confirms is allocated — which can still be far more
+        // than the blob (constant chunks), so a refused allocation is an error, not an abort.
         self.check_segment(i)?;
-        let mut out = crate::fresh::with_capacity(self.segments[i].orig_len as usize);
+        let len = self.segments[i].orig_len;
+        let len = usize::try_from(len).map_err(|_| Error::OutOfMemory { bytes: len })?;
+        let mut out = crate::fresh::try_with_capacity(len)?;
         self.decode_segment_to(engine, i, &mut out, &|_| {})?;
         Ok(out)
     }

@@ -440,12 +440,18 @@ impl BlobLayout {
         }
     }
 
-    /// The directory entry of chunk `c`.
+    /// The directory entry of chunk `c` (an error past the last chunk, or for a stored blob).
     pub fn entry(&self, c: usize) -> Result<ChunkEntry> {
-        Ok(self.entries[c])
+        self.entries.get(c).copied().ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "chunk {c} of a blob with {} coded chunks",
+                self.entries.len()
+            ))
+        })
     }
 
-    /// The byte range of chunk `c`'s payload in the blob.
+    /// The byte range of chunk `c`'s payload in the blob (`c` must be below the number of
+    /// chunks, as [`BlobLayout::entry`] checks).
     pub fn payload_range(&self, c: usize) -> std::ops::Range<usize> {
         self.offsets[c]..self.offsets[c + 1]
     }

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use crate::blob::{BlobHeader, BlobView, ChunkEntry, PlaneMode, Scheme, SEL_CONST, SEL_RAW};
+use crate::blob::{BlobHeader, BlobView, ChunkEntry, PlaneMode, SEL_CONST, SEL_RAW};
 use crate::error::{corrupt, truncated, Error, Result};
 use crate::rans::decode::{DecodeSegment, DecodeTable, Decoder};
 use crate::rans::MAX_STASH;
@@ -619,13 +619,21 @@ impl<'a> TensorDecoder<'a> {
         out: &mut [u8],
         scratch: &mut DecodeScratch,
     ) -> Result<()> {
-        debug_assert_eq!(self.view.header.scheme, Scheme::Planes);
         let mut cur = Cursor::new(self, c)?;
-        debug_assert_eq!(out.len(), cur.len * self.view.header.planes());
+        self.chunk_output(&cur, out.len())?;
         scratch.planes.resize(self.scratch_len(), 0);
         let r = (0..cur.nb).try_for_each(|b| cur.decode_block(b, scratch, out));
         self.fence();
         r
+    }
+
+    /// Checks that a caller's buffer for `cur`'s chunk holds exactly the chunk's bytes.
+    fn chunk_output(&self, cur: &Cursor<'_, 'a>, got: usize) -> Result<()> {
+        let expected = cur.len * self.view.header.planes();
+        match got == expected {
+            true => Ok(()),
+            false => Err(Error::OutputSize { expected, got }),
+        }
     }
 
     /// After a chunk call's last block: orders the non-temporal stores of a streaming merge
@@ -649,11 +657,10 @@ impl<'a> TensorDecoder<'a> {
         scratch_a: &mut DecodeScratch,
         scratch_b: &mut DecodeScratch,
     ) -> Result<()> {
-        debug_assert_eq!(self.view.header.scheme, Scheme::Planes);
         let mut ca = Cursor::new(self, c)?;
-        let mut cb = Cursor::new(self, c + 1)?;
-        debug_assert_eq!(out_a.len(), ca.len * self.view.header.planes());
-        debug_assert_eq!(out_b.len(), cb.len * self.view.header.planes());
+        let mut cb = Cursor::new(self, c.saturating_add(1))?;
+        self.chunk_output(&ca, out_a.len())?;
+        self.chunk_output(&cb, out_b.len())?;
         scratch_a.planes.resize(self.scratch_len(), 0);
         scratch_b.planes.resize(self.scratch_len(), 0);
         let r = Self::blocks_pair(&mut ca, &mut cb, out_a, out_b, scratch_a, scratch_b);

@@ -208,7 +208,11 @@ impl CpuEngine {
     pub fn decompress(&self, blob: &[u8]) -> Result<Tensor> {
         let dec = TensorDecoder::new(blob)?;
         let h = dec.header().clone();
-        let mut data = crate::fresh::zeroed(h.nbytes() as usize);
+        // The size is the blob's claim (up to ~1.7 million times the blob's own, for constant
+        // chunks): a refused allocation is an error, not an abort.
+        let n =
+            usize::try_from(h.nbytes()).map_err(|_| Error::OutOfMemory { bytes: h.nbytes() })?;
+        let mut data = crate::fresh::try_zeroed(n)?;
         self.decode_all(&dec, &mut data, false)?;
         Ok(Tensor {
             dtype: h.dtype,

@@ -46,6 +46,14 @@ pub enum Error {
     /// A requested element range lies outside the tensor.
     #[error("element range {start}..{end} is outside a tensor of {numel} elements")]
     Range { start: u64, end: u64, numel: u64 },
+    /// The allocator refused a buffer for decoded bytes. A valid blob may describe a tensor far
+    /// larger than itself (a chunk of constant planes is one directory entry for up to 16 MiB of
+    /// output), so decoding untrusted input into new buffers can ask for more memory than the
+    /// machine has: this is that case, as an error rather than an abort. Callers who want a lower
+    /// bound check [`crate::blob::peek_header`]'s `nbytes()` first, or decode with
+    /// [`crate::CpuEngine::decompress_to`], whose memory is bounded whatever the size.
+    #[error("cannot allocate {bytes} bytes for the decoded data")]
+    OutOfMemory { bytes: u64 },
 }
 
 /// Result type of this crate.

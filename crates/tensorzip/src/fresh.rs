@@ -18,6 +18,8 @@
 //! in use again (2.0-2.3 advised); two threads 4.18 advised against 3.37 not. The advice stays on
 //! by default (a win on the machines without reporting, and on this one most of the time).
 
+use crate::error::{Error, Result};
+
 /// Buffers below this size are left alone (the allocator's heap, already touched, serves them).
 #[cfg(target_os = "linux")]
 const MIN_ADVISE: usize = 4 << 20;
@@ -42,6 +44,37 @@ pub fn with_capacity(n: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(n);
     advise(v.as_mut_ptr(), n);
     v
+}
+
+/// [`zeroed`] for a size that input bytes chose (a decoded tensor's): an allocation the allocator
+/// refuses is [`Error::OutOfMemory`] instead of an abort. Zeroed by the allocator (`calloc`: fresh
+/// pages from the kernel are not written twice), as `vec![0; n]` is.
+pub fn try_zeroed(n: usize) -> Result<Vec<u8>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let refused = || Error::OutOfMemory { bytes: n as u64 };
+    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| refused())?;
+    // SAFETY: the layout's size is n > 0, as `alloc_zeroed` requires.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(refused());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `[u8; n]` (alignment 1,
+    // size n = capacity), and its n bytes are initialised (zeroed); the Vec takes ownership.
+    let mut v = unsafe { Vec::from_raw_parts(ptr, n, n) };
+    advise(v.as_mut_ptr(), n);
+    Ok(v)
+}
+
+/// [`with_capacity`] for a size that input bytes chose: a refused allocation is
+/// [`Error::OutOfMemory`] instead of an abort.
+pub fn try_with_capacity(n: usize) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::OutOfMemory { bytes: n as u64 })?;
+    advise(v.as_mut_ptr(), n);
+    Ok(v)
 }
 
 #[cfg(target_os = "linux")]
@@ -75,6 +108,21 @@ mod tests {
             assert!(v.iter().all(|&b| b == 0));
             let w = super::with_capacity(n);
             assert!(w.is_empty() && w.capacity() >= n);
+            let v = super::try_zeroed(n).unwrap();
+            assert_eq!(v.len(), n);
+            assert!(v.iter().all(|&b| b == 0));
+            let w = super::try_with_capacity(n).unwrap();
+            assert!(w.is_empty() && w.capacity() >= n);
+        }
+    }
+
+    #[test]
+    fn sizes_no_allocator_gives_are_errors() {
+        // Past isize::MAX no layout exists; just under it no allocator has the memory.
+        for n in [usize::MAX, isize::MAX as usize, 1 << 62] {
+            let want = super::Error::OutOfMemory { bytes: n as u64 };
+            assert_eq!(super::try_zeroed(n).unwrap_err(), want);
+            assert_eq!(super::try_with_capacity(n).unwrap_err(), want);
         }
     }
 }

@@ -1323,6 +1323,66 @@ fn stored_blobs_that_lie_are_errors() {
     decode_everything(&b, "stored as coded");
 }
 
+/// The chunk calls check their arguments: a chunk past the last, a buffer of the wrong size and a
+/// stored blob (which has no chunks) are errors, not panics, in release builds too.
+#[test]
+fn chunk_calls_refuse_arguments_that_do_not_fit() {
+    let blob = coded_blob();
+    let dec = TensorDecoder::new(&blob).unwrap();
+    let h = dec.header().clone();
+    let n = h.n_chunks() as usize;
+    let cb = h.chunk_len(0) * h.planes();
+    let mut s = DecodeScratch::default();
+    let mut t = DecodeScratch::default();
+    let mut o = vec![0u8; cb];
+    assert!(matches!(
+        dec.decode_chunk(n, &mut o, &mut s),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        dec.decode_chunk(usize::MAX, &mut o, &mut s),
+        Err(Error::InvalidInput(_))
+    ));
+    for len in [0, cb - 1, cb + 1] {
+        let mut short = vec![0u8; len];
+        let e = dec.decode_chunk(0, &mut short, &mut s).unwrap_err();
+        assert_eq!(
+            e,
+            Error::OutputSize {
+                expected: cb,
+                got: len
+            }
+        );
+    }
+    let mut p = vec![0u8; cb];
+    assert!(dec
+        .decode_chunk_pair(0, &mut o, &mut p, &mut s, &mut t)
+        .is_ok());
+    let last = h.chunk_len(n as u64 - 1) * h.planes();
+    let mut q = vec![0u8; last];
+    assert!(matches!(
+        dec.decode_chunk_pair(n - 1, &mut o, &mut q, &mut s, &mut t),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        dec.decode_chunk_pair(0, &mut o, &mut p[1..], &mut s, &mut t),
+        Err(Error::OutputSize { .. })
+    ));
+    let stored = tensorzip::compress(
+        &common::random_bytes(301, 1),
+        DType::U8,
+        &[301],
+        &CompressOptions::default(),
+    )
+    .unwrap();
+    let dec = TensorDecoder::new(&stored).unwrap();
+    assert_eq!(dec.header().scheme, Scheme::Stored);
+    assert!(matches!(
+        dec.decode_chunk(0, &mut [0u8; 301], &mut s),
+        Err(Error::InvalidInput(_))
+    ));
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Archives.
 
@@ -1569,6 +1629,37 @@ fn hostile_archive_index_with_valid_crc() {
     b[entry_at[0] + 37..entry_at[0] + 41].copy_from_slice(&u32::MAX.to_le_bytes());
     reseal_index(&mut b);
     assert!(Archive::parse(&b).is_err());
+    // Hand-made archives of an original of 0 bytes whose sizes all agree: no segment at all, and
+    // one header segment with an empty blob (FORMAT.md section 9: n >= 1, blob_len >= 1).
+    let archive_of = |index: &[u8]| {
+        let mut b = ar[..ARCHIVE_HEADER_LEN].to_vec();
+        b[8..12].copy_from_slice(&0u32.to_le_bytes());
+        b[16..24].copy_from_slice(&0u64.to_le_bytes());
+        b[24..32].copy_from_slice(&(ARCHIVE_HEADER_LEN as u64).to_le_bytes());
+        b.extend_from_slice(index);
+        b.extend_from_slice(&crc32(index).to_le_bytes());
+        b
+    };
+    let e = Archive::parse(&archive_of(&0u32.to_le_bytes()))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains("no segments")),
+        "{e:?}"
+    );
+    let mut index = 1u32.to_le_bytes().to_vec();
+    index.push(0); // kind: the safetensors header
+    for field in [0u64, 0, ARCHIVE_HEADER_LEN as u64, 0] {
+        index.extend_from_slice(&field.to_le_bytes());
+    }
+    index.extend_from_slice(&0u32.to_le_bytes()); // orig_crc of no bytes
+    index.extend_from_slice(&1u32.to_le_bytes()); // one CRC (piece size 0)
+    index.extend_from_slice(&0u32.to_le_bytes());
+    let e = Archive::parse(&archive_of(&index)).err().unwrap();
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains("empty blob")),
+        "{e:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------
