@@ -1399,7 +1399,15 @@ impl GpuEngine {
                 (c.index, c.header.planes(), c.params, base, base + c.total)
             })
             .collect();
-        let host = &pinned.as_slice()?[..par_at + coded.len() * PARAM_U32];
+        let host = match pinned.as_slice() {
+            Ok(h) => &h[..par_at + coded.len() * PARAM_U32],
+            Err(e) => {
+                // The downloads into the page-locked buffer may still run: wait before it can
+                // be given back.
+                let _ = s.synchronize();
+                return Err(e.into());
+            }
+        };
         // Every step until the final synchronisation returns its error only after waiting for the
         // stream: the compaction and the downloads into the page-locked buffer may still run.
         let heads = (|| -> Result<Option<CudaSlice<u8>>> {

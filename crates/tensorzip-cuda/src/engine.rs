@@ -739,9 +739,17 @@ impl GpuEngine {
                     s.cu_stream(),
                 )
             }?;
-            p.done = Some(s.record_event(Some(
+            match s.record_event(Some(
                 cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-            ))?);
+            )) {
+                Ok(e) => p.done = Some(e),
+                Err(e) => {
+                    // Without the event the next user could not tell the copy still reads the
+                    // buffer: wait for it here.
+                    let _ = s.synchronize();
+                    return Err(e.into());
+                }
+            }
         }
         Ok((buf, r))
     }
@@ -797,6 +805,23 @@ impl GpuEngine {
     /// arrays and one launch that expands the tables.
     pub fn upload(&self, plan: &Plan) -> Result<DevicePlan> {
         let s = &self.stream;
+        // `tz_build_tables` reads each serialised table where its offset says: a plan is a value
+        // anyone can build (its fields are public), so this safe call checks that every table
+        // lies inside `table_bytes` (`lo`, `hi`, then a code for each of `lo..=hi`).
+        let tb = &plan.table_bytes;
+        for &o in &plan.table_offsets {
+            let o = o as usize;
+            let inside = match tb.get(o..o.saturating_add(2)) {
+                Some(&[lo, hi]) => hi < lo || o + 2 + ((hi - lo) as usize) < tb.len(),
+                _ => false,
+            };
+            if !inside {
+                return Err(Error::Unsupported(format!(
+                    "plan: a table at offset {o} runs past the {} table bytes",
+                    tb.len()
+                )));
+            }
+        }
         let trace = step_tracer(s, "gpu plan upload".into());
         // Each group's launch shape first; the descriptors are then staged in one pass straight
         // into page-locked memory (a 1 GiB tensor has 8192 of them) and their device addresses
@@ -982,6 +1007,17 @@ impl GpuEngine {
     /// until the stream has run the launch.
     pub unsafe fn launch(&self, dp: &mut DevicePlan, data: u64, out: u64) -> Result<()> {
         let s = &self.stream;
+        // What can fail without the device's doing (compiling or loading a kernel, a shared-memory
+        // size the GPU refuses) comes before anything is queued, so that such an error leaves no
+        // work reading `data` or writing `out` behind it.
+        let kernels: Vec<usize> = dp.groups.iter().map(|g| g.kernel).collect();
+        let fns = self.shared.decode.kernels(&self.ctx, &kernels)?;
+        let mut chosen = Vec::with_capacity(fns.len());
+        for (g, (one, pair)) in dp.groups.iter().zip(fns) {
+            let f = if g.split { pair } else { one };
+            f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
+            chosen.push(f);
+        }
         // The error words: no error, and the lowest failing chunk u32::MAX (all bytes 0xFF). A
         // plan's first launch finds them so (they were uploaded with it).
         if !std::mem::take(&mut dp.err_reset) {
@@ -1005,11 +1041,7 @@ impl GpuEngine {
                 )?;
             }
         }
-        let kernels: Vec<usize> = dp.groups.iter().map(|g| g.kernel).collect();
-        let fns = self.shared.decode.kernels(&self.ctx, &kernels)?;
-        for (g, (one, pair)) in dp.groups.iter().zip(fns) {
-            let f = if g.split { pair } else { one };
-            f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
+        for (g, f) in dp.groups.iter().zip(chosen) {
             let cfg = LaunchConfig {
                 grid_dim: (g.n.div_ceil(g.warps), 1, 1),
                 block_dim: (32 * g.warps * (1 + g.split as u32), 1, 1),
@@ -1156,7 +1188,12 @@ impl GpuEngine {
         let mut dp = self.upload(&plan)?;
         trace("uploaded");
         // SAFETY: the plan's addresses are absolute (bases 0), valid by the caller's promise.
-        unsafe { self.launch(&mut dp, 0, 0)? };
+        if let Err(e) = unsafe { self.launch(&mut dp, 0, 0) } {
+            // A launch that failed part of the way may have queued copies or kernels on the
+            // caller's buffers, which the caller may free once this returns: wait for them.
+            let _ = self.stream.synchronize();
+            return Err(e);
+        }
         trace("launched");
         self.check(&dp)?;
         trace("checked");

@@ -14,6 +14,13 @@ pub const SMEM_BLOCK_UNITS: u32 = 4096;
 /// (`RING_STASH` in `kernels/decode.cu`).
 pub const RING_STASH_BYTES: u32 = 2144;
 
+/// Units one merge group covers (`LANES × GROUP` in decode.cu): every lane of the merge loads its
+/// 16 units of a coded plane from the slot whether or not they lie inside the block, so a slot
+/// must be at least this long (with 32-unit slots, blocks of 32–128 units, the lanes past the
+/// block read up to 416 bytes past the last slot: other warps' buffers or past the block's
+/// shared memory).
+pub const MERGE_GROUP_UNITS: u32 = 512;
+
 /// One chunk, as the kernel sees it (layout shared with `struct ChunkDesc` in decode.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
@@ -144,7 +151,7 @@ impl Plan {
         for (k, g) in groups.iter_mut().enumerate() {
             g.kernel = k;
             g.unit_size = KERNELS[k].1;
-            g.slot_units = 32;
+            g.slot_units = MERGE_GROUP_UNITS;
         }
         let mut n_chunks = 0u32;
         // Room for every chunk in the group of its kernel, so that no vector grows while planning
@@ -305,6 +312,32 @@ mod tests {
     fn cacheable(l: &BlobLayout) -> u32 {
         let blocks = l.tables.iter().flatten().filter(|t| !t.is_single()).count();
         (blocks + l.cond.iter().flatten().count()) as u32
+    }
+
+    /// The merge's loads stay inside the warp's buffer for blobs of small blocks too.
+    #[test]
+    fn slots_hold_a_merge_group_whatever_the_blocks() {
+        let data = sample::weights(1, 10_001, DType::BF16, 7);
+        for block_units in [32, 64, 128, 256, 512, 1024] {
+            let opts = CompressOptions {
+                block_units,
+                ..CompressOptions::default()
+            };
+            let blob = compress(&data, DType::BF16, &[10_001], &opts).unwrap();
+            let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
+            let job = Job {
+                layout: &layout,
+                data_offset: 0,
+                out_offset: 0,
+            };
+            let plan = Plan::new(&[job]).unwrap();
+            for g in &plan.groups {
+                assert!(g.slot_units >= MERGE_GROUP_UNITS.max(block_units));
+                // The last slot's merge reads end inside the warp's buffer.
+                let last = g.n_slots.max(1) - 1;
+                assert!(last * g.slot_units + MERGE_GROUP_UNITS <= g.per_warp);
+            }
+        }
     }
 
     #[test]

@@ -221,21 +221,30 @@ impl GpuEngine {
         // The first piece that may reach into the current window.
         let mut first = 0usize;
         let n_windows = end.div_ceil(STAGE_BYTES as u64) as usize;
-        for k in 0..n_windows {
-            let w0 = (k * STAGE_BYTES) as u64;
-            let len = (end - w0).min(STAGE_BYTES as u64) as usize;
-            let b = k % STAGES;
-            if let Some(e) = done[b].take() {
-                e.synchronize()?;
+        let mut windows = || -> Result<()> {
+            for k in 0..n_windows {
+                let w0 = (k * STAGE_BYTES) as u64;
+                let len = (end - w0).min(STAGE_BYTES as u64) as usize;
+                let b = k % STAGES;
+                if let Some(e) = done[b].take() {
+                    e.synchronize()?;
+                }
+                let stage = &mut bufs[b].as_mut_slice()?[..len];
+                crcs.add(fill_window(stage, w0, pieces, &mut first, crc));
+                // SAFETY: `dst + w0 .. + len` lies inside the caller's range; the staging buffer
+                // is page-locked and not touched again until this copy's event has completed (or
+                // the stream has, below).
+                unsafe { result::memcpy_htod_async(dst + w0, &*stage, s.cu_stream())? };
+                done[b] = Some(s.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
             }
-            let stage = &mut bufs[b].as_mut_slice()?[..len];
-            crcs.add(fill_window(stage, w0, pieces, &mut first, crc));
-            // SAFETY: `dst + w0 .. + len` lies inside the caller's range; the staging buffer is
-            // page-locked and not touched again until this copy's event has completed.
-            unsafe { result::memcpy_htod_async(dst + w0, &*stage, s.cu_stream())? };
-            done[b] = Some(s.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
-        }
-        s.synchronize()?;
+            Ok(())
+        };
+        let queued = windows();
+        // Also after an error part of the way: copies already queued read the staging buffers,
+        // which the next transfer refills, and the caller's `dst` — wait for them first.
+        let synced = s.synchronize();
+        queued?;
+        synced?;
         Ok(crcs.finish())
     }
 
