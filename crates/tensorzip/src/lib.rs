@@ -17,6 +17,12 @@
 //! ```
 //!
 //! Decoding never panics on any input: truncated, corrupted or hostile bytes give an [`Error`].
+//! A valid blob can describe far more bytes than it holds (a chunk of constant planes is a
+//! 10-byte directory entry for up to 16 MiB), so the functions that allocate the decoded tensor
+//! ([`decompress`], [`CpuEngine::decompress`], `Archive::decode_segment`) allocate what the blob
+//! claims, and a claim the allocator refuses is [`Error::OutOfMemory`]. For untrusted input, check
+//! [`blob::peek_header`]'s `nbytes()` against a limit of your own first, decode into a buffer you
+//! own ([`CpuEngine::decompress_into`]) or stream ([`CpuEngine::decompress_to`]).
 
 // Loops over planes and lanes index several parallel arrays at once (modes, selectors, states, SIMD
 // registers); an explicit index reads better there than zipped iterators.
