@@ -1288,7 +1288,8 @@ impl GpuEngine {
             unsafe { self.launch(&mut dplan, dp, op)? };
             self.check(&dplan)?;
             if staged {
-                let mut data = vec![0u8; out_len as usize];
+                // The blobs' claimed sizes: a refused allocation is an error, not an abort.
+                let mut data = tensorzip::fresh::try_zeroed(out_len as usize)?;
                 // SAFETY: `dev_out` holds `out_len` bytes, the length of `data`.
                 unsafe { self.download_from(op, &mut data)? };
                 Some(data)
