@@ -14,13 +14,13 @@ use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyMemoryError, PyOSError
 use pyo3::prelude::*;
 use tensorzip::archive::{
     parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
-    ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
+    ArchiveWriter, BlobEncoder, Segment, SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::compare::{restore_difference, Compare};
 use tensorzip::mapped::{MappedFile, Spent};
 use tensorzip_cuda::encode::DeviceTensor;
 
-use crate::gpu::{engine_on, gpu_err, restoring};
+use crate::gpu::{engine_on, gpu_err, restoring, trim_after_file_call};
 use crate::{cpu, host, host_mut, to_py, OptionArgs};
 
 /// Writes `entries` — (name, safetensors dtype name, shape, host address, byte count) — and the
@@ -143,7 +143,7 @@ fn save_file_gpu(
     let opts = opts.options()?;
     let eng = engine_on(device, stream)?;
     let core = |e: tensorzip_cuda::Error| e.into_core();
-    restoring(|| {
+    let saved = restoring(|| {
         py.detach(|| -> PyResult<()> {
             let (head, segs) = plan_file(&entries, metadata.as_deref())?;
             write_atomically(&path, |f| {
@@ -223,7 +223,9 @@ fn save_file_gpu(
                 Ok(())
             })
         })
-    })
+    });
+    trim_after_file_call(&eng);
+    saved
 }
 
 /// The segments of a file being saved: segment 0 is the safetensors header, segment `i` tensor
@@ -259,6 +261,11 @@ pub struct ArchiveFile {
     entries: HashMap<String, Entry>,
     metadata: Option<Vec<(String, String)>>,
     path: String,
+    /// The index as it was at opening, which the entries and the sizes handed to the torch layer
+    /// (`info`) come from: every later parse must find it unchanged (a file rewritten in place
+    /// with another archive of the same length would otherwise have the GPU decoder write the new
+    /// index's byte counts into tensors sized by the old one).
+    index: Vec<Segment>,
 }
 
 impl ArchiveFile {
@@ -301,7 +308,15 @@ impl ArchiveFile {
 
     fn archive(&self) -> PyResult<Archive<'_>> {
         let ar = Archive::parse(&self.map).map_err(|e| named(&self.path, e));
-        unchanged(&self.map, &self.path, ar)
+        let ar = unchanged(&self.map, &self.path, ar)?;
+        if ar.segments != self.index {
+            return Err(PyOSError::new_err(format!(
+                "{}: the archive's index changed since it was opened (rewritten by another \
+                 process?)",
+                self.path
+            )));
+        }
+        Ok(ar)
     }
     fn entry(&self, name: &str) -> PyResult<&Entry> {
         self.entries
@@ -536,6 +551,7 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
             },
         );
     }
+    let index = ar.segments.clone();
     drop(ar);
     Ok(ArchiveFile {
         map,
@@ -543,6 +559,7 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
         entries,
         metadata,
         path: shown,
+        index,
     })
 }
 
@@ -671,7 +688,7 @@ impl ArchiveFile {
         let ar = self.archive()?;
         let path = &self.path;
         let eng = engine_on(device, stream)?;
-        restoring(|| {
+        let decoded = restoring(|| {
             py.detach(|| -> PyResult<()> {
                 // The blobs parsed on all cores, uploaded straight from the mapped file with their
                 // checksums taken on the way, decoded in one launch, the decoded bytes' CRC-32s
@@ -693,7 +710,9 @@ impl ArchiveFile {
                 }
                 unchanged(&self.map, path, done)
             })
-        })
+        });
+        trim_after_file_call(&eng);
+        decoded
     }
 }
 

@@ -43,14 +43,19 @@ pub(crate) fn restoring<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// The engine of device `ordinal` (created on first use, never dropped).
-pub(crate) fn engine(ordinal: usize) -> PyResult<Arc<GpuEngine>> {
+/// The engines made so far, by device ordinal.
+fn engines() -> PyResult<std::sync::MutexGuard<'static, HashMap<usize, Arc<GpuEngine>>>> {
     static ENGINES: OnceLock<Mutex<HashMap<usize, Arc<GpuEngine>>>> = OnceLock::new();
-    tensorzip_cuda::available().map_err(|e| PyRuntimeError::new_err(format!("CUDA: {e}")))?;
-    let mut m = ENGINES
+    ENGINES
         .get_or_init(Default::default)
         .lock()
-        .map_err(|_| PyRuntimeError::new_err("tensorzip GPU engine lock poisoned"))?;
+        .map_err(|_| PyRuntimeError::new_err("tensorzip GPU engine lock poisoned"))
+}
+
+/// The engine of device `ordinal` (created on first use, never dropped).
+pub(crate) fn engine(ordinal: usize) -> PyResult<Arc<GpuEngine>> {
+    tensorzip_cuda::available().map_err(|e| PyRuntimeError::new_err(format!("CUDA: {e}")))?;
+    let mut m = engines()?;
     if let Some(e) = m.get(&ordinal) {
         return Ok(e.clone());
     }
@@ -86,6 +91,22 @@ fn gpu_unavailable_reason() -> Option<String> {
 pub struct GpuBlob {
     blob: Option<DeviceBlob>,
     engine: GpuEngine,
+}
+
+impl Drop for GpuBlob {
+    /// A blob never downloaded (an exception between the encode and the download) is freed with
+    /// the engine's context current: cudarc frees on the blob's stream without making its context
+    /// current, and on torch's legacy default stream (handle 0) a thread with no current context
+    /// would fail the free (leaking the memory, and leaving an error that cudarc reports at the
+    /// next unrelated call).
+    fn drop(&mut self) {
+        if let Some(b) = self.blob.take() {
+            restoring(|| {
+                let _ = self.engine.context().bind_to_thread();
+                drop(b);
+            });
+        }
+    }
 }
 
 #[pymethods]
@@ -258,8 +279,38 @@ fn gpu_crc32(
     .map_err(gpu_err)
 }
 
+/// What the engine keeps in the device's memory pool after a file-level call (`load_file`,
+/// `save_file`, `safe_open` reads on a GPU): their batches are the size of a model, and a
+/// reserve that torch's allocator can neither use nor see would be a surprise; a few small calls'
+/// buffers stay, so that reading tensors one by one does not map memory again each time.
+pub(crate) const FILE_CALL_POOL_KEEP: u64 = 64 << 20;
+
+/// After a file-level GPU call on `eng`: the pool trimmed to [`FILE_CALL_POOL_KEEP`] (best
+/// effort: a failure only leaves the memory reserved, the call's result stands).
+pub(crate) fn trim_after_file_call(eng: &GpuEngine) {
+    let _ = restoring(|| eng.release_pool_memory(FILE_CALL_POOL_KEEP));
+}
+
+/// Gives the memory the GPU engines keep for reuse back to the driver
+/// (`tensorzip.release_gpu_memory`): the engine of device `device`, or of every device with
+/// `None`. Devices whose engine was never made have nothing to give back (none is made here).
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn gpu_release_memory(py: Python<'_>, device: Option<usize>) -> PyResult<()> {
+    let engs: Vec<Arc<GpuEngine>> = engines()?
+        .iter()
+        .filter(|(&d, _)| device.is_none_or(|want| want == d))
+        .map(|(_, e)| e.clone())
+        .collect();
+    for eng in engs {
+        restoring(|| py.detach(|| eng.release_pool_memory(0))).map_err(gpu_err)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GpuBlob>()?;
+    m.add_function(wrap_pyfunction!(gpu_release_memory, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_compress, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_decompress, m)?)?;

@@ -692,6 +692,39 @@ def test_an_archive_truncated_while_open_raises_instead_of_crashing(tmp_path):
     assert len(lines) == 4 and all(l.startswith("OSError") and "truncated while it was read" in l and "m.tz" in l for l in lines[:3]), r.stdout
 
 
+def test_an_archive_rewritten_in_place_while_open_raises(tmp_path):
+    """Another process rewrites an archive a reader has open with another archive of the same
+    length (here: one tensor's recorded CRC changed and the index sealed again). The reader sized
+    its tensors from the index it opened; it must not decode by the new one (on a GPU that would
+    write the new byte counts into tensors sized by the old), but raise an OSError naming the file."""
+    p = tmp_path / "m.tz"
+    torch.manual_seed(0)
+    tz.save_file({"a": torch.randn(64, 64), "b": torch.randn(64, 64)}, p)
+    data = bytearray(p.read_bytes())
+    (index_at,) = struct.unpack_from("<Q", data, 24)
+    at = index_at + 4
+    for _ in range(2):  # past the header's and the first tensor's entries
+        (n_crc,) = struct.unpack_from("<I", data, at + 37)
+        at += 41 + 4 * n_crc
+    data[at + 33] ^= 1  # the second tensor's orig_crc
+    struct.pack_into("<I", data, len(data) - 4, zlib.crc32(bytes(data[index_at:-4])))
+    with tz.safe_open(p) as f:
+        with open(p, "r+b") as w:
+            w.write(data)
+        for read in (lambda: f.get_tensor("a"), lambda: f.get_slice("b")[0:2]):
+            with pytest.raises(OSError, match="index changed since it was opened") as e:
+                read()
+            assert "m.tz" in str(e.value)
+
+
+def test_release_gpu_memory_without_a_gpu_engine():
+    """Nothing to give back where the GPU engine was never used (or cannot run): no error, no
+    engine made; a device that is not CUDA is refused."""
+    tz.release_gpu_memory()
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        tz.release_gpu_memory("cpu")
+
+
 def test_verify_file(gen, tmp_path):
     """verify_file checks and decodes an archive without writing anything; with `against` it
     compares the restore with the original and names the first differing byte."""

@@ -458,16 +458,13 @@ fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
 /// allocations come from) instead of returning it to the driver at every synchronisation: the
 /// encoder allocates its scratch and blobs per call, and unmapping and mapping gigabytes again cost
 /// ~20 ms per call on the H200. Best effort: without it the engine is only slower.
+/// [`GpuEngine::release_pool_memory`] gives it back.
 fn keep_pool_memory(ctx: &CudaContext) {
     use cudarc::driver::sys;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut threshold: u64 = u64::MAX;
-    // SAFETY: plain driver calls on this context's device; `pool` and `threshold` outlive them.
-    unsafe {
-        if ctx.bind_to_thread().is_ok()
-            && sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-                == sys::CUresult::CUDA_SUCCESS
-        {
+    if let Ok(pool) = default_pool(ctx) {
+        // SAFETY: a plain driver call on the device's default pool; `threshold` outlives it.
+        unsafe {
             let _ = sys::cuMemPoolSetAttribute(
                 pool,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
@@ -475,6 +472,16 @@ fn keep_pool_memory(ctx: &CudaContext) {
             );
         }
     }
+}
+
+/// The device's default memory pool (where the engine's stream-ordered allocations come from).
+fn default_pool(ctx: &CudaContext) -> Result<cudarc::driver::sys::CUmemoryPool> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    ctx.bind_to_thread()?;
+    // SAFETY: a plain driver call on this context's device; `pool` outlives it.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result()?;
+    Ok(pool)
 }
 
 /// How the decoder's warps share a chunk (docs/GPU.md, "Decode kernel").
@@ -785,6 +792,21 @@ impl GpuEngine {
     }
 
     /// The CUDA context.
+    /// Waits for the engine's stream, then gives the memory its freed buffers left in the
+    /// device's default pool back to the driver, down to `keep` bytes. The engine keeps freed
+    /// memory in that pool (see `keep_pool_memory`: a call allocates its scratch and blobs anew,
+    /// and mapping gigabytes again costs ~20 ms), so after a large call the process holds up to
+    /// that call's working set — memory other allocators (torch's caching allocator) cannot use
+    /// and do not count. Callers that are done with the GPU engine for a while call this.
+    pub fn release_pool_memory(&self, keep: u64) -> Result<()> {
+        self.stream.synchronize()?;
+        let pool = default_pool(&self.ctx)?;
+        // SAFETY: `pool` is the device's default pool; trimming releases only memory no
+        // allocation uses (the stream's frees have completed above).
+        unsafe { cudarc::driver::sys::cuMemPoolTrimTo(pool, keep as usize) }.result()?;
+        Ok(())
+    }
+
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

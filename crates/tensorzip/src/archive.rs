@@ -25,6 +25,10 @@ pub const ARCHIVE_HEADER_LEN: usize = 32;
 /// Bytes of one index entry before its blob checksums.
 const ENTRY_FIXED: usize = 1 + 8 * 4 + 4 + 4;
 
+/// The most bytes the header segment (the 8-byte length and the JSON) may have: the safetensors
+/// crate's limit on the JSON (100,000,000 bytes, which `plan_safetensors` inherits from it) plus 8.
+pub const MAX_SAFETENSORS_HEADER: u64 = 8 + 100_000_000;
+
 /// What a byte range of the original file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -1009,6 +1013,15 @@ impl<'a> Archive<'a> {
             if e.blob_len == 0 {
                 // A blob has at least its header.
                 return corrupt(format!("segment {i} has an empty blob"));
+            }
+            if kind == SegmentKind::Header && e.orig_len > MAX_SAFETENSORS_HEADER {
+                // Every reader decodes this segment into memory first: a claim past what any
+                // safetensors file can have (a few bytes of constant chunks can claim gigabytes)
+                // is refused before anything is allocated for it.
+                return corrupt(format!(
+                    "the safetensors header segment claims {} bytes (at most {MAX_SAFETENSORS_HEADER})",
+                    e.orig_len
+                ));
             }
             if nc != n_pieces(e.blob_len, piece) {
                 return corrupt(format!("segment {i} has {nc} checksums"));

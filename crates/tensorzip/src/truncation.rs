@@ -51,8 +51,10 @@ mod imp {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
-    /// Mappings registered at once (a reader holds one or two; more go unprotected).
-    const SLOTS: usize = 256;
+    /// Mappings registered at once (a reader holds one or two; more go unprotected). 4096: a
+    /// Python program may keep a `safe_open` reader per shard of many models open (256 before
+    /// 2026-12-05; 18 bytes of statics a slot, and the handler's scan only runs on a fault).
+    const SLOTS: usize = 4096;
     static START: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
     /// Zero: the slot is free.
     static LEN: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];

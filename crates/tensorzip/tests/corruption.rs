@@ -1596,6 +1596,15 @@ fn hostile_archive_index_with_valid_crc() {
         let total = a.original_len + (1 << 30);
         b[16..24].copy_from_slice(&total.to_le_bytes());
         reseal_index(&mut b);
+        if i == 0 {
+            // Past the safetensors header's own limit: refused by the parse.
+            let e = Archive::parse(&b).err().unwrap();
+            assert!(
+                matches!(e, Error::Corrupt(ref m) if m.contains("header segment")),
+                "{e:?}"
+            );
+            continue;
+        }
         let p = Archive::parse(&b).expect("sizes are consistent, the CRC is right");
         let (r, big) = largest_alloc(|| p.decode_segment(&ONE, i));
         assert!(r.is_err(), "segment {i}: decoded with a wrong length");
@@ -1629,6 +1638,26 @@ fn hostile_archive_index_with_valid_crc() {
     b[entry_at[0] + 37..entry_at[0] + 41].copy_from_slice(&u32::MAX.to_le_bytes());
     reseal_index(&mut b);
     assert!(Archive::parse(&b).is_err());
+    // The header segment at the limit is parsed (and fails later, at its blob's length); one byte
+    // more is refused by the parse.
+    for (extra, ok) in [(0u64, true), (1, false)] {
+        let mut b = ar.clone();
+        let new = tensorzip::archive::MAX_SAFETENSORS_HEADER + extra;
+        let grow = new - a.segments[0].orig_len;
+        b[entry_at[0] + 9..entry_at[0] + 17].copy_from_slice(&new.to_le_bytes());
+        for j in 1..n {
+            let off = a.segments[j].orig_offset + grow;
+            b[entry_at[j] + 1..entry_at[j] + 9].copy_from_slice(&off.to_le_bytes());
+        }
+        b[16..24].copy_from_slice(&(a.original_len + grow).to_le_bytes());
+        reseal_index(&mut b);
+        let p = Archive::parse(&b);
+        assert_eq!(p.is_ok(), ok, "{new}");
+        if let Ok(p) = p {
+            let (r, big) = largest_alloc(|| p.tensors(&ONE));
+            assert!(r.is_err() && big < 64 << 20, "{big}");
+        }
+    }
     // Hand-made archives of an original of 0 bytes whose sizes all agree: no segment at all, and
     // one header segment with an empty blob (FORMAT.md section 9: n >= 1, blob_len >= 1).
     let archive_of = |index: &[u8]| {

@@ -36,6 +36,7 @@ _WHERE = {
     "hash_tensor_with_crc32": "_codec",
     "gpu_available": "_core",
     "gpu_unavailable_reason": "_core",
+    "release_gpu_memory": "_core",
     "CompressedTensor": "_entropack",
     "CompressionConfig": "_entropack",
     "CompressionFallbackWarning": "_entropack",
@@ -80,6 +81,7 @@ __all__ = [
     "load",
     "load_dir",
     "load_file",
+    "release_gpu_memory",
     "safe_open",
     "save",
     "save_dir",
@@ -89,7 +91,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ._codec import blob_info, compress_tensor, compress_tensor_with_crc32, decompress_tensor, hash_tensor_with_crc32
-    from ._core import gpu_available, gpu_unavailable_reason
+    from ._core import gpu_available, gpu_unavailable_reason, release_gpu_memory
     from ._entropack import CompressedTensor, CompressionConfig, CompressionFallbackWarning, RawConfig, TensorZipConfig, compress, decompress
     from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_dir, save_file, verify_file
     from ._linear import CompressedLinear, compress_linears

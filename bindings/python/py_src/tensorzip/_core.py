@@ -145,6 +145,27 @@ def gpu_available() -> bool:
     return gpu_unavailable_reason() is None
 
 
+def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
+    """Gives back to the CUDA driver the device memory tensorzip's GPU engine keeps for reuse.
+
+    The engine allocates each call's buffers (blobs, scratch) from the device's memory pool and
+    keeps what it frees there, so that the next call does not map the memory again (~20 ms per
+    gigabyte). torch's caching allocator can neither use nor see that reserve. File-level calls
+    (`load_file`, `save_file`, `safe_open` reads onto a GPU) trim it to 64 MiB when they end;
+    after tensor-level calls (`compress_tensor` / `decompress_tensor` of CUDA tensors) it holds up
+    to the largest call's working set — a few times the tensor's size. Call this when done with
+    such calls for a while. `device`: one CUDA device, or None for every device tensorzip has used.
+    Does nothing where the GPU engine was never used."""
+    index = None
+    if device is not None:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"release_gpu_memory: {dev} is not a CUDA device")
+        index = cuda_index(dev)
+    if gpu_unavailable_reason() is None:
+        _native.gpu_release_memory(index)
+
+
 def stream_of(device: torch.device) -> int:
     """The handle of torch's current stream on `device`."""
     return torch.cuda.current_stream(device).cuda_stream
