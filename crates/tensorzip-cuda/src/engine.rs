@@ -791,7 +791,6 @@ impl GpuEngine {
         Ok(self.shared.encode.get_or_init(|| k))
     }
 
-    /// The CUDA context.
     /// Waits for the engine's stream, then gives the memory its freed buffers left in the
     /// device's default pool back to the driver, down to `keep` bytes. The engine keeps freed
     /// memory in that pool (see `keep_pool_memory`: a call allocates its scratch and blobs anew,
@@ -807,6 +806,7 @@ impl GpuEngine {
         Ok(())
     }
 
+    /// The CUDA context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
