@@ -15,7 +15,17 @@ pub fn crc32_pieces(data: &[u8], piece: usize) -> Result<Vec<u32>> {
             "checksum_chunk_bytes must be positive".into(),
         ));
     }
-    Ok(data.par_chunks(piece).map(crc32fast::hash).collect())
+    // Four bytes a piece: with small pieces the list can outgrow the data (pieces of 1 byte: 4x),
+    // so a list the allocator refuses is an error, not an abort.
+    let n = data.len().div_ceil(piece);
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+        bytes: (n as u64).saturating_mul(4),
+    })?;
+    data.par_chunks(piece)
+        .map(crc32fast::hash)
+        .collect_into_vec(&mut out);
+    Ok(out)
 }
 
 /// The streaming form of [`crc32_pieces`]: the same checksums from the bytes given in any number of
