@@ -325,6 +325,9 @@ impl<'a> TensorEncoder<'a> {
         }
         let rans_len = payload.len() - sel_len;
         if self.streaming {
+            // The stream's words were stored non-temporally; `extend` may reallocate (copy
+            // them), so they are fenced first, as the intrinsics' contract asks.
+            crate::streaming::fence();
             crate::streaming::extend(payload, &area[..kept]);
             crate::streaming::fence();
         } else {

@@ -387,7 +387,7 @@ pub fn streaming_fence() {
 /// `merge_streaming` and before the output is handed to anyone (the decoder does so once per chunk
 /// call). One fence per 4096-unit block instead cost a bf16 decode of a 64 MiB tensor on one
 /// thread 4-8% (2026-12-03, docs/DESIGN.md, "CPU engine").
-pub fn merge_streaming(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
+pub(crate) fn merge_streaming(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx2() {
         let e = match t {

@@ -1,7 +1,7 @@
 //! The interleaved rANS decoder: a portable scalar path and an AVX2 path chosen at run time.
 //!
 //! Safety against hostile streams: table lookups are masked to 12 bits, every word read is bounds
-//! checked (the AVX2 path only runs while 64 bytes remain, which covers the most a step of 32 lanes can
+//! checked (the AVX2 path only runs while 64 bytes per segment remain, which covers the most a step of 32 lanes can
 //! read; the AVX-512 path too, and it takes a stream's last words from a zero-padded copy, where a
 //! step that moves past them is the stream ending early), and the end-of-stream checks (all states
 //! back at `2^16`, all words read) reject streams that do not decode to exactly what an encoder
@@ -9,7 +9,7 @@
 
 use super::table::RankedDecodeTable;
 use super::{LANES, MAX_STASH, PROB_BITS, PROB_SCALE, STATE_BYTES, STATE_LOWER};
-use crate::error::{corrupt, Result};
+use crate::error::{corrupt, Error, Result};
 
 /// The decoder's tables of one frequency table ([`super::table::FreqTable::decode_table`]).
 pub struct DecodeTable {
@@ -119,6 +119,19 @@ fn step(x: u32, e: u32) -> u32 {
     ((e >> 8) & 0xFFF) * (x >> PROB_BITS) + (e >> 20)
 }
 
+/// Every segment's output must hold the block's `len` symbols: the SIMD steps store 8 or 16 bytes
+/// per lane and step without a bounds check of their own (the decoder's callers size them so;
+/// this keeps a public caller who does not from writing past a slice).
+fn room_for(segs: &[DecodeSegment<'_, '_>], len: usize) -> Result<()> {
+    match segs.iter().find(|s| s.out.len() < len) {
+        None => Ok(()),
+        Some(s) => Err(Error::OutputSize {
+            expected: len,
+            got: s.out.len(),
+        }),
+    }
+}
+
 impl<'a> Decoder<'a> {
     /// Starts decoding `stream` (states, then words).
     pub fn new(stream: &'a [u8]) -> Result<Self> {
@@ -191,6 +204,7 @@ impl<'a> Decoder<'a> {
 
     /// Decodes one block: `len` symbols of every segment (each `out` holds at least `len` bytes).
     pub fn decode_block(&mut self, segs: &mut [DecodeSegment<'_, '_>], len: usize) -> Result<()> {
+        room_for(segs, len)?;
         self.used |= len > 0 && !segs.is_empty();
         let done = simd_rounds(self, segs, len, 0)?;
         self.decode_block_scalar(segs, len, done)
@@ -206,6 +220,8 @@ impl<'a> Decoder<'a> {
         b: (&mut Decoder<'_>, &mut [DecodeSegment<'_, '_>], usize),
     ) -> Result<()> {
         let ((da, sa, la), (db, sb, lb)) = (a, b);
+        room_for(sa, la)?;
+        room_for(sb, lb)?;
         da.used |= la > 0 && !sa.is_empty();
         db.used |= lb > 0 && !sb.is_empty();
         let both = simd_rounds_pair(da, sa, la, db, sb, lb);

@@ -40,7 +40,7 @@ pub struct EncoderScratch {
 /// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
 /// in its table. With `streaming`, the words are appended past the caches
 /// (`crate::streaming::extend`; the caller fences).
-pub fn encode_stream(
+pub(crate) fn encode_stream(
     blocks: &[BlockJob<'_>],
     stash: &[u8],
     scratch: &mut EncoderScratch,
@@ -107,6 +107,12 @@ fn encode_group(
     mut pos: usize,
 ) -> usize {
     let len = group[0].syms.len();
+    // The SIMD steps read every sequence's symbols and write words by this length unchecked:
+    // a group's sequences are one block's planes, all of one length (checked once a group).
+    assert!(
+        group.iter().all(|s| s.syms.len() == len),
+        "a group's sequences differ in length"
+    );
     let full = len / LANES;
     if !len.is_multiple_of(LANES) {
         for seq in group.iter().rev() {
