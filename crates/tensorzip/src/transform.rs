@@ -368,7 +368,7 @@ unsafe fn split4_wide<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
 
 /// Orders the non-temporal stores of earlier [`merge_streaming`] calls of this thread before its
 /// later stores (a store fence; nothing where no such stores are made).
-pub fn streaming_fence() {
+pub(crate) fn streaming_fence() {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sfence` is part of SSE, which every x86_64 CPU has; it only orders stores.
     unsafe {
