@@ -147,6 +147,13 @@ impl GpuBlob {
 
     /// CRC-32 (zlib) of each `piece` bytes of the blob, computed on the GPU.
     fn crc32(&self, py: Python<'_>, piece: u64) -> PyResult<Vec<u32>> {
+        if piece == 0 {
+            // As `gpu_crc32` and the CPU's `crc32_pieces` (the GPU's piece 0 would mean one
+            // CRC of everything, another semantics).
+            return Err(PyValueError::new_err(
+                "checksum_chunk_bytes must be positive",
+            ));
+        }
         let Some(b) = self.blob.as_ref() else {
             return Err(PyValueError::new_err("blob already downloaded"));
         };
