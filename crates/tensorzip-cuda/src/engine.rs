@@ -1311,7 +1311,7 @@ impl GpuEngine {
             self.check(&dplan)?;
             if staged {
                 // The blobs' claimed sizes: a refused allocation is an error, not an abort.
-                let mut data = tensorzip::fresh::try_zeroed(out_len as usize)?;
+                let mut data = tensorzip::fresh::try_zeroed(out_len)?;
                 // SAFETY: `dev_out` holds `out_len` bytes, the length of `data`.
                 unsafe { self.download_from(op, &mut data)? };
                 Some(data)

@@ -1286,9 +1286,7 @@ impl<'a> Archive<'a> {
         // Only a length the blob itself confirms is allocated — which can still be far more
         // than the blob (constant chunks), so a refused allocation is an error, not an abort.
         self.check_segment(i)?;
-        let len = self.segments[i].orig_len;
-        let len = usize::try_from(len).map_err(|_| Error::OutOfMemory { bytes: len })?;
-        let mut out = crate::fresh::try_with_capacity(len)?;
+        let mut out = crate::fresh::try_with_capacity(self.segments[i].orig_len)?;
         self.decode_segment_to(engine, i, &mut out, &|_| {})?;
         Ok(out)
     }

@@ -210,9 +210,7 @@ impl CpuEngine {
         let h = dec.header().clone();
         // The size is the blob's claim (up to ~1.7 million times the blob's own, for constant
         // chunks): a refused allocation is an error, not an abort.
-        let n =
-            usize::try_from(h.nbytes()).map_err(|_| Error::OutOfMemory { bytes: h.nbytes() })?;
-        let mut data = crate::fresh::try_zeroed(n)?;
+        let mut data = crate::fresh::try_zeroed(h.nbytes())?;
         self.decode_all(&dec, &mut data, false)?;
         Ok(Tensor {
             dtype: h.dtype,

@@ -46,14 +46,20 @@ pub fn with_capacity(n: usize) -> Vec<u8> {
     v
 }
 
+/// The size `n` (a claim read from input bytes) as a `usize`, or [`Error::OutOfMemory`].
+fn claimed(n: u64) -> Result<usize> {
+    usize::try_from(n).map_err(|_| Error::OutOfMemory { bytes: n })
+}
+
 /// [`zeroed`] for a size that input bytes chose (a decoded tensor's): an allocation the allocator
 /// refuses is [`Error::OutOfMemory`] instead of an abort. Zeroed by the allocator (`calloc`: fresh
 /// pages from the kernel are not written twice), as `vec![0; n]` is.
-pub fn try_zeroed(n: usize) -> Result<Vec<u8>> {
+pub fn try_zeroed(n: u64) -> Result<Vec<u8>> {
+    let refused = || Error::OutOfMemory { bytes: n };
+    let n = claimed(n)?;
     if n == 0 {
         return Ok(Vec::new());
     }
-    let refused = || Error::OutOfMemory { bytes: n as u64 };
     let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| refused())?;
     // SAFETY: the layout's size is n > 0, as `alloc_zeroed` requires.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -69,10 +75,11 @@ pub fn try_zeroed(n: usize) -> Result<Vec<u8>> {
 
 /// [`with_capacity`] for a size that input bytes chose: a refused allocation is
 /// [`Error::OutOfMemory`] instead of an abort.
-pub fn try_with_capacity(n: usize) -> Result<Vec<u8>> {
+pub fn try_with_capacity(n: u64) -> Result<Vec<u8>> {
+    let refused = Error::OutOfMemory { bytes: n };
+    let n = claimed(n)?;
     let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| Error::OutOfMemory { bytes: n as u64 })?;
+    v.try_reserve_exact(n).map_err(|_| refused)?;
     advise(v.as_mut_ptr(), n);
     Ok(v)
 }
@@ -108,10 +115,10 @@ mod tests {
             assert!(v.iter().all(|&b| b == 0));
             let w = super::with_capacity(n);
             assert!(w.is_empty() && w.capacity() >= n);
-            let v = super::try_zeroed(n).unwrap();
+            let v = super::try_zeroed(n as u64).unwrap();
             assert_eq!(v.len(), n);
             assert!(v.iter().all(|&b| b == 0));
-            let w = super::try_with_capacity(n).unwrap();
+            let w = super::try_with_capacity(n as u64).unwrap();
             assert!(w.is_empty() && w.capacity() >= n);
         }
     }
@@ -119,8 +126,8 @@ mod tests {
     #[test]
     fn sizes_no_allocator_gives_are_errors() {
         // Past isize::MAX no layout exists; just under it no allocator has the memory.
-        for n in [usize::MAX, isize::MAX as usize, 1 << 62] {
-            let want = super::Error::OutOfMemory { bytes: n as u64 };
+        for n in [u64::MAX, isize::MAX as u64, 1 << 62] {
+            let want = super::Error::OutOfMemory { bytes: n };
             assert_eq!(super::try_zeroed(n).unwrap_err(), want);
             assert_eq!(super::try_with_capacity(n).unwrap_err(), want);
         }
