@@ -86,6 +86,17 @@ fn gpu_unavailable_reason() -> Option<String> {
     tensorzip_cuda::available().err()
 }
 
+/// The piece size of a CRC-32 list asked from Python: positive, as the CPU's `crc32_pieces` wants
+/// (the GPU engine's piece 0 means one CRC of everything, the archive's semantics, not cuZipNN's).
+fn positive_piece(piece: u64) -> PyResult<()> {
+    match piece {
+        0 => Err(PyValueError::new_err(
+            "checksum_chunk_bytes must be positive",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A blob the GPU encoder produced, still in device memory: its length, then its download.
 #[pyclass(module = "tensorzip._tensorzip")]
 pub struct GpuBlob {
@@ -147,13 +158,7 @@ impl GpuBlob {
 
     /// CRC-32 (zlib) of each `piece` bytes of the blob, computed on the GPU.
     fn crc32(&self, py: Python<'_>, piece: u64) -> PyResult<Vec<u32>> {
-        if piece == 0 {
-            // As `gpu_crc32` and the CPU's `crc32_pieces` (the GPU's piece 0 would mean one
-            // CRC of everything, another semantics).
-            return Err(PyValueError::new_err(
-                "checksum_chunk_bytes must be positive",
-            ));
-        }
+        positive_piece(piece)?;
         let Some(b) = self.blob.as_ref() else {
             return Err(PyValueError::new_err("blob already downloaded"));
         };
@@ -271,11 +276,7 @@ fn gpu_crc32(
     len: u64,
     piece: u64,
 ) -> PyResult<Vec<u32>> {
-    if piece == 0 {
-        return Err(PyValueError::new_err(
-            "checksum_chunk_bytes must be positive",
-        ));
-    }
+    positive_piece(piece)?;
     let eng = on(device, stream)?;
     restoring(|| {
         py.detach(|| {
