@@ -175,7 +175,7 @@ def _check_sub_chunk(sub_chunk_bytes) -> None:
 
 def _target_device(blob: torch.Tensor, device) -> torch.device:
     if device is not None:
-        return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        return _core.as_device(device)
     if blob.is_cuda:
         return blob.device
     if torch.cuda.is_available():

@@ -145,6 +145,11 @@ def gpu_available() -> bool:
     return gpu_unavailable_reason() is None
 
 
+def as_device(device: str | int | torch.device) -> torch.device:
+    """A device argument as torch reads it, an int being that CUDA device."""
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
 def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
     """Gives back to the CUDA driver the device memory tensorzip's GPU engine keeps for reuse.
 
@@ -158,7 +163,7 @@ def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
     Does nothing where the GPU engine was never used."""
     index = None
     if device is not None:
-        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        dev = as_device(device)
         if dev.type != "cuda":
             raise ValueError(f"release_gpu_memory: {dev} is not a CUDA device")
         index = cuda_index(dev)

@@ -201,7 +201,7 @@ class CompressedTensor:
         return self.to("cpu")
 
     def cuda(self, device=None) -> "CompressedTensor":
-        return self.to(torch.device("cuda") if device is None else torch.device("cuda", device) if isinstance(device, int) else device)
+        return self.to(torch.device("cuda") if device is None else _core.as_device(device))
 
     def state_dict(self, leaf: str | None = None) -> dict[str, torch.Tensor]:
         """The compressed tensor as a one-tensor dictionary under `leaf`."""

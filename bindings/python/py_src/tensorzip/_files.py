@@ -128,7 +128,7 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
             raise ValueError(f"framework {framework!r} is not supported (only 'pt')")
         self._name = os.fsdecode(filename)
         self._handle: _native.ArchiveFile | None = _native.open_archive(self._name)
-        self._device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        self._device = _core.as_device(device)
 
     @property
     def _file(self):
