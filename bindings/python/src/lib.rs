@@ -113,16 +113,23 @@ impl OptionArgs {
 
 /// Bytes owned by Rust, handed to Python without a copy: the torch layer wraps `ptr()` in a
 /// ctypes array that keeps this object alive, and `torch.frombuffer` makes a tensor of it.
+///
+/// That tensor is writable (torch gives no read-only CPU tensors), so the address handed out is
+/// taken once from `Vec::as_mut_ptr` while the vector is still uniquely owned, and Rust never
+/// reads or writes the bytes again (only the vector's length, and its drop): a pointer from
+/// `as_ptr` must never be written through.
 #[pyclass(module = "tensorzip._tensorzip", frozen)]
 pub struct RustBytes {
     data: Vec<u8>,
+    /// `data.as_mut_ptr()` as taken in `new`; the buffer never moves or grows after that.
+    addr: usize,
 }
 
 #[pymethods]
 impl RustBytes {
-    /// Address of the first byte.
+    /// Address of the first byte (writable for `__len__` bytes while this object lives).
     fn ptr(&self) -> usize {
-        self.data.as_ptr() as usize
+        self.addr
     }
     fn __len__(&self) -> usize {
         self.data.len()
@@ -130,8 +137,9 @@ impl RustBytes {
 }
 
 impl RustBytes {
-    pub(crate) fn new(data: Vec<u8>) -> RustBytes {
-        RustBytes { data }
+    pub(crate) fn new(mut data: Vec<u8>) -> RustBytes {
+        let addr = data.as_mut_ptr() as usize;
+        RustBytes { data, addr }
     }
 }
 
