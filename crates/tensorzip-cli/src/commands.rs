@@ -384,7 +384,7 @@ pub fn info(paths: &[PathBuf], json: bool, common: &Common) -> Result<(), String
         totals.add(described.original_bytes, described.archive_bytes);
     }
     if !json && paths.len() > 1 {
-        print_out(&format!("{}\n", totals.line("archives")))?;
+        print_out(&format!("{}\n", totals.line("archives", paths.len())))?;
     }
     if json {
         let doc = match docs.len() {
@@ -410,29 +410,45 @@ pub struct Totals {
 }
 
 impl Totals {
+    /// How many files were added.
+    pub fn files(&self) -> usize {
+        self.files
+    }
+
     pub fn add(&mut self, original: u64, compressed: u64) {
         self.files += 1;
         self.original += original;
         self.compressed += compressed;
     }
 
-    /// "all 3 archives restored: 66 -> 100 bytes" (the sizes in the direction of the work).
-    pub fn restored_line(&self) -> String {
+    /// "all 3 archives restored: 66 -> 100 bytes" (the sizes in the direction of the work), or
+    /// "2 of 3 archives restored: …" when `of` inputs were given and some failed.
+    pub fn restored_line(&self, of: usize) -> String {
         format!(
-            "all {} archives restored: {} -> {} bytes",
-            self.files, self.compressed, self.original
+            "{} archives restored: {} -> {} bytes",
+            self.count(of),
+            self.compressed,
+            self.original
         )
     }
 
-    /// "all 3 archives: 100 -> 66 bytes (66.00%)".
-    pub fn line(&self, what: &str) -> String {
+    /// "all 3 archives: 100 -> 66 bytes (66.00%)", or "2 of 3 archives: …" when `of` inputs were
+    /// given and some failed (the sizes are those of the ones done).
+    pub fn line(&self, what: &str, of: usize) -> String {
         format!(
-            "all {} {what}: {} -> {} bytes ({:.2}%)",
-            self.files,
+            "{} {what}: {} -> {} bytes ({:.2}%)",
+            self.count(of),
             self.original,
             self.compressed,
             self.compressed as f64 / self.original.max(1) as f64 * 100.0
         )
+    }
+
+    fn count(&self, of: usize) -> String {
+        match of.max(self.files) {
+            all if all == self.files => format!("all {all}"),
+            of => format!("{} of {of}", self.files),
+        }
     }
 }
 

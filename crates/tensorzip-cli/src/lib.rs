@@ -274,7 +274,8 @@ fn each(
 /// `compress` / `decompress` of their inputs with `convert(input, output, force)` (which returns
 /// the original's and the archive's sizes): a single directory with `-o` is mirrored
 /// ([`tree::mirror`]; never with force), anything else expanded ([`tree::expand`]) and done file
-/// by file ([`each`]), compressions followed by their total when there are several.
+/// by file ([`each`]), followed by their total when there are several ("2 of 3" where some
+/// failed).
 fn convert_inputs(
     inputs: &[std::path::PathBuf],
     out: &OutputArgs,
@@ -296,8 +297,14 @@ fn convert_inputs(
         totals.add(original, archive);
         Ok(())
     });
-    if matches!(wanted, Wanted::Models) && files.len() > 1 {
-        eprintln!("{}", totals.line("files compressed"));
+    if files.len() > 1 {
+        eprintln!(
+            "{}",
+            match wanted {
+                Wanted::Models => totals.line("files compressed", files.len()),
+                Wanted::Archives => totals.restored_line(files.len()),
+            }
+        );
     }
     done
 }

@@ -444,8 +444,8 @@ pub fn mirror(
     }
     staged.commit()?;
     let line = match wanted {
-        Wanted::Models => totals.line("files compressed"),
-        Wanted::Archives => totals.restored_line(),
+        Wanted::Models => totals.line("files compressed", totals.files()),
+        Wanted::Archives => totals.restored_line(totals.files()),
     };
     eprintln!(
         "{} -> {}: {line}; {copied} other files copied ({copied_bytes} bytes)",

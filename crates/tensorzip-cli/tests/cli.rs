@@ -377,7 +377,7 @@ fn several_inputs_in_one_command() {
     // The sizes of the two done, together, before the failure count.
     let total = err
         .lines()
-        .find(|l| l.starts_with("all 2 files compressed: "))
+        .find(|l| l.starts_with("2 of 3 files compressed: "))
         .unwrap_or_else(|| panic!("no total line: {err}"));
     let twice = 2 * model.len();
     assert!(total.contains(&format!(": {twice} -> ")), "{total}");
@@ -390,16 +390,22 @@ fn several_inputs_in_one_command() {
         )
         .unwrap();
     }
-    ok(
-        &tz(
-            d,
-            &[
-                "decompress",
-                "shard-1.safetensors.tz",
-                "shard-2.safetensors.tz",
-            ],
-        ),
-        "decompress two archives",
+    let o = tz(
+        d,
+        &[
+            "decompress",
+            "shard-1.safetensors.tz",
+            "shard-2.safetensors.tz",
+        ],
+    );
+    ok(&o, "decompress two archives");
+    let restored = format!(" -> {} bytes", model.len() + other.len());
+    assert!(
+        stderr(&o)
+            .lines()
+            .any(|l| l.starts_with("all 2 archives restored: ") && l.ends_with(&restored)),
+        "{}",
+        stderr(&o)
     );
     for (f, want) in [("shard-1", &model), ("shard-2", &other)] {
         let got = std::fs::read(d.join(format!("{f}.safetensors"))).unwrap();
