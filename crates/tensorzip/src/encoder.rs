@@ -197,6 +197,10 @@ impl<'a> TensorEncoder<'a> {
     }
 
     /// Encodes chunk `c`: its payload replaces the contents of `payload`; returns its directory entry.
+    ///
+    /// # Panics
+    /// If `c >= self.n_chunks()` (a stored encoder has no chunks), as slice indexing does: the
+    /// engines only ask for chunks in `0..n_chunks()`.
     pub fn encode_chunk(
         &self,
         c: u64,
@@ -208,7 +212,7 @@ impl<'a> TensorEncoder<'a> {
     }
 
     /// Encodes chunk `c` and appends its payload to `out` (whose bytes before stay as they are);
-    /// returns its directory entry. The in-memory compress codes a blob's chunks straight into
+    /// returns its directory entry. Panics as [`TensorEncoder::encode_chunk`] does. The in-memory compress codes a blob's chunks straight into
     /// the blob this way, without a payload buffer to copy from.
     pub fn encode_chunk_append(
         &self,
@@ -216,12 +220,14 @@ impl<'a> TensorEncoder<'a> {
         scratch: &mut ChunkScratch,
         out: &mut Vec<u8>,
     ) -> ChunkEntry {
+        let n = self.n_chunks();
+        assert!(c < n, "encode_chunk: chunk {c} of a tensor of {n} chunks");
         let base = out.len();
         let payload = out;
         let model = self
             .model
             .as_ref()
-            .expect("encode_chunk on a Planes encoder");
+            .expect("a tensor with chunks has a model");
         let h = &self.header;
         let ch = self.chunk(c);
         let (us, len, nb) = (ch.us, ch.len, ch.nb);

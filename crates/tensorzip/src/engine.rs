@@ -560,8 +560,15 @@ impl CpuEngine {
         }
         enc.write_prefix(out);
         let (dir_pos, dir_len) = (out.len(), n * h.dir_entry_len());
-        out.resize(dir_pos + dir_len, 0);
         let stored_len = stored_header(h.dtype, &h.shape).encoded_len() + data.len();
+        // Tiny chunks (`chunk_bytes` 8 gives a directory of 1.25-3 times the data): when the
+        // header, tables and directory alone reach a stored blob's length the blob is stored
+        // whatever its payloads, so neither the directory nor the chunks are made.
+        if dir_pos + dir_len >= stored_len {
+            write_stored(out);
+            return Ok(());
+        }
+        out.resize(dir_pos + dir_len, 0);
         // Codes chunks `from..to` into `buf` and their directory entries into `dir`; stops early
         // once `buf` reaches the stored blob's length (the blob will be stored: the directory
         // then lacks entries).
@@ -739,9 +746,18 @@ impl CpuEngine {
         }
         let mut prefix = Vec::new();
         enc.write_prefix(&mut prefix);
-        w.write_all(&prefix).map_err(io)?;
         let n = h.n_chunks() as usize;
         let entry_len = h.dir_entry_len();
+        let stored_len = (stored_header(h.dtype, &h.shape).encoded_len() + data.len()) as u64;
+        // As in `compress_into`: a prefix and directory that reach a stored blob's length make the
+        // blob stored before any chunk is coded (and before the directory is held in memory).
+        if (prefix.len() + n * entry_len) as u64 >= stored_len {
+            if let Some(crc) = crc {
+                crc.update(data);
+            }
+            return write_stored(w);
+        }
+        w.write_all(&prefix).map_err(io)?;
         let dir_pos = start + prefix.len() as u64;
         w.seek(SeekFrom::Current((n * entry_len) as i64))
             .map_err(io)?;
@@ -807,7 +823,6 @@ impl CpuEngine {
         }
         keep_some(&mut pool);
         *self.payloads.lock().unwrap_or_else(|e| e.into_inner()) = pool;
-        let stored_len = (stored_header(h.dtype, &h.shape).encoded_len() + data.len()) as u64;
         if total >= stored_len {
             return write_stored(w);
         }

@@ -61,7 +61,7 @@ pub use checksum::{crc32, crc32_pieces, DEFAULT_CHECKSUM_CHUNK_BYTES};
 pub use dtype::DType;
 pub use engine::{CpuEngine, Tensor};
 pub use error::{Error, Result};
-pub use options::{CompressOptions, Condition};
+pub use options::{CompressOptions, Condition, MAX_SAMPLED_UNITS, MAX_SAMPLE_BLOCKS};
 
 /// Compresses a tensor's bytes on all cores (see [`CpuEngine::compress`]).
 pub fn compress(

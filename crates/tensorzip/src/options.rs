@@ -20,7 +20,8 @@ pub struct CompressOptions {
     pub min_compress_bytes: usize,
     /// Most frequency tables per byte plane (1..=64).
     pub max_tables: usize,
-    /// Most blocks per plane sampled to build the tables (>= 1).
+    /// Most blocks per plane sampled to build the tables: 1..=65536, and at most 2^30 units
+    /// (`sample_blocks × block_units`).
     pub sample_blocks: usize,
     /// Which dtypes may code the byte below the exponent conditioned on the exponent (where that
     /// saves at least 1/64 of those bytes; better ratio, and decoding them costs a second rANS
@@ -65,6 +66,15 @@ impl Default for CompressOptions {
     }
 }
 
+/// The most blocks per plane the model samples. Its histograms take 1 KiB per sampled block per
+/// plane (and the table search walks them `2 × max_tables` times), so the option has a bound: 64
+/// MiB of histograms per plane at most, a few seconds of search.
+pub const MAX_SAMPLE_BLOCKS: usize = 1 << 16;
+
+/// The most units per plane the model samples (`sample_blocks × block_units`): keeps the joint
+/// counts of the conditioned plane (32-bit per exponent and byte) and their sums from overflowing.
+pub const MAX_SAMPLED_UNITS: u64 = 1 << 30;
+
 impl CompressOptions {
     /// Checks every field; the error names the field and the accepted range.
     pub fn validate(&self) -> Result<()> {
@@ -98,8 +108,16 @@ impl CompressOptions {
                 self.max_tables
             ));
         }
-        if self.sample_blocks == 0 {
-            return bad("sample_blocks must be at least 1".into());
+        let sampled_units = (self.sample_blocks as u64).saturating_mul(self.block_units.into());
+        if self.sample_blocks == 0
+            || self.sample_blocks > MAX_SAMPLE_BLOCKS
+            || sampled_units > MAX_SAMPLED_UNITS
+        {
+            return bad(format!(
+                "sample_blocks = {} must be in 1..={MAX_SAMPLE_BLOCKS}, and sample_blocks x \
+                 block_units at most {MAX_SAMPLED_UNITS}",
+                self.sample_blocks
+            ));
         }
         Ok(())
     }

@@ -578,6 +578,42 @@ fn constant_tensors_cost_only_their_structure() {
     }
 }
 
+/// Chunks so small that the header, tables and directory alone reach a stored blob's length: the
+/// blob is stored (decided before any chunk is coded), the same through every writer; one size
+/// up, where the directory leaves room, the blob is coded or stored by its real length.
+#[test]
+fn tiny_chunks_whose_directory_outweighs_the_data_are_stored() {
+    for dtype in DType::ALL {
+        for chunk_bytes in [8, 16, 64, 256] {
+            let opts = CompressOptions {
+                chunk_bytes,
+                min_compress_bytes: 0,
+                ..small_opts()
+            };
+            let n = 3000 / dtype.itemsize() + 1;
+            let data = make(dtype, n, Dist::Weights, 21);
+            let blob = check(&data, dtype, &[n as u64], &opts, 21);
+            let h = peek_header(&blob).unwrap();
+            let units = data.len() / dtype.unit_size();
+            let chunks = units.div_ceil(chunk_bytes / dtype.unit_size());
+            let dir = chunks * (8 + 2 * dtype.unit_size());
+            let stored =
+                data.len() + tensorzip::encoder::stored_header(dtype, &[n as u64]).encoded_len();
+            if dir >= stored {
+                assert_eq!(
+                    h.scheme,
+                    Scheme::Stored,
+                    "{dtype} chunk_bytes {chunk_bytes}"
+                );
+            }
+            assert!(blob.len() <= stored, "{dtype} chunk_bytes {chunk_bytes}");
+            if chunk_bytes == 8 {
+                assert!(dir >= stored, "{dtype}: the case is not exercised");
+            }
+        }
+    }
+}
+
 /// A tensor whose size is below `min_compress_bytes` is stored; one just above is coded.
 #[test]
 fn min_compress_bytes_is_honoured() {
@@ -656,6 +692,32 @@ fn invalid_inputs_and_options_are_rejected() {
         sample_blocks: 0,
         ..ok.clone()
     });
+    bad_opt(CompressOptions {
+        sample_blocks: usize::MAX,
+        ..ok.clone()
+    });
+    bad_opt(CompressOptions {
+        sample_blocks: (1 << 16) + 1,
+        block_units: 32,
+        ..ok.clone()
+    });
+    // 2^16 blocks of 2^15 units: 2^31 sampled units.
+    bad_opt(CompressOptions {
+        sample_blocks: 1 << 16,
+        block_units: 1 << 15,
+        ..ok.clone()
+    });
+    for (sample_blocks, block_units) in [(1 << 16, 1 << 14), (1 << 14, 1 << 16)] {
+        let o = CompressOptions {
+            sample_blocks,
+            block_units,
+            ..ok.clone()
+        };
+        assert!(
+            tensorzip::compress(&data, DType::U8, &[64], &o).is_ok(),
+            "{o:?}"
+        );
+    }
 }
 
 /// Re-runs some of these tests in a child process with `TENSORZIP_NO_SIMD=1`, so the portable decoder
