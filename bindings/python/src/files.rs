@@ -325,12 +325,13 @@ impl ArchiveFile {
     }
 }
 
-/// `result`, unless a read of `map` found its file truncated by another process meanwhile (the
-/// bytes past the new end read as zeros: `tensorzip::truncation`), which wins over any result.
+/// `result`, unless `map`'s file was truncated or changed by another process meanwhile (bytes
+/// past a new end read as zeros: `tensorzip::truncation`; `MappedFile::changed`), which wins
+/// over any result.
 fn unchanged<T>(map: &MappedFile, shown: &str, result: PyResult<T>) -> PyResult<T> {
-    match map.truncated() {
+    match map.changed() {
         true => Err(PyOSError::new_err(format!(
-            "{shown}: the file was truncated while it was read (changed by another process?)"
+            "{shown}: the file was truncated or changed while it was read (by another process?)"
         ))),
         false => result,
     }

@@ -213,6 +213,7 @@ pub fn compress(
     if set.verify {
         check_written(out.file(), &src, file, &shown, common)?;
     }
+    src.unchanged()?;
     out.commit()?;
     let tensors = segments
         .iter()
@@ -340,6 +341,7 @@ pub fn decompress(
     }
     let secs = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    data.unchanged()?;
     out.commit()?;
     eprintln!(
         "{} -> {}: {} bytes, {:.2} GB/s, {}",
@@ -498,6 +500,7 @@ fn describe(path: &Path, eng: &tensorzip::CpuEngine) -> Result<Described, String
             coded_as: h.dtype,
         });
     }
+    data.unchanged()?;
     Ok(Described {
         rows,
         original_bytes: ar.original_len,
@@ -611,6 +614,10 @@ pub fn verify(
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     pb.finish_and_clear();
+    data.unchanged()?;
+    if let Some(o) = &original {
+        o.unchanged()?;
+    }
     if let (Some(d), Some(p)) = (cmp.difference(), against) {
         return Err(format!(
             "{}: {}",

@@ -227,7 +227,24 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
 /// process) is reported as naming it ([`crate::sigbus`]).
 pub struct Input {
     map: MappedFile,
+    path: std::path::PathBuf,
     _reading: crate::sigbus::Reading,
+}
+
+impl Input {
+    /// An error naming the file if it was shortened or changed since it was mapped
+    /// ([`MappedFile::changed`]: a cut inside its last page raises no `SIGBUS` and reads as
+    /// zeros; bytes rewritten in place read as a mix). Asked after the work and before its
+    /// result is kept or reported.
+    pub fn unchanged(&self) -> Result<(), String> {
+        match self.map.changed() {
+            false => Ok(()),
+            true => Err(format!(
+                "{}: the file was truncated or changed while it was read (by another process?)",
+                self.path.display()
+            )),
+        }
+    }
 }
 
 impl std::ops::Deref for Input {
@@ -259,6 +276,7 @@ pub fn map_file(path: &Path) -> Result<Input, String> {
     let map = unsafe { MappedFile::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(Input {
         map,
+        path: path.to_path_buf(),
         _reading: crate::sigbus::Reading::new(path),
     })
 }

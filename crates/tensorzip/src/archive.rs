@@ -739,9 +739,10 @@ impl<'f> ArchiveWriter<'f> {
         }
         // With the truncation guard installed, a page that could not be read (the file shortened
         // by another process, an I/O error) read as zeros: checksums of zeros must not be kept.
-        if map.as_ref().is_some_and(|m| m.truncated()) {
+        if map.as_ref().is_some_and(|m| m.changed()) {
             return Err(Error::Io(
-                "the archive being written was shortened while its checksums were taken".into(),
+                "the archive being written was shortened or changed while its checksums were taken"
+                    .into(),
             ));
         }
         drop(map);

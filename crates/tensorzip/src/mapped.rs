@@ -18,6 +18,27 @@ pub struct MappedFile {
     // Dropped before the mapping (fields drop in order): the handler forgets the range first.
     slot: Option<crate::truncation::Slot>,
     map: memmap2::Mmap,
+    /// The file (a duplicate of the caller's descriptor) and its size and modification time when
+    /// it was mapped, for [`MappedFile::changed`].
+    file: std::fs::File,
+    stamp: Option<Stamp>,
+}
+
+/// What [`MappedFile::changed`] compares: the file's size and modification time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Stamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    fn of(file: &std::fs::File) -> Option<Stamp> {
+        let m = file.metadata().ok()?;
+        Some(Stamp {
+            len: m.len(),
+            modified: m.modified().ok(),
+        })
+    }
 }
 
 impl MappedFile {
@@ -26,12 +47,32 @@ impl MappedFile {
     /// # Safety
     /// As `memmap2::Mmap::map`: the file must not be changed or truncated while it is mapped. A
     /// change made by another process shows as changed bytes (which the archive's checksums
-    /// catch), a truncation as `SIGBUS` — the usual caveat of mapped input.
+    /// catch, and [`MappedFile::changed`] reports afterwards), a truncation as `SIGBUS` (or as
+    /// zeros, with [`crate::truncation::guard`] installed) — the usual caveat of mapped input.
     pub unsafe fn map(file: &std::fs::File) -> std::io::Result<MappedFile> {
+        let file = file.try_clone()?;
+        let stamp = Stamp::of(&file);
         // SAFETY: forwarded to the caller.
-        let map = unsafe { memmap2::Mmap::map(file) }?;
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
         let slot = crate::truncation::Slot::register(map.as_ptr() as usize, map.len());
-        Ok(MappedFile { slot, map })
+        Ok(MappedFile {
+            slot,
+            map,
+            file,
+            stamp,
+        })
+    }
+
+    /// Whether the file is not as it was when mapped, as far as can be told: a read of the mapping
+    /// found it truncated ([`MappedFile::truncated`]), or its size or modification time now
+    /// differ from those it had then — a truncation inside its last page (which raises no
+    /// signal: the page's tail reads as zeros) or bytes rewritten in place. Bytes read from a
+    /// changed file may be any mix of old and new: a caller that sees this after its work must
+    /// discard what it made from them. (A file replaced by a rename is not changed: the mapping
+    /// keeps the old one. A rewrite within the file system's timestamp granularity that keeps
+    /// the size goes unseen.) One `fstat`.
+    pub fn changed(&self) -> bool {
+        self.truncated() || Stamp::of(&self.file) != self.stamp
     }
 
     /// Whether a read of the mapping found the file shorter than it was when mapped (truncated by
@@ -62,8 +103,9 @@ impl MappedFile {
             let stop = stop - base;
             // SAFETY: the range lies inside the mapping, a read-only shared mapping of a file
             // (`MappedFile::map`): after MADV_DONTNEED a read of these pages maps the file's
-            // page-cache pages again, with the bytes they had, so any slice borrowed from the
-            // mapping reads the same values before and after.
+            // page-cache pages again, so a slice borrowed from the mapping reads the file's
+            // bytes before and after — the same values while the file is not changed (the
+            // caveat of `map`; a page the guard zeroed reads the file again, as it is now).
             let _ = unsafe {
                 self.map.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,

@@ -3,10 +3,12 @@
 //! A read of a page of a file mapping past the file's end raises `SIGBUS`, whose default action
 //! ends the process — a training job whose loader maps a checkpoint that the trainer is saving
 //! again in place dies with "Bus error". With [`guard`] installed, a `SIGBUS` whose address lies in
-//! a live [`crate::mapped::MappedFile`] is handled instead: the handler maps a page of zeros over
-//! the faulting page (so the read that faulted, retried on return, reads zeros), and marks the
-//! mapping; the caller asks [`crate::mapped::MappedFile::truncated`] after its work and reports
-//! the file as changed under it. The decoders are safe on any bytes (zeros included), and a wrong
+//! a live [`crate::mapped::MappedFile`] is handled instead: the handler maps zeros over the
+//! faulting page and the rest of the mapping (so the read that faulted, retried on return, reads
+//! zeros), and marks the mapping; the caller asks [`crate::mapped::MappedFile::changed`] after its
+//! work and reports the file as changed under it. (A file cut inside its last page raises no
+//! signal at all: the page's tail reads as zeros. `changed` also compares the file's size and
+//! modification time with those it had when mapped, which catches that.) The decoders are safe on any bytes (zeros included), and a wrong
 //! result is never returned: the flag is checked before any result is.
 //!
 //! A `SIGBUS` anywhere else (another library's mapping, a signal sent by `kill`) goes to the
@@ -48,7 +50,7 @@ impl Drop for Slot {
 
 #[cfg(target_os = "linux")]
 mod imp {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
     /// Mappings registered at once (a reader holds one or two; more go unprotected). 4096: a
@@ -61,6 +63,10 @@ mod imp {
     static HIT: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
     /// Slot taken (set before `START`/`LEN` are written, cleared after `LEN` is zeroed).
     static TAKEN: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+    /// A sequence count per slot, odd while `START`/`LEN` are being written: the handler reads
+    /// the pair between two equal even counts, so that a slot unregistered and registered again
+    /// by another thread meanwhile never shows one mapping's start with another's length.
+    static SEQ: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
     /// The handler installed before ours, set once before ours is installed.
     static PREVIOUS: OnceLock<Previous> = OnceLock::new();
     /// The page size, read before the handler is installed (`sysconf` is not async-signal-safe).
@@ -105,9 +111,11 @@ mod imp {
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                HIT[k].store(false, Ordering::Release);
-                START[k].store(start, Ordering::Release);
-                LEN[k].store(len, Ordering::Release);
+                write(k, || {
+                    HIT[k].store(false, Ordering::Relaxed);
+                    START[k].store(start, Ordering::Relaxed);
+                    LEN[k].store(len, Ordering::Relaxed);
+                });
                 return Some(k);
             }
         }
@@ -119,9 +127,36 @@ mod imp {
     }
 
     pub fn unregister(k: usize) {
-        LEN[k].store(0, Ordering::Release);
-        START[k].store(0, Ordering::Release);
+        write(k, || {
+            LEN[k].store(0, Ordering::Relaxed);
+            START[k].store(0, Ordering::Relaxed);
+        });
         TAKEN[k].store(false, Ordering::Release);
+    }
+
+    /// Slot `k`'s fields written by `f` between an odd and an even sequence count (only the
+    /// slot's owner writes them: `TAKEN`).
+    fn write(k: usize, f: impl FnOnce()) {
+        let s = SEQ[k].load(Ordering::Relaxed);
+        SEQ[k].store(s.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        f();
+        SEQ[k].store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Slot `k`'s range as one registration wrote it, or `None` while it is being written or
+    /// changed under the read (async-signal-safe: loads and fences only).
+    fn read(k: usize) -> Option<(usize, usize)> {
+        let s0 = SEQ[k].load(Ordering::Acquire);
+        if s0 % 2 == 1 {
+            return None;
+        }
+        let (start, len) = (
+            START[k].load(Ordering::Relaxed),
+            LEN[k].load(Ordering::Relaxed),
+        );
+        fence(Ordering::Acquire);
+        (SEQ[k].load(Ordering::Relaxed) == s0).then_some((start, len))
     }
 
     extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -130,24 +165,30 @@ mod imp {
         let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
         if code > 0 {
             for k in 0..SLOTS {
-                let len = LEN[k].load(Ordering::Acquire);
-                let start = START[k].load(Ordering::Acquire);
+                let Some((start, len)) = read(k) else {
+                    continue;
+                };
                 if len == 0 || addr < start || addr - start >= len {
                     continue;
                 }
-                // Marked before the page of zeros is mapped: another thread that reads the
-                // zeros without faulting cannot finish and ask `truncated` before the mark.
+                // Marked before the zeros are mapped: another thread that reads the zeros
+                // without faulting cannot finish and ask `truncated` before the mark.
                 HIT[k].store(true, Ordering::Release);
                 let page = PAGE.load(Ordering::Acquire);
+                // From the faulting page to the mapping's end: every page after one past the
+                // file's end is past it too, so one signal and one new mapping serve the rest
+                // of the read (a page at a time, a reader of a large truncated tail took a
+                // signal per page and split the mapping into as many pieces).
+                let (first, end) = (addr / page * page, (start + len).next_multiple_of(page));
                 // SAFETY: mmap is an async-signal-safe system call with no memory
-                // preconditions; the page lies inside a live mapping of ours (registered until
-                // its MappedFile is dropped, and being read now), which MAP_FIXED replaces by a
-                // private page of zeros: the retried read reads zeros, and munmap of the mapping
-                // removes it too.
+                // preconditions; the pages lie inside a live mapping of ours (registered until
+                // its MappedFile is dropped, and being read now), which MAP_FIXED replaces by
+                // private pages of zeros: the retried read reads zeros, and munmap of the
+                // mapping removes them too.
                 let mapped = unsafe {
                     libc::mmap(
-                        (addr / page * page) as *mut libc::c_void,
-                        page,
+                        first as *mut libc::c_void,
+                        end - first,
                         libc::PROT_READ,
                         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                         -1,
@@ -165,6 +206,8 @@ mod imp {
         // retried fault (or the signal raised again, for a signal that was sent).
         unsafe {
             match PREVIOUS.get() {
+                // A signal sent (not a fault) to a process that ignored SIGBUS: still ignored.
+                Some(Previous(old)) if old.sa_sigaction == libc::SIG_IGN && code <= 0 => {}
                 Some(Previous(old))
                     if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN =>
                 {
@@ -237,5 +280,55 @@ mod tests {
         let again = unsafe { MappedFile::map(&f) }.unwrap();
         assert_eq!(again.len(), 8192);
         assert!(!again.truncated());
+        assert!(!again.changed());
+        assert!(map.changed());
+    }
+
+    /// A file cut inside its last page raises no signal (the page's tail reads as zeros), and
+    /// bytes rewritten in place raise none either: `changed` reports both from the file's size
+    /// and modification time; a file replaced by a rename is not the mapped one.
+    #[test]
+    fn changes_without_a_signal_are_reported() {
+        assert!(super::guard());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..3 * 4096 + 1000).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: the test changes the file on purpose.
+        let map = unsafe { MappedFile::map(&f) }.unwrap();
+        assert!(!map.changed());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(3 * 4096 + 500)
+            .unwrap();
+        assert_eq!(map[3 * 4096 + 700], 0, "the cut tail reads as zeros");
+        assert!(!map.truncated(), "no signal for a cut inside the last page");
+        assert!(map.changed());
+        drop(map);
+
+        std::fs::write(&path, &bytes).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: as above.
+        let map = unsafe { MappedFile::map(&f) }.unwrap();
+        // Past the file system's timestamp granularity (the kernel's coarse clock, a few ms).
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut w, &[0xEE; 16]).unwrap();
+        drop(w);
+        assert_eq!(map[0], 0xEE, "a shared mapping shows the rewrite");
+        assert!(map.changed());
+        drop(map);
+
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: as above.
+        let map = unsafe { MappedFile::map(&f) }.unwrap();
+        let other = dir.path().join("g");
+        std::fs::write(&other, b"another file").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(!map.changed(), "the mapping keeps the file it mapped");
+        assert_eq!((map[1], map[20]), (0xEE, bytes[20]));
     }
 }
