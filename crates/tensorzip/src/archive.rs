@@ -460,7 +460,7 @@ impl BlobEncoder for CpuEngine {
     fn encode_blobs(&self, items: &[BlobItem<'_>], opts: &CompressOptions) -> Result<Vec<Vec<u8>>> {
         let mut blobs: Vec<Vec<u8>> = items
             .iter()
-            .map(|i| crate::fresh::with_capacity(i.0.len() + 64 * 1024))
+            .map(|i| crate::fresh::with_capacity(i.0.len() + SMALL_BLOB_SLACK as usize))
             .collect();
         self.compress_many_into(items, opts, &mut blobs)?;
         Ok(blobs)
@@ -481,8 +481,10 @@ impl BlobEncoder for CpuEngine {
 }
 
 /// The runs of segments of `lens` bytes that [`write_archive`] codes together: consecutive segments
-/// each under [`SMALL_SEGMENT_BYTES`], at most [`SMALL_GROUP_BYTES`] in all (a larger segment is a
-/// run of its own).
+/// each under [`SMALL_SEGMENT_BYTES`], at most [`SMALL_GROUP_BYTES`] in all, each counted with
+/// [`SMALL_BLOB_SLACK`] more (a larger segment is a run of its own). The slack bounds the number
+/// of segments in a run: a file of a million one-byte tensors (a 100 MB header) made a single run
+/// whose blobs' buffers alone took gigabytes.
 pub fn small_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let mut i = 0;
@@ -491,9 +493,9 @@ pub fn small_runs(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
         let mut group = 0;
         while j < lens.len()
             && lens[j] < SMALL_SEGMENT_BYTES
-            && group + lens[j] <= SMALL_GROUP_BYTES
+            && group + lens[j] + SMALL_BLOB_SLACK <= SMALL_GROUP_BYTES
         {
-            group += lens[j];
+            group += lens[j] + SMALL_BLOB_SLACK;
             j += 1;
         }
         let end = j.max(i + 1);
@@ -541,6 +543,10 @@ pub const SMALL_SEGMENT_BYTES: u64 = 4 << 20;
 /// memory stays under the file + 64 MiB: 125.5 MB for MiniLM fp32 (91 MB), 252 MB for 216 MB of
 /// incompressible 3.6 MB tensors (their blobs as large as the input).
 pub const SMALL_GROUP_BYTES: u64 = 24 << 20;
+/// Room reserved past a small segment's length for its blob (header, tables, directory; a blob
+/// that needs more grows its buffer), and what each segment counts for besides its bytes in
+/// [`small_runs`]. 64 KiB before 2026-12-05.
+pub const SMALL_BLOB_SLACK: u64 = 4096;
 
 /// The bytes of each segment of a file being archived: a whole file in memory (`[u8]`), or pieces
 /// kept elsewhere (e.g. tensors in their own buffers), so that no copy of the whole file is needed.

@@ -694,7 +694,11 @@ impl CpuEngine {
             || {
                 let mut blobs: Vec<Vec<u8>> = small
                     .iter()
-                    .map(|i| crate::fresh::with_capacity(i.0.len() + 64 * 1024))
+                    .map(|i| {
+                        crate::fresh::with_capacity(
+                            i.0.len() + crate::archive::SMALL_BLOB_SLACK as usize,
+                        )
+                    })
                     .collect();
                 self.code_many(small, opts, &mut blobs)?;
                 let crcs = small.iter().map(|i| crate::checksum::crc32(i.0)).collect();

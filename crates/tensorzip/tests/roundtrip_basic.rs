@@ -116,7 +116,8 @@ fn large_tensors_written_past_the_caches_round_trip() {
 #[test]
 fn tensors_compressed_together_equal_tensors_compressed_alone() {
     use tensorzip::archive::{
-        encode_runs, lead_len, small_runs, BlobItem, SMALL_GROUP_BYTES, SMALL_SEGMENT_BYTES,
+        encode_runs, lead_len, small_runs, BlobItem, SMALL_BLOB_SLACK, SMALL_GROUP_BYTES,
+        SMALL_SEGMENT_BYTES,
     };
     use tensorzip::CpuEngine;
     let eng = CpuEngine::new(2).unwrap();
@@ -168,17 +169,18 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     bad.truncate(bad.len() / 2);
     assert!(eng.decompress_many(&[&bad[..], blobs[1]]).is_err());
 
-    // The runs the archive writer codes together.
+    // The runs the archive writer codes together; each segment counts with the slack.
     let small = SMALL_SEGMENT_BYTES - 1;
+    let slack = SMALL_BLOB_SLACK;
     // Whole small segments one group holds.
-    let per = (SMALL_GROUP_BYTES / small) as usize;
-    assert!(per >= 2 && (per as u64 + 1) * small > SMALL_GROUP_BYTES);
+    let per = (SMALL_GROUP_BYTES / (small + slack)) as usize;
+    assert!(per >= 2 && (per as u64 + 1) * (small + slack) > SMALL_GROUP_BYTES);
     let mut lens = vec![10, small, SMALL_SEGMENT_BYTES, 5, 6];
     lens.extend(std::iter::repeat_n(small, per));
     lens.push(0);
     // 10 + small; the large segment alone; 5 + 6 and as many small ones as fit after them (one
     // fewer than `per` when 11 bytes tip the sum over); the rest with the empty segment.
-    let fit = if 11 + per as u64 * small <= SMALL_GROUP_BYTES {
+    let fit = if 11 + (per as u64 + 2) * slack + per as u64 * small <= SMALL_GROUP_BYTES {
         per
     } else {
         per - 1
@@ -197,6 +199,12 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
         vec![0..per, per..2 * per, 2 * per..2 * per + 1]
     );
     assert!(small_runs(&[]).is_empty());
+    // Tiny segments: a run holds at most the group over the slack of them, not a million.
+    let tiny = vec![1u64; 100_000];
+    let cap = (SMALL_GROUP_BYTES / (1 + slack)) as usize;
+    let runs = small_runs(&tiny);
+    assert!(runs.iter().all(|r| r.len() == cap || r.end == tiny.len()));
+    assert_eq!(runs.len(), tiny.len().div_ceil(cap));
 
     // The runs handed over in one call: a large segment joins the run before it, so that a run
     // is a lead of small segments (possibly none) and the large ones after it.
