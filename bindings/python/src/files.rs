@@ -112,16 +112,23 @@ fn write_atomically(
             .open(t)
     })
     .map_err(io)?;
-    let result = (|| -> PyResult<()> {
-        write(&mut f)?;
-        f.flush().map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    // Removes the temporary on every way out but the rename: an error, and a panic too.
+    struct Temporary<'p>(Option<&'p std::path::Path>);
+    impl Drop for Temporary<'_> {
+        fn drop(&mut self) {
+            if let Some(t) = self.0 {
+                let _ = std::fs::remove_file(t);
+            }
+        }
     }
-    result
+    let mut temporary = Temporary(Some(&tmp));
+    write(&mut f)?;
+    f.flush().map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    temporary.0 = None;
+    tensorzip::mapped::sync_parent(path);
+    Ok(())
 }
 
 /// [`save_file`] of tensors in the memory of GPU `device`: `entries` give device addresses. Each

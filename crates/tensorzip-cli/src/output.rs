@@ -128,14 +128,18 @@ impl SafeOutput {
         input: &Path,
     ) -> Result<SafeOutput, String> {
         if let Ok(meta) = std::fs::metadata(dest) {
+            // Before the --force hint, which would only lead to this.
+            if meta.is_dir() {
+                return Err(format!(
+                    "{}: is a directory (--output-dir writes into one)",
+                    shown.display()
+                ));
+            }
             if !force {
                 return Err(format!(
                     "{}: already exists (use --force to overwrite)",
                     shown.display()
                 ));
-            }
-            if meta.is_dir() {
-                return Err(format!("{}: is a directory", shown.display()));
             }
             if !meta.is_file() {
                 return Err(format!(
@@ -182,19 +186,34 @@ impl SafeOutput {
         file.sync_all()
             .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         drop(file);
+        let exists = || {
+            format!(
+                "{}: already exists (use --force to overwrite)",
+                self.shown.display()
+            )
+        };
         if self.force {
             std::fs::rename(&self.tmp, &self.dest)
                 .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         } else {
-            std::fs::hard_link(&self.tmp, &self.dest).map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => format!(
-                    "{}: already exists (use --force to overwrite)",
-                    self.shown.display()
-                ),
-                _ => format!("{}: {e}", self.shown.display()),
-            })?;
-            let _ = std::fs::remove_file(&self.tmp);
+            match std::fs::hard_link(&self.tmp, &self.dest) {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(&self.tmp);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(exists()),
+                // File systems without hard links (FAT, exFAT, some FUSE and SMB mounts): a
+                // rename that refuses to replace.
+                Err(_) => {
+                    crate::tree::rename_no_replace(&self.tmp, &self.dest).map_err(|e| {
+                        match e.kind() {
+                            std::io::ErrorKind::AlreadyExists => exists(),
+                            _ => format!("{}: {e}", self.shown.display()),
+                        }
+                    })?
+                }
+            }
         }
+        tensorzip::mapped::sync_parent(&self.dest);
         Ok(())
     }
 }

@@ -231,6 +231,7 @@ impl Staged {
             })
         })?;
         self.done = true;
+        tensorzip::mapped::sync_parent(&self.dest);
         Ok(())
     }
 }
@@ -247,9 +248,9 @@ impl Drop for Staged {
 
 /// Renames `from` to `to` unless `to` exists (an empty directory made at `to` after the check
 /// would otherwise be replaced by `rename`): `renameat2(RENAME_NOREPLACE)` where the C library
-/// has it, a plain rename after the caller's check elsewhere or where the file system refuses
-/// the flag.
-fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+/// has it, else (another system, or a file system that refuses the flag) a plain rename after a
+/// check that `to` does not exist.
+pub(crate) fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         use std::os::unix::ffi::OsStrExt;
@@ -275,6 +276,11 @@ fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
         if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
             return Err(e);
         }
+    }
+    // No atomic way: refuse an existing `to`, then rename (a name created in between is
+    // replaced; nothing closes that window where the system has no RENAME_NOREPLACE).
+    if std::fs::symlink_metadata(to).is_ok() {
+        return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
     }
     std::fs::rename(from, to)
 }

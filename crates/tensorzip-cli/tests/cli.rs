@@ -967,6 +967,11 @@ fn outputs_that_are_the_input_or_not_regular_files_are_refused() {
             vec!["compress", "model.safetensors", "-o", ".", "-f"],
             &["is a directory"],
         ),
+        // Without -f too: a hint to use --force would only lead to the line above.
+        (
+            vec!["compress", "model.safetensors", "-o", "."],
+            &["is a directory", "--output-dir"],
+        ),
     ];
     #[cfg(unix)]
     cases.push((

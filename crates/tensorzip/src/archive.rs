@@ -825,6 +825,13 @@ impl<'m> BlobReader<'m> {
     fn checksums(&mut self, file: &File, offset: u64, len: u64) -> Result<Vec<u32>> {
         use rayon::prelude::*;
         let (w, piece) = (self.window, self.piece);
+        // The index stores the count as a u32 (FORMAT.md, the archive's index).
+        if piece > 0 && len.div_ceil(piece) > u32::MAX as u64 {
+            return Err(Error::InvalidOption(format!(
+                "checksum_chunk_bytes = {piece} gives a blob of {len} bytes more than 2^32 - 1 \
+                 checksums; use larger pieces"
+            )));
+        }
         // Where the part of a blob that starts at `at` ends: the next piece's start, or `end`.
         let part_end = |at: u64, end: u64| match piece {
             0 => end,

@@ -154,6 +154,24 @@ pub fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
+/// Makes a rename or link into `dest`'s directory durable: `fsync` of that directory (Unix; a
+/// hint elsewhere, and on file systems that refuse to sync a directory). Without it a crash soon
+/// after the rename may leave the old name, or none, although the file's data was synced.
+pub fn sync_parent(dest: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        let dir = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dest;
+}
+
 /// Creates a hidden temporary `.NAME.tmp-PID-N` next to `dest` with `make`, which must fail with
 /// `AlreadyExists` when the name is taken (`create_new`, `create_dir`): the next `N` is tried, so
 /// two writers of one destination — two threads of a process included — never share a temporary.
