@@ -14,7 +14,7 @@ use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyMemoryError, PyOSError
 use pyo3::prelude::*;
 use tensorzip::archive::{
     parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
-    ArchiveWriter, BlobEncoder, Segment, SegmentBytes, SegmentKind, SourceSegment,
+    ArchiveIndex, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::compare::{restore_difference, Compare};
 use tensorzip::mapped::{MappedFile, Spent};
@@ -40,7 +40,7 @@ fn save_file(
     let data: Vec<&[u8]> = entries
         .iter()
         .map(|&(_, _, _, p, l)| unsafe { host(p, l) })
-        .collect();
+        .collect::<PyResult<_>>()?;
     py.detach(|| -> PyResult<()> {
         // The archive of the safetensors file these tensors make, coded from the tensors' own
         // memory: no serialised copy of the model.
@@ -268,11 +268,12 @@ pub struct ArchiveFile {
     entries: HashMap<String, Entry>,
     metadata: Option<Vec<(String, String)>>,
     path: String,
-    /// The index as it was at opening, which the entries and the sizes handed to the torch layer
-    /// (`info`) come from: every later parse must find it unchanged (a file rewritten in place
-    /// with another archive of the same length would otherwise have the GPU decoder write the new
-    /// index's byte counts into tensors sized by the old one).
-    index: Vec<Segment>,
+    /// The index as it was at opening, which the entries, the sizes handed to the torch layer
+    /// (`info`) and every decode use: the index is parsed once (per call, it made `load_file` of
+    /// n tensors O(n^2)), so a file rewritten in place later is read with the index it was
+    /// opened with — its changed blobs fail that index's checksums, and no decoder can be handed
+    /// byte counts other than those the tensors were sized by.
+    index: ArchiveIndex,
 }
 
 impl ArchiveFile {
@@ -290,7 +291,7 @@ impl ArchiveFile {
         let ar = self.archive()?;
         // SAFETY: the torch layer passes a fresh contiguous CPU tensor of `out_len` bytes, alive
         // for the call.
-        let out = unsafe { host_mut(out_ptr, out_len) };
+        let out = unsafe { host_mut(out_ptr, out_len) }?;
         let done = py.detach(|| {
             ar.check_segment(i)?;
             decode(&ar, i, out)
@@ -313,17 +314,10 @@ impl ArchiveFile {
             .collect()
     }
 
+    /// The archive over the mapped bytes, with the index read at opening.
     fn archive(&self) -> PyResult<Archive<'_>> {
-        let ar = Archive::parse(&self.map).map_err(|e| named(&self.path, e));
-        let ar = unchanged(&self.map, &self.path, ar)?;
-        if ar.segments != self.index {
-            return Err(PyOSError::new_err(format!(
-                "{}: the archive's index changed since it was opened (rewritten by another \
-                 process?)",
-                self.path
-            )));
-        }
-        Ok(ar)
+        let ar = self.index.over(&self.map).map_err(|e| named(&self.path, e));
+        unchanged(&self.map, &self.path, ar)
     }
     fn entry(&self, name: &str) -> PyResult<&Entry> {
         self.entries
@@ -355,8 +349,8 @@ fn named(path: &str, e: tensorzip::Error) -> PyErr {
 
 /// Maps the regular file at `path` (shown as `shown` in errors) for reading.
 fn map_input(path: &std::path::Path, shown: &str) -> PyResult<MappedFile> {
-    let file =
-        std::fs::File::open(path).map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
+    let file = tensorzip::mapped::open_input(path)
+        .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
     // Only regular files map (a directory gave "No such device (os error 19)").
     let meta = file
         .metadata()
@@ -559,7 +553,7 @@ fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
             },
         );
     }
-    let index = ar.segments.clone();
+    let index = ar.index();
     drop(ar);
     Ok(ArchiveFile {
         map,
@@ -586,12 +580,12 @@ impl ArchiveFile {
     /// (safetensors dtype name, shape, byte count) of tensor `name`.
     fn info(&self, name: &str) -> PyResult<(String, Vec<u64>, u64)> {
         let e = self.entry(name)?;
-        let ar = self.archive()?;
-        Ok((
-            e.dtype.clone(),
-            e.shape.clone(),
-            ar.segments[e.segment].orig_len,
-        ))
+        let len = self.index.segments()[e.segment].orig_len;
+        unchanged(
+            &self.map,
+            &self.path,
+            Ok((e.dtype.clone(), e.shape.clone(), len)),
+        )
     }
 
     /// Decodes tensor `name` into the `out_len` bytes at host address `out_ptr` (CPU), checking
@@ -671,7 +665,7 @@ impl ArchiveFile {
         let mut bufs: Vec<&mut [u8]> = outs
             .iter()
             .map(|&(p, l)| unsafe { host_mut(p, l) })
-            .collect();
+            .collect::<PyResult<_>>()?;
         for b in bufs.iter_mut() {
             tensorzip::fresh::advise_huge(b);
         }

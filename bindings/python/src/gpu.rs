@@ -130,15 +130,15 @@ impl GpuBlob {
     /// `pinned` if it is page-locked, which is copied to directly, else through the engine's
     /// staging buffers), waits for the copy, and frees the device copy.
     fn download(&mut self, py: Python<'_>, ptr: usize, pinned: bool) -> PyResult<()> {
-        let Some(b) = self.blob.take() else {
-            return Err(PyValueError::new_err("blob already downloaded"));
-        };
+        let taken = || PyValueError::new_err("blob already downloaded");
+        let len = self.blob.as_ref().ok_or_else(taken)?.len;
+        // SAFETY: the torch layer passes a CPU uint8 tensor of exactly `len` bytes.
+        let dst = unsafe { crate::host_mut(ptr, len) }?;
+        let b = self.blob.take().ok_or_else(taken)?;
         let eng = &self.engine;
         restoring(|| {
             py.detach(|| -> tensorzip_cuda::Result<()> {
                 let s = eng.stream();
-                // SAFETY: the torch layer passes a CPU uint8 tensor of exactly `len` bytes.
-                let dst = unsafe { crate::host_mut(ptr, b.len) };
                 if !dst.is_empty() {
                     if pinned {
                         s.memcpy_dtoh(&b.buf.slice(0..b.len), dst)?;
@@ -223,7 +223,7 @@ fn gpu_decompress(
     out_len: usize,
 ) -> PyResult<()> {
     // SAFETY: the torch layer passes a live contiguous CPU uint8 tensor of `prefix_len` bytes.
-    let prefix = unsafe { crate::host(prefix_ptr, prefix_len) };
+    let prefix = unsafe { crate::host(prefix_ptr, prefix_len) }?;
     let layout = BlobLayout::parse(prefix, blob_len).map_err(to_py)?;
     if layout.header.nbytes() != out_len as u64 {
         return Err(PyValueError::new_err(format!(
@@ -256,7 +256,7 @@ fn gpu_upload(
 ) -> PyResult<()> {
     let eng = on(device, stream)?;
     // SAFETY: the torch layer passes a live contiguous CPU tensor of `len` bytes.
-    let src = unsafe { crate::host(ptr, len) };
+    let src = unsafe { crate::host(ptr, len) }?;
     restoring(|| {
         py.detach(|| {
             // SAFETY: the torch layer passes a fresh CUDA uint8 tensor of `len` bytes.

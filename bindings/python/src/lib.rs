@@ -44,28 +44,45 @@ pub(crate) fn dtype(name: &str) -> PyResult<DType> {
     })
 }
 
-/// `len` bytes at host address `ptr` (an empty slice for `len == 0`, whatever `ptr`).
+/// `len` bytes at host address `ptr` (an empty slice for `len == 0`, whatever `ptr`). An address
+/// of 0, or a range past the end of the address space, is refused (`ValueError`) instead of read:
+/// a tensor on the meta device, or a subclass without storage, has a data pointer of 0 (the torch
+/// layer refuses those first; this is the last line).
 ///
 /// # Safety
 /// `ptr` must address `len` readable bytes that stay alive and unchanged while the slice is used.
-pub(crate) unsafe fn host<'a>(ptr: usize, len: usize) -> &'a [u8] {
+pub(crate) unsafe fn host<'a>(ptr: usize, len: usize) -> PyResult<&'a [u8]> {
     if len == 0 {
-        return &[];
+        return Ok(&[]);
     }
-    // SAFETY: forwarded from the caller.
-    unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+    plausible(ptr, len)?;
+    // SAFETY: forwarded from the caller; `ptr` is not null and the range does not wrap.
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })
 }
 
 /// As [`host`], writable.
 ///
 /// # Safety
 /// `ptr` must address `len` writable bytes used by nobody else while the slice is used.
-pub(crate) unsafe fn host_mut<'a>(ptr: usize, len: usize) -> &'a mut [u8] {
+pub(crate) unsafe fn host_mut<'a>(ptr: usize, len: usize) -> PyResult<&'a mut [u8]> {
     if len == 0 {
-        return &mut [];
+        return Ok(&mut []);
     }
-    // SAFETY: forwarded from the caller.
-    unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+    plausible(ptr, len)?;
+    // SAFETY: forwarded from the caller; `ptr` is not null and the range does not wrap.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) })
+}
+
+/// What [`host`] can check of an address without reading it: not null, and `len` bytes from it
+/// within the address space (and within `isize::MAX`, as a slice must be).
+fn plausible(ptr: usize, len: usize) -> PyResult<()> {
+    if ptr == 0 || ptr.checked_add(len).is_none() || len > isize::MAX as usize {
+        return Err(PyValueError::new_err(format!(
+            "no host memory at address {ptr:#x} for {len} bytes (a tensor on the meta device, or \
+             without storage of its own?)"
+        )));
+    }
+    Ok(())
 }
 
 /// The encoder options as the torch layer passes them: one tuple `(chunk_bytes, block_units,
@@ -157,7 +174,7 @@ fn compress(
     let opts = opts.options()?;
     // SAFETY: the torch layer passes a live contiguous CPU tensor of `nbytes` bytes and keeps it
     // alive (and unmodified) during the call.
-    let data = unsafe { host(ptr, nbytes) };
+    let data = unsafe { host(ptr, nbytes) }?;
     let blob = py
         .detach(|| cpu().compress(data, dt, &shape, &opts))
         .map_err(to_py)?;
@@ -169,7 +186,7 @@ fn compress(
 #[pyfunction]
 fn inspect(ptr: usize, len: usize) -> PyResult<(String, String, Vec<u64>, u64)> {
     // SAFETY: the torch layer passes a live contiguous CPU uint8 tensor of `len` bytes.
-    let blob = unsafe { host(ptr, len) };
+    let blob = unsafe { host(ptr, len) }?;
     let v = BlobView::parse(blob).map_err(to_py)?;
     Ok(describe(&v.layout.header))
 }
@@ -219,7 +236,7 @@ fn decompress_into(
 ) -> PyResult<()> {
     // SAFETY: the torch layer passes a live CPU blob tensor and a fresh contiguous output tensor
     // of `out_len` bytes, both kept alive during the call; they do not overlap.
-    let (blob, out) = unsafe { (host(ptr, len), host_mut(out_ptr, out_len)) };
+    let (blob, out) = unsafe { (host(ptr, len)?, host_mut(out_ptr, out_len)?) };
     // The output is a new tensor: let its pages fault in 2 MiB at a time.
     tensorzip::fresh::advise_huge(out);
     py.detach(|| cpu().decompress_into(blob, out))
@@ -231,7 +248,7 @@ fn decompress_into(
 #[pyfunction]
 fn crc32_pieces(py: Python<'_>, ptr: usize, len: usize, piece: usize) -> PyResult<Vec<u32>> {
     // SAFETY: the torch layer passes a live contiguous CPU tensor of `len` bytes.
-    let data = unsafe { host(ptr, len) };
+    let data = unsafe { host(ptr, len) }?;
     py.detach(|| tensorzip::crc32_pieces(data, piece))
         .map_err(to_py)
 }

@@ -5,6 +5,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import time
 import warnings
 import zlib
@@ -185,6 +186,94 @@ def test_blob_over_rust_bytes_is_writable_in_place(gen):
     assert same(tz.decompress_tensor(blob, device="cpu"), t)
     blob.zero_()
     assert int(blob.sum()) == 0 and int(keep.sum()) != 0
+
+
+def test_tensors_without_host_memory_are_refused(gen):
+    """Tensors whose bytes are not host memory tensorzip can read — on the meta device, a
+    subclass without storage (data pointer 0), quantized, nested — are refused with an error
+    naming the problem, through every entry point (they were read at address 0: a segfault)."""
+    t = gen(torch.float32, (16, 8), 3)
+    blob = tz.compress_tensor(t)
+    meta_blob = blob.to("meta")
+    for call in (
+        lambda: tz.decompress_tensor(meta_blob, device="cpu"),
+        lambda: tz.decompress_tensor(meta_blob),
+        lambda: tz.blob_info(meta_blob),
+        lambda: tz.compress_tensor(t.to("meta")),
+        lambda: tz.hash_tensor_with_crc32(t.to("meta")),
+        lambda: tz.compress(t.to("meta"), tz.TensorZipConfig()),
+        lambda: tz.compress(t.to("meta"), tz.RawConfig()),
+    ):
+        with pytest.raises(ValueError, match="meta"):
+            call()
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    w = two_tensor.TwoTensor(t, t)
+    for call in (
+        lambda: tz.compress_tensor(w),
+        lambda: tz.hash_tensor_with_crc32(w),
+        lambda: tz.compress(w, tz.TensorZipConfig()),
+        lambda: tz.decompress_tensor(two_tensor.TwoTensor(blob, blob), device="cpu"),
+    ):
+        with pytest.raises(TypeError, match="no memory of its own"):
+            call()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates quantized tensors
+        q = torch.quantize_per_tensor(t, 0.1, 3, torch.qint8)
+    for config in (tz.TensorZipConfig(), tz.RawConfig()):
+        with pytest.raises(TypeError, match="quantized"):
+            tz.compress(q, config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the strided layout is a prototype
+        nested = torch.nested.nested_tensor([t[:3], t[:5]], layout=torch.strided)
+    with pytest.raises(TypeError, match="nested"):
+        tz.compress_tensor(nested)
+
+
+def test_out_of_range_options_name_the_field(gen):
+    t = gen(torch.float32, (8, 8), 4)
+    for call in (
+        lambda: tz.compress_tensor(t, min_compress_bytes=2**64),
+        lambda: tz.compress(t, tz.TensorZipConfig(min_compress_bytes=2**64)),
+    ):
+        with pytest.raises(ValueError, match="min_compress_bytes"):
+            call()
+
+
+def test_compressed_tensor_metadata_must_match_its_blob(gen):
+    """A CompressedTensor's JSON is not under the blob's checksums: an edited dtype of the same
+    size or a permuted shape is refused at decompress instead of reinterpreting the bytes."""
+    t = gen(torch.float32, (32, 64), 5)
+    state = tz.compress(t, tz.TensorZipConfig()).state_dict()
+    key = next(iter(state))
+    raw = bytes(state[key].numpy())
+    (jlen,) = struct.unpack_from("<I", raw, 8)
+    meta = json.loads(raw[12 : 12 + jlen])
+    assert same(tz.decompress(tz.CompressedTensor.from_state_dict(state), tz.TensorZipConfig()), t)
+    for edit in ({"dtype": "int32"}, {"shape": [64, 32]}, {"shape": [-1]}):
+        j = json.dumps({**meta, **edit}, separators=(",", ":")).encode()
+        bad = raw[:8] + struct.pack("<I", len(j)) + j + raw[12 + jlen :]
+        with pytest.raises(ValueError, match="CompressedTensor"):
+            c = tz.CompressedTensor.from_state_dict({key: torch.frombuffer(bytearray(bad), dtype=torch.uint8)})
+            tz.decompress(c, tz.TensorZipConfig())
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    """Opening a FIFO blocks until a writer appears (it hung with the GIL held): inputs are
+    opened non-blocking and refused as not regular files."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code = (
+        "import sys, tensorzip as tz\n"
+        "for call in (tz.load_file, tz.verify_file, tz.safe_open):\n"
+        "    try:\n"
+        "        call(sys.argv[1])\n"
+        "    except OSError as e:\n"
+        "        print('OSError', e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and all("not a regular file" in l for l in lines), (r.stdout, r.stderr)
 
 
 def test_decompress_default_device_without_cuda(gen):
@@ -708,42 +797,54 @@ def test_an_archive_truncated_while_open_raises_instead_of_crashing(tmp_path):
     assert len(lines) == 4 and all(l.startswith("OSError") and "truncated or changed while it was read" in l and "m.tz" in l for l in lines[:3]), r.stdout
 
 
-def test_an_archive_rewritten_in_place_while_open_raises(tmp_path):
+def test_an_archive_rewritten_in_place_while_open(tmp_path):
     """Another process rewrites an archive a reader has open with another archive of the same
-    length (here: one tensor's recorded CRC changed and the index sealed again). The reader sized
-    its tensors from the index it opened; it must not decode by the new one (on a GPU that would
-    write the new byte counts into tensors sized by the old), but raise an OSError naming the file."""
+    length (here: one tensor's recorded CRC changed and the index sealed again, or a byte of a
+    blob changed). The reader keeps the index it opened (it sized its tensors from it): where
+    the modification time moved it raises OSError naming the file; where the time reads as
+    before (a rewrite within the file system's timestamp granularity) it decodes with its own
+    index, so unchanged blobs give the tensors it opened and a changed blob fails its checksum."""
     p = tmp_path / "m.tz"
     torch.manual_seed(0)
-    tz.save_file({"a": torch.randn(64, 64), "b": torch.randn(64, 64)}, p)
-    data = bytearray(p.read_bytes())
+    tensors = {"a": torch.randn(64, 64), "b": torch.randn(64, 64)}
+    tz.save_file(tensors, p)
+    original = p.read_bytes()
+    data = bytearray(original)
     (index_at,) = struct.unpack_from("<Q", data, 24)
     at = index_at + 4
     for _ in range(2):  # past the header's and the first tensor's entries
         (n_crc,) = struct.unpack_from("<I", data, at + 37)
         at += 41 + 4 * n_crc
+    (b_blob_at,) = struct.unpack_from("<Q", data, at + 17)
     data[at + 33] ^= 1  # the second tensor's orig_crc
     struct.pack_into("<I", data, len(data) - 4, zlib.crc32(bytes(data[index_at:-4])))
-    original = p.read_bytes()
     st = os.stat(p)
-    # A rewrite whose modification time reads as before (within the file system's timestamp
-    # granularity): only the index comparison can tell.
-    with tz.safe_open(p) as f:
+
+    def rewrite(new: bytes, keep_time: bool) -> None:
         with open(p, "r+b") as w:
-            w.write(data)
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-        for read in (lambda: f.get_tensor("a"), lambda: f.get_slice("b")[0:2]):
-            with pytest.raises(OSError, match="index changed since it was opened") as e:
-                read()
-            assert "m.tz" in str(e.value)
-    # A rewrite that moves the modification time is seen before anything is decoded from it.
+            w.write(new)
+        if keep_time:
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    # The time reads as before: the reader's own index decodes the unchanged blobs.
+    with tz.safe_open(p) as f:
+        rewrite(bytes(data), True)
+        assert same(f.get_tensor("a"), tensors["a"]) and same(f.get_tensor("b"), tensors["b"])
+        assert same(f.get_slice("b")[0:2], tensors["b"][0:2])
+        broken = bytearray(data)
+        broken[b_blob_at + 200] ^= 0x10
+        rewrite(bytes(broken), True)
+        assert same(f.get_tensor("a"), tensors["a"])
+        with pytest.raises(ValueError, match="m.tz"):
+            f.get_tensor("b")
+    # A rewrite that moves the modification time is refused before anything is returned.
     p.write_bytes(original)
+    st = os.stat(p)
     with tz.safe_open(p) as f:
-        assert f.get_tensor("a").shape == (64, 64)
+        assert same(f.get_tensor("a"), tensors["a"])
         time.sleep(0.05)
-        with open(p, "r+b") as w:
-            w.write(data)
-        for read in (lambda: f.get_tensor("a"), lambda: f.get_slice("b")[0:2]):
+        rewrite(bytes(data), False)
+        for read in (lambda: f.get_tensor("a"), lambda: f.get_slice("b")[0:2], lambda: f.get_slice("b").get_shape()):
             with pytest.raises(OSError, match="truncated or changed while it was read") as e:
                 read()
             assert "m.tz" in str(e.value)

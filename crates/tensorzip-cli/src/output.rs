@@ -275,7 +275,7 @@ impl std::ops::Deref for Input {
 
 /// Maps the input file into memory.
 pub fn map_file(path: &Path) -> Result<Input, String> {
-    let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = tensorzip::mapped::open_input(path).map_err(|e| format!("{}: {e}", path.display()))?;
     // Only regular files map (a directory or a device gave "No such device (os error 19)").
     let meta = f
         .metadata()

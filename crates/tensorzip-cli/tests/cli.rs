@@ -1326,6 +1326,45 @@ fn decompress_needs_a_tz_name_or_an_output() {
     no_temp_files(d);
 }
 
+/// A FIFO given as the input is refused at once: opening one blocks until a writer appears, so
+/// the input is opened non-blocking and its type checked on the handle.
+#[cfg(unix)]
+#[test]
+fn a_fifo_input_is_refused_without_waiting_for_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let made = Command::new("mkfifo")
+        .arg(d.join("pipe"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        eprintln!("SKIP: no mkfifo");
+        return;
+    }
+    for cmd in ["compress", "decompress", "verify", "info"] {
+        let mut args = vec![cmd, "pipe"];
+        if cmd == "decompress" {
+            args.extend(["-o", "out.safetensors"]);
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tensorzip"))
+            .args(&args)
+            .current_dir(d)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed().as_secs() > 30 {
+                let _ = child.kill();
+                panic!("{cmd} pipe: still waiting after 30 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let o = child.wait_with_output().unwrap();
+        fails(&o, &args.join(" "), &["pipe", "not a regular file"]);
+    }
+}
+
 #[test]
 fn not_a_safetensors_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -25,6 +25,10 @@ pub const MAX_BLOCK_UNITS: u32 = 65536;
 pub const MAX_TABLES: usize = 64;
 /// Tensors must be smaller than this many bytes.
 pub const MAX_TENSOR_BYTES: u64 = 1 << 56;
+/// The largest dimension a shape may have: `i64::MAX`, what torch, NumPy and safetensors' readers
+/// hold a size in (a zero-size tensor's other dimensions are not bounded by its byte count: a
+/// shape `[2^64 - 1, 0]` reached torch as an overflow error).
+pub const MAX_DIM: u64 = i64::MAX as u64;
 
 /// Block selector: the block is one repeated byte, stored once in the raw area.
 pub const SEL_CONST: u8 = 254;
@@ -173,6 +177,9 @@ impl BlobHeader {
                 )
             })
             .collect();
+        if shape.iter().any(|&d| d > MAX_DIM) {
+            return corrupt("a dimension of 2^63 or more");
+        }
         let mut numel = 1u64;
         for &d in &shape {
             numel = numel

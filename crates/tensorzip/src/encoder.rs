@@ -100,6 +100,11 @@ pub fn check_len(len: u64, dtype: DType, shape: &[u64]) -> Result<()> {
             crate::blob::MAX_RANK
         )));
     }
+    if shape.iter().any(|&d| d > crate::blob::MAX_DIM) {
+        return Err(Error::InvalidInput(format!(
+            "shape {shape:?} has a dimension of 2^63 or more"
+        )));
+    }
     let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     let nbytes = numel.and_then(|n| n.checked_mul(dtype.itemsize() as u64));
     match nbytes {

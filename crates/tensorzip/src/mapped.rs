@@ -154,6 +154,21 @@ pub fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
+/// Opens `path` for reading without blocking on what is not a regular file: a FIFO's open
+/// otherwise waits for a writer (`tensorzip compress pipe`, Python `load_file(fifo)` hung with
+/// the GIL held), so on Unix the open is non-blocking — no effect on a regular file's reads or
+/// mappings. Callers check the file's type on the handle (`metadata`) before mapping it.
+pub fn open_input(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    o.open(path)
+}
+
 /// Makes a rename or link into `dest`'s directory durable: `fsync` of that directory (Unix; a
 /// hint elsewhere, and on file systems that refuse to sync a directory). Without it a crash soon
 /// after the rename may leave the old name, or none, although the file's data was synced.

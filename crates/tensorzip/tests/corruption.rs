@@ -921,6 +921,21 @@ fn huge_shapes_are_rejected_before_allocating() {
         assert!(matches!(e, Error::Corrupt(_)), "{dtype} {shape:?}: {e:?}");
         assert!(big < 1 << 16, "{dtype} {shape:?}: allocated {big} bytes");
     }
+    // A zero-size tensor with a dimension no reader can hold (2^63 or more): refused, although
+    // its byte count (0) is fine; 2^63 - 1 is allowed.
+    for (shape, ok) in [
+        (vec![u64::MAX, 0], false),
+        (vec![0, 1 << 63], false),
+        (vec![(1 << 63) - 1, 0], true),
+    ] {
+        let b = tiny_blob(0, DType::U8, 0, 0, &shape);
+        let b = &b[..20 + 8 * shape.len()];
+        let r = tensorzip::decompress(b);
+        match ok {
+            true => assert_eq!(r.map(|t| t.shape).ok(), Some(shape.clone())),
+            false => assert!(matches!(r, Err(Error::Corrupt(_))), "{shape:?}: {r:?}"),
+        }
+    }
     // Large but allowed sizes: the directory (or the data) is not there.
     for shape in [1u64 << 40, 1 << 32, 1 << 20, 1_000_000] {
         let b = patched(&blob, 20, &shape.to_le_bytes());
@@ -1579,7 +1594,7 @@ fn hostile_archive_index_with_valid_crc() {
     // Offset of each entry in the archive.
     let mut at = io + 4;
     let mut entry_at = Vec::new();
-    for s in &a.segments {
+    for s in a.segments.iter() {
         entry_at.push(at);
         at += 41 + 4 * s.blob_crcs.len();
     }

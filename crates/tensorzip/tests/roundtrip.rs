@@ -639,6 +639,8 @@ fn invalid_inputs_and_options_are_rejected() {
     bad_input(tensorzip::compress(&data, DType::F32, &[17], &ok));
     bad_input(tensorzip::compress(&data, DType::U8, &[u64::MAX, 2], &ok));
     bad_input(tensorzip::compress(&data, DType::U8, &[1 << 57], &ok));
+    bad_input(tensorzip::compress(&[], DType::U8, &[1 << 63, 0], &ok));
+    assert!(tensorzip::compress(&[], DType::U8, &[(1 << 63) - 1, 0], &ok).is_ok());
     bad_input(tensorzip::compress(&data[..1], DType::U8, &[1; 65], &ok));
     let bad_opt = |o: CompressOptions| {
         let r = tensorzip::compress(&data, DType::U8, &[64], &o);

@@ -47,8 +47,7 @@ def _check_tensor(tensor) -> None:
         raise TypeError(f"unsupported dtype {tensor.dtype}")
     if tensor.dim() > _MAX_NDIM:
         raise ValueError(f"at most {_MAX_NDIM} dimensions are supported")
-    if tensor.layout != torch.strided:
-        raise ValueError(f"only strided tensors are supported, not {tensor.layout}")
+    _core.check_memory(tensor)
 
 
 def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, checksum_chunk_bytes: int | None):
@@ -224,6 +223,7 @@ def _check_blob(blob) -> None:
         raise TypeError(f"blob must be a torch.Tensor, got {type(blob).__name__}")
     if blob.dtype != torch.uint8 or blob.dim() != 1:
         raise ValueError("blob must be a 1-D uint8 tensor")
+    _core.check_memory(blob, "blob")
 
 
 def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | None = None) -> torch.Tensor:

@@ -7,6 +7,7 @@ reference to it for the duration of the native call. Nothing in this module is p
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from dataclasses import astuple, dataclass
 
@@ -87,14 +88,43 @@ def check_options(opts: Options) -> None:
         raise ValueError(f"block_units = {b} must be a power of two in 32..=65536")
     if not 0 < opts.passthrough_threshold <= 1:
         raise ValueError(f"passthrough_threshold = {opts.passthrough_threshold} must be in (0, 1]")
-    if opts.min_compress_bytes < 0:
-        raise ValueError(f"min_compress_bytes = {opts.min_compress_bytes} must be non-negative")
+    if not 0 <= opts.min_compress_bytes <= sys.maxsize:
+        raise ValueError(f"min_compress_bytes = {opts.min_compress_bytes} must be in 0..={sys.maxsize}")
     if not 1 <= opts.max_tables <= 64:
         raise ValueError(f"max_tables = {opts.max_tables} must be in 1..=64")
 
 
+def check_memory(t: torch.Tensor, what: str = "tensor") -> None:
+    """Refuses a tensor whose bytes tensorzip cannot read: not on the CPU or a CUDA device (meta,
+    MPS, XPU: an address there is not host memory), quantized (its scale and zero point live
+    beside the bytes and would be lost), nested, not strided, or a subclass without storage of
+    its own (`_make_wrapper_subclass`: a data pointer of 0)."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what} on {t.device}: tensorzip reads CPU and CUDA tensors only")
+    if t.is_quantized:
+        raise TypeError(
+            f"{what} is quantized ({t.dtype}): its scale and zero point would be lost; "
+            "pass t.int_repr() or t.dequantize()"
+        )
+    if t.is_nested:
+        raise TypeError(f"{what} is a nested tensor; pass its components")
+    if t.layout != torch.strided:
+        raise ValueError(f"only strided tensors are supported, not {t.layout}")
+    try:
+        ptr = t.data_ptr() if t.numel() else 1
+    except RuntimeError:  # FakeTensor and other subclasses that refuse to give one
+        ptr = 0
+    if ptr == 0:
+        raise TypeError(
+            f"{what} has no memory of its own ({type(t).__name__}: a tensor subclass without "
+            "storage?); convert it to a plain tensor first"
+        )
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes in row-major order as a contiguous 1-D uint8 tensor (a view when possible)."""
+    """The tensor's bytes in row-major order as a contiguous 1-D uint8 tensor (a view when possible).
+    Raises as `check_memory` for a tensor whose bytes cannot be read."""
+    check_memory(t)
     t = t.detach()
     # Conjugate and negative views keep their values' sign as a flag beside unchanged memory:
     # the bytes to store are the values', materialised.
@@ -109,7 +139,9 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     # tensor contiguous whatever the strides of its dimensions of size 1 (`x[:, 3][2:3]` has
     # stride 301), and `reshape` keeps such a stride, which `view` to bytes refuses: the flat
     # view is made with stride 1 explicitly.
-    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
+    out = t.as_strided((t.numel(),), (1,)).view(torch.uint8)
+    check_memory(out)
+    return out
 
 
 def from_rust(buf: "_native.RustBytes") -> torch.Tensor:

@@ -106,6 +106,8 @@ class CompressedTensor:
             meta = json.loads(_codec._bytes_of(_core.as_bytes(state[_STATE_HEAD.size : at].cpu())))
             _core.dtype_of(meta["dtype"])
             meta["shape"] = [int(d) for d in meta["shape"]]
+            if any(d < 0 for d in meta["shape"]):
+                raise ValueError(f"negative dimension in shape {meta['shape']}")
             if meta["compress_method"] not in _METHODS:
                 raise ValueError(f"unknown compress_method {meta['compress_method']!r}")
         except (ValueError, KeyError, TypeError) as e:
@@ -246,6 +248,9 @@ def compress(tensor: torch.Tensor, config: CompressionConfig) -> CompressedTenso
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     _validate_config(config)
+    # A tensor whose bytes cannot be read (meta, quantized, storage-less) is an error, not a
+    # fallback to raw: raw needs its bytes too.
+    _core.check_memory(tensor)
     if isinstance(config, RawConfig):
         return CompressedTensor._pack(_raw_blob(tensor), "raw", tensor)
     if isinstance(config, TensorZipConfig):
@@ -257,6 +262,10 @@ def compress(tensor: torch.Tensor, config: CompressionConfig) -> CompressedTenso
             return _fallback(tensor, "tensorzip", error)
         return CompressedTensor._pack(blob, "tensorzip", tensor)
     raise TypeError(f"no scheme for config {type(config).__name__}")
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
 
 
 def _raw_blob(tensor: torch.Tensor) -> torch.Tensor:
@@ -292,10 +301,21 @@ def decompress(compressed: CompressedTensor, config: CompressionConfig) -> torch
     else:
         out = _codec.decompress_tensor(blob, device=device)
     encoded = compressed.encoded_dtype
-    if out.dtype != encoded:
+    shape = compressed.shape
+    # The state's JSON is not covered by the blob's checksums: it must describe the blob exactly
+    # (an edited dtype of the same size, or a permuted shape, would otherwise reinterpret it).
+    if out.dtype == encoded:
+        agrees = out.shape == shape
+    else:
         # A raw fallback of a dtype the format does not have is stored as bytes.
+        agrees = out.dtype == torch.uint8 and out.dim() == 1 and out.numel() == shape.numel() * _itemsize(encoded)
+    if not agrees:
+        raise ValueError(
+            f"corrupt CompressedTensor: its metadata says {encoded} {tuple(shape)}, its blob holds {out.dtype} {tuple(out.shape)}"
+        )
+    if out.dtype != encoded:
         out = out.view(encoded)
-    out = out.reshape(compressed.shape)
+    out = out.reshape(shape)
     if compressed.dtype != encoded:
         out = out.to(compressed.dtype)
     return out
