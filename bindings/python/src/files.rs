@@ -500,9 +500,14 @@ fn verify_file(py: Python<'_>, src: PathBuf, against: Option<PathBuf>) -> PyResu
     })
 }
 
-/// Opens the archive at `path`.
+/// Opens the archive at `path`, with the GIL released (the index is read and checked, the
+/// safetensors header decoded: up to ~100 MB of work).
 #[pyfunction]
-fn open_archive(path: PathBuf) -> PyResult<ArchiveFile> {
+fn open_archive(py: Python<'_>, path: PathBuf) -> PyResult<ArchiveFile> {
+    py.detach(|| open_archive_at(path))
+}
+
+fn open_archive_at(path: PathBuf) -> PyResult<ArchiveFile> {
     let shown = path.display().to_string();
     let named = |e| named(&shown, e);
     let map = map_input(&path, &shown)?;

@@ -239,6 +239,20 @@ def test_out_of_range_options_name_the_field(gen):
             call()
 
 
+def test_arguments_of_the_wrong_type_are_named(gen, tmp_path):
+    t = gen(torch.float32, (8, 8), 6)
+    with pytest.raises(TypeError, match="pin_memory"):
+        tz.compress_tensor(t, pin_memory="no")
+    tz.save_file({"w": t}, tmp_path / "m.tz")
+    tz.decompress_file(tmp_path / "m.tz", tmp_path / "m.safetensors")
+    with pytest.raises(TypeError, match="verify"):
+        tz.compress_file(tmp_path / "m.safetensors", tmp_path / "n.tz", verify=1)
+    with tz.safe_open(tmp_path / "m.tz") as f:
+        for call in (lambda: f.get_tensor(3), lambda: f.get_slice(3)):
+            with pytest.raises(TypeError, match="name is a str"):
+                call()
+
+
 def test_compressed_tensor_metadata_must_match_its_blob(gen):
     """A CompressedTensor's JSON is not under the blob's checksums: an edited dtype of the same
     size or a permuted shape is refused at decompress instead of reinterpreting the bytes."""

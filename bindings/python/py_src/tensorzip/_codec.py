@@ -53,6 +53,7 @@ def _check_tensor(tensor) -> None:
 def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, checksum_chunk_bytes: int | None):
     """Blob (1-D uint8 CPU tensor) and, if asked, the blob's CRC-32s (1-D uint32 CPU tensor)."""
     _check_tensor(tensor)
+    _core.check_bool("pin_memory", pin_memory)
     if checksum_chunk_bytes is not None:
         if isinstance(checksum_chunk_bytes, bool) or not isinstance(checksum_chunk_bytes, int):
             raise TypeError("checksum_chunk_bytes must be an int")

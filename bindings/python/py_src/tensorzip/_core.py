@@ -71,6 +71,13 @@ class Options:
         return astuple(self)
 
 
+def check_bool(name: str, value) -> None:
+    """Raises TypeError naming `name` unless `value` is a bool (a truthy string such as "no" is not
+    taken for one)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+
+
 def check_options(opts: Options) -> None:
     """Raises TypeError / ValueError naming the field, before any work is done."""
     for name in ("chunk_bytes", "block_units", "min_compress_bytes", "max_tables"):
@@ -79,8 +86,7 @@ def check_options(opts: Options) -> None:
             raise TypeError(f"{name} must be an int, not {type(v).__name__}")
     if isinstance(opts.passthrough_threshold, bool) or not isinstance(opts.passthrough_threshold, (int, float)):
         raise TypeError(f"passthrough_threshold must be a float, not {type(opts.passthrough_threshold).__name__}")
-    if not isinstance(opts.condition, bool):
-        raise TypeError(f"condition must be a bool, not {type(opts.condition).__name__}")
+    check_bool("condition", opts.condition)
     if opts.chunk_bytes <= 0 or opts.chunk_bytes % 8 or opts.chunk_bytes > 16 << 20:
         raise ValueError(f"chunk_bytes = {opts.chunk_bytes} must be a positive multiple of 8, at most {16 << 20}")
     b = opts.block_units

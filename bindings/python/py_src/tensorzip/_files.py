@@ -154,6 +154,8 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         return self._file.metadata()
 
     def _empty(self, name: str, device: torch.device) -> torch.Tensor:
+        if not isinstance(name, str):
+            raise TypeError(f"a tensor name is a str, not {type(name).__name__}")
         st, shape, nbytes = self._file.info(name)
         dtype = _torch_dtype(st)
         t = torch.empty(tuple(shape), dtype=dtype, device=device)
@@ -173,6 +175,8 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         return out if self._device.type == "cpu" else out.to(self._device)
 
     def get_slice(self, name: str) -> "_Slice":
+        if not isinstance(name, str):
+            raise TypeError(f"a tensor name is a str, not {type(name).__name__}")
         return _Slice(self, name)
 
 
@@ -436,6 +440,7 @@ def compress_file(
     src = os.fsdecode(src)
     dst = src + ".tz" if dst is None else os.fsdecode(dst)
     opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    _core.check_bool("verify", verify)
     return _native.compress_file(src, dst, opts.args(), verify)
 
 
