@@ -149,90 +149,101 @@ fn save_file_gpu(
 ) -> PyResult<()> {
     let opts = opts.options()?;
     let eng = engine_on(device, stream)?;
-    let core = |e: tensorzip_cuda::Error| e.into_core();
-    let saved = restoring(|| {
+    // The pool is trimmed with the GIL still released (unmapping costs tens of ms a gigabyte).
+    restoring(|| {
         py.detach(|| -> PyResult<()> {
-            let (head, segs) = plan_file(&entries, metadata.as_deref())?;
-            write_atomically(&path, |f| {
-                let mut aw = ArchiveWriter::new(f, 0).map_err(to_py)?;
-                let h = &segs[0];
-                aw.append(&segs[..1], &[tensorzip::checksum::crc32(&head)], |w| {
-                    let len = cpu().encode_blob(&head, h.dtype, &h.shape, &opts, w, &|_| {})?;
-                    Ok(vec![len])
-                })
-                .map_err(to_py)?;
-                let lens: Vec<u64> = segs[1..].iter().map(|s| s.len).collect();
-                for run in tensorzip_cuda::archive::batches(&lens) {
-                    let (i, j) = (run.start + 1, run.end + 1);
-                    // Segment `k` is tensor `k - 1`; empty ones are coded on the CPU.
-                    let on_gpu: Vec<usize> = (i..j).filter(|&k| segs[k].len > 0).collect();
-                    let tensors: Vec<DeviceTensor> = on_gpu
-                        .iter()
-                        .map(|&k| DeviceTensor {
-                            ptr: entries[k - 1].3,
-                            nbytes: entries[k - 1].4,
-                            dtype: segs[k].dtype,
-                            shape: segs[k].shape.clone(),
-                        })
-                        .collect();
-                    let ranges: Vec<(u64, u64)> =
-                        tensors.iter().map(|t| (t.ptr, t.nbytes as u64)).collect();
-                    // SAFETY: the torch layer passes live contiguous CUDA tensors of these byte
-                    // counts on `device`, kept alive and unmodified during the call.
-                    let (blobs, gpu_crcs) = match tensors.is_empty() {
-                        true => (Ok(Vec::new()), Ok(Vec::new())),
-                        false => unsafe {
-                            (
-                                eng.compress_batch_device(&tensors, &opts),
-                                eng.crc32_ranges_device(&ranges),
-                            )
-                        },
-                    };
-                    let (blobs, gpu_crcs) = (blobs.map_err(gpu_err)?, gpu_crcs.map_err(gpu_err)?);
-                    if blobs.len() != tensors.len() || gpu_crcs.len() != tensors.len() {
-                        return Err(gpu_err(tensorzip_cuda::Error::Kernel(format!(
-                            "{} blobs and {} checksums for {} tensors",
-                            blobs.len(),
-                            gpu_crcs.len(),
-                            tensors.len()
-                        ))));
-                    }
-                    let (mut blobs, mut gpu_crcs) = (blobs.into_iter(), gpu_crcs.into_iter());
-                    let crcs: Vec<u32> = (i..j)
-                        .map(|k| match segs[k].len {
-                            0 => tensorzip::checksum::crc32(&[]),
-                            _ => gpu_crcs.next().unwrap_or(0),
-                        })
-                        .collect();
-                    aw.append(&segs[i..j], &crcs, |w| {
-                        let mut lens = Vec::with_capacity(j - i);
-                        for s in &segs[i..j] {
-                            if s.len == 0 {
-                                let len =
-                                    cpu().encode_blob(&[], s.dtype, &s.shape, &opts, w, &|_| {})?;
-                                lens.push(len);
-                                continue;
-                            }
-                            let blob = blobs.next().ok_or_else(|| {
-                                tensorzip::Error::Engine("GPU: a blob is missing".into())
-                            })?;
-                            let ptr = blob.buf.device_ptr(eng.stream()).0;
-                            // SAFETY: the blob's buffer holds at least `blob.len` bytes.
-                            unsafe { eng.download_to(ptr, blob.len as u64, w) }.map_err(core)?;
-                            lens.push(blob.len as u64);
-                        }
-                        Ok(lens)
-                    })
-                    .map_err(to_py)?;
-                }
-                aw.finish(segs.last().map_or(0, |s| s.offset + s.len))
-                    .map_err(to_py)?;
-                Ok(())
-            })
+            let saved = save_gpu_batches(&eng, &path, &entries, metadata.as_deref(), &opts);
+            trim_after_file_call(&eng);
+            saved
         })
-    });
-    trim_after_file_call(&eng);
-    saved
+    })
+}
+
+/// [`save_file_gpu`]'s work, with the GIL released.
+fn save_gpu_batches(
+    eng: &tensorzip_cuda::GpuEngine,
+    path: &std::path::Path,
+    entries: &[(String, String, Vec<u64>, u64, usize)],
+    metadata: Option<&[(String, String)]>,
+    opts: &tensorzip::CompressOptions,
+) -> PyResult<()> {
+    let core = |e: tensorzip_cuda::Error| e.into_core();
+    let (head, segs) = plan_file(entries, metadata)?;
+    write_atomically(path, |f| {
+        let mut aw = ArchiveWriter::new(f, 0).map_err(to_py)?;
+        let h = &segs[0];
+        aw.append(&segs[..1], &[tensorzip::checksum::crc32(&head)], |w| {
+            let len = cpu().encode_blob(&head, h.dtype, &h.shape, opts, w, &|_| {})?;
+            Ok(vec![len])
+        })
+        .map_err(to_py)?;
+        let lens: Vec<u64> = segs[1..].iter().map(|s| s.len).collect();
+        for run in tensorzip_cuda::archive::batches(&lens) {
+            let (i, j) = (run.start + 1, run.end + 1);
+            // Segment `k` is tensor `k - 1`; empty ones are coded on the CPU.
+            let on_gpu: Vec<usize> = (i..j).filter(|&k| segs[k].len > 0).collect();
+            let tensors: Vec<DeviceTensor> = on_gpu
+                .iter()
+                .map(|&k| DeviceTensor {
+                    ptr: entries[k - 1].3,
+                    nbytes: entries[k - 1].4,
+                    dtype: segs[k].dtype,
+                    shape: segs[k].shape.clone(),
+                })
+                .collect();
+            let ranges: Vec<(u64, u64)> =
+                tensors.iter().map(|t| (t.ptr, t.nbytes as u64)).collect();
+            // SAFETY: the torch layer passes live contiguous CUDA tensors of these byte
+            // counts on `device`, kept alive and unmodified during the call.
+            let (blobs, gpu_crcs) = match tensors.is_empty() {
+                true => (Ok(Vec::new()), Ok(Vec::new())),
+                false => unsafe {
+                    (
+                        eng.compress_batch_device(&tensors, opts),
+                        eng.crc32_ranges_device(&ranges),
+                    )
+                },
+            };
+            let (blobs, gpu_crcs) = (blobs.map_err(gpu_err)?, gpu_crcs.map_err(gpu_err)?);
+            if blobs.len() != tensors.len() || gpu_crcs.len() != tensors.len() {
+                return Err(gpu_err(tensorzip_cuda::Error::Kernel(format!(
+                    "{} blobs and {} checksums for {} tensors",
+                    blobs.len(),
+                    gpu_crcs.len(),
+                    tensors.len()
+                ))));
+            }
+            let (mut blobs, mut gpu_crcs) = (blobs.into_iter(), gpu_crcs.into_iter());
+            let crcs: Vec<u32> = (i..j)
+                .map(|k| match segs[k].len {
+                    0 => tensorzip::checksum::crc32(&[]),
+                    _ => gpu_crcs.next().unwrap_or(0),
+                })
+                .collect();
+            aw.append(&segs[i..j], &crcs, |w| {
+                let mut lens = Vec::with_capacity(j - i);
+                for s in &segs[i..j] {
+                    if s.len == 0 {
+                        let len = cpu().encode_blob(&[], s.dtype, &s.shape, opts, w, &|_| {})?;
+                        lens.push(len);
+                        continue;
+                    }
+                    let blob = blobs
+                        .next()
+                        .ok_or_else(|| tensorzip::Error::Engine("GPU: a blob is missing".into()))?;
+                    let ptr = blob.buf.device_ptr(eng.stream()).0;
+                    // SAFETY: the blob's buffer holds at least `blob.len` bytes.
+                    unsafe { eng.download_to(ptr, blob.len as u64, w) }.map_err(core)?;
+                    lens.push(blob.len as u64);
+                }
+                Ok(lens)
+            })
+            .map_err(to_py)?;
+        }
+        aw.finish(segs.last().map_or(0, |s| s.offset + s.len))
+            .map_err(to_py)?;
+        Ok(())
+    })
 }
 
 /// The segments of a file being saved: segment 0 is the safetensors header, segment `i` tensor
@@ -683,6 +694,9 @@ impl ArchiveFile {
     /// Decodes the tensors `names` into device memory (`outs`: device addresses, sized by `info`)
     /// on GPU `device`, stream `stream`, in one launch: their blobs are checked on the host and
     /// uploaded together; the decoded bytes' CRC-32s are checked on the GPU.
+    /// With `trim`, the engine's pool is trimmed to `gpu::FILE_CALL_POOL_KEEP` afterwards (a
+    /// whole file's load); one-by-one reads leave it for the next read (`safe_open` trims when
+    /// it closes: `gpu_trim`).
     fn gpu_decode(
         &self,
         py: Python<'_>,
@@ -690,6 +704,7 @@ impl ArchiveFile {
         outs: Vec<u64>,
         device: usize,
         stream: usize,
+        trim: bool,
     ) -> PyResult<()> {
         let segs = self.segments_of(&names, outs.len())?;
         let ar = self.archive()?;
@@ -715,10 +730,12 @@ impl ArchiveFile {
                 for &i in &segs {
                     self.map.release(ar.blob_range(i));
                 }
+                if trim {
+                    trim_after_file_call(&eng);
+                }
                 unchanged(&self.map, path, done)
             })
         });
-        trim_after_file_call(&eng);
         decoded
     }
 }

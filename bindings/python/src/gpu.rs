@@ -113,7 +113,11 @@ impl Drop for GpuBlob {
     fn drop(&mut self) {
         if let Some(b) = self.blob.take() {
             restoring(|| {
-                let _ = self.engine.context().bind_to_thread();
+                let ctx = self.engine.context();
+                // An error an earlier free recorded would make `bind_to_thread` return it before
+                // binding (cudarc checks first): cleared here, it cannot keep this free unbound.
+                let _ = ctx.check_err();
+                let _ = ctx.bind_to_thread();
                 drop(b);
             });
         }
@@ -316,8 +320,21 @@ fn gpu_release_memory(py: Python<'_>, device: Option<usize>) -> PyResult<()> {
     Ok(())
 }
 
+/// Trims the pool of device `device`'s engine to [`FILE_CALL_POOL_KEEP`], if an engine was made
+/// for it (a `safe_open` reader on a GPU, when it closes: its one-by-one reads kept the buffers
+/// between them). Best effort, with the GIL released.
+#[pyfunction]
+fn gpu_trim(py: Python<'_>, device: usize) -> PyResult<()> {
+    let eng = engines()?.get(&device).cloned();
+    if let Some(eng) = eng {
+        py.detach(|| trim_after_file_call(&eng));
+    }
+    Ok(())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GpuBlob>()?;
+    m.add_function(wrap_pyfunction!(gpu_trim, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_release_memory, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_compress, m)?)?;

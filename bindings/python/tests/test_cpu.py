@@ -868,6 +868,7 @@ def test_release_gpu_memory_without_a_gpu_engine():
     """Nothing to give back where the GPU engine was never used (or cannot run): no error, no
     engine made; a device that is not CUDA is refused."""
     tz.release_gpu_memory()
+    tz.release_gpu_memory("cuda")  # no CUDA here: nothing to give back, no error
     with pytest.raises(ValueError, match="not a CUDA device"):
         tz.release_gpu_memory("cpu")
 

@@ -196,6 +196,14 @@ def test_engine_memory_is_given_back(tmp_path):
         tz.release_gpu_memory(x.device)
         assert free() - before <= (64 << 20) + slack, "a file-level call left more than 64 MiB reserved"
         del out
+    # A safe_open reader keeps its buffers between get_tensor calls and trims when it closes.
+    with tz.safe_open(tmp_path / "x.tz", device="cuda") as f:
+        y = f.get_tensor("x")
+        y2 = f.get_tensor("x")
+    before = free()
+    tz.release_gpu_memory(x.device)
+    assert free() - before <= (64 << 20) + slack, "a closed safe_open reader left more than 64 MiB reserved"
+    assert same(y, x) and same(y2, x)
     assert same(tz.decompress_tensor(blob), x.cpu())
     tz.release_gpu_memory(0)
     with pytest.raises(ValueError, match="not a CUDA device"):

@@ -462,8 +462,8 @@ fn pad_to_blocks(chunks: &[ChunkDesc], warps: usize) -> Vec<ChunkDesc> {
 fn keep_pool_memory(ctx: &CudaContext) {
     use cudarc::driver::sys;
     let mut threshold: u64 = u64::MAX;
-    if let Ok(pool) = default_pool(ctx) {
-        // SAFETY: a plain driver call on the device's default pool; `threshold` outlives it.
+    if let Ok(pool) = current_pool(ctx) {
+        // SAFETY: a plain driver call on the device's current pool; `threshold` outlives it.
         unsafe {
             let _ = sys::cuMemPoolSetAttribute(
                 pool,
@@ -474,13 +474,19 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
-/// The device's default memory pool (where the engine's stream-ordered allocations come from).
-fn default_pool(ctx: &CudaContext) -> Result<cudarc::driver::sys::CUmemoryPool> {
+/// The device's current memory pool, where the engine's stream-ordered allocations
+/// (`cuMemAllocAsync`) come from: its default pool unless another library in the process set
+/// another (`cudaDeviceSetMemPool`). Where the device has no pools (cudarc then allocates with
+/// `cuMemAlloc`), the driver's error.
+fn current_pool(ctx: &CudaContext) -> Result<cudarc::driver::sys::CUmemoryPool> {
     use cudarc::driver::sys;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // An error an earlier asynchronous free recorded is not this call's: cleared, so that
+    // `bind_to_thread` (which reports it first) binds.
+    let _ = ctx.check_err();
     ctx.bind_to_thread()?;
     // SAFETY: a plain driver call on this context's device; `pool` outlives it.
-    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result()?;
+    unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) }.result()?;
     Ok(pool)
 }
 
@@ -792,16 +798,27 @@ impl GpuEngine {
     }
 
     /// Waits for the engine's stream, then gives the memory its freed buffers left in the
-    /// device's default pool back to the driver, down to `keep` bytes. The engine keeps freed
+    /// device's current pool back to the driver, down to `keep` bytes. The engine keeps freed
     /// memory in that pool (see `keep_pool_memory`: a call allocates its scratch and blobs anew,
     /// and mapping gigabytes again costs ~20 ms), so after a large call the process holds up to
     /// that call's working set — memory other allocators (torch's caching allocator) cannot use
     /// and do not count. Callers that are done with the GPU engine for a while call this.
+    ///
+    /// With `keep == 0` (give back everything) the whole context is waited for, not only the
+    /// engine's stream: frees queued on other streams (a tensor-level call on a torch side stream)
+    /// count as outstanding until the host has seen them complete. Where the device has no memory
+    /// pools (cudarc allocates with `cuMemAlloc` and frees at once) there is nothing to give back.
     pub fn release_pool_memory(&self, keep: u64) -> Result<()> {
-        self.stream.synchronize()?;
-        let pool = default_pool(&self.ctx)?;
-        // SAFETY: `pool` is the device's default pool; trimming releases only memory no
-        // allocation uses (the stream's frees have completed above).
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        match keep {
+            0 => self.ctx.synchronize()?,
+            _ => self.stream.synchronize()?,
+        }
+        let pool = current_pool(&self.ctx)?;
+        // SAFETY: `pool` is the device's current pool; trimming releases only memory no
+        // allocation uses (the frees waited for above have completed).
         unsafe { cudarc::driver::sys::cuMemPoolTrimTo(pool, keep as usize) }.result()?;
         Ok(())
     }

@@ -194,7 +194,8 @@ def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
     The engine allocates each call's buffers (blobs, scratch) from the device's memory pool and
     keeps what it frees there, so that the next call does not map the memory again (~20 ms per
     gigabyte). torch's caching allocator can neither use nor see that reserve. File-level calls
-    (`load_file`, `save_file`, `safe_open` reads onto a GPU) trim it to 64 MiB when they end;
+    (`load_file`, `save_file`, a `safe_open` reader on a GPU when its `with` block ends) trim it
+    to 64 MiB;
     after tensor-level calls (`compress_tensor` / `decompress_tensor` of CUDA tensors) it holds up
     to the largest call's working set — a few times the tensor's size. Call this when done with
     such calls for a while. `device`: one CUDA device, or None for every device tensorzip has used.
@@ -204,6 +205,8 @@ def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
         dev = as_device(device)
         if dev.type != "cuda":
             raise ValueError(f"release_gpu_memory: {dev} is not a CUDA device")
+        if gpu_unavailable_reason() is not None:
+            return  # no engine can exist (and torch has no current CUDA device to ask for)
         index = cuda_index(dev)
     if gpu_unavailable_reason() is None:
         _native.gpu_release_memory(index)

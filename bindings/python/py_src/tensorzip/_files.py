@@ -129,6 +129,7 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         self._name = os.fsdecode(filename)
         self._handle: _native.ArchiveFile | None = _native.open_archive(self._name)
         self._device = _core.as_device(device)
+        self._used_gpu = False  # whether reads went through the GPU engine (trimmed on exit)
 
     @property
     def _file(self):
@@ -142,6 +143,10 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
 
     def __exit__(self, *exc) -> None:
         self._handle = None
+        if self._used_gpu:
+            # One-by-one reads kept the engine's buffers between them; the reader is done.
+            self._used_gpu = False
+            _native.gpu_trim(_core.cuda_index(self._device))
 
     def keys(self) -> list[str]:
         return sorted(self._file.keys())
@@ -167,7 +172,8 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         """Decodes tensor `name` (only its blob is read) onto the reader's device."""
         if self._device.type == "cuda" and _core.gpu_available():
             out = self._empty(name, self._device)
-            _decode_gpu(self._file, [name], [out], self._device)
+            _decode_gpu(self._file, [name], [out], self._device, False)
+            self._used_gpu = True
             return out
         out = self._empty(name, torch.device("cpu"))
         b = _core.as_bytes(out)
@@ -245,10 +251,13 @@ def _rows_of(index, shape: list[int]):
     return r0, r1, (slice(0, r1 - r0, picked.step), *items[1:])
 
 
-def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.device) -> None:
+def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.device, trim: bool) -> None:
+    """One launch for `names` into `outs`; with `trim`, the engine's pool is trimmed to 64 MiB
+    after it (a whole file's load; one-by-one reads keep their buffers for the next and trim when
+    the reader closes)."""
     with torch.cuda.device(device):
         ptrs = [(_core.as_bytes(o).data_ptr() if o.numel() else 0) for o in outs]
-        file.gpu_decode(names, ptrs, _core.cuda_index(device), _core.stream_of(device))
+        file.gpu_decode(names, ptrs, _core.cuda_index(device), _core.stream_of(device), trim)
 
 
 def load_file(filename: str | bytes | os.PathLike, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -265,7 +274,7 @@ def _load_all(f: "safe_open") -> dict[str, torch.Tensor]:
     dev = f._device
     if dev.type == "cuda" and _core.gpu_available():
         outs = [f._empty(n, dev) for n in names]
-        _decode_gpu(f._file, names, outs, dev)
+        _decode_gpu(f._file, names, outs, dev, True)
         return dict(zip(names, outs))
     # All tensors in one call: decoded concurrently (a model's small tensors, a chunk or two each,
     # left cores idle one at a time).
