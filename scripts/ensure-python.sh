@@ -9,8 +9,11 @@ if [[ ! -x $PY ]]; then
         echo "[setup] python3 -m venv failed: installing python3-venv" >&2
         rm -rf "$VENV"
         if command -v apt-get >/dev/null 2>&1; then
-            (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip) >&2 ||
-                sudo sh -c 'apt-get update -qq && apt-get install -y -qq python3-venv python3-pip' >&2
+            if [[ $(id -u) == 0 ]]; then
+                (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip) >&2
+            elif ! sudo -n sh -c 'apt-get update -qq && apt-get install -y -qq python3-venv python3-pip' >&2; then
+                echo "[setup] cannot install python3-venv: not root and no passwordless sudo" >&2
+            fi
         fi
         python3 -m venv "$VENV"
     fi
@@ -18,12 +21,13 @@ fi
 pip_install() {
     "$PY" -m pip install --disable-pip-version-check -q "$@" >&2
 }
-"$PY" -c "import maturin, pytest" >/dev/null 2>&1 || pip_install "maturin>=1.5,<2" pytest
+"$PY" -c "import maturin, pytest" >/dev/null 2>&1 || pip_install "maturin>=1.5,<2" "pytest>=8,<10"
 if [[ ${TENSORZIP_NEED_TORCH:-0} == 1 ]]; then
     # numpy too: torch imports it when present and warns in every test run when it is not.
     if ! "$PY" -c "import torch, numpy" >/dev/null 2>&1; then
         echo "[setup] installing torch and numpy from PyPI into .venv (a few GB the first time)" >&2
-        pip_install torch numpy
+        # Bounded by the versions the suite has run with (2.11 on the GPU machine, 2.15 here).
+        pip_install "torch>=2.11,<2.16" numpy
     fi
 fi
 export PATH="$VENV/bin:$PATH"

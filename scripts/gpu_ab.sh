@@ -18,6 +18,7 @@ export TENSORZIP_CACHE_DIR=${TENSORZIP_CACHE_DIR:-/tmp/tensorzip-cache}
 chmod +x gpu-bin/* 2>/dev/null
 rounds=$1
 args=$2
+rc=0
 shift 2
 for ((r = 1; r <= rounds; r++)); do
     for v in "$@"; do
@@ -32,6 +33,8 @@ for ((r = 1; r <= rounds; r++)); do
                 line=$(TENSORZIP_DEV_TZ_DECODE_SRC=$v ./gpu-bin/gpu_bench $args)
             fi
         fi
+        [[ -n $line ]] || { line="FAILED (see stderr)"; rc=1; }
         echo "round $r variant $v: $line"
     done
 done
+exit $rc

@@ -12,12 +12,16 @@ test_exe() {
     local target=$1 out=$2
     shift 2
     local exe
-    exe=$(cargo test --release -p tensorzip-cuda "$@" --no-run --message-format=json 2>/dev/null |
+    # Compiler errors print as rendered text (the filter below passes them through), cargo's
+    # own messages go to stderr: a failed build says why.
+    exe=$(cargo test --release -p tensorzip-cuda "$@" --no-run --message-format=json-diagnostic-rendered-ansi |
         TARGET=$target python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == os.environ["TARGET"] and m.get("executable"):
-        print(m["executable"])')
+        print(m["executable"])
+    elif m.get("reason") == "compiler-message" and m["message"].get("level") == "error":
+        sys.stderr.write(m["message"].get("rendered") or "")')
     strip -o "gpu-bin/$out" "$exe"
 }
 test_exe gpu gpu-tests --test gpu

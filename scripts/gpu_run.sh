@@ -39,22 +39,22 @@ if [[ $what == tests || $what == all ]]; then
     echo "== GPU tests"
     ./gpu-bin/gpu-tests --include-ignored --test-threads=1 || rc=1
     ./gpu-bin/gpu-unit --include-ignored --test-threads=1 || rc=1
-    # The command line: an archive written by `compress --gpu` equals the CPU's, byte for byte.
-    sample=gpu-data/sample.safetensors
-    if [[ -f $sample ]]; then
-        ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-gpu.tz -f --gpu &&
-            ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu.tz -f &&
-            cmp /tmp/tz-gpu.tz /tmp/tz-cpu.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu.tz --gpu &&
-            echo "compress --gpu: archive identical to the CPU's" || rc=1
-    else
-        echo "$sample not carried: CLI check skipped"
-    fi
-    # A model directory (two shards, index, config; made here with the standard library) through
-    # one GPU engine shared by the command's files: the --gpu mirror equals the CPU's file for
-    # file, verifies against the original on the GPU, and decompresses on the GPU to the original.
+    # A model directory (two shards, index, config; made here with the standard library).
     md=/tmp/tz-model-dir
     rm -rf "$md" "$md.gpu" "$md.cpu" "$md.back"
-    python3 scripts/make_model_dir.py "$md" &&
+    python3 scripts/make_model_dir.py "$md" || rc=1
+    # The command line: an archive written by `compress --gpu` equals the CPU's, byte for byte
+    # (gpu-data/sample.safetensors where carried, else the directory's first shard).
+    sample=gpu-data/sample.safetensors
+    [[ -f $sample ]] || sample=$md/model-00001-of-00002.safetensors
+    ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-gpu.tz -f --gpu &&
+        ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu.tz -f &&
+        cmp /tmp/tz-gpu.tz /tmp/tz-cpu.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu.tz --gpu &&
+        echo "compress --gpu ($sample): archive identical to the CPU's" || rc=1
+    # The directory through one GPU engine shared by the command's files: the --gpu mirror
+    # equals the CPU's file for file, verifies against the original on the GPU, and
+    # decompresses on the GPU to the original.
+    [[ -d $md ]] &&
         ./gpu-bin/tensorzip compress "$md" -o "$md.gpu" --gpu &&
         ./gpu-bin/tensorzip compress "$md" -o "$md.cpu" &&
         diff -r "$md.gpu" "$md.cpu" &&
@@ -82,6 +82,7 @@ if [[ $what == sanitize || $what == all ]]; then
 fi
 results=${OUT:-/tmp}/gpu-results.jsonl
 if [[ $what == bench || $what == all ]]; then
+    : >"$results" # this run's rows only (a warm machine's /tmp keeps the last run's)
     echo "== benchmark (results in $results)"
     data=/tmp/tzbench
     python3 scripts/gpu_anchors.py gen "$data" || rc=1
@@ -90,6 +91,9 @@ if [[ $what == bench || $what == all ]]; then
         NO_COND=1 ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
     done
     if ls gpu-wheels/*.whl >/dev/null 2>&1; then
+        # A fresh target each time: pip leaves an existing package in a --target directory as
+        # it was (a warm machine would test the last run's wheels).
+        rm -rf /tmp/site
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site gpu-wheels/*.whl || rc=1
         PYTHONPATH=/tmp/site python3 scripts/gpu_anchors.py run "$data"/synth-bf16.safetensors \
             "$data"/synth-f32.safetensors | tee -a "$results" || rc=1
@@ -100,17 +104,20 @@ fi
 if [[ $what == python ]]; then
     echo "== Python package"
     site=/tmp/tz-site
+    rm -rf "$site" # see above: pip would keep the last run's package
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" gpu-py/*.whl || rc=1
     if ls gpu-wheels/cuzipnn-*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
             gpu-wheels/cuzipnn-*.whl gpu-wheels/nvidia_libnvcomp_cu13-*.whl || rc=1
     fi
-    PYTHONPATH=$site python3 -m pytest bindings/python/tests -q -rs -p no:cacheprovider || rc=1
+    # On this machine a GPU test that skips is a failure (conftest.py: TENSORZIP_REQUIRE_GPU).
+    TENSORZIP_REQUIRE_GPU=1 PYTHONPATH=$site python3 -m pytest bindings/python/tests -q -rs -p no:cacheprovider || rc=1
     PYTHONPATH=$site python3 bindings/python/bench/bench.py gpu || rc=1
 fi
 if [[ $what == load ]]; then
     echo "== loading whole files onto the GPU"
     site=/tmp/tz-load-site
+    rm -rf "$site"
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" gpu-py/*.whl || rc=1
     shift
     PYTHONPATH=$site python3 bindings/python/bench/bench.py load "$@" || rc=1

@@ -3,7 +3,7 @@
 the way the engine does at run time (`crates/tensorzip-cuda/src/compile.rs`: `kernels/smem.cuh` in
 front, `--std=c++17 -lineinfo`, each compile unit by its `TZ_UNIT` value), so that a kernel that
 does not compile is found before a device call is spent on it. NVRTC comes from the
-`nvidia-cuda-nvrtc-cu12` wheel: the running interpreter's, or one installed into target/nvrtc-venv
+`nvidia-cuda-nvrtc` 13 wheel: the running interpreter's, or one installed into target/nvrtc-venv
 on first use. scripts/test.sh runs it (CI has no GPU: this is where the kernels are compiled).
 
     scripts/nvrtc_check.py                  every unit of every kernel source
@@ -28,25 +28,37 @@ VENV = os.path.join(ROOT, "target/nvrtc-venv")
 UNITS = {"decode.cu": range(-1, 7), "encode.cu": range(-1, 7), "search.cu": [-1]}
 
 
+def _site_libs(root, pattern):
+    return sorted(glob.glob(os.path.join(root, pattern)))
+
+
 def nvrtc():
-    # The running interpreter's NVRTC wheel if it has one (scripts/test.sh installs it into the
-    # project's .venv), else our own venv's, installed now if missing.
+    # NVRTC 13 first: the engine is built for CUDA 13 (cudarc's `cuda-13000`) and the device
+    # compiles with NVRTC 13, so a kernel that only NVRTC 13 refuses must fail here too. The
+    # `nvidia-cuda-nvrtc` 13 wheel (scripts/test.sh installs it; torch's CUDA 13 build depends on
+    # it) puts it in nvidia/cu13/lib; NVRTC 12's wheel (nvidia/cuda_nvrtc/lib) is the fallback.
     libs = []
     try:
-        import nvidia.cuda_nvrtc  # noqa: F401  (a namespace package: its path is what we need)
+        import nvidia  # noqa: F401  (a namespace package: its path is what we need)
 
-        for d in nvidia.cuda_nvrtc.__path__:
-            libs += glob.glob(os.path.join(d, "lib/libnvrtc.so.*"))
+        for d in nvidia.__path__:
+            libs += _site_libs(d, "cu13/lib/libnvrtc.so.13*")
+        for d in nvidia.__path__:
+            libs += _site_libs(d, "cuda_nvrtc/lib/libnvrtc.so.*")
     except ImportError:
         pass
     if not libs:
-        libs = glob.glob(os.path.join(VENV, "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*"))
+        libs = _site_libs(VENV, "lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13*")
     if not libs:
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-        subprocess.run([os.path.join(VENV, "bin/pip"), "install", "-q", "nvidia-cuda-nvrtc-cu12"], check=True)
-        libs = glob.glob(os.path.join(VENV, "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*"))
-    libs = [l for l in libs if "alt" not in os.path.basename(l)]
-    return ctypes.CDLL(libs[0])
+        subprocess.run([os.path.join(VENV, "bin/pip"), "install", "-q", "nvidia-cuda-nvrtc==13.*"], check=True)
+        libs = _site_libs(VENV, "lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13*")
+    libs = [l for l in libs if "alt" not in os.path.basename(l) and "builtins" not in os.path.basename(l)]
+    lib = ctypes.CDLL(libs[0])
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    print(f"NVRTC {major.value}.{minor.value} ({libs[0]})", flush=True)
+    return lib
 
 
 def compile_unit(lib, name, src, unit):

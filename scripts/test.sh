@@ -37,10 +37,10 @@ cargo clippy --manifest-path bindings/python/Cargo.toml --release -- -D warnings
 # The CLI (target/release/tensorzip, built above) takes part in the file-format tests.
 (cd bindings/python && "$PY" -m pytest tests -q -rs)
 # The torch layer's annotations agree with the code (mypy, default strictness).
-"$PY" -m pip install -q mypy
+"$PY" -m pip install -q "mypy>=2.4,<2.5"
 "$PY" -m mypy --ignore-missing-imports bindings/python/py_src/tensorzip
 # The CUDA kernels compile: every unit of every .cu source, for sm_90, with NVRTC as the engine
 # compiles them at run time (no GPU needed; NVRTC from its PyPI wheel). CI has no GPU, so this is
 # the only place a kernel that no longer compiles is caught before a device run.
-"$PY" -m pip install -q nvidia-cuda-nvrtc-cu12
+"$PY" -m pip install -q "nvidia-cuda-nvrtc==13.*"
 "$PY" scripts/nvrtc_check.py

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,10 @@ def pytest_collection_modifyitems(config, items):
     reason = tensorzip.gpu_unavailable_reason()
     if reason is None:
         return
+    if os.environ.get("TENSORZIP_REQUIRE_GPU") == "1":
+        # The device machine's run (scripts/gpu_run.sh): GPU tests that skip there would pass
+        # a run that tested nothing on the GPU.
+        pytest.exit(f"TENSORZIP_REQUIRE_GPU=1 but the GPU engine cannot run: {reason}", returncode=3)
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU ({reason}); run on the device machine: scripts/gpu_run.sh python")
     for item in items:
         if "gpu" in item.keywords:

@@ -20,7 +20,7 @@ pub const EXT: &str = "tz";
 
 /// The CPU engine for `--threads`: it runs on rayon's global pool, sized to that count
 /// ([`size_pool`]).
-fn engine(common: &Common) -> Result<CpuEngine, String> {
+pub(crate) fn engine(common: &Common) -> Result<CpuEngine, String> {
     size_pool(common)?;
     CpuEngine::new(0).map_err(|e| e.to_string())
 }
@@ -60,7 +60,7 @@ fn size_pool(common: &Common) -> Result<usize, String> {
 }
 
 /// "1 thread", "2 threads".
-fn threads_note(n: usize) -> String {
+pub(crate) fn threads_note(n: usize) -> String {
     match n {
         1 => "1 thread".into(),
         n => format!("{n} threads"),
@@ -219,7 +219,7 @@ pub fn compress(
         .iter()
         .filter(|s| s.kind == SegmentKind::Tensor)
         .count();
-    eprintln!(
+    status!(
         "{} -> {}: {} tensors, {} -> {} bytes ({:.2}%), {:.2} GB/s, {}{}",
         file.display(),
         shown.display(),
@@ -343,7 +343,7 @@ pub fn decompress(
     pb.finish_and_clear();
     data.unchanged()?;
     out.commit()?;
-    eprintln!(
+    status!(
         "{} -> {}: {} bytes, {:.2} GB/s, {}",
         path.display(),
         shown.display(),
@@ -367,7 +367,7 @@ pub fn info(paths: &[PathBuf], json: bool, common: &Common) -> Result<(), String
         let described = match (described, paths.len()) {
             (Err(msg), 1) => return Err(msg),
             (Err(msg), _) => {
-                eprintln!("tensorzip: error: {msg}");
+                status!("tensorzip: error: {msg}");
                 failed += 1;
                 continue;
             }
@@ -625,7 +625,7 @@ pub fn verify(
             d.describe(&p.display().to_string())
         ));
     }
-    eprintln!(
+    status!(
         "{}: OK ({} segments, {} bytes, every checksum matches{}; {:.2} GB/s, {})",
         path.display(),
         ar.segments.len(),

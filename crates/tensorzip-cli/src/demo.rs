@@ -7,7 +7,7 @@ use std::time::Instant;
 use tensorzip::archive::{
     plan_safetensors, serialize_safetensors, write_archive, Archive, ArchiveOptions,
 };
-use tensorzip::{sample, CpuEngine};
+use tensorzip::sample;
 
 use crate::bench::median;
 use crate::Common;
@@ -16,7 +16,9 @@ use crate::Common;
 const RUNS: usize = 5;
 
 pub fn run(common: &Common) -> Result<(), String> {
-    let eng = CpuEngine::new(common.threads).map_err(|e| e.to_string())?;
+    // The process's pool sized by --threads, as the file commands do: the archive writer's
+    // checksums run on it too, so `-t N` keeps the whole demo to N threads.
+    let eng = crate::commands::engine(common)?;
     let model = sample::sample_model(2026);
     let views: Vec<(&str, &str, &[u64], &[u8])> = model
         .iter()
@@ -31,8 +33,11 @@ pub fn run(common: &Common) -> Result<(), String> {
         .collect();
     let file = serialize_safetensors(&views, Some(&[("format".into(), "pt".into())]))
         .map_err(|e| e.to_string())?;
+    // A directory of its own (never one already there), removed on Ctrl-C too (the interrupt
+    // handler removes what is pending).
     let dir = std::env::temp_dir().join(format!("tensorzip-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    crate::output::pending_add(&dir);
     let result = (|| {
         let src_path = dir.join("sample.safetensors");
         std::fs::write(&src_path, &file).map_err(|e| format!("{}: {e}", src_path.display()))?;
@@ -80,25 +85,23 @@ pub fn run(common: &Common) -> Result<(), String> {
                 return Err("demo: the restored file differs from the original".to_string());
             }
         }
-        println!(
-            "sample model: {} tensors, {:.1} MiB (.safetensors) -> {:.1} MiB, ratio {:.2}%",
+        let gbps = |t: f64| file.len() as f64 / t / 1e9;
+        crate::commands::print_out(&format!(
+            "sample model: {} tensors, {:.1} MiB (.safetensors) -> {:.1} MiB, ratio {:.2}%\n\
+             compress {:.2} GB/s, verify+decompress {:.2} GB/s on {} (median of runs 2-{RUNS}; \
+             first run {:.2} / {:.2}); restored file is identical\n",
             model.len(),
             file.len() as f64 / (1 << 20) as f64,
             len as f64 / (1 << 20) as f64,
-            len as f64 / file.len() as f64 * 100.0
-        );
-        let gbps = |t: f64| file.len() as f64 / t / 1e9;
-        println!(
-            "compress {:.2} GB/s, verify+decompress {:.2} GB/s on {} threads (median of runs 2-{RUNS}; \
-             first run {:.2} / {:.2}); restored file is identical",
+            len as f64 / file.len() as f64 * 100.0,
             gbps(median(t_c[1..].to_vec())),
             gbps(median(t_d[1..].to_vec())),
-            eng.threads(),
+            crate::commands::threads_note(eng.threads()),
             gbps(t_c[0]),
             gbps(t_d[0]),
-        );
-        Ok(())
+        ))
     })();
     let _ = std::fs::remove_dir_all(&dir);
+    crate::output::pending_remove(&dir);
     result
 }

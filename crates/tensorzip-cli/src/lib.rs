@@ -4,6 +4,15 @@
 //! (`src/main.rs`) and by the Python package's console script (`python -m tensorzip`, or the
 //! `tensorzip` script a `pip install` puts on the path), so that a wheel gives the same command.
 
+/// A status or error line on stderr. A closed stderr (`tensorzip ... 2>&1 | true`) is not the
+/// command's failure: `eprintln!` panicked there (exit 101) after the work was done.
+macro_rules! status {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod bench;
 mod commands;
 mod demo;
@@ -120,6 +129,24 @@ impl EncoderArgs {
             ..Default::default()
         }
     }
+
+    /// The options' validation (`CompressOptions::validate`) in the flags' names: a usage error,
+    /// reported once before any file is touched.
+    fn check(&self) -> Result<(), String> {
+        self.options().validate().map_err(|e| {
+            let mut msg = e.to_string();
+            for field in [
+                "chunk_bytes",
+                "block_units",
+                "passthrough_threshold",
+                "min_compress_bytes",
+                "max_tables",
+            ] {
+                msg = msg.replace(field, &format!("--{}", field.replace('_', "-")));
+            }
+            msg
+        })
+    }
 }
 
 #[derive(Subcommand)]
@@ -209,13 +236,15 @@ enum Command {
     },
     /// Measure ratio and speed on .safetensors files (tensor by tensor, median of runs); prints JSON lines.
     Bench {
+        /// The .safetensors files to measure.
+        #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
-        /// Cast f32 tensors to this dtype first: none, bf16 or f16.
-        #[arg(long, default_value = "none")]
+        /// Cast f32 tensors to this dtype first.
+        #[arg(long, default_value = "none", value_parser = ["none", "bf16", "f16"])]
         cast: String,
         /// Timed runs per measurement (the median is reported).
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        runs: u64,
         /// Also measure thread scaling in pairs: each run times the warm compress and decompress on
         /// one thread and on `--threads` back to back (and a compute loop, the machine's own
         /// scaling), and reports the median of the per-run ratios
@@ -261,7 +290,7 @@ fn each(
     let mut failed = 0;
     for input in inputs {
         if let Err(msg) = one(input) {
-            eprintln!("tensorzip: error: {msg}");
+            status!("tensorzip: error: {msg}");
             failed += 1;
         }
     }
@@ -298,7 +327,7 @@ fn convert_inputs(
         Ok(())
     });
     if files.len() > 1 {
-        eprintln!(
+        status!(
             "{}",
             match wanted {
                 Wanted::Models => totals.line("files compressed", files.len()),
@@ -334,6 +363,10 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
             enc,
             common,
         } => {
+            if let Err(msg) = enc.check() {
+                status!("tensorzip: error: {msg}");
+                return 2;
+            }
             let set = commands::CompressSettings {
                 piece: checksum_chunk_bytes,
                 gpu,
@@ -389,12 +422,18 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
             scaling,
             enc,
             common,
-        } => bench::run(&files, &cast, runs, scaling, &enc, &common),
+        } => {
+            if let Err(msg) = enc.check() {
+                status!("tensorzip: error: {msg}");
+                return 2;
+            }
+            bench::run(&files, &cast, runs as usize, scaling, &enc, &common)
+        }
     };
     match result {
         Ok(()) => 0,
         Err(msg) => {
-            eprintln!("tensorzip: error: {msg}");
+            status!("tensorzip: error: {msg}");
             1
         }
     }

@@ -79,8 +79,8 @@ pub fn on_interrupt() {
         }
         p.clear();
         match removed {
-            true => eprintln!("\ntensorzip: interrupted; the partial output was removed"),
-            false => eprintln!("\ntensorzip: interrupted"),
+            true => status!("\ntensorzip: interrupted; the partial output was removed"),
+            false => status!("\ntensorzip: interrupted"),
         }
         std::process::exit(130);
     });
@@ -128,16 +128,10 @@ impl SafeOutput {
         input: &Path,
     ) -> Result<SafeOutput, String> {
         if let Ok(meta) = std::fs::metadata(dest) {
-            // Before the --force hint, which would only lead to this.
+            // What --force cannot overwrite first: a hint to use it would only lead to these.
             if meta.is_dir() {
                 return Err(format!(
                     "{}: is a directory (--output-dir writes into one)",
-                    shown.display()
-                ));
-            }
-            if !force {
-                return Err(format!(
-                    "{}: already exists (use --force to overwrite)",
                     shown.display()
                 ));
             }
@@ -152,6 +146,12 @@ impl SafeOutput {
                 return Err(format!(
                     "{}: is the input file; give another output with -o",
                     dest.display()
+                ));
+            }
+            if !force {
+                return Err(format!(
+                    "{}: already exists (use --force to overwrite)",
+                    shown.display()
                 ));
             }
         }

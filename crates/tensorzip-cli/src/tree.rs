@@ -138,7 +138,7 @@ impl Wanted {
 /// Prints what a walk skipped, one note a line.
 fn report(skipped: &[String]) {
     for s in skipped {
-        eprintln!("tensorzip: skipped {s}");
+        status!("tensorzip: skipped {s}");
     }
 }
 
@@ -453,7 +453,7 @@ pub fn mirror(
         Wanted::Models => totals.line("files compressed", totals.files()),
         Wanted::Archives => totals.restored_line(totals.files()),
     };
-    eprintln!(
+    status!(
         "{} -> {}: {line}; {copied} other files copied ({copied_bytes} bytes)",
         src.display(),
         dest.display(),
@@ -484,7 +484,7 @@ pub fn verify_mirror(
     let mut unmatched: BTreeSet<&PathBuf> = b.files.iter().collect();
     let (mut failed, mut checked) = (0usize, 0usize);
     let mut fail = |msg: String| {
-        eprintln!("tensorzip: error: {msg}");
+        status!("tensorzip: error: {msg}");
         failed += 1;
     };
     for rel in &a.files {
@@ -520,7 +520,7 @@ pub fn verify_mirror(
     }
     match failed {
         0 => {
-            eprintln!(
+            status!(
                 "{}: OK ({checked} files, each archive identical to its original and every other \
                  file to its namesake in {})",
                 dir.display(),

@@ -1280,6 +1280,77 @@ fn an_interrupted_directory_leaves_nothing() {
     }
 }
 
+/// Bad encoder options and bench arguments are usage errors: exit code 2, one line naming the
+/// flag, before any file is touched (they were exit 1, once per input file, with the library's
+/// field names).
+#[test]
+fn bad_options_are_usage_errors_before_any_work() {
+    let (dir, _, _) = setup();
+    let d = dir.path();
+    std::fs::copy(d.join("model.safetensors"), d.join("second.safetensors")).unwrap();
+    for (args, needle) in [
+        (
+            &[
+                "compress",
+                "model.safetensors",
+                "second.safetensors",
+                "--chunk-bytes",
+                "7",
+            ][..],
+            "--chunk-bytes",
+        ),
+        (
+            &["compress", "model.safetensors", "--block-units", "100"],
+            "--block-units",
+        ),
+        (
+            &["compress", "model.safetensors", "--max-tables", "0"],
+            "--max-tables",
+        ),
+        (
+            &["bench", "model.safetensors", "--passthrough-threshold", "2"],
+            "--passthrough-threshold",
+        ),
+        (&["bench", "model.safetensors", "--cast", "xx"], "--cast"),
+        (&["bench", "model.safetensors", "--runs", "0"], "--runs"),
+        (&["bench"], "FILES"),
+    ] {
+        let o = tz(d, args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        if args[0] == "compress" {
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        }
+    }
+    assert!(!d.join("second.safetensors.tz").exists());
+    // An output --force cannot overwrite is named as such without -f too.
+    let o = tz(
+        d,
+        &["compress", "model.safetensors", "-o", "model.safetensors"],
+    );
+    fails(&o, "compress onto the input", &["is the input file"]);
+}
+
+/// A closed stderr (`2>&1 | true`) does not turn a finished command into a crash: status lines
+/// that cannot be written are dropped.
+#[cfg(unix)]
+#[test]
+fn a_closed_stderr_is_not_a_crash() {
+    let (dir, _, _) = setup();
+    let d = dir.path();
+    let (r, w) = std::io::pipe().unwrap();
+    drop(r);
+    let o = Command::new(env!("CARGO_BIN_EXE_tensorzip"))
+        .current_dir(d)
+        .args(["compress", "model.safetensors", "-o", "piped.tz"])
+        .stderr(w)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{:?}", o.status);
+    assert!(d.join("piped.tz").exists());
+}
+
 #[test]
 fn absurd_thread_counts_are_refused() {
     let (dir, _, _) = setup();
@@ -1640,10 +1711,11 @@ fn hostile_index_sizes_fail_cleanly() {
 #[test]
 fn demo_restores_the_sample_model() {
     let dir = tempfile::tempdir().unwrap();
-    let o = tz(dir.path(), &["demo"]);
+    let o = tz(dir.path(), &["demo", "-t", "1"]);
     ok(&o, "demo");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("sample model: 34 tensors"), "{out}");
+    assert!(out.contains(" on 1 thread ("), "{out}");
     assert!(out.contains("ratio 6"), "{out}");
     assert!(out.contains("restored file is identical"), "{out}");
     assert!(out.contains("first run"), "{out}");
