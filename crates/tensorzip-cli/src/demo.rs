@@ -36,8 +36,8 @@ pub fn run(common: &Common) -> Result<(), String> {
     // A directory of its own (never one already there), removed on Ctrl-C too (the interrupt
     // handler removes what is pending).
     let dir = std::env::temp_dir().join(format!("tensorzip-demo-{}", std::process::id()));
-    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    crate::output::pending_add(&dir);
+    crate::output::pending_create(&dir, || std::fs::create_dir(&dir))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = (|| {
         let src_path = dir.join("sample.safetensors");
         std::fs::write(&src_path, &file).map_err(|e| format!("{}: {e}", src_path.display()))?;

@@ -326,7 +326,7 @@ fn convert_inputs(
         totals.add(original, archive);
         Ok(())
     });
-    if files.len() > 1 {
+    if files.len() > 1 && totals.files() > 0 {
         status!(
             "{}",
             match wanted {

@@ -185,8 +185,7 @@ impl Staged {
     pub fn create(dest: &Path) -> Result<Staged, String> {
         exists_refused(dest)?;
         let (tmp, ()) =
-            crate::output::create_temp(dest, "directory", |tmp| std::fs::create_dir(tmp))?;
-        crate::output::pending_add(&tmp);
+            crate::output::create_pending(dest, "directory", |tmp| std::fs::create_dir(tmp))?;
         crate::sigbus::created(&tmp);
         Ok(Staged {
             dest: dest.to_path_buf(),

@@ -1330,6 +1330,13 @@ fn bad_options_are_usage_errors_before_any_work() {
         &["compress", "model.safetensors", "-o", "model.safetensors"],
     );
     fails(&o, "compress onto the input", &["is the input file"]);
+    let o = tz(d, &["compress", "model.safetensors", "-o", "newdir/"]);
+    fails(
+        &o,
+        "compress to a missing directory",
+        &["newdir/", "names a directory"],
+    );
+    no_temp_files(d);
 }
 
 /// A closed stderr (`2>&1 | true`) does not turn a finished command into a crash: status lines
