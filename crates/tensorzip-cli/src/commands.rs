@@ -319,7 +319,7 @@ pub fn decompress(
     let (dest, shown) = output.resolve(path, || {
         restored_name(path).ok_or_else(|| {
             format!(
-                "{}: name does not end in .{EXT}; give the output with -o",
+                "{}: name does not end in .{EXT} after a name of its own; give the output with -o",
                 path.display()
             )
         })
@@ -516,7 +516,8 @@ impl Described {
             .map(|r| {
                 serde_json::json!({"name": r.name, "dtype": r.dtype, "shape": r.shape,
                     "bytes": r.bytes, "compressed": r.compressed,
-                    "ratio": r.compressed as f64 / r.bytes.max(1) as f64, "planes": r.planes,
+                    "ratio": (r.bytes > 0).then(|| r.compressed as f64 / r.bytes as f64),
+                    "planes": r.planes,
                     "coded_as": r.coded_as.torch_name()})
             })
             .collect();
@@ -544,13 +545,17 @@ impl Described {
         for r in &self.rows {
             let _ = writeln!(
                 text,
-                "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>6.2}%  {}",
+                "{:<w$}  {:<7} {:<18} {:>12} {:>12} {:>7}  {}",
                 r.name,
                 r.dtype,
                 format!("{:?}", r.shape),
                 r.bytes,
                 r.compressed,
-                r.compressed as f64 / r.bytes.max(1) as f64 * 100.0,
+                // An empty tensor has no ratio (its blob is all header).
+                match r.bytes {
+                    0 => "-".to_string(),
+                    b => format!("{:.2}%", r.compressed as f64 / b as f64 * 100.0),
+                },
                 r.planes.join(" | ")
             );
         }
