@@ -217,8 +217,9 @@ impl<'a> TensorEncoder<'a> {
     }
 
     /// Encodes chunk `c` and appends its payload to `out` (whose bytes before stay as they are);
-    /// returns its directory entry. Panics as [`TensorEncoder::encode_chunk`] does. The in-memory compress codes a blob's chunks straight into
-    /// the blob this way, without a payload buffer to copy from.
+    /// returns its directory entry. Panics as [`TensorEncoder::encode_chunk`] does. The in-memory
+    /// compress codes a blob's chunks straight into the blob this way, without a payload buffer
+    /// to copy from.
     pub fn encode_chunk_append(
         &self,
         c: u64,
