@@ -100,14 +100,23 @@ def test_bad_states_and_missing_weights_are_refused():
         tz.CompressedLinear.from_linear(torch.nn.Linear(4, 4, device="meta"))
     with pytest.raises(ValueError, match="expects"):
         tz.CompressedLinear(3, 3).compress_weight(torch.zeros(3, 4))
-    # A damaged blob inside an intact state header is caught when decoded (its magic number
-    # here; payload bytes without a checksum can only decode to other values, as documented).
-    state = lin.state_dict()["weight.tensorzip_state"].clone()
-    state[state.numel() - lin.weight.storage_nbytes(include_header=False)] ^= 0x40
-    broken = tz.CompressedLinear(8, 4, dtype=torch.float32)
-    broken.load_state_dict({"weight.tensorzip_state": state, "bias": lin.bias.detach()})
-    with pytest.raises(ValueError):
-        broken(torch.randn(1, 8))
+    # A damaged blob inside an intact state header is refused when loaded: the state records the
+    # blob's CRC-32 (a bare blob has none; payload flips used to decode to other values). Every
+    # byte of the blob, one bit each.
+    good = lin.state_dict()["weight.tensorzip_state"]
+    start = good.numel() - lin.weight.storage_nbytes(include_header=False)
+    for i in range(start, good.numel()):
+        state = good.clone()
+        state[i] ^= 1 << (i % 8)
+        with pytest.raises(RuntimeError, match="CRC-32"):
+            tz.CompressedLinear(8, 4, dtype=torch.float32).load_state_dict({"weight.tensorzip_state": state, "bias": lin.bias.detach()})
+    # A dense checkpoint (nn.Linear's `weight`) is compressed into the layer, strict or not.
+    dense = torch.nn.Linear(8, 4)
+    other = tz.CompressedLinear(8, 4, dtype=torch.float32)
+    other.load_state_dict(dense.state_dict(), strict=False)
+    assert same(other.dequantize(), dense.weight.detach()) and same(other.bias, dense.bias.detach())
+    with pytest.raises(TypeError, match="floating-point input"):
+        other(torch.ones(1, 8, dtype=torch.int64))
 
 
 def test_module_moves_and_casts_keep_the_weight():
@@ -165,3 +174,27 @@ def test_compress_linears_tied_layers_and_all_or_nothing():
         tz.compress_linears(model)
     assert type(model[0]) is torch.nn.Linear and model[1] is ghost
 
+
+
+def test_compress_linears_keeps_tied_weights_hooks_and_mode():
+    """A Linear whose weight another module holds (an lm_head tied to the embedding) or that has
+    hooks is left as it is, with a warning naming it (replacing it untied the weights, stored
+    them twice, and dropped the hooks); the replaced layers keep the module's train/eval mode."""
+    emb = torch.nn.Embedding(10, 8)
+    head = torch.nn.Linear(8, 10, bias=False)
+    head.weight = emb.weight
+    hooked = linear(8, 8, torch.float32)
+    calls = []
+    hooked.register_forward_hook(lambda mod, inp, out: calls.append(1))
+    model = torch.nn.ModuleDict({"emb": emb, "head": head, "hooked": hooked, "plain": linear(8, 4, torch.float32)})
+    model.eval()
+    with pytest.warns(UserWarning) as record:
+        assert tz.compress_linears(model) == 1
+    messages = " | ".join(str(w.message) for w in record)
+    assert "head left uncompressed: its weight is tied" in messages
+    assert "hooked left uncompressed: it has hooks" in messages
+    assert model["head"] is head and model["head"].weight is model["emb"].weight
+    assert model["hooked"] is hooked
+    model["hooked"](torch.randn(1, 8))
+    assert calls == [1]
+    assert isinstance(model["plain"], tz.CompressedLinear) and not model["plain"].training

@@ -108,6 +108,25 @@ def test_what_cannot_be_saved_is_refused_by_path(tmp_path):
         deep = [deep]
     with pytest.raises(ValueError, match="nested more than"):
         tz.save(deep, tmp_path / "bad.tz")
+    # A cycle, an int past the text limit, a lone surrogate, a key nested too deep: refused by
+    # path, not with the json module's or the recursion limit's messages.
+    cyclic: list = [1]
+    cyclic.append({"again": cyclic})
+    key = ()
+    for _ in range(300):
+        key = (key,)
+    for obj, where in [
+        (cyclic, "1.again: the structure contains itself"),
+        ({"n": 10**5000}, "n: an int of"),
+        ({"\ud800": torch.zeros(1)}, "a str that is not valid Unicode"),
+        ({"s": "\udfff"}, "s: a str that is not valid Unicode"),
+        ({key: 1}, "a dict key nested more than"),
+    ]:
+        with pytest.raises(ValueError, match=where):
+            tz.save(obj, tmp_path / "bad.tz")
+        assert not (tmp_path / "bad.tz").exists()
+    with pytest.raises(TypeError, match="metadata= is not accepted"):
+        tz.save({"a": 1}, tmp_path / "bad.tz", metadata={"x": "y"})
 
 
 def test_damaged_structures_and_plain_archives_raise(tmp_path):

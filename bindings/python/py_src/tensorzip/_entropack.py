@@ -119,12 +119,22 @@ class CompressedTensor:
 
     @classmethod
     def _pack(cls, blob: torch.Tensor, method: str, tensor: torch.Tensor, extra: dict | None = None) -> "CompressedTensor":
-        meta = {"compress_method": method, "dtype": _core.dtype_name(tensor.dtype), "shape": list(tensor.shape)}
+        blob = blob.cpu()
+        # A bare blob has no checksum of its own (FORMAT.md section 3): the state carries the
+        # blob's CRC-32, which `verify` (and so `from_state_dict` and CompressedLinear's
+        # load_state_dict) checks — a state read back from a `torch.save` file is not under any
+        # archive's checksums.
+        meta = {
+            "compress_method": method,
+            "dtype": _core.dtype_name(tensor.dtype),
+            "shape": list(tensor.shape),
+            "crc32": _blob_crc(blob),
+        }
         if extra:
             meta.update(extra)
         j = json.dumps(meta, separators=(",", ":")).encode()
         head = torch.frombuffer(bytearray(_STATE_HEAD.pack(_STATE_MAGIC, _STATE_VERSION, 0, len(j)) + j), dtype=torch.uint8)
-        state = torch.cat([head, blob.cpu()])
+        state = torch.cat([head, blob])
         # The container lives where the input did (EntroPack's convention).
         if tensor.device.type != "cpu":
             state = state.to(tensor.device)
@@ -211,11 +221,25 @@ class CompressedTensor:
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, torch.Tensor], leaf: str | None = None) -> "CompressedTensor":
-        """Restores a compressed tensor from `state_dict()`'s dictionary (e.g. after `torch.load`)."""
+        """Restores a compressed tensor from `state_dict()`'s dictionary (e.g. after `torch.load`),
+        checking its blob's CRC-32 (`verify`)."""
         leaf = leaf or _LEAF
         if leaf not in state:
             raise ValueError(f"CompressedTensor state is missing {leaf!r}")
-        return cls(state[leaf])
+        c = cls(state[leaf])
+        c.verify()
+        return c
+
+    def verify(self) -> None:
+        """Raises ValueError unless the blob matches the CRC-32 its state recorded when it was made
+        (states written before 2026-12-05 recorded none and pass). On a GPU state the CRC is taken
+        there."""
+        want = self._meta.get("crc32")
+        if want is None:
+            return
+        got = _blob_crc(self.blob)
+        if got != want:
+            raise ValueError(f"corrupt CompressedTensor: its blob's CRC-32 is {got:#010x}, its state recorded {want:#010x}")
 
     def __repr__(self) -> str:
         return (
@@ -262,6 +286,11 @@ def compress(tensor: torch.Tensor, config: CompressionConfig) -> CompressedTenso
             return _fallback(tensor, "tensorzip", error)
         return CompressedTensor._pack(blob, "tensorzip", tensor)
     raise TypeError(f"no scheme for config {type(config).__name__}")
+
+
+def _blob_crc(blob: torch.Tensor) -> int:
+    """zlib.crc32 of a blob's bytes (one piece: the whole blob), on its device."""
+    return int(_codec.hash_tensor_with_crc32(blob, checksum_chunk_bytes=max(1, blob.numel()))[0])
 
 
 def _itemsize(dtype: torch.dtype) -> int:

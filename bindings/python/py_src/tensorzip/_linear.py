@@ -17,6 +17,7 @@ resident, ~66% of a bf16 weight); on the CPU a forward call costs a decode of th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -102,6 +103,7 @@ class CompressedLinear(torch.nn.Module):
             device=w.device,
             dtype=dtype,
         )
+        out.train(linear.training)
         out.compress_weight(w.detach())
         if linear.bias is not None:
             out.bias = torch.nn.Parameter(linear.bias.detach().to(dtype).clone(), requires_grad=False)
@@ -170,6 +172,9 @@ class CompressedLinear(torch.nn.Module):
         return decompress(c, self.config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            # nn.Linear refuses them too; cast to the input's dtype, the weight would be truncated.
+            raise TypeError(f"CompressedLinear expects a floating-point input, not {x.dtype}")
         w = self.dequantize(x.device)
         b = None if self.bias is None else self.bias.to(device=x.device, dtype=x.dtype)
         return F.linear(x, w.to(x.dtype), b)
@@ -202,11 +207,21 @@ class CompressedLinear(torch.nn.Module):
             destination[prefix + _KEY] = state if keep_vars else state.detach()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        key = prefix + _KEY
-        if key in state_dict:
+        key, dense = prefix + _KEY, prefix + "weight"
+        if key not in state_dict and dense in state_dict:
+            # A dense checkpoint (an nn.Linear's `weight`): compressed into the layer. Left in the
+            # dict it was only "unexpected", and with strict=False the layer silently kept its
+            # previous weight.
+            weight = state_dict.pop(dense)
+            try:
+                self.compress_weight(weight)
+            except (TypeError, ValueError, RuntimeError) as e:
+                error_msgs.append(f"{dense}: {e}")
+        elif key in state_dict:
             state = state_dict.pop(key)
             try:
                 parsed = CompressedTensor(state)
+                parsed.verify()
                 self._check_shape(tuple(parsed.shape))
                 if not local_metadata.get("assign_to_params_buffers", False):
                     state = state.to(device=self.weight_state.device, copy=True)
@@ -236,15 +251,38 @@ def compress_linears(
     in, so a layer that cannot be (a weight on the meta device, a scheme that cannot code it)
     raises and leaves `module` as it was. One `Linear` reachable under several names (a tied
     layer) becomes one `CompressedLinear` under all of them, counted once; `filter` sees its
-    first name."""
-    # Every place a layer sits (named_modules lists a shared module once, under its first name).
+    first name. Left as they are, with a warning: a `Linear` whose weight another module also
+    holds (tied weights, e.g. an `lm_head` tied to the embedding — replacing it would untie
+    them and store the weight twice), and one with hooks or a patched `forward` (accelerate's
+    offload hooks, say), which the new layer would not carry."""
+    # Every place a layer sits (named_modules lists a shared module once, under its first name),
+    # and every module holding each parameter.
     places: dict[int, list[str]] = {}
     layers: dict[int, tuple[str, torch.nn.Linear]] = {}
+    holders: dict[int, set[int]] = {}
     for name, child in module.named_modules(remove_duplicate=False):
+        for p in child._parameters.values():
+            if p is not None:
+                holders.setdefault(id(p), set()).add(id(child))
         if name and type(child) is torch.nn.Linear:
             places.setdefault(id(child), []).append(name)
             layers.setdefault(id(child), (name, child))
-    chosen = [k for k, (name, child) in layers.items() if filter is None or filter(name, child)]
+
+    def kept_as_is(name: str, child: torch.nn.Linear) -> bool:
+        why = None
+        if len(holders.get(id(child.weight), ())) > 1:
+            why = "its weight is tied to another module's"
+        elif child._forward_hooks or child._forward_pre_hooks or child._backward_hooks or "forward" in child.__dict__:
+            why = "it has hooks or a patched forward"
+        if why is not None:
+            warnings.warn(f"compress_linears: {name} left uncompressed: {why}", stacklevel=3)
+        return why is not None
+
+    chosen = [
+        k
+        for k, (name, child) in layers.items()
+        if (filter is None or filter(name, child)) and not kept_as_is(name, child)
+    ]
     new = {k: CompressedLinear.from_linear(layers[k][1], config=config, dtype=dtype) for k in chosen}
     for k in chosen:
         for name in places[k]:

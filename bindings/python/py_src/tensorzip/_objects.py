@@ -43,14 +43,29 @@ def _name(path: list[str], taken: set[str]) -> str:
     return name
 
 
-def _key(k, where: str):
+def _check_scalar(x, where: str) -> None:
+    """Refuses, naming `where`, what JSON cannot hold or a load could not read back: an int past
+    Python's int-to-text limit, a str that is not valid Unicode (a lone surrogate)."""
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 10_000:
+        raise ValueError(f"{where}: an int of {x.bit_length()} bits cannot be saved (at most 10,000)")
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{where}: a str that is not valid Unicode cannot be saved ({e.reason})") from None
+
+
+def _key(k, where: str, depth: int = 0):
     """A dictionary key as JSON (tuples as lists under "u", floats that JSON cannot hold as text)."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"{where}: a dict key nested more than {_MAX_DEPTH} deep")
     if k is None or isinstance(k, (bool, int, str)):
+        _check_scalar(k, where)
         return k
     if isinstance(k, float):
         return {"f": repr(k)} if not math.isfinite(k) else k
     if isinstance(k, tuple):
-        return {"u": [_key(x, where) for x in k]}
+        return {"u": [_key(x, where, depth + 1) for x in k]}
     raise TypeError(f"{where}: a dict key of type {type(k).__name__} cannot be saved (keys may be None, bool, int, float, str or tuples of them)")
 
 
@@ -70,17 +85,31 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
     there). As `torch.save(obj, path)`, but a path only, not a file object (the archive is written
     through a temporary file renamed into place) — and unlike `safetensors.torch.save`, which
     returns bytes."""
+    if "metadata" in options:
+        raise TypeError("save keeps the structure in the archive's metadata: metadata= is not accepted (put it in the object)")
     tensors: dict[str, torch.Tensor] = {}
     seen: dict[tuple, str] = {}
     # The safetensors header's own key cannot name a tensor: a tensor at the top-level key
     # "__metadata__" is stored as "__metadata__#2".
     taken: set[str] = {"__metadata__"}
 
+    # The containers being walked (by id): one met again inside itself is a cycle.
+    open_containers: set[int] = set()
+
     def walk(x, path: list[str], depth: int):
         where = ".".join(path) or "the object"
         if depth > _MAX_DEPTH:
             raise ValueError(f"{where}: nested more than {_MAX_DEPTH} deep")
+        if isinstance(x, (dict, list, tuple)):
+            if id(x) in open_containers:
+                raise ValueError(f"{where}: the structure contains itself (a cycle) and cannot be saved")
+            open_containers.add(id(x))
+            try:
+                return walk_container(x, path, depth, where)
+            finally:
+                open_containers.discard(id(x))
         if x is None or isinstance(x, (bool, int, str)):
+            _check_scalar(x, where)
             return x
         if isinstance(x, float):
             # JSON has no NaN or infinities: those go as text.
@@ -99,6 +128,12 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
                 if x.numel():
                     seen[ident] = name
             return {"t": name}
+        raise TypeError(
+            f"{where}: an object of type {type(x).__name__} cannot be saved (only dicts, lists, tuples, "
+            "None, bool, int, float, str and tensors)"
+        )
+
+    def walk_container(x, path: list[str], depth: int, where: str):
         if isinstance(x, dict):
             items = [[_key(k, where), walk(v, [*path, str(k)], depth + 1)] for k, v in x.items()]
             if not isinstance(x, OrderedDict):
@@ -111,12 +146,7 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
             return {"o": items, "m": walk(meta, [*path, "_metadata"], depth + 1)}
         if isinstance(x, list):
             return {"l": [walk(v, [*path, str(i)], depth + 1) for i, v in enumerate(x)]}
-        if isinstance(x, tuple):
-            return {"u": [walk(v, [*path, str(i)], depth + 1) for i, v in enumerate(x)]}
-        raise TypeError(
-            f"{where}: an object of type {type(x).__name__} cannot be saved (only dicts, lists, tuples, "
-            "None, bool, int, float, str and tensors)"
-        )
+        return {"u": [walk(v, [*path, str(i)], depth + 1) for i, v in enumerate(x)]}
 
     tree = walk(obj, [], 0)
     doc = json.dumps({"version": _VERSION, "tree": tree}, separators=(",", ":"), allow_nan=False)
