@@ -812,6 +812,9 @@ impl GpuEngine {
         if !self.ctx.has_async_alloc() {
             return Ok(());
         }
+        // An error an earlier asynchronous free recorded is not this call's (cudarc's
+        // `synchronize` would report it first, and the trim would not happen).
+        let _ = self.ctx.check_err();
         match keep {
             0 => self.ctx.synchronize()?,
             _ => self.stream.synchronize()?,
