@@ -8,8 +8,9 @@
 //! zeros), and marks the mapping; the caller asks [`crate::mapped::MappedFile::changed`] after its
 //! work and reports the file as changed under it. (A file cut inside its last page raises no
 //! signal at all: the page's tail reads as zeros. `changed` also compares the file's size and
-//! modification time with those it had when mapped, which catches that.) The decoders are safe on any bytes (zeros included), and a wrong
-//! result is never returned: the flag is checked before any result is.
+//! modification time with those it had when mapped, which catches that.) The decoders are safe
+//! on any bytes (zeros included), and a wrong result is never returned: the flag is checked
+//! before any result is.
 //!
 //! A `SIGBUS` anywhere else (another library's mapping, a signal sent by `kill`) goes to the
 //! handler that was installed before, or takes the default action as it would have. The handler
