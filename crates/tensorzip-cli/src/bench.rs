@@ -112,9 +112,8 @@ pub fn run(
     common: &Common,
 ) -> Result<(), String> {
     let eng = CpuEngine::new(common.threads).map_err(|e| e.to_string())?;
+    // Validated by `run` (EncoderArgs::check), `runs` >= 1 by its parser.
     let opts = enc.options();
-    opts.validate().map_err(|e| e.to_string())?;
-    let runs = runs.max(1);
     for path in files {
         let items = load(path, cast)?;
         let orig: u64 = items.iter().map(|i| i.data.len() as u64).sum();

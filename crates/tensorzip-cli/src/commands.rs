@@ -186,7 +186,6 @@ pub fn compress(
         compress: set.enc.options(),
         checksum_piece_bytes: set.piece,
     };
-    opts.compress.validate().map_err(|e| e.to_string())?;
     let threads = size_pool(common)?;
     let cpu;
     let eng: &dyn BlobEncoder = if set.gpu {

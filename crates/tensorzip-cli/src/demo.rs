@@ -36,7 +36,7 @@ pub fn run(common: &Common) -> Result<(), String> {
     // A directory of its own (never one already there), removed on Ctrl-C too (the interrupt
     // handler removes what is pending).
     let dir = std::env::temp_dir().join(format!("tensorzip-demo-{}", std::process::id()));
-    crate::output::pending_create(&dir, || std::fs::create_dir(&dir))
+    crate::output::pending_create(|| std::fs::create_dir(&dir).map(|()| (dir.clone(), ())))
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = (|| {
         let src_path = dir.join("sample.safetensors");

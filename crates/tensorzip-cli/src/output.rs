@@ -21,16 +21,18 @@ fn pending(f: impl FnOnce(&mut Vec<PathBuf>)) {
     f(&mut g);
 }
 
-/// Creates the temporary `tmp` with `make` and adds it for the interrupt handler to remove, under
-/// the handler's lock (see [`create_pending`]).
-pub fn pending_create(
-    tmp: &Path,
-    make: impl FnOnce() -> std::io::Result<()>,
-) -> std::io::Result<()> {
+/// Runs `make`, which creates a temporary output and returns its path, and adds that path for the
+/// interrupt handler to remove, both under the handler's lock: an interrupt either comes first
+/// (and the process ends before anything is created) or finds the temporary registered. Created
+/// and registered in two steps, a signal in between left it behind
+/// (`an_interrupted_run_leaves_no_temporary_file` caught it once in five runs).
+pub fn pending_create<T, E>(
+    make: impl FnOnce() -> Result<(PathBuf, T), E>,
+) -> Result<(PathBuf, T), E> {
     let mut g = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    make()?;
-    g.push(tmp.to_path_buf());
-    Ok(())
+    let (tmp, made) = make()?;
+    g.push(tmp.clone());
+    Ok((tmp, made))
 }
 
 /// The temporary output is gone (renamed into place or removed).
@@ -93,19 +95,13 @@ pub fn on_interrupt() {
     });
 }
 
-/// [`create_temp`], with the temporary registered for the interrupt handler under its lock: an
-/// interrupt either comes first (and the process ends before anything is created) or finds the
-/// temporary registered. Created and registered in two steps, a signal in between left it behind
-/// (`an_interrupted_run_leaves_no_temporary_file` caught it once in five runs).
+/// [`create_temp`], registered for the interrupt handler ([`pending_create`]).
 pub fn create_pending<T>(
     dest: &Path,
     what: &str,
     make: impl Fn(&Path) -> std::io::Result<T>,
 ) -> Result<(PathBuf, T), String> {
-    let mut g = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    let (tmp, made) = create_temp(dest, what, make)?;
-    g.push(tmp.clone());
-    Ok((tmp, made))
+    pending_create(|| create_temp(dest, what, make))
 }
 
 /// [`tensorzip::mapped::create_beside`] with the command's messages; `what` names the temporary
