@@ -145,9 +145,7 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     # tensor contiguous whatever the strides of its dimensions of size 1 (`x[:, 3][2:3]` has
     # stride 301), and `reshape` keeps such a stride, which `view` to bytes refuses: the flat
     # view is made with stride 1 explicitly.
-    out = t.as_strided((t.numel(),), (1,)).view(torch.uint8)
-    check_memory(out)
-    return out
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
 def from_rust(buf: "_native.RustBytes") -> torch.Tensor:
@@ -200,16 +198,12 @@ def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
     to the largest call's working set — a few times the tensor's size. Call this when done with
     such calls for a while. `device`: one CUDA device, or None for every device tensorzip has used.
     Does nothing where the GPU engine was never used."""
-    index = None
-    if device is not None:
-        dev = as_device(device)
-        if dev.type != "cuda":
-            raise ValueError(f"release_gpu_memory: {dev} is not a CUDA device")
-        if gpu_unavailable_reason() is not None:
-            return  # no engine can exist (and torch has no current CUDA device to ask for)
-        index = cuda_index(dev)
-    if gpu_unavailable_reason() is None:
-        _native.gpu_release_memory(index)
+    dev = None if device is None else as_device(device)
+    if dev is not None and dev.type != "cuda":
+        raise ValueError(f"release_gpu_memory: {dev} is not a CUDA device")
+    if gpu_unavailable_reason() is not None:
+        return  # no engine can exist (and torch has no current CUDA device to ask for)
+    _native.gpu_release_memory(None if dev is None else cuda_index(dev))
 
 
 def stream_of(device: torch.device) -> int:
