@@ -17,7 +17,7 @@ use tensorzip::archive::{
     ArchiveIndex, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::compare::{restore_difference, Compare};
-use tensorzip::mapped::{MappedFile, Spent};
+use tensorzip::mapped::{MappedFile, OpenError, Spent};
 use tensorzip_cuda::encode::DeviceTensor;
 
 use crate::gpu::{engine_on, gpu_err, restoring, trim_after_file_call};
@@ -360,23 +360,12 @@ fn named(path: &str, e: tensorzip::Error) -> PyErr {
 
 /// Maps the regular file at `path` (shown as `shown` in errors) for reading.
 fn map_input(path: &std::path::Path, shown: &str) -> PyResult<MappedFile> {
-    let file = tensorzip::mapped::open_input(path)
-        .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
-    // Only regular files map (a directory gave "No such device (os error 19)").
-    let meta = file
-        .metadata()
-        .map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))?;
-    if meta.is_dir() {
-        return Err(PyIsADirectoryError::new_err(format!(
-            "{shown}: is a directory"
-        )));
-    }
-    if !meta.is_file() {
-        return Err(PyOSError::new_err(format!("{shown}: not a regular file")));
-    }
     // SAFETY: the file is mapped read-only; a file changed underneath us yields wrong bytes, which
     // the checksums report, not undefined behaviour of this process's memory.
-    unsafe { MappedFile::map(&file) }.map_err(|e| PyOSError::new_err(format!("{shown}: {e}")))
+    unsafe { MappedFile::open(path) }.map_err(|e| match e {
+        OpenError::Directory => PyIsADirectoryError::new_err(format!("{shown}: {e}")),
+        e => PyOSError::new_err(format!("{shown}: {e}")),
+    })
 }
 
 /// `dst` must not be `src` itself (the temporary file would be renamed over the input).

@@ -304,24 +304,10 @@ impl std::ops::Deref for Input {
 
 /// Maps the input file into memory.
 pub fn map_file(path: &Path) -> Result<Input, String> {
-    let f = tensorzip::mapped::open_input(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    // Only regular files map (a directory or a device gave "No such device (os error 19)").
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if meta.is_dir() {
-        return Err(format!("{}: is a directory", path.display()));
-    }
-    if !meta.is_file() {
-        return Err(format!(
-            "{}: not a regular file (pipes and devices cannot be read; copy it to a file first)",
-            path.display()
-        ));
-    }
     // SAFETY: the mapping is read-only; tensorzip treats its contents as untrusted bytes, and the
     // documentation warns that a file changed by another process while it is read gives wrong output
     // (caught by the checksums) — the usual caveat of memory-mapped input.
-    let map = unsafe { MappedFile::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?;
+    let map = unsafe { MappedFile::open(path) }.map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(Input {
         map,
         path: path.to_path_buf(),

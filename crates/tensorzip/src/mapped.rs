@@ -154,19 +154,50 @@ pub fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
-/// Opens `path` for reading without blocking on what is not a regular file: a FIFO's open
-/// otherwise waits for a writer (`tensorzip compress pipe`, Python `load_file(fifo)` hung with
-/// the GIL held), so on Unix the open is non-blocking — no effect on a regular file's reads or
-/// mappings. Callers check the file's type on the handle (`metadata`) before mapping it.
-pub fn open_input(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.custom_flags(libc::O_NONBLOCK);
+/// Why [`MappedFile::open`] could not map a file. Its message names no file: callers prefix the
+/// path as they show it.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Opening, inspecting or mapping the file failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The path is a directory.
+    #[error("is a directory")]
+    Directory,
+    /// The path is neither a regular file nor a directory (a pipe, a socket, a device).
+    #[error("not a regular file (pipes and devices cannot be read; copy it to a file first)")]
+    NotRegular,
+}
+
+impl MappedFile {
+    /// Opens the regular file at `path` and maps it read-only ([`MappedFile::map`]). The open does
+    /// not block on what is not a regular file — a FIFO's open otherwise waits for a writer
+    /// (`tensorzip compress pipe`, Python `load_file(fifo)` hung with the GIL held), so on Unix it
+    /// is non-blocking, which changes nothing for a regular file's reads or mappings — and the
+    /// file's type is checked on the handle before mapping (a directory or a device gave "No such
+    /// device (os error 19)").
+    ///
+    /// # Safety
+    /// As [`MappedFile::map`].
+    pub unsafe fn open(path: &std::path::Path) -> Result<MappedFile, OpenError> {
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.custom_flags(libc::O_NONBLOCK);
+        }
+        let file = o.open(path)?;
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Err(OpenError::Directory);
+        }
+        if !meta.is_file() {
+            return Err(OpenError::NotRegular);
+        }
+        // SAFETY: forwarded to the caller.
+        Ok(unsafe { MappedFile::map(&file) }?)
     }
-    o.open(path)
 }
 
 /// Makes a rename or link into `dest`'s directory durable: `fsync` of that directory (Unix; a
