@@ -6,7 +6,11 @@
 //! blobs ("compress", end-to-end) and into blob buffers reused from run to run ("compress warm"),
 //! of decompress time into buffers the caller owns and has touched before ("warm"), and of
 //! decompress time into fresh allocations ("end-to-end"), plus the order-0 entropy bound of the
-//! byte planes with one table per tensor and with one table per 256 KiB chunk. Both directions take
+//! byte planes with one table per tensor and with one table per 256 KiB chunk (a file without tensor
+//! bytes has none of these: `null`). Every tensor counts, coded as `compress` codes it (a dtype
+//! tensorzip does not model, as bytes); the tensors are read into memory first (with `--cast`,
+//! converted), and the warm buffers, the blobs and the decoded copies of each run live beside
+//! them, so a file takes ~4-5 times its size in memory. Both directions take
 //! the tensors as `tensorzip compress` and `decompress` do: runs of small tensors concurrently
 //! (`CpuEngine::decompress_many_into`, `archive::small_runs`; the compress as
 //! `CpuEngine::compress_seq_into` codes a run's lead), each larger tensor on its own — compressed
@@ -26,7 +30,7 @@
 
 use std::time::Instant;
 
-use tensorzip::archive::{encode_runs, lead_len, small_runs, BlobItem};
+use tensorzip::archive::{encode_runs, lead_len, small_runs, BlobItem, SMALL_BLOB_SLACK};
 use tensorzip::{sample, transform, CpuEngine, DType};
 
 use crate::output::map_file;
@@ -38,16 +42,23 @@ struct Item {
     data: Vec<u8>,
 }
 
+/// The tensors of the file at `path` as `tensorzip compress` codes them (a dtype tensorzip does not
+/// model as bytes: `archive::tensor_coding`), F32 ones cast to `cast`.
 fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
     let file = map_file(path)?;
     let (_, tensors) = tensorzip::archive::safetensors_layout(&file)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut items = Vec::new();
     for t in tensors {
-        let Some(dtype) = DType::from_safetensors_name(&t.dtype_name) else {
-            continue;
-        };
-        let raw = &file[t.begin as usize..t.end as usize];
+        let raw = file.get(t.begin as usize..t.end as usize).ok_or_else(|| {
+            format!(
+                "{}: tensor {}: offsets outside the file",
+                path.display(),
+                t.name
+            )
+        })?;
+        let (dtype, shape) =
+            tensorzip::archive::tensor_coding(&t.dtype_name, &t.shape, raw.len() as u64);
         let to = match cast {
             "none" => dtype,
             "bf16" => DType::BF16,
@@ -61,11 +72,7 @@ fn load(path: &std::path::Path, cast: &str) -> Result<Vec<Item>, String> {
             Some(c) => (to, c),
             None => (dtype, raw.to_vec()),
         };
-        items.push(Item {
-            dtype,
-            shape: t.shape,
-            data,
-        });
+        items.push(Item { dtype, shape, data });
     }
     Ok(items)
 }
@@ -114,109 +121,135 @@ pub fn run(
     let eng = CpuEngine::new(common.threads).map_err(|e| e.to_string())?;
     // Validated by `run` (EncoderArgs::check), `runs` >= 1 by its parser.
     let opts = enc.options();
-    for path in files {
-        let items = load(path, cast)?;
-        let orig: u64 = items.iter().map(|i| i.data.len() as u64).sum();
-        let mut warm: Vec<Vec<u8>> = items.iter().map(|i| vec![1u8; i.data.len()]).collect();
-        // Blob buffers of the warm compress, touched once (by a first compress) before timing.
-        let mut warm_blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
-        for i in &items {
-            let mut b = vec![1u8; i.data.len() + 64 * 1024];
-            eng.compress_into(&i.data, i.dtype, &i.shape, &opts, &mut b)
-                .map_err(|e| e.to_string())?;
-            warm_blobs.push(b);
+    // A directory stands for the .safetensors files under it, as for `compress`; a file that
+    // fails is reported and the others measured ("1 of 3 inputs failed"); once stdout is closed
+    // (`| head -1`) nobody reads the rest, which are skipped.
+    let files = crate::tree::expand(files, crate::tree::Wanted::Models)?;
+    let mut closed = false;
+    crate::each(&files, |path| {
+        if closed {
+            return Ok(());
         }
-        // Tensors are compressed as `tensorzip compress` codes a file: runs of small tensors
-        // together (concurrently), larger ones one after the other (archive::encode_runs), and
-        // decompressed as `tensorzip decompress` does: runs of small ones together, each larger
-        // one alone (archive::small_runs).
-        let lens: Vec<u64> = items.iter().map(|i| i.data.len() as u64).collect();
-        let runs_of = small_runs(&lens);
-        let enc_runs = encode_runs(&lens);
-        let blob_items: Vec<BlobItem<'_>> = items
+        let doc = measure(&eng, path, cast, runs, scaling, &opts)?;
+        closed = !crate::commands::write_out(&format!("{doc}\n"))?;
+        Ok(())
+    })
+}
+
+/// `bench` of one file: its JSON object.
+fn measure(
+    eng: &CpuEngine,
+    path: &std::path::Path,
+    cast: &str,
+    runs: usize,
+    scaling: bool,
+    opts: &tensorzip::CompressOptions,
+) -> Result<serde_json::Value, String> {
+    let items = load(path, cast)?;
+    let orig: u64 = items.iter().map(|i| i.data.len() as u64).sum();
+    let mut warm: Vec<Vec<u8>> = items.iter().map(|i| vec![1u8; i.data.len()]).collect();
+    // Blob buffers of the warm compress, touched once (by a first compress) before timing,
+    // with the room `BlobEncoder::encode_blobs` gives.
+    let slack = SMALL_BLOB_SLACK as usize;
+    let mut warm_blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+    for i in &items {
+        let mut b = vec![1u8; i.data.len() + slack];
+        eng.compress_into(&i.data, i.dtype, &i.shape, opts, &mut b)
+            .map_err(|e| e.to_string())?;
+        warm_blobs.push(b);
+    }
+    // Tensors are compressed as `tensorzip compress` codes a file: runs of small tensors
+    // together (concurrently), larger ones one after the other (archive::encode_runs), and
+    // decompressed as `tensorzip decompress` does: runs of small ones together, each larger
+    // one alone (archive::small_runs).
+    let lens: Vec<u64> = items.iter().map(|i| i.data.len() as u64).collect();
+    let runs_of = small_runs(&lens);
+    let enc_runs = encode_runs(&lens);
+    let blob_items: Vec<BlobItem<'_>> = items
+        .iter()
+        .map(|i| (&i.data[..], i.dtype, &i.shape[..]))
+        .collect();
+    let (mut tc, mut tcw, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut comp = 0u64;
+    let warm_pass = WarmPasses {
+        items: &blob_items,
+        runs_of: &runs_of,
+        enc_runs: &enc_runs,
+        lens: &lens,
+        opts,
+    };
+    for _ in 0..runs {
+        tcw.push(warm_pass.compress(eng, &mut warm_blobs)?);
+        let t = Instant::now();
+        let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+        for r in &enc_runs {
+            let run = &blob_items[r.clone()];
+            // Fresh blobs, as `BlobEncoder::encode_blobs` gives.
+            let mut fresh: Vec<Vec<u8>> = run
+                .iter()
+                .map(|i| tensorzip::fresh::with_capacity(i.0.len() + slack))
+                .collect();
+            eng.compress_seq_into(run, lead_len(&lens, r), opts, &mut fresh)
+                .map_err(|e| e.to_string())?;
+            blobs.extend(fresh);
+        }
+        tc.push(t.elapsed().as_secs_f64());
+        comp = blobs.iter().map(|b| b.len() as u64).sum();
+        if blobs != warm_blobs {
+            return Err(format!(
+                "{}: compress_into differs from compress",
+                path.display()
+            ));
+        }
+        let blob_refs: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
+        tw.push(warm_pass.decompress(eng, &blob_refs, &mut warm)?);
+        // End to end: every tensor decoded into a new buffer, all of them alive until the pass
+        // ends (a loaded model's are), so that no run of the pass reuses pages an earlier one
+        // touched (ZipNN's outputs are kept alike by scripts/bench_cpu.py).
+        let t = Instant::now();
+        let mut fresh = Vec::with_capacity(runs_of.len());
+        for r in &runs_of {
+            fresh.push(
+                eng.decompress_many(&blob_refs[r.clone()])
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        te.push(t.elapsed().as_secs_f64());
+        let fresh_exact = fresh
             .iter()
-            .map(|i| (&i.data[..], i.dtype, &i.shape[..]))
-            .collect();
-        let (mut tc, mut tcw, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut comp = 0u64;
-        let warm_pass = WarmPasses {
-            items: &blob_items,
-            runs_of: &runs_of,
-            enc_runs: &enc_runs,
-            lens: &lens,
-            opts: &opts,
-        };
-        for _ in 0..runs {
-            tcw.push(warm_pass.compress(&eng, &mut warm_blobs)?);
-            let t = Instant::now();
-            let mut blobs: Vec<Vec<u8>> = Vec::with_capacity(items.len());
-            for r in &enc_runs {
-                let run = &blob_items[r.clone()];
-                // Fresh blobs, as `BlobEncoder::encode_blobs` gives.
-                let mut fresh: Vec<Vec<u8>> = run
-                    .iter()
-                    .map(|i| tensorzip::fresh::with_capacity(i.0.len() + 64 * 1024))
-                    .collect();
-                eng.compress_seq_into(run, lead_len(&lens, r), &opts, &mut fresh)
-                    .map_err(|e| e.to_string())?;
-                blobs.extend(fresh);
-            }
-            tc.push(t.elapsed().as_secs_f64());
-            comp = blobs.iter().map(|b| b.len() as u64).sum();
-            if blobs != warm_blobs {
-                return Err(format!(
-                    "{}: compress_into differs from compress",
-                    path.display()
-                ));
-            }
-            let blob_refs: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
-            tw.push(warm_pass.decompress(&eng, &blob_refs, &mut warm)?);
-            // End to end: every tensor decoded into a new buffer, all of them alive until the pass
-            // ends (a loaded model's are), so that no run of the pass reuses pages an earlier one
-            // touched (ZipNN's outputs are kept alike by scripts/bench_cpu.py).
-            let t = Instant::now();
-            let mut fresh = Vec::with_capacity(runs_of.len());
-            for r in &runs_of {
-                fresh.push(
-                    eng.decompress_many(&blob_refs[r.clone()])
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            te.push(t.elapsed().as_secs_f64());
-            std::hint::black_box(&fresh);
-            drop(fresh);
+            .flatten()
+            .map(|t| &t.data)
+            .eq(items.iter().map(|i| &i.data));
+        drop(fresh);
+        if !fresh_exact || items.iter().zip(&warm).any(|(i, out)| &i.data != out) {
+            return Err(format!("{}: round trip is not exact", path.display()));
+        }
+    }
+    let b_tensor: f64 = items.iter().map(|i| bound(i, usize::MAX / 2)).sum();
+    let b_chunk: f64 = items.iter().map(|i| bound(i, 256 << 10)).sum();
+    // A file without tensor bytes has no speed (nor ratio, nor bound): null, not 0.
+    let gb = |t: Vec<f64>| (orig > 0).then(|| orig as f64 / median(t) / 1e9);
+    let per_byte = |x: f64| (orig > 0).then(|| x / orig as f64);
+    let scaling = match scaling && eng.threads() > 1 {
+        true => {
+            let s = warm_pass.measure(eng, runs, &mut warm_blobs, &mut warm)?;
             for (i, out) in items.iter().zip(&warm) {
                 if &i.data != out {
                     return Err(format!("{}: round trip is not exact", path.display()));
                 }
             }
+            s.json(orig)
         }
-        let b_tensor: f64 = items.iter().map(|i| bound(i, usize::MAX / 2)).sum();
-        let b_chunk: f64 = items.iter().map(|i| bound(i, 256 << 10)).sum();
-        let gb = |t: f64| orig as f64 / t / 1e9;
-        let scaling = match scaling && eng.threads() > 1 {
-            true => {
-                let s = warm_pass.measure(&eng, runs, &mut warm_blobs, &mut warm)?;
-                for (i, out) in items.iter().zip(&warm) {
-                    if &i.data != out {
-                        return Err(format!("{}: round trip is not exact", path.display()));
-                    }
-                }
-                s.json(orig)
-            }
-            false => serde_json::Value::Null,
-        };
-        let doc = serde_json::json!({
-            "file": path.display().to_string(), "cast": cast, "threads": eng.threads(), "runs": runs,
-            "tensors": items.len(), "original_bytes": orig, "compressed_bytes": comp,
-            "ratio": comp as f64 / orig as f64,
-            "compress_gbps": gb(median(tc)), "compress_warm_gbps": gb(median(tcw)), "decompress_warm_gbps": gb(median(tw)), "decompress_e2e_gbps": gb(median(te)),
-            "bound_per_tensor": b_tensor / orig as f64, "bound_per_256k_chunk": b_chunk / orig as f64,
-            "scaling": scaling,
-        });
-        crate::commands::print_out(&format!("{doc}\n"))?;
-    }
-    Ok(())
+        false => serde_json::Value::Null,
+    };
+    Ok(serde_json::json!({
+        "file": path.display().to_string(), "cast": cast, "threads": eng.threads(), "runs": runs,
+        "tensors": items.len(), "original_bytes": orig, "compressed_bytes": comp,
+        "ratio": per_byte(comp as f64),
+        "compress_gbps": gb(tc), "compress_warm_gbps": gb(tcw), "decompress_warm_gbps": gb(tw), "decompress_e2e_gbps": gb(te),
+        "bound_per_tensor": per_byte(b_tensor), "bound_per_256k_chunk": per_byte(b_chunk),
+        "scaling": scaling,
+    }))
 }
 
 /// The warm compress and decompress of one file's tensors (the "warm" figures, and the paired

@@ -573,10 +573,16 @@ impl Described {
 
 /// Writes to stdout; a closed pipe (`| head`) ends the output quietly.
 pub fn print_out(text: &str) -> Result<(), String> {
+    write_out(text).map(|_| ())
+}
+
+/// [`print_out`], telling whether stdout is still open: false once its reader has gone (a broken
+/// pipe, which is not an error: `tensorzip info … | head`).
+pub fn write_out(text: &str) -> Result<bool, String> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
         Err(e) => Err(format!("stdout: {e}")),
     }
 }

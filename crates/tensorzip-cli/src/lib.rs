@@ -236,7 +236,7 @@ enum Command {
     },
     /// Measure ratio and speed on .safetensors files (tensor by tensor, median of runs); prints JSON lines.
     Bench {
-        /// The .safetensors files to measure.
+        /// The .safetensors files to measure (a directory: the .safetensors files under it).
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
         /// Cast f32 tensors to this dtype first.

@@ -1772,3 +1772,83 @@ fn bench_reports_sizes_and_paired_scaling() {
     // One thread: nothing to pair.
     assert!(json(&[&base[..], &["-t", "1"]].concat())["scaling"].is_null());
 }
+
+/// `bench` measures what `compress` codes: a tensor of a dtype tensorzip does not model counts (as
+/// bytes; it was left out), a file without tensor bytes has no speeds (null, not 0 GB/s), a
+/// directory stands for its files, and a bad file among several is reported while the others are
+/// still measured.
+#[test]
+fn bench_measures_every_tensor_and_every_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("m")).unwrap();
+    let scales: Vec<u8> = (0..4096u32).map(|i| 120 + (i % 7) as u8).collect();
+    let w = sample::weights(1, 64, DType::F32, 4);
+    let odd = serialize_safetensors(
+        &[
+            ("scales", "F8_E8M0", &[4096u64][..], &scales[..]),
+            ("w", "F32", &[64u64][..], &w[..]),
+        ],
+        None,
+    )
+    .unwrap();
+    std::fs::write(d.join("m/odd.safetensors"), odd).unwrap();
+    let empty = serialize_safetensors(&[("e", "F32", &[0u64, 3][..], &[][..])], None).unwrap();
+    std::fs::write(d.join("m/empty.safetensors"), empty).unwrap();
+    std::fs::write(d.join("junk.safetensors"), b"not a model at all").unwrap();
+    let docs = |o: &Output| -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON object a line"))
+            .collect()
+    };
+    let o = tz(d, &["bench", "m", "--runs", "1"]);
+    ok(&o, "bench m");
+    let got = docs(&o);
+    assert_eq!(got.len(), 2, "{got:?}");
+    let named = |n: &str| {
+        got.iter()
+            .find(|j| j["file"].as_str().unwrap().ends_with(n))
+            .unwrap_or_else(|| panic!("{n}: {got:?}"))
+            .clone()
+    };
+    let j = named("odd.safetensors");
+    assert_eq!(
+        (j["tensors"].as_u64(), j["original_bytes"].as_u64()),
+        (Some(2), Some(4096 + 256))
+    );
+    assert!(
+        j["decompress_warm_gbps"].as_f64().is_some_and(|g| g > 0.0),
+        "{j}"
+    );
+    let j = named("empty.safetensors");
+    assert_eq!(j["original_bytes"].as_u64(), Some(0));
+    for k in [
+        "ratio",
+        "compress_gbps",
+        "compress_warm_gbps",
+        "decompress_warm_gbps",
+        "decompress_e2e_gbps",
+        "bound_per_tensor",
+    ] {
+        assert!(j[k].is_null(), "{k}: {j}");
+    }
+    let o = tz(
+        d,
+        &[
+            "bench",
+            "junk.safetensors",
+            "m/odd.safetensors",
+            "--runs",
+            "1",
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("junk.safetensors: not a safetensors file"),
+        "{err}"
+    );
+    assert!(err.contains("1 of 2 inputs failed"), "{err}");
+    assert_eq!(docs(&o).len(), 1);
+}

@@ -262,15 +262,7 @@ fn tensor_segment(
     offset: u64,
     len: u64,
 ) -> SourceSegment {
-    let dtype = DType::from_safetensors_name(dtype_name);
-    let numel: Option<u64> = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    let (dtype, shape) = match (dtype, numel) {
-        (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => {
-            (d, shape.to_vec())
-        }
-        // Dtypes tensorzip does not model (F4, F8_E8M0, ...) are coded as bytes.
-        _ => (DType::U8, vec![len]),
-    };
+    let (dtype, shape) = tensor_coding(dtype_name, shape, len);
     SourceSegment {
         kind: SegmentKind::Tensor,
         offset,
@@ -278,6 +270,20 @@ fn tensor_segment(
         dtype,
         shape,
         name: name.to_string(),
+    }
+}
+
+/// The dtype and shape a safetensors tensor of `len` bytes is coded with: its own where tensorzip
+/// has the dtype and the byte count matches the shape, else bytes (`U8`, one dimension) — dtypes
+/// tensorzip does not model (F4, F8_E8M0, ...) and entries whose size disagrees with their shape.
+pub fn tensor_coding(dtype_name: &str, shape: &[u64], len: u64) -> (DType, Vec<u64>) {
+    let dtype = DType::from_safetensors_name(dtype_name);
+    let numel: Option<u64> = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    match (dtype, numel) {
+        (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => {
+            (d, shape.to_vec())
+        }
+        _ => (DType::U8, vec![len]),
     }
 }
 
