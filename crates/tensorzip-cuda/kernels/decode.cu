@@ -90,9 +90,11 @@ __device__ __forceinline__ u32 warp_sum(u32 v) {
 #endif
 }
 
+// A launch's error: one 64-bit word, the code in its low half and the chunk's index in the batch in
+// its high half, all ones while no chunk has failed — so the host reads the lowest failing chunk
+// with its own code (two separate words could pair one chunk's code with another's index).
 __device__ __forceinline__ void fail(u32* err, u32 code, u32 chunk) {
-    atomicCAS(err, 0u, code);
-    atomicCAS(err + 1, 0xFFFFFFFFu, chunk);
+    atomicMin((unsigned long long*)err, ((unsigned long long)chunk << 32) | code);
 }
 
 // The stream's words pass through a per-warp ring of RING words in shared memory. Loads are issued
@@ -955,17 +957,24 @@ __device__ __forceinline__ void window_issue(u32 dst, const u8* area, u32 r, u32
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// Waits for the window issued last and puts the stash's bytes (those past `from_area`) in place.
-__device__ __forceinline__ void window_ready(u32 dst, const u8* area, u32 r, u32 from_area, const u8* stash, int lane) {
+// Waits for the window issued last and, in the chunk's `last` block, puts the stash's bytes
+// (those past `from_area`) in place. Only the last block has them: the decoder writes the stash
+// when it ends the chunk's stream, and in a pair it does so while its merging warp is still on
+// the block before — whose window, had it copied the stash, would have read it as it was being
+// written (into positions it never uses, but a race all the same).
+__device__ __forceinline__ void window_ready(u32 dst, const u8* area, u32 r, u32 from_area, const u8* stash, int lane,
+                                             bool last) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
-    const u64 a0 = (u64)(area + r) & ~15ull;
-    #pragma unroll
-    for (u32 t = lane; t < 64; t += LANES) {
-        const u64 x = (u64)(area + from_area) + t;
-        if (x >= a0 && x < a0 + WIN) sts8(dst + (u32)(x - a0), stash[t]);
+    if (last) {
+        const u64 a0 = (u64)(area + r) & ~15ull;
+        #pragma unroll
+        for (u32 t = lane; t < 64; t += LANES) {
+            const u64 x = (u64)(area + from_area) + t;
+            if (x >= a0 && x < a0 + WIN) sts8(dst + (u32)(x - a0), stash[t]);
+        }
+        __syncwarp();
     }
-    __syncwarp();
 }
 
 // C. The merge of block `b`: each lane completes 16 consecutive units per group of 512 from the
@@ -1016,7 +1025,7 @@ __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockP
             }
             const u32 wbuf = win + ((g0 / (LANES * GROUP)) & 1) * WIN;
             const u32 r = fixed + base_r;
-            window_ready(wbuf, area, r, from_area, stash, lane);
+            window_ready(wbuf, area, r, from_area, stash, lane, b + 1 == ci.nb);
             const u32 hits = match16(cw, ci.cvalue) & (n >= GROUP ? 0xFFFFu : ((1u << n) - 1u));
             const u32 mine = __popc(hits);
             u32 incl = mine;

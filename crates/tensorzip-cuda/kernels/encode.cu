@@ -1248,8 +1248,13 @@ extern "C" __global__ void tz_place(EncJob* __restrict__ jobs, u32 n, const EncP
         const u64 first = ok ? ((u64)outs[j.seg].pad[0] | (u64)outs[j.seg].pad[1] << 32) : 0;
         const u64 start = j.chunk * P.chunk_units;
         const u64 len = start < P.units ? min((u64)P.chunk_units, P.units - start) * us : 0;
+        // Modes past the tensor's planes must be raw: tz_compact copies selectors for a Blocks
+        // mode on any of the 8.
         u32 blocks_planes = 0;
-        for (u32 p = 0; p < us && p < 8; p++) blocks_planes += o.modes[p] == MODE_BLOCKS;
+        for (u32 p = 0; p < 8; p++) {
+            blocks_planes += o.modes[p] == MODE_BLOCKS;
+            ok = ok && o.modes[p] <= (p < us ? MODE_COND : MODE_RAW);
+        }
         const u64 off = placed[j.tensor] + excl - first;
         ok = ok && (u64)o.sel_len + o.rans_len + o.kept == o.payload_len && o.payload_len <= len &&
              (o.rans_len == 0 || o.rans_len == 128u + 2ull * o.n_words) && o.n_words <= P.cap_words &&

@@ -424,9 +424,6 @@ pub(crate) fn waves(
     out
 }
 
-/// Shared memory one thread block may use (the H200 allows 227 KiB).
-const ENC_MAX_SMEM: u64 = 227 << 10;
-
 /// The encoder's block width for warps of `per_warp` shared bytes: the one, up to the most warps a
 /// block of `f` may have (its launch bounds in encode.cu — 256 threads for 1- and 2-byte units, 352
 /// for 4 and 8 — as the driver reports them), that keeps the most warps resident per SM, as the
@@ -439,8 +436,9 @@ const ENC_MAX_SMEM: u64 = 227 << 10;
 /// speed in the same calls (117.8-119.5 against 112.5-120.5); 1-byte units (80 registers) get 25
 /// warps instead of 24. (The warps of a block share nothing but the launch.) A development
 /// override, `TENSORZIP_DEV_ENC_BLOCK=BYTES,WARPS`, sets the block's shared bytes and most warps
-/// instead.
-fn enc_block_width(f: &CudaFunction, per_warp: u64) -> Result<u32> {
+/// instead. `smem_limit` is the device's shared memory per block ([`crate::engine`]'s
+/// `Shared::smem_limit`), of which `f`'s static shared memory takes its part.
+fn enc_block_width(f: &CudaFunction, per_warp: u64, smem_limit: u32) -> Result<u32> {
     let most = (f.max_threads_per_block()?.max(32) / 32) as u32;
     let dev = std::env::var("TENSORZIP_DEV_ENC_BLOCK").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
@@ -450,7 +448,13 @@ fn enc_block_width(f: &CudaFunction, per_warp: u64) -> Result<u32> {
     if let Some((bytes, warps)) = dev {
         return Ok((bytes / per_warp).clamp(1, warps as u64) as u32);
     }
-    let most = ((ENC_MAX_SMEM / per_warp) as u32).clamp(1, most);
+    let room = (smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64);
+    if room < per_warp {
+        return Err(Error::Unsupported(format!(
+            "{smem_limit} bytes of shared memory per block (the encoder's warps need {per_warp})"
+        )));
+    }
+    let most = ((room / per_warp) as u32).clamp(1, most);
     // The occupancy query counts a block's dynamic shared memory only up to the function's limit.
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -469,6 +473,9 @@ fn enc_block_width(f: &CudaFunction, per_warp: u64) -> Result<u32> {
     }
     Ok(best.1)
 }
+
+/// The shared joint counts of a `tz_hist_*` block: 256 x 256 16-bit counters.
+const JOINT_SMEM_BYTES: u32 = 128 << 10;
 
 /// Sampled blocks per thread block of `tz_hist_*` (`PICKS_PER_BLOCK` in encode.cu). 16 since
 /// 2026-12-02 (8 before): each thread block zeroes and flushes 128 KiB of shared joint counts, and
@@ -883,15 +890,20 @@ impl GpuEngine {
         })?;
         let inputs_ptr = count_inputs.device_ptr(&s).0;
         let count_params = inputs_ptr + params_at as u64;
-        // Joint counts in shared memory (16-bit counters) when PICKS_PER_BLOCK sampled blocks
-        // cannot overflow them: blocks of at most 4096 units (encode.cu, `hist_entry`).
-        let joint_smem = (opts.block_units <= 4096) as u32;
-        let smem = joint_smem * (128 << 10);
         for ((v, hist_base, _, jobs, _), &(picks_at, jobs_at)) in launches.iter().zip(&inputs_at) {
             let picks = inputs_ptr + picks_at as u64;
             let jobs_dev = inputs_ptr + jobs_at as u64;
             let hist_ptr = counts_ptr + 4 * *hist_base as u64;
             let f = &k.variants(self, &[*v])?[0].0;
+            // Joint counts in shared memory (16-bit counters) when PICKS_PER_BLOCK sampled blocks
+            // cannot overflow them — blocks of at most 4096 units (encode.cu, `hist_entry`) — and
+            // the device has the 128 KiB beside the kernel's static shared memory (not on Ada or
+            // consumer Ampere, 99 KiB: there they are counted in global memory, as for larger
+            // blocks).
+            let fits =
+                JOINT_SMEM_BYTES + f.shared_size_bytes()?.max(0) as u32 <= self.shared().smem_limit;
+            let joint_smem = (opts.block_units <= 4096 && fits) as u32;
+            let smem = joint_smem * JOINT_SMEM_BYTES;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
@@ -1211,7 +1223,7 @@ impl GpuEngine {
             };
             let per_warp = hist_bytes(us) + stage_bytes;
             let f = &k.variants(self, &[*v])?[0].1;
-            let warps = enc_block_width(f, per_warp)?;
+            let warps = enc_block_width(f, per_warp, self.shared().smem_limit)?;
             let smem = (warps as u64 * per_warp) as u32;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -1435,14 +1447,25 @@ impl GpuEngine {
                     )));
                 }
                 cd.total += o.payload_len as u64;
+                // Each of the tensor's planes a mode it may have (conditioned: only the plane
+                // the tensor may condition), the others raw (tz_place checks as much).
                 let mut modes = [PlaneMode::Raw; 8];
-                for (q, m) in modes.iter_mut().enumerate().take(us) {
-                    *m = match o.modes[q] {
+                for (q, &m) in o.modes.iter().enumerate() {
+                    let mode = match m {
                         0 => PlaneMode::Raw,
-                        1 => PlaneMode::Const(o.values[q]),
-                        2 => PlaneMode::Blocks,
-                        _ => PlaneMode::Cond,
+                        1 if q < us => PlaneMode::Const(o.values[q]),
+                        2 if q < us => PlaneMode::Blocks,
+                        3 if q < us && cd.may_condition == Some(q) => PlaneMode::Cond,
+                        _ => {
+                            return Err(Error::Driver(format!(
+                                "encoder kernel reported mode {m} for plane {q} of chunk {}",
+                                j.chunk
+                            )))
+                        }
                     };
+                    if q < us {
+                        modes[q] = mode;
+                    }
                 }
                 ChunkEntry {
                     payload_len: o.payload_len,
@@ -1838,6 +1861,18 @@ mod tests {
         o[2].modes[0] = 2;
         o[2].kept = 185;
         lies.push(("selectors", jobs1.clone(), o, [400, 60]));
+        let mut o = outs.clone();
+        // A Blocks mode on plane 1 of one-byte units: tz_compact would copy its selectors too,
+        // one byte past what the report placed.
+        o[2].modes[0] = 2;
+        o[2].modes[1] = 2;
+        o[2].nb = 1;
+        o[2].sel_len = 1;
+        o[2].kept = 187;
+        lies.push(("a mode past the planes", jobs1.clone(), o, [400, 60]));
+        let mut o = outs.clone();
+        o[2].modes[0] = 4;
+        lies.push(("no such mode", jobs1.clone(), o, [400, 60]));
         let mut j = jobs1.clone();
         j[4].seg = 1; // its segment starts at another tensor's job
         lies.push(("segment", j, outs.clone(), [400, 60]));

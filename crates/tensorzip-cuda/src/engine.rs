@@ -37,8 +37,14 @@ pub(crate) fn decode_units() -> crate::compile::Units {
     )
 }
 
-/// Shared memory one block of the decoder may use (the H200 allows 227 KiB).
-const MAX_SMEM: u32 = 220 * 1024;
+/// What a decode block leaves of the device's per-block shared memory ([`Shared::smem_limit`]) for
+/// the kernels' static shared memory (`cache`, `merge_sel`, `sync_words` in `kernels/decode.cu`:
+/// ~170 bytes) and the driver: its dynamic shared memory is at most the limit less this — 220 KiB
+/// on Hopper (227 KiB), the figure every decoder measurement in docs/BENCHMARKS.md ran with.
+const DECODE_SMEM_RESERVE: u32 = 7 * 1024;
+/// The decoder's dynamic shared memory on an H100 / H200, for the tests of the launch shapes.
+#[cfg(test)]
+const HOPPER_DECODE_SMEM: u32 = 227 * 1024 - DECODE_SMEM_RESERVE;
 /// Tables a block's cache in shared memory holds at least (compact form: 4096 + 1024 bytes each):
 /// launches whose tensors have no more keep the shared-memory shapes measured with it.
 const CACHE_TABLES: u32 = 10;
@@ -62,7 +68,7 @@ const DECODE_WARPS: u32 = 16;
 pub struct DevicePlan {
     groups: Vec<DeviceGroup>,
     /// The plan's small arrays — chunk and tensor descriptors, table information, the tables'
-    /// frequencies, the small copies and the two error words — in one device buffer, uploaded with
+    /// frequencies, the small copies and the error word — in one device buffer, uploaded with
     /// one copy (they were six or more synchronous copies: a third of a small model's decode call).
     _buf: CudaSlice<u8>,
     /// Device addresses inside `_buf`.
@@ -75,8 +81,8 @@ pub struct DevicePlan {
     tables: CudaSlice<u32>,
     /// Stored blobs larger than [`KERNEL_COPY_MAX`]: one copy-engine copy each.
     large_copies: Vec<crate::plan::Copy>,
-    /// The error words hold their initial values (uploaded with the plan, not launched since):
-    /// the first launch need not reset them.
+    /// The error word holds its initial value (uploaded with the plan, not launched since):
+    /// the first launch need not reset it.
     err_reset: bool,
 }
 
@@ -431,19 +437,19 @@ fn spread_width(runs: &[usize], most: u32, sms: u32) -> Option<u32> {
 /// one wave of one-warp blocks (kernel, H200, 2026-12-01); bf16 launches of 1024 and 1536 chunks
 /// (one tensor) went 236 → 327 and 343 → 262 GB/s from one to two warps (2026-11-30), as this
 /// rule says. The caller checks that two buffers per chunk fit at all.
-fn auto_two_warps(runs: &[usize], per_warp: u32, cache: u32, sms: u32, spread: bool) -> bool {
+fn auto_two_warps(runs: &[usize], per_warp: u32, room: u32, sms: u32, spread: bool) -> bool {
     let chunks: usize = runs.iter().sum();
     chunks as u64 <= SPLIT_MAX_CHUNKS_PER_SM as u64 * sms as u64
         && (!spread
-            || spread_width(runs, most_in_shared(per_warp, 2, DECODE_WARPS, cache), sms).is_some())
+            || spread_width(runs, most_in_shared(per_warp, 2, DECODE_WARPS, room), sms).is_some())
 }
 
 /// The chunks a block can take when each has `nbuf` buffers of `per_warp` bytes in shared memory
-/// (besides its ring and stash, and the block's table cache of `cache` bytes), with at most
-/// `max_warps` warps per block ([`DECODE_WARPS`], or the development switch of
+/// besides its ring and stash, in `room` bytes (the block's shared memory less its table cache),
+/// with at most `max_warps` warps per block ([`DECODE_WARPS`], or the development switch of
 /// [`Shared::decode_max_warps`]).
-fn most_in_shared(per_warp: u32, nbuf: u32, max_warps: u32, cache: u32) -> u32 {
-    ((MAX_SMEM - cache) / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, max_warps / nbuf)
+fn most_in_shared(per_warp: u32, nbuf: u32, max_warps: u32, room: u32) -> u32 {
+    (room / (nbuf * per_warp + RING_STASH_BYTES)).clamp(1, max_warps / nbuf)
 }
 
 /// [`pad_blocks`] into a vector.
@@ -531,6 +537,15 @@ pub(crate) struct Shared {
     copy: CudaFunction,
     /// The device's multiprocessors.
     sms: u32,
+    /// Shared memory a thread block may have (static and dynamic): the device's opt-in limit
+    /// (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 227 KiB on Hopper and data-centre
+    /// Blackwell, 163 KiB on an A100, 99 KiB on Ada and consumer Ampere and Blackwell, 64 or 96 KiB
+    /// on Turing and Volta), or less with `TENSORZIP_DEV_SMEM_LIMIT=BYTES` — which runs the
+    /// launch shapes of a smaller GPU on this one (the test suite under 99 and 163 KiB on an
+    /// H200: docs/GPU.md, "Shared memory of other GPUs"). The kernels' launch shapes are sized
+    /// from it: the decoder's table cache and warps per block, the encoder's warps per block, and
+    /// whether the counting step keeps its joint counts in shared memory.
+    pub(crate) smem_limit: u32,
     /// Whether two-warp launches spread their chunks over the SMs ([`spread_width`]); off with
     /// `TENSORZIP_DEV_BLOCK_SPREAD=0` (the average chunks per tensor, for comparisons).
     spread_blocks: bool,
@@ -597,6 +612,13 @@ impl GpuEngine {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )?
             .max(1) as u32;
+        let optin = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
+        let smem_limit = std::env::var("TENSORZIP_DEV_SMEM_LIMIT")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .map_or(optin.max(0) as u32, |v| v.min(optin.max(0) as u32));
         // Development overrides of the decoder's layout and block widths, for same-binary
         // comparisons.
         let spread_blocks = std::env::var_os("TENSORZIP_DEV_BLOCK_SPREAD").is_none_or(|v| v != "0");
@@ -619,6 +641,7 @@ impl GpuEngine {
                 build_tables,
                 copy,
                 sms,
+                smem_limit,
                 spread_blocks,
                 decode_max_warps,
                 encode: std::sync::OnceLock::new(),
@@ -870,36 +893,52 @@ impl GpuEngine {
         // set once the buffer exists.
         let mut groups = Vec::with_capacity(plan.groups.len());
         let mut cap = 0usize;
+        // A block's dynamic shared memory: its table cache, then per chunk a ring and stash and
+        // (unless in global scratch) the chunk's buffers.
+        let smem_max = self.shared.smem_limit.saturating_sub(DECODE_SMEM_RESERVE);
+        let Some(spare) = smem_max.checked_sub(cache_bytes(0) + RING_STASH_BYTES) else {
+            return Err(Error::Unsupported(format!(
+                "{} bytes of shared memory per block",
+                self.shared.smem_limit
+            )));
+        };
         for g in &plan.groups {
-            let cache_tables = g.cache_tables.clamp(CACHE_TABLES, MAX_CACHE_TABLES);
-            let cache = cache_bytes(cache_tables);
-            let global = g.global_scratch || g.per_warp + RING_STASH_BYTES + cache > MAX_SMEM;
+            // As many tables as the launch's tensors have (at least CACHE_TABLES, at most
+            // MAX_CACHE_TABLES), as long as one chunk's ring and stash fit beside them: a GPU with
+            // less shared memory than Hopper caches fewer, and its blocks read the others from
+            // global memory.
+            let cache_tables = g
+                .cache_tables
+                .clamp(CACHE_TABLES, MAX_CACHE_TABLES)
+                .min(spare / (4096 + 1024));
+            let room = smem_max - cache_bytes(cache_tables);
+            let global = g.global_scratch || g.per_warp + RING_STASH_BYTES > room;
             let runs = tensor_runs(&g.chunks);
             // Two warps per chunk need two buffers per chunk in shared memory and at most 8
             // chunks per block (512 threads).
             let split = !global
-                && 2 * g.per_warp + RING_STASH_BYTES + cache <= MAX_SMEM
+                && 2 * g.per_warp + RING_STASH_BYTES <= room
                 && match self.layout {
                     DecodeLayout::OneWarp => false,
                     DecodeLayout::TwoWarps => true,
                     DecodeLayout::Auto => auto_two_warps(
                         &runs,
                         g.per_warp,
-                        cache,
+                        room,
                         self.shared.sms,
                         self.shared.spread_blocks,
                     ),
                 };
             let nbuf = if split { 2 } else { 1 };
             let most = if global {
-                8
+                (room / RING_STASH_BYTES).clamp(1, 8)
             } else {
                 let max_warps = if split {
                     DECODE_WARPS
                 } else {
                     self.shared.decode_max_warps
                 };
-                most_in_shared(g.per_warp, nbuf, max_warps, cache)
+                most_in_shared(g.per_warp, nbuf, max_warps, room)
             };
             // A block caches the tables of one tensor, so it takes the chunks of one tensor only.
             // Blocks as wide as a tensor's chunks on average: many small tensors make many narrow
@@ -911,6 +950,7 @@ impl GpuEngine {
             };
             let n = padded_len(&runs, warps as usize) as u32;
             cap += staged_len::<ChunkDesc>(n as usize);
+            let cache = cache_bytes(cache_tables);
             let (smem, scratch) = if global {
                 (
                     warps * RING_STASH_BYTES + cache,
@@ -978,7 +1018,7 @@ impl GpuEngine {
                 st.push(info),
                 st.push(&plan.table_bytes),
                 st.push(&plan.table_offsets),
-                st.push(&[0u32, u32::MAX]),
+                st.push(&[u32::MAX, u32::MAX]),
                 st.push(&small),
             ];
             trace(&format!("{} bytes staged", st.len));
@@ -1060,14 +1100,11 @@ impl GpuEngine {
             f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
             chosen.push(f);
         }
-        // The error words: no error, and the lowest failing chunk u32::MAX (all bytes 0xFF). A
-        // plan's first launch finds them so (they were uploaded with it).
+        // The error word (`fail` in decode.cu: the lowest failing chunk and its code) all ones:
+        // no chunk failed. A plan's first launch finds it so (it was uploaded with it).
         if !std::mem::take(&mut dp.err_reset) {
-            // SAFETY: `dp.err` is the plan's two error words, inside its buffer.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(dp.err, 0, 4, s.cu_stream())?;
-                cudarc::driver::result::memset_d8_async(dp.err + 4, 0xFF, 4, s.cu_stream())?;
-            }
+            // SAFETY: `dp.err` is the plan's 8-byte error word, inside its buffer.
+            unsafe { cudarc::driver::result::memset_d8_async(dp.err, 0xFF, 8, s.cu_stream())? };
         }
         // SAFETY: `dp.copies` holds `n_copies` descriptors whose ranges, offset by `data` and
         // `out`, lie inside the caller's buffers (the caller's promise).
@@ -1182,13 +1219,13 @@ impl GpuEngine {
     /// Waits for the stream and reports the error flags of the last launch of `dp`.
     pub fn check(&self, dp: &DevicePlan) -> Result<()> {
         let mut e = [0u32; 2];
-        // SAFETY: `dp.err` is the plan's two error words (alive with `dp`); `e` outlives the copy,
+        // SAFETY: `dp.err` is the plan's 8-byte error word (alive with `dp`); `e` outlives the copy,
         // which the synchronisation below completes.
         unsafe {
             cudarc::driver::result::memcpy_dtoh_async(&mut e, dp.err, self.stream.cu_stream())
         }?;
         self.stream.synchronize()?;
-        if e[0] != 0 {
+        if e != [u32::MAX; 2] {
             let what = match e[0] {
                 1 => "block selector names no table",
                 2 => "rANS stream ends early",
@@ -1423,24 +1460,24 @@ mod tests {
     fn auto_takes_two_warps_only_for_one_wave() {
         // bf16 slots (one plane of 4096 units) and fp32 slots (three planes).
         let (bf16, fp32) = (8224, 16416);
-        let c10 = cache_bytes(CACHE_TABLES);
-        let most2 = |pw: u32| (MAX_SMEM - c10) / (2 * pw + RING_STASH_BYTES);
+        let room10 = HOPPER_DECODE_SMEM - cache_bytes(CACHE_TABLES);
+        let most2 = |pw: u32| room10 / (2 * pw + RING_STASH_BYTES);
         assert_eq!((most2(bf16), most2(fp32)), (9, 4));
         // all-MiniLM-L6-v2: 104 tensors, one of them most of the chunks.
         let mut minilm = vec![2usize; 100];
         minilm.push(173);
-        assert!(auto_two_warps(&minilm, bf16, c10, 132, true));
+        assert!(auto_two_warps(&minilm, bf16, room10, 132, true));
         // Its fp32 cast: ~770 chunks do not fit 132 blocks of 4.
         let mut minilm32 = vec![4usize; 100];
         minilm32.push(370);
-        assert!(!auto_two_warps(&minilm32, fp32, c10, 132, true));
+        assert!(!auto_two_warps(&minilm32, fp32, room10, 132, true));
         // One bf16 tensor of 1024 chunks fits 128 blocks of 8; 1536 chunks do not.
-        assert!(auto_two_warps(&[1024], bf16, c10, 132, true));
-        assert!(!auto_two_warps(&[1536], bf16, c10, 132, true));
+        assert!(auto_two_warps(&[1024], bf16, room10, 132, true));
+        assert!(!auto_two_warps(&[1536], bf16, room10, 132, true));
         // Without spreading (a development knob) only the chunk count decides.
-        assert!(auto_two_warps(&minilm32, fp32, c10, 132, false));
-        assert!(!auto_two_warps(&[1057], bf16, c10, 132, false));
-        assert!(auto_two_warps(&[], bf16, c10, 132, true));
+        assert!(auto_two_warps(&minilm32, fp32, room10, 132, false));
+        assert!(!auto_two_warps(&[1057], bf16, room10, 132, false));
+        assert!(auto_two_warps(&[], bf16, room10, 132, true));
     }
 
     #[test]

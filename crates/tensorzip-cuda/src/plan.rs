@@ -184,7 +184,16 @@ impl Plan {
                 )));
             };
             let group = &mut groups[k];
-            group.slot_units = group.slot_units.max(h.block_units);
+            // A slot holds the longest block of this tensor's chunks — the block size, unless the
+            // chunks or the tensor are shorter — in whole merge groups. (Sized by the block size
+            // alone, a forged blob of 65536-unit blocks in one-unit chunks, ~10 bytes a chunk,
+            // asked for 64 KiB of global scratch per chunk: 61 GiB for a 10 MB blob.)
+            let longest = (h.block_units as u64)
+                .min(h.chunk_units as u64)
+                .min(h.units()) as u32;
+            group.slot_units = group
+                .slot_units
+                .max(longest.next_multiple_of(MERGE_GROUP_UNITS));
             let mut td = TensorDesc {
                 block_units: h.block_units,
                 unit_size: us as u32,
@@ -333,10 +342,46 @@ mod tests {
             let plan = Plan::new(&[job]).unwrap();
             for g in &plan.groups {
                 assert!(g.slot_units >= MERGE_GROUP_UNITS.max(block_units));
+                assert_eq!(g.slot_units % MERGE_GROUP_UNITS, 0);
                 // The last slot's merge reads end inside the warp's buffer.
                 let last = g.n_slots.max(1) - 1;
                 assert!(last * g.slot_units + MERGE_GROUP_UNITS <= g.per_warp);
             }
+        }
+    }
+
+    /// Slots are as long as the longest block a chunk has, not the block size: a blob of large
+    /// blocks in short chunks (or a short tensor) needs no scratch for blocks it cannot have.
+    #[test]
+    fn slots_hold_the_longest_block_not_the_block_size() {
+        let data = sample::weights(1, 20_000, DType::BF16, 9);
+        // (block units, chunk bytes, elements) -> slot units.
+        for (block_units, chunk_bytes, n, want) in [
+            (65536, 2048, 20_000, 1024),      // chunks of 1024 units
+            (65536, 1 << 20, 20_000, 20_480), // the tensor, 20,000 units
+            (65536, 1 << 20, 1000, 1024),     // a short tensor
+            (4096, 2048, 20_000, 1024),
+            (1024, 1 << 20, 20_000, 1024),
+        ] {
+            let opts = CompressOptions {
+                block_units,
+                chunk_bytes,
+                min_compress_bytes: 0,
+                ..CompressOptions::default()
+            };
+            let blob = compress(&data[..2 * n], DType::BF16, &[n as u64], &opts).unwrap();
+            let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
+            let job = Job {
+                layout: &layout,
+                data_offset: 0,
+                out_offset: 0,
+            };
+            let plan = Plan::new(&[job]).unwrap();
+            assert_eq!(plan.groups.len(), 1, "{block_units} {chunk_bytes} {n}");
+            assert_eq!(
+                plan.groups[0].slot_units, want,
+                "{block_units} {chunk_bytes} {n}"
+            );
         }
     }
 
