@@ -145,6 +145,15 @@ impl SafeOutput {
         force: bool,
         input: &Path,
     ) -> Result<SafeOutput, String> {
+        // `-o -`: not standard output, which the temporary file and its rename cannot be (the
+        // archive was written to a file named `-`).
+        if dest.as_os_str() == "-" {
+            return Err(format!(
+                "{}: writing to standard output is not supported (the output is written to a \
+                 temporary file and renamed into place); name a file (./- for one called -)",
+                shown.display()
+            ));
+        }
         // `-o newdir/`: a file cannot take that name (the rename at the end failed, after all
         // the work).
         if dest
@@ -304,6 +313,12 @@ impl std::ops::Deref for Input {
 
 /// Maps the input file into memory.
 pub fn map_file(path: &Path) -> Result<Input, String> {
+    if path.as_os_str() == "-" && !path.exists() {
+        return Err(
+            "-: reading standard input is not supported (inputs are mapped files); give a file"
+                .to_string(),
+        );
+    }
     // SAFETY: the mapping is read-only; tensorzip treats its contents as untrusted bytes, and the
     // documentation warns that a file changed by another process while it is read gives wrong output
     // (caught by the checksums) — the usual caveat of memory-mapped input.

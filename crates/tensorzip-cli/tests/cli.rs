@@ -972,6 +972,16 @@ fn outputs_that_are_the_input_or_not_regular_files_are_refused() {
             vec!["compress", "model.safetensors", "-o", "."],
             &["is a directory", "--output-dir"],
         ),
+        // `-` is not standard output (the archive was written to a file named `-`), nor input.
+        (
+            vec!["compress", "model.safetensors", "-o", "-"],
+            &["standard output is not supported", "./-"],
+        ),
+        (
+            vec!["decompress", "model.safetensors.tz", "-o", "-"],
+            &["standard output is not supported"],
+        ),
+        (vec!["info", "-"], &["standard input is not supported"]),
     ];
     #[cfg(unix)]
     cases.push((
@@ -1002,6 +1012,7 @@ fn outputs_that_are_the_input_or_not_regular_files_are_refused() {
     }
     assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
     assert!(std::fs::read(&archive).unwrap() == ar);
+    assert!(!d.join("-").exists());
     #[cfg(unix)]
     if fifo {
         use std::os::unix::fs::FileTypeExt;
