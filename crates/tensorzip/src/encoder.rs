@@ -22,12 +22,34 @@ pub struct ChunkScratch {
 }
 
 impl ChunkScratch {
+    /// Bytes the scratch holds (for tests of its size).
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.planes.capacity()
+            + self.sels.capacity()
+            + self.cond_syms.capacity()
+            + self.raw_area.capacity()
+            + 2 * self.rans.words_capacity()
+    }
+
     /// Sizes the buffers for a chunk of `len` units of `us` bytes in `nb` blocks. The area and the
     /// coded bytes live in buffers kept at their largest length (written before they are read;
-    /// never zeroed per chunk), with 8 spare bytes for the split's word stores.
+    /// never zeroed per chunk), with 8 spare bytes for the split's word stores — except that a
+    /// buffer more than four times (and 1 MiB more than) this chunk's need is given back first:
+    /// the scratch lives as long as its thread (a pool's, for the process's life), and chunks of
+    /// 16 MiB (a valid `chunk_bytes`) left ~80 MiB a thread behind them for good.
     fn prepare(&mut self, us: usize, len: usize, nb: usize) {
-        if self.raw_area.len() < us * len + 8 {
-            self.raw_area.resize(us * len + 8, 0);
+        let need = us * len + 8;
+        let most = 4 * need + (1 << 20);
+        for buf in [&mut self.raw_area, &mut self.cond_syms, &mut self.planes] {
+            if buf.len() > most {
+                *buf = Vec::new();
+            }
+        }
+        // At most one word per coded symbol.
+        self.rans.trim(most);
+        if self.raw_area.len() < need {
+            self.raw_area.resize(need, 0);
         }
         if self.cond_syms.len() < len + 8 {
             self.cond_syms.resize(len + 8, 0);

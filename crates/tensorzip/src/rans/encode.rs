@@ -32,6 +32,21 @@ pub struct EncoderScratch {
     words: Vec<u16>,
 }
 
+impl EncoderScratch {
+    /// Gives the word buffer back if it holds more than `most` words (it keeps its largest length
+    /// otherwise).
+    pub(crate) fn trim(&mut self, most: usize) {
+        if self.words.len() > most {
+            self.words = Vec::new();
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn words_capacity(&self) -> usize {
+        self.words.capacity()
+    }
+}
+
 /// Encodes a chunk's blocks into one stream and appends it to `out` (32 states, then words); the
 /// initial states carry `stash` (at most 64 bytes, see [`super::stash_states`]).
 ///
