@@ -323,6 +323,17 @@ mod tests {
         (blocks + l.cond.iter().flatten().count()) as u32
     }
 
+    /// The plan of one blob.
+    fn plan_of(blob: &[u8]) -> Plan {
+        let layout = BlobLayout::parse(blob, blob.len()).unwrap();
+        let job = Job {
+            layout: &layout,
+            data_offset: 0,
+            out_offset: 0,
+        };
+        Plan::new(&[job]).unwrap()
+    }
+
     /// The merge's loads stay inside the warp's buffer for blobs of small blocks too.
     #[test]
     fn slots_hold_a_merge_group_whatever_the_blocks() {
@@ -333,13 +344,7 @@ mod tests {
                 ..CompressOptions::default()
             };
             let blob = compress(&data, DType::BF16, &[10_001], &opts).unwrap();
-            let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
-            let job = Job {
-                layout: &layout,
-                data_offset: 0,
-                out_offset: 0,
-            };
-            let plan = Plan::new(&[job]).unwrap();
+            let plan = plan_of(&blob);
             for g in &plan.groups {
                 assert!(g.slot_units >= MERGE_GROUP_UNITS.max(block_units));
                 assert_eq!(g.slot_units % MERGE_GROUP_UNITS, 0);
@@ -370,13 +375,7 @@ mod tests {
                 ..CompressOptions::default()
             };
             let blob = compress(&data[..2 * n], DType::BF16, &[n as u64], &opts).unwrap();
-            let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
-            let job = Job {
-                layout: &layout,
-                data_offset: 0,
-                out_offset: 0,
-            };
-            let plan = Plan::new(&[job]).unwrap();
+            let plan = plan_of(&blob);
             assert_eq!(plan.groups.len(), 1, "{block_units} {chunk_bytes} {n}");
             assert_eq!(
                 plan.groups[0].slot_units, want,
