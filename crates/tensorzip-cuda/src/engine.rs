@@ -911,7 +911,8 @@ impl GpuEngine {
                 .cache_tables
                 .clamp(CACHE_TABLES, MAX_CACHE_TABLES)
                 .min(spare / (4096 + 1024));
-            let room = smem_max - cache_bytes(cache_tables);
+            let cache = cache_bytes(cache_tables);
+            let room = smem_max - cache;
             let global = g.global_scratch || g.per_warp + RING_STASH_BYTES > room;
             let runs = tensor_runs(&g.chunks);
             // Two warps per chunk need two buffers per chunk in shared memory and at most 8
@@ -950,7 +951,6 @@ impl GpuEngine {
             };
             let n = padded_len(&runs, warps as usize) as u32;
             cap += staged_len::<ChunkDesc>(n as usize);
-            let cache = cache_bytes(cache_tables);
             let (smem, scratch) = if global {
                 (
                     warps * RING_STASH_BYTES + cache,
