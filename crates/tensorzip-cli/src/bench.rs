@@ -169,6 +169,8 @@ fn measure(
         .iter()
         .map(|i| (&i.data[..], i.dtype, &i.shape[..]))
         .collect();
+    // Whether decoded tensors equal the file's.
+    let exact = |outs: &[Vec<u8>]| items.iter().zip(outs).all(|(i, out)| &i.data == out);
     let (mut tc, mut tcw, mut tw, mut te) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut comp = 0u64;
     let warm_pass = WarmPasses {
@@ -221,7 +223,7 @@ fn measure(
             .map(|t| &t.data)
             .eq(items.iter().map(|i| &i.data));
         drop(fresh);
-        if !fresh_exact || items.iter().zip(&warm).any(|(i, out)| &i.data != out) {
+        if !fresh_exact || !exact(&warm) {
             return Err(format!("{}: round trip is not exact", path.display()));
         }
     }
@@ -233,10 +235,8 @@ fn measure(
     let scaling = match scaling && eng.threads() > 1 {
         true => {
             let s = warm_pass.measure(eng, runs, &mut warm_blobs, &mut warm)?;
-            for (i, out) in items.iter().zip(&warm) {
-                if &i.data != out {
-                    return Err(format!("{}: round trip is not exact", path.display()));
-                }
+            if !exact(&warm) {
+                return Err(format!("{}: round trip is not exact", path.display()));
             }
             s.json(orig)
         }
