@@ -56,6 +56,6 @@ if [[ -d $anchors ]]; then
 fi
 # EntroPack's DFloat11 encoder imports dahuffman (pure Python; not among the anchor wheels).
 if [[ -d gpu-wheels && ! -f gpu-wheels/dahuffman-0.4.2-py3-none-any.whl ]]; then
-    python3 -m pip download -q --no-deps -d gpu-wheels dahuffman==0.4.2 ||
+    "$PY" -m pip download -q --no-deps -d gpu-wheels dahuffman==0.4.2 ||
         echo "dahuffman not downloadable: the DFloat11 anchor will report its encoder failure"
 fi
