@@ -18,6 +18,8 @@ use crate::transform;
 pub struct DecodeScratch {
     planes: Vec<u8>,
     bufs: BlockBufs,
+    /// A chunk's block selectors, copied ([`Cursor::sels`]); kept between chunks.
+    sels: Vec<u8>,
 }
 
 thread_local! {
@@ -71,7 +73,14 @@ struct Cursor<'d, 'a> {
     len: usize,
     nb: usize,
     entry: ChunkEntry,
-    sels: [&'a [u8]; 8],
+    /// The chunk's block selectors, plane after plane (`nb` each, for the planes of mode
+    /// `Blocks`), copied out of the input and checked there: every later read of a selector
+    /// reads the checked copy. (Read from the input each time, a mapped file rewritten or cut
+    /// short while it is decoded — the truncation guard maps zeros over the cut pages — could
+    /// change a selector after its check and index a table that does not exist.)
+    sels: Vec<u8>,
+    /// Where plane `p`'s selectors start in `sels`.
+    sel_at: [usize; 8],
     /// The raw area (block by block; without the stash).
     raw: &'a [u8],
     /// Offset in `raw` of the current block's raw bytes.
@@ -84,17 +93,19 @@ struct Cursor<'d, 'a> {
 }
 
 impl<'d, 'a> Cursor<'d, 'a> {
-    /// Parses chunk `c`'s selectors and locates its stream and raw area.
-    fn new(td: &'d TensorDecoder<'a>, c: usize) -> Result<Self> {
+    /// Parses chunk `c`'s selectors (copied into `sels`, a buffer to reuse) and locates its
+    /// stream and raw area.
+    fn new(td: &'d TensorDecoder<'a>, c: usize, mut sels: Vec<u8>) -> Result<Self> {
         let h = &td.view.header;
         let us = h.planes();
-        let len = h.chunk_len(c as u64);
         let entry = td.view.entry(c)?;
+        let len = h.chunk_len(c as u64);
         let payload = td.view.payload(c);
         let nb = len.div_ceil(h.block_units as usize);
 
         let mut cursor = 0usize;
-        let mut sels: [&[u8]; 8] = [&[]; 8];
+        let mut sel_at = [0usize; 8];
+        sels.clear();
         let mut need_rans = false;
         let mut cond = None;
         for p in 0..us {
@@ -103,8 +114,10 @@ impl<'d, 'a> Cursor<'d, 'a> {
                     let Some(s) = payload.get(cursor..cursor + nb) else {
                         return truncated(format!("block selectors of chunk {c}"));
                     };
+                    sel_at[p] = sels.len();
+                    sels.extend_from_slice(s);
                     let k = td.view.tables[p].len();
-                    for &v in s {
+                    for &v in &sels[sel_at[p]..] {
                         if v == SEL_RAW || v == SEL_CONST {
                             continue;
                         }
@@ -117,7 +130,6 @@ impl<'d, 'a> Cursor<'d, 'a> {
                             }
                         }
                     }
-                    sels[p] = s;
                     cursor += nb;
                 }
                 PlaneMode::Cond => {
@@ -152,6 +164,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             nb,
             entry,
             sels,
+            sel_at,
             raw: &payload[cursor..],
             raw_off: 0,
             raw_pf: 0,
@@ -165,6 +178,11 @@ impl<'d, 'a> Cursor<'d, 'a> {
         bu.min(self.len - b * bu)
     }
 
+    /// Plane `p`'s selector of block `b` (a plane of mode `Blocks`, `b < nb`).
+    fn sel(&self, p: usize, b: usize) -> u8 {
+        self.sels[self.sel_at[p] + b]
+    }
+
     /// Raw bytes of each plane in block `b`, but for the conditioned plane (known only once its
     /// condition is decoded), and their offsets within the block's raw bytes.
     fn layout(&self, b: usize) -> ([usize; 8], [usize; 8], usize) {
@@ -174,7 +192,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             off[p] = total;
             size[p] = match self.entry.modes[p] {
                 PlaneMode::Raw => blen,
-                PlaneMode::Blocks => match self.sels[p][b] {
+                PlaneMode::Blocks => match self.sel(p, b) {
                     SEL_RAW => blen,
                     SEL_CONST => 1,
                     _ => 0,
@@ -198,7 +216,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             match self.entry.modes[p] {
                 PlaneMode::Raw | PlaneMode::Cond => {}
                 PlaneMode::Const(v) => buf.fill(v),
-                PlaneMode::Blocks => match self.sels[p][b] {
+                PlaneMode::Blocks => match self.sel(p, b) {
                     // The bytes of raw and constant blocks are taken from the raw area in phase 2.
                     SEL_RAW | SEL_CONST => {}
                     j => match self.td.table(p, j as usize) {
@@ -417,9 +435,9 @@ impl<'d, 'a> Cursor<'d, 'a> {
         let streaming = self.td.streaming && !prefetched;
         let raw_block = |p: usize| {
             matches!(self.entry.modes[p], PlaneMode::Raw)
-                || matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_RAW)
+                || matches!(self.entry.modes[p], PlaneMode::Blocks if self.sel(p, b) == SEL_RAW)
         };
-        let const_block = |p: usize| matches!(self.entry.modes[p], PlaneMode::Blocks if self.sels[p][b] == SEL_CONST);
+        let const_block = |p: usize| matches!(self.entry.modes[p], PlaneMode::Blocks if self.sel(p, b) == SEL_CONST);
         // Every plane's bytes for the merge but the conditioned plane's, whose scratch the
         // scatter fills.
         let mut srcs: [&[u8]; 8] = [&[]; 8];
@@ -619,10 +637,11 @@ impl<'a> TensorDecoder<'a> {
         out: &mut [u8],
         scratch: &mut DecodeScratch,
     ) -> Result<()> {
-        let mut cur = Cursor::new(self, c)?;
+        let mut cur = Cursor::new(self, c, std::mem::take(&mut scratch.sels))?;
         self.chunk_output(&cur, out.len())?;
         scratch.planes.resize(self.scratch_len(), 0);
         let r = (0..cur.nb).try_for_each(|b| cur.decode_block(b, scratch, out));
+        scratch.sels = cur.sels;
         self.fence();
         r
     }
@@ -657,13 +676,18 @@ impl<'a> TensorDecoder<'a> {
         scratch_a: &mut DecodeScratch,
         scratch_b: &mut DecodeScratch,
     ) -> Result<()> {
-        let mut ca = Cursor::new(self, c)?;
-        let mut cb = Cursor::new(self, c.saturating_add(1))?;
+        let mut ca = Cursor::new(self, c, std::mem::take(&mut scratch_a.sels))?;
+        let mut cb = Cursor::new(
+            self,
+            c.saturating_add(1),
+            std::mem::take(&mut scratch_b.sels),
+        )?;
         self.chunk_output(&ca, out_a.len())?;
         self.chunk_output(&cb, out_b.len())?;
         scratch_a.planes.resize(self.scratch_len(), 0);
         scratch_b.planes.resize(self.scratch_len(), 0);
         let r = Self::blocks_pair(&mut ca, &mut cb, out_a, out_b, scratch_a, scratch_b);
+        (scratch_a.sels, scratch_b.sels) = (ca.sels, cb.sels);
         self.fence();
         r
     }
