@@ -13,7 +13,7 @@ use cudarc::driver::DevicePtr;
 use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::archive::{
-    parse_header, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
+    parse_header_metadata, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
     ArchiveIndex, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::compare::{restore_difference, Compare};
@@ -514,19 +514,7 @@ fn open_archive_at(path: PathBuf) -> PyResult<ArchiveFile> {
     let ar = unchanged(&map, &shown, Archive::parse(&map).map_err(named))?;
     // Segment 0 is the safetensors header.
     let head = unchanged(&map, &shown, ar.decode_segment(cpu(), 0).map_err(named))?;
-    let (_, tensors) = parse_header(&head).map_err(named)?;
-    let mut metadata = None;
-    if head.len() >= 8 {
-        if let Ok(serde_json::Value::Object(o)) = serde_json::from_slice(&head[8..]) {
-            if let Some(serde_json::Value::Object(m)) = o.get("__metadata__") {
-                metadata = Some(
-                    m.iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                        .collect(),
-                );
-            }
-        }
-    }
+    let (_, tensors, metadata) = parse_header_metadata(&head).map_err(named)?;
     // Tensor segments are in file order, as the tensors sorted by offset.
     let segs: Vec<usize> = (0..ar.segments.len())
         .filter(|&i| ar.segments[i].kind == SegmentKind::Tensor)

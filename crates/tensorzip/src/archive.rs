@@ -104,6 +104,20 @@ pub fn safetensors_layout(file: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
 /// Parses a safetensors header alone (the 8-byte length and the JSON) and lists its tensors in data
 /// order, with file offsets. Checks the JSON's structure but not the data section (which is absent).
 pub fn parse_header(head: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
+    parse_header_metadata(head).map(|(base, tensors, _)| (base, tensors))
+}
+
+/// [`parse_header`], and the header's `__metadata__` (string to string, sorted by key; `None`
+/// without one).
+///
+/// The JSON is read into typed fields (`dtype`, `shape`, `data_offsets`; a tensor's other fields
+/// and the key order are not kept): a header is at most [`MAX_SAFETENSORS_HEADER`] bytes, but it
+/// comes out of a compressed segment, so a small forged archive can make one of that size out of
+/// a few kilobytes, and a generic JSON tree of it took ~16 bytes per input byte (1.6 GB for a
+/// 100 MB array of zeros in a 17 KB archive). Typed, the largest is a shape of small numbers:
+/// 8 bytes per 2 input bytes. A name given twice keeps its last entry, as the safetensors crate
+/// reads it.
+pub fn parse_header_metadata(head: &[u8]) -> Result<HeaderParts> {
     let bad = |m: String| Error::NotSafetensors(m);
     if head.len() < 8 {
         return Err(bad("shorter than its 8-byte header length".into()));
@@ -115,52 +129,87 @@ pub fn parse_header(head: &[u8]) -> Result<(u64, Vec<TensorEntry>)> {
             head.len() - 8
         )));
     }
-    let json: serde_json::Value =
+    let json: header_json::Header =
         serde_json::from_slice(&head[8..]).map_err(|e| bad(format!("header JSON: {e}")))?;
-    let obj = json
-        .as_object()
-        .ok_or_else(|| bad("header is not a JSON object".into()))?;
     let base = head.len() as u64;
-    let mut tensors = Vec::new();
-    for (name, v) in obj {
-        if name == "__metadata__" {
-            continue;
-        }
-        let field = |k: &str| {
-            v.get(k)
-                .ok_or_else(|| bad(format!("tensor {name:?} lacks {k}")))
-        };
-        let dtype_name = field("dtype")?
-            .as_str()
-            .ok_or_else(|| bad(format!("tensor {name:?}: dtype")))?
-            .to_string();
-        let nums = |k: &str| -> Result<Vec<u64>> {
-            field(k)?
-                .as_array()
-                .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
-                .ok_or_else(|| bad(format!("tensor {name:?}: {k}")))
-        };
-        let shape = nums("shape")?;
-        let off = nums("data_offsets")?;
-        if off.len() != 2 || off[0] > off[1] {
-            return Err(bad(format!("tensor {name:?}: data_offsets {off:?}")));
+    let mut tensors = Vec::with_capacity(json.tensors.len());
+    for (name, t) in json.tensors {
+        let (b, e) = t.data_offsets;
+        if b > e {
+            return Err(bad(format!("tensor {name:?}: data_offsets [{b}, {e}]")));
         }
         let begin = base
-            .checked_add(off[0])
+            .checked_add(b)
             .ok_or_else(|| bad("offsets overflow".into()))?;
         let end = base
-            .checked_add(off[1])
+            .checked_add(e)
             .ok_or_else(|| bad("offsets overflow".into()))?;
         tensors.push(TensorEntry {
-            name: name.clone(),
-            dtype_name,
-            shape,
+            name,
+            dtype_name: t.dtype,
+            shape: t.shape,
             begin,
             end,
         });
     }
     tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
-    Ok((base, tensors))
+    let metadata = json.metadata.map(|m| m.into_iter().collect());
+    Ok((base, tensors, metadata))
+}
+
+/// What [`parse_header_metadata`] returns: the header's length (where the data starts), its
+/// tensors in data order, its `__metadata__`.
+pub type HeaderParts = (u64, Vec<TensorEntry>, Option<Vec<(String, String)>>);
+
+/// The typed form of a safetensors header's JSON ([`parse_header_metadata`]).
+mod header_json {
+    use std::collections::BTreeMap;
+
+    /// One tensor's entry; other fields are skipped without being kept.
+    #[derive(serde::Deserialize)]
+    pub(super) struct Tensor {
+        pub dtype: String,
+        pub shape: Vec<u64>,
+        pub data_offsets: (u64, u64),
+    }
+
+    pub(super) struct Header {
+        pub tensors: BTreeMap<String, Tensor>,
+        pub metadata: Option<BTreeMap<String, String>>,
+    }
+
+    impl<'de> serde::Deserialize<'de> for Header {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Header, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Header;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object of tensors")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Header, A::Error> {
+                    let mut h = Header {
+                        tensors: BTreeMap::new(),
+                        metadata: None,
+                    };
+                    while let Some(key) = map.next_key::<String>()? {
+                        if key == "__metadata__" {
+                            h.metadata = Some(map.next_value()?);
+                        } else {
+                            let t: Tensor = map.next_value().map_err(|e| {
+                                serde::de::Error::custom(format!("tensor {key:?}: {e}"))
+                            })?;
+                            h.tensors.insert(key, t);
+                        }
+                    }
+                    Ok(h)
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
 }
 
 /// Serialises tensors as a `.safetensors` file: `(name, safetensors dtype name, shape, bytes)` in the
@@ -1150,19 +1199,32 @@ impl<'a> Archive<'a> {
         }
     }
 
-    /// The blob of segment `i`.
+    /// Segment `i`, or an error naming the index where there is no such segment (the methods
+    /// below that return a `Result` check `i` with it; those that do not panic, as slices do).
+    fn segment(&self, i: usize) -> Result<&Segment> {
+        self.segments.get(i).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "segment {i} of an archive of {} segments",
+                self.segments.len()
+            ))
+        })
+    }
+
+    /// The blob of segment `i`. Panics if there is no segment `i`.
     pub fn blob(&self, i: usize) -> &'a [u8] {
         &self.data[self.blob_range(i)]
     }
 
     /// Where the blob of segment `i` lies in the archive's bytes (`parse` checked it lies inside).
+    /// Panics if there is no segment `i`.
     pub fn blob_range(&self, i: usize) -> std::ops::Range<usize> {
         let s = &self.segments[i];
         s.blob_offset as usize..(s.blob_offset + s.blob_len) as usize
     }
 
     /// The stored CRC-32 of the whole of segment `i`'s blob, if the archive keeps one checksum per
-    /// blob (`checksum_piece_bytes` 0, the default), else `None`.
+    /// blob (`checksum_piece_bytes` 0, the default), else `None`. Panics if there is no segment
+    /// `i`.
     pub fn whole_blob_crc(&self, i: usize) -> Option<u32> {
         match (self.checksum_piece_bytes, &self.segments[i].blob_crcs[..]) {
             (0, &[c]) => Some(c),
@@ -1172,13 +1234,13 @@ impl<'a> Archive<'a> {
 
     /// Checks segment `i`'s blob against its stored checksums.
     pub fn check_blob(&self, i: usize) -> Result<()> {
+        let stored = &self.segment(i)?.blob_crcs;
         let blob = self.blob(i);
         let got = if self.checksum_piece_bytes == 0 {
             vec![crate::checksum::crc32(blob)]
         } else {
             crc32_pieces(blob, self.checksum_piece_bytes as usize)?
         };
-        let stored = &self.segments[i].blob_crcs;
         match got.iter().zip(stored).position(|(a, b)| a != b) {
             None if got.len() == stored.len() => Ok(()),
             None => Err(Error::Checksum(format!(
@@ -1207,7 +1269,7 @@ impl<'a> Archive<'a> {
     /// blob on its way elsewhere (the GPU engine's upload, against [`Archive::whole_blob_crc`]);
     /// nothing decoded from the blob may be used before that check passes.
     pub fn segment_layout_unverified(&self, i: usize) -> Result<crate::blob::BlobLayout> {
-        let s = &self.segments[i];
+        let s = self.segment(i)?;
         let blob = self.blob(i);
         // A full parse (directory included) bounds the length by what the blob can hold.
         let layout = crate::blob::BlobLayout::parse(blob, blob.len())?;
@@ -1216,6 +1278,15 @@ impl<'a> Archive<'a> {
             return corrupt(format!(
                 "segment {i} decodes to {n} bytes, not {}",
                 s.orig_len
+            ));
+        }
+        // The header and the other bytes are bytes (FORMAT.md §9): coded with a wider unit, a
+        // header of constant units would be a smaller forgery still.
+        let h = &layout.header;
+        if s.kind != SegmentKind::Tensor && (h.dtype != DType::U8 || h.shape != [s.orig_len]) {
+            return corrupt(format!(
+                "segment {i} ({:?}) is not a u8 blob of shape [{}]",
+                s.kind, s.orig_len
             ));
         }
         Ok(layout)
@@ -1230,6 +1301,17 @@ impl<'a> Archive<'a> {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<()> {
         self.check_segment(i)?;
+        self.decode_checked_to(engine, i, w, progress)
+    }
+
+    /// [`Archive::decode_segment_to`] of a segment that [`Archive::check_segment`] has passed.
+    fn decode_checked_to<W: Write + Send>(
+        &self,
+        engine: &CpuEngine,
+        i: usize,
+        w: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
         let crc = engine.decompress_to(self.blob(i), w, progress)?;
         self.check_decoded(i, crc)
     }
@@ -1237,7 +1319,7 @@ impl<'a> Archive<'a> {
     /// Checks `crc`, the CRC-32 of what segment `i` decoded to (by any engine), against the
     /// original's.
     pub fn check_decoded(&self, i: usize, crc: u32) -> Result<()> {
-        match crc == self.segments[i].orig_crc {
+        match crc == self.segment(i)?.orig_crc {
             true => Ok(()),
             false => Err(Error::Checksum(format!("segment {i}: decoded data"))),
         }
@@ -1357,7 +1439,7 @@ impl<'a> Archive<'a> {
         // than the blob (constant chunks), so a refused allocation is an error, not an abort.
         self.check_segment(i)?;
         let mut out = crate::fresh::try_with_capacity(self.segments[i].orig_len)?;
-        self.decode_segment_to(engine, i, &mut out, &|_| {})?;
+        self.decode_checked_to(engine, i, &mut out, &|_| {})?;
         Ok(out)
     }
 
@@ -1374,15 +1456,18 @@ impl<'a> Archive<'a> {
         let head = self.safetensors_header(engine)?;
         let (_, tensors) =
             parse_header(&head).map_err(|e| Error::Corrupt(format!("stored header: {e}")))?;
+        // Each tensor's segment: the first tensor segment of its range (a search per tensor from
+        // the start was quadratic: 7 s for 80,000 tensors).
+        let mut first = std::collections::HashMap::with_capacity(self.segments.len());
+        for (i, s) in self.segments.iter().enumerate() {
+            if s.kind == SegmentKind::Tensor {
+                first.entry((s.orig_offset, s.orig_len)).or_insert(i);
+            }
+        }
         let mut out = Vec::with_capacity(tensors.len());
         for t in tensors {
-            let seg = self.segments.iter().position(|s| {
-                s.kind == SegmentKind::Tensor
-                    && s.orig_offset == t.begin
-                    && s.orig_len == t.end - t.begin
-            });
-            match seg {
-                Some(i) => out.push((t, i)),
+            match first.get(&(t.begin, t.end - t.begin)) {
+                Some(&i) => out.push((t, i)),
                 None => return corrupt(format!("tensor {:?} has no segment", t.name)),
             }
         }

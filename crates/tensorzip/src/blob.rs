@@ -92,13 +92,19 @@ impl BlobHeader {
     pub fn n_chunks(&self) -> u64 {
         match self.scheme {
             Scheme::Stored => 0,
-            Scheme::Planes => self.units().div_ceil(self.chunk_units as u64),
+            // A parsed header has chunk_units > 0; a header built by hand may not.
+            Scheme::Planes => match self.chunk_units {
+                0 => 0,
+                cu => self.units().div_ceil(cu as u64),
+            },
         }
     }
-    /// Units in chunk `c`.
+    /// Units in chunk `c` (0 past the last chunk).
     pub fn chunk_len(&self, c: u64) -> usize {
-        let start = c * self.chunk_units as u64;
-        (self.units() - start).min(self.chunk_units as u64) as usize
+        let start = c.saturating_mul(self.chunk_units as u64);
+        self.units()
+            .saturating_sub(start)
+            .min(self.chunk_units as u64) as usize
     }
     /// Bytes of the encoded header.
     pub fn encoded_len(&self) -> usize {

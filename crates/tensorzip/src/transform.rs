@@ -553,10 +553,15 @@ unsafe fn merge4_wide<const E: u32, const NT: bool>(p: [&[u8]; 4], dst: &mut [u8
     merge4_impl::<E>(cut(i..n), &mut dst[4 * i..]);
 }
 
-/// Merges byte planes back into units and undoes the transform. Inverse of [`split`].
+/// Merges byte planes back into units and undoes the transform. Inverse of [`split`]. Panics
+/// without planes or where `dst` is not a whole number of units.
 pub fn merge(t: Transform, planes: &[&[u8]], dst: &mut [u8]) {
     let us = planes.len();
-    debug_assert!(us > 0 && dst.len().is_multiple_of(us));
+    assert!(
+        us > 0 && dst.len().is_multiple_of(us),
+        "merge: {us} planes into {} bytes",
+        dst.len()
+    );
     let n = dst.len() / us;
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx2() {

@@ -1706,6 +1706,143 @@ fn hostile_archive_index_with_valid_crc() {
     );
 }
 
+/// A safetensors header comes out of a compressed segment, so a few kilobytes of archive can make
+/// one of the format's largest size (100 MB): reading it must take memory in proportion to it, not
+/// a multiple that a generic JSON tree costs (~16 bytes a byte: 1.6 GB for an array of zeros).
+#[test]
+fn large_forged_headers_are_read_in_proportion() {
+    let head_of = |json: &str| {
+        let mut h = (json.len() as u64).to_le_bytes().to_vec();
+        h.extend_from_slice(json.as_bytes());
+        h
+    };
+    let zeros = vec!["0"; 2 << 20].join(",");
+    // An array where a tensor's entry must be an object: refused at its first number.
+    let head = head_of(&format!("{{\"a\":[{zeros}]}}"));
+    let (r, big) = largest_alloc(|| tensorzip::archive::parse_header(&head));
+    assert!(matches!(r, Err(Error::NotSafetensors(_))), "{r:?}");
+    assert!(
+        big < 1 << 20,
+        "{big} bytes for an entry that is not an object"
+    );
+    // A shape of 2^21 dimensions: kept as numbers (8 bytes per 2 bytes of JSON), and refused
+    // later, where a tensor's rank is checked against what the blob format holds.
+    let head = head_of(&format!(
+        "{{\"a\":{{\"dtype\":\"U8\",\"shape\":[{zeros}],\"data_offsets\":[0,0]}}}}"
+    ));
+    let (r, big) = largest_alloc(|| tensorzip::archive::parse_header(&head));
+    assert_eq!(r.unwrap().1[0].shape.len(), 2 << 20);
+    assert!(
+        big <= 5 * head.len(),
+        "{big} bytes for a header of {}",
+        head.len()
+    );
+    // Metadata: strings only (as the safetensors crate reads it), sorted by key; a name given
+    // twice keeps its last entry.
+    let t = |o: u64| format!("{{\"dtype\":\"U8\",\"shape\":[{o}],\"data_offsets\":[0,{o}]}}");
+    let json = format!(
+        "{{\"b\":{},\"__metadata__\":{{\"z\":\"1\",\"k\":\"v\"}},\"b\":{},\"x\":{{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1],\"extra\":[1,{{}}]}}}}",
+        t(3),
+        t(2)
+    );
+    let (base, list, meta) = tensorzip::archive::parse_header_metadata(&head_of(&json)).unwrap();
+    assert_eq!(base, 8 + json.len() as u64);
+    let names: Vec<_> = list
+        .iter()
+        .map(|e| (e.name.as_str(), e.end - e.begin))
+        .collect();
+    assert_eq!(names, [("x", 1), ("b", 2)]);
+    assert_eq!(
+        meta.unwrap(),
+        [
+            ("k".to_string(), "v".to_string()),
+            ("z".to_string(), "1".to_string())
+        ]
+    );
+    let json = "{\"__metadata__\":{\"k\":1}}";
+    assert!(tensorzip::archive::parse_header_metadata(&head_of(json)).is_err());
+}
+
+/// The header and the other bytes of a file are coded as bytes (FORMAT.md section 9): a header
+/// segment coded with wider units (whose constant units would make a forged header of the largest
+/// size out of fewer bytes still) is refused, though its blob and checksums are right.
+#[test]
+fn header_segments_that_are_not_bytes_are_corrupt() {
+    use tensorzip::archive::{safetensors_header, ArchiveWriter};
+    let head = safetensors_header(&[("a", "U8", &[2][..], 2)], None).unwrap();
+    let file = [&head[..], &[1u8, 2]].concat();
+    let segs = plan_safetensors(&file).unwrap();
+    assert_eq!(segs.len(), 2);
+    let opts = CompressOptions::default();
+    for (dtype, shape) in [
+        (DType::U8, vec![head.len() as u64]),
+        (DType::U16, vec![head.len() as u64 / 2]),
+        (DType::U8, vec![head.len() as u64 / 2, 2]),
+    ] {
+        let blobs = [
+            tensorzip::compress(&head, dtype, &shape, &opts).unwrap(),
+            tensorzip::compress(&[1, 2], DType::U8, &[2], &opts).unwrap(),
+        ];
+        let path = temp_path("u16-header");
+        let mut out = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        let mut w = ArchiveWriter::new(&mut out, 0).unwrap();
+        let crcs = [crc32(&head), crc32(&[1, 2])];
+        w.append(&segs, &crcs, |w| {
+            for b in &blobs {
+                w.write_all(b).unwrap();
+            }
+            Ok(blobs.iter().map(|b| b.len() as u64).collect())
+        })
+        .unwrap();
+        w.finish(file.len() as u64).unwrap();
+        drop(out);
+        let ar = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let a = Archive::parse(&ar).unwrap();
+        if dtype == DType::U8 && shape.len() == 1 {
+            assert_eq!(restore(&ar).unwrap(), file);
+            continue;
+        }
+        let e = a.tensors(&ONE).unwrap_err();
+        assert!(
+            matches!(e, Error::Corrupt(ref m) if m.contains("not a u8 blob")),
+            "{dtype:?} {shape:?}: {e:?}"
+        );
+        assert!(restore(&ar).is_err());
+    }
+}
+
+/// The archive's per-segment calls that return a `Result` refuse a segment index past the last.
+#[test]
+fn segment_indices_past_the_last_are_errors() {
+    let (_, ar) = small_archive(0);
+    let a = Archive::parse(&ar).unwrap();
+    let n = a.segments.len();
+    for i in [n, n + 1, usize::MAX] {
+        assert!(matches!(a.check_blob(i), Err(Error::InvalidInput(_))));
+        assert!(matches!(a.check_segment(i), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            a.segment_layout_unverified(i),
+            Err(Error::InvalidInput(_))
+        ));
+        assert!(matches!(a.check_decoded(i, 0), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            a.decode_segment(&ONE, i),
+            Err(Error::InvalidInput(_))
+        ));
+        let mut sink = std::io::sink();
+        assert!(matches!(
+            a.decode_segment_to(&ONE, i, &mut sink, &|_| {}),
+            Err(Error::InvalidInput(_))
+        ));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Conditioned planes.
 
