@@ -13,8 +13,8 @@ use cudarc::driver::DevicePtr;
 use pyo3::exceptions::{PyIsADirectoryError, PyKeyError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tensorzip::archive::{
-    parse_header_metadata, plan_safetensors, plan_tensors, safetensors_header, write_archive, Archive,
-    ArchiveIndex, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
+    parse_header_metadata, plan_safetensors, plan_tensors, safetensors_header, write_archive,
+    Archive, ArchiveIndex, ArchiveWriter, BlobEncoder, SegmentBytes, SegmentKind, SourceSegment,
 };
 use tensorzip::compare::{restore_difference, Compare};
 use tensorzip::mapped::{MappedFile, OpenError, Spent};
@@ -50,7 +50,8 @@ fn save_file(
             tensors: &data,
         };
         write_atomically(&path, |f| {
-            write_archive(cpu(), &parts, &segs, &opts, f, &|_| {}).map_err(to_py)?;
+            write_archive(cpu(), &parts, &segs, &opts, f, &|_| {})
+                .map_err(|e| named(&path.display().to_string(), e))?;
             Ok(())
         })
     })
@@ -85,10 +86,11 @@ fn write_atomically(
             path.display()
         )));
     }
-    let io = |e: std::io::Error| PyOSError::new_err(format!("{}: {e}", path.display()));
+    let io = |e: std::io::Error| io_error(&path.display().to_string(), e);
     // The rename would replace a directory entry that is not a regular file (`/dev/null` run as
     // root) instead of writing into it: refused, as the command line does.
-    if let Ok(meta) = std::fs::metadata(path) {
+    let existing = std::fs::metadata(path).ok();
+    if let Some(meta) = &existing {
         if meta.is_dir() {
             return Err(PyIsADirectoryError::new_err(format!(
                 "{}: is a directory",
@@ -122,6 +124,11 @@ fn write_atomically(
         }
     }
     let mut temporary = Temporary(Some(&tmp));
+    // A file replaced keeps its permissions (a private checkpoint stays private), as
+    // safetensors' own writer, which writes in place, leaves them.
+    if let Some(meta) = existing {
+        f.set_permissions(meta.permissions()).map_err(io)?;
+    }
     write(&mut f)?;
     f.flush().map_err(io)?;
     f.sync_all().map_err(io)?;
@@ -364,8 +371,27 @@ fn map_input(path: &std::path::Path, shown: &str) -> PyResult<MappedFile> {
     // the checksums report, not undefined behaviour of this process's memory.
     unsafe { MappedFile::open(path) }.map_err(|e| match e {
         OpenError::Directory => PyIsADirectoryError::new_err(format!("{shown}: {e}")),
+        OpenError::Io(e) => io_error(shown, e),
         e => PyOSError::new_err(format!("{shown}: {e}")),
     })
+}
+
+/// An `OSError` of the subclass Python gives `e`'s errno (`FileNotFoundError`,
+/// `PermissionError`, ...), with its `errno`, `strerror` and `filename` set, as Python's own file
+/// calls raise them.
+fn io_error(path: &str, e: std::io::Error) -> PyErr {
+    match e.raw_os_error() {
+        Some(code) => {
+            // The message without Rust's " (os error N)" suffix: Python shows the errno itself.
+            let text = e.to_string();
+            let msg = text
+                .strip_suffix(&format!(" (os error {code})"))
+                .unwrap_or(&text)
+                .to_string();
+            PyOSError::new_err((code, msg, path.to_string()))
+        }
+        None => PyOSError::new_err(format!("{path}: {e}")),
+    }
 }
 
 /// `dst` must not be `src` itself (the temporary file would be renamed over the input).

@@ -478,7 +478,7 @@ def test_compress_and_decompress_file(gen, tmp_path):
     with pytest.raises(ValueError, match="does not end in .tz"):
         tz.decompress_file(tmp_path / "r2.safetensors")
     with pytest.raises(ValueError, match="is the input file"):
-        tz.compress_file(tmp_path / "r2.safetensors", tmp_path / "r2.safetensors")
+        tz.compress_file(tmp_path / "r2.safetensors", tmp_path / "r2.safetensors", overwrite=True)
     with pytest.raises(IsADirectoryError):
         tz.decompress_file(saved, tmp_path)
     with pytest.raises(OSError):
@@ -735,6 +735,66 @@ def test_load_dir_of_a_directory_the_cli_compressed(gen, tmp_path):
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == sorted(p.name for p in (tmp_path / "hf").glob("*.safetensors"))
     assert len(index["weight_map"]) == len(keys)
+
+
+def test_saves_keep_what_is_there(gen, tmp_path):
+    """What a save or a file-to-file call must not lose: an existing output is refused by the
+    file-to-file calls without overwrite=True (as the command line without --force), a replaced
+    file keeps its permissions, a save whose header no reader would take is refused before the
+    old file is touched, and save_dir leaves an uncompressed checkpoint's index alone. Errors
+    of the file system come as the OSError subclass of their errno, naming the file."""
+    t = gen(torch.float32, (16, 16), 1)
+    tz.save_file({"w": t}, tmp_path / "m.safetensors.tz", metadata={})
+    # Empty metadata reads back empty, not absent (as safetensors).
+    with tz.safe_open(tmp_path / "m.safetensors.tz") as f:
+        assert f.metadata() == {}
+    tz.decompress_file(tmp_path / "m.safetensors.tz")
+    restored = (tmp_path / "m.safetensors").read_bytes()
+    (tmp_path / "m.safetensors").write_bytes(b"edited")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        tz.decompress_file(tmp_path / "m.safetensors.tz")
+    assert (tmp_path / "m.safetensors").read_bytes() == b"edited"
+    assert tz.decompress_file(tmp_path / "m.safetensors.tz", overwrite=True) == len(restored)
+    assert (tmp_path / "m.safetensors").read_bytes() == restored
+    (tmp_path / "other.tz").write_bytes(b"unrelated")
+    with pytest.raises(FileExistsError):
+        tz.compress_file(tmp_path / "m.safetensors", tmp_path / "other.tz")
+    assert (tmp_path / "other.tz").read_bytes() == b"unrelated"
+    tz.compress_file(tmp_path / "m.safetensors", tmp_path / "other.tz", overwrite=True)
+    assert (tmp_path / "other.tz").read_bytes() == (tmp_path / "m.safetensors.tz").read_bytes()
+    with pytest.raises(TypeError, match="overwrite"):
+        tz.decompress_file(tmp_path / "m.safetensors.tz", overwrite="yes")
+    # A private file replaced by a save stays private.
+    os.chmod(tmp_path / "other.tz", 0o600)
+    tz.save_file({"w": t}, tmp_path / "other.tz")
+    assert (tmp_path / "other.tz").stat().st_mode & 0o777 == 0o600
+    # A header past the format's 100 MB: refused, and the file there is the one saved before.
+    before = (tmp_path / "other.tz").read_bytes()
+    with pytest.raises(ValueError, match="header would be"):
+        tz.save_file({"w": t}, tmp_path / "other.tz", metadata={"note": "x" * 100_000_100})
+    assert (tmp_path / "other.tz").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "m.safetensors.tz", "other.tz"]
+    # The errno's subclass, with the file's name.
+    with pytest.raises(FileNotFoundError) as e:
+        tz.load_file(tmp_path / "missing.tz")
+    assert e.value.filename == str(tmp_path / "missing.tz")
+    # save_dir into a directory holding an uncompressed sharded checkpoint: refused, nothing
+    # written or removed.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model-00001-of-00001.safetensors").write_bytes(restored)
+    index = json.dumps({"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}})
+    (ckpt / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ValueError, match="uncompressed checkpoint"):
+        tz.save_dir({"w": t}, ckpt)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+    assert (ckpt / "model.safetensors.index.json").read_text() == index
+    # A compressed save's own index is replaced by the next save (its shards are .tz files).
+    out = tmp_path / "out"
+    tz.save_dir({"a": t, "b": t.clone()}, out, max_shard_bytes=t.numel() * 4)
+    assert (out / "model.safetensors.index.json").exists()
+    tz.save_dir({"a": t}, out)
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors.tz"]
 
 
 def test_save_dir_shards_like_hugging_face_and_load_dir_reads_it(gen, tmp_path):

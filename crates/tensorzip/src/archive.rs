@@ -271,6 +271,16 @@ pub fn safetensors_header(
     while json.len() % 8 != 0 {
         json.push(b' ');
     }
+    // What a reader (ours, and the safetensors crate) refuses is refused here, before anything
+    // is written: a save that replaced a good file with an unreadable one would lose it.
+    if 8 + json.len() as u64 > MAX_SAFETENSORS_HEADER {
+        return Err(Error::InvalidInput(format!(
+            "the safetensors header would be {} bytes; the format allows at most {} \
+             (long metadata or very many tensors)",
+            8 + json.len(),
+            MAX_SAFETENSORS_HEADER
+        )));
+    }
     let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);

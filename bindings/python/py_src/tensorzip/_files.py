@@ -12,6 +12,8 @@ the GPU in one launch, into tensors torch allocates on that device.
 
 from __future__ import annotations
 
+import errno
+import math
 import os
 import torch
 
@@ -108,7 +110,7 @@ def save_file(
     # safetensors orders the header and the data by (dtype alignment, name); name order is stable
     # and enough here: offsets are recorded per tensor.
     entries.sort(key=lambda e: e[0])
-    meta = sorted(metadata.items()) if metadata else None
+    meta = sorted(metadata.items()) if metadata is not None else None
     if on_gpu:
         dev = next(iter(devices))
         with torch.cuda.device(dev):
@@ -163,10 +165,10 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
             raise TypeError(f"a tensor name is a str, not {type(name).__name__}")
         st, shape, nbytes = self._file.info(name)
         dtype = _torch_dtype(st)
-        t = torch.empty(tuple(shape), dtype=dtype, device=device)
-        if t.numel() * t.element_size() != nbytes:
+        # Checked before allocating: a forged header's shape may ask for far more than its bytes.
+        if math.prod(shape) * dtype.itemsize != nbytes:
             raise ValueError(f"{name!r}: {nbytes} bytes do not make a {dtype} tensor of shape {tuple(shape)}")
-        return t
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """Decodes tensor `name` (only its blob is read) onto the reader's device."""
@@ -308,7 +310,9 @@ def save_dir(
     renames are not one atomic step: a crash between two of them, or a reader looking at that
     moment, can see new shards beside old ones. The directory is made if missing; files a previous
     save left under these names (`model.safetensors.tz`, other `model-*-of-*.safetensors.tz`, the
-    index) are removed once the new ones are in place, so that `load_dir` reads this save alone.
+    index) are removed once the new ones are in place, so that `load_dir` reads this save alone;
+    a directory whose `model.safetensors.index.json` is an uncompressed checkpoint's (the shards
+    it names are there) is refused with ValueError, before anything is written.
     Returns the names of the files written."""
     if not isinstance(tensors, dict):
         raise TypeError(f"tensors must be a dict of name -> torch.Tensor, not {type(tensors).__name__}")
@@ -332,6 +336,22 @@ def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: di
     import shutil
     import tempfile
 
+    # An index of an uncompressed checkpoint in this directory (its shards present under the
+    # names it gives them) is not this save's to replace or remove: refused before anything is
+    # written. An index of a compressed save names its shards without `.tz`, which are absent.
+    index_path = os.path.join(root, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as fh:
+                named = {v for v in json.load(fh)["weight_map"].values() if isinstance(v, str)}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index_path}: this save would replace an index it cannot read ({e}); save into another directory") from None
+        theirs = sorted(v for v in named if os.path.exists(os.path.join(root, v)))
+        if theirs:
+            raise ValueError(
+                f"{index_path}: the index of an uncompressed checkpoint ({theirs[0]} is here), which this save would "
+                "replace or remove; save into another directory"
+            )
     shards: list[list[str]] = [[]]
     size = 0
     total = 0
@@ -439,28 +459,46 @@ def compress_file(
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
     verify: bool = False,
+    overwrite: bool = False,
 ) -> tuple[int, int]:
     """Compresses the `.safetensors` file `src` into a tensorzip archive at `dst` (default: `src`
     + ".tz") without loading its tensors: the archive `tensorzip compress` writes, byte for byte,
-    through a temporary file renamed into place (an existing `dst` is replaced, as `save_file`
-    does; `dst` may not be `src`). With `verify`, the archive is decoded and compared with `src`
-    before it takes its name (`tensorzip compress --verify`). Returns (the file's size, the
-    archive's size). A file that is not a safetensors file raises ValueError naming it."""
+    through a temporary file renamed into place. As the command line, it refuses a `dst` that
+    exists (FileExistsError) unless `overwrite` (its `--force`); `dst` may not be `src`. With
+    `verify`, the archive is decoded and compared with `src` before it takes its name (`tensorzip
+    compress --verify`). Returns (the file's size, the archive's size). A file that is not a
+    safetensors file raises ValueError naming it."""
     src = os.fsdecode(src)
     dst = src + ".tz" if dst is None else os.fsdecode(dst)
     opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
     _core.check_bool("verify", verify)
+    _refuse_existing(dst, overwrite)
     return _native.compress_file(src, dst, opts.args(), verify)
 
 
-def decompress_file(src: str | bytes | os.PathLike, dst: str | bytes | os.PathLike | None = None) -> int:
+def decompress_file(
+    src: str | bytes | os.PathLike, dst: str | bytes | os.PathLike | None = None, *, overwrite: bool = False
+) -> int:
     """Restores the `.safetensors` file of the tensorzip archive `src` at `dst` (default: `src`
     without its ".tz"), byte for byte, checking every checksum, through a temporary file renamed
-    into place. Returns the restored file's size. A damaged archive raises ValueError naming it
+    into place. As the command line, it refuses a `dst` that exists (FileExistsError) unless
+    `overwrite`. Returns the restored file's size. A damaged archive raises ValueError naming it
     (and nothing is left at `dst`)."""
     src = os.fsdecode(src)
     if dst is None:
         if not src.endswith(".tz") or len(src) == 3 or src.endswith("/.tz"):
             raise ValueError(f"{src}: name does not end in .tz; give the output file")
         dst = src[:-3]
-    return _native.decompress_file(src, os.fsdecode(dst))
+    dst = os.fsdecode(dst)
+    _refuse_existing(dst, overwrite)
+    return _native.decompress_file(src, dst)
+
+
+def _refuse_existing(dst: str, overwrite: bool) -> None:
+    """FileExistsError where a file-to-file call would replace `dst` without `overwrite` (a
+    directory is left to the call, which refuses it as such). A file made at `dst` between this
+    check and the rename is replaced (the command line's `--force`-less commit is a hard link,
+    which never replaces)."""
+    _core.check_bool("overwrite", overwrite)
+    if not overwrite and os.path.lexists(dst) and not os.path.isdir(dst):
+        raise FileExistsError(errno.EEXIST, "already exists (pass overwrite=True to replace it)", dst)
