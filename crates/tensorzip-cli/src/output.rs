@@ -166,7 +166,8 @@ impl SafeOutput {
                 shown.display()
             ));
         }
-        if let Ok(meta) = std::fs::metadata(dest) {
+        let existing = std::fs::metadata(dest).ok();
+        if let Some(meta) = &existing {
             // What --force cannot overwrite first: a hint to use it would only lead to these.
             if meta.is_dir() {
                 return Err(format!(
@@ -202,13 +203,21 @@ impl SafeOutput {
                 .open(tmp)
         })?;
         crate::sigbus::writing(Some(&tmp));
-        Ok(SafeOutput {
+        let mut out = SafeOutput {
             dest: dest.to_path_buf(),
             shown: shown.to_path_buf(),
             tmp,
             file: Some(file),
             force,
-        })
+        };
+        // A file --force replaces keeps its permissions (a private checkpoint stays private);
+        // on an error the temporary goes with `out`.
+        if let Some(meta) = existing {
+            out.file()
+                .set_permissions(meta.permissions())
+                .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
+        }
+        Ok(out)
     }
 
     /// The temporary file.

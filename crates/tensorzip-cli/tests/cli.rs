@@ -260,11 +260,31 @@ fn decompress_to_the_default_name_refuses_to_overwrite() {
         "decompress onto an existing file",
         &["model.safetensors", "already exists"],
     );
+    // The file -f replaces keeps its permissions.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let private = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(d.join("model.safetensors"), private).unwrap();
+    }
     ok(
         &tz(d, &["decompress", "model.safetensors.tz", "-f"]),
         "decompress -f",
     );
     assert!(std::fs::read(d.join("model.safetensors")).unwrap() == model);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.join("model.safetensors"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "-f widened a private file's permissions"
+        );
+    }
     // With the original gone, the default name is used.
     std::fs::remove_file(d.join("model.safetensors")).unwrap();
     ok(
