@@ -49,7 +49,7 @@ fn save_file(
             header: &head,
             tensors: &data,
         };
-        write_atomically(&path, |f| {
+        write_atomically(&path, None, |f| {
             write_archive(cpu(), &parts, &segs, &opts, f, &|_| {})
                 .map_err(|e| named(&path.display().to_string(), e))?;
             Ok(())
@@ -75,9 +75,12 @@ fn plan_file<A>(
 
 /// Writes the file at `path` through a temporary file in the same directory (opened for reading
 /// and writing: the archive writer reads its blobs back for their checksums), synced and renamed
-/// into place; on failure the temporary file is removed and nothing is left at `path`.
+/// into place; on failure the temporary file is removed and nothing is left at `path`. The file
+/// takes the permissions of `mode_from` (the input of a file-to-file call, as the command line's
+/// outputs take theirs), else those of the file it replaces, else the process's defaults.
 fn write_atomically(
     path: &std::path::Path,
+    mode_from: Option<&std::path::Path>,
     write: impl FnOnce(&mut std::fs::File) -> PyResult<()>,
 ) -> PyResult<()> {
     if path.file_name().is_none() {
@@ -124,10 +127,14 @@ fn write_atomically(
         }
     }
     let mut temporary = Temporary(Some(&tmp));
-    // A file replaced keeps its permissions (a private checkpoint stays private), as
+    // A private checkpoint stays private: a file replaced keeps its permissions, as
     // safetensors' own writer, which writes in place, leaves them.
-    if let Some(meta) = existing {
-        f.set_permissions(meta.permissions()).map_err(io)?;
+    let perms = match mode_from {
+        Some(p) => Some(std::fs::metadata(p).map_err(io)?.permissions()),
+        None => existing.map(|m| m.permissions()),
+    };
+    if let Some(perms) = perms {
+        f.set_permissions(perms).map_err(io)?;
     }
     write(&mut f)?;
     f.flush().map_err(io)?;
@@ -176,7 +183,7 @@ fn save_gpu_batches(
 ) -> PyResult<()> {
     let core = |e: tensorzip_cuda::Error| e.into_core();
     let (head, segs) = plan_file(entries, metadata)?;
-    write_atomically(path, |f| {
+    write_atomically(path, None, |f| {
         let mut aw = ArchiveWriter::new(f, 0).map_err(to_py)?;
         let h = &segs[0];
         aw.append(&segs[..1], &[tensorzip::checksum::crc32(&head)], |w| {
@@ -427,7 +434,7 @@ fn compress_file(
         let segs = unchanged(&map, &shown, segs)?;
         let spent = Spent::prefix(&map);
         let mut len = 0;
-        write_atomically(&dst, |f| {
+        write_atomically(&dst, Some(&src), |f| {
             let written = write_archive(cpu(), &map[..], &segs, &opts, f, &|done| {
                 spent.reached(done)
             })
@@ -472,7 +479,7 @@ fn decompress_file(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<u64> 
         let ar = Archive::parse(&map).map_err(|e| named(&shown, e));
         let ar = unchanged(&map, &shown, ar)?;
         let spent = Spent::blobs(&map, &ar);
-        write_atomically(&dst, |f| {
+        write_atomically(&dst, Some(&src), |f| {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             let out_err = |m: String| PyOSError::new_err(format!("{}: {m}", dst.display()));
             let done = ar

@@ -774,6 +774,13 @@ def test_saves_keep_what_is_there(gen, tmp_path):
         tz.save_file({"w": t}, tmp_path / "other.tz", metadata={"note": "x" * 100_000_100})
     assert (tmp_path / "other.tz").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "m.safetensors.tz", "other.tz"]
+    # A file-to-file call's output takes its input's permissions (as the command line's).
+    tz.decompress_file(tmp_path / "other.tz", tmp_path / "private.safetensors")
+    assert (tmp_path / "private.safetensors").stat().st_mode & 0o777 == 0o600
+    tz.compress_file(tmp_path / "private.safetensors", tmp_path / "private.tz")
+    assert (tmp_path / "private.tz").stat().st_mode & 0o777 == 0o600
+    os.remove(tmp_path / "private.safetensors")
+    os.remove(tmp_path / "private.tz")
     # The errno's subclass, with the file's name.
     with pytest.raises(FileNotFoundError) as e:
         tz.load_file(tmp_path / "missing.tz")

@@ -159,7 +159,7 @@ enum Command {
     /// makes OUT a copy of the whole model directory with its .safetensors files compressed and
     /// every other file (config, tokenizer, index) copied — built aside and renamed into place
     /// when complete; OUT must not exist, and DIR must hold no .tz archive already. Names that
-    /// begin with "." are skipped.
+    /// begin with "." are skipped (and named as skipped). Outputs take their input's permissions.
     Compress {
         /// Files, or model directories.
         #[arg(required = true)]

@@ -54,12 +54,20 @@ pub fn pending_commit<T>(
     Ok(out)
 }
 
-/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP: it removes the temporary files of the
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP (and ignores SIGXFSZ): it removes the temporary files of the
 /// outputs being written (a signal ends the process without running destructors, which left a
 /// hidden `.NAME.tmp-PID-N` of the partial output behind) and exits with status 130. The
 /// handler runs on a thread of its own (the `ctrlc` crate), not in the signal's context, so it may
 /// take the lock and touch the file system.
 pub fn on_interrupt() {
+    // A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action ends
+    // the process at once and left the partial temporary output behind; ignored, the write fails
+    // with EFBIG and the command's error path removes it.
+    #[cfg(unix)]
+    // SAFETY: setting a standard signal's disposition to SIG_IGN has no memory preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let _ = ctrlc::set_handler(|| {
         let mut removed = false;
         // The lock is held until the process exits: a directory output cannot be renamed into
@@ -166,8 +174,7 @@ impl SafeOutput {
                 shown.display()
             ));
         }
-        let existing = std::fs::metadata(dest).ok();
-        if let Some(meta) = &existing {
+        if let Ok(meta) = std::fs::metadata(dest) {
             // What --force cannot overwrite first: a hint to use it would only lead to these.
             if meta.is_dir() {
                 return Err(format!(
@@ -210,13 +217,16 @@ impl SafeOutput {
             file: Some(file),
             force,
         };
-        // A file --force replaces keeps its permissions (a private checkpoint stays private);
-        // on an error the temporary goes with `out`.
-        if let Some(meta) = existing {
-            out.file()
-                .set_permissions(meta.permissions())
-                .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
-        }
+        // The output takes the input's permissions, before any byte is written (a private
+        // checkpoint's archive, and the file restored from it, stay private), as gzip and zstd
+        // give theirs; also over a file --force replaces. On an error the temporary goes with
+        // `out`.
+        let perms = std::fs::metadata(input)
+            .map(|m| m.permissions())
+            .map_err(|e| format!("{}: {e}", input.display()))?;
+        out.file()
+            .set_permissions(perms)
+            .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
         Ok(out)
     }
 

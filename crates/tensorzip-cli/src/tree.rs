@@ -21,7 +21,8 @@
 //!   a mirror file by file against the original directory.
 //!
 //! Walking a directory: entries in name order, depth first; names that begin with `.` are
-//! skipped (`.git`, `.cache`, our own temporary outputs); symbolic links to files are followed
+//! skipped (`.git`, `.cache`, `.gitattributes`; reported as skipped, but for our own temporary
+//! outputs); symbolic links to files are followed
 //! (a Hugging Face cache snapshot is links into `blobs/`), links to directories are not (they
 //! may form loops) and are reported as skipped, as are broken links and special files.
 
@@ -37,6 +38,11 @@ const MAX_DEPTH: usize = 64;
 pub struct Walk {
     pub files: Vec<PathBuf>,
     pub skipped: Vec<String>,
+    /// Entries skipped for their names beginning with `.` (but our temporaries): said by the
+    /// commands that copy or compare a whole directory, where a missing `.gitattributes` would
+    /// otherwise go unnoticed (`verify --against` saying OK), not by those that only take its
+    /// .safetensors files.
+    pub hidden: Vec<String>,
 }
 
 /// Walks `root` (see the module's note for what is taken and skipped).
@@ -44,6 +50,7 @@ pub fn walk(root: &Path) -> Result<Walk, String> {
     let mut w = Walk {
         files: Vec::new(),
         skipped: Vec::new(),
+        hidden: Vec::new(),
     };
     walk_into(root, Path::new(""), 0, &mut w)?;
     Ok(w)
@@ -67,11 +74,20 @@ fn walk_into(root: &Path, rel: &Path, depth: usize, w: &mut Walk) -> Result<(), 
     }
     names.sort();
     for name in names {
-        if name.as_encoded_bytes().starts_with(b".") {
-            continue;
-        }
         let rel = rel.join(&name);
         let path = root.join(&rel);
+        if name.as_encoded_bytes().starts_with(b".") {
+            // Said, so that `verify --against` saying OK is not taken for "everything is
+            // there" (`.gitattributes` of a Hugging Face repository); a temporary of ours is
+            // not worth a line.
+            if !is_temporary(name.as_encoded_bytes()) {
+                w.hidden.push(format!(
+                    "{}: hidden (names beginning with \".\" are not taken)",
+                    path.display()
+                ));
+            }
+            continue;
+        }
         let own =
             std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let link = own.file_type().is_symlink();
@@ -135,6 +151,19 @@ impl Wanted {
     }
 }
 
+/// Whether a file name is one of the temporaries the commands and the Python package write beside
+/// an output (`.NAME.tmp-PID-N`, `tensorzip::mapped::create_beside`).
+fn is_temporary(name: &[u8]) -> bool {
+    let Some(at) = name.windows(5).rposition(|w| w == b".tmp-") else {
+        return false;
+    };
+    let tail = &name[at + 5..];
+    let mut parts = tail.split(|&b| b == b'-');
+    let digits =
+        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+    name.starts_with(b".") && digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
+}
+
 /// Prints what a walk skipped, one note a line.
 fn report(skipped: &[String]) {
     for s in skipped {
@@ -178,30 +207,42 @@ pub fn expand(inputs: &[PathBuf], wanted: Wanted) -> Result<Vec<PathBuf>, String
 pub struct Staged {
     dest: PathBuf,
     tmp: PathBuf,
+    /// The directory it mirrors (whose directories' permissions its own take).
+    src: PathBuf,
     done: bool,
 }
 
 impl Staged {
-    pub fn create(dest: &Path) -> Result<Staged, String> {
+    /// Starts the copy of `src` that becomes `dest`.
+    pub fn create(dest: &Path, src: &Path) -> Result<Staged, String> {
         exists_refused(dest)?;
         let (tmp, ()) =
             crate::output::create_pending(dest, "directory", |tmp| std::fs::create_dir(tmp))?;
         crate::sigbus::created(&tmp);
-        Ok(Staged {
+        let staged = Staged {
             dest: dest.to_path_buf(),
             tmp,
+            src: src.to_path_buf(),
             done: false,
-        })
+        };
+        like_source(&staged.tmp, src)?;
+        Ok(staged)
     }
 
-    /// Where `rel` is written, its parent directories created (and recorded) first.
+    /// Where `rel` is written, its parent directories created (and recorded) first, each with the
+    /// permissions of its namesake in the source.
     pub fn place(&self, rel: &Path) -> Result<PathBuf, String> {
         let mut dir = self.tmp.clone();
+        let mut from = self.src.clone();
         if let Some(parent) = rel.parent() {
             for part in parent.components() {
                 dir.push(part);
+                from.push(part);
                 match std::fs::create_dir(&dir) {
-                    Ok(()) => crate::sigbus::created(&dir),
+                    Ok(()) => {
+                        crate::sigbus::created(&dir);
+                        like_source(&dir, &from)?;
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(format!("{}: {e}", dir.display())),
                 }
@@ -350,6 +391,28 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
     Ok(plan)
 }
 
+/// Gives the directory `dir` (just made, still empty) the permissions of `src`, but always
+/// writable and searchable by its owner, who fills it next: a private model (0700) is mirrored
+/// private, not with the process's default mode (0755).
+fn like_source(dir: &Path, src: &Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(src)
+            .map_err(|e| format!("{}: {e}", src.display()))?
+            .permissions()
+            .mode();
+        std::fs::set_permissions(
+            dir,
+            std::fs::Permissions::from_mode((mode & 0o7777) | 0o700),
+        )
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    #[cfg(not(unix))]
+    let _ = (dir, src);
+    Ok(())
+}
+
 /// Copies `from` to `to` (a new file, named `shown` in messages) and syncs it.
 /// A file whose size changed while it was copied (another process writing it) is an error, as a
 /// mapped input truncated under a command is.
@@ -357,9 +420,16 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<u64, String> {
     let before = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
     // Opened here so that an error says which side failed (`fs::copy` reports either as one).
     let mut r = std::fs::File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
-    let mut w = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    // Made with the source's permissions (less the umask) before a byte is in it; set exactly
+    // below.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        o.mode(before.permissions().mode() & 0o777);
+    }
+    let mut w = o
         .open(to)
         .map_err(|e| format!("{}: {e}", shown.display()))?;
     let n = copy_reporting(&mut r, &mut w, from, shown)?;
@@ -418,9 +488,11 @@ pub fn mirror(
     mut convert: impl FnMut(&Path, crate::commands::Output<'_>) -> Result<(u64, u64), String>,
 ) -> Result<(), String> {
     let w = walk(src)?;
-    report(&w.skipped);
     let plan = plan(src, &w, wanted)?;
-    let staged = Staged::create(dest)?;
+    let staged = Staged::create(dest, src)?;
+    // Said once the copy is under way (not before a refusal, which is then the only line).
+    report(&w.skipped);
+    report(&w.hidden);
     let mut totals = Totals::default();
     let (mut copied, mut copied_bytes) = (0usize, 0u64);
     let unwritten = |msg: String| format!("{msg} ({} was not written)", dest.display());
@@ -478,8 +550,9 @@ pub fn verify_mirror(
     }
     let a = walk(dir)?;
     let b = walk(orig)?;
-    report(&a.skipped);
-    report(&b.skipped);
+    for list in [&a.skipped, &a.hidden, &b.skipped, &b.hidden] {
+        report(list);
+    }
     let mut unmatched: BTreeSet<&PathBuf> = b.files.iter().collect();
     let (mut failed, mut checked) = (0usize, 0usize);
     let mut fail = |msg: String| {
@@ -519,9 +592,15 @@ pub fn verify_mirror(
     }
     match failed {
         0 => {
+            // What was not compared is said in the same line: OK must not read as "the whole
+            // directory is there" when hidden entries of the original were left out.
+            let hidden = match b.hidden.len() {
+                0 => String::new(),
+                n => format!("; {n} hidden entries of {} not compared", orig.display()),
+            };
             status!(
                 "{}: OK ({checked} files, each archive identical to its original and every other \
-                 file to its namesake in {})",
+                 file to its namesake in {}{hidden})",
                 dir.display(),
                 orig.display()
             );
@@ -569,4 +648,28 @@ fn same_bytes(a: &Path, b: &Path) -> Result<(), String> {
         y.release(start..end);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Our temporaries are told from other hidden names by their whole `.tmp-PID-N` tail.
+    #[test]
+    fn temporaries_are_told_from_other_hidden_names() {
+        for yes in [".m.safetensors.tz.tmp-12-0", ".out.tmp-4242-999", ".a.tmp-b.tmp-1-2"] {
+            assert!(super::is_temporary(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            ".gitattributes",
+            ".cache",
+            ".x.tmp-12",
+            ".x.tmp-12-",
+            ".x.tmp--1",
+            ".x.tmp-1-2-3",
+            ".x.tmp-a-1",
+            "x.tmp-1-2",
+            ".tensorzip-save-abc",
+        ] {
+            assert!(!super::is_temporary(no.as_bytes()), "{no}");
+        }
+    }
 }

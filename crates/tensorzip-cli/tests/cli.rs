@@ -260,12 +260,13 @@ fn decompress_to_the_default_name_refuses_to_overwrite() {
         "decompress onto an existing file",
         &["model.safetensors", "already exists"],
     );
-    // The file -f replaces keeps its permissions.
+    // The output takes its input's permissions (a private archive restores private), also
+    // over a file -f replaces.
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let private = std::fs::Permissions::from_mode(0o600);
-        std::fs::set_permissions(d.join("model.safetensors"), private).unwrap();
+        std::fs::set_permissions(d.join("model.safetensors.tz"), private).unwrap();
     }
     ok(
         &tz(d, &["decompress", "model.safetensors.tz", "-f"]),
@@ -856,7 +857,7 @@ fn a_directory_to_compress_holding_an_archive_is_refused() {
 /// A mirrored directory's other files keep their permissions (a script stays executable).
 #[cfg(unix)]
 #[test]
-fn a_mirrored_file_keeps_its_permissions() {
+fn mirrored_and_compressed_files_keep_their_permissions() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -873,6 +874,47 @@ fn a_mirrored_file_keeps_its_permissions() {
         .mode();
     assert_eq!(mode & 0o777, 0o751);
     assert_eq!(std::fs::read(d.join("out/run.sh")).unwrap(), b"#!/bin/sh\n");
+    // A private model stays private through compress and decompress: its directories and its
+    // shards' archives take the source's permissions (they came out 0755 / 0644 before).
+    let mode_of = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let set =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    set(&m, 0o700);
+    set(&m.join("text_encoder"), 0o750);
+    set(&m.join("model-1.safetensors"), 0o600);
+    let o = tz(d, &["compress", "model", "-o", "private"]);
+    ok(&o, "compress a private directory");
+    // The hidden entry is named once the copy is under way.
+    assert!(
+        stderr(&o).contains("model/.cache: hidden"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(mode_of(&d.join("private")), 0o700);
+    assert_eq!(mode_of(&d.join("private/text_encoder")), 0o750);
+    assert_eq!(mode_of(&d.join("private/model-1.safetensors.tz")), 0o600);
+    let o = tz(d, &["verify", "private", "--against", "model"]);
+    ok(&o, "verify a private directory");
+    assert!(
+        stderr(&o).contains("1 hidden entries of model not compared"),
+        "{}",
+        stderr(&o)
+    );
+    ok(
+        &tz(d, &["decompress", "private", "-o", "back"]),
+        "decompress a private directory",
+    );
+    assert_eq!(mode_of(&d.join("back")), 0o700);
+    assert_eq!(mode_of(&d.join("back/model-1.safetensors")), 0o600);
+    // One file: the archive takes its input's permissions.
+    ok(
+        &tz(
+            d,
+            &["compress", "model/model-1.safetensors", "-o", "one.tz"],
+        ),
+        "compress a private file",
+    );
+    assert_eq!(mode_of(&d.join("one.tz")), 0o600);
 }
 
 #[test]
