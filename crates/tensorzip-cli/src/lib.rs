@@ -15,6 +15,7 @@ macro_rules! status {
 
 mod bench;
 mod commands;
+mod copies;
 mod demo;
 mod output;
 #[cfg(unix)]
@@ -213,9 +214,10 @@ enum Command {
     },
     /// Check every checksum and decode everything (nothing is written).
     ///
-    /// A directory stands for the .tz archives under it; `DIR --against ORIG` checks a directory
-    /// made by `compress ORIG -o DIR`: each archive against its original in ORIG, every other file
-    /// against its namesake, and no file missing on either side.
+    /// A directory stands for the .tz archives under it, and the files `compress ORIG -o DIR`
+    /// copied into it are checked against their checksums (DIR/.tensorzip-copies.json);
+    /// `DIR --against ORIG` checks such a directory against ORIG: each archive against its
+    /// original, every other file against its namesake, and no file missing on either side.
     Verify {
         /// Archives, or directories of them.
         #[arg(required = true)]
@@ -408,10 +410,18 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
                 "verify each archive against its original in a command of its own",
             )
             .and_then(|()| tree::expand(&archives, Wanted::Archives))
-            .and_then(|archives| {
-                each(&archives, |a| {
+            .and_then(|files| {
+                let r = each(&files, |a| {
                     commands::verify(a, against.as_deref(), &dec, &common)
-                })
+                });
+                // A compressed model directory's copied files, against its manifest (checked
+                // whatever the archives gave: each problem is reported).
+                let c: Vec<Result<(), String>> = archives
+                    .iter()
+                    .filter(|d| tree::is_dir(d))
+                    .map(|d| tree::verify_copies(d))
+                    .collect();
+                r.and(c.into_iter().find(Result::is_err).unwrap_or(Ok(())))
             }),
         },
         Command::Demo { common } => demo::run(&common),

@@ -80,7 +80,8 @@ fn walk_into(root: &Path, rel: &Path, depth: usize, w: &mut Walk) -> Result<(), 
             // Said, so that `verify --against` saying OK is not taken for "everything is
             // there" (`.gitattributes` of a Hugging Face repository); a temporary of ours is
             // not worth a line.
-            if !is_temporary(name.as_encoded_bytes()) {
+            let ours = name == crate::copies::NAME || is_temporary(name.as_encoded_bytes());
+            if !ours {
                 w.hidden.push(format!(
                     "{}: hidden (names beginning with \".\" are not taken)",
                     path.display()
@@ -413,10 +414,11 @@ fn like_source(dir: &Path, src: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Copies `from` to `to` (a new file, named `shown` in messages) and syncs it.
+/// Copies `from` to `to` (a new file, named `shown` in messages) and syncs it; returns the
+/// length and CRC-32 of the bytes copied.
 /// A file whose size changed while it was copied (another process writing it) is an error, as a
 /// mapped input truncated under a command is.
-fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<u64, String> {
+fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Record, String> {
     let before = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
     // Opened here so that an error says which side failed (`fs::copy` reports either as one).
     let mut r = std::fs::File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
@@ -432,7 +434,8 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<u64, String> {
     let mut w = o
         .open(to)
         .map_err(|e| format!("{}: {e}", shown.display()))?;
-    let n = copy_reporting(&mut r, &mut w, from, shown)?;
+    let rec = copy_reporting(&mut r, &mut w, from, shown)?;
+    let n = rec.bytes;
     drop(w);
     // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
     // executable).
@@ -451,28 +454,36 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<u64, String> {
     std::fs::File::open(to)
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("{}: {e}", shown.display()))?;
-    Ok(n)
+    Ok(rec)
 }
 
-/// `io::copy` with a read error named by `from` and a write error by `shown`.
+/// `io::copy` with a read error named by `from` and a write error by `shown`; the length and
+/// CRC-32 of what it copied.
 fn copy_reporting(
     r: &mut std::fs::File,
     w: &mut std::fs::File,
     from: &Path,
     shown: &Path,
-) -> Result<u64, String> {
+) -> Result<crate::copies::Record, String> {
     use std::io::{Read, Write};
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
+    let mut crc = crc32fast::Hasher::new();
     loop {
         let k = match r.read(&mut buf) {
-            Ok(0) => return Ok(n),
+            Ok(0) => {
+                return Ok(crate::copies::Record {
+                    bytes: n,
+                    crc32: crc.finalize(),
+                })
+            }
             Ok(k) => k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("{}: {e}", from.display())),
         };
         w.write_all(&buf[..k])
             .map_err(|e| format!("{}: {e}", shown.display()))?;
+        crc.update(&buf[..k]);
         n += k as u64;
     }
 }
@@ -480,7 +491,9 @@ fn copy_reporting(
 /// `compress DIR -o OUT` / `decompress DIR -o OUT`: OUT built as a copy of `src` whose
 /// `wanted` files go through `convert(input, output)` (which returns the sizes the totals
 /// count: original, then compressed) and whose other files are copied. Stops at the first
-/// failure, leaving nothing.
+/// failure, leaving nothing. `compress` records its copies in OUT's manifest
+/// ([`crate::copies`]); `decompress` checks its copies against `src`'s manifest where there is
+/// one.
 pub fn mirror(
     src: &Path,
     dest: &Path,
@@ -489,12 +502,18 @@ pub fn mirror(
 ) -> Result<(), String> {
     let w = walk(src)?;
     let plan = plan(src, &w, wanted)?;
+    let manifest = match wanted {
+        Wanted::Models => None,
+        Wanted::Archives => crate::copies::Copies::read(src)?,
+    };
     let staged = Staged::create(dest, src)?;
     // Said once the copy is under way (not before a refusal, which is then the only line).
     report(&w.skipped);
     report(&w.hidden);
     let mut totals = Totals::default();
     let (mut copied, mut copied_bytes) = (0usize, 0u64);
+    let mut records = crate::copies::Copies::default();
+    let mut unlisted = Vec::new();
     let unwritten = |msg: String| format!("{msg} ({} was not written)", dest.display());
     for (rel, out, step) in &plan {
         let input = src.join(rel);
@@ -513,11 +532,61 @@ pub fn mirror(
                 totals.add(original, compressed);
             }
             Step::Copy => {
-                copied_bytes += copy_file(&input, &write, &dest.join(out)).map_err(unwritten)?;
+                let rec = copy_file(&input, &write, &dest.join(out)).map_err(unwritten)?;
+                match &manifest {
+                    Some(m) => match m.get(rel) {
+                        Some(want) => crate::copies::check(&input, want, rec).map_err(unwritten)?,
+                        None => unlisted.push(input.display().to_string()),
+                    },
+                    None => {
+                        if !records.add(rel, rec) {
+                            unlisted.push(input.display().to_string());
+                        }
+                    }
+                }
+                copied_bytes += rec.bytes;
                 copied += 1;
             }
         }
         staged.written(&write);
+    }
+    let checked = match (&manifest, wanted) {
+        // Every file the manifest lists must have been there to copy.
+        (Some(m), _) => {
+            let present: BTreeSet<String> = plan
+                .iter()
+                .filter_map(|(rel, _, _)| crate::copies::key(rel))
+                .collect();
+            let missing = m.names().find(|n| !present.contains(*n));
+            if let Some(n) = missing {
+                return Err(unwritten(format!(
+                    "{}: listed in {} but missing",
+                    src.join(n).display(),
+                    src.join(crate::copies::NAME).display()
+                )));
+            }
+            format!(", each matching its checksum in {}", crate::copies::NAME)
+        }
+        (None, Wanted::Models) => {
+            let write = staged
+                .place(Path::new(crate::copies::NAME))
+                .map_err(unwritten)?;
+            std::fs::write(&write, records.to_json())
+                .and_then(|()| std::fs::File::open(&write)?.sync_all())
+                .map_err(|e| unwritten(format!("{}: {e}", write.display())))?;
+            staged.written(&write);
+            format!(
+                ", their checksums in {}",
+                dest.join(crate::copies::NAME).display()
+            )
+        }
+        (None, Wanted::Archives) => String::new(),
+    };
+    for u in &unlisted {
+        status!(
+            "tensorzip: {u}: copied without a checksum (not listed in {})",
+            crate::copies::NAME
+        );
     }
     staged.commit()?;
     let line = match wanted {
@@ -525,11 +594,58 @@ pub fn mirror(
         Wanted::Archives => totals.restored_line(totals.files()),
     };
     status!(
-        "{} -> {}: {line}; {copied} other files copied ({copied_bytes} bytes)",
+        "{} -> {}: {line}; {copied} other files copied ({copied_bytes} bytes{checked})",
         src.display(),
         dest.display(),
     );
     Ok(())
+}
+
+/// `verify DIR` of a compressed model directory: its copied files against its manifest
+/// ([`crate::copies`]), where it has one — each listed file read and compared, each other file
+/// not an archive named as unchecked. Nothing to do (and nothing said) without a manifest.
+pub fn verify_copies(dir: &Path) -> Result<(), String> {
+    let Some(m) = crate::copies::Copies::read(dir)? else {
+        return Ok(());
+    };
+    let mut failed = 0usize;
+    for n in m.names() {
+        let path = dir.join(n);
+        let want = m.get(Path::new(n)).expect("listed");
+        if let Err(msg) =
+            crate::copies::record_of(&path).and_then(|got| crate::copies::check(&path, want, got))
+        {
+            status!("tensorzip: {msg}");
+            failed += 1;
+        }
+    }
+    let w = walk(dir)?;
+    for rel in &w.files {
+        if !Wanted::Archives.takes(rel) && m.get(rel).is_none() {
+            status!(
+                "tensorzip: {}: not listed in {} (unchecked)",
+                dir.join(rel).display(),
+                crate::copies::NAME
+            );
+        }
+    }
+    match failed {
+        0 => {
+            status!(
+                "{}: OK ({} copied files match their checksums in {})",
+                dir.display(),
+                m.len(),
+                crate::copies::NAME
+            );
+            Ok(())
+        }
+        n => Err(format!(
+            "{n} of {} copied files of {} do not match {}",
+            m.len(),
+            dir.display(),
+            crate::copies::NAME
+        )),
+    }
 }
 
 /// `verify DIR --against ORIG`: every archive under `dir` is verified against the file of its
@@ -655,7 +771,11 @@ mod tests {
     /// Our temporaries are told from other hidden names by their whole `.tmp-PID-N` tail.
     #[test]
     fn temporaries_are_told_from_other_hidden_names() {
-        for yes in [".m.safetensors.tz.tmp-12-0", ".out.tmp-4242-999", ".a.tmp-b.tmp-1-2"] {
+        for yes in [
+            ".m.safetensors.tz.tmp-12-0",
+            ".out.tmp-4242-999",
+            ".a.tmp-b.tmp-1-2",
+        ] {
             assert!(super::is_temporary(yes.as_bytes()), "{yes}");
         }
         for no in [

@@ -653,6 +653,7 @@ fn model_directories_are_mirrored() {
     assert_eq!(
         names,
         [
+            ".tensorzip-copies.json",
             "config.json",
             "model-1.safetensors.tz",
             "text_encoder/config.json",
@@ -730,6 +731,118 @@ fn model_directories_are_mirrored() {
 
 /// Without `-o`, a directory stands for its `.safetensors` files (for `compress`) or its
 /// archives (for the others), each done as if named on the command line.
+/// The files a mirror copies as they are carry checksums too (`.tensorzip-copies.json`):
+/// `verify` and `decompress` check each copy against them, so a changed, missing or added file
+/// is found (the archives were the only files checked before).
+#[test]
+fn copied_files_of_a_mirror_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_bytes();
+    model_dir(d, &model);
+    let o = tz(d, &["compress", "model", "-o", "c"]);
+    ok(&o, "compress a directory");
+    assert!(
+        stderr(&o).contains("their checksums in c/.tensorzip-copies.json"),
+        "{}",
+        stderr(&o)
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("c/.tensorzip-copies.json")).unwrap())
+            .unwrap();
+    let files = manifest["files"].as_object().unwrap();
+    let listed: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        listed,
+        [
+            "config.json",
+            "text_encoder/config.json",
+            "text_encoder/empty.txt"
+        ]
+    );
+    assert_eq!(
+        files["config.json"]["crc32"].as_u64().unwrap(),
+        tensorzip::crc32(b"{\"layers\": 1}") as u64
+    );
+    let o = tz(d, &["verify", "c"]);
+    ok(&o, "verify a mirror");
+    assert!(
+        stderr(&o).contains("c: OK (3 copied files match"),
+        "{}",
+        stderr(&o)
+    );
+    let o = tz(d, &["decompress", "c", "-o", "back"]);
+    ok(&o, "decompress a mirror");
+    assert!(
+        stderr(&o).contains("each matching its checksum"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        !d.join("back/.tensorzip-copies.json").exists(),
+        "the manifest is not restored"
+    );
+    // A copy changed after the mirror was made: verify and decompress fail naming it, and
+    // decompress leaves nothing.
+    std::fs::write(d.join("c/text_encoder/empty.txt"), b"x").unwrap();
+    let o = tz(d, &["verify", "c"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("empty.txt: not the file the mirror copied"),
+        "{}",
+        stderr(&o)
+    );
+    // (The lines of the archives restored before the failure come first: not one line.)
+    let failed = |o: &Output, needles: &[&str]| {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        let last = err.trim_end().lines().last().unwrap_or("");
+        assert!(last.starts_with("tensorzip: error: "), "{err}");
+        for n in needles {
+            assert!(last.contains(n), "{n:?} not in {last}");
+        }
+    };
+    failed(
+        &tz(d, &["decompress", "c", "-o", "back2"]),
+        &[
+            "empty.txt",
+            "not the file the mirror copied",
+            "back2 was not written",
+        ],
+    );
+    assert!(!d.join("back2").exists());
+    // A listed file missing.
+    std::fs::remove_file(d.join("c/text_encoder/empty.txt")).unwrap();
+    failed(
+        &tz(d, &["decompress", "c", "-o", "back2"]),
+        &["empty.txt", "listed in", "missing"],
+    );
+    std::fs::write(d.join("c/text_encoder/empty.txt"), b"").unwrap();
+    // A file added to the mirror: copied, and named as unchecked.
+    std::fs::write(d.join("c/extra.txt"), b"new").unwrap();
+    let o = tz(d, &["decompress", "c", "-o", "back2"]);
+    ok(&o, "decompress a mirror with a file added");
+    assert!(
+        stderr(&o).contains("extra.txt: copied without a checksum"),
+        "{}",
+        stderr(&o)
+    );
+    let o = tz(d, &["verify", "c"]);
+    ok(&o, "verify a mirror with a file added");
+    assert!(
+        stderr(&o).contains("extra.txt: not listed"),
+        "{}",
+        stderr(&o)
+    );
+    // A manifest that is not one is an error, not a mirror without checks.
+    std::fs::write(d.join("c/.tensorzip-copies.json"), b"{\"files\": 1}").unwrap();
+    fails(
+        &tz(d, &["decompress", "c", "-o", "back3"]),
+        "decompress with a broken manifest",
+        &[".tensorzip-copies.json", "not a manifest"],
+    );
+}
+
 #[test]
 fn a_directory_stands_for_its_files() {
     let dir = tempfile::tempdir().unwrap();
