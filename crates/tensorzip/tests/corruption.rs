@@ -1411,6 +1411,16 @@ fn temp_path(tag: &str) -> std::path::PathBuf {
 }
 
 /// A small safetensors file and its archive.
+/// A new file at `path`, open for reading and writing (the archive writer reads its blobs back).
+fn new_file(path: &std::path::Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap()
+}
+
 fn small_archive(piece: u32) -> (Vec<u8>, Vec<u8>) {
     let w = make(DType::BF16, 700, Dist::Weights, 1);
     let z = [0u8; 64];
@@ -1425,12 +1435,7 @@ fn small_archive(piece: u32) -> (Vec<u8>, Vec<u8>) {
     let file = serialize_safetensors(&tensors, Some(&meta)).unwrap();
     let segs = plan_safetensors(&file).unwrap();
     let path = temp_path("archive");
-    let mut out = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .unwrap();
+    let mut out = new_file(&path);
     let opts = ArchiveOptions {
         compress: CompressOptions {
             min_compress_bytes: 0,
@@ -1784,12 +1789,7 @@ fn header_segments_that_are_not_bytes_are_corrupt() {
             tensorzip::compress(&[1, 2], DType::U8, &[2], &opts).unwrap(),
         ];
         let path = temp_path("u16-header");
-        let mut out = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
+        let mut out = new_file(&path);
         let mut w = ArchiveWriter::new(&mut out, 0).unwrap();
         let crcs = [crc32(&head), crc32(&[1, 2])];
         w.append(&segs, &crcs, |w| {
