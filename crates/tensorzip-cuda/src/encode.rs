@@ -456,10 +456,7 @@ fn enc_block_width(f: &CudaFunction, per_warp: u64, smem_limit: u32) -> Result<u
     }
     let most = ((room / per_warp) as u32).clamp(1, most);
     // The occupancy query counts a block's dynamic shared memory only up to the function's limit.
-    f.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        (most as u64 * per_warp) as i32,
-    )?;
+    crate::engine::allow_dynamic_smem(f, smem_limit, most as u64 * per_warp)?;
     let mut best = (0u32, 1u32);
     for w in 1..=most {
         let blocks = f.occupancy_max_active_blocks_per_multiprocessor(
@@ -904,10 +901,7 @@ impl GpuEngine {
                 JOINT_SMEM_BYTES + f.shared_size_bytes()?.max(0) as u32 <= self.shared().smem_limit;
             let joint_smem = (opts.block_units <= 4096 && fits) as u32;
             let smem = joint_smem * JOINT_SMEM_BYTES;
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
+            crate::engine::allow_dynamic_smem(f, self.shared().smem_limit, smem as u64)?;
             let mut b = s.launch_builder(f);
             b.arg(&jobs_dev)
                 .arg(&count_params)
@@ -1225,10 +1219,7 @@ impl GpuEngine {
             let f = &k.variants(self, &[*v])?[0].1;
             let warps = enc_block_width(f, per_warp, self.shared().smem_limit)?;
             let smem = (warps as u64 * per_warp) as u32;
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
+            crate::engine::allow_dynamic_smem(f, self.shared().smem_limit, smem as u64)?;
             widths.push((f, warps, smem, stage_bytes as u32, us as u32));
         }
         // One page-locked buffer for the search's outputs, the reports, the placement verdict and

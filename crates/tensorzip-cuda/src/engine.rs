@@ -37,6 +37,32 @@ pub(crate) fn decode_units() -> crate::compile::Units {
     )
 }
 
+/// Lets `f` launch with as much dynamic shared memory as the device leaves it (the per-block
+/// limit `smem_limit` less `f`'s static shared memory) and checks that `need` bytes fit. The
+/// attribute is one setting per function for the whole process: set to each launch's own size,
+/// two threads launching one kernel with different sizes (decodes of different tensors, or the
+/// encoder's counting step with and without its joint counts in shared memory) could lower it
+/// under the other's launch, which then failed (a review's finding, 2026-12-05). Everyone sets the
+/// same maximum, so it never changes once set; a launch's occupancy still follows the dynamic
+/// shared memory it asks for.
+pub(crate) fn allow_dynamic_smem(
+    f: &cudarc::driver::CudaFunction,
+    smem_limit: u32,
+    need: u64,
+) -> Result<()> {
+    let most = (smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64);
+    if need > most {
+        return Err(Error::Unsupported(format!(
+            "a launch of {need} bytes of dynamic shared memory, where the device leaves {most}"
+        )));
+    }
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        most as i32,
+    )?;
+    Ok(())
+}
+
 /// What a decode block leaves of the device's per-block shared memory ([`Shared::smem_limit`]) for
 /// the kernels' static shared memory (`cache`, `merge_sel`, `sync_words` in `kernels/decode.cu`:
 /// ~170 bytes) and the driver: its dynamic shared memory is at most the limit less this — 220 KiB
@@ -1097,7 +1123,7 @@ impl GpuEngine {
         let mut chosen = Vec::with_capacity(fns.len());
         for (g, (one, pair)) in dp.groups.iter().zip(fns) {
             let f = if g.split { pair } else { one };
-            f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)?;
+            allow_dynamic_smem(f, self.shared.smem_limit, g.smem as u64)?;
             chosen.push(f);
         }
         // The error word (`fail` in decode.cu: the lowest failing chunk and its code) all ones:

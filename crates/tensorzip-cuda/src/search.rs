@@ -170,9 +170,11 @@ pub(crate) fn units() -> crate::compile::Units {
 }
 
 /// The search unit's kernels `tz_search` and `tz_enc_tables`, from `units` (compiled or cached),
-/// with the unit's logarithm table filled on stream `s` (`tz_log2_init`, queued before anything the
-/// caller queues on `s` after this returns). The table belongs to the loaded module, so it is
-/// filled once per module.
+/// with the unit's logarithm table filled (`tz_log2_init` on stream `s`, waited for before this
+/// returns). The table belongs to the loaded module, so it is filled once per module; the wait
+/// matters because the kernels are shared: queued on `s` only, the fill was ordered before this
+/// caller's searches but not before another thread's on another stream, which could read the
+/// table still zero (a review's finding, 2026-12-05; one wait per process).
 pub(crate) fn load(
     units: &crate::compile::Units,
     ctx: &Arc<cudarc::driver::CudaContext>,
@@ -187,6 +189,7 @@ pub(crate) fn load(
     };
     // SAFETY: `tz_log2_init` takes no arguments and writes only its module's table.
     unsafe { s.launch_builder(&init).launch(cfg) }?;
+    s.synchronize()?;
     Ok((
         m.load_function("tz_search")?,
         m.load_function("tz_enc_tables")?,

@@ -878,3 +878,69 @@ fn gpu_archives_of_consecutive_large_tensors_equal_the_cpus() {
         assert!(e.to_string().contains("checksum mismatch"), "{e}");
     }
 }
+
+/// One engine used from several host threads at once, each on a stream of its own, as the Python
+/// package does (it releases the GIL): decodes of tensors whose launches take different amounts
+/// of shared memory, and encodes with the counting step's joint counts in shared memory and not
+/// (blocks of 4096 and 8192 units), interleaved. A kernel's shared-memory limit is one setting per
+/// process, and the search's logarithm table is filled once: each thread's results must still be
+/// the CPU engine's, every time.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_engine_shared_by_threads_on_their_own_streams() {
+    let eng = engine();
+    let rounds = if quick() { 2 } else { 12 };
+    let jobs: Vec<(Vec<u8>, DType, CompressOptions)> = vec![
+        (
+            sample::weights(4, 1 << 18, DType::BF16, 1),
+            DType::BF16,
+            CompressOptions::default(),
+        ),
+        (
+            sample::weights(3, 4099, DType::F32, 2),
+            DType::F32,
+            CompressOptions {
+                chunk_bytes: 8 << 10,
+                block_units: 8192,
+                ..CompressOptions::default()
+            },
+        ),
+        (
+            sample::weights(2, 1 << 16, DType::F16, 3),
+            DType::F16,
+            CompressOptions {
+                max_tables: 16,
+                block_units: 1024,
+                ..CompressOptions::default()
+            },
+        ),
+    ];
+    let expected: Vec<Vec<u8>> = jobs
+        .iter()
+        .map(|(d, t, o)| compress(d, *t, &[(d.len() / t.itemsize()) as u64], o).unwrap())
+        .collect();
+    std::thread::scope(|sc| {
+        for t in 0..jobs.len() {
+            let mine = eng.on_stream(eng.context().new_stream().unwrap());
+            let (jobs, expected) = (&jobs, &expected);
+            sc.spawn(move || {
+                for r in 0..rounds {
+                    // Each thread starts at another job and goes round them all.
+                    let (data, dtype, opts) = &jobs[(t + r) % jobs.len()];
+                    let want = &expected[(t + r) % jobs.len()];
+                    let shape = [(data.len() / dtype.itemsize()) as u64];
+                    let blob = mine.compress_host(data, *dtype, &shape, opts).unwrap();
+                    assert!(
+                        &blob == want,
+                        "thread {t} round {r}: GPU blob differs from the CPU's"
+                    );
+                    let out = mine.decompress_host(&[want]).unwrap();
+                    assert!(
+                        out[0].data == *data,
+                        "thread {t} round {r}: decoded bytes differ"
+                    );
+                }
+            });
+        }
+    });
+}
