@@ -16,6 +16,13 @@ use crate::error::Result;
 /// this, which goes alone).
 pub const BATCH_BYTES: u64 = 512 << 20;
 
+/// Most segments per launch. Device memory per tensor does not shrink with its bytes (the
+/// encoder's table slots, ~90 KiB a tensor at the default 8 tables; the decoder's 16 KiB
+/// expansion of each table): 512 MiB of 4 KiB tensors made 131,072 of them in one batch, ~11 GiB
+/// of encoder slots (a review's finding, 2026-12-05). 4096 keeps that under ~0.4 GiB and leaves
+/// a model's shard (hundreds of tensors; MiniLM's 104) in one launch.
+pub const BATCH_SEGMENTS: usize = 4096;
+
 /// Decodes every segment of `ar` in order into `w`, batching consecutive segments into launches of
 /// up to [`BATCH_BYTES`]. Each batch's blobs are checked as they are uploaded, the decoded bytes'
 /// CRC-32s on the GPU ([`Segments::decode_into`]), and the bytes go from the device to `w` through
@@ -77,15 +84,17 @@ fn decode_batches(
 }
 
 /// Consecutive runs of items of `lens` bytes, each of at most [`BATCH_BYTES`] (an item larger
-/// than that is a run of its own): the GPU's batches of an archive's segments, decoded or encoded
-/// together.
+/// than that is a run of its own) and [`BATCH_SEGMENTS`] items: the GPU's batches of an archive's
+/// segments, decoded or encoded together.
 pub fn batches(lens: &[u64]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let mut i = 0;
     while i < lens.len() {
         let mut j = i;
         let mut bytes = 0u64;
-        while j < lens.len() && (j == i || bytes + lens[j] <= BATCH_BYTES) {
+        while j < lens.len()
+            && (j == i || (bytes + lens[j] <= BATCH_BYTES && j - i < BATCH_SEGMENTS))
+        {
             bytes += lens[j];
             j += 1;
         }
@@ -258,7 +267,8 @@ mod tests {
     use super::*;
 
     /// Batches cover every item once, in order; none passes `BATCH_BYTES` unless it is a single
-    /// item; and each takes as many items as fit (the next one would not).
+    /// item, nor `BATCH_SEGMENTS` items; and each takes as many items as fit (the next one would
+    /// not).
     #[test]
     fn batches_cover_everything_in_order_within_the_limit() {
         let b = BATCH_BYTES;
@@ -271,6 +281,8 @@ mod tests {
             vec![b / 2, b / 2, b / 2, 0, 0],
             vec![3 * b, 0, 7, b - 7, 1],
             (0..1000).map(|i| (i * 7919) % (b / 37)).collect(),
+            vec![0; 3 * BATCH_SEGMENTS + 5],
+            vec![4096; 2 * BATCH_SEGMENTS],
         ];
         for lens in &cases {
             let runs = batches(lens);
@@ -280,8 +292,12 @@ mod tests {
                 assert!(r.end > r.start, "{lens:?}");
                 let sum: u64 = lens[r.clone()].iter().sum();
                 assert!(sum <= b || r.len() == 1, "{lens:?}: {r:?}");
+                assert!(r.len() <= BATCH_SEGMENTS, "{r:?}");
                 if r.end < lens.len() {
-                    assert!(sum + lens[r.end] > b, "{lens:?}: {r:?} could take the next");
+                    assert!(
+                        sum + lens[r.end] > b || r.len() == BATCH_SEGMENTS,
+                        "{r:?} could take the next"
+                    );
                 }
                 next = r.end;
             }
