@@ -134,25 +134,8 @@ impl Copies {
 
 /// The length and CRC-32 of the file at `path`, read once.
 pub fn record_of(path: &Path) -> Result<Record, String> {
-    use std::io::Read;
     let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let k = match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(k) => k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        h.update(&buf[..k]);
-        bytes += k as u64;
-    }
-    Ok(Record {
-        bytes,
-        crc32: h.finalize(),
-    })
+    crate::tree::copy_reporting(&mut f, &mut std::io::sink(), path, path)
 }
 
 /// Compares a copy (`got`) with its record, naming the file where they differ.

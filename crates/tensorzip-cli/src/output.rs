@@ -54,11 +54,11 @@ pub fn pending_commit<T>(
     Ok(out)
 }
 
-/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP (and ignores SIGXFSZ): it removes the temporary files of the
-/// outputs being written (a signal ends the process without running destructors, which left a
-/// hidden `.NAME.tmp-PID-N` of the partial output behind) and exits with status 130. The
-/// handler runs on a thread of its own (the `ctrlc` crate), not in the signal's context, so it may
-/// take the lock and touch the file system.
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP (and ignores SIGXFSZ): it removes the
+/// temporary files of the outputs being written (a signal ends the process without running
+/// destructors, which left a hidden `.NAME.tmp-PID-N` of the partial output behind) and exits
+/// with status 130. The handler runs on a thread of its own (the `ctrlc` crate), not in the
+/// signal's context, so it may take the lock and touch the file system.
 pub fn on_interrupt() {
     // A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action ends
     // the process at once and left the partial temporary output behind; ignored, the write fails

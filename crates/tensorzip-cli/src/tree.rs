@@ -21,10 +21,11 @@
 //!   a mirror file by file against the original directory.
 //!
 //! Walking a directory: entries in name order, depth first; names that begin with `.` are
-//! skipped (`.git`, `.cache`, `.gitattributes`; reported as skipped, but for our own temporary
-//! outputs); symbolic links to files are followed
-//! (a Hugging Face cache snapshot is links into `blobs/`), links to directories are not (they
-//! may form loops) and are reported as skipped, as are broken links and special files.
+//! skipped (`.git`, `.cache`, `.gitattributes`; named as skipped by the commands that copy or
+//! compare a whole directory, but for our own temporaries and `.tensorzip-copies.json`); symbolic
+//! links to files are followed (a Hugging Face cache snapshot is links into `blobs/`), links to
+//! directories are not (they may form loops) and are reported as skipped, as are broken links and
+//! special files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -458,14 +459,14 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
 }
 
 /// `io::copy` with a read error named by `from` and a write error by `shown`; the length and
-/// CRC-32 of what it copied.
-fn copy_reporting(
+/// CRC-32 of what it copied (to `io::sink()`, those of a file: [`crate::copies::record_of`]).
+pub(crate) fn copy_reporting(
     r: &mut std::fs::File,
-    w: &mut std::fs::File,
+    w: &mut impl std::io::Write,
     from: &Path,
     shown: &Path,
 ) -> Result<crate::copies::Record, String> {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
     let mut crc = crc32fast::Hasher::new();
