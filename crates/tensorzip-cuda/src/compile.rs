@@ -99,6 +99,7 @@ pub fn cubin(
         &nv_major.to_le_bytes(),
         &nv_minor.to_le_bytes(),
         defs.as_bytes(),
+        NVRTC_OPTIONS.join(" ").as_bytes(),
     ]);
     let file = format!("{name}-{arch}-{key:016x}.cubin");
     let built = BUILT.get_or_init(Default::default);
@@ -115,21 +116,37 @@ pub fn cubin(
     let path = cache_dir().map(|d| d.join(&file));
     if let (Some(p), false) = (&path, rebuild) {
         if let Ok(bytes) = std::fs::read(p) {
-            if !bytes.is_empty() {
-                remember(&bytes);
-                return Ok(bytes);
+            if let Some(bin) = unseal(&file, &bytes) {
+                let bin = bin.to_vec();
+                remember(&bin);
+                return Ok(bin);
             }
         }
     }
     let bin = compile(name, src, &arch, defines)?;
     remember(&bin);
     if let Some(p) = &path {
-        // Best effort: a cache that cannot be written only costs a compile next time.
+        // Best effort: a cache that cannot be written only costs a compile next time. A
+        // temporary of its own (two engines of one process, on two GPUs of one architecture,
+        // may compile the same unit at once), renamed into place once whole.
         if let Some(dir) = p.parent() {
             if std::fs::create_dir_all(dir).is_ok() {
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &bin).is_ok() {
-                    let _ = std::fs::rename(&tmp, p);
+                let made = tensorzip::mapped::create_beside(p, |t| {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(t)
+                });
+                if let Ok((tmp, mut f)) = made {
+                    use std::io::Write;
+                    match f.write_all(&seal(&file, &bin)) {
+                        Ok(()) => {
+                            let _ = std::fs::rename(&tmp, p);
+                        }
+                        Err(_) => {
+                            let _ = std::fs::remove_file(&tmp);
+                        }
+                    }
                 }
             }
         }
@@ -137,16 +154,48 @@ pub fn cubin(
     Ok(bin)
 }
 
+/// NVRTC's options besides the architecture and the unit's definitions (part of the cache key).
+const NVRTC_OPTIONS: [&str; 2] = ["--std=c++17", "-lineinfo"];
+
+/// The end of a cached kernel file: after the cubin, this mark, the CRC-32 of the file's name (its
+/// cache key) and the cubin, and the cubin's length. A file cut short, damaged or written for
+/// another key is compiled again instead of loaded: a cubin the driver accepts could still be
+/// wrong bytes, and a kernel's output has no checksum of its own (a review's finding,
+/// 2026-12-05; files from before the mark are compiled again once).
+const SEAL: &[u8; 8] = b"tzcubin1";
+
+/// `bin` as the cache keeps it under `name` ([`SEAL`]).
+fn seal(name: &str, bin: &[u8]) -> Vec<u8> {
+    let mut h = crc32fast::Hasher::new();
+    h.update(name.as_bytes());
+    h.update(bin);
+    let mut out = Vec::with_capacity(bin.len() + 20);
+    out.extend_from_slice(bin);
+    out.extend_from_slice(SEAL);
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out.extend_from_slice(&(bin.len() as u64).to_le_bytes());
+    out
+}
+
+/// The cubin of a cache file kept under `name`, if its seal holds.
+fn unseal<'b>(name: &str, bytes: &'b [u8]) -> Option<&'b [u8]> {
+    let n = bytes.len().checked_sub(20)?;
+    let (bin, tail) = bytes.split_at(n);
+    let len = u64::from_le_bytes(tail[12..20].try_into().ok()?);
+    let crc = u32::from_le_bytes(tail[8..12].try_into().ok()?);
+    let mut h = crc32fast::Hasher::new();
+    h.update(name.as_bytes());
+    h.update(bin);
+    (!bin.is_empty() && &tail[..8] == SEAL && len == n as u64 && h.finalize() == crc).then_some(bin)
+}
+
 fn compile(name: &str, src: &str, arch: &str, defines: &[String]) -> Result<Vec<u8>> {
     let csrc = std::ffi::CString::new(src).map_err(|e| Error::Compile(e.to_string()))?;
     let cname =
         std::ffi::CString::new(format!("{name}.cu")).map_err(|e| Error::Compile(e.to_string()))?;
     let prog = nvrtc::create_program(&csrc, Some(&cname))?;
-    let mut opts = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-        "-lineinfo".to_string(),
-    ];
+    let mut opts = vec![format!("--gpu-architecture={arch}")];
+    opts.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
     opts.extend(defines.iter().map(|d| format!("-D{d}")));
     // SAFETY: `prog` was just created and is destroyed below, once.
     let res = unsafe { nvrtc::compile_program(prog, &opts) };
@@ -343,6 +392,36 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A cache file is loaded only whole, undamaged and under its own name.
+    #[test]
+    fn cached_kernels_are_loaded_only_with_their_seal() {
+        let bin: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let file = super::seal("tz_decode-2e8-sm_90-0123.cubin", &bin);
+        assert_eq!(
+            super::unseal("tz_decode-2e8-sm_90-0123.cubin", &file),
+            Some(&bin[..])
+        );
+        assert_eq!(super::unseal("tz_decode-4e8-sm_90-0123.cubin", &file), None);
+        for cut in [0, 1, 19, 20, file.len() - 1] {
+            assert_eq!(
+                super::unseal("tz_decode-2e8-sm_90-0123.cubin", &file[..cut]),
+                None
+            );
+        }
+        for at in [0, 500, bin.len(), bin.len() + 9, file.len() - 1] {
+            let mut bad = file.clone();
+            bad[at] ^= 4;
+            assert_eq!(
+                super::unseal("tz_decode-2e8-sm_90-0123.cubin", &bad),
+                None,
+                "{at}"
+            );
+        }
+        // A file of the cache's old form (the bare cubin) is not taken.
+        assert_eq!(super::unseal("tz_decode-2e8-sm_90-0123.cubin", &bin), None);
+        assert_eq!(super::unseal("x", &super::seal("x", &[])), None);
     }
 
     #[test]
