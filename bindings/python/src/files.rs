@@ -729,21 +729,33 @@ impl ArchiveFile {
                     tensorzip_cuda::Error::Format(e) => named(path, e),
                     e => gpu_err(e),
                 };
-                let batch = tensorzip_cuda::archive::Segments::parse(&ar, &segs).map_err(err);
-                let batch = unchanged(&self.map, path, batch)?;
-                // SAFETY: each output is a live CUDA tensor of the tensor's byte count (the torch
-                // layer allocates it from `info`, which the index gives and the parse above checked
-                // against each blob), distinct from the others, on this engine's device.
-                let done = unsafe { batch.decode_into(&eng, &outs) }.map_err(err);
-                // The call has waited for its uploads: the blobs' pages leave the process (a
-                // `safe_open` reader on a GPU kept every blob it had uploaded resident).
-                for &i in &segs {
-                    self.map.release(ar.blob_range(i));
-                }
+                // At most BATCH_SEGMENTS tensors a launch, as the command line's batches: a
+                // launch's device memory grows with its tensors' tables, not only their bytes.
+                let n = tensorzip_cuda::archive::BATCH_SEGMENTS;
+                let decode = || -> PyResult<()> {
+                    for (segs, outs) in segs.chunks(n).zip(outs.chunks(n)) {
+                        let batch =
+                            tensorzip_cuda::archive::Segments::parse(&ar, segs).map_err(err);
+                        let batch = unchanged(&self.map, path, batch)?;
+                        // SAFETY: each output is a live CUDA tensor of the tensor's byte count (the
+                        // torch layer allocates it from `info`, which the index gives and the parse
+                        // above checked against each blob), distinct from the others, on this
+                        // engine's device.
+                        let done = unsafe { batch.decode_into(&eng, outs) }.map_err(err);
+                        // The launch has waited for its uploads: the blobs' pages leave the process
+                        // (a `safe_open` reader on a GPU kept every blob it had uploaded resident).
+                        for &i in segs {
+                            self.map.release(ar.blob_range(i));
+                        }
+                        unchanged(&self.map, path, done)?;
+                    }
+                    Ok(())
+                };
+                let done = decode();
                 if trim {
                     trim_after_file_call(&eng);
                 }
-                unchanged(&self.map, path, done)
+                done
             })
         });
         decoded

@@ -253,14 +253,10 @@ def _rows_of(index, shape: list[int]):
     return r0, r1, (slice(0, r1 - r0, picked.step), *items[1:])
 
 
-# Tensors per GPU launch of a whole file (the Rust side's `tensorzip_cuda::archive::BATCH_SEGMENTS`).
-_GPU_BATCH_TENSORS = 4096
-
-
 def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.device, trim: bool) -> None:
-    """One launch for `names` into `outs`; with `trim`, the engine's pool is trimmed to 64 MiB
-    after it (a whole file's load; one-by-one reads keep their buffers for the next and trim when
-    the reader closes)."""
+    """`names` into `outs`, one launch per 4096 of them; with `trim`, the engine's pool is
+    trimmed to 64 MiB after it (a whole file's load; one-by-one reads keep their buffers for the
+    next and trim when the reader closes)."""
     with torch.cuda.device(device):
         ptrs = [(_core.as_bytes(o).data_ptr() if o.numel() else 0) for o in outs]
         file.gpu_decode(names, ptrs, _core.cuda_index(device), _core.stream_of(device), trim)
@@ -281,11 +277,7 @@ def _load_all(f: "safe_open") -> dict[str, torch.Tensor]:
     dev = f._device
     if dev.type == "cuda" and _core.gpu_available():
         outs = [f._empty(n, dev) for n in names]
-        # At most _GPU_BATCH_TENSORS tensors a launch: the device memory of a launch grows with
-        # its tables, not only with its bytes (16 KiB a table).
-        for i in range(0, len(names), _GPU_BATCH_TENSORS):
-            j = i + _GPU_BATCH_TENSORS
-            _decode_gpu(f._file, names[i:j], outs[i:j], dev, j >= len(names))
+        _decode_gpu(f._file, names, outs, dev, True)
         return dict(zip(names, outs))
     # All tensors in one call: decoded concurrently (a model's small tensors, a chunk or two each,
     # left cores idle one at a time).
