@@ -81,7 +81,8 @@ fn walk_into(root: &Path, rel: &Path, depth: usize, w: &mut Walk) -> Result<(), 
             // Said, so that `verify --against` saying OK is not taken for "everything is
             // there" (`.gitattributes` of a Hugging Face repository); a temporary of ours is
             // not worth a line.
-            let ours = name == crate::copies::NAME || is_temporary(name.as_encoded_bytes());
+            let ours = name == crate::copies::NAME
+                || tensorzip::mapped::is_temporary(name.as_encoded_bytes());
             if !ours {
                 w.hidden.push(format!(
                     "{}: hidden (names beginning with \".\" are not taken)",
@@ -151,19 +152,6 @@ impl Wanted {
             Wanted::Archives => ".tz",
         }
     }
-}
-
-/// Whether a file name is one of the temporaries the commands and the Python package write beside
-/// an output (`.NAME.tmp-PID-N`, `tensorzip::mapped::create_beside`).
-fn is_temporary(name: &[u8]) -> bool {
-    let Some(at) = name.windows(5).rposition(|w| w == b".tmp-") else {
-        return false;
-    };
-    let tail = &name[at + 5..];
-    let mut parts = tail.split(|&b| b == b'-');
-    let digits =
-        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
-    name.starts_with(b".") && digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
 }
 
 /// Prints what a walk skipped, one note a line.
@@ -765,32 +753,4 @@ fn same_bytes(a: &Path, b: &Path) -> Result<(), String> {
         y.release(start..end);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    /// Our temporaries are told from other hidden names by their whole `.tmp-PID-N` tail.
-    #[test]
-    fn temporaries_are_told_from_other_hidden_names() {
-        for yes in [
-            ".m.safetensors.tz.tmp-12-0",
-            ".out.tmp-4242-999",
-            ".a.tmp-b.tmp-1-2",
-        ] {
-            assert!(super::is_temporary(yes.as_bytes()), "{yes}");
-        }
-        for no in [
-            ".gitattributes",
-            ".cache",
-            ".x.tmp-12",
-            ".x.tmp-12-",
-            ".x.tmp--1",
-            ".x.tmp-1-2-3",
-            ".x.tmp-a-1",
-            "x.tmp-1-2",
-            ".tensorzip-save-abc",
-        ] {
-            assert!(!super::is_temporary(no.as_bytes()), "{no}");
-        }
-    }
 }

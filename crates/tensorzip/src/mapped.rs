@@ -252,6 +252,18 @@ pub fn create_beside<T>(
     ))
 }
 
+/// Whether a file name is one of the temporaries [`create_beside`] makes (`.NAME.tmp-PID-N`):
+/// what a directory walk leaves out without a word.
+pub fn is_temporary(name: &[u8]) -> bool {
+    let Some(at) = name.windows(5).rposition(|w| w == b".tmp-") else {
+        return false;
+    };
+    let mut parts = name[at + 5..].split(|&b| b == b'-');
+    let digits =
+        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+    name.starts_with(b".") && digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
+}
+
 /// Pages are given back in steps of at least this many bytes (one system call each).
 pub const RELEASE_STEP_BYTES: usize = 8 << 20;
 
@@ -353,6 +365,39 @@ impl<'m> Spent<'m> {
 
 #[cfg(test)]
 mod tests {
+    /// The temporaries `create_beside` makes are told from other hidden names by their whole
+    /// `.tmp-PID-N` tail.
+    #[test]
+    fn temporaries_are_told_from_other_hidden_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (made, ()) = super::create_beside(&dir.path().join("m.tz"), |t| {
+            std::fs::File::create_new(t).map(drop)
+        })
+        .unwrap();
+        let name = made.file_name().unwrap().as_encoded_bytes();
+        assert!(super::is_temporary(name), "{}", made.display());
+        for yes in [
+            ".m.safetensors.tz.tmp-12-0",
+            ".out.tmp-4242-999",
+            ".a.tmp-b.tmp-1-2",
+        ] {
+            assert!(super::is_temporary(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            ".gitattributes",
+            ".cache",
+            ".x.tmp-12",
+            ".x.tmp-12-",
+            ".x.tmp--1",
+            ".x.tmp-1-2-3",
+            ".x.tmp-a-1",
+            "x.tmp-1-2",
+            ".tensorzip-save-abc",
+        ] {
+            assert!(!super::is_temporary(no.as_bytes()), "{no}");
+        }
+    }
+
     /// Temporaries beside one destination never share a name: each takes the next free one.
     #[test]
     fn temporaries_beside_a_destination_are_distinct() {
