@@ -73,9 +73,9 @@ impl Copies {
         key(rel).and_then(|k| self.files.get(&k).copied())
     }
 
-    /// The listed paths.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.files.keys().map(String::as_str)
+    /// The listed paths and their records.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Record)> {
+        self.files.iter().map(|(k, r)| (k.as_str(), *r))
     }
 
     /// The manifest's bytes.

@@ -546,7 +546,7 @@ pub fn mirror(
                 .iter()
                 .filter_map(|(rel, _, _)| crate::copies::key(rel))
                 .collect();
-            let missing = m.names().find(|n| !present.contains(*n));
+            let missing = m.iter().map(|(n, _)| n).find(|n| !present.contains(*n));
             if let Some(n) = missing {
                 return Err(unwritten(format!(
                     "{}: listed in {} but missing",
@@ -598,9 +598,8 @@ pub fn verify_copies(dir: &Path) -> Result<(), String> {
         return Ok(());
     };
     let mut failed = 0usize;
-    for n in m.names() {
+    for (n, want) in m.iter() {
         let path = dir.join(n);
-        let want = m.get(Path::new(n)).expect("listed");
         if let Err(msg) =
             crate::copies::record_of(&path).and_then(|got| crate::copies::check(&path, want, got))
         {
