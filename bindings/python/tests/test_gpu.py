@@ -279,3 +279,21 @@ def test_training_state_saved_from_and_loaded_onto_the_gpu(tmp_path):
     assert back["model"]["weight"].is_cuda and same(back["model"]["weight"], ckpt["model"]["weight"])
     for k in ("exp_avg", "exp_avg_sq"):
         assert same(back["optimizer"]["state"][0][k], ckpt["optimizer"]["state"][0][k])
+
+
+def test_files_of_more_tensors_than_one_launch_takes(gen, tmp_path):
+    """A file of more tensors than one GPU launch takes (4096): save_file of CUDA tensors writes
+    the CPU's file, load_file and safe_open onto the GPU read it back in several launches, every
+    tensor bit-exact (the last launch a partial one)."""
+    dtypes = [torch.bfloat16, torch.float32, torch.float16, torch.int8]
+    tensors = {f"t{i:05}": gen(dtypes[i % 4], (i % 7 + 1, 3), i) for i in range(2 * 4096 + 5)}
+    cpu, gpu = tmp_path / "cpu.tz", tmp_path / "gpu.tz"
+    tz.save_file(tensors, cpu)
+    tz.save_file({k: v.cuda() for k, v in tensors.items()}, gpu)
+    assert cpu.read_bytes() == gpu.read_bytes()
+    back = tz.load_file(gpu, device="cuda")
+    assert sorted(back) == sorted(tensors)
+    for k, v in tensors.items():
+        assert back[k].is_cuda and same(back[k], v), k
+    with tz.safe_open(gpu, framework="pt", device="cuda") as f:
+        assert same(f.get_tensor("t08196"), tensors["t08196"])
