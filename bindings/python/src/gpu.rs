@@ -49,7 +49,8 @@ fn engines() -> PyResult<std::sync::MutexGuard<'static, HashMap<usize, Arc<GpuEn
     ENGINES
         .get_or_init(Default::default)
         .lock()
-        .map_err(|_| PyRuntimeError::new_err("tensorzip GPU engine lock poisoned"))
+        // Engines are inserted whole: a panic elsewhere while the map was locked left it usable.
+        .or_else(|poisoned| Ok(poisoned.into_inner()))
 }
 
 /// The engine of device `ordinal` (created on first use, never dropped).

@@ -38,6 +38,86 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tensorzip"))
 }
 
+/// The kernel cache directory `dir`, created if missing (readable by its user only), if it can be
+/// trusted with kernels this process will run: on Unix, it and every directory above it owned by
+/// this process's user or by root, and none writable by other users — except, above it, a
+/// directory with the sticky bit (`/tmp`), where others cannot rename or remove what is ours.
+/// Otherwise no cache is used (every unit compiled; a warning printed once): anyone who can write
+/// the directory could put a sealed cubin there (a review's finding, 2026-12-05).
+fn usable_cache(dir: PathBuf) -> Option<PathBuf> {
+    if create_private_dir(&dir).is_err() {
+        return None;
+    }
+    if let Err(why) = trusted_dir(&dir) {
+        static WARNED: OnceLock<()> = OnceLock::new();
+        WARNED.get_or_init(|| {
+            eprintln!(
+                "tensorzip: kernel cache {} not used: {why}; kernels are compiled afresh \
+                 (set TENSORZIP_CACHE_DIR to a directory of your own)",
+                dir.display()
+            );
+        });
+        return None;
+    }
+    Some(dir)
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+}
+
+/// Whether a cache entry's metadata (a file, the directory, or — `above` — a directory above it)
+/// allows no one but this process's user (or root) to change it: `Err` says why not.
+#[cfg(unix)]
+fn private(meta: &std::fs::Metadata, above: bool) -> std::result::Result<(), &'static str> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err("owned by another user");
+    }
+    if meta.mode() & 0o022 != 0 && !(above && meta.mode() & 0o1000 != 0) {
+        return Err("writable by other users");
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn private(_meta: &std::fs::Metadata, _above: bool) -> std::result::Result<(), &'static str> {
+    Ok(())
+}
+
+/// [`usable_cache`]'s check of `dir` and the directories above it: `Err` names the first that
+/// fails and why.
+fn trusted_dir(dir: &std::path::Path) -> std::result::Result<(), String> {
+    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{e}"))?;
+    for (i, d) in dir.ancestors().enumerate() {
+        let meta = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        private(&meta, i > 0).map_err(|why| format!("{} is {why}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// A cached file's bytes, if the file is private to this user ([`private`]).
+fn read_private(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    private(&f.metadata().ok()?, false).ok()?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
 fn versions() -> (i32, i32, i32) {
     let mut driver = 0;
     let (mut major, mut minor) = (0, 0);
@@ -104,18 +184,25 @@ pub fn cubin(
     let file = format!("{name}-{arch}-{key:016x}.cubin");
     let built = BUILT.get_or_init(Default::default);
     let remember = |bin: &Vec<u8>| {
-        if let Ok(mut m) = built.lock() {
-            m.insert(file.clone(), bin.clone());
-        }
+        // Whole cubins are inserted and cloned out: a panic elsewhere cannot leave one half-made.
+        built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(file.clone(), bin.clone());
     };
     if !rebuild {
-        if let Some(bin) = built.lock().ok().and_then(|m| m.get(&file).cloned()) {
+        let known = built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&file)
+            .cloned();
+        if let Some(bin) = known {
             return Ok(bin);
         }
     }
-    let path = cache_dir().map(|d| d.join(&file));
+    let path = cache_dir().and_then(usable_cache).map(|d| d.join(&file));
     if let (Some(p), false) = (&path, rebuild) {
-        if let Ok(bytes) = std::fs::read(p) {
+        if let Some(bytes) = read_private(p) {
             if let Some(bin) = unseal(&file, &bytes) {
                 let bin = bin.to_vec();
                 remember(&bin);
@@ -129,24 +216,23 @@ pub fn cubin(
         // Best effort: a cache that cannot be written only costs a compile next time. A
         // temporary of its own (two engines of one process, on two GPUs of one architecture,
         // may compile the same unit at once), renamed into place once whole.
-        if let Some(dir) = p.parent() {
-            if std::fs::create_dir_all(dir).is_ok() {
-                let made = tensorzip::mapped::create_beside(p, |t| {
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .open(t)
-                });
-                if let Ok((tmp, mut f)) = made {
-                    use std::io::Write;
-                    match f.write_all(&seal(&file, &bin)) {
-                        Ok(()) => {
-                            let _ = std::fs::rename(&tmp, p);
-                        }
-                        Err(_) => {
-                            let _ = std::fs::remove_file(&tmp);
-                        }
-                    }
+        // The file writable by its user only, whatever the umask (a group-writable entry is not
+        // read back: `read_private`).
+        let made = tensorzip::mapped::create_beside(p, |t| {
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+            o.open(t)
+        });
+        if let Ok((tmp, mut f)) = made {
+            use std::io::Write;
+            match f.write_all(&seal(&file, &bin)) {
+                Ok(()) => {
+                    let _ = std::fs::rename(&tmp, p);
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_file(&tmp);
                 }
             }
         }
@@ -320,10 +406,12 @@ impl Units {
         {
             return Ok(ms);
         }
+        // Serialises compiles only (it guards no data): a panic while it was held leaves nothing
+        // to distrust.
         let _held = self
             .compiling
             .lock()
-            .map_err(|_| Error::Compile("kernel compile lock poisoned".into()))?;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut missing: Vec<usize> = units
             .iter()
             .copied()
@@ -461,5 +549,53 @@ mod tests {
             ["tz_place", "tz_compact", "tz_crc32", "tz_crc32_list"].map(|n| (-1, n.to_string())),
         );
         assert_eq!(units, want);
+    }
+
+    /// The kernel cache is used only where no other user can change it: a directory it creates is
+    /// its user's alone; one writable by others, or under a directory writable by others without
+    /// the sticky bit, is not used; a cached file writable by others is not read.
+    #[cfg(unix)]
+    #[test]
+    fn kernel_cache_used_only_where_no_one_else_can_write() {
+        use super::{read_private, trusted_dir, usable_cache};
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |p: &std::path::Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode();
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("made").join("cache");
+        assert_eq!(usable_cache(d.clone()), Some(d.clone()));
+        assert_eq!(mode(&d) & 0o777, 0o700);
+        for (m, ok) in [
+            (0o777, false),
+            (0o775, false),
+            (0o757, false),
+            (0o755, true),
+        ] {
+            chmod(&d, m);
+            assert_eq!(usable_cache(d.clone()).is_some(), ok, "{m:o}");
+        }
+        chmod(&d, 0o777);
+        assert!(trusted_dir(&d)
+            .unwrap_err()
+            .contains("writable by other users"));
+        // A directory above: writable by others is refused unless sticky (as /tmp).
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        chmod(&open, 0o777);
+        let inner = open.join("cache");
+        assert_eq!(usable_cache(inner.clone()), None);
+        chmod(&open, 0o1777);
+        assert_eq!(usable_cache(inner.clone()), Some(inner.clone()));
+        // A cached file: read only if others cannot write it.
+        let f = inner.join("x.cubin");
+        std::fs::write(&f, b"bytes").unwrap();
+        chmod(&f, 0o644);
+        assert_eq!(read_private(&f).as_deref(), Some(&b"bytes"[..]));
+        for m in [0o666, 0o664, 0o646] {
+            chmod(&f, m);
+            assert_eq!(read_private(&f), None, "{m:o}");
+        }
     }
 }

@@ -110,6 +110,11 @@ pub struct DevicePlan {
     /// The error word holds its initial value (uploaded with the plan, not launched since):
     /// the first launch need not reset it.
     err_reset: bool,
+    /// The stream the plan was uploaded on, which frees its buffers when it is dropped. A launch
+    /// on another stream (an engine from [`GpuEngine::on_stream`]) first waits for this one, and
+    /// this one then waits for the launch: the descriptors are read after their upload, freed
+    /// after the launch, and [`GpuEngine::check`] reads the error word after it.
+    stream: Arc<CudaStream>,
 }
 
 /// Stored blobs up to this size are copied by the `tz_copy` kernel, all in one launch; larger ones
@@ -715,14 +720,29 @@ impl GpuEngine {
         &self.shared
     }
 
+    /// One of the engine's shared host buffers, locked. A thread that panicked while it held the
+    /// buffer may have left copies into or out of it queued on its stream: then every stream of
+    /// the context is waited for before the buffer is used again. Nothing in a buffer is relied
+    /// on from one call to the next, so it is then as good as new (before, the first such panic
+    /// disabled the engine for the rest of the process).
+    pub(crate) fn lock_buffer<'a, T>(
+        &self,
+        m: &'a std::sync::Mutex<T>,
+    ) -> Result<std::sync::MutexGuard<'a, T>> {
+        match m.lock() {
+            Ok(g) => Ok(g),
+            Err(poisoned) => {
+                self.ctx.synchronize()?;
+                m.clear_poison();
+                Ok(poisoned.into_inner())
+            }
+        }
+    }
+
     /// The page-locked download buffer, with room for at least `n` u32 (cached, cacheable memory:
     /// the host reads it).
     pub(crate) fn pinned_u32(&self, n: usize) -> Result<PinnedGuard<'_>> {
-        let mut g = self
-            .shared
-            .pinned
-            .lock()
-            .map_err(|_| Error::Driver("pinned buffer lock poisoned".into()))?;
+        let mut g = self.lock_buffer(&self.shared.pinned)?;
         if g.as_ref().is_none_or(|p| p.len() < n) {
             // The old buffer is released first.
             drop(g.take());
@@ -735,11 +755,7 @@ impl GpuEngine {
     /// The small-transfer buffer with room for at least `n` bytes (allocated on first use and grown
     /// by doubling; pinning is slow), after its last upload has been read by the device.
     fn small_pinned(&self, n: usize) -> Result<std::sync::MutexGuard<'_, Option<SmallPinned>>> {
-        let mut g = self
-            .shared
-            .small
-            .lock()
-            .map_err(|_| Error::Driver("small-transfer buffer lock poisoned".into()))?;
+        let mut g = self.lock_buffer(&self.shared.small)?;
         if let Some(done) = g.as_mut().and_then(|p| p.done.take()) {
             done.synchronize()?;
         }
@@ -1073,6 +1089,7 @@ impl GpuEngine {
             large_copies: large,
             err_reset: true,
             _buf: buf,
+            stream: s.clone(),
         })
     }
 
@@ -1108,6 +1125,8 @@ impl GpuEngine {
 
     /// Launches the decoding of an uploaded plan: blob bytes at device address `data`, output at
     /// `out`. Asynchronous on the engine's stream; [`GpuEngine::check`] waits and reports errors.
+    /// The plan may have been uploaded on another stream of the context (an engine from
+    /// [`GpuEngine::on_stream`]): the two streams are ordered both ways around the launch.
     ///
     /// # Safety
     /// `data` and `out` must be valid device addresses covering every offset of the plan (it was
@@ -1126,6 +1145,34 @@ impl GpuEngine {
             allow_dynamic_smem(f, self.shared.smem_limit, g.smem as u64)?;
             chosen.push(f);
         }
+        // A plan uploaded on another stream: this launch's work waits for the upload (the
+        // descriptors' copy, the tables' expansion), and the plan's stream for the launch (below).
+        let elsewhere = dp.stream.cu_stream() != s.cu_stream();
+        if elsewhere {
+            s.join(&dp.stream)?;
+        }
+        // SAFETY: `data` and `out` are the caller's promise.
+        let queued = unsafe { self.queue_launch(dp, &chosen, data, out) };
+        // Also after a failed launch: what it queued may still run.
+        if elsewhere {
+            dp.stream.join(s)?;
+        }
+        queued
+    }
+
+    /// [`GpuEngine::launch`]'s work on the engine's stream, the kernels `chosen` for the plan's
+    /// groups.
+    ///
+    /// # Safety
+    /// As [`GpuEngine::launch`]; the plan's upload is ordered before this stream's work.
+    unsafe fn queue_launch(
+        &self,
+        dp: &mut DevicePlan,
+        chosen: &[&CudaFunction],
+        data: u64,
+        out: u64,
+    ) -> Result<()> {
+        let s = &self.stream;
         // The error word (`fail` in decode.cu: the lowest failing chunk and its code) all ones:
         // no chunk failed. A plan's first launch finds it so (it was uploaded with it).
         if !std::mem::take(&mut dp.err_reset) {
@@ -1146,7 +1193,7 @@ impl GpuEngine {
                 )?;
             }
         }
-        for (g, f) in dp.groups.iter().zip(chosen) {
+        for (g, &f) in dp.groups.iter().zip(chosen) {
             let cfg = LaunchConfig {
                 grid_dim: (g.n.div_ceil(g.warps), 1, 1),
                 block_dim: (32 * g.warps * (1 + g.split as u32), 1, 1),
@@ -1242,15 +1289,16 @@ impl GpuEngine {
         unsafe { self.download_small(out, total as usize) }
     }
 
-    /// Waits for the stream and reports the error flags of the last launch of `dp`.
+    /// Waits for the last launch of `dp` (on whichever stream: the plan's own stream waits for
+    /// each launch) and reports its error flags.
     pub fn check(&self, dp: &DevicePlan) -> Result<()> {
         let mut e = [0u32; 2];
         // SAFETY: `dp.err` is the plan's 8-byte error word (alive with `dp`); `e` outlives the copy,
         // which the synchronisation below completes.
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(&mut e, dp.err, self.stream.cu_stream())
+            cudarc::driver::result::memcpy_dtoh_async(&mut e, dp.err, dp.stream.cu_stream())
         }?;
-        self.stream.synchronize()?;
+        dp.stream.synchronize()?;
         if e != [u32::MAX; 2] {
             let what = match e[0] {
                 1 => "block selector names no table",
@@ -1521,5 +1569,39 @@ mod tests {
         assert_eq!(pad_to_blocks(&chunks, 3).len().div_ceil(3), 4);
         assert!(tensor_runs(&[]).is_empty());
         assert_eq!(spread_width(&[], 8, 1), Some(1));
+    }
+
+    /// A thread that panics while it holds the engine's shared host buffers leaves them usable:
+    /// the engine still downloads, uploads and decodes afterwards (the locks were poisoned, which
+    /// used to disable the engine for the rest of the process).
+    #[test]
+    #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+    fn engine_works_after_a_thread_panicked_holding_its_buffers() {
+        let eng = GpuEngine::new(0).expect("CUDA device");
+        std::thread::scope(|sc| {
+            let panicked = sc
+                .spawn(|| {
+                    let _a = eng.pinned_u32(16).unwrap();
+                    let _b = eng.small_pinned(16).unwrap();
+                    let _c = eng.lock_buffer(&eng.shared.staging).unwrap();
+                    panic!("a panic while the buffers are held");
+                })
+                .join();
+            assert!(panicked.is_err());
+        });
+        assert!(eng.shared.pinned.is_poisoned() && eng.shared.small.is_poisoned());
+        // A small tensor (plain copies through the small-transfer buffer) and a 64 MiB one
+        // (through the staging buffers).
+        for n in [1u64 << 18, 1 << 25] {
+            let bf16 = tensorzip::DType::BF16;
+            let data = tensorzip::sample::weights(1, n as usize, bf16, 5);
+            let opts = tensorzip::CompressOptions::default();
+            let want = tensorzip::compress(&data, bf16, &[n], &opts).unwrap();
+            let blob = eng.compress_host(&data, bf16, &[n], &opts).unwrap();
+            assert!(blob == want, "{n} units: GPU blob differs from the CPU's");
+            assert!(eng.decompress_host(&[&want]).unwrap()[0].data == data);
+        }
+        let s = &eng.shared;
+        assert!(!s.pinned.is_poisoned() && !s.small.is_poisoned() && !s.staging.is_poisoned());
     }
 }

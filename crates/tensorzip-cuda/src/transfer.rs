@@ -150,11 +150,7 @@ fn par_copy(dst: &mut [u8], src: &[u8]) {
 impl GpuEngine {
     /// The staging buffers (allocated on first use, kept).
     fn staging(&self) -> Result<std::sync::MutexGuard<'_, Vec<PinnedHostSlice<u8>>>> {
-        let mut g = self
-            .shared()
-            .staging
-            .lock()
-            .map_err(|_| Error::Driver("staging buffers lock poisoned".into()))?;
+        let mut g = self.lock_buffer(&self.shared().staging)?;
         while g.len() < STAGES {
             // SAFETY: plain bytes; each piece is written before it is read.
             g.push(unsafe { self.context().alloc_pinned_with_flags::<u8>(STAGE_BYTES, 0) }?);

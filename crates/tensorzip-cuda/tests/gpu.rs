@@ -944,3 +944,61 @@ fn gpu_engine_shared_by_threads_on_their_own_streams() {
         }
     });
 }
+
+/// A plan uploaded on one stream and launched on another (an engine from `on_stream`), the
+/// upload stream kept busy with a large memset queued before the upload and cudarc's event
+/// tracking off (as in the Python bindings): the launch waits for the upload, `check` from either engine reports on the launch, and the plan dropped right after its
+/// launch is freed after it. Every round decodes the CPU's blob exactly.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_plan_launched_on_another_stream_than_its_upload() {
+    use cudarc::driver::DevicePtrMut;
+    use tensorzip::blob::BlobLayout;
+    use tensorzip_cuda::plan::{Job, Plan};
+    let up = engine();
+    // SAFETY: as the Python bindings do (which is where a plan could meet another stream): no
+    // event bookkeeping by cudarc, whose waits on the plan's table buffer would otherwise order
+    // the kernels after the upload by themselves; this test's own buffers are each used on one
+    // stream, which it waits for.
+    unsafe { up.context().disable_event_tracking() };
+    let other = up.on_stream(up.context().new_stream().unwrap());
+    let s = other.stream();
+    let rounds = if quick() { 2 } else { 8 };
+    for r in 0..rounds {
+        // Other data each round: a plan's buffers reused from the round before (the pool hands
+        // back freed memory) would hold other descriptors and tables, not the right ones.
+        let data = sample::weights(1, (1 << 20) + 4096 * r, DType::BF16, 11 + r as u64);
+        let shape = [(data.len() / 2) as u64];
+        let blob = compress(&data, DType::BF16, &shape, &CompressOptions::default()).unwrap();
+        let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
+        let dev_blob = s.clone_htod(&blob).unwrap();
+        let mut dev_out = s.alloc_zeros::<u8>(data.len()).unwrap();
+        s.synchronize().unwrap();
+        let plan = Plan::new(&[Job {
+            layout: &layout,
+            data_offset: 0,
+            out_offset: 0,
+        }])
+        .unwrap();
+        // ~0.5 GiB of zeros queued on the upload stream ahead of the plan's upload.
+        let busy = up.stream().alloc_zeros::<u8>(1 << 29).unwrap();
+        let mut dplan = up.upload(&plan).unwrap();
+        {
+            let (dp, _g1) = dev_blob.device_ptr(s);
+            let (op, _g2) = dev_out.device_ptr_mut(s);
+            // SAFETY: the plan was built from this blob at offset 0, its output at offset 0 of
+            // `dev_out`, which holds the whole tensor; both outlive the launch (checked below).
+            unsafe { other.launch(&mut dplan, dp, op) }.unwrap();
+        }
+        if r % 2 == 0 {
+            // Checked from the engine that uploaded it.
+            up.check(&dplan).unwrap();
+        } else {
+            // Dropped unchecked: freed on the upload stream after the launch.
+            drop(dplan);
+        }
+        drop(busy);
+        let back = s.clone_dtoh(&dev_out).unwrap();
+        assert!(back == data, "round {r}: decoded bytes differ");
+    }
+}
