@@ -131,6 +131,28 @@ pub fn create_temp<T>(
     })
 }
 
+/// Gives `path` (open as `file`, or a directory when `file` is `None`) the owner and group of
+/// `source`, as gzip gives its outputs: a file root compresses or restores (or replaces with
+/// `--force`) keeps its owner instead of becoming root's. Best effort and before the permissions
+/// are set (a change of owner clears the set-id bits): a user who is not root cannot give a file
+/// away, so then only the group is tried (allowed where the user is in it), and a refusal of both
+/// leaves the user's own, as any new file.
+pub fn take_owner(file: Option<&File>, path: &Path, source: &std::fs::Metadata) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let chown = |uid: Option<u32>| match file {
+            Some(f) => std::os::unix::fs::fchown(f, uid, Some(source.gid())),
+            None => std::os::unix::fs::chown(path, uid, Some(source.gid())),
+        };
+        if chown(Some(source.uid())).is_err() {
+            let _ = chown(None);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (file, path, source);
+}
+
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
 pub struct SafeOutput {
     dest: PathBuf,
@@ -220,12 +242,11 @@ impl SafeOutput {
         // The output takes the input's permissions, before any byte is written (a private
         // checkpoint's archive, and the file restored from it, stay private), as gzip and zstd
         // give theirs; also over a file --force replaces. On an error the temporary goes with
-        // `out`.
-        let perms = std::fs::metadata(input)
-            .map(|m| m.permissions())
-            .map_err(|e| format!("{}: {e}", input.display()))?;
+        // `out`. Its owner and group too, where the user may give them (`take_owner`).
+        let meta = std::fs::metadata(input).map_err(|e| format!("{}: {e}", input.display()))?;
+        take_owner(out.file.as_ref(), &out.tmp, &meta);
         out.file()
-            .set_permissions(perms)
+            .set_permissions(meta.permissions())
             .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
         Ok(out)
     }

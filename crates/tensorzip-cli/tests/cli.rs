@@ -1030,6 +1030,71 @@ fn mirrored_and_compressed_files_keep_their_permissions() {
     assert_eq!(mode_of(&d.join("one.tz")), 0o600);
 }
 
+/// Outputs take their input's owner and group where the user may give them, as gzip's do: run as
+/// root, another user's model compressed (a file, a directory mirrored), restored and written
+/// over with --force stays that user's (it became root's before); run as any other user, every
+/// output is the user's own and nothing is refused.
+#[cfg(unix)]
+#[test]
+fn outputs_take_their_inputs_owner() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = model_dir(d, &model_bytes());
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let owner = if root {
+        let mut stack = vec![m.clone()];
+        while let Some(p) = stack.pop() {
+            std::os::unix::fs::lchown(&p, Some(4321), Some(4322)).unwrap();
+            if p.is_dir() && !p.is_symlink() {
+                stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+            }
+        }
+        (4321, 4322)
+    } else {
+        let md = std::fs::metadata(&m).unwrap();
+        (md.uid(), md.gid())
+    };
+    ok(
+        &tz(d, &["compress", "model", "-o", "out"]),
+        "compress a directory",
+    );
+    let one = ["compress", "model/model-1.safetensors", "-o", "one.tz"];
+    ok(&tz(d, &one), "compress a file");
+    std::fs::write(d.join("two.tz"), b"old").unwrap();
+    let two = [
+        "compress",
+        "model/model-1.safetensors",
+        "-o",
+        "two.tz",
+        "-f",
+    ];
+    ok(&tz(d, &two), "compress over a file");
+    let back = ["decompress", "one.tz", "-o", "one.safetensors"];
+    ok(&tz(d, &back), "decompress a file");
+    ok(
+        &tz(d, &["decompress", "out", "-o", "back"]),
+        "decompress a directory",
+    );
+    for p in [
+        "out",
+        "out/model-1.safetensors.tz",
+        "out/text_encoder",
+        "out/text_encoder/model.safetensors.tz",
+        "out/text_encoder/config.json",
+        "out/config.json",
+        "one.tz",
+        "two.tz",
+        "one.safetensors",
+        "back/text_encoder/model.safetensors",
+        "back/config.json",
+    ] {
+        let md = std::fs::metadata(d.join(p)).unwrap();
+        assert_eq!((md.uid(), md.gid()), owner, "{p}");
+    }
+}
+
 #[test]
 fn info_and_info_json() {
     let (dir, _, model) = setup();
