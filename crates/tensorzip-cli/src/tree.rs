@@ -539,38 +539,16 @@ pub fn mirror(
         }
         staged.written(&write);
     }
-    let checked = match (&manifest, wanted) {
-        // Every file the manifest lists must have been there to copy.
-        (Some(m), _) => {
-            let present: BTreeSet<String> = plan
-                .iter()
-                .filter_map(|(rel, _, _)| crate::copies::key(rel))
-                .collect();
-            let missing = m.iter().map(|(n, _)| n).find(|n| !present.contains(*n));
-            if let Some(n) = missing {
-                return Err(unwritten(format!(
-                    "{}: listed in {} but missing",
-                    src.join(n).display(),
-                    src.join(crate::copies::NAME).display()
-                )));
-            }
-            format!(", each matching its checksum in {}", crate::copies::NAME)
-        }
-        (None, Wanted::Models) => {
-            let write = staged
-                .place(Path::new(crate::copies::NAME))
-                .map_err(unwritten)?;
-            std::fs::write(&write, records.to_json())
-                .and_then(|()| std::fs::File::open(&write)?.sync_all())
-                .map_err(|e| unwritten(format!("{}: {e}", write.display())))?;
-            staged.written(&write);
-            format!(
-                ", their checksums in {}",
-                dest.join(crate::copies::NAME).display()
-            )
-        }
-        (None, Wanted::Archives) => String::new(),
-    };
+    let checked = close_manifest(
+        src,
+        dest,
+        &plan,
+        wanted,
+        manifest.as_ref(),
+        &records,
+        &staged,
+    )
+    .map_err(unwritten)?;
     for u in &unlisted {
         status!(
             "tensorzip: {u}: copied without a checksum (not listed in {})",
@@ -588,6 +566,51 @@ pub fn mirror(
         dest.display(),
     );
     Ok(())
+}
+
+/// The end of [`mirror`]'s manifest work: with `src`'s manifest (`decompress`), every file it lists
+/// must have been in the plan; for `compress` (`wanted` models), OUT's manifest of `records` is
+/// written into `staged`. Returns what the final line says of the copies' checksums; an error is one the
+/// caller reports as leaving nothing written.
+fn close_manifest(
+    src: &Path,
+    dest: &Path,
+    plan: &[(PathBuf, PathBuf, Step)],
+    wanted: Wanted,
+    manifest: Option<&crate::copies::Copies>,
+    records: &crate::copies::Copies,
+    staged: &Staged,
+) -> Result<String, String> {
+    if let Some(m) = manifest {
+        let present: BTreeSet<String> = plan
+            .iter()
+            .filter_map(|(rel, _, _)| crate::copies::key(rel))
+            .collect();
+        if let Some(n) = m.iter().map(|(n, _)| n).find(|n| !present.contains(*n)) {
+            return Err(format!(
+                "{}: listed in {} but missing",
+                src.join(n).display(),
+                src.join(crate::copies::NAME).display()
+            ));
+        }
+        return Ok(format!(
+            ", each matching its checksum in {}",
+            crate::copies::NAME
+        ));
+    }
+    if matches!(wanted, Wanted::Archives) {
+        // Restored from a mirror without a manifest (an older one): nothing to write or say.
+        return Ok(String::new());
+    }
+    let write = staged.place(Path::new(crate::copies::NAME))?;
+    std::fs::write(&write, records.to_json())
+        .and_then(|()| std::fs::File::open(&write)?.sync_all())
+        .map_err(|e| format!("{}: {e}", write.display()))?;
+    staged.written(&write);
+    Ok(format!(
+        ", their checksums in {}",
+        dest.join(crate::copies::NAME).display()
+    ))
 }
 
 /// `verify DIR` of a compressed model directory: its copied files against its manifest
