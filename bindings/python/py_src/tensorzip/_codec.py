@@ -7,8 +7,10 @@ Differences (improvements only):
   decodes on the CPU when the target device is the CPU or no GPU engine is usable. CUDA tensors are
   compressed, and blobs decoded to a CUDA device, by the GPU engine, on torch's current stream.
   Both engines write the same bytes.
-* A blob that is not ours, truncated or corrupted raises `ValueError` naming the problem (cuZipNN:
-  undefined behaviour).
+* A blob that is not ours, truncated, or damaged in its header or tables raises `ValueError` naming
+  the problem (cuZipNN: undefined behaviour). A blob has no checksum of its own: damage to its
+  payload can decode to other values without an error; `compress_tensor_with_crc32` gives the
+  CRC-32s to keep and `hash_tensor_with_crc32` recomputes them.
 * The blob format is tensorzip's (docs/FORMAT.md), not cuZipNN's; `sub_chunk_bytes` is validated
   and otherwise ignored (nvCOMP's sub-chunks have no counterpart: tensorzip's adaptive unit is
   `block_units`). Extra keyword-only options: `block_units`, `max_tables`, `condition`.
