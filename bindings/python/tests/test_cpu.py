@@ -290,6 +290,24 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     assert len(lines) == 3 and all("not a regular file" in l for l in lines), (r.stdout, r.stderr)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_results_asked_on_cuda_without_cuda_fail_before_decoding(gen, tmp_path):
+    """Without CUDA, a result asked for on a CUDA device raises torch's error at once: a reader is
+    refused when opened (it used to open, and each get_tensor decoded on the CPU, then failed), and
+    decompress_tensor before decoding."""
+    t = gen(torch.float32, (64, 64), 3)
+    path = tmp_path / "m.tz"
+    tz.save_file({"t": t}, path)
+    for dev in ("cuda", 0, torch.device("cuda", 1)):
+        with pytest.raises(RuntimeError):
+            tz.safe_open(path, device=dev)
+        with pytest.raises(RuntimeError):
+            tz.load_file(path, device=dev)
+        with pytest.raises(RuntimeError):
+            tz.decompress_tensor(tz.compress_tensor(t), device=dev)
+    assert torch.equal(tz.load_file(path)["t"], t)
+
+
 def test_decompress_default_device_without_cuda(gen):
     t = gen(torch.float16, (10, 10), 6)
     out = tz.decompress_tensor(tz.compress_tensor(t))

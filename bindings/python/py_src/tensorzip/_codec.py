@@ -177,7 +177,7 @@ def _check_sub_chunk(sub_chunk_bytes) -> None:
 
 def _target_device(blob: torch.Tensor, device) -> torch.device:
     if device is not None:
-        return _core.as_device(device)
+        return _core.target_device(device)
     if blob.is_cuda:
         return blob.device
     if torch.cuda.is_available():

@@ -186,6 +186,16 @@ def as_device(device: str | int | torch.device) -> torch.device:
     return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
+def target_device(device: str | int | torch.device) -> torch.device:
+    """A device that results are to be made on: a CUDA device torch cannot use (no CUDA, an index
+    past the last) raises torch's own error now, before anything is decoded — not after a whole
+    file was decoded on the CPU for it."""
+    dev = as_device(device)
+    if dev.type == "cuda":
+        torch.empty(0, device=dev)
+    return dev
+
+
 def release_gpu_memory(device: str | int | torch.device | None = None) -> None:
     """Gives back to the CUDA driver the device memory tensorzip's GPU engine keeps for reuse.
 

@@ -129,8 +129,8 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         if framework not in ("pt", "torch"):
             raise ValueError(f"framework {framework!r} is not supported (only 'pt')")
         self._name = os.fsdecode(filename)
+        self._device = _core.target_device(device)
         self._handle: _native.ArchiveFile | None = _native.open_archive(self._name)
-        self._device = _core.as_device(device)
         self._used_gpu = False  # whether reads went through the GPU engine (trimmed on exit)
 
     @property
