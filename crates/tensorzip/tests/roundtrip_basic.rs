@@ -420,3 +420,23 @@ fn blobs_coded_in_pieces_by_many_threads_equal_one_threads() {
         );
     }
 }
+
+/// Every dtype tensorzip codes is read from a safetensors header under its safetensors name and
+/// coded as that dtype — C64 and the two FNUZ fp8 types included, which the safetensors crate
+/// before 0.8 did not know, so `tensorzip compress` refused files that `safetensors` (Python) and
+/// our own `save_file` write.
+#[test]
+fn safetensors_files_of_every_dtype_are_planned_as_that_dtype() {
+    use tensorzip::archive::{plan_safetensors, serialize_safetensors};
+    for d in DType::ALL {
+        let bytes = vec![0x3cu8; 3 * d.itemsize()];
+        let file = serialize_safetensors(
+            &[("t", d.safetensors_name(), &[3u64][..], &bytes[..])],
+            None,
+        )
+        .unwrap();
+        let segs = plan_safetensors(&file).unwrap_or_else(|e| panic!("{d:?}: {e}"));
+        let t = segs.iter().find(|s| s.name == "t").unwrap();
+        assert_eq!((t.dtype, &t.shape[..]), (d, &[3u64][..]), "{d:?}");
+    }
+}
