@@ -333,13 +333,18 @@ fn tensor_segment(
 }
 
 /// The dtype and shape a safetensors tensor of `len` bytes is coded with: its own where tensorzip
-/// has the dtype and the byte count matches the shape, else bytes (`U8`, one dimension) — dtypes
-/// tensorzip does not model (F4, F8_E8M0, ...) and entries whose size disagrees with their shape.
+/// has the dtype, the byte count matches the shape and a blob can hold its rank, else bytes
+/// (`U8`, one dimension) — dtypes tensorzip does not model (F4, F8_E8M0, ...), entries whose size
+/// disagrees with their shape, and tensors of more than [`crate::blob::MAX_RANK`] dimensions
+/// (valid safetensors, which `compress` refused before).
 pub fn tensor_coding(dtype_name: &str, shape: &[u64], len: u64) -> (DType, Vec<u64>) {
     let dtype = DType::from_safetensors_name(dtype_name);
     let numel: Option<u64> = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     match (dtype, numel) {
-        (Some(d), Some(n)) if n.checked_mul(d.itemsize() as u64) == Some(len) => {
+        (Some(d), Some(n))
+            if n.checked_mul(d.itemsize() as u64) == Some(len)
+                && shape.len() <= crate::blob::MAX_RANK =>
+        {
             (d, shape.to_vec())
         }
         _ => (DType::U8, vec![len]),

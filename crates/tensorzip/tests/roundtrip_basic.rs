@@ -439,4 +439,28 @@ fn safetensors_files_of_every_dtype_are_planned_as_that_dtype() {
         let t = segs.iter().find(|s| s.name == "t").unwrap();
         assert_eq!((t.dtype, &t.shape[..]), (d, &[3u64][..]), "{d:?}");
     }
+    // More dimensions than a blob holds (64): valid safetensors, coded as its bytes (it was
+    // refused), restored byte for byte.
+    let shape = [vec![1u64; 64], vec![3]].concat();
+    let bytes = sample::weights(1, 3, DType::F32, 9);
+    let file = serialize_safetensors(&[("deep", "F32", &shape[..], &bytes[..])], None).unwrap();
+    let segs = plan_safetensors(&file).unwrap();
+    let t = segs.iter().find(|s| s.name == "deep").unwrap();
+    assert_eq!((t.dtype, &t.shape[..]), (DType::U8, &[12u64][..]));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deep.tz");
+    let mut f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let opts = tensorzip::archive::ArchiveOptions::default();
+    let engine = tensorzip::CpuEngine::new(1).unwrap();
+    tensorzip::archive::write_archive(&engine, &file[..], &segs, &opts, &mut f, &|_| {}).unwrap();
+    let archive = std::fs::read(&path).unwrap();
+    let ar = tensorzip::archive::Archive::parse(&archive).unwrap();
+    let mut back = Vec::new();
+    ar.decode_all_to(&engine, &mut back, &|_| {}).unwrap();
+    assert!(back == file);
 }
