@@ -91,8 +91,12 @@ def test_crc32_equals_zlib(gen):
         assert torch.equal(tz.hash_tensor_with_crc32(blob, checksum_chunk_bytes=piece).to(torch.int64), crc.to(torch.int64))
         assert torch.equal(blob, tz.compress_tensor(t, min_compress_bytes=0))
     assert tz.hash_tensor_with_crc32(torch.empty(0)).numel() == 0
-    with pytest.raises(ValueError, match="checksum_chunk_bytes"):
-        tz.hash_tensor_with_crc32(t, checksum_chunk_bytes=0)
+    for bad in (0, -1, 1 << 63, 1 << 64):
+        for f in (tz.hash_tensor_with_crc32, tz.compress_tensor_with_crc32):
+            with pytest.raises(ValueError, match="checksum_chunk_bytes"):
+                f(t, checksum_chunk_bytes=bad)
+    with pytest.raises(TypeError, match="checksum_chunk_bytes"):
+        tz.compress_tensor_with_crc32(t, checksum_chunk_bytes=None)
 
 
 def _has_numpy() -> bool:
@@ -841,8 +845,11 @@ def test_save_dir_shards_like_hugging_face_and_load_dir_reads_it(gen, tmp_path):
         assert f.metadata() == {"format": "pt"} and f.keys() == ["emb.weight"]
     back = tz.load_dir(d)
     assert sorted(back) == sorted(tensors) and all(same(back[k], v) for k, v in tensors.items())
-    # Saved again in one shard: the old shards and index go, so load_dir reads this save alone.
+    # Saved again in one shard: the old shards and index go, so load_dir reads this save alone —
+    # also a shard of a save of 100,000 shards or more (six-digit numbers; they stayed and
+    # load_dir merged their tensors into the new save's).
     (d / "notes.txt").write_text("kept")
+    (d / "model-000001-of-100001.safetensors.tz").write_bytes((d / files[0]).read_bytes())
     assert tz.save_dir(tensors, d) == ["model.safetensors.tz"]
     assert sorted(p.name for p in d.iterdir()) == ["model.safetensors.tz", "notes.txt"]
     assert all(same(tz.load_dir(d)[k], v) for k, v in tensors.items())
@@ -1064,3 +1071,25 @@ def test_without_torch_only_the_command_line_runs():
     assert r.returncode == 0, r.stderr
     assert lines[0].startswith("ImportError: tensorzip.compress_tensor needs PyTorch"), r.stdout
     assert lines[1:] == ["AttributeError", "False", f"tensorzip {tz.__version__}"], r.stdout
+
+
+def test_tensors_of_more_dimensions_than_a_blob_holds(tmp_path):
+    """A blob holds at most 64 dimensions. A file may have more (valid safetensors): save_file and
+    load_file keep such a tensor as its bytes (they refused it); compress() falls back to raw with
+    its warning and gives it back (it warned, then raised); a bare blob still refuses it."""
+    t = torch.arange(6, dtype=torch.float32).reshape([1] * 64 + [3, 2])
+    path = tmp_path / "deep.tz"
+    tz.save_file({"deep": t, "flat": torch.ones(4)}, path)
+    back = tz.load_file(path)
+    assert back["deep"].shape == t.shape and torch.equal(back["deep"], t)
+    with pytest.warns(tz.CompressionFallbackWarning, match="64 dimensions"):
+        c = tz.compress(t.bfloat16(), tz.TensorZipConfig())
+    assert torch.equal(tz.decompress(c, tz.TensorZipConfig()), t.bfloat16())
+    with pytest.raises(ValueError, match="64 dimensions"):
+        tz.compress_tensor(t)
+
+
+def test_save_file_refuses_a_meta_tensor_with_its_own_error(tmp_path):
+    with pytest.raises(ValueError, match="'m' on meta"):
+        tz.save_file({"m": torch.empty(3, device="meta")}, tmp_path / "m.tz")
+    assert not any(tmp_path.iterdir())

@@ -198,3 +198,20 @@ def test_compress_linears_keeps_tied_weights_hooks_and_mode():
     model["hooked"](torch.randn(1, 8))
     assert calls == [1]
     assert isinstance(model["plain"], tz.CompressedLinear) and not model["plain"].training
+
+
+def test_sizes_must_be_integers():
+    """As nn.Linear: 1.5 and True are refused (they were made 1), NumPy integers taken."""
+    for bad in (1.5, True, "3", None):
+        with pytest.raises(TypeError, match="in_features"):
+            tz.CompressedLinear(bad, 4)
+        with pytest.raises(TypeError, match="out_features"):
+            tz.CompressedLinear(4, bad)
+    lin = tz.CompressedLinear(torch.tensor(3).item(), 2)
+    assert (lin.in_features, lin.out_features) == (3, 2)
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    lin = tz.CompressedLinear(np.int64(3), np.int32(2))
+    assert (lin.in_features, lin.out_features) == (3, 2) and type(lin.in_features) is int

@@ -52,15 +52,21 @@ def _check_tensor(tensor) -> None:
     _core.check_memory(tensor)
 
 
+def _check_piece(checksum_chunk_bytes) -> None:
+    """A checksum piece size: an int in 1 ..= 2^63 - 1 (above, a bare OverflowError came from the
+    conversion to Rust)."""
+    if isinstance(checksum_chunk_bytes, bool) or not isinstance(checksum_chunk_bytes, int):
+        raise TypeError("checksum_chunk_bytes must be an int")
+    if not 0 < checksum_chunk_bytes < 1 << 63:
+        raise ValueError(f"checksum_chunk_bytes must be in 1 ..= 2^63 - 1, not {checksum_chunk_bytes}")
+
+
 def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, checksum_chunk_bytes: int | None):
     """Blob (1-D uint8 CPU tensor) and, if asked, the blob's CRC-32s (1-D uint32 CPU tensor)."""
     _check_tensor(tensor)
     _core.check_bool("pin_memory", pin_memory)
     if checksum_chunk_bytes is not None:
-        if isinstance(checksum_chunk_bytes, bool) or not isinstance(checksum_chunk_bytes, int):
-            raise TypeError("checksum_chunk_bytes must be an int")
-        if checksum_chunk_bytes <= 0:
-            raise ValueError("checksum_chunk_bytes must be positive")
+        _check_piece(checksum_chunk_bytes)
     data = _core.as_bytes(tensor)
     shape = list(tensor.shape)
     name = _core.dtype_name(tensor.dtype)
@@ -90,8 +96,9 @@ def _compress(tensor: torch.Tensor, opts: _core.Options, pin_memory: bool, check
 
 def _crc_cpu(data: torch.Tensor, piece: int) -> torch.Tensor:
     data = _core.as_bytes(data)
-    crcs = _native.crc32_pieces(data.data_ptr(), data.numel(), piece)
-    return torch.tensor(crcs, dtype=torch.int64).to(torch.uint32)
+    out = torch.empty(-(-data.numel() // piece), dtype=torch.uint32)
+    _native.crc32_pieces(data.data_ptr(), data.numel(), piece, out.data_ptr(), out.numel())
+    return out
 
 
 def compress_tensor(
@@ -141,8 +148,10 @@ def compress_tensor_with_crc32(
     `checksum_chunk_bytes` bytes of the blob, the last piece possibly shorter, as a 1-D uint32 CPU
     tensor. Computed on the GPU for CUDA tensors (before the blob is copied back)."""
     _check_sub_chunk(sub_chunk_bytes)
+    _check_piece(checksum_chunk_bytes)  # None too: the checksums are this call's result
     opts = _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
     blob, crc = _compress(tensor, opts, pin_memory, checksum_chunk_bytes)
+    assert crc is not None
     return blob, crc
 
 
@@ -154,10 +163,7 @@ def hash_tensor_with_crc32(
     GPU for CUDA tensors. Applied to a blob, it reproduces `compress_tensor_with_crc32`'s checksums."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if isinstance(checksum_chunk_bytes, bool) or not isinstance(checksum_chunk_bytes, int):
-        raise TypeError("checksum_chunk_bytes must be an int")
-    if checksum_chunk_bytes <= 0:
-        raise ValueError("checksum_chunk_bytes must be positive")
+    _check_piece(checksum_chunk_bytes)
     data = _core.as_bytes(tensor)
     if data.is_cuda and _core.gpu_available():
         dev = data.device

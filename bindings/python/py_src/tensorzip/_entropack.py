@@ -298,8 +298,10 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _raw_blob(tensor: torch.Tensor) -> torch.Tensor:
-    """The stored blob of a tensor's bytes (any dtype: unknown ones as uint8 bytes)."""
-    if tensor.dtype in _core.SUPPORTED_DTYPES:
+    """The stored blob of a tensor's bytes (any dtype and rank: unknown dtypes, and tensors of more
+    dimensions than a blob holds, as 1-D uint8 bytes; `decompress` views them as the state's JSON
+    says)."""
+    if tensor.dtype in _core.SUPPORTED_DTYPES and tensor.dim() <= 64:
         return _codec._compress(tensor.cpu(), _core.Options(8, 4096, 0.95, 1 << 62, 8, True), False, None)[0]
     data = _core.as_bytes(tensor.cpu())
     return _codec._compress(data, _core.Options(8, 4096, 0.95, 1 << 62, 8, True), False, None)[0]

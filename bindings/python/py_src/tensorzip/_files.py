@@ -104,6 +104,8 @@ def save_file(
         st = _ST_NAMES.get(t.dtype)
         if st is None:
             raise TypeError(f"{name!r}: dtype {t.dtype} has no safetensors name")
+        # Before `.cpu()`, which raises torch's own error for a meta tensor.
+        _core.check_memory(t, repr(name))
         data = _core.as_bytes(t if on_gpu else t.cpu())
         keep.append(data)
         entries.append((name, st, list(t.shape), data.data_ptr() if data.numel() else 0, data.numel()))
@@ -389,7 +391,8 @@ def _save_shards(tensors, root: str, metadata, max_shard_bytes: int, options: di
             os.replace(os.path.join(stage, name), os.path.join(root, name))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    ours = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors\.tz|model\.safetensors\.index\.json")
+    # Shard numbers take five digits or more (a save of 100,000 shards or more writes six).
+    ours = re.compile(r"model(-\d{5,}-of-\d{5,})?\.safetensors\.tz|model\.safetensors\.index\.json")
     for entry in os.listdir(root):
         if ours.fullmatch(entry) and entry not in written:
             os.remove(os.path.join(root, entry))

@@ -17,6 +17,7 @@ resident, ~66% of a bf16 weight); on the CPU a forward call costs a decode of th
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Callable
 
@@ -67,9 +68,20 @@ class CompressedLinear(torch.nn.Module):
         dtype: torch.dtype = torch.bfloat16,
     ):
         super().__init__()
+        # Integers (NumPy's too), as nn.Linear takes them: 1.5 (made 1 by int()) and True were
+        # taken before.
+        sizes = []
+        for what, n in (("in_features", in_features), ("out_features", out_features)):
+            try:
+                if isinstance(n, bool):
+                    raise TypeError
+                sizes.append(operator.index(n))
+            except TypeError:
+                raise TypeError(f"{what} must be an int, not {type(n).__name__}") from None
+        in_features, out_features = sizes
         if in_features < 0 or out_features < 0:
             raise ValueError(f"features must be non-negative, not ({in_features}, {out_features})")
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features, self.out_features = in_features, out_features
         self.config = TensorZipConfig() if config is None else config
         _validate_config(self.config)
         self.weight_dtype = dtype
