@@ -161,21 +161,25 @@ impl GpuBlob {
         .map_err(gpu_err)
     }
 
-    /// CRC-32 (zlib) of each `piece` bytes of the blob, computed on the GPU.
-    fn crc32(&self, py: Python<'_>, piece: u64) -> PyResult<Vec<u32>> {
+    /// CRC-32 (zlib) of each `piece` bytes of the blob, computed on the GPU, into the `n_out`
+    /// u32s at host address `out` (`crate::put_u32s`).
+    fn crc32(&self, py: Python<'_>, piece: u64, out: usize, n_out: usize) -> PyResult<()> {
         positive_piece(piece)?;
         let Some(b) = self.blob.as_ref() else {
             return Err(PyValueError::new_err("blob already downloaded"));
         };
+        // SAFETY: the torch layer passes a new uint32 CPU tensor of `n_out` elements.
+        let out = unsafe { crate::host_mut(out, n_out.saturating_mul(4)) }?;
         let eng = &self.engine;
-        restoring(|| {
+        let crcs = restoring(|| {
             py.detach(|| {
                 let (p, _g) = b.buf.device_ptr(eng.stream());
                 // SAFETY: the blob's buffer holds at least `len` bytes and lives during the call.
                 unsafe { eng.crc32_pieces_device(p, b.len as u64, piece) }
             })
         })
-        .map_err(gpu_err)
+        .map_err(gpu_err)?;
+        crate::put_u32s(out, &crcs).map_err(to_py)
     }
 }
 
@@ -271,8 +275,10 @@ fn gpu_upload(
     .map_err(gpu_err)
 }
 
-/// CRC-32 (zlib) of each `piece` bytes of the `len` bytes at device address `ptr`, on the GPU.
+/// CRC-32 (zlib) of each `piece` bytes of the `len` bytes at device address `ptr`, on the GPU,
+/// into the `n_out` u32s at host address `out` (`crate::put_u32s`).
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 fn gpu_crc32(
     py: Python<'_>,
     device: usize,
@@ -280,16 +286,21 @@ fn gpu_crc32(
     ptr: u64,
     len: u64,
     piece: u64,
-) -> PyResult<Vec<u32>> {
+    out: usize,
+    n_out: usize,
+) -> PyResult<()> {
     positive_piece(piece)?;
+    // SAFETY: the torch layer passes a new uint32 CPU tensor of `n_out` elements.
+    let out = unsafe { crate::host_mut(out, n_out.saturating_mul(4)) }?;
     let eng = on(device, stream)?;
-    restoring(|| {
+    let crcs = restoring(|| {
         py.detach(|| {
             // SAFETY: the torch layer passes a live contiguous CUDA tensor of `len` bytes.
             unsafe { eng.crc32_pieces_device(ptr, len, piece) }
         })
     })
-    .map_err(gpu_err)
+    .map_err(gpu_err)?;
+    crate::put_u32s(out, &crcs).map_err(to_py)
 }
 
 /// What the engine keeps in the device's memory pool after a file-level call (`load_file`,

@@ -259,20 +259,24 @@ fn crc32_pieces(
     // SAFETY: the torch layer passes a live contiguous CPU tensor of `len` bytes, and a distinct
     // new one of `n_out` 4-byte elements for the result.
     let (data, out) = unsafe { (host(ptr, len)?, host_mut(out, n_out.saturating_mul(4))?) };
-    py.detach(|| -> tensorzip::Result<()> {
-        let crcs = tensorzip::crc32_pieces(data, piece)?;
-        if crcs.len() != n_out {
-            return Err(tensorzip::Error::InvalidInput(format!(
-                "{} checksums for {n_out} places",
-                crcs.len()
-            )));
-        }
-        for (o, c) in out.chunks_exact_mut(4).zip(crcs) {
-            o.copy_from_slice(&c.to_ne_bytes());
-        }
-        Ok(())
-    })
-    .map_err(to_py)
+    py.detach(|| put_u32s(out, &tensorzip::crc32_pieces(data, piece)?))
+        .map_err(to_py)
+}
+
+/// Copies checksums into `out`, the bytes of a uint32 tensor the torch layer allocated for
+/// exactly as many, in native order.
+pub(crate) fn put_u32s(out: &mut [u8], values: &[u32]) -> tensorzip::Result<()> {
+    if out.len() != values.len() * 4 {
+        return Err(tensorzip::Error::InvalidInput(format!(
+            "{} checksums for {} places",
+            values.len(),
+            out.len() / 4
+        )));
+    }
+    for (o, c) in out.chunks_exact_mut(4).zip(values) {
+        o.copy_from_slice(&c.to_ne_bytes());
+    }
+    Ok(())
 }
 
 /// The version of the format this build writes (blob, archive).

@@ -3,6 +3,8 @@
 CPU blob <-> GPU decode both ways, GPU blob == CPU blob, non-default streams, pinned blobs,
 state_dict round trips, corrupted blobs rejected, whole files decoded on the GPU."""
 
+import zlib
+
 import pytest
 import torch
 
@@ -69,6 +71,17 @@ def test_gpu_crc32(gen):
     assert torch.equal(crc.to(torch.int64), tz.hash_tensor_with_crc32(blob, checksum_chunk_bytes=4096).to(torch.int64))
     assert torch.equal(crc.to(torch.int64), tz.hash_tensor_with_crc32(blob.cuda(), checksum_chunk_bytes=4096).to(torch.int64))
     assert torch.equal(tz.hash_tensor_with_crc32(t).to(torch.int64), tz.hash_tensor_with_crc32(t.cpu()).to(torch.int64))
+    # Equal to zlib's, as uint32 CPU tensors, from both GPU calls (they are written into the
+    # result tensor by the bindings since 2026-12-05, not passed as a list), 1-byte pieces too.
+    data = bytes(blob.numpy())
+    for piece in (1, 4096):
+        want = [zlib.crc32(data[i : i + piece]) for i in range(0, len(data), piece)]
+        for crc in (
+            tz.compress_tensor_with_crc32(t, checksum_chunk_bytes=piece)[1],
+            tz.hash_tensor_with_crc32(blob.cuda(), checksum_chunk_bytes=piece),
+        ):
+            assert crc.dtype == torch.uint32 and crc.device.type == "cpu"
+            assert crc.to(torch.int64).tolist() == want
 
 
 def test_corrupted_blobs_rejected_on_the_gpu(gen):
