@@ -244,8 +244,9 @@ enum Command {
         /// Cast f32 tensors to this dtype first.
         #[arg(long, default_value = "none", value_parser = ["none", "bf16", "f16"])]
         cast: String,
-        /// Timed runs per measurement (the median is reported).
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        /// Timed runs per measurement (the median is reported), 1 to 10000 (every run's time is
+        /// kept for the median: 2^32 ran until killed, its memory growing).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=10_000))]
         runs: u64,
         /// Also measure thread scaling in pairs: each run times the warm compress and decompress on
         /// one thread and on `--threads` back to back (and a compute loop, the machine's own

@@ -1564,6 +1564,7 @@ fn bad_options_are_usage_errors_before_any_work() {
         ),
         (&["bench", "model.safetensors", "--cast", "xx"], "--cast"),
         (&["bench", "model.safetensors", "--runs", "0"], "--runs"),
+        (&["bench", "model.safetensors", "--runs", "10001"], "--runs"),
         (&["bench"], "FILES"),
     ] {
         let o = tz(d, args);
