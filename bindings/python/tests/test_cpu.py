@@ -1093,3 +1093,18 @@ def test_save_file_refuses_a_meta_tensor_with_its_own_error(tmp_path):
     with pytest.raises(ValueError, match="'m' on meta"):
         tz.save_file({"m": torch.empty(3, device="meta")}, tmp_path / "m.tz")
     assert not any(tmp_path.iterdir())
+
+
+def test_zero_size_shapes_torch_cannot_make_raise_valueerror():
+    """A valid blob of a zero-size tensor whose other dimensions overflow torch's strides
+    ([0, 2^62, 4]: the format bounds each dimension, not the product of the ones after a 0) raises
+    ValueError like other bad input, not torch's RuntimeError; one torch can make decodes."""
+    import struct
+
+    def stored(shape):
+        head = b"TZBL" + struct.pack("<HBBBBHII", 1, 0, 1, len(shape), 0, 0, 0, 0)
+        return torch.frombuffer(bytearray(head + struct.pack(f"<{len(shape)}Q", *shape)), dtype=torch.uint8)
+
+    with pytest.raises(ValueError, match="strides overflow"):
+        tz.decompress_tensor(stored([0, 1 << 62, 4]), device="cpu")
+    assert tz.decompress_tensor(stored([4, 1 << 40, 0]), device="cpu").shape == (4, 1 << 40, 0)

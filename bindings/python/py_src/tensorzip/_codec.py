@@ -273,7 +273,7 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
                 _native.gpu_upload(
                     _core.cuda_index(target), _core.stream_of(target), blob.data_ptr(), blob.numel(), dev_blob.data_ptr()
                 )
-            out = torch.empty(tuple(shape), dtype=dtype, device=target)
+            out = _core.empty(shape, dtype, target)
             out_bytes = _core.as_bytes(out) if out.numel() else out
             _native.gpu_decompress(
                 _core.cuda_index(target),
@@ -288,7 +288,7 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
         return out
     cpu_blob = blob.cpu() if blob.is_cuda else blob
     scheme, name, shape, nbytes = _native.inspect(cpu_blob.data_ptr(), cpu_blob.numel())
-    out = torch.empty(tuple(shape), dtype=_core.dtype_of(name))
+    out = _core.empty(shape, _core.dtype_of(name))
     out_bytes = _core.as_bytes(out)
     _native.decompress_into(cpu_blob.data_ptr(), cpu_blob.numel(), out_bytes.data_ptr() if nbytes else 0, nbytes)
     if target.type != "cpu":

@@ -186,6 +186,18 @@ def as_device(device: str | int | torch.device) -> torch.device:
     return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
+def empty(shape, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+    """`torch.empty` of a shape read from a blob or a file: one whose strides do not fit in 64
+    bits (a zero-size tensor's other dimensions are not bounded by its bytes: `[0, 2^62, 4]`)
+    raises ValueError naming the shape, as other bad input does, not torch's RuntimeError."""
+    stride = 1
+    for d in reversed(tuple(shape)[1:]):
+        stride *= max(int(d), 1)
+        if stride >= 1 << 63:
+            raise ValueError(f"shape {tuple(shape)}: a tensor torch cannot make (its strides overflow)")
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
 def target_device(device: str | int | torch.device) -> torch.device:
     """A device that results are to be made on: a CUDA device torch cannot use (no CUDA, an index
     past the last) raises torch's own error now, before anything is decoded — not after a whole

@@ -170,7 +170,7 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
         # Checked before allocating: a forged header's shape may ask for far more than its bytes.
         if math.prod(shape) * dtype.itemsize != nbytes:
             raise ValueError(f"{name!r}: {nbytes} bytes do not make a {dtype} tensor of shape {tuple(shape)}")
-        return torch.empty(tuple(shape), dtype=dtype, device=device)
+        return _core.empty(shape, dtype, device)
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """Decodes tensor `name` (only its blob is read) onto the reader's device."""
