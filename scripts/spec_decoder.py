@@ -426,28 +426,8 @@ class _Stream:
 
     def decode_segment(self, out, table: Table):
         """Decode len(out) symbols step by step (symbol k in lane k mod 32) into the list out,
-        renormalising after each step (5.2, 5.3). out is a list slice replacement target."""
-        if not self.present:
-            raise ValueError("coded symbols in a chunk without a rANS stream")
-        self.used = True
-        st = table.slot_table()
-        x = self.x
-        words = self.words
-        n = len(out)
-        for base in range(0, n, 32):
-            lanes = min(32, n - base)
-            for l in range(lanes):
-                xl = x[l]
-                slot = xl & 4095
-                s, f, c = st[slot]
-                out[base + l] = s
-                x[l] = f * (xl >> 12) + slot - c
-            for l in range(lanes):
-                if x[l] < RANS_L:
-                    if self.wpos >= len(words):
-                        raise ValueError("rANS stream read past its end")
-                    x[l] = (x[l] << 16) | words[self.wpos]
-                    self.wpos += 1
+        renormalising after each step (5.2, 5.3): a group of one segment."""
+        self.decode_group([out], [table], len(out))
 
     def decode_group(self, outs, tables, L):
         """The main group (5.2): segments of length L decoded step by step, interleaved by step:
