@@ -568,10 +568,10 @@ pub fn mirror(
     Ok(())
 }
 
-/// The end of [`mirror`]'s manifest work: with `src`'s manifest (`decompress`), every file it lists
-/// must have been in the plan; for `compress` (`wanted` models), OUT's manifest of `records` is
-/// written into `staged`. Returns what the final line says of the copies' checksums; an error is one the
-/// caller reports as leaving nothing written.
+/// The end of [`mirror`]'s manifest work: with `src`'s manifest (`decompress`), every file it
+/// lists must have been in the plan; for `compress` (`wanted` models), OUT's manifest of
+/// `records` is written into `staged`. Returns what the final line says of the copies'
+/// checksums; an error is one the caller reports as leaving nothing written.
 fn close_manifest(
     src: &Path,
     dest: &Path,

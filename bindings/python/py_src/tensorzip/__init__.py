@@ -12,9 +12,10 @@ Three APIs over one format (docs/FORMAT.md), whose blobs both engines read and w
   lists and tuples of tensors and plain values, as `torch.save` takes them, without pickle).
 
 CUDA tensors are coded on their GPU, on torch's current stream, when the GPU engine can run
-(`gpu_available()`); everything else runs on the CPU engine. Foreign, truncated or damaged blobs raise `ValueError`
-where the damage shows (header, tables, sizes); damage to a bare blob's payload is caught only by
-checksums — files and `CompressedTensor` carry them, `compress_tensor_with_crc32` gives them.
+(`gpu_available()`); everything else runs on the CPU engine. Foreign, truncated or damaged blobs
+raise `ValueError` where the damage shows (header, tables, sizes); damage to a bare blob's payload
+is caught only by checksums — files and `CompressedTensor` carry them,
+`compress_tensor_with_crc32` gives them.
 
 The names are loaded on first use (the torch layer imports torch, ~1.5 s), so that the command
 line (`python -m tensorzip`, the `tensorzip` script) starts at once and runs without PyTorch;
