@@ -638,10 +638,12 @@ impl ArchiveFile {
         })
     }
 
-    /// Decodes elements `start..end` (row-major order) of tensor `name` into the `out_len` bytes at
-    /// host address `out_ptr`, decoding only the chunks that hold them (`get_slice`). The blob's
-    /// checksums are checked first; the original bytes' CRC-32 covers the whole tensor, so a part
-    /// of it cannot be checked against it.
+    /// Decodes bytes `start..end` of tensor `name` (row-major order; whole elements of its blob)
+    /// into the `out_len` bytes at host address `out_ptr`, decoding only the chunks that hold them
+    /// (`get_slice`). In bytes, not elements: a tensor the archive keeps as bytes (a dtype or rank
+    /// a blob does not take) has blob elements of another size than the header's dtype. The
+    /// blob's checksums are checked first; the original bytes' CRC-32 covers the whole tensor, so
+    /// a part of it cannot be checked against it.
     fn decode_range_into(
         &self,
         py: Python<'_>,
@@ -655,7 +657,16 @@ impl ArchiveFile {
         // of 47 MB slices took 26.5-27.4 ms advised against 16.6-18.6 not (2026-12-04; whole
         // tensors, `get_tensor` and `load_file`, 9-16 / 20-23 ms advised against 19 / 30-37).
         self.decode_segment_with(py, name, out_ptr, out_len, |ar, i, out| {
-            let done = cpu().decompress_range_into(ar.blob(i), start, end, out);
+            let isz = tensorzip::blob::BlobHeader::parse(ar.blob(i))?
+                .0
+                .dtype
+                .itemsize() as u64;
+            if !start.is_multiple_of(isz) || !end.is_multiple_of(isz) {
+                return Err(tensorzip::Error::InvalidInput(format!(
+                    "bytes {start}..{end} are not whole {isz}-byte elements"
+                )));
+            }
+            let done = cpu().decompress_range_into(ar.blob(i), start / isz, end / isz, out);
             // What was read of the blob leaves the process, as after a whole tensor.
             self.map.release(ar.blob_range(i));
             done.map(|_| ())

@@ -48,7 +48,30 @@ for _name, _st in (
 ):
     if hasattr(torch, _name):
         _ST_NAMES[getattr(torch, _name)] = _st
+# F4 holds two 4-bit values a byte. torch keeps it as float4_e2m1fn_x2, whose last dimension
+# counts bytes; the safetensors header counts values (twice as many), as safetensors.torch
+# writes and reads it (`_file_shape`, `_torch_shape`).
+if hasattr(torch, "float4_e2m1fn_x2"):
+    _ST_NAMES[torch.float4_e2m1fn_x2] = "F4"
 _TORCH_OF: dict[str, torch.dtype] = {v: k for k, v in _ST_NAMES.items()}
+
+
+def _torch_shape(st_name: str, shape) -> list[int]:
+    """The torch shape of a tensor the header lists with `st_name` and `shape`."""
+    if st_name != "F4":
+        return list(shape)
+    if not shape or shape[-1] % 2:
+        raise ValueError(f"an F4 tensor of shape {list(shape)}: its last dimension must be even (two values a byte)")
+    return [*shape[:-1], shape[-1] // 2]
+
+
+def _file_shape(t: torch.Tensor) -> list[int]:
+    """The shape the header lists for tensor `t` (`_torch_shape`'s inverse)."""
+    if _ST_NAMES.get(t.dtype) != "F4":
+        return list(t.shape)
+    if t.dim() == 0:
+        raise ValueError("a 0-d float4_e2m1fn_x2 tensor has no F4 shape (safetensors refuses it too)")
+    return [*t.shape[:-1], t.shape[-1] * 2]
 
 
 def _torch_dtype(st_name: str) -> torch.dtype:
@@ -108,7 +131,7 @@ def save_file(
         _core.check_memory(t, repr(name))
         data = _core.as_bytes(t if on_gpu else t.cpu())
         keep.append(data)
-        entries.append((name, st, list(t.shape), data.data_ptr() if data.numel() else 0, data.numel()))
+        entries.append((name, st, _file_shape(t), data.data_ptr() if data.numel() else 0, data.numel()))
     # safetensors orders the header and the data by (dtype alignment, name); name order is stable
     # and enough here: offsets are recorded per tensor.
     entries.sort(key=lambda e: e[0])
@@ -167,6 +190,7 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
             raise TypeError(f"a tensor name is a str, not {type(name).__name__}")
         st, shape, nbytes = self._file.info(name)
         dtype = _torch_dtype(st)
+        shape = _torch_shape(st, shape)
         # Checked before allocating: a forged header's shape may ask for far more than its bytes.
         if math.prod(shape) * dtype.itemsize != nbytes:
             raise ValueError(f"{name!r}: {nbytes} bytes do not make a {dtype} tensor of shape {tuple(shape)}")
@@ -202,7 +226,9 @@ class _Slice:
     def __init__(self, f: safe_open, name: str):
         self._f, self._name = f, name
         st, shape, _ = f._file.info(name)
+        # The header's shape; rows are counted in the torch tensor's (F4: `_torch_shape`).
         self._shape, self._st = list(shape), st
+        self._rows_shape = _torch_shape(st, shape)
 
     def get_shape(self) -> list[int]:
         return list(self._shape)
@@ -212,16 +238,18 @@ class _Slice:
 
     def __getitem__(self, index) -> torch.Tensor:
         f, dev = self._f, self._f._device
-        rows = None if dev.type == "cuda" and _core.gpu_available() else _rows_of(index, self._shape)
+        shape = self._rows_shape
+        rows = None if dev.type == "cuda" and _core.gpu_available() else _rows_of(index, shape)
         if rows is None:
             return f.get_tensor(self._name)[index]
         r0, r1, rest = rows
         inner = 1
-        for d in self._shape[1:]:
+        for d in shape[1:]:
             inner *= d
-        part = torch.empty((r1 - r0, *self._shape[1:]), dtype=_torch_dtype(self._st))
+        part = torch.empty((r1 - r0, *shape[1:]), dtype=_torch_dtype(self._st))
         b = _core.as_bytes(part)
-        f._file.decode_range_into(self._name, r0 * inner, r1 * inner, b.data_ptr() if b.numel() else 0, b.numel())
+        isz = part.element_size()
+        f._file.decode_range_into(self._name, r0 * inner * isz, r1 * inner * isz, b.data_ptr() if b.numel() else 0, b.numel())
         out = part[rest]
         return out if dev.type == "cpu" else out.to(dev)
 
