@@ -509,6 +509,18 @@ def _decode_chunk(data: bytes, info: BlobInfo, e: ChunkEntry) -> np.ndarray:
     raw = _Reader(data, pos, end)
 
     cond_p = next((p for p in range(U) if e.modes[p][0] == MODE_COND), None)
+
+    def take_tail(n: int, last: bool) -> bytes:
+        """The next n bytes of the raw sequence; at the chunk's last block the stash (5.4) is its
+        last S of them, and the raw area must then be used up."""
+        if not last:
+            return raw.take(n, f"chunk {e.index} raw area")
+        S = min(64, n) if stream.present else 0
+        tail = raw.take(n - S, f"chunk {e.index} raw area") + stream.finish(S)
+        if raw.pos != raw.end:
+            raise ValueError(f"chunk {e.index}: {raw.end - raw.pos} raw bytes left over")
+        return tail
+
     planes = [[0] * L_chunk for _ in range(U)]
     for p in range(U):
         if e.modes[p][0] == MODE_CONST:
@@ -547,13 +559,7 @@ def _decode_chunk(data: bytes, info: BlobInfo, e: ChunkEntry) -> np.ndarray:
 
         # The block's raw bytes of the planes but the Cond plane. Without a Cond plane the stash
         # (the last S bytes of the raw sequence) may cut into them at the last block.
-        if cond_p is None and last:
-            S = min(64, nonraw_len) if stream.present else 0
-            part = raw.take(nonraw_len - S, f"chunk {e.index} raw area") + stream.finish(S)
-            if raw.pos != raw.end:
-                raise ValueError(f"chunk {e.index}: {raw.end - raw.pos} raw bytes left over")
-        else:
-            part = raw.take(nonraw_len, f"chunk {e.index} raw area")
+        part = take_tail(nonraw_len, last and cond_p is None)
         k = 0
         for p in range(U):
             mode = e.modes[p][0]
@@ -576,13 +582,7 @@ def _decode_chunk(data: bytes, info: BlobInfo, e: ChunkEntry) -> np.ndarray:
             if T:
                 sub = [0] * T
                 stream.decode_segment(sub, pt.cond_table)
-            if last:
-                S = min(64, Rn) if stream.present else 0
-                rawb = raw.take(Rn - S, f"chunk {e.index} raw area") + stream.finish(S)
-                if raw.pos != raw.end:
-                    raise ValueError(f"chunk {e.index}: {raw.end - raw.pos} raw bytes left over")
-            else:
-                rawb = raw.take(Rn, f"chunk {e.index} raw area")
+            rawb = take_tail(Rn, last)
             cp = planes[cond_p]
             ci = ri = 0
             for i in range(start, start + L):
