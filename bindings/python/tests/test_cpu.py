@@ -1150,3 +1150,41 @@ def test_slices_of_tensors_kept_as_bytes(tmp_path):
     tz.save_file({"deep": t}, path)
     with tz.safe_open(path) as f:
         assert torch.equal(f.get_slice("deep")[0:1], t[0:1])
+
+
+def test_save_model_stores_tied_weights_once_and_load_model_reties(tmp_path):
+    """save_model: a head tied to the embedding is stored once (its name mapped in the metadata,
+    as safetensors.torch.save_model does); load_model fills a model whose tied names come in
+    either order; strict loading names what is missing or unexpected."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self, head_first: bool):
+            super().__init__()
+            if head_first:
+                self.head = torch.nn.Linear(8, 50, bias=False)
+            self.emb = torch.nn.Embedding(50, 8)
+            self.mid = torch.nn.Linear(8, 8)
+            if not head_first:
+                self.head = torch.nn.Linear(8, 50, bias=False)
+            self.head.weight = self.emb.weight
+
+    torch.manual_seed(0)
+    m = Tied(False)
+    path = tmp_path / "m.tz"
+    tz.save_model(m, path, {"format": "pt"})
+    with tz.safe_open(path) as f:
+        assert f.keys() == ["emb.weight", "mid.bias", "mid.weight"]
+        assert f.metadata() == {"format": "pt", "head.weight": "emb.weight"}
+    once = path.stat().st_size
+    tz.save_file(m.state_dict(), tmp_path / "twice.tz")
+    assert (tmp_path / "twice.tz").stat().st_size > once + 50 * 8 * 4 // 2  # the head again
+    for head_first in (False, True):
+        back = Tied(head_first)
+        assert tz.load_model(back, path) == ([], [])
+        assert back.head.weight is back.emb.weight
+        assert all(torch.equal(back.state_dict()[k], v) for k, v in m.state_dict().items())
+    with pytest.raises(RuntimeError, match=r"missing \['bias', 'weight'\]"):
+        tz.load_model(torch.nn.Linear(3, 3), path)
+    assert tz.load_model(torch.nn.Linear(3, 3), path, strict=False)[0] == ["weight", "bias"]
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        tz.save_model({"a": torch.ones(1)}, path)

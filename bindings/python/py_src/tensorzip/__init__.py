@@ -50,9 +50,11 @@ _WHERE = {
     "decompress_file": "_files",
     "load_dir": "_files",
     "load_file": "_files",
+    "load_model": "_files",
     "safe_open": "_files",
     "save_dir": "_files",
     "save_file": "_files",
+    "save_model": "_files",
     "verify_file": "_files",
     "CompressedLinear": "_linear",
     "compress_linears": "_linear",
@@ -83,11 +85,13 @@ __all__ = [
     "load",
     "load_dir",
     "load_file",
+    "load_model",
     "release_gpu_memory",
     "safe_open",
     "save",
     "save_dir",
     "save_file",
+    "save_model",
     "verify_file",
 ]
 
@@ -95,7 +99,18 @@ if TYPE_CHECKING:
     from ._codec import blob_info, compress_tensor, compress_tensor_with_crc32, decompress_tensor, hash_tensor_with_crc32
     from ._core import gpu_available, gpu_unavailable_reason, release_gpu_memory
     from ._entropack import CompressedTensor, CompressionConfig, CompressionFallbackWarning, RawConfig, TensorZipConfig, compress, decompress
-    from ._files import compress_file, decompress_file, load_dir, load_file, safe_open, save_dir, save_file, verify_file
+    from ._files import (
+        compress_file,
+        decompress_file,
+        load_dir,
+        load_file,
+        load_model,
+        safe_open,
+        save_dir,
+        save_file,
+        save_model,
+        verify_file,
+    )
     from ._linear import CompressedLinear, compress_linears
     from ._objects import load, save
 

@@ -186,6 +186,16 @@ def as_device(device: str | int | torch.device) -> torch.device:
     return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
+def tied_key(t: torch.Tensor):
+    """What makes two tensors one (tied weights): the same storage, offset, shape, strides, dtype
+    and device — and the conjugate and negative bits (`z.conj()` is a view of `z`'s storage with
+    the same shape and strides, but other values). None for an empty tensor, which ties nothing."""
+    if not t.numel():
+        return None
+    return (t.device, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.is_conj(),
+            t.is_neg(), t.untyped_storage().data_ptr())
+
+
 def empty(shape, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
     """`torch.empty` of a shape read from a blob or a file: one whose strides do not fit in 64
     bits (a zero-size tensor's other dimensions are not bounded by its bytes: `[0, 2^62, 4]`)

@@ -319,6 +319,76 @@ def _load_all(f: "safe_open") -> dict[str, torch.Tensor]:
     return dict(zip(names, outs))
 
 
+def _untied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A state dict without its tied names: of the names of one tensor (`_core.tied_key`: the same
+    storage, offset, shape, strides, dtype and bits) the first is kept; returns the kept tensors
+    and {dropped name: kept name}. Tensors that merely overlap are kept, each saved as a copy."""
+    kept: dict[str, torch.Tensor] = {}
+    dropped: dict[str, str] = {}
+    first: dict = {}
+    for name, t in state.items():
+        key = _core.tied_key(t) if isinstance(t, torch.Tensor) else None
+        if key is not None and key in first:
+            dropped[name] = first[key]
+            continue
+        if key is not None:
+            first[key] = name
+        kept[name] = t
+    return kept, dropped
+
+
+def save_model(
+    model: torch.nn.Module,
+    filename: str | bytes | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    **options,
+) -> None:
+    """Saves `model.state_dict()` as `save_file` does, each tied tensor once (as
+    `safetensors.torch.save_model`: an `lm_head` tied to the embedding is stored under one name,
+    and the header's metadata maps each dropped name to the one kept). `load_model` loads it back.
+    Without this a state dict's tied tensors are saved twice (`save_file` keeps every name)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    tensors, dropped = _untied(model.state_dict())
+    meta = dict(metadata or {})
+    for name, to in dropped.items():
+        meta.setdefault(name, to)
+    save_file(tensors, filename, meta or None, **options)
+
+
+def load_model(
+    model: torch.nn.Module,
+    filename: str | bytes | os.PathLike,
+    strict: bool = True,
+    device: str | int | torch.device = "cpu",
+) -> tuple[list[str], list[str]]:
+    """Loads an archive written by `save_model` (or any with `model`'s tensor names) into `model`:
+    a name the file lacks because the model ties it to a name the file has is not missing. With
+    `strict`, other missing names or unexpected ones raise RuntimeError naming them; returns
+    (missing, unexpected), as `safetensors.torch.load_model`."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    state = load_file(filename, device=device)
+    _, tied = _untied(model.state_dict())
+    # The names of each tied tensor, whichever of them the file kept (the model that saved it
+    # may have listed them in another order).
+    group: dict[str, set[str]] = {}
+    for name, to in tied.items():
+        names = group.setdefault(to, {to})
+        names.add(name)
+        group[name] = names
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # A tied name is loaded through another name of its tensor that the file has.
+    missing = [m for m in missing if not (group.get(m, set()) & state.keys())]
+    unexpected = list(unexpected)
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"{os.fsdecode(filename)}: loading into {type(model).__name__}: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    return missing, unexpected
+
+
 def save_dir(
     tensors: dict[str, torch.Tensor],
     dirname: str | bytes | os.PathLike,

@@ -26,6 +26,7 @@ from collections import OrderedDict
 
 import torch
 
+from . import _core
 from ._files import _load_all, safe_open, save_file
 
 _KEY = "tensorzip.object"
@@ -117,15 +118,12 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
         if isinstance(x, torch.Tensor):
             if x.layout != torch.strided:
                 raise TypeError(f"{where}: only strided tensors can be saved, not {x.layout}")
-            # The conjugate and negative bits too: `z.conj()` is a view of `z`'s storage with the
-            # same shape and strides, but other values.
-            ident = (x.device, x.dtype, tuple(x.shape), tuple(x.stride()), x.storage_offset(),
-                     x.is_conj(), x.is_neg(), x.untyped_storage().data_ptr() if x.numel() else None)
-            name = seen.get(ident) if x.numel() else None
+            ident = _core.tied_key(x)
+            name = seen.get(ident) if ident is not None else None
             if name is None:
                 name = _name(path, taken)
                 tensors[name] = x.detach()
-                if x.numel():
+                if ident is not None:
                     seen[ident] = name
             return {"t": name}
         raise TypeError(
