@@ -197,7 +197,8 @@ pub fn compress(
     let src = map_file(file)?;
     let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
     let (dest, shown) = output.resolve(file, || Ok(archive_name(file)))?;
-    let mut out = SafeOutput::create(&dest, &shown, force, file)?;
+    let staged = matches!(output, Output::Staged { .. });
+    let mut out = SafeOutput::create(&dest, &shown, force, file, !staged)?;
     let pb = progress_bar(src.len() as u64, "compress");
     // The input's pages leave the process once coded (the engines read it in order).
     let spent = Spent::prefix(&src);
@@ -323,7 +324,8 @@ pub fn decompress(
             )
         })
     })?;
-    let mut out = SafeOutput::create(&dest, &shown, force, path)?;
+    let staged = matches!(output, Output::Staged { .. });
+    let mut out = SafeOutput::create(&dest, &shown, force, path, !staged)?;
     let pb = progress_bar(ar.original_len, "decompress");
     let spent = Spent::blobs(&data, &ar);
     let t = Instant::now();

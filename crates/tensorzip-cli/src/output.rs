@@ -131,26 +131,29 @@ pub fn create_temp<T>(
     })
 }
 
-/// Gives `path` (open as `file`, or a directory when `file` is `None`) the owner and group of
-/// `source`, as gzip gives its outputs: a file root compresses or restores (or replaces with
-/// `--force`) keeps its owner instead of becoming root's. Best effort and before the permissions
-/// are set (a change of owner clears the set-id bits): a user who is not root cannot give a file
-/// away, so then only the group is tried (allowed where the user is in it), and a refusal of both
-/// leaves the user's own, as any new file.
-pub fn take_owner(file: Option<&File>, path: &Path, source: &std::fs::Metadata) {
+/// Gives the open output `file` the owner and group of `source`, as gzip gives its outputs: a
+/// file root compresses or restores (or replaces with `--force`) keeps its owner instead of
+/// becoming root's. Called once the output is complete and synced, on the open file (no path is
+/// followed), so its new owner never shares a file this process still writes or reads. Best
+/// effort: a user who is not root cannot give a file away, so then only the group is tried
+/// (allowed where the user is in it), and a refusal of both leaves the user's own. A change of
+/// owner clears set-id bits: the caller sets the permissions after it.
+///
+/// Model directories (`compress DIR -o OUT`) keep the running user's ownership: handing their
+/// entries over while they are built let the new owner plant links that root's later writes
+/// followed (a review's finding, 2026-12-05); doing it safely needs a last pass that does not
+/// follow links, bottom-up, which is not written.
+pub fn take_owner(file: &File, source: &std::fs::Metadata) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        let chown = |uid: Option<u32>| match file {
-            Some(f) => std::os::unix::fs::fchown(f, uid, Some(source.gid())),
-            None => std::os::unix::fs::chown(path, uid, Some(source.gid())),
-        };
+        let chown = |uid: Option<u32>| std::os::unix::fs::fchown(file, uid, Some(source.gid()));
         if chown(Some(source.uid())).is_err() {
             let _ = chown(None);
         }
     }
     #[cfg(not(unix))]
-    let _ = (file, path, source);
+    let _ = (file, source);
 }
 
 /// A temporary output file that becomes `dest` on [`SafeOutput::commit`] and vanishes otherwise.
@@ -162,18 +165,23 @@ pub struct SafeOutput {
     tmp: PathBuf,
     file: Option<File>,
     force: bool,
+    /// The input's metadata, whose owner and group the output takes at `commit` (not for a file
+    /// inside a model directory being built: see [`take_owner`]).
+    owner: Option<std::fs::Metadata>,
 }
 
 impl SafeOutput {
     /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false, and
     /// even with `force` if `dest` is not a regular file (the rename would replace a directory
     /// entry such as `/dev/null` itself, not write into it) or is the command's `input`. Messages
-    /// name the output `shown`.
+    /// name the output `shown`. With `take_owner`, the output takes the input's owner when it is
+    /// committed ([`take_owner`]).
     pub fn create(
         dest: &Path,
         shown: &Path,
         force: bool,
         input: &Path,
+        take_owner: bool,
     ) -> Result<SafeOutput, String> {
         // `-o -`: not standard output, which the temporary file and its rename cannot be (the
         // archive was written to a file named `-`).
@@ -238,16 +246,17 @@ impl SafeOutput {
             tmp,
             file: Some(file),
             force,
+            owner: None,
         };
         // The output takes the input's permissions, before any byte is written (a private
         // checkpoint's archive, and the file restored from it, stay private), as gzip and zstd
         // give theirs; also over a file --force replaces. On an error the temporary goes with
-        // `out`. Its owner and group too, where the user may give them (`take_owner`).
+        // `out`. Its owner and group at `commit`, where the user may give them (`take_owner`).
         let meta = std::fs::metadata(input).map_err(|e| format!("{}: {e}", input.display()))?;
-        take_owner(out.file.as_ref(), &out.tmp, &meta);
         out.file()
             .set_permissions(meta.permissions())
             .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
+        out.owner = take_owner.then_some(meta);
         Ok(out)
     }
 
@@ -263,6 +272,11 @@ impl SafeOutput {
         crate::sigbus::writing(None);
         file.sync_all()
             .map_err(|e| format!("{}: {e}", self.shown.display()))?;
+        if let Some(meta) = &self.owner {
+            take_owner(&file, meta);
+            file.set_permissions(meta.permissions())
+                .map_err(|e| format!("{}: {e}", self.shown.display()))?;
+        }
         drop(file);
         let exists = || {
             format!(

@@ -381,16 +381,17 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
     Ok(plan)
 }
 
-/// Gives the directory `dir` (just made, still empty) the owner (`output::take_owner`) and the
-/// permissions of `src`, but always writable and searchable by its owner, who fills it next: a
-/// private model (0700) is mirrored private, not with the process's default mode (0755).
+/// Gives the directory `dir` (just made, still empty) the permissions of `src`, but always
+/// writable and searchable by its owner, who fills it next: a private model (0700) is mirrored
+/// private, not with the process's default mode (0755). Not its owner (`output::take_owner`).
 fn like_source(dir: &Path, src: &Path) -> Result<(), String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(src).map_err(|e| format!("{}: {e}", src.display()))?;
-        crate::output::take_owner(None, dir, &meta);
-        let mode = meta.permissions().mode();
+        let mode = std::fs::metadata(src)
+            .map_err(|e| format!("{}: {e}", src.display()))?
+            .permissions()
+            .mode();
         std::fs::set_permissions(
             dir,
             std::fs::Permissions::from_mode((mode & 0o7777) | 0o700),
@@ -424,10 +425,9 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
         .map_err(|e| format!("{}: {e}", shown.display()))?;
     let rec = copy_reporting(&mut r, &mut w, from, shown)?;
     let n = rec.bytes;
-    crate::output::take_owner(Some(&w), to, &before);
     drop(w);
     // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
-    // executable); its owner, where the user may give it, just above.
+    // executable).
     if let Err(e) = std::fs::set_permissions(to, before.permissions()) {
         return Err(format!("{}: {e}", shown.display()));
     }

@@ -1030,10 +1030,12 @@ fn mirrored_and_compressed_files_keep_their_permissions() {
     assert_eq!(mode_of(&d.join("one.tz")), 0o600);
 }
 
-/// Outputs take their input's owner and group where the user may give them, as gzip's do: run as
-/// root, another user's model compressed (a file, a directory mirrored), restored and written
-/// over with --force stays that user's (it became root's before); run as any other user, every
-/// output is the user's own and nothing is refused.
+/// Single-file outputs take their input's owner and group where the user may give them, as
+/// gzip's do: run as root, another user's file compressed, restored and written over with --force
+/// stays that user's (it became root's before). A model directory mirrored by root stays root's,
+/// every entry: handing entries over while the mirror was built let their new owner plant links
+/// that root's later writes followed (found by a review; `output::take_owner`). Run as any other
+/// user, every output is the user's own and nothing is refused.
 #[cfg(unix)]
 #[test]
 fn outputs_take_their_inputs_owner() {
@@ -1042,8 +1044,13 @@ fn outputs_take_their_inputs_owner() {
     let d = dir.path();
     let m = model_dir(d, &model_bytes());
     // SAFETY: `geteuid` has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let owner = if root {
+    let me = unsafe { libc::geteuid() };
+    let root = me == 0;
+    let mine = {
+        let md = std::fs::metadata(d).unwrap();
+        (md.uid(), md.gid())
+    };
+    let theirs = if root {
         let mut stack = vec![m.clone()];
         while let Some(p) = stack.pop() {
             std::os::unix::fs::lchown(&p, Some(4321), Some(4322)).unwrap();
@@ -1053,8 +1060,7 @@ fn outputs_take_their_inputs_owner() {
         }
         (4321, 4322)
     } else {
-        let md = std::fs::metadata(&m).unwrap();
-        (md.uid(), md.gid())
+        mine
     };
     ok(
         &tz(d, &["compress", "model", "-o", "out"]),
@@ -1077,21 +1083,20 @@ fn outputs_take_their_inputs_owner() {
         &tz(d, &["decompress", "out", "-o", "back"]),
         "decompress a directory",
     );
-    for p in [
-        "out",
-        "out/model-1.safetensors.tz",
-        "out/text_encoder",
-        "out/text_encoder/model.safetensors.tz",
-        "out/text_encoder/config.json",
-        "out/config.json",
-        "one.tz",
-        "two.tz",
-        "one.safetensors",
-        "back/text_encoder/model.safetensors",
-        "back/config.json",
-    ] {
-        let md = std::fs::metadata(d.join(p)).unwrap();
-        assert_eq!((md.uid(), md.gid()), owner, "{p}");
+    let owner = |p: &str| {
+        let md = std::fs::symlink_metadata(d.join(p)).unwrap();
+        (md.uid(), md.gid())
+    };
+    for p in ["one.tz", "two.tz", "one.safetensors"] {
+        assert_eq!(owner(p), theirs, "{p}");
+    }
+    let mut stack = vec![d.join("out"), d.join("back")];
+    while let Some(p) = stack.pop() {
+        let md = std::fs::symlink_metadata(&p).unwrap();
+        assert_eq!((md.uid(), md.gid()), mine, "{}", p.display());
+        if md.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
     }
 }
 
