@@ -1082,9 +1082,10 @@ def test_tensors_of_more_dimensions_than_a_blob_holds(tmp_path):
     tz.save_file({"deep": t, "flat": torch.ones(4)}, path)
     back = tz.load_file(path)
     assert back["deep"].shape == t.shape and torch.equal(back["deep"], t)
-    with pytest.warns(tz.CompressionFallbackWarning, match="64 dimensions"):
-        c = tz.compress(t.bfloat16(), tz.TensorZipConfig())
-    assert torch.equal(tz.decompress(c, tz.TensorZipConfig()), t.bfloat16())
+    for dtype in (torch.bfloat16, torch.uint8):  # uint8's bytes were refused at decompress
+        with pytest.warns(tz.CompressionFallbackWarning, match="64 dimensions"):
+            c = tz.compress(t.to(dtype), tz.TensorZipConfig())
+        assert torch.equal(tz.decompress(c, tz.TensorZipConfig()), t.to(dtype))
     with pytest.raises(ValueError, match="64 dimensions"):
         tz.compress_tensor(t)
 
@@ -1095,7 +1096,7 @@ def test_save_file_refuses_a_meta_tensor_with_its_own_error(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_zero_size_shapes_torch_cannot_make_raise_valueerror():
+def test_zero_size_shapes_torch_cannot_make_raise_valueerror(tmp_path):
     """A valid blob of a zero-size tensor whose other dimensions overflow torch's strides
     ([0, 2^62, 4]: the format bounds each dimension, not the product of the ones after a 0) raises
     ValueError like other bad input, not torch's RuntimeError; one torch can make decodes."""
@@ -1107,6 +1108,15 @@ def test_zero_size_shapes_torch_cannot_make_raise_valueerror():
 
     with pytest.raises(ValueError, match="strides overflow"):
         tz.decompress_tensor(stored([0, 1 << 62, 4]), device="cpu")
+    # The same shape in a file: load_file and get_slice alike.
+    tmp = tmp_path
+    hdr = json.dumps({"z": {"dtype": "U8", "shape": [0, 1 << 62, 4], "data_offsets": [0, 0]}}).encode()
+    (tmp / "z.safetensors").write_bytes(struct.pack("<Q", len(hdr)) + hdr)
+    tz.compress_file(tmp / "z.safetensors")
+    with pytest.raises(ValueError, match="strides overflow"):
+        tz.load_file(tmp / "z.safetensors.tz")
+    with tz.safe_open(tmp / "z.safetensors.tz") as f, pytest.raises(ValueError, match="strides overflow"):
+        f.get_slice("z")[0:0]
     assert tz.decompress_tensor(stored([4, 1 << 40, 0]), device="cpu").shape == (4, 1 << 40, 0)
 
 
@@ -1131,6 +1141,10 @@ def test_f4_tensors_as_safetensors_holds_them(tmp_path):
         s = f.get_slice("w")
         assert s.get_shape() == [6, 10] and s.get_dtype() == "F4"
         assert torch.equal(s[2:5].view(torch.uint8), x[2:5])
+        # An index into the last dimension would count bytes where get_shape counts values.
+        for index in ((slice(0, 2), slice(0, 4)), Ellipsis, (None, 1)):
+            with pytest.raises(ValueError, match="leading dimensions only"):
+                s[index]
     # A file whose F4 tensor ends in half a byte is not safetensors (its reader's rule, which
     # compress_file applies).
     hdr = json.dumps({"w": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}).encode()

@@ -1153,9 +1153,13 @@ impl GpuEngine {
         }
         // SAFETY: `data` and `out` are the caller's promise.
         let queued = unsafe { self.queue_launch(dp, &chosen, data, out) };
-        // Also after a failed launch: what it queued may still run.
+        // Also after a failed launch: what it queued may still run. Should the ordering itself
+        // fail, this stream is waited for instead, so that nothing queued outlives the plan.
         if elsewhere {
-            dp.stream.join(s)?;
+            if let Err(e) = dp.stream.join(s) {
+                let _ = s.synchronize();
+                return Err(e.into());
+            }
         }
         queued
     }

@@ -335,11 +335,14 @@ def decompress(compressed: CompressedTensor, config: CompressionConfig) -> torch
     shape = compressed.shape
     # The state's JSON is not covered by the blob's checksums: it must describe the blob exactly
     # (an edited dtype of the same size, or a permuted shape, would otherwise reinterpret it).
-    if out.dtype == encoded:
-        agrees = out.shape == shape
+    # A raw fallback the format cannot hold as it is — a dtype it does not have, or more than 64
+    # dimensions (`_raw_blob`) — is stored as bytes; nothing else may be (a uint8 tensor's bytes
+    # were refused, and a typed tensor's bytes could be read as any dtype the JSON named).
+    as_bytes = encoded not in _core.SUPPORTED_DTYPES or len(shape) > 64
+    if out.dtype == encoded and out.shape == shape:
+        agrees = True
     else:
-        # A raw fallback of a dtype the format does not have is stored as bytes.
-        agrees = out.dtype == torch.uint8 and out.dim() == 1 and out.numel() == shape.numel() * _itemsize(encoded)
+        agrees = as_bytes and out.dtype == torch.uint8 and out.dim() == 1 and out.numel() == shape.numel() * _itemsize(encoded)
     if not agrees:
         raise ValueError(
             f"corrupt CompressedTensor: its metadata says {encoded} {tuple(shape)}, its blob holds {out.dtype} {tuple(out.shape)}"

@@ -239,6 +239,15 @@ class _Slice:
     def __getitem__(self, index) -> torch.Tensor:
         f, dev = self._f, self._f._device
         shape = self._rows_shape
+        if self._st == "F4":
+            # The header counts values, torch's last dimension bytes (two values each): an index
+            # into that dimension would mean two things (safetensors refuses F4 slices).
+            items = index if isinstance(index, tuple) else (index,)
+            if len(shape) < 2 or len(items) >= len(shape) or any(i is Ellipsis or i is None for i in items):
+                raise ValueError(
+                    f"{self._name!r}: an F4 tensor is sliced by its leading dimensions only (its last one "
+                    "holds two values a byte); get_tensor gives the whole tensor"
+                )
         rows = None if dev.type == "cuda" and _core.gpu_available() else _rows_of(index, shape)
         if rows is None:
             return f.get_tensor(self._name)[index]
@@ -246,7 +255,7 @@ class _Slice:
         inner = 1
         for d in shape[1:]:
             inner *= d
-        part = torch.empty((r1 - r0, *shape[1:]), dtype=_torch_dtype(self._st))
+        part = _core.empty((r1 - r0, *shape[1:]), _torch_dtype(self._st))
         b = _core.as_bytes(part)
         isz = part.element_size()
         f._file.decode_range_into(self._name, r0 * inner * isz, r1 * inner * isz, b.data_ptr() if b.numel() else 0, b.numel())
