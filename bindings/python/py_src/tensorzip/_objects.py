@@ -56,6 +56,16 @@ def _check_scalar(x, where: str) -> None:
             raise ValueError(f"{where}: a str that is not valid Unicode cannot be saved ({e.reason})") from None
 
 
+def _where(path: list[str]) -> str:
+    """A position in the saved object for messages: its path, the middle left out when deep (a
+    structure nested 256 deep gave an error message of hundreds of characters)."""
+    if not path:
+        return "the object"
+    if len(path) > 8:
+        return ".".join([*path[:3], f"({len(path) - 6} more)", *path[-3:]])
+    return ".".join(path)
+
+
 def _key(k, where: str, depth: int = 0):
     """A dictionary key as JSON (tuples as lists under "u", floats that JSON cannot hold as text)."""
     if depth > _MAX_DEPTH:
@@ -98,7 +108,7 @@ def save(obj, path: str | bytes | os.PathLike, **options) -> None:
     open_containers: set[int] = set()
 
     def walk(x, path: list[str], depth: int):
-        where = ".".join(path) or "the object"
+        where = _where(path)
         if depth > _MAX_DEPTH:
             raise ValueError(f"{where}: nested more than {_MAX_DEPTH} deep")
         if isinstance(x, (dict, list, tuple)):
