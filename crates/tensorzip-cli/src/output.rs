@@ -131,13 +131,26 @@ pub fn create_temp<T>(
     })
 }
 
+/// The permissions an output takes from its input `source`: its mode without the set-user-ID,
+/// set-group-ID and sticky bits. An output is written by the running user (root, say) and is its
+/// until committed; a user's setuid file compressed or restored by root came out setuid root.
+pub fn plain_mode(source: &std::fs::Metadata) -> std::fs::Permissions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(source.permissions().mode() & 0o777)
+    }
+    #[cfg(not(unix))]
+    source.permissions()
+}
+
 /// Gives the open output `file` the owner and group of `source`, as gzip gives its outputs: a
 /// file root compresses or restores (or replaces with `--force`) keeps its owner instead of
 /// becoming root's. Called once the output is complete and synced, on the open file (no path is
 /// followed), so its new owner never shares a file this process still writes or reads. Best
 /// effort: a user who is not root cannot give a file away, so then only the group is tried
-/// (allowed where the user is in it), and a refusal of both leaves the user's own. A change of
-/// owner clears set-id bits: the caller sets the permissions after it.
+/// (allowed where the user is in it), and a refusal of both leaves the user's own. The caller
+/// sets the permissions after it ([`plain_mode`]: never set-ID bits).
 ///
 /// Model directories (`compress DIR -o OUT`) keep the running user's ownership: handing their
 /// entries over while they are built let the new owner plant links that root's later writes
@@ -254,7 +267,7 @@ impl SafeOutput {
         // `out`. Its owner and group at `commit`, where the user may give them (`take_owner`).
         let meta = std::fs::metadata(input).map_err(|e| format!("{}: {e}", input.display()))?;
         out.file()
-            .set_permissions(meta.permissions())
+            .set_permissions(plain_mode(&meta))
             .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
         out.owner = take_owner.then_some(meta);
         Ok(out)
@@ -274,7 +287,7 @@ impl SafeOutput {
             .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         if let Some(meta) = &self.owner {
             take_owner(&file, meta);
-            file.set_permissions(meta.permissions())
+            file.set_permissions(plain_mode(meta))
                 .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         }
         drop(file);

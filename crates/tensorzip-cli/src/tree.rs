@@ -206,6 +206,7 @@ impl Staged {
     /// Starts the copy of `src` that becomes `dest`.
     pub fn create(dest: &Path, src: &Path) -> Result<Staged, String> {
         exists_refused(dest)?;
+        parent_not_shared(dest)?;
         let (tmp, ()) =
             crate::output::create_pending(dest, "directory", |tmp| std::fs::create_dir(tmp))?;
         crate::sigbus::created(&tmp);
@@ -381,9 +382,46 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
     Ok(plan)
 }
 
+/// Refuses, when running as root, to build a model directory at `dest` whose parent another user
+/// can write (not root's, or writable by group or others without the sticky bit): that user could
+/// swap the hidden staging directory for a link while root writes into it — files of the model's
+/// names and contents written as root wherever the link points (a review's finding, 2026-12-05).
+/// Any other user writes with its own rights only; it is not refused.
+fn parent_not_shared(dest: &Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: `geteuid` has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(());
+        }
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let meta = std::fs::metadata(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        let shared_mode = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+        if meta.uid() != 0 || shared_mode {
+            return Err(format!(
+                "{}: another user can write this directory, where root would build {} (that user \
+                 could redirect root's writes); build it in a directory of root's, or run the \
+                 command as that user",
+                parent.display(),
+                dest.display()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dest;
+    Ok(())
+}
+
 /// Gives the directory `dir` (just made, still empty) the permissions of `src`, but always
-/// writable and searchable by its owner, who fills it next: a private model (0700) is mirrored
-/// private, not with the process's default mode (0755). Not its owner (`output::take_owner`).
+/// writable and searchable by its owner, who fills it next, and never writable by group or others
+/// nor set-ID (the staging tree is the running user's alone while it is built; a source made 0777
+/// by its owner let that user plant links in root's staging tree — a review's finding): a private
+/// model (0700) is mirrored private, not with the process's default mode (0755). Not its owner
+/// (`output::take_owner`).
 fn like_source(dir: &Path, src: &Path) -> Result<(), String> {
     #[cfg(unix)]
     {
@@ -392,11 +430,8 @@ fn like_source(dir: &Path, src: &Path) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", src.display()))?
             .permissions()
             .mode();
-        std::fs::set_permissions(
-            dir,
-            std::fs::Permissions::from_mode((mode & 0o7777) | 0o700),
-        )
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode((mode & 0o755) | 0o700))
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     #[cfg(not(unix))]
     let _ = (dir, src);
@@ -427,8 +462,9 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
     let n = rec.bytes;
     drop(w);
     // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
-    // executable).
-    if let Err(e) = std::fs::set_permissions(to, before.permissions()) {
+    // executable), but not its set-ID bits: the copy is the running user's, and a user's setuid
+    // file copied by root became a setuid-root one (a review's finding, 2026-12-05).
+    if let Err(e) = std::fs::set_permissions(to, crate::output::plain_mode(&before)) {
         return Err(format!("{}: {e}", shown.display()));
     }
     let after = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
@@ -603,8 +639,15 @@ fn close_manifest(
         return Ok(String::new());
     }
     let write = staged.place(Path::new(crate::copies::NAME))?;
-    std::fs::write(&write, records.to_json())
-        .and_then(|()| std::fs::File::open(&write)?.sync_all())
+    // A new file (never through a link that might be there), synced through its own handle.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&write)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, &records.to_json())?;
+            f.sync_all()
+        })
         .map_err(|e| format!("{}: {e}", write.display()))?;
     staged.written(&write);
     Ok(format!(

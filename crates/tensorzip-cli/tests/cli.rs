@@ -1100,6 +1100,71 @@ fn outputs_take_their_inputs_owner() {
     }
 }
 
+/// Outputs never carry set-ID bits, and a mirror's directories are never writable by group or
+/// others (they are the running user's while they are built): a user's setuid file copied or
+/// restored by root came out setuid root, and a source directory made 0777 by its owner let that
+/// user plant links in root's staging tree (a review's findings, 2026-12-05). Run as root, a model
+/// directory is not built in a directory another user can write.
+#[cfg(unix)]
+#[test]
+fn outputs_are_never_set_id_nor_shared_while_built() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = model_dir(d, &model_bytes());
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    std::fs::write(m.join("tool"), b"#!/bin/sh\n").unwrap();
+    set(&m.join("tool"), 0o4755);
+    set(&m.join("model-1.safetensors"), 0o6755);
+    set(&m, 0o777);
+    set(&m.join("text_encoder"), 0o2777);
+    ok(
+        &tz(d, &["compress", "model", "-o", "out"]),
+        "compress a directory",
+    );
+    assert_eq!(mode(&d.join("out/tool")), 0o755);
+    assert_eq!(mode(&d.join("out/model-1.safetensors.tz")), 0o755);
+    assert_eq!(mode(&d.join("out")), 0o755);
+    assert_eq!(mode(&d.join("out/text_encoder")), 0o755);
+    let one = ["compress", "model/model-1.safetensors", "-o", "one.tz"];
+    ok(&tz(d, &one), "compress a file");
+    assert_eq!(mode(&d.join("one.tz")), 0o755);
+    ok(
+        &tz(d, &["decompress", "one.tz", "-o", "one.safetensors"]),
+        "decompress a file",
+    );
+    assert_eq!(mode(&d.join("one.safetensors")), 0o755);
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = d.join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(4321), Some(4322)).unwrap();
+        let o = tz(d, &["compress", "model", "-o", "theirs/out"]);
+        assert!(!o.status.success(), "built in another user's directory");
+        assert!(
+            stderr(&o).contains("another user can write this directory"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(std::fs::read_dir(&theirs).unwrap().next().is_none());
+        let open = d.join("open");
+        std::fs::create_dir(&open).unwrap();
+        set(&open, 0o777);
+        assert!(!tz(d, &["compress", "model", "-o", "open/out"])
+            .status
+            .success());
+        set(&open, 0o1777);
+        ok(
+            &tz(d, &["compress", "model", "-o", "open/out"]),
+            "compress into a sticky directory",
+        );
+        assert_eq!(std::fs::metadata(d.join("open/out")).unwrap().uid(), 0);
+    }
+}
+
 #[test]
 fn info_and_info_json() {
     let (dir, _, model) = setup();
