@@ -128,12 +128,18 @@ fn write_atomically(
     }
     let mut temporary = Temporary(Some(&tmp));
     // A private checkpoint stays private: a file replaced keeps its permissions, as
-    // safetensors' own writer, which writes in place, leaves them.
+    // safetensors' own writer, which writes in place, leaves them. Never set-ID bits: the file
+    // is the running user's (a user's setuid file compressed by root came out setuid root).
     let perms = match mode_from {
         Some(p) => Some(std::fs::metadata(p).map_err(io)?.permissions()),
         None => existing.map(|m| m.permissions()),
     };
     if let Some(perms) = perms {
+        #[cfg(unix)]
+        let perms = {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::Permissions::from_mode(perms.mode() & 0o777)
+        };
         f.set_permissions(perms).map_err(io)?;
     }
     write(&mut f)?;

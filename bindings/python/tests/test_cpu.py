@@ -801,6 +801,13 @@ def test_saves_keep_what_is_there(gen, tmp_path):
     assert (tmp_path / "private.safetensors").stat().st_mode & 0o777 == 0o600
     tz.compress_file(tmp_path / "private.safetensors", tmp_path / "private.tz")
     assert (tmp_path / "private.tz").stat().st_mode & 0o777 == 0o600
+    # Never set-ID bits (a user's setuid file compressed by root came out setuid root).
+    os.chmod(tmp_path / "private.safetensors", 0o6755)
+    tz.compress_file(tmp_path / "private.safetensors", tmp_path / "private.tz", overwrite=True)
+    assert (tmp_path / "private.tz").stat().st_mode & 0o7777 == 0o755
+    os.chmod(tmp_path / "private.tz", 0o4700)
+    tz.save_file({"w": t}, tmp_path / "private.tz")
+    assert (tmp_path / "private.tz").stat().st_mode & 0o7777 == 0o700
     os.remove(tmp_path / "private.safetensors")
     os.remove(tmp_path / "private.tz")
     # The errno's subclass, with the file's name.
