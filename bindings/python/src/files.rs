@@ -80,7 +80,7 @@ fn plan_file<A>(
 /// outputs take theirs), else those of the file it replaces, else the process's defaults.
 fn write_atomically(
     path: &std::path::Path,
-    mode_from: Option<&std::path::Path>,
+    mode_from: Option<&MappedFile>,
     write: impl FnOnce(&mut std::fs::File) -> PyResult<()>,
 ) -> PyResult<()> {
     if path.file_name().is_none() {
@@ -130,8 +130,9 @@ fn write_atomically(
     // A private checkpoint stays private: a file replaced keeps its permissions, as
     // safetensors' own writer, which writes in place, leaves them. Never set-ID bits: the file
     // is the running user's (a user's setuid file compressed by root came out setuid root).
+    // The input's from its descriptor (`MappedFile::metadata`), not a second lookup of its path.
     let perms = match mode_from {
-        Some(p) => Some(std::fs::metadata(p).map_err(io)?.permissions()),
+        Some(m) => Some(m.metadata().map_err(io)?.permissions()),
         None => existing.map(|m| m.permissions()),
     };
     if let Some(perms) = perms {
@@ -440,7 +441,7 @@ fn compress_file(
         let segs = unchanged(&map, &shown, segs)?;
         let spent = Spent::prefix(&map);
         let mut len = 0;
-        write_atomically(&dst, Some(&src), |f| {
+        write_atomically(&dst, Some(&map), |f| {
             let written = write_archive(cpu(), &map[..], &segs, &opts, f, &|done| {
                 spent.reached(done)
             })
@@ -485,7 +486,7 @@ fn decompress_file(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<u64> 
         let ar = Archive::parse(&map).map_err(|e| named(&shown, e));
         let ar = unchanged(&map, &shown, ar)?;
         let spent = Spent::blobs(&map, &ar);
-        write_atomically(&dst, Some(&src), |f| {
+        write_atomically(&dst, Some(&map), |f| {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             let out_err = |m: String| PyOSError::new_err(format!("{}: {m}", dst.display()));
             let done = ar

@@ -198,7 +198,7 @@ pub fn compress(
     let segments = plan_safetensors(&src).map_err(|e| format!("{}: {e}", file.display()))?;
     let (dest, shown) = output.resolve(file, || Ok(archive_name(file)))?;
     let staged = matches!(output, Output::Staged { .. });
-    let mut out = SafeOutput::create(&dest, &shown, force, file, !staged)?;
+    let mut out = SafeOutput::create(&dest, &shown, force, file, &src, !staged)?;
     let pb = progress_bar(src.len() as u64, "compress");
     // The input's pages leave the process once coded (the engines read it in order).
     let spent = Spent::prefix(&src);
@@ -325,7 +325,7 @@ pub fn decompress(
         })
     })?;
     let staged = matches!(output, Output::Staged { .. });
-    let mut out = SafeOutput::create(&dest, &shown, force, path, !staged)?;
+    let mut out = SafeOutput::create(&dest, &shown, force, path, &data, !staged)?;
     let pb = progress_bar(ar.original_len, "decompress");
     let spent = Spent::blobs(&data, &ar);
     let t = Instant::now();

@@ -186,14 +186,16 @@ pub struct SafeOutput {
 impl SafeOutput {
     /// Creates the temporary file next to `dest`; fails if `dest` exists and `force` is false, and
     /// even with `force` if `dest` is not a regular file (the rename would replace a directory
-    /// entry such as `/dev/null` itself, not write into it) or is the command's `input`. Messages
-    /// name the output `shown`. With `take_owner`, the output takes the input's owner when it is
-    /// committed ([`take_owner`]).
+    /// entry such as `/dev/null` itself, not write into it) or is the command's `input` (mapped as
+    /// `mapped`, whose descriptor gives the permissions and owner: [`MappedFile::metadata`]).
+    /// Messages name the output `shown`. With `take_owner`, the output takes the input's owner
+    /// when it is committed ([`take_owner`]).
     pub fn create(
         dest: &Path,
         shown: &Path,
         force: bool,
         input: &Path,
+        mapped: &MappedFile,
         take_owner: bool,
     ) -> Result<SafeOutput, String> {
         // `-o -`: not standard output, which the temporary file and its rename cannot be (the
@@ -265,7 +267,9 @@ impl SafeOutput {
         // checkpoint's archive, and the file restored from it, stay private), as gzip and zstd
         // give theirs; also over a file --force replaces. On an error the temporary goes with
         // `out`. Its owner and group at `commit`, where the user may give them (`take_owner`).
-        let meta = std::fs::metadata(input).map_err(|e| format!("{}: {e}", input.display()))?;
+        let meta = mapped
+            .metadata()
+            .map_err(|e| format!("{}: {e}", input.display()))?;
         out.file()
             .set_permissions(plain_mode(&meta))
             .map_err(|e| format!("{}: {e}", out.tmp.display()))?;

@@ -206,7 +206,7 @@ impl Staged {
     /// Starts the copy of `src` that becomes `dest`.
     pub fn create(dest: &Path, src: &Path) -> Result<Staged, String> {
         exists_refused(dest)?;
-        parent_not_shared(dest)?;
+        let dest = &parent_not_shared(dest)?;
         let (tmp, ()) =
             crate::output::create_pending(dest, "directory", |tmp| std::fs::create_dir(tmp))?;
         crate::sigbus::created(&tmp);
@@ -382,38 +382,49 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
     Ok(plan)
 }
 
-/// Refuses, when running as root, to build a model directory at `dest` whose parent another user
-/// can write (not root's, or writable by group or others without the sticky bit): that user could
-/// swap the hidden staging directory for a link while root writes into it — files of the model's
-/// names and contents written as root wherever the link points (a review's finding, 2026-12-05).
-/// Any other user writes with its own rights only; it is not refused.
-fn parent_not_shared(dest: &Path) -> Result<(), String> {
+/// Where a model directory is built for `dest`. Run as root: `dest`'s parent resolved (links
+/// followed once, here), every directory from it up to `/` root's and not writable by group or
+/// others (a sticky one, as `/tmp`, allowed), and the resolved path returned, which the build uses
+/// from then on. Otherwise another user could swap the hidden staging directory, or a directory
+/// or link above it, while root writes there — files of the model's names and contents written
+/// as root wherever they point (reviews' findings, 2026-12-05; a link checked and then followed
+/// again was the second). Any other user writes with its own rights only: `dest` as it is.
+fn parent_not_shared(dest: &Path) -> Result<PathBuf, String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
         // SAFETY: `geteuid` has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
-            return Ok(());
+            return Ok(dest.to_path_buf());
         }
-        let parent = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
+        let (parent, name) = match (dest.parent(), dest.file_name()) {
+            (Some(p), Some(n)) if !p.as_os_str().is_empty() => (p, n),
+            (_, Some(n)) => (Path::new("."), n),
+            _ => return Err(format!("{}: not a directory name", dest.display())),
         };
-        let meta = std::fs::metadata(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        let shared_mode = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
-        if meta.uid() != 0 || shared_mode {
-            return Err(format!(
-                "{}: another user can write this directory, where root would build {} (that user \
-                 could redirect root's writes); build it in a directory of root's, or run the \
-                 command as that user",
-                parent.display(),
-                dest.display()
-            ));
+        let real =
+            std::fs::canonicalize(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        for dir in real.ancestors() {
+            let meta =
+                std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let shared_mode = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+            if meta.uid() != 0 || shared_mode {
+                return Err(format!(
+                    "{}: another user can write {}, above where root would build {} (that user \
+                     could redirect root's writes); build it under directories of root's only, or \
+                     run the command as that user",
+                    dest.display(),
+                    dir.display(),
+                    dest.display()
+                ));
+            }
         }
+        Ok(real.join(name))
     }
     #[cfg(not(unix))]
-    let _ = dest;
-    Ok(())
+    {
+        Ok(dest.to_path_buf())
+    }
 }
 
 /// Gives the directory `dir` (just made, still empty) the permissions of `src`, but always
@@ -443,9 +454,12 @@ fn like_source(dir: &Path, src: &Path) -> Result<(), String> {
 /// A file whose size changed while it was copied (another process writing it) is an error, as a
 /// mapped input truncated under a command is.
 fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Record, String> {
-    let before = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
-    // Opened here so that an error says which side failed (`fs::copy` reports either as one).
+    // Opened here so that an error says which side failed (`fs::copy` reports either as one); its
+    // size and permissions from the descriptor, not a second lookup of the path.
     let mut r = std::fs::File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    let before = r
+        .metadata()
+        .map_err(|e| format!("{}: {e}", from.display()))?;
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
     // Made with the source's permissions (less the umask) before a byte is in it; set exactly

@@ -1145,11 +1145,29 @@ fn outputs_are_never_set_id_nor_shared_while_built() {
         let o = tz(d, &["compress", "model", "-o", "theirs/out"]);
         assert!(!o.status.success(), "built in another user's directory");
         assert!(
-            stderr(&o).contains("another user can write this directory"),
+            stderr(&o).contains("another user can write"),
             "{}",
             stderr(&o)
         );
         assert!(std::fs::read_dir(&theirs).unwrap().next().is_none());
+        // A directory of root's inside another user's: that user can rename it away.
+        std::fs::create_dir(theirs.join("sub")).unwrap();
+        let o = tz(d, &["compress", "model", "-o", "theirs/sub/out"]);
+        assert!(!o.status.success(), "built below another user's directory");
+        assert!(std::fs::read_dir(theirs.join("sub"))
+            .unwrap()
+            .next()
+            .is_none());
+        // A parent reached through a link in another user's directory, pointing at a directory
+        // of root's: resolved once and built at the resolved path (the link, checked and then
+        // followed again, could be repointed in between), so the copy is in root's directory.
+        std::fs::create_dir(d.join("rootdir")).unwrap();
+        std::os::unix::fs::symlink(d.join("rootdir"), theirs.join("link")).unwrap();
+        let o = tz(d, &["compress", "model", "-o", "theirs/link/out"]);
+        ok(&o, "compress through a link to root's directory");
+        assert!(std::fs::symlink_metadata(d.join("rootdir/out"))
+            .unwrap()
+            .is_dir());
         let open = d.join("open");
         std::fs::create_dir(&open).unwrap();
         set(&open, 0o777);

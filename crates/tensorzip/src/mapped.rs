@@ -75,6 +75,14 @@ impl MappedFile {
         self.truncated() || Stamp::of(&self.file) != self.stamp
     }
 
+    /// The mapped file's metadata, from its descriptor (`fstat`): what an output derived from it
+    /// takes its permissions (and owner) from. Not a second lookup by path, which another user
+    /// could point at another file in between (a review reproduced root's archive of a root-only
+    /// file handed to that user, 2026-12-05).
+    pub fn metadata(&self) -> std::io::Result<std::fs::Metadata> {
+        self.file.metadata()
+    }
+
     /// Whether a read of the mapping found the file shorter than it was when mapped (truncated by
     /// another process) — only with [`crate::truncation::guard`] installed; without it such a
     /// read ends the process. The bytes read past the new end were zeros: a caller that sees
