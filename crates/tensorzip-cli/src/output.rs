@@ -134,14 +134,30 @@ pub fn create_temp<T>(
 /// The permissions an output takes from its input `source`: its mode without the set-user-ID,
 /// set-group-ID and sticky bits. An output is written by the running user (root, say) and is its
 /// until committed; a user's setuid file compressed or restored by root came out setuid root.
-pub fn plain_mode(source: &std::fs::Metadata) -> std::fs::Permissions {
+///
+/// Run as root, an input named through a link (its path is not the file read: `read` is the
+/// descriptor's metadata) gives at most 0600: a link made by another user to a root file readable
+/// only through a private directory (0644 in a 0700 one) gave that user root's copy of it, 0644
+/// in their own directory (a review's finding, 2026-12-05).
+pub fn plain_mode(path: &Path, read: &std::fs::Metadata) -> std::fs::Permissions {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::Permissions::from_mode(source.permissions().mode() & 0o777)
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let mut mode = read.permissions().mode() & 0o777;
+        // SAFETY: `geteuid` has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let named = std::fs::symlink_metadata(path).ok();
+            if named.is_none_or(|n| (n.dev(), n.ino()) != (read.dev(), read.ino())) {
+                mode &= 0o600;
+            }
+        }
+        std::fs::Permissions::from_mode(mode)
     }
     #[cfg(not(unix))]
-    source.permissions()
+    {
+        let _ = path;
+        read.permissions()
+    }
 }
 
 /// Gives the open output `file` the owner and group of `source`, as gzip gives its outputs: a
@@ -181,6 +197,8 @@ pub struct SafeOutput {
     /// The input's metadata, whose owner and group the output takes at `commit` (not for a file
     /// inside a model directory being built: see [`take_owner`]).
     owner: Option<std::fs::Metadata>,
+    /// The permissions the output takes ([`plain_mode`]), set again after a change of owner.
+    perms: std::fs::Permissions,
 }
 
 impl SafeOutput {
@@ -247,6 +265,13 @@ impl SafeOutput {
                 ));
             }
         }
+        // The output takes the input's permissions, before any byte is written (a private
+        // checkpoint's archive, and the file restored from it, stay private), as gzip and zstd
+        // give theirs; also over a file --force replaces. On an error the temporary goes with
+        // `out`. Its owner and group at `commit`, where the user may give them (`take_owner`).
+        let meta = mapped
+            .metadata()
+            .map_err(|e| format!("{}: {e}", input.display()))?;
         let (tmp, file) = create_pending(dest, "file", |tmp| {
             OpenOptions::new()
                 .read(true)
@@ -262,16 +287,11 @@ impl SafeOutput {
             file: Some(file),
             force,
             owner: None,
+            perms: plain_mode(input, &meta),
         };
-        // The output takes the input's permissions, before any byte is written (a private
-        // checkpoint's archive, and the file restored from it, stay private), as gzip and zstd
-        // give theirs; also over a file --force replaces. On an error the temporary goes with
-        // `out`. Its owner and group at `commit`, where the user may give them (`take_owner`).
-        let meta = mapped
-            .metadata()
-            .map_err(|e| format!("{}: {e}", input.display()))?;
+        let perms = out.perms.clone();
         out.file()
-            .set_permissions(plain_mode(&meta))
+            .set_permissions(perms)
             .map_err(|e| format!("{}: {e}", out.tmp.display()))?;
         out.owner = take_owner.then_some(meta);
         Ok(out)
@@ -291,7 +311,7 @@ impl SafeOutput {
             .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         if let Some(meta) = &self.owner {
             take_owner(&file, meta);
-            file.set_permissions(plain_mode(meta))
+            file.set_permissions(self.perms.clone())
                 .map_err(|e| format!("{}: {e}", self.shown.display()))?;
         }
         drop(file);

@@ -478,7 +478,7 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
     // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
     // executable), but not its set-ID bits: the copy is the running user's, and a user's setuid
     // file copied by root became a setuid-root one (a review's finding, 2026-12-05).
-    if let Err(e) = std::fs::set_permissions(to, crate::output::plain_mode(&before)) {
+    if let Err(e) = std::fs::set_permissions(to, crate::output::plain_mode(from, &before)) {
         return Err(format!("{}: {e}", shown.display()));
     }
     let after = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;

@@ -1150,6 +1150,31 @@ fn outputs_are_never_set_id_nor_shared_while_built() {
             stderr(&o)
         );
         assert!(std::fs::read_dir(&theirs).unwrap().next().is_none());
+        // A file reached through a link (another user's, say, to a 0644 file in a 0700 directory
+        // of root's): its output is at most 0600, single file or in a mirror.
+        let private = d.join("private");
+        std::fs::create_dir(&private).unwrap();
+        set(&private, 0o700);
+        std::fs::copy(m.join("model-1.safetensors"), private.join("s.safetensors")).unwrap();
+        std::fs::write(private.join("notes.txt"), b"secret").unwrap();
+        set(&private.join("s.safetensors"), 0o644);
+        set(&private.join("notes.txt"), 0o644);
+        let linked = d.join("linked");
+        std::fs::create_dir(&linked).unwrap();
+        std::os::unix::fs::symlink(private.join("s.safetensors"), linked.join("s.safetensors"))
+            .unwrap();
+        std::os::unix::fs::symlink(private.join("notes.txt"), linked.join("notes.txt")).unwrap();
+        ok(
+            &tz(d, &["compress", "linked/s.safetensors", "-o", "s.tz"]),
+            "compress through a link",
+        );
+        assert_eq!(mode(&d.join("s.tz")), 0o600);
+        ok(
+            &tz(d, &["compress", "linked", "-o", "linked.out"]),
+            "mirror with links",
+        );
+        assert_eq!(mode(&d.join("linked.out/notes.txt")), 0o600);
+        assert_eq!(mode(&d.join("linked.out/s.safetensors.tz")), 0o600);
         // A directory of root's inside another user's: that user can rename it away.
         std::fs::create_dir(theirs.join("sub")).unwrap();
         let o = tz(d, &["compress", "model", "-o", "theirs/sub/out"]);
