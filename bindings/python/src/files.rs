@@ -80,7 +80,7 @@ fn plan_file<A>(
 /// outputs take theirs), else those of the file it replaces, else the process's defaults.
 fn write_atomically(
     path: &std::path::Path,
-    mode_from: Option<&MappedFile>,
+    mode_from: Option<(&std::path::Path, &MappedFile)>,
     write: impl FnOnce(&mut std::fs::File) -> PyResult<()>,
 ) -> PyResult<()> {
     if path.file_name().is_none() {
@@ -131,16 +131,25 @@ fn write_atomically(
     // safetensors' own writer, which writes in place, leaves them. Never set-ID bits: the file
     // is the running user's (a user's setuid file compressed by root came out setuid root).
     // The input's from its descriptor (`MappedFile::metadata`), not a second lookup of its path.
+    // Run as root, an input named through a link (the path is not the file read) gives at most
+    // 0600, as the command line's outputs (another user's link to a root file readable only
+    // through a private directory gave that user root's copy).
     let perms = match mode_from {
-        Some(m) => Some(m.metadata().map_err(io)?.permissions()),
-        None => existing.map(|m| m.permissions()),
+        Some((src, m)) => {
+            let read = m.metadata().map_err(io)?;
+            Some((read.permissions(), linked_as_root(src, &read)))
+        }
+        None => existing.map(|m| (m.permissions(), false)),
     };
-    if let Some(perms) = perms {
+    if let Some((perms, linked)) = perms {
         #[cfg(unix)]
         let perms = {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::Permissions::from_mode(perms.mode() & 0o777)
+            let keep = if linked { 0o600 } else { 0o777 };
+            std::fs::Permissions::from_mode(perms.mode() & keep)
         };
+        #[cfg(not(unix))]
+        let _ = linked;
         f.set_permissions(perms).map_err(io)?;
     }
     write(&mut f)?;
@@ -150,6 +159,27 @@ fn write_atomically(
     temporary.0 = None;
     tensorzip::mapped::sync_parent(path);
     Ok(())
+}
+
+/// Whether, run as root, `path` names another file than the one read (`read`: its descriptor's
+/// metadata) — a link, or a name swapped in between.
+fn linked_as_root(path: &std::path::Path, read: &std::fs::Metadata) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: `geteuid` has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return false;
+        }
+        std::fs::symlink_metadata(path)
+            .ok()
+            .is_none_or(|n| (n.dev(), n.ino()) != (read.dev(), read.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, read);
+        false
+    }
 }
 
 /// [`save_file`] of tensors in the memory of GPU `device`: `entries` give device addresses. Each
@@ -441,7 +471,7 @@ fn compress_file(
         let segs = unchanged(&map, &shown, segs)?;
         let spent = Spent::prefix(&map);
         let mut len = 0;
-        write_atomically(&dst, Some(&map), |f| {
+        write_atomically(&dst, Some((&src, &map)), |f| {
             let written = write_archive(cpu(), &map[..], &segs, &opts, f, &|done| {
                 spent.reached(done)
             })
@@ -486,7 +516,7 @@ fn decompress_file(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<u64> 
         let ar = Archive::parse(&map).map_err(|e| named(&shown, e));
         let ar = unchanged(&map, &shown, ar)?;
         let spent = Spent::blobs(&map, &ar);
-        write_atomically(&dst, Some(&map), |f| {
+        write_atomically(&dst, Some((&src, &map)), |f| {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             let out_err = |m: String| PyOSError::new_err(format!("{}: {m}", dst.display()));
             let done = ar

@@ -808,6 +808,16 @@ def test_saves_keep_what_is_there(gen, tmp_path):
     os.chmod(tmp_path / "private.tz", 0o4700)
     tz.save_file({"w": t}, tmp_path / "private.tz")
     assert (tmp_path / "private.tz").stat().st_mode & 0o7777 == 0o700
+    # Run as root, an input named through a link gives at most 0600 (as the command line's).
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        os.chmod(tmp_path / "private.safetensors", 0o644)
+        os.symlink(tmp_path / "private.safetensors", tmp_path / "link.safetensors")
+        tz.compress_file(tmp_path / "link.safetensors", tmp_path / "linked.tz")
+        assert (tmp_path / "linked.tz").stat().st_mode & 0o7777 == 0o600
+        tz.compress_file(tmp_path / "private.safetensors", tmp_path / "direct.tz")
+        assert (tmp_path / "direct.tz").stat().st_mode & 0o7777 == 0o644
+        for n in ("link.safetensors", "linked.tz", "direct.tz"):
+            os.remove(tmp_path / n)
     os.remove(tmp_path / "private.safetensors")
     os.remove(tmp_path / "private.tz")
     # The errno's subclass, with the file's name.
