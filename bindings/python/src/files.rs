@@ -137,7 +137,10 @@ fn write_atomically(
     let perms = match mode_from {
         Some((src, m)) => {
             let read = m.metadata().map_err(io)?;
-            Some((read.permissions(), linked_as_root(src, &read)))
+            Some((
+                read.permissions(),
+                tensorzip::mapped::linked_as_root(src, &read),
+            ))
         }
         None => existing.map(|m| (m.permissions(), false)),
     };
@@ -159,27 +162,6 @@ fn write_atomically(
     temporary.0 = None;
     tensorzip::mapped::sync_parent(path);
     Ok(())
-}
-
-/// Whether, run as root, `path` names another file than the one read (`read`: its descriptor's
-/// metadata) — a link, or a name swapped in between.
-fn linked_as_root(path: &std::path::Path, read: &std::fs::Metadata) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        // SAFETY: `geteuid` has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return false;
-        }
-        std::fs::symlink_metadata(path)
-            .ok()
-            .is_none_or(|n| (n.dev(), n.ino()) != (read.dev(), read.ino()))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (path, read);
-        false
-    }
 }
 
 /// [`save_file`] of tensors in the memory of GPU `device`: `entries` give device addresses. Each

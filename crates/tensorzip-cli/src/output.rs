@@ -142,14 +142,10 @@ pub fn create_temp<T>(
 pub fn plain_mode(path: &Path, read: &std::fs::Metadata) -> std::fs::Permissions {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::os::unix::fs::PermissionsExt;
         let mut mode = read.permissions().mode() & 0o777;
-        // SAFETY: `geteuid` has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            let named = std::fs::symlink_metadata(path).ok();
-            if named.is_none_or(|n| (n.dev(), n.ino()) != (read.dev(), read.ino())) {
-                mode &= 0o600;
-            }
+        if tensorzip::mapped::linked_as_root(path, read) {
+            mode &= 0o600;
         }
         std::fs::Permissions::from_mode(mode)
     }

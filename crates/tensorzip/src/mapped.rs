@@ -260,6 +260,30 @@ pub fn create_beside<T>(
     ))
 }
 
+/// Whether, run as root, `path` names another file than the one read (`read`: the metadata of its
+/// open descriptor, e.g. [`MappedFile::metadata`]) — a link, or a name swapped in between. The
+/// command line's and the Python package's outputs of such an input are at most 0600: another
+/// user's link to a root file readable only through a private directory gave that user root's
+/// copy of it (a review's finding, 2026-12-05).
+pub fn linked_as_root(path: &std::path::Path, read: &std::fs::Metadata) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: `geteuid` has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return false;
+        }
+        std::fs::symlink_metadata(path)
+            .ok()
+            .is_none_or(|n| (n.dev(), n.ino()) != (read.dev(), read.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, read);
+        false
+    }
+}
+
 /// Whether a file name is one of the temporaries [`create_beside`] makes (`.NAME.tmp-PID-N`):
 /// what a directory walk leaves out without a word.
 pub fn is_temporary(name: &[u8]) -> bool {
