@@ -384,7 +384,8 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
 
 /// Where a model directory is built for `dest`. Run as root: `dest`'s parent resolved (links
 /// followed once, here), every directory from it up to `/` root's and not writable by group or
-/// others (a sticky one, as `/tmp`, allowed), and the resolved path returned, which the build uses
+/// others (a sticky one, as `/tmp`, allowed: `tensorzip::mapped::only_ours_above`), and the
+/// resolved path returned, which the build uses
 /// from then on. Otherwise another user could swap the hidden staging directory, or a directory
 /// or link above it, while root writes there — files of the model's names and contents written
 /// as root wherever they point (reviews' findings, 2026-12-05; a link checked and then followed
@@ -392,7 +393,6 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
 fn parent_not_shared(dest: &Path) -> Result<PathBuf, String> {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::MetadataExt;
         // SAFETY: `geteuid` has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             return Ok(dest.to_path_buf());
@@ -402,23 +402,15 @@ fn parent_not_shared(dest: &Path) -> Result<PathBuf, String> {
             (_, Some(n)) => (Path::new("."), n),
             _ => return Err(format!("{}: not a directory name", dest.display())),
         };
-        let real =
-            std::fs::canonicalize(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        for dir in real.ancestors() {
-            let meta =
-                std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            let shared_mode = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
-            if meta.uid() != 0 || shared_mode {
-                return Err(format!(
-                    "{}: another user can write {}, above where root would build {} (that user \
-                     could redirect root's writes); build it under directories of root's only, or \
-                     run the command as that user",
-                    dest.display(),
-                    dir.display(),
-                    dest.display()
-                ));
-            }
-        }
+        let real = tensorzip::mapped::only_ours_above(parent, true).map_err(|why| {
+            format!(
+                "{}: {why}: another user can write there, above where root would build {}, and \
+                 could redirect root's writes; build it under directories of root's only, or run \
+                 the command as that user",
+                dest.display(),
+                dest.display()
+            )
+        })?;
         Ok(real.join(name))
     }
     #[cfg(not(unix))]

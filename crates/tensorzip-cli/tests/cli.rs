@@ -1196,9 +1196,13 @@ fn outputs_are_never_set_id_nor_shared_while_built() {
         let open = d.join("open");
         std::fs::create_dir(&open).unwrap();
         set(&open, 0o777);
-        assert!(!tz(d, &["compress", "model", "-o", "open/out"])
-            .status
-            .success());
+        let o = tz(d, &["compress", "model", "-o", "open/out"]);
+        assert!(!o.status.success(), "built in a directory others can write");
+        assert!(
+            stderr(&o).contains("writable by other users"),
+            "{}",
+            stderr(&o)
+        );
         set(&open, 0o1777);
         ok(
             &tz(d, &["compress", "model", "-o", "open/out"]),

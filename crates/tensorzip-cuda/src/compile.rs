@@ -48,7 +48,7 @@ fn usable_cache(dir: PathBuf) -> Option<PathBuf> {
     if create_private_dir(&dir).is_err() {
         return None;
     }
-    if let Err(why) = trusted_dir(&dir) {
+    if let Err(why) = tensorzip::mapped::only_ours_above(&dir, false) {
         static WARNED: OnceLock<()> = OnceLock::new();
         WARNED.get_or_init(|| {
             eprintln!(
@@ -76,43 +76,12 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
 }
 
-/// Whether a cache entry's metadata (a file, the directory, or — `above` — a directory above it)
-/// allows no one but this process's user (or root) to change it: `Err` says why not.
-#[cfg(unix)]
-fn private(meta: &std::fs::Metadata, above: bool) -> std::result::Result<(), &'static str> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me && meta.uid() != 0 {
-        return Err("owned by another user");
-    }
-    if meta.mode() & 0o022 != 0 && !(above && meta.mode() & 0o1000 != 0) {
-        return Err("writable by other users");
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn private(_meta: &std::fs::Metadata, _above: bool) -> std::result::Result<(), &'static str> {
-    Ok(())
-}
-
-/// [`usable_cache`]'s check of `dir` and the directories above it: `Err` names the first that
-/// fails and why.
-fn trusted_dir(dir: &std::path::Path) -> std::result::Result<(), String> {
-    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{e}"))?;
-    for (i, d) in dir.ancestors().enumerate() {
-        let meta = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
-        private(&meta, i > 0).map_err(|why| format!("{} is {why}", d.display()))?;
-    }
-    Ok(())
-}
-
-/// A cached file's bytes, if the file is private to this user ([`private`]).
+/// A cached file's bytes, if the file is private to this user
+/// ([`tensorzip::mapped::only_ours`]).
 fn read_private(path: &std::path::Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut f = std::fs::File::open(path).ok()?;
-    private(&f.metadata().ok()?, false).ok()?;
+    tensorzip::mapped::only_ours(&f.metadata().ok()?, false).ok()?;
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes).ok()?;
     Some(bytes)
@@ -557,8 +526,9 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn kernel_cache_used_only_where_no_one_else_can_write() {
-        use super::{read_private, trusted_dir, usable_cache};
+        use super::{read_private, usable_cache};
         use std::os::unix::fs::PermissionsExt;
+        use tensorzip::mapped::only_ours_above;
         let chmod = |p: &std::path::Path, m: u32| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
         };
@@ -577,7 +547,7 @@ mod tests {
             assert_eq!(usable_cache(d.clone()).is_some(), ok, "{m:o}");
         }
         chmod(&d, 0o777);
-        assert!(trusted_dir(&d)
+        assert!(only_ours_above(&d, false)
             .unwrap_err()
             .contains("writable by other users"));
         // A directory above: writable by others is refused unless sticky (as /tmp).

@@ -284,6 +284,47 @@ pub fn linked_as_root(path: &std::path::Path, read: &std::fs::Metadata) -> bool 
     }
 }
 
+/// Whether no user but this process's (or root) can change what `meta` describes: `Err` says why
+/// not. `sticky_ok` lets a directory writable by others pass if it has the sticky bit (as `/tmp`:
+/// others cannot rename or remove what is not theirs in it) — right for a directory *above*
+/// what is checked, not for the directory or file itself. Always `Ok` off Unix.
+pub fn only_ours(meta: &std::fs::Metadata, sticky_ok: bool) -> Result<(), &'static str> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: `geteuid` has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err("owned by another user");
+        }
+        if meta.mode() & 0o022 != 0 && !(sticky_ok && meta.mode() & 0o1000 != 0) {
+            return Err("writable by other users");
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (meta, sticky_ok);
+    Ok(())
+}
+
+/// `dir` resolved (no links left), if it and every directory above it pass [`only_ours`]
+/// (`dir` itself as sticky-exempt only with `dir_sticky_ok`, the ones above always): then no
+/// other user can swap it or anything on the way to it for a link or a directory of theirs while
+/// this process writes under it. `Err` names the first that fails and why. Used where a process
+/// writes files another user must not redirect or plant: the GPU engine's kernel cache, and the
+/// command line building a model directory as root.
+pub fn only_ours_above(
+    dir: &std::path::Path,
+    dir_sticky_ok: bool,
+) -> Result<std::path::PathBuf, String> {
+    let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for (i, d) in real.ancestors().enumerate() {
+        let meta = std::fs::symlink_metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        only_ours(&meta, i > 0 || dir_sticky_ok)
+            .map_err(|why| format!("{} is {why}", d.display()))?;
+    }
+    Ok(real)
+}
+
 /// Whether a file name is one of the temporaries [`create_beside`] makes (`.NAME.tmp-PID-N`):
 /// what a directory walk leaves out without a word.
 pub fn is_temporary(name: &[u8]) -> bool {
