@@ -31,6 +31,9 @@ cargo build --release -p tensorzip-cuda --example gpu_bench
 strip -o gpu-bin/gpu_bench target/release/examples/gpu_bench
 cargo build --release -p tensorzip-cli
 strip -o gpu-bin/tensorzip target/release/tensorzip
+# The format-revision probe, whose PLANES_OUT mode writes what `scripts/gpu_run.sh pairs` times.
+cargo build --release -p tensorzip --example pairprobe
+strip -o gpu-bin/pairprobe target/release/examples/pairprobe
 ls -la gpu-bin
 # The Python package's abi3 wheel and pytest's wheels, for scripts/gpu_run.sh python.
 mkdir -p gpu-py

@@ -26,6 +26,10 @@
 #   scripts/gpu_run.sh large      tensors past 2^31 elements and 2^32 bytes through the CLI (CPU and
 #                                 --gpu, archives compared, peak memory), gpu_bench and load_file
 #                                 (carry gpu-py/; scripts/large_tensors.sh --gpu, ~20 GB of /tmp)
+#   scripts/gpu_run.sh pairs      a format revision's probe (docs/DESIGN.md, "A measured candidate:
+#                                 exponents two units a symbol"): the decode kernel on gpu_bench's
+#                                 1 GiB synthetic bf16 and fp32, on their exponent planes alone and
+#                                 on their rank planes alone (u8 tensors written by gpu-bin/pairprobe)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -164,6 +168,19 @@ if [[ $what == profile ]]; then
         fi
     done
     ls -la "$out"
+fi
+if [[ $what == pairs ]]; then
+    echo "== pairs: the decode kernel on whole tensors, their exponent planes, their rank planes"
+    for dt in bf16 fp32; do
+        d=/tmp/tz-pairs-$dt
+        mkdir -p "$d"
+        PLANES_OUT=$d ./gpu-bin/pairprobe "synth-$dt" || rc=1
+        for f in full exp ranks; do
+            echo "-- synthetic $dt, $f"
+            BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench file "$d/$f.safetensors" none 10 || rc=1
+        done
+        rm -rf "$d"
+    done
 fi
 [[ -f $results ]] && python3 scripts/gpu_anchors.py table "$results"
 exit $rc

@@ -19,7 +19,10 @@
 //!   the pair table (3 bytes an entry) and the escapes (2 bytes each, stored).
 //!
 //! `cargo run --release --example pairprobe -- FILE.safetensors [runs]` (times: the median of
-//! `runs`, default 7, the variants alternating within each run).
+//! `runs`, default 7, the variants alternating within each run). `FILE` may be `synth-bf16` or
+//! `synth-fp32`: `gpu_bench synth`'s 1 GiB of tensors, made here. With `PLANES_OUT=DIR` the probe
+//! only writes the tensors, their exponent planes and their rank planes as three safetensors files
+//! in `DIR`, which `scripts/gpu_run.sh pairs` times on the GPU.
 use std::time::Instant;
 
 mod common;
@@ -201,9 +204,85 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// `gpu_bench synth`'s tensors (8192 x 8192, each row from its own seed), in safetensors layout.
+fn synthetic(dt: DType, n: usize) -> Vec<u8> {
+    use rayon::prelude::*;
+    let mut tensors = Vec::new();
+    for i in 0..n {
+        let mut t = vec![0u8; 8192 * 8192 * dt.itemsize()];
+        let seed = i as u64 + 1;
+        t.par_chunks_mut(8192 * dt.itemsize())
+            .enumerate()
+            .for_each(|(r, row)| {
+                let s = seed.wrapping_mul(1_000_003).wrapping_add(r as u64);
+                row.copy_from_slice(&tensorzip::sample::weights(1, 8192, dt, s));
+            });
+        tensors.push((format!("t{i}"), t));
+    }
+    let st = match dt {
+        DType::BF16 => safetensors::Dtype::BF16,
+        _ => safetensors::Dtype::F32,
+    };
+    let views = tensors.iter().map(|(name, t)| {
+        let v = safetensors::tensor::TensorView::new(st, vec![8192, 8192], t).unwrap();
+        (name.clone(), v)
+    });
+    safetensors::tensor::serialize(views, None).unwrap()
+}
+
+/// `PLANES_OUT=DIR`: writes the tensors as they are (`DIR/full.safetensors`), their exponent
+/// planes (`DIR/exp.safetensors`) and their rank planes (`DIR/ranks.safetensors`), as `u8`
+/// tensors of one dimension, for `gpu_bench file` to time the GPU decoder on each.
+fn write_planes(dir: &str, bytes: &[u8]) {
+    let mut exps = Vec::new();
+    let mut ranks = Vec::new();
+    let mut full = Vec::new();
+    for (name, (data, dt, shape)) in file_tensors(bytes).into_iter().enumerate() {
+        let w = dt.itemsize();
+        if !matches!(dt, DType::BF16 | DType::F32) || data.len() % (2 * w) != 0 {
+            continue;
+        }
+        exps.push((format!("t{name}"), planes(data, w).0));
+        ranks.push((format!("t{name}"), pair_code(data, w).ranks));
+        full.push((format!("t{name}"), dt, shape, data));
+    }
+    let u8s = |list: &[(String, Vec<u8>)], file: &str| {
+        let views = list.iter().map(|(n, b)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![b.len()], b)
+                .unwrap();
+            (n.clone(), v)
+        });
+        safetensors::tensor::serialize_to_file(views, None, format!("{dir}/{file}").as_ref())
+            .unwrap();
+    };
+    u8s(&exps, "exp.safetensors");
+    u8s(&ranks, "ranks.safetensors");
+    let views = full.iter().map(|(n, dt, shape, b)| {
+        let st = match dt {
+            DType::BF16 => safetensors::Dtype::BF16,
+            _ => safetensors::Dtype::F32,
+        };
+        let shape = shape.iter().map(|&d| d as usize).collect();
+        (
+            n.clone(),
+            safetensors::tensor::TensorView::new(st, shape, b).unwrap(),
+        )
+    });
+    safetensors::tensor::serialize_to_file(views, None, format!("{dir}/full.safetensors").as_ref())
+        .unwrap();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let bytes = std::fs::read(&args[1]).expect("read the file");
+    let bytes = match args[1].as_str() {
+        "synth-bf16" => synthetic(DType::BF16, 8),
+        "synth-fp32" => synthetic(DType::F32, 4),
+        path => std::fs::read(path).expect("read the file"),
+    };
+    if let Ok(dir) = std::env::var("PLANES_OUT") {
+        write_planes(&dir, &bytes);
+        return;
+    }
     let runs = num_arg(&args, 2, 7);
     let eng = CpuEngine::new(1).unwrap();
     let (on, off) = (
