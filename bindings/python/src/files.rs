@@ -792,8 +792,24 @@ impl ArchiveFile {
     }
 }
 
+/// `dir` resolved, if no user but this process's (or root) can change it or any directory above
+/// it (a sticky one, as `/tmp`, allowed): `tensorzip::mapped::only_ours_above`, the rule the
+/// command line applies before root builds a model directory. `save_dir` run as root asks it
+/// before staging its shards in `dir`, and writes at the resolved path; else PermissionError.
+#[pyfunction]
+fn only_ours_above(dir: PathBuf) -> PyResult<PathBuf> {
+    tensorzip::mapped::only_ours_above(&dir, true).map_err(|why| {
+        pyo3::exceptions::PyPermissionError::new_err(format!(
+            "{}: {why}: another user can write there, and could redirect the writes of this \
+             process (root); save under directories of root's only, or as that user",
+            dir.display()
+        ))
+    })
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ArchiveFile>()?;
+    m.add_function(wrap_pyfunction!(only_ours_above, m)?)?;
     m.add_function(wrap_pyfunction!(save_file, m)?)?;
     m.add_function(wrap_pyfunction!(save_file_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(open_archive, m)?)?;

@@ -841,6 +841,30 @@ def test_saves_keep_what_is_there(gen, tmp_path):
     assert (out / "model.safetensors.index.json").exists()
     tz.save_dir({"a": t}, out)
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors.tz"]
+    # Run as root: no save_dir where another user could swap the staging directory for a link
+    # (a directory of theirs, or one anyone may write), nothing written there; a sticky one (as
+    # /tmp) is fine; through a link, the save lands at the resolved path.
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 4321, 4322)
+        for where in (theirs, theirs / "sub"):
+            with pytest.raises(PermissionError, match="owned by another user"):
+                tz.save_dir({"a": t}, where)
+        assert list(theirs.iterdir()) == []
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o777)
+        with pytest.raises(PermissionError, match="writable by other users"):
+            tz.save_dir({"a": t}, shared)
+        assert list(shared.iterdir()) == []
+        os.chmod(shared, 0o1777)
+        assert tz.save_dir({"a": t}, shared) == ["model.safetensors.tz"]
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        os.symlink(mine, tmp_path / "link")
+        tz.save_dir({"a": t}, tmp_path / "link")
+        assert sorted(p.name for p in mine.iterdir()) == ["model.safetensors.tz"]
 
 
 def test_save_dir_shards_like_hugging_face_and_load_dir_reads_it(gen, tmp_path):

@@ -422,7 +422,10 @@ def save_dir(
     save left under these names (`model.safetensors.tz`, other `model-*-of-*.safetensors.tz`, the
     index) are removed once the new ones are in place, so that `load_dir` reads this save alone;
     a directory whose `model.safetensors.index.json` is an uncompressed checkpoint's (the shards
-    it names are there) is refused with ValueError, before anything is written.
+    it names are there) is refused with ValueError, before anything is written. Run as root,
+    `dirname` and every directory above it must be root's and not writable by other users (a
+    sticky one, as /tmp, allowed), else PermissionError: another user could swap the staging
+    directory for a link and have root write where it points (the command line's rule too).
     Returns the names of the files written."""
     if not isinstance(tensors, dict):
         raise TypeError(f"tensors must be a dict of name -> torch.Tensor, not {type(tensors).__name__}")
@@ -432,6 +435,12 @@ def save_dir(
     made = not os.path.isdir(root)
     os.makedirs(root, exist_ok=True)
     try:
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            # Run as root, shards are staged only where no other user can swap the staging
+            # directory (or a directory above it) for a link, and at the resolved path: the
+            # command line's rule for a model directory. PermissionError otherwise, before
+            # anything is written.
+            root = os.fsdecode(_native.only_ours_above(root))
         return _save_shards(tensors, root, metadata, max_shard_bytes, options)
     except BaseException:
         # Nothing of this save is left (its shards were removed); a directory it made goes too.

@@ -1,6 +1,8 @@
 # Type stubs of the native module (bindings/python/src). Addresses are plain ints taken from live,
 # contiguous torch tensors; see tensorzip/_core.py.
 
+from pathlib import Path
+
 __version__: str
 
 # (chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
@@ -61,6 +63,7 @@ def gpu_decompress(
 ) -> None: ...
 def gpu_upload(device: int, stream: int, ptr: int, len: int, dst: int) -> None: ...
 def gpu_crc32(device: int, stream: int, ptr: int, len: int, piece: int, out: int, n_out: int) -> None: ...
+def only_ours_above(dir: str) -> Path: ...
 def save_file(
     path: str,
     entries: list[tuple[str, str, list[int], int, int]],
