@@ -800,9 +800,8 @@ impl ArchiveFile {
 fn only_ours_above(dir: PathBuf) -> PyResult<PathBuf> {
     tensorzip::mapped::only_ours_above(&dir, true).map_err(|why| {
         pyo3::exceptions::PyPermissionError::new_err(format!(
-            "{}: {why}: another user can write there, and could redirect the writes of this \
-             process (root); save under directories of root's only, or as that user",
-            dir.display()
+            "{why}: another user can write there, and could redirect the writes of this process \
+             (root); save under directories of root's only, or as that user"
         ))
     })
 }

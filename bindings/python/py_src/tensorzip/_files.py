@@ -432,14 +432,21 @@ def save_dir(
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes must be a positive int, not {max_shard_bytes!r}")
     root = os.fsdecode(dirname)
+    # Run as root, shards are staged only where no other user can swap the staging directory (or
+    # a directory above it) for a link, and at the resolved path: the command line's rule for a
+    # model directory. Checked before the directory is made (on the deepest one that exists: a
+    # link of theirs on the way would have root make directories where it points) and again
+    # after; PermissionError, before anything is written.
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if as_root:
+        there = os.path.abspath(root)
+        while not os.path.isdir(there):
+            there = os.path.dirname(there)
+        _native.only_ours_above(there)
     made = not os.path.isdir(root)
     os.makedirs(root, exist_ok=True)
     try:
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            # Run as root, shards are staged only where no other user can swap the staging
-            # directory (or a directory above it) for a link, and at the resolved path: the
-            # command line's rule for a model directory. PermissionError otherwise, before
-            # anything is written.
+        if as_root:
             root = os.fsdecode(_native.only_ours_above(root))
         return _save_shards(tensors, root, metadata, max_shard_bytes, options)
     except BaseException:
