@@ -798,11 +798,13 @@ impl ArchiveFile {
 /// before staging its shards in `dir`, and writes at the resolved path; else PermissionError.
 #[pyfunction]
 fn only_ours_above(dir: PathBuf) -> PyResult<PathBuf> {
-    tensorzip::mapped::only_ours_above(&dir, true).map_err(|why| {
-        pyo3::exceptions::PyPermissionError::new_err(format!(
+    use tensorzip::mapped::NotOurs;
+    tensorzip::mapped::only_ours_above(&dir, true).map_err(|e| match e {
+        NotOurs::Io(m) => PyOSError::new_err(m),
+        NotOurs::Shared(why) => pyo3::exceptions::PyPermissionError::new_err(format!(
             "{why}: another user can write there, and could redirect the writes of this process \
              (root); save under directories of root's only, or as that user"
-        ))
+        )),
     })
 }
 

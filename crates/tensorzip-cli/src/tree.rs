@@ -402,14 +402,16 @@ fn parent_not_shared(dest: &Path) -> Result<PathBuf, String> {
             (_, Some(n)) => (Path::new("."), n),
             _ => return Err(format!("{}: not a directory name", dest.display())),
         };
-        let real = tensorzip::mapped::only_ours_above(parent, true).map_err(|why| {
-            format!(
+        use tensorzip::mapped::NotOurs;
+        let real = tensorzip::mapped::only_ours_above(parent, true).map_err(|e| match e {
+            NotOurs::Io(m) => m,
+            NotOurs::Shared(why) => format!(
                 "{}: {why}: another user can write there, above where root would build {}, and \
                  could redirect root's writes; build it under directories of root's only, or run \
                  the command as that user",
                 dest.display(),
                 dest.display()
-            )
+            ),
         })?;
         Ok(real.join(name))
     }

@@ -1150,6 +1150,14 @@ fn outputs_are_never_set_id_nor_shared_while_built() {
             stderr(&o)
         );
         assert!(std::fs::read_dir(&theirs).unwrap().next().is_none());
+        // A parent that does not exist: its own error, not the other user's.
+        let o = tz(d, &["compress", "model", "-o", "missing/out"]);
+        assert!(!o.status.success(), "built under a missing directory");
+        assert!(
+            stderr(&o).contains("No such file") && !stderr(&o).contains("another user"),
+            "{}",
+            stderr(&o)
+        );
         // A file reached through a link (another user's, say, to a 0644 file in a 0700 directory
         // of root's): its output is at most 0600, single file or in a mirror.
         let private = d.join("private");

@@ -43,23 +43,28 @@ fn cache_dir() -> Option<PathBuf> {
 /// this process's user or by root, and none writable by other users — except, above it, a
 /// directory with the sticky bit (`/tmp`), where others cannot rename or remove what is ours.
 /// Otherwise no cache is used (every unit compiled; a warning printed once): anyone who can write
-/// the directory could put a sealed cubin there (a review's finding, 2026-12-05).
+/// the directory could put a sealed cubin there (a review's finding, 2026-12-05). The path
+/// returned is the checked one, resolved: a link on the way given (`TENSORZIP_CACHE_DIR=/tmp/x`
+/// made a link by another user) could be repointed after the check, and the cache then read
+/// through it (a review's finding of the same day: `dir` as given was used after the check).
 fn usable_cache(dir: PathBuf) -> Option<PathBuf> {
     if create_private_dir(&dir).is_err() {
         return None;
     }
-    if let Err(why) = tensorzip::mapped::only_ours_above(&dir, false) {
-        static WARNED: OnceLock<()> = OnceLock::new();
-        WARNED.get_or_init(|| {
-            eprintln!(
-                "tensorzip: kernel cache {} not used: {why}; kernels are compiled afresh \
-                 (set TENSORZIP_CACHE_DIR to a directory of your own)",
-                dir.display()
-            );
-        });
-        return None;
+    match tensorzip::mapped::only_ours_above(&dir, false) {
+        Ok(real) => Some(real),
+        Err(why) => {
+            static WARNED: OnceLock<()> = OnceLock::new();
+            WARNED.get_or_init(|| {
+                eprintln!(
+                    "tensorzip: kernel cache {} not used: {why}; kernels are compiled afresh \
+                     (set TENSORZIP_CACHE_DIR to a directory of your own)",
+                    dir.display()
+                );
+            });
+            None
+        }
     }
-    Some(dir)
 }
 
 #[cfg(unix)]
@@ -76,8 +81,9 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
 }
 
-/// A cached file's bytes, if the file is private to this user
-/// ([`tensorzip::mapped::only_ours`]).
+/// A cached file's bytes, if no user but this one (or root) can change the file
+/// ([`tensorzip::mapped::only_ours`]; `path` is in the directory [`usable_cache`] resolved and
+/// checked, which no other user can write).
 fn read_private(path: &std::path::Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut f = std::fs::File::open(path).ok()?;
@@ -535,7 +541,7 @@ mod tests {
         let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode();
         let t = tempfile::tempdir().unwrap();
         let d = t.path().join("made").join("cache");
-        assert_eq!(usable_cache(d.clone()), Some(d.clone()));
+        assert_eq!(usable_cache(d.clone()), Some(d.canonicalize().unwrap()));
         assert_eq!(mode(&d) & 0o777, 0o700);
         for (m, ok) in [
             (0o777, false),
@@ -549,6 +555,7 @@ mod tests {
         chmod(&d, 0o777);
         assert!(only_ours_above(&d, false)
             .unwrap_err()
+            .to_string()
             .contains("writable by other users"));
         // A directory above: writable by others is refused unless sticky (as /tmp).
         let open = t.path().join("open");
@@ -557,7 +564,13 @@ mod tests {
         let inner = open.join("cache");
         assert_eq!(usable_cache(inner.clone()), None);
         chmod(&open, 0o1777);
-        assert_eq!(usable_cache(inner.clone()), Some(inner.clone()));
+        let real = inner.canonicalize().unwrap();
+        assert_eq!(usable_cache(inner.clone()), Some(real.clone()));
+        // Named through a link: the cache is the resolved directory (the link could be
+        // repointed after the check).
+        let via = t.path().join("via");
+        std::os::unix::fs::symlink(&open, &via).unwrap();
+        assert_eq!(usable_cache(via.join("cache")), Some(real));
         // A cached file: read only if others cannot write it.
         let f = inner.join("x.cubin");
         std::fs::write(&f, b"bytes").unwrap();

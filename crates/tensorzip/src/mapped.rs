@@ -306,21 +306,44 @@ pub fn only_ours(meta: &std::fs::Metadata, sticky_ok: bool) -> Result<(), &'stat
     Ok(())
 }
 
+/// Why [`only_ours_above`] refused a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotOurs {
+    /// The path could not be resolved or examined (missing, not searchable, ...): the message
+    /// names the path and the error.
+    Io(String),
+    /// A directory on the way can be changed by another user: the message names it and says
+    /// why ([`only_ours`]).
+    Shared(String),
+}
+
+impl std::fmt::Display for NotOurs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotOurs::Io(m) | NotOurs::Shared(m) => f.write_str(m),
+        }
+    }
+}
+
 /// `dir` resolved (no links left), if it and every directory above it pass [`only_ours`]
-/// (`dir` itself as sticky-exempt only with `dir_sticky_ok`, the ones above always): then no
-/// other user can swap it or anything on the way to it for a link or a directory of theirs while
-/// this process writes under it. `Err` names the first that fails and why. Used where a process
-/// writes files another user must not redirect or plant: the GPU engine's kernel cache, and the
-/// command line building a model directory as root.
+/// (`dir` itself as sticky-exempt only with `dir_sticky_ok`, the ones above always). No other
+/// user can then swap the *returned* path, or anything on the way to it, for a link or a
+/// directory of theirs: callers must go on with that path, not `dir` (a link in `dir` may be
+/// repointed after the check). Where `dir` itself may be sticky, others can still create names
+/// in it, so writes there must create their files exclusively. Used where a process writes or
+/// reads files another user must not redirect or plant: the GPU engine's kernel cache, and the
+/// command line and Python's `save_dir` building a model directory as root.
 pub fn only_ours_above(
     dir: &std::path::Path,
     dir_sticky_ok: bool,
-) -> Result<std::path::PathBuf, String> {
-    let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+) -> Result<std::path::PathBuf, NotOurs> {
+    let real =
+        std::fs::canonicalize(dir).map_err(|e| NotOurs::Io(format!("{}: {e}", dir.display())))?;
     for (i, d) in real.ancestors().enumerate() {
-        let meta = std::fs::symlink_metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let meta = std::fs::symlink_metadata(d)
+            .map_err(|e| NotOurs::Io(format!("{}: {e}", d.display())))?;
         only_ours(&meta, i > 0 || dir_sticky_ok)
-            .map_err(|why| format!("{} is {why}", d.display()))?;
+            .map_err(|why| NotOurs::Shared(format!("{} is {why}", d.display())))?;
     }
     Ok(real)
 }
