@@ -269,8 +269,8 @@ def bench_zipnn(tensors, threads, runs):
     }
 
 
-def bench_tensorzip(binary, path, threads, runs, scaling=False):
-    cmd = [binary, "bench", path, "--runs", str(runs), "--threads", str(threads), "--cast", "none"]
+def bench_tensorzip(binary, path, threads, runs, scaling=False, extra=()):
+    cmd = [binary, "bench", path, "--runs", str(runs), "--threads", str(threads), "--cast", "none", *extra]
     if scaling:
         cmd.append("--scaling")
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -408,7 +408,8 @@ def cmd_run(args):
                 c1 = cpu_counters()
                 print(f"[run]   ZipNN ratio {pct(z['ratio'])}, compress {fmt(z['compress_gbps'])} GB/s, "
                       f"decompress {fmt(z['decompress_gbps'])} GB/s; tensorzip ...", flush=True)
-                ours = bench_tensorzip(binary, path, 0 if tlabel == "all" else tn, args.runs)
+                ours = bench_tensorzip(binary, path, 0 if tlabel == "all" else tn, args.runs,
+                                       extra=args.tz_args.split())
                 c2 = cpu_counters()
                 z["foreign_load_cores"] = foreign_load(c0, c1)
                 ours["foreign_load_cores"] = foreign_load(c1, c2)
@@ -436,7 +437,8 @@ def cmd_run(args):
                 if args.quiet_wait > 0:
                     wait_quiet(args.quiet_wait)
                 c0 = cpu_counters()
-                doc = bench_tensorzip(binary, path, tn, args.scaling_runs, scaling=True)
+                doc = bench_tensorzip(binary, path, tn, args.scaling_runs, scaling=True,
+                                      extra=args.tz_args.split())
                 sc = doc["scaling"]
                 sc["foreign_load_cores"] = foreign_load(c0, cpu_counters())
                 paired.append({"dataset": name, "threads": tn, "scaling": sc})
@@ -586,6 +588,8 @@ def main():
     rp.add_argument("--retries", type=int, default=2,
                     help="measure a (dataset, threads) pair again, up to this many times, when other processes "
                          "disturbed it")
+    rp.add_argument("--tz-args", default="",
+                    help="extra arguments of every `tensorzip bench` (encoder options; e.g. --tz-args=--pair-exponents)")
     rp.add_argument("--tensorzip", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                         "release", "tensorzip"))
     args = ap.parse_args()

@@ -186,6 +186,12 @@ class Table:
         return bytes([self.lo, self.hi]) + self.codes
 
 
+def _uniform_table() -> Table:
+    """Section 12's uniform table: every byte frequency 16 (not serialised)."""
+    freq = [16] * 256
+    return Table(0, 255, bytes([16] * 256), freq, [16 * s for s in range(256)], 256)
+
+
 def code_to_freq(code: int) -> int | None:
     """Section 4's code table: frequency of a code, None for the anchor (255); ValueError if invalid."""
     if code == 0:
@@ -235,6 +241,9 @@ def read_table(r: _Reader, what: str) -> Table:
     return Table(lo, hi, bytes(codes), freq, cum, nsym)
 
 
+UNIFORM = _uniform_table()
+
+
 # ---------------------------------------------------------------------------------------------
 # Section 3.1: the blob header.
 
@@ -255,6 +264,7 @@ class Header:
     nbytes: int          # numel * itemsize
     units: int
     size: int            # header size in bytes
+    version: int = 1
 
 
 def parse_header(data: bytes) -> Header:
@@ -263,8 +273,8 @@ def parse_header(data: bytes) -> Header:
     if magic != MAGIC_BLOB:
         raise ValueError(f"BadMagic: {magic!r}")
     version = r.u16("version")
-    if version != 1:
-        raise ValueError(f"UnsupportedVersion: found {version}, supported 1")
+    if version not in (1, 2):
+        raise ValueError(f"UnsupportedVersion: found {version}, supported 2")
     scheme = r.u8("scheme")
     if scheme not in (0, 1):
         raise ValueError(f"invalid scheme {scheme}")
@@ -301,13 +311,15 @@ def parse_header(data: bytes) -> Header:
     if scheme == 0:
         if chunk_units != 0 or block_units != 0:
             raise ValueError("Stored blob with nonzero chunk_units/block_units")
+        if version != 1:
+            raise ValueError("Stored blob of version 2")
     else:
         if chunk_units < 1 or chunk_units * dt.U > MAX_CHUNK_BYTES:
             raise ValueError(f"invalid chunk_units {chunk_units}")
         if not (32 <= block_units <= 65536) or block_units & (block_units - 1):
             raise ValueError(f"invalid block_units {block_units}")
     return Header(scheme, dt, shape, chunk_units, block_units, numel, nbytes,
-                  numel * dt.units_per_elem, r.pos)
+                  numel * dt.units_per_elem, r.pos, version)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,6 +330,7 @@ class PlaneTables:
     tables: list                      # K block tables
     cond_value: int | None = None     # C == 1: the condition value
     cond_table: Table | None = None
+    pairs: list | None = None         # version 2 (section 12): the D pairs (a, b) by rank
 
 
 @dataclass
@@ -352,14 +365,29 @@ def parse_blob(data: bytes) -> BlobInfo:
     dt = h.dtype
     r = _Reader(data, h.size)
     for p in range(dt.U):
+        pairs = None
+        if h.version == 2:
+            # Section 12: u8 D, then D pairs; D = 0 or 2..=128, only on bf16's plane 1, distinct.
+            D = r.u8(f"plane {p} D")
+            if D:
+                if not 2 <= D <= 128:
+                    raise ValueError(f"plane {p}: D = {D}")
+                if not (dt.name == "bf16" and p == 1):
+                    raise ValueError(f"plane {p} of a {dt.name} tensor cannot be paired")
+                raw_pairs = r.take(2 * D, f"plane {p} pairs")
+                pairs = [(raw_pairs[2 * i], raw_pairs[2 * i + 1]) for i in range(D)]
+                if len(set(pairs)) != D:
+                    raise ValueError(f"plane {p}: a pair twice")
         K = r.u8(f"plane {p} K")
         if K > 64:
             raise ValueError(f"plane {p}: K = {K} > 64")
         tables = [read_table(r, f"plane {p} table {j}") for j in range(K)]
+        if pairs is not None and any(f for t in tables for f in t.freq[len(pairs) + 1:]):
+            raise ValueError(f"plane {p}: a table of ranks past the escape {len(pairs)}")
         C = r.u8(f"plane {p} C")
         if C not in (0, 1):
             raise ValueError(f"plane {p}: C = {C}")
-        pt = PlaneTables(tables)
+        pt = PlaneTables(tables, pairs=pairs)
         if C == 1:
             if p != dt.cond_plane:
                 raise ValueError(f"plane {p} has a conditional table but is not the conditioned plane")
@@ -368,6 +396,8 @@ def parse_blob(data: bytes) -> BlobInfo:
             if pt.cond_table.nsym < 2:
                 raise ValueError("conditional table with fewer than two symbols")
         info.planes.append(pt)
+    if h.version == 2 and all(pt.pairs is None for pt in info.planes):
+        raise ValueError("a version 2 blob without a paired plane")
     # Directory: n_chunks entries of 8 + 2U bytes.
     n_chunks = -(-h.units // h.chunk_units)
     entries = []
@@ -533,6 +563,7 @@ def _decode_chunk(data: bytes, info: BlobInfo, e: ChunkEntry) -> np.ndarray:
         # Single-symbol blocks, and the main group (segments of Blocks planes whose selector names
         # a table of two or more symbols), decoded step by step across the segments.
         seg_planes, seg_tables = [], []
+        paired = None    # section 12: (plane, table) of the paired plane's coded block
         nonraw_len = 0   # this block's part of the raw sequence, but the Cond plane's
         for p in range(U):
             mode = e.modes[p][0]
@@ -544,6 +575,8 @@ def _decode_chunk(data: bytes, info: BlobInfo, e: ChunkEntry) -> np.ndarray:
                     nonraw_len += L
                 elif s == 254:
                     nonraw_len += 1
+                elif info.planes[p].pairs is not None:
+                    paired = (p, info.planes[p].tables[s])
                 else:
                     t = info.planes[p].tables[s]
                     one = t.single_symbol()
@@ -556,6 +589,36 @@ def _decode_chunk(data: bytes, info: BlobInfo, e: ChunkEntry) -> np.ndarray:
         stream.decode_group(outs, seg_tables, L)
         for p, out in zip(seg_planes, outs):
             planes[p][start:start + L] = out
+        if paired is not None:
+            # Section 12: the ranks, then the escape group (uniform table), then the bytes.
+            p, t = paired
+            pairs = info.planes[p].pairs
+            D = len(pairs)
+            n = L // 2
+            one = t.single_symbol()
+            if one is not None:
+                ranks = [one] * n
+            else:
+                ranks = [0] * n
+                if n:
+                    stream.decode_segment(ranks, t)
+            escapes = sum(1 for r in ranks if r == D)
+            m = 2 * escapes + L % 2
+            esc = [0] * m
+            if m:
+                stream.decode_segment(esc, UNIFORM)
+            k = 0
+            out = planes[p]
+            for i, r in enumerate(ranks):
+                if r < D:
+                    out[start + 2 * i], out[start + 2 * i + 1] = pairs[r]
+                elif r == D:
+                    out[start + 2 * i], out[start + 2 * i + 1] = esc[k], esc[k + 1]
+                    k += 2
+                else:
+                    raise ValueError(f"chunk {e.index}: rank {r} past the escape {D}")
+            if L % 2:
+                out[start + L - 1] = esc[k]
 
         # The block's raw bytes of the planes but the Cond plane. Without a Cond plane the stash
         # (the last S bytes of the raw sequence) may cut into them at the last block.

@@ -274,6 +274,8 @@ def _safetensors(specs, metadata=None, pad=0):
     ["--checksum-chunk-bytes", "1"],
     ["--chunk-bytes", "4096", "--block-units", "32", "--max-tables", "16"],
     ["--no-condition", "--min-compress-bytes", "0", "--passthrough-threshold", "0.3"],
+    ["--pair-exponents"],
+    ["--pair-exponents", "--no-condition", "--chunk-bytes", "2048", "--block-units", "64"],
 ], ids=lambda a: " ".join(a) or "default")
 def test_cli_archive_restores_byte_for_byte(tmp_path, args):
     g = torch.Generator().manual_seed(5)
@@ -297,6 +299,34 @@ def test_cli_archive_restores_byte_for_byte(tmp_path, args):
     want_piece = int(args[args.index("--checksum-chunk-bytes") + 1]) if "--checksum-chunk-bytes" in args else 0
     assert piece == want_piece
     assert entries[0].kind == 0 and all(e.kind == 1 for e in entries[1:])
+
+
+def test_paired_exponent_blobs_decode_from_the_spec(tmp_path):
+    """Version 2 (FORMAT.md section 12): bf16 tensors whose exponents are paired — escapes (rare
+    exponents), odd lengths (a last block of odd length), blocks of one exponent (selector 254),
+    several chunks, a tensor too small to pair — written by the command line's
+    `--pair-exponents`, decoded by the spec decoder to the original bytes."""
+    g = torch.Generator().manual_seed(11)
+    specs = []
+    for i, n in enumerate([40_001, 9_999, 65_536, 3]):
+        w = torch.randn(n, generator=g) * 0.02 * torch.exp(0.3 * torch.randn(1, generator=g))
+        b = w.bfloat16()
+        if n > 1000:
+            b[::97] *= 1e6          # exponents far from the rest: escaped pairs
+            b[1000:1400] = 0.5      # one exponent: a block of constant pairs
+        specs.append((f"t{i}", "BF16", [n], raw_bytes(b)))
+    original = _safetensors(specs)
+    src = tmp_path / "p.safetensors"
+    src.write_bytes(original)
+    for extra in ([], ["--chunk-bytes", "4096", "--block-units", "64"]):
+        out = tmp_path / "p.tz"
+        subprocess.run([sys.executable, "-m", "tensorzip", "compress", str(src), "-o", str(out), "-f",
+                        "--pair-exponents", *extra], check=True, capture_output=True)
+        data = out.read_bytes()
+        assert sd.restore_archive(data) == original
+        _, _, entries = sd.parse_archive(data)
+        versions = [data[e.blob_offset + 4] for e in entries[1:]]
+        assert 2 in versions, versions
 
 
 # --- checksums and corruption ------------------------------------------------------------------

@@ -514,6 +514,18 @@ struct Coded {
     may_condition: Option<usize>,
 }
 
+/// `opts` validated for the GPU encoder, which writes format version 1 only: format version 2's
+/// paired exponent plane (`CompressOptions::pair_exponents`) is the CPU engine's so far.
+pub(crate) fn gpu_options(opts: &CompressOptions) -> Result<()> {
+    opts.validate()?;
+    match opts.pair_exponents {
+        true => Err(crate::error::Error::Unsupported(
+            "paired exponents (format version 2) are encoded on the CPU only".into(),
+        )),
+        false => Ok(()),
+    }
+}
+
 impl GpuEngine {
     /// Compresses a tensor held on the host: uploads it, encodes it on the GPU and downloads the
     /// blob. The bytes equal [`tensorzip::CpuEngine::compress`]'s.
@@ -600,7 +612,7 @@ impl GpuEngine {
         items: &[tensorzip::archive::BlobItem<'_>],
         opts: &CompressOptions,
     ) -> Result<Vec<Vec<u8>>> {
-        opts.validate()?;
+        gpu_options(opts)?;
         let s = self.stream();
         // The tensors side by side, each at a 16-byte aligned offset (the kernels' loads).
         let mut offsets = Vec::with_capacity(items.len());
@@ -683,7 +695,7 @@ impl GpuEngine {
         tensors: &[DeviceTensor],
         opts: &CompressOptions,
     ) -> Result<Vec<DeviceBlob>> {
-        opts.validate()?;
+        gpu_options(opts)?;
         for t in tensors {
             check_len(t.nbytes as u64, t.dtype, &t.shape)?;
         }

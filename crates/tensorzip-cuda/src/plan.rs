@@ -168,6 +168,13 @@ impl Plan {
         for job in jobs {
             let l = job.layout;
             let h = &l.header;
+            // Format version 2's paired exponent plane: the kernels would decode its ranks as
+            // exponent bytes.
+            if let Some(p) = l.paired_plane() {
+                return Err(crate::error::Error::Unsupported(format!(
+                    "a blob with a paired plane {p} (format version 2): decoded on the CPU only"
+                )));
+            }
             if h.scheme == Scheme::Stored {
                 plan.copies.push(Copy {
                     from: job.data_offset + l.payload_start as u64,
@@ -332,6 +339,34 @@ mod tests {
             out_offset: 0,
         };
         Plan::new(&[job]).unwrap()
+    }
+
+    /// A blob with a paired exponent plane (format version 2, the CPU engine's so far) is
+    /// refused before anything is launched, as is the option that asks the GPU encoder for one.
+    #[test]
+    fn paired_planes_are_refused() {
+        let data = sample::weights(64, 1024, DType::BF16, 3);
+        let opts = CompressOptions {
+            pair_exponents: true,
+            ..CompressOptions::default()
+        };
+        let blob = tensorzip::compress(&data, DType::BF16, &[64, 1024], &opts).unwrap();
+        let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
+        assert_eq!(
+            layout.paired_plane(),
+            Some(1),
+            "the blob pairs its exponents"
+        );
+        let job = Job {
+            layout: &layout,
+            data_offset: 0,
+            out_offset: 0,
+        };
+        let err = Plan::new(&[job]).err().expect("refused");
+        assert!(err.to_string().contains("format version 2"), "{err}");
+        let err = crate::encode::gpu_options(&opts).unwrap_err();
+        assert!(err.to_string().contains("CPU only"), "{err}");
+        assert!(crate::encode::gpu_options(&CompressOptions::default()).is_ok());
     }
 
     /// The merge's loads stay inside the warp's buffer for blobs of small blocks too.

@@ -6,12 +6,16 @@
 
 use crate::dtype::DType;
 use crate::error::{corrupt, truncated, Error, Result};
+use crate::pairs::PairTable;
 use crate::rans::table::FreqTable;
 
 /// First four bytes of every blob.
 pub const BLOB_MAGIC: [u8; 4] = *b"TZBL";
-/// The blob format version this build writes and reads.
+/// The blob format version this build writes by default (and reads).
 pub const BLOB_VERSION: u16 = 1;
+/// The version of blobs with a paired exponent plane (docs/FORMAT.md, "Version 2"): written only
+/// where a tensor is coded with one (`CompressOptions::pair_exponents`); read by this build too.
+pub const BLOB_VERSION_PAIRED: u16 = 2;
 /// Fixed part of the header before the shape.
 pub const HEADER_FIXED: usize = 20;
 /// Largest rank a blob may declare.
@@ -115,10 +119,15 @@ impl BlobHeader {
         8 + 2 * self.planes()
     }
 
-    /// Appends the encoded header.
+    /// Appends the encoded header (version 1).
     pub fn write(&self, out: &mut Vec<u8>) {
+        self.write_version(BLOB_VERSION, out)
+    }
+
+    /// Appends the encoded header, saying `version` (2 for a blob with a paired plane).
+    pub fn write_version(&self, version: u16, out: &mut Vec<u8>) {
         out.extend_from_slice(&BLOB_MAGIC);
-        out.extend_from_slice(&BLOB_VERSION.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
         out.push(self.scheme as u8);
         out.push(self.dtype.code());
         out.push(self.shape.len() as u8);
@@ -146,10 +155,10 @@ impl BlobHeader {
             return truncated("blob header (version)");
         }
         let version = u16::from_le_bytes([data[4], data[5]]);
-        if version != BLOB_VERSION {
+        if version != BLOB_VERSION && version != BLOB_VERSION_PAIRED {
             return Err(Error::UnsupportedVersion {
                 found: version,
-                supported: BLOB_VERSION,
+                supported: BLOB_VERSION_PAIRED,
             });
         }
         if data.len() < HEADER_FIXED {
@@ -293,6 +302,9 @@ pub struct BlobLayout {
     /// The conditional table of each plane, if any: units whose condition byte equals the value are
     /// coded with the table.
     pub cond: Vec<Option<(u8, FreqTable)>>,
+    /// The pair table of each plane, if it is paired (version 2; `docs/FORMAT.md`, "Version 2"):
+    /// its block tables code ranks of pairs of units.
+    pub pairs: Vec<Option<PairTable>>,
     /// The directory (validated entry by entry).
     pub entries: Vec<ChunkEntry>,
     /// Offset of each chunk's payload in the blob, plus the end (`n_chunks + 1` values).
@@ -329,10 +341,14 @@ impl BlobLayout {
                         total_len - end
                     ));
                 }
+                if data[4..6] != BLOB_VERSION.to_le_bytes() {
+                    return corrupt("a stored blob of version 2 (which only pairs coded planes)");
+                }
                 Ok(BlobLayout {
                     header,
                     tables: Vec::new(),
                     cond: Vec::new(),
+                    pairs: Vec::new(),
                     entries: Vec::new(),
                     offsets: Vec::new(),
                     payload_start: pos,
@@ -343,7 +359,24 @@ impl BlobLayout {
                 let planes = header.planes();
                 let mut tables = Vec::with_capacity(planes);
                 let mut cond = Vec::with_capacity(planes);
+                let mut pairs = Vec::with_capacity(planes);
+                let v2 = data[4..6] == BLOB_VERSION_PAIRED.to_le_bytes();
                 for p in 0..planes {
+                    // Version 2: the plane's pair field first (`u8 D`, `D` pairs).
+                    let paired = match v2 {
+                        false => None,
+                        true => {
+                            let (t, used) = PairTable::parse(&data[pos..], p)?;
+                            pos += used;
+                            if t.is_some() && header.dtype.paired_plane() != Some(p) {
+                                return corrupt(format!(
+                                    "plane {p} of a {} tensor cannot be paired",
+                                    header.dtype
+                                ));
+                            }
+                            t
+                        }
+                    };
                     let Some(&k) = data.get(pos) else {
                         return truncated(format!("table count of plane {p}"));
                     };
@@ -357,9 +390,19 @@ impl BlobLayout {
                     for _ in 0..k {
                         let (t, used) = FreqTable::parse(&data[pos..])?;
                         pos += used;
+                        // A paired plane's tables code ranks: none past the escape.
+                        if let Some(pt) = &paired {
+                            let d = pt.escape() as usize;
+                            if t.freq[d + 1..].iter().any(|&f| f > 0) {
+                                return corrupt(format!(
+                                    "plane {p}: a table of ranks past the escape {d}"
+                                ));
+                            }
+                        }
                         list.push(t);
                     }
                     tables.push(list);
+                    pairs.push(paired);
                     let Some(&nc) = data.get(pos) else {
                         return truncated(format!("conditional table flag of plane {p}"));
                     };
@@ -392,6 +435,9 @@ impl BlobLayout {
                             ))
                         }
                     }
+                }
+                if v2 && pairs.iter().all(Option::is_none) {
+                    return corrupt("a version 2 blob without a paired plane");
                 }
                 let n_chunks = header.n_chunks();
                 let entry = header.dir_entry_len() as u64;
@@ -444,6 +490,7 @@ impl BlobLayout {
                     header,
                     tables,
                     cond,
+                    pairs,
                     entries,
                     offsets,
                     payload_start: pos,
@@ -472,6 +519,11 @@ impl BlobLayout {
     /// Bytes of the header, tables and directory (everything but payloads).
     pub fn overhead_len(&self) -> usize {
         self.payload_start
+    }
+
+    /// The paired plane, if the blob has one (version 2).
+    pub fn paired_plane(&self) -> Option<usize> {
+        self.pairs.iter().position(Option::is_some)
     }
 }
 

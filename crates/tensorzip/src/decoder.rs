@@ -89,7 +89,19 @@ struct Cursor<'d, 'a> {
     raw_pf: usize,
     /// The conditioned plane and its condition plane.
     cond: Option<(usize, usize)>,
+    /// The paired plane (version 2), where the chunk codes it (mode `Blocks`).
+    paired: Option<usize>,
     rans: Option<Decoder<'a>>,
+}
+
+/// A block's paired plane (version 2) where its selector names a table: the ranks' decoder
+/// table (`None` for a single-symbol table, whose rank is `single`) and how many ranks.
+struct PairGroup<'d> {
+    table: Option<&'d DecodeTable>,
+    single: u8,
+    /// The block's units (its ranks: half of them, rounded down).
+    len: usize,
+    ranks: usize,
 }
 
 impl<'d, 'a> Cursor<'d, 'a> {
@@ -140,13 +152,19 @@ impl<'d, 'a> Cursor<'d, 'a> {
                 PlaneMode::Raw | PlaneMode::Const(_) => {}
             }
         }
+        let paired = td
+            .view
+            .paired_plane()
+            .filter(|&o| entry.modes[o] == PlaneMode::Blocks);
         let rans_len = entry.rans_len as usize;
         let Some(rans) = payload.get(cursor..cursor + rans_len) else {
             return truncated(format!("rANS stream of chunk {c}"));
         };
         cursor += rans_len;
-        // With a conditioned plane, whether the stream is needed is known only while decoding.
-        if need_rans && rans_len == 0 || cond.is_none() && !need_rans && rans_len > 0 {
+        // With a conditioned plane, or a paired one (escapes), whether the stream is needed is
+        // known only while decoding.
+        let known = cond.is_none() && paired.is_none();
+        if need_rans && rans_len == 0 || known && !need_rans && rans_len > 0 {
             return corrupt(format!(
                 "chunk {c}: rANS stream of {rans_len} bytes where it is {}needed",
                 if need_rans { "" } else { "not " }
@@ -169,6 +187,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             raw_off: 0,
             raw_pf: 0,
             cond,
+            paired,
             rans,
         })
     }
@@ -219,6 +238,8 @@ impl<'d, 'a> Cursor<'d, 'a> {
                 PlaneMode::Blocks => match self.sel(p, b) {
                     // The bytes of raw and constant blocks are taken from the raw area in phase 2.
                     SEL_RAW | SEL_CONST => {}
+                    // A paired plane's ranks are a group of their own (`pair_group`).
+                    _ if self.paired == Some(p) => {}
                     j => match self.td.table(p, j as usize) {
                         None => buf.fill(self.td.view.tables[p][j as usize].single_symbol()),
                         Some(table) => segs.push(DecodeSegment { table, out: buf }),
@@ -245,11 +266,134 @@ impl<'d, 'a> Cursor<'d, 'a> {
     ) -> Result<()> {
         let blen = self.block_len(b);
         let mut segs = self.prepare(b, &mut scratch.planes);
+        let pg = self.pair_group(b);
+        if !segs.is_empty() || pg.is_some() {
+            self.aim_prefetch(b, out, !segs.is_empty(), pg.as_ref());
+        }
         if !segs.is_empty() {
-            self.aim_prefetch(b, out);
             self.rans()?.decode_block(segs.as_mut_slice(), blen)?;
         }
+        if let Some(pg) = pg {
+            let bufs = &mut scratch.bufs;
+            if let Some(mut seg) = self.rank_segment(&pg, bufs) {
+                self.rans()?
+                    .decode_block(std::slice::from_mut(&mut seg), pg.ranks)?;
+            }
+            self.expand_ranks(b, &pg, &mut scratch.planes, bufs)?;
+            if let Some((mut seg, n)) = self.escape_segment(&pg, bufs) {
+                self.rans()?
+                    .decode_block(std::slice::from_mut(&mut seg), n)?;
+            }
+            self.patch_pairs(b, &pg, &mut scratch.planes, bufs)?;
+        }
         self.finish_block(b, &mut scratch.planes, &mut scratch.bufs, out)
+    }
+
+    /// Block `b`'s paired plane, where its selector names a table (else `None`).
+    fn pair_group(&self, b: usize) -> Option<PairGroup<'d>> {
+        let o = self.paired?;
+        let j = match self.sel(o, b) {
+            SEL_RAW | SEL_CONST => return None,
+            j => j as usize,
+        };
+        let td: &'d TensorDecoder<'a> = self.td;
+        let len = self.block_len(b);
+        Some(PairGroup {
+            table: td.table(o, j),
+            single: td.view.tables[o][j].single_symbol(),
+            len,
+            ranks: len / 2,
+        })
+    }
+
+    /// The ranks of a paired block: their segment (into `bufs.ranks`) where they are coded; a
+    /// single-symbol table's fill them here and there is none.
+    fn rank_segment<'s>(
+        &self,
+        pg: &PairGroup<'d>,
+        bufs: &'s mut BlockBufs,
+    ) -> Option<DecodeSegment<'d, 's>> {
+        bufs.ranks.resize(pg.ranks, 0);
+        let ranks = &mut bufs.ranks[..pg.ranks];
+        match pg.table {
+            Some(table) if pg.ranks > 0 => Some(DecodeSegment { table, out: ranks }),
+            Some(_) => None,
+            None => {
+                ranks.fill(pg.single);
+                None
+            }
+        }
+    }
+
+    /// A paired block's escape group, once its ranks are expanded (`bufs.escaped` holds the
+    /// escaped pairs): its segment (into `bufs.escapes`, coded with the uniform table) and its
+    /// length, where it has symbols.
+    fn escape_segment<'s>(
+        &self,
+        pg: &PairGroup<'d>,
+        bufs: &'s mut BlockBufs,
+    ) -> Option<(DecodeSegment<'d, 's>, usize)> {
+        let n = 2 * bufs.escaped.len() + pg.len % 2;
+        bufs.escapes.resize(n, 0);
+        (n > 0).then(|| {
+            (
+                DecodeSegment {
+                    table: crate::pairs::uniform_decode_table(),
+                    out: &mut bufs.escapes[..n],
+                },
+                n,
+            )
+        })
+    }
+
+    /// The pairs of a paired block's ranks (`bufs.ranks`) into its plane's scratch, the escaped
+    /// ones noted in `bufs.escaped` ([`crate::pairs::PairTable::expand_ranks`]).
+    fn expand_ranks(
+        &self,
+        b: usize,
+        pg: &PairGroup<'d>,
+        scratch: &mut [u8],
+        bufs: &mut BlockBufs,
+    ) -> Result<()> {
+        let (table, out) = self.paired_out(pg, scratch);
+        let r = table.expand_ranks(&bufs.ranks[..pg.ranks], out, &mut bufs.escaped);
+        r.map_err(|e| self.in_block(b, e))
+    }
+
+    /// A paired block's escaped pairs and odd unit from its escape group (`bufs.escapes`).
+    fn patch_pairs(
+        &self,
+        b: usize,
+        pg: &PairGroup<'d>,
+        scratch: &mut [u8],
+        bufs: &BlockBufs,
+    ) -> Result<()> {
+        let (table, out) = self.paired_out(pg, scratch);
+        let r = table.patch(&bufs.escaped, &bufs.escapes, out);
+        r.map_err(|e| self.in_block(b, e))
+    }
+
+    /// The paired plane's table and its scratch bytes of a block of `pg.len` units.
+    fn paired_out<'s>(
+        &self,
+        pg: &PairGroup<'d>,
+        scratch: &'s mut [u8],
+    ) -> (&'d crate::pairs::PairTable, &'s mut [u8]) {
+        let o = self.paired.expect("a pair group has a paired plane");
+        let bu = self.td.view.header.block_units as usize;
+        let td: &'d TensorDecoder<'a> = self.td;
+        let table = td.view.pairs[o]
+            .as_ref()
+            .expect("a paired plane has a pair table");
+        (table, &mut scratch[o * bu..o * bu + pg.len])
+    }
+
+    /// `e` with the chunk and block it happened in, where it says what is wrong with the blob.
+    fn in_block(&self, b: usize, e: Error) -> Error {
+        match e {
+            Error::Corrupt(m) => Error::Corrupt(format!("chunk {} block {b}: {m}", self.c)),
+            other => other,
+        }
     }
 
     /// Phase 2 of block `b` (after its main segments): the conditioned plane (its condition, its coded
@@ -285,10 +429,18 @@ impl<'d, 'a> Cursor<'d, 'a> {
     /// steps (`TENSORZIP_NO_AVX512=1`) fp32 +13%, MiniLM bf16 +1%. Prefetching one block further
     /// ahead changed nothing (+1-2% / -0.3-0.7%), and the stream's words, 4 KiB ahead at each
     /// block, cost 2-4%: the hardware follows the stream.
-    fn aim_prefetch(&mut self, b: usize, out: &[u8]) {
+    fn aim_prefetch(&mut self, b: usize, out: &[u8], main: bool, pairs: Option<&PairGroup<'d>>) {
         let us = self.td.view.header.planes();
         let blen = self.block_len(b);
         let out_start = b * self.td.view.header.block_units as usize * us;
+        // The block's full steps: one per 32 units of the main group, one per 32 ranks.
+        let steps = match main {
+            true => blen / 32,
+            false => 0,
+        } + pairs.map_or(0, |pg| match pg.table {
+            Some(_) => pg.ranks / 32,
+            None => 0,
+        });
         if let (Some(r), Some(o)) = (
             self.rans.as_mut(),
             out.get(out_start..out_start + blen * us),
@@ -298,8 +450,16 @@ impl<'d, 'a> Cursor<'d, 'a> {
             // Four lines a step (done halfway) was best until the raw bytes were prefetched
             // too; since then two are +2-10% on fp32 at one thread (+8% at two; 4-32-128 MiB,
             // in one process, 12-40 rounds; one a step -19%), 8-byte units unchanged (+1%),
-            // 2-byte units at one a step unchanged (bf16) or -25% (fp16).
-            r.prefetch_output(o, us.min(2));
+            // 2-byte units at one a step unchanged (bf16) or -25% (fp16). A paired block has
+            // fewer steps (its ranks take one per 64 units): as many lines a step as it takes to
+            // cover the output by its last one.
+            let per_step = match pairs {
+                None => us.min(2),
+                Some(_) => us
+                    .min(2)
+                    .max((blen * us).div_ceil(64).div_ceil(steps.max(1))),
+            };
+            r.prefetch_output(o, per_step);
         }
         // The raw bytes the block's merge reads after its steps (at most `fixed` plus one byte a
         // unit of the conditioned plane; lines past them are the next block's), prefetched a
@@ -310,7 +470,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
         let raw_start = self.raw_pf.max(self.raw_off);
         let raw_end = (self.raw_off + n).min(self.raw.len());
         if let (Some(r), Some(bytes)) = (self.rans.as_mut(), self.raw.get(raw_start..raw_end)) {
-            r.prefetch_input(bytes, bytes.len().div_ceil(64).div_ceil((blen / 32).max(1)));
+            r.prefetch_input(bytes, bytes.len().div_ceil(64).div_ceil(steps.max(1)));
             self.raw_pf = raw_end;
         }
     }
@@ -576,6 +736,11 @@ struct BlockBufs {
     sub: Vec<u8>,
     masks: Vec<u8>,
     tail: Vec<u8>,
+    /// A paired block's ranks, the indices of its escaped pairs, and its escape group
+    /// (version 2).
+    ranks: Vec<u8>,
+    escaped: Vec<u32>,
+    escapes: Vec<u8>,
 }
 
 impl<'a> TensorDecoder<'a> {
@@ -692,6 +857,56 @@ impl<'a> TensorDecoder<'a> {
         r
     }
 
+    /// The paired planes of block `b` of two chunks (either may have none): both blocks' ranks
+    /// in one loop, each expanded into its plane's scratch, both escape groups in one loop, each
+    /// patched in.
+    fn pairs_of_both(
+        (ca, pa, sa): (
+            &mut Cursor<'_, 'a>,
+            Option<&PairGroup<'_>>,
+            &mut DecodeScratch,
+        ),
+        (cb, pb, sb): (
+            &mut Cursor<'_, 'a>,
+            Option<&PairGroup<'_>>,
+            &mut DecodeScratch,
+        ),
+        b: usize,
+    ) -> Result<()> {
+        let ra = pa.and_then(|pg| ca.rank_segment(pg, &mut sa.bufs));
+        let rb = pb.and_then(|pg| cb.rank_segment(pg, &mut sb.bufs));
+        let (na, nb) = (pa.map_or(0, |pg| pg.ranks), pb.map_or(0, |pg| pg.ranks));
+        let (mut ra, mut rb) = (ra, rb);
+        steps_of_both(
+            (&mut *ca, ra.as_mut_slice(), na),
+            (&mut *cb, rb.as_mut_slice(), nb),
+        )?;
+        if let Some(pg) = pa {
+            ca.expand_ranks(b, pg, &mut sa.planes, &mut sa.bufs)?;
+        }
+        if let Some(pg) = pb {
+            cb.expand_ranks(b, pg, &mut sb.planes, &mut sb.bufs)?;
+        }
+        let ea = pa.and_then(|pg| ca.escape_segment(pg, &mut sa.bufs));
+        let eb = pb.and_then(|pg| cb.escape_segment(pg, &mut sb.bufs));
+        let (ma, mb) = (
+            ea.as_ref().map_or(0, |e| e.1),
+            eb.as_ref().map_or(0, |e| e.1),
+        );
+        let (mut ea, mut eb) = (ea.map(|e| e.0), eb.map(|e| e.0));
+        steps_of_both(
+            (&mut *ca, ea.as_mut_slice(), ma),
+            (&mut *cb, eb.as_mut_slice(), mb),
+        )?;
+        if let Some(pg) = pa {
+            ca.patch_pairs(b, pg, &mut sa.planes, &sa.bufs)?;
+        }
+        if let Some(pg) = pb {
+            cb.patch_pairs(b, pg, &mut sb.planes, &sb.bufs)?;
+        }
+        Ok(())
+    }
+
     /// The blocks of [`TensorDecoder::decode_chunk_pair`].
     fn blocks_pair(
         ca: &mut Cursor<'_, 'a>,
@@ -713,16 +928,25 @@ impl<'a> TensorDecoder<'a> {
             let (la, lb) = (ca.block_len(b), cb.block_len(b));
             let mut ga = ca.prepare(b, &mut scratch_a.planes);
             let mut gb = cb.prepare(b, &mut scratch_b.planes);
-            if !ga.is_empty() {
-                ca.aim_prefetch(b, out_a);
+            let (pa, pb) = (ca.pair_group(b), cb.pair_group(b));
+            if !ga.is_empty() || pa.is_some() {
+                ca.aim_prefetch(b, out_a, !ga.is_empty(), pa.as_ref());
             }
-            if !gb.is_empty() {
-                cb.aim_prefetch(b, out_b);
+            if !gb.is_empty() || pb.is_some() {
+                cb.aim_prefetch(b, out_b, !gb.is_empty(), pb.as_ref());
             }
             steps_of_both(
                 (&mut *ca, ga.as_mut_slice(), la),
                 (&mut *cb, gb.as_mut_slice(), lb),
             )?;
+            // A paired plane's ranks, then its escape groups, of the two blocks in one loop each.
+            if pa.is_some() || pb.is_some() {
+                Self::pairs_of_both(
+                    (&mut *ca, pa.as_ref(), scratch_a),
+                    (&mut *cb, pb.as_ref(), scratch_b),
+                    b,
+                )?;
+            }
             // The conditioned sub-segments of the two blocks in one loop too (a fifth of a bf16
             // decode's steps).
             let sa = ca.finish_start(b, &mut scratch_a.planes, &mut scratch_a.bufs)?;

@@ -138,6 +138,19 @@ impl DType {
         }
     }
 
+    /// The plane format version 2 may code two units a symbol (docs/FORMAT.md, "Version 2"):
+    /// bf16's exponent byte (plane 1), else `None`. Not fp32: its exponent plane is a quarter of
+    /// the unit, and pairing it made a one-thread decode no faster on all-MiniLM-L6-v2 (3.69-3.86
+    /// against 3.58-3.86 GB/s) and slower on synthetic weights (4.41-4.43 against 4.00-4.19;
+    /// 2026-12-05, Intel VM, `tensorzip bench --threads 1 --runs 5 [--pair-exponents]`), nor fp16
+    /// (75-123 distinct top bytes a tensor: too many for 128 pairs).
+    pub fn paired_plane(self) -> Option<usize> {
+        match self {
+            DType::BF16 => Some(1),
+            _ => None,
+        }
+    }
+
     /// Name as used by safetensors (`"BF16"`, `"F32"`, ...).
     pub fn safetensors_name(self) -> &'static str {
         match self {

@@ -19,6 +19,10 @@ pub struct ChunkScratch {
     cond_syms: Vec<u8>,
     raw_area: Vec<u8>,
     rans: EncoderScratch,
+    /// A paired plane's ranks (version 2), block after block.
+    ranks: Vec<u8>,
+    /// A paired plane's escape groups, block after block.
+    escapes: Vec<u8>,
 }
 
 impl ChunkScratch {
@@ -57,6 +61,12 @@ impl ChunkScratch {
         self.planes.resize(us * len, 0);
         self.sels.clear();
         self.sels.resize(us * nb, 0);
+        for buf in [&mut self.ranks, &mut self.escapes] {
+            if buf.capacity() > most {
+                *buf = Vec::new();
+            }
+            buf.clear();
+        }
     }
 }
 
@@ -172,7 +182,8 @@ impl<'a> TensorEncoder<'a> {
             .map(|p| {
                 let pm = &model.planes[p];
                 let kept = model.block_hists.get(p).is_some_and(|h| !h.is_empty());
-                match pm.tables.is_empty() || kept {
+                // A paired plane's tables code ranks: no bound on its bytes.
+                match pm.tables.is_empty() || kept || pm.pairs.is_some() {
                     true => None,
                     false => RawBound::new(&pm.costs, threshold),
                 }
@@ -217,9 +228,12 @@ impl<'a> TensorEncoder<'a> {
 
     /// Appends the header and (for Planes) the table section.
     pub fn write_prefix(&self, out: &mut Vec<u8>) {
-        self.header.write(out);
-        if let Some(model) = &self.model {
-            model.write_tables(out);
+        match &self.model {
+            Some(model) => {
+                self.header.write_version(model.version(), out);
+                model.write_tables(out);
+            }
+            None => self.header.write(out),
         }
     }
 
@@ -279,25 +293,58 @@ impl<'a> TensorEncoder<'a> {
             coded,
             last_block_start,
             last_cond_raw,
+            pair_ranges,
         } = lay;
         let planes: Vec<&[u8]> = scratch.planes.chunks(len).collect();
         let area = &scratch.raw_area[..area_len];
         let cond_syms = &scratch.cond_syms[..coded];
+        let (ranks, escapes) = (&scratch.ranks[..], &scratch.escapes[..]);
+        let paired = h
+            .dtype
+            .paired_plane()
+            .filter(|&o| model.planes[o].pairs.is_some());
 
         for p in 0..us {
             if modes[p] == PlaneMode::Blocks {
                 payload.extend_from_slice(&scratch.sels[p * nb..(p + 1) * nb]);
             }
         }
-        // The rANS stream: per block, the blocks coded with a multi-symbol table, then the
-        // conditioned sub-segment.
+        // The rANS stream: per block, the blocks coded with a multi-symbol table, then a paired
+        // plane's ranks and escape group, then the conditioned sub-segment.
         let mut mains: Vec<Seq<'_>> = Vec::with_capacity(nb * us);
-        let mut spans: Vec<(std::ops::Range<usize>, Option<Seq<'_>>)> = Vec::with_capacity(nb);
+        let mut spans: Vec<BlockSeqs<'_>> = Vec::with_capacity(nb);
         let mut any = false;
+        let uniform = crate::pairs::uniform_encode_table();
         for b in 0..nb {
             let from = mains.len();
+            let (mut rank_seq, mut esc_seq) = (None, None);
             for p in 0..us {
                 if modes[p] != PlaneMode::Blocks {
+                    continue;
+                }
+                if paired == Some(p) {
+                    let sel = scratch.sels[p * nb + b];
+                    if sel == SEL_RAW || sel == SEL_CONST {
+                        continue;
+                    }
+                    let (rr, er) = pair_ranges[b].clone();
+                    if let (Some(enc), false) = (&model.planes[p].enc[sel as usize], rr.is_empty())
+                    {
+                        rank_seq = Some(Seq {
+                            syms: &ranks[rr],
+                            packed: &enc.packed,
+                            scalar: &enc.syms,
+                            ranked: enc.ranked.as_deref(),
+                        });
+                    }
+                    if !er.is_empty() {
+                        esc_seq = Some(Seq {
+                            syms: &escapes[er],
+                            packed: &uniform.packed,
+                            scalar: &uniform.syms,
+                            ranked: uniform.ranked.as_deref(),
+                        });
+                    }
                     continue;
                 }
                 let sel = scratch.sels[p * nb + b];
@@ -328,13 +375,15 @@ impl<'a> TensorEncoder<'a> {
                 }
                 _ => None,
             };
-            any |= mains.len() > from || sub.is_some();
-            spans.push((from..mains.len(), sub));
+            any |= mains.len() > from || sub.is_some() || rank_seq.is_some() || esc_seq.is_some();
+            spans.push((from..mains.len(), rank_seq, esc_seq, sub));
         }
         let jobs: Vec<BlockJob<'_>> = spans
             .into_iter()
-            .map(|(r, sub)| BlockJob {
+            .map(|(r, ranks, escapes, sub)| BlockJob {
                 main: &mains[r],
+                ranks,
+                escapes,
                 sub,
             })
             .collect();
@@ -407,6 +456,18 @@ impl<'a> TensorEncoder<'a> {
     }
 }
 
+/// Where a paired block's ranks and escape group lie in [`ChunkScratch`]'s buffers.
+type PairRanges = (std::ops::Range<usize>, std::ops::Range<usize>);
+
+/// One block's sequences before its [`BlockJob`]: its main sequences' range, a paired plane's
+/// ranks and escape group, the conditioned sub-segment.
+type BlockSeqs<'a> = (
+    std::ops::Range<usize>,
+    Option<Seq<'a>>,
+    Option<Seq<'a>>,
+    Option<Seq<'a>>,
+);
+
 /// A chunk's geometry: `len` units of `us` bytes from unit `start`, in `nb` blocks of `bu` units,
 /// the first of them global block `g0` (as `Sampling::block_range` numbers them).
 struct Chunk {
@@ -441,6 +502,9 @@ struct Layout {
     last_block_start: usize,
     /// The conditioned plane's raw bytes of the last block.
     last_cond_raw: usize,
+    /// Per block, a paired plane's ranks and escape group (ranges in `ChunkScratch::ranks` and
+    /// `ChunkScratch::escapes`; empty for blocks not coded, and without a paired plane).
+    pair_ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
 }
 
 impl Layout {
@@ -454,6 +518,7 @@ impl Layout {
             coded: 0,
             last_block_start: 0,
             last_cond_raw: 0,
+            pair_ranges: Vec::new(),
         }
     }
 
@@ -546,6 +611,7 @@ impl TensorEncoder<'_> {
         // Per-block selectors of every plane, and whether each block is one repeated byte.
         let mut modes = [PlaneMode::Raw; 8];
         let mut hist = [0u32; 256];
+        let mut pair_ranges = Vec::new();
         for p in 0..us {
             let pm = &model.planes[p];
             let sels = &mut scratch.sels[p * nb..(p + 1) * nb];
@@ -554,7 +620,20 @@ impl TensorEncoder<'_> {
             let mut hint = BlockHint::default();
             for (b, sel) in sels.iter_mut().enumerate() {
                 let blk = &planes[p][block(b)];
-                let (s, is_const) = self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hint);
+                let (s, is_const) = match &pm.pairs {
+                    Some(pc) => {
+                        let (s, is_const, ranges) = self.select_paired(
+                            (pm, pc, p),
+                            blk,
+                            g0 + b as u64,
+                            (&mut scratch.ranks, &mut scratch.escapes),
+                            &mut hist,
+                        );
+                        pair_ranges.push(ranges);
+                        (s, is_const)
+                    }
+                    None => self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hint),
+                };
                 *sel = s;
                 all_raw &= s == SEL_RAW;
                 const_val = match const_val {
@@ -578,6 +657,7 @@ impl TensorEncoder<'_> {
         let cond_value = cond.map(|(p, _)| cond_value(model, p));
         let (area, cond_syms) = (&mut scratch.raw_area, &mut scratch.cond_syms);
         let mut lay = Layout::new(modes, cond, nb);
+        lay.pair_ranges = pair_ranges;
         for b in 0..nb {
             lay.last_block_start = lay.area_len;
             for p in 0..us {
@@ -626,6 +706,8 @@ impl TensorEncoder<'_> {
             sels,
             cond_syms,
             raw_area: area,
+            ranks,
+            escapes,
             ..
         } = scratch;
         let mut all_raw = [true; 8];
@@ -682,8 +764,20 @@ impl TensorEncoder<'_> {
             for p in k..us {
                 let pm = &model.planes[p];
                 let blk = &planes[p * len..][r.clone()];
-                let (s, is_const) =
-                    self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hints[p]);
+                let (s, is_const) = match &pm.pairs {
+                    Some(pc) => {
+                        let (s, is_const, ranges) = self.select_paired(
+                            (pm, pc, p),
+                            blk,
+                            g0 + b as u64,
+                            (ranks, escapes),
+                            &mut hist,
+                        );
+                        lay.pair_ranges.push(ranges);
+                        (s, is_const)
+                    }
+                    None => self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hints[p]),
+                };
                 if b == 0 && is_const {
                     return None;
                 }
@@ -703,6 +797,44 @@ impl TensorEncoder<'_> {
             lay.modes[p] = coded_mode(&model.planes[p], all_raw[p]);
         }
         Some(lay)
+    }
+
+    /// The selector of block `blk` (its exponent bytes) of the paired plane (version 2), whether
+    /// it is one repeated byte, and where its ranks and escape group went: appended to the two
+    /// buffers when the block is coded, their ranges returned (empty ones otherwise). A block of
+    /// one repeated byte takes the constant selector.
+    fn select_paired(
+        &self,
+        (pm, coder, p): (&crate::model::PlaneModel, &crate::pairs::PairCoder, usize),
+        blk: &[u8],
+        g: u64,
+        (ranks, escapes): (&mut Vec<u8>, &mut Vec<u8>),
+        hist: &mut [u32; 256],
+    ) -> (u8, bool, PairRanges) {
+        let (r0, e0) = (ranks.len(), escapes.len());
+        let none = (r0..r0, e0..e0);
+        let first = blk[0];
+        if blk.iter().all(|&v| v == first) {
+            return (SEL_CONST, true, none);
+        }
+        ranks.resize(r0 + blk.len() / 2, 0);
+        let n_esc = coder.ranks(blk, &mut ranks[r0..], escapes);
+        let model = self.model.as_ref().expect("a Planes encoder has a model");
+        // The model's histogram of the block's ranks where it kept them (every block sampled).
+        let hist = match model.block_hist(g, p) {
+            Some(kept) => kept,
+            None => {
+                crate::histogram::histogram(&ranks[r0..], hist);
+                &*hist
+            }
+        };
+        let sel = crate::model::choose_paired(hist, blk.len(), n_esc, &pm.costs, self.threshold);
+        if sel == SEL_RAW {
+            ranks.truncate(r0);
+            escapes.truncate(e0);
+            return (SEL_RAW, false, none);
+        }
+        (sel, false, (r0..ranks.len(), e0..escapes.len()))
     }
 
     /// The selector of one block `blk` of plane `p` (global block `g`) and whether the block is

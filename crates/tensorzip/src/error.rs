@@ -20,7 +20,7 @@ pub enum Error {
     #[error("not a tensorzip archive (bad magic number){0}")]
     NotAnArchive(String),
     /// A blob or archive of a format version this build does not read.
-    #[error("unsupported format version {found} (this build reads version {supported})")]
+    #[error("unsupported format version {found} (this build reads versions up to {supported})")]
     UnsupportedVersion { found: u16, supported: u16 },
     /// The data ends before a field or section that the header says is there.
     #[error("truncated: {0}")]

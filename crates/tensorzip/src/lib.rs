@@ -45,6 +45,7 @@ pub mod joint;
 pub mod mapped;
 pub mod model;
 pub mod options;
+pub mod pairs;
 mod pieces;
 pub mod rans;
 mod raw_bound;

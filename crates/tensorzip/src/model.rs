@@ -11,6 +11,7 @@ pub use crate::cluster::cluster;
 use crate::cluster::{ideal_cost_dense, prefetch_ahead, probe_stride, probes_flat, varied};
 use crate::dtype::{DType, Transform};
 use crate::options::CompressOptions;
+use crate::pairs::{PairCoder, TopBytes};
 use crate::rans::log2::{code_len_table, FRAC_BITS};
 use crate::rans::table::{EncTable, FreqTable};
 use crate::transform;
@@ -42,6 +43,31 @@ pub(crate) fn stays_coded(cost: u64, len: usize, threshold_q16: u64) -> bool {
 /// bits: the covering table of least cost (lowest index among ties) if that cost is below
 /// `threshold_q16 / 65536` of the raw cost, else raw. `costs[j]` is table `j`'s [`TableCost`].
 pub fn choose(hist: &[u32; 256], len: usize, costs: &[TableCost], threshold_q16: u64) -> (u8, u64) {
+    match least_cost(hist, costs) {
+        Some((j, c)) if stays_coded(c, len, threshold_q16) => (j as u8, c),
+        _ => (SEL_RAW, raw_cost(len)),
+    }
+}
+
+/// The selector of a block of a paired plane (version 2) of `units` units, with rank histogram
+/// `hist` and `escape_bytes` bytes in its escape group: the covering table of least cost for the
+/// ranks, if that cost plus 8 bits an escape byte is below `threshold_q16 / 65536` of the
+/// block's raw cost (8 bits a unit), else raw.
+pub fn choose_paired(
+    hist: &[u32; 256],
+    units: usize,
+    escape_bytes: usize,
+    costs: &[TableCost],
+    threshold_q16: u64,
+) -> u8 {
+    match least_cost(hist, costs) {
+        Some((j, c)) if stays_coded(c + raw_cost(escape_bytes), units, threshold_q16) => j as u8,
+        _ => SEL_RAW,
+    }
+}
+
+/// The covering table of least cost for `hist` (lowest index among ties) and that cost.
+fn least_cost(hist: &[u32; 256], costs: &[TableCost]) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u64)> = None;
     let mut consider = |j: usize, c: u64| {
         if best.is_none_or(|(_, b)| c < b) {
@@ -76,10 +102,7 @@ pub fn choose(hist: &[u32; 256], len: usize, costs: &[TableCost], threshold_q16:
             }
         }
     }
-    match best {
-        Some((j, c)) if stays_coded(c, len, threshold_q16) => (j as u8, c),
-        _ => (SEL_RAW, raw_cost(len)),
-    }
+    best
 }
 
 /// Blocks of more distinct bytes than this are costed over their dense histogram.
@@ -213,6 +236,9 @@ pub struct PlaneModel {
     pub cond_enc: Option<Box<EncTable>>,
     /// Each table's code lengths for [`choose`].
     pub costs: Vec<TableCost>,
+    /// The plane's pair table, where the blob pairs it (version 2): its tables code ranks
+    /// ([`crate::pairs`]).
+    pub pairs: Option<Box<PairCoder>>,
 }
 
 /// The spacing of the flat-plane rule's probes (`docs/FORMAT.md`, "Flat planes") for a tensor of
@@ -422,13 +448,119 @@ fn split_sampled(
     len
 }
 
-/// Builds the model of a tensor (`data` is the whole tensor, `header` its Planes header).
+/// Builds the model of a tensor (`data` is the whole tensor, `header` its Planes header): the
+/// tables of format version 1, and with `opts.pair_exponents` the paired exponent plane of
+/// version 2 where [`pair_plane`] finds one.
 pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> Model {
-    let us = header.planes();
     let sampling = Sampling::new(header, opts);
+    let (mut model, exp_hist) = build_model_v1(data, header, opts, &sampling);
+    if opts.pair_exponents {
+        pair_plane(&mut model, data, header, opts, &sampling, &exp_hist);
+    }
+    model
+}
+
+/// Plane `p`'s histogram summed over the sampled blocks (`hists[i * us + p]`); zeros without
+/// `p`.
+fn plane_sum(hists: &[[u32; 256]], us: usize, p: Option<usize>) -> [u64; 256] {
+    let mut sum = [0u64; 256];
+    if let Some(p) = p {
+        for h in hists.iter().skip(p).step_by(us) {
+            for (a, &c) in sum.iter_mut().zip(h) {
+                *a += c as u64;
+            }
+        }
+    }
+    sum
+}
+
+/// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2", encoder decisions):
+/// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the pairs of
+/// the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are counted
+/// (pairs of units `2i`, `2i + 1` of each block), the [`crate::pairs::MAX_PAIRS`] most frequent
+/// make the pair table, and the plane's tables are searched again ([`cluster`]) over the blocks'
+/// rank histograms. The plane is paired if the table has at least two pairs and the search
+/// keeps a table; it is left as it was otherwise. `exp_hist` is the plane's histogram over the
+/// sampled blocks (the version 1 model counted it).
+pub fn pair_plane(
+    model: &mut Model,
+    data: &[u8],
+    header: &BlobHeader,
+    opts: &CompressOptions,
+    sampling: &Sampling,
+    exp_hist: &[u64; 256],
+) {
+    let Some(o) = header.dtype.paired_plane() else {
+        return;
+    };
+    if model.planes[o].tables.is_empty() {
+        return;
+    }
+    let us = header.planes();
+    let top = TopBytes::of(exp_hist);
+    // Per sampled block, the histogram of its pairs' keys (`16 a + b` for top bytes of indices
+    // `a`, `b`) and how many pairs hold another byte; summed, the pair counts.
+    let (mut exps, mut keys) = (Vec::new(), Vec::new());
+    let mut sum = [0u64; 256];
+    let mut blocks: Vec<([u32; 256], u32)> = Vec::with_capacity(sampling.picks.len());
+    for &g in &sampling.picks {
+        exps.clear();
+        crate::pairs::exponent_bytes(sampling.block_bytes(data, us, g), &mut exps);
+        let (counts, other) = top.count_keys(&exps, &mut keys);
+        for (s, &c) in sum.iter_mut().zip(&counts) {
+            *s += c as u64;
+        }
+        blocks.push((counts, other));
+    }
+    let Some(coder) = PairCoder::new(top, &sum) else {
+        return;
+    };
+    let ranks: Vec<[u32; 256]> = blocks
+        .iter()
+        .map(|(counts, other)| coder.rank_hist(counts, *other))
+        .collect();
+    let varied_blocks: Vec<&[u32; 256]> = ranks.iter().filter(|h| varied(h)).collect();
+    let tables = cluster(
+        &varied_blocks,
+        sampling.picks.len() as u64,
+        sampling.n_blocks,
+        opts.max_tables,
+        opts.threshold_q16(),
+    );
+    if tables.is_empty() {
+        return;
+    }
+    let pm = &mut model.planes[o];
+    pm.enc = tables
+        .iter()
+        .map(|t| (!t.is_single()).then(|| t.encode_table()))
+        .collect();
+    pm.costs = tables.iter().map(TableCost::new).collect();
+    pm.tables = tables;
+    pm.pairs = Some(Box::new(coder));
+    // Where every block was sampled, the encoder chooses by the ranks' histograms kept here
+    // (the model's exponent histograms are not what it chooses by).
+    if let Some(h) = model.block_hists.get_mut(o) {
+        *h = match sampling.picks.len() as u64 == sampling.n_blocks {
+            true => ranks,
+            false => Vec::new(),
+        };
+    }
+}
+
+/// The version 1 model of [`build_model`], and the exponent plane's histogram over the sampled
+/// blocks where the dtype has a paired plane ([`DType::paired_plane`]; zeros otherwise).
+fn build_model_v1(
+    data: &[u8],
+    header: &BlobHeader,
+    opts: &CompressOptions,
+    sampling: &Sampling,
+) -> (Model, [u64; 256]) {
+    let paired = header.dtype.paired_plane().filter(|_| opts.pair_exponents);
+    let us = header.planes();
     let bu = sampling.block_units as usize;
     let split_block =
-        |g: u64, scratch: &mut [u8]| split_sampled(&sampling, header.dtype, data, g, scratch);
+        |g: u64, scratch: &mut [u8]| split_sampled(sampling, header.dtype, data, g, scratch);
     // Where plane `p` of a split block of `len` units lies in the scratch.
     let plane = |p: usize, len: usize| p * bu..p * bu + len;
     // The conditioned plane's joint counts are taken in the same pass as the histograms, which
@@ -458,19 +590,20 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
         };
         let units = |g: u64| sampling.block_bytes(data, us, g);
         let (hists, joint) = fused_counts(
-            &sampling,
+            sampling,
             (bu, us),
             (pq, stride),
             opts.threshold_q16(),
             split_block,
             direct.map(|e| (e, units)),
         );
-        let model = model_from_counts(header, opts, &sampling, &hists, |_, _| joint)
-            .keeping(&sampling, &hists);
+        let model = model_from_counts(header, opts, sampling, &hists, |_, _| joint)
+            .keeping(sampling, &hists);
+        let exp_hist = plane_sum(&hists, us, paired);
         if hists.capacity() * 1024 <= KEPT_HISTS_BYTES {
             SAMPLED_HISTS.with(|h| *h.borrow_mut() = hists);
         }
-        return model;
+        return (model, exp_hist);
     }
     // Histograms of every sampled block, per plane (integer tensors: no flat-plane rule).
     let hists: Vec<[u32; 256]> = sampling
@@ -494,7 +627,8 @@ pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> 
     // Without a conditioned plane no conditional table is considered and the joint counts are
     // never asked for (zero counts would choose none).
     let joint = |_: usize, _: usize| JointCounts::default();
-    model_from_counts(header, opts, &sampling, &hists, joint).keeping(&sampling, &hists)
+    let model = model_from_counts(header, opts, sampling, &hists, joint).keeping(sampling, &hists);
+    (model, plane_sum(&hists, us, paired))
 }
 
 thread_local! {
@@ -698,6 +832,7 @@ pub fn model_from_counts(
                 cond: None,
                 cond_enc: None,
                 costs,
+                pairs: None,
             }
         })
         .collect();
@@ -720,8 +855,23 @@ pub fn model_from_counts(
 impl Model {
     /// Appends the tables section of a Planes blob (`docs/FORMAT.md`, 3.3).
     pub fn write_tables(&self, out: &mut Vec<u8>) {
+        let v2 = self.version() == crate::blob::BLOB_VERSION_PAIRED;
         for pm in &self.planes {
+            if v2 {
+                match &pm.pairs {
+                    Some(pc) => pc.table.write(out),
+                    None => out.push(0),
+                }
+            }
             write_plane_tables(&pm.tables, pm.cond.as_ref(), out);
+        }
+    }
+
+    /// The blob version the model's tables need: 2 where a plane is paired, else 1.
+    pub fn version(&self) -> u16 {
+        match self.planes.iter().any(|pm| pm.pairs.is_some()) {
+            true => crate::blob::BLOB_VERSION_PAIRED,
+            false => crate::blob::BLOB_VERSION,
         }
     }
 }

@@ -27,6 +27,14 @@ pub struct CompressOptions {
     /// saves at least 1/64 of those bytes; better ratio, and decoding them costs a second rANS
     /// step). See [`Condition`].
     pub condition: Condition,
+    /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2"): the exponent bytes
+    /// of bf16 tensors coded two units a symbol, halving the decoder's steps on that plane (a
+    /// one-thread bf16 decode ~1.2x faster, a compress ~1.2-1.4x slower, blobs ~0.03-0.08
+    /// points larger: docs/BENCHMARKS.md). Off by default: only the CPU engine reads and
+    /// writes it so far (the GPU engine refuses such blobs and this option), and the format's
+    /// promise is one format for both engines. Other dtypes, and tensors the encoder finds no
+    /// pairs for, stay version 1.
+    pub pair_exponents: bool,
 }
 
 /// Which float dtypes the encoder considers coding conditioned (format v1 allows it for bf16,
@@ -62,6 +70,7 @@ impl Default for CompressOptions {
             max_tables: 8,
             sample_blocks: 1024,
             condition: Condition::Auto,
+            pair_exponents: false,
         }
     }
 }

@@ -533,6 +533,7 @@ fn sample_blobs() -> Vec<(String, Vec<u8>)> {
         ("bf16 mixed".to_string(), coded_bf16_blob()),
         ("bf16 conditioned".to_string(), cond_blob(DType::BF16)),
         ("f32 conditioned".to_string(), cond_blob(DType::F32)),
+        ("bf16 paired".to_string(), paired_blob()),
     ];
     for (dtype, n, dist) in [
         (DType::F32, 400, Dist::NanInf),
@@ -805,13 +806,13 @@ fn wrong_magic_is_bad_magic() {
 #[test]
 fn other_versions_are_unsupported() {
     let blob = coded_blob();
-    for v in [0u16, 2, 3, 0x100, u16::MAX] {
+    for v in [0u16, 3, 0x100, u16::MAX] {
         let e = expect_err(&patched(&blob, 4, &v.to_le_bytes()), "version");
         assert_eq!(
             e,
             Error::UnsupportedVersion {
                 found: v,
-                supported: 1
+                supported: 2
             }
         );
         // The version is checked before the rest of the header is needed.
@@ -820,10 +821,103 @@ fn other_versions_are_unsupported() {
             e,
             Error::UnsupportedVersion {
                 found: v,
-                supported: 1
+                supported: 2
             }
         );
     }
+    // Version 2 is read, but a version 1 blob said to be version 2 (its tables section read with
+    // pair fields), and the reverse, are errors; so is a stored blob of version 2.
+    expect_err(&patched(&blob, 4, &2u16.to_le_bytes()), "v1 as v2");
+    expect_err(&patched(&paired_blob(), 4, &1u16.to_le_bytes()), "v2 as v1");
+    let stored = tensorzip::compress(&[1, 2, 3, 4], DType::F32, &[], &small_opts()).unwrap();
+    assert_eq!(peek_header(&stored).unwrap().scheme, Scheme::Stored);
+    expect_err(&patched(&stored, 4, &2u16.to_le_bytes()), "stored v2");
+}
+
+/// A bf16 blob of format version 2 (paired exponents): weights with rare exponents (escapes) and
+/// an odd length (a last block of odd length), several chunks, conditioned.
+fn paired_blob() -> Vec<u8> {
+    let n = 3001;
+    let mut data = make(DType::BF16, n, Dist::Weights, 77);
+    for u in data.chunks_exact_mut(2).step_by(97) {
+        u[1] ^= 0x20; // an exponent far from the others
+    }
+    let opts = CompressOptions {
+        pair_exponents: true,
+        chunk_bytes: 2048,
+        ..small_opts()
+    };
+    let blob = tensorzip::compress(&data, DType::BF16, &[n as u64], &opts).unwrap();
+    assert_eq!(blob[4..6], [2, 0], "version 2");
+    let l = tensorzip::blob::BlobLayout::parse(&blob, blob.len()).unwrap();
+    assert_eq!(l.paired_plane(), Some(1));
+    match decode_everything(&blob, "paired blob") {
+        Outcome::Ok(t) => assert!(t.data == data),
+        o => panic!("a paired blob fails to decode: {o:?}"),
+    }
+    blob
+}
+
+/// Where a bf16 blob's plane 1 pair field (`u8 D`) starts: after the header (28 bytes), plane
+/// 0's pair field (one zero byte), its tables and its conditional table.
+fn plane1_pairs_at(blob: &[u8]) -> usize {
+    let l = tensorzip::blob::BlobLayout::parse(blob, blob.len()).unwrap();
+    let tables: usize = l.tables[0].iter().map(|t| t.serialized_len()).sum();
+    let cond = l.cond[0]
+        .as_ref()
+        .map_or(0, |(_, t)| 1 + t.serialized_len());
+    28 + 1 + 1 + tables + 1 + cond
+}
+
+#[test]
+fn paired_tables_that_lie_are_errors() {
+    let blob = paired_blob();
+    let at = plane1_pairs_at(&blob);
+    let d = blob[at] as usize;
+    assert!((2..=128).contains(&d), "D = {d}");
+    let msg = |b: &[u8], what: &str| match expect_err(b, what) {
+        Error::Corrupt(m) | Error::Truncated(m) => m,
+        e => panic!("{what}: {e:?}"),
+    };
+    for bad in [1u8, 129, 255] {
+        let m = msg(&patched(&blob, at, &[bad]), "pair count");
+        assert!(m.contains("pairs"), "{bad}: {m}");
+    }
+    // A pair twice.
+    let first = [blob[at + 1], blob[at + 2]];
+    let m = msg(&patched(&blob, at + 3, &first), "a pair twice");
+    assert!(m.contains("twice"), "{m}");
+    // Plane 0 (not pairable in bf16) with pairs.
+    let mut b = blob.clone();
+    b[28] = 2;
+    expect_err(&b, "plane 0 paired");
+    // One pair fewer: the tables' escape rank is now past the escape.
+    let mut b = blob.clone();
+    b.drain(at + 1 + 2 * (d - 1)..at + 1 + 2 * d);
+    b[at] = d as u8 - 1;
+    let m = msg(&b, "a table of ranks past the escape");
+    assert!(m.contains("past the escape"), "{m}");
+    // Version 2 with no paired plane: a version 1 blob given empty pair fields.
+    let v1 = coded_bf16_blob();
+    let l = tensorzip::blob::BlobLayout::parse(&v1, v1.len()).unwrap();
+    let p1 = 28 + plane1_pairs_at_v1(&l);
+    let mut b = v1.clone();
+    b[4] = 2;
+    b.insert(p1, 0);
+    b.insert(28, 0);
+    let m = msg(&b, "version 2 without pairs");
+    assert!(m.contains("without a paired plane"), "{m}");
+}
+
+/// Bytes of a version 1 bf16 blob's plane 0 tables section (its table count, tables and
+/// conditional table), which plane 1's follows.
+fn plane1_pairs_at_v1(l: &tensorzip::blob::BlobLayout) -> usize {
+    let tables: usize = l.tables[0].iter().map(|t| t.serialized_len()).sum();
+    1 + tables
+        + 1
+        + l.cond[0]
+            .as_ref()
+            .map_or(0, |(_, t)| 1 + t.serialized_len())
 }
 
 #[test]

@@ -260,6 +260,8 @@ struct Coverage {
     multi_table: bool,
     /// A plane coded conditioned on the exponent plane.
     cond_plane: bool,
+    /// A blob of format version 2 (a paired exponent plane).
+    paired: bool,
 }
 
 impl Coverage {
@@ -302,12 +304,26 @@ impl Coverage {
 
 fn all_distributions_at_boundaries(dtype: DType) -> Coverage {
     let opts = small_opts();
+    // Format version 2's paired exponent plane, for the dtypes that have one.
+    let paired = CompressOptions {
+        pair_exponents: true,
+        ..small_opts()
+    };
     let mut cov = Coverage::default();
     for (di, &dist) in Dist::ALL.iter().enumerate() {
         for (ci, &n) in boundary_counts(dtype).iter().enumerate() {
             let seed = (dtype.code() as u64) << 32 | (di as u64) << 16 | ci as u64;
             let data = make(dtype, n, dist, seed);
+            if dtype.paired_plane().is_some() {
+                let blob = check(&data, dtype, &[n as u64], &paired, seed);
+                cov.paired |= blob.len() >= 6 && blob[4..6] == [2, 0];
+            }
             let blob = check(&data, dtype, &[n as u64], &opts, seed);
+            assert_eq!(
+                blob[4..6],
+                [1, 0],
+                "{dtype} {dist:?} n={n}: version 1 by default"
+            );
             cov.add(&blob);
             // Constant data of a few hundred bytes or more must actually be coded.
             if matches!(dist, Dist::Zero | Dist::Constant) && data.len() >= 256 {
@@ -324,6 +340,11 @@ fn all_distributions_at_boundaries(dtype: DType) -> Coverage {
     let data = make(dtype, n * 3, Dist::Weights, 99);
     cov.add(&check(&data, dtype, &[3, n as u64], &opts, 1));
     cov.add(&check(&data, dtype, &[n as u64, 1, 3], &opts, 2));
+    if dtype.paired_plane().is_some() {
+        let blob = check(&data, dtype, &[3, n as u64], &paired, 3);
+        cov.paired |= blob[4..6] == [2, 0];
+        assert!(cov.paired, "{dtype}: no blob paired its exponent plane");
+    }
     assert!(cov.planes && cov.stored, "{dtype}: {cov:?}");
     assert!(cov.const_plane || cov.sel_const, "{dtype}: {cov:?}");
     cov
@@ -841,9 +862,10 @@ fn opts_strategy() -> impl Strategy<Value = CompressOptions> {
             Just(Condition::Auto),
             Just(Condition::All)
         ],
+        any::<bool>(),
     )
         .prop_map(
-            |(c8, bu_log, thr, tables, min, samples, condition)| CompressOptions {
+            |(c8, bu_log, thr, tables, min, samples, condition, pairs)| CompressOptions {
                 chunk_bytes: 8 * c8,
                 block_units: 1 << bu_log,
                 passthrough_threshold: thr as f64 / 1000.0,
@@ -851,6 +873,7 @@ fn opts_strategy() -> impl Strategy<Value = CompressOptions> {
                 min_compress_bytes: min,
                 sample_blocks: samples,
                 condition,
+                pair_exponents: pairs,
             },
         )
 }

@@ -23,6 +23,10 @@ pub struct Seq<'a> {
 #[derive(Clone, Copy, Default)]
 pub struct BlockJob<'a> {
     pub main: &'a [Seq<'a>],
+    /// A paired plane's ranks (format version 2), decoded after the main sequences.
+    pub ranks: Option<Seq<'a>>,
+    /// A paired plane's escape group, decoded after the ranks.
+    pub escapes: Option<Seq<'a>>,
     pub sub: Option<Seq<'a>>,
 }
 
@@ -51,8 +55,8 @@ impl EncoderScratch {
 /// initial states carry `stash` (at most 64 bytes, see [`super::stash_states`]).
 ///
 /// Decoding order: block by block; within a block the main sequences step by step (a step is 32
-/// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then each sub sequence,
-/// step by step. The encoder walks that order backwards. Every symbol must have a non-zero frequency
+/// symbols: lane `l` takes symbol `32 r + l`), plane by plane within a step; then the ranks, the
+/// escape group and the sub sequence, each step by step on its own. The encoder walks that order backwards. Every symbol must have a non-zero frequency
 /// in its table. With `streaming`, the words are appended past the caches
 /// (`crate::streaming::extend`; the caller fences).
 pub(crate) fn encode_stream(
@@ -67,6 +71,8 @@ pub(crate) fn encode_stream(
         .map(|b| {
             b.main
                 .iter()
+                .chain(&b.ranks)
+                .chain(&b.escapes)
                 .chain(&b.sub)
                 .map(|s| s.syms.len())
                 .sum::<usize>()
@@ -82,8 +88,11 @@ pub(crate) fn encode_stream(
     let mut x = stash_states(stash);
     let mut pos = 0usize;
     for block in blocks.iter().rev() {
-        if let Some(sub) = &block.sub {
-            pos = encode_group(&mut x, std::slice::from_ref(sub), words, pos);
+        for one in [&block.sub, &block.escapes, &block.ranks]
+            .into_iter()
+            .flatten()
+        {
+            pos = encode_group(&mut x, std::slice::from_ref(one), words, pos);
         }
         if !block.main.is_empty() {
             pos = encode_group(&mut x, block.main, words, pos);

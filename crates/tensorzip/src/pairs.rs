@@ -1,0 +1,643 @@
+//! Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2"): adjacent bf16 units'
+//! exponent bytes coded as one symbol, the *rank* of the pair in a table of at most
+//! [`MAX_PAIRS`] pairs that the tensor's blob carries; a pair outside the table is the escape rank
+//! (`D`, the table's length) and its two bytes follow in the stream, coded with the uniform table.
+//!
+//! Why: the rANS step is most of a bf16 decode, one step a unit on the exponent plane; ranks take
+//! one step per two units (docs/DESIGN.md, "A measured candidate: exponents two units a symbol").
+//! The table's pairs are made of the tensor's [`TOP_BYTES`] most frequent exponent bytes, so that
+//! an engine counts them in a 16 x 16 array (a GPU block holds it in shared memory; all 65,536
+//! pairs would not fit).
+
+use crate::error::{corrupt, Result};
+use crate::rans::decode::DecodeTable;
+use crate::rans::table::{EncTable, FreqTable};
+
+/// Most pairs a table holds (ranks `0..D`, the escape `D` at most 128: a rank is a byte symbol
+/// and the decoder expands ranks through two 64-entry permutes).
+pub const MAX_PAIRS: usize = 128;
+/// Fewest pairs a table holds (a table of one pair would code one pair and escapes).
+pub const MIN_PAIRS: usize = 2;
+/// Exponent bytes the pairs are made of: the most frequent ones.
+pub const TOP_BYTES: usize = 16;
+
+/// The table of one paired plane.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PairTable {
+    /// `pairs[r]` = the bytes of units `2i` and `2i + 1` where rank `r` is coded.
+    pairs: Vec<[u8; 2]>,
+    /// The pairs' first and second bytes by rank, padded with zeros to [`MAX_PAIRS`] entries
+    /// (the decoder's expansion looks them up by rank with byte permutes; the escape's entry is
+    /// not used).
+    firsts: [u8; MAX_PAIRS],
+    seconds: [u8; MAX_PAIRS],
+}
+
+impl PairTable {
+    /// A table of `pairs` (2 ..= 128 distinct pairs, as [`PairTable::parse`] requires).
+    fn new(pairs: Vec<[u8; 2]>) -> PairTable {
+        let (mut firsts, mut seconds) = ([0u8; MAX_PAIRS], [0u8; MAX_PAIRS]);
+        for (r, p) in pairs.iter().enumerate() {
+            (firsts[r], seconds[r]) = (p[0], p[1]);
+        }
+        PairTable {
+            pairs,
+            firsts,
+            seconds,
+        }
+    }
+
+    /// The escape rank (the number of pairs).
+    pub fn escape(&self) -> u8 {
+        self.pairs.len() as u8
+    }
+
+    /// The pairs, by rank.
+    pub fn pairs(&self) -> &[[u8; 2]] {
+        &self.pairs
+    }
+
+    /// Bytes of the serialised table: `D`, then `D` pairs.
+    pub fn serialized_len(&self) -> usize {
+        1 + 2 * self.pairs.len()
+    }
+
+    /// Appends the serialised table.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.push(self.pairs.len() as u8);
+        for p in &self.pairs {
+            out.extend_from_slice(p);
+        }
+    }
+
+    /// Parses a plane's pair field (`u8 D`, then `D` pairs) at the start of `data`: `None` for
+    /// `D = 0` (the plane is not paired), else the table; and the bytes used. `D` must be 0 or in
+    /// `2..=128`, the pairs distinct.
+    pub fn parse(data: &[u8], plane: usize) -> Result<(Option<PairTable>, usize)> {
+        let Some(&d) = data.first() else {
+            return crate::error::truncated(format!("pair count of plane {plane}"));
+        };
+        let d = d as usize;
+        if d == 0 {
+            return Ok((None, 1));
+        }
+        if !(MIN_PAIRS..=MAX_PAIRS).contains(&d) {
+            return corrupt(format!(
+                "plane {plane}: {d} pairs (0, or {MIN_PAIRS} to {MAX_PAIRS})"
+            ));
+        }
+        let Some(bytes) = data.get(1..1 + 2 * d) else {
+            return crate::error::truncated(format!("{d} pairs of plane {plane}"));
+        };
+        let pairs: Vec<[u8; 2]> = bytes.chunks_exact(2).map(|p| [p[0], p[1]]).collect();
+        let mut seen = vec![false; 1 << 16];
+        for p in &pairs {
+            let w = u16::from_le_bytes(*p) as usize;
+            if std::mem::replace(&mut seen[w], true) {
+                return corrupt(format!("plane {plane}: pair {p:?} twice in its table"));
+            }
+        }
+        Ok((Some(PairTable::new(pairs)), 1 + 2 * d))
+    }
+
+    /// The bytes a block of `out.len()` units holds, from its ranks (`ranks.len()` must be
+    /// `out.len() / 2`) and its escape group (`esc`: each escaped pair's two bytes in pair order,
+    /// then the odd last unit's byte; exactly that many): [`PairTable::expand_ranks`], then
+    /// [`PairTable::patch`].
+    pub fn expand(&self, ranks: &[u8], esc: &[u8], out: &mut [u8]) -> Result<()> {
+        let mut escaped = Vec::new();
+        self.expand_ranks(ranks, out, &mut escaped)?;
+        self.patch(&escaped, esc, out)
+    }
+
+    /// The pairs of a block's ranks into `out` (`2 ranks.len()` bytes at least; an odd last
+    /// unit's byte is [`PairTable::patch`]'s), and the indices of its escaped pairs into
+    /// `escaped` (cleared first): the escape group holds `2 escaped.len()` bytes, plus one for an
+    /// odd block. Ranks above the escape are an error (a table never codes them; only a
+    /// single-symbol table of a forged blob can name one: `BlobLayout::parse` refuses both).
+    pub fn expand_ranks(&self, ranks: &[u8], out: &mut [u8], escaped: &mut Vec<u32>) -> Result<()> {
+        escaped.clear();
+        let n = ranks.len().min(out.len() / 2);
+        let mut from = 0usize;
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::has_avx512_vbmi2() {
+            // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
+            from = unsafe { self.expand_avx512(&ranks[..n], out, escaped) };
+        }
+        let d = self.escape();
+        for (i, &r) in ranks[..n].iter().enumerate().skip(from) {
+            if r < d {
+                out[2 * i..2 * i + 2].copy_from_slice(&self.pairs[r as usize]);
+            } else {
+                escaped.push(i as u32);
+            }
+        }
+        match escaped.iter().find(|&&i| ranks[i as usize] > d) {
+            Some(&i) => corrupt(format!("rank {} past the escape {d}", ranks[i as usize])),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a block's escaped pairs (`escaped`, as [`PairTable::expand_ranks`] found them) and
+    /// an odd last unit (`out.len()` odd) from its escape group `esc`, which must hold exactly
+    /// those bytes.
+    pub fn patch(&self, escaped: &[u32], esc: &[u8], out: &mut [u8]) -> Result<()> {
+        let odd = out.len() % 2;
+        if esc.len() != 2 * escaped.len() + odd {
+            return corrupt(format!(
+                "escape group of {} bytes for {} escaped pairs",
+                esc.len(),
+                escaped.len()
+            ));
+        }
+        for (&i, b) in escaped.iter().zip(esc.chunks_exact(2)) {
+            let i = i as usize;
+            out[2 * i..2 * i + 2].copy_from_slice(b);
+        }
+        if odd == 1 {
+            out[out.len() - 1] = esc[esc.len() - 1];
+        }
+        Ok(())
+    }
+
+    /// [`PairTable::expand_ranks`]'s whole groups of 64 ranks: the pairs' first and second bytes
+    /// each by one 128-byte permute (`vpermi2b`), interleaved into the 128 output bytes by two
+    /// more; the group's escapes (~0.2% of a weight tensor's pairs) noted from a compare's mask.
+    /// Word permutes of the pairs as 16-bit entries took three µops each on the Intel VM, and the
+    /// expansion a quarter of a bf16 decode's rANS time; byte permutes take one. Returns the
+    /// ranks done.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VBMI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn expand_avx512(&self, ranks: &[u8], out: &mut [u8], escaped: &mut Vec<u32>) -> usize {
+        use std::arch::x86_64::*;
+        let n = ranks.len().min(out.len() / 2);
+        // SAFETY (the loads): each table is 128 bytes, two 64-byte vectors.
+        let v = |t: &[u8; MAX_PAIRS], k: usize| unsafe {
+            _mm512_loadu_si512(t.as_ptr().add(64 * k) as *const _)
+        };
+        let (f0, f1, s0, s1) = (
+            v(&self.firsts, 0),
+            v(&self.firsts, 1),
+            v(&self.seconds, 0),
+            v(&self.seconds, 1),
+        );
+        // Output byte 2j of a half from the first bytes' byte j (index j), 2j + 1 from the
+        // second bytes' (index 64 + j): the low half takes j = 0..31, the high half j = 32..63.
+        let inter = |half: usize| {
+            let idx: [u8; 64] =
+                std::array::from_fn(|k| (32 * half + k / 2) as u8 | ((k as u8 & 1) << 6));
+            // SAFETY: 64 bytes.
+            unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) }
+        };
+        let (lo_idx, hi_idx) = (inter(0), inter(1));
+        let d = _mm512_set1_epi8(self.escape() as i8);
+        let mut i = 0;
+        while i + 64 <= n {
+            // SAFETY: ranks `i..i + 64` are in `ranks`; their 128 output bytes in `out`.
+            let mut m = unsafe {
+                let r = _mm512_loadu_si512(ranks.as_ptr().add(i) as *const _);
+                let firsts = _mm512_permutex2var_epi8(f0, r, f1);
+                let seconds = _mm512_permutex2var_epi8(s0, r, s1);
+                let o = out.as_mut_ptr().add(2 * i);
+                _mm512_storeu_si512(
+                    o as *mut _,
+                    _mm512_permutex2var_epi8(firsts, lo_idx, seconds),
+                );
+                _mm512_storeu_si512(
+                    o.add(64) as *mut _,
+                    _mm512_permutex2var_epi8(firsts, hi_idx, seconds),
+                );
+                _mm512_cmpge_epu8_mask(r, d)
+            };
+            while m != 0 {
+                escaped.push((i + m.trailing_zeros() as usize) as u32);
+                m &= m - 1;
+            }
+            i += 64;
+        }
+        i
+    }
+}
+
+/// Appends the exponent byte of each bf16 unit of `units` to `out`: the top byte ZipNN's
+/// transform makes of it (`u >> 7`), which is the paired plane's byte.
+pub fn exponent_bytes(units: &[u8], out: &mut Vec<u8>) {
+    out.extend(
+        units
+            .chunks_exact(2)
+            .map(|u| (u16::from_le_bytes([u[0], u[1]]) >> 7) as u8),
+    );
+}
+
+/// The most frequent exponent bytes of a plane, the pairs' alphabet.
+#[derive(Clone)]
+pub struct TopBytes {
+    /// Byte -> its index among the top bytes (`0..n`), or 255.
+    index: [u8; 256],
+    /// The top bytes by index.
+    bytes: Vec<u8>,
+}
+
+impl TopBytes {
+    /// The [`TOP_BYTES`] most frequent bytes of `hist` (larger count first, smaller byte among
+    /// ties), those with a count only.
+    pub fn of(hist: &[u64; 256]) -> TopBytes {
+        let mut order: Vec<usize> = (0..256).filter(|&b| hist[b] > 0).collect();
+        order.sort_by_key(|&b| (std::cmp::Reverse(hist[b]), b));
+        order.truncate(TOP_BYTES);
+        let mut index = [255u8; 256];
+        for (i, &b) in order.iter().enumerate() {
+            index[b] = i as u8;
+        }
+        TopBytes {
+            index,
+            bytes: order.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
+    /// Adds the pairs of `exps` (units `2i` and `2i + 1`; an odd last byte is not a pair) to
+    /// `counts`: `counts[16 a + b]` for top bytes of indices `a` and `b`; returns how many pairs
+    /// hold another byte.
+    pub fn count(&self, exps: &[u8], counts: &mut [u32; 256]) -> u32 {
+        let mut other = 0;
+        for p in exps.chunks_exact(2) {
+            match self.key(p[0], p[1]) {
+                Some(k) => counts[k as usize] += 1,
+                None => other += 1,
+            }
+        }
+        other
+    }
+
+    /// [`TopBytes::count`] from fresh counts, the keys made in `keys` (a buffer to reuse) and
+    /// counted as bytes: the AVX-512 keys and the byte histogram instead of a lookup and an
+    /// increment a pair (which took longer than the rest of a MiniLM bf16 model pass).
+    pub fn count_keys(&self, exps: &[u8], keys: &mut Vec<u8>) -> ([u32; 256], u32) {
+        keys.clear();
+        keys.resize(exps.len() / 2, 0);
+        let mut other = 0;
+        let mut from = 0;
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::has_avx512_vbmi2() {
+            // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
+            (from, other) = unsafe { self.keys_avx512(exps, keys) };
+        }
+        for (k, p) in keys.iter_mut().zip(exps.chunks_exact(2)).skip(from) {
+            // Another byte's pair counts as key 0, taken off below.
+            *k = self.key(p[0], p[1]).unwrap_or_else(|| {
+                other += 1;
+                0
+            });
+        }
+        let mut counts = [0u32; 256];
+        crate::histogram::histogram(keys, &mut counts);
+        counts[0] -= other;
+        (counts, other)
+    }
+
+    /// The key of the pair `(x, y)`, if both are top bytes.
+    fn key(&self, x: u8, y: u8) -> Option<u8> {
+        let (a, b) = (self.index[x as usize], self.index[y as usize]);
+        (a != 255 && b != 255).then_some(a << 4 | b)
+    }
+
+    /// [`TopBytes::count_keys`]'s whole groups of 32 pairs: the keys ([`keys32`]) stored, the
+    /// pairs of other bytes stored as key 0 and counted. Returns the pairs done and that count.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VBMI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn keys_avx512(&self, exps: &[u8], keys: &mut [u8]) -> (usize, u32) {
+        use std::arch::x86_64::*;
+        let n = keys.len().min(exps.len() / 2);
+        let index = IndexVectors::of(&self.index);
+        let (mut i, mut other) = (0, 0);
+        while i + 32 <= n {
+            // SAFETY: bytes `2i..2i + 64` of `exps` and keys `i..i + 32` are in bounds.
+            unsafe {
+                let (key, bad) = keys32(&index, exps.as_ptr().add(2 * i));
+                let key = _mm512_maskz_mov_epi8(!(bad as u64), key);
+                _mm256_storeu_si256(
+                    keys.as_mut_ptr().add(i) as *mut _,
+                    _mm512_castsi512_si256(key),
+                );
+                other += bad.count_ones();
+            }
+            i += 32;
+        }
+        (i, other)
+    }
+}
+
+/// A 256-byte table in four vectors, for [`look256`].
+#[cfg(target_arch = "x86_64")]
+struct IndexVectors([std::arch::x86_64::__m512i; 4]);
+
+#[cfg(target_arch = "x86_64")]
+impl IndexVectors {
+    /// # Safety
+    /// AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn of(t: &[u8; 256]) -> IndexVectors {
+        use std::arch::x86_64::_mm512_loadu_si512;
+        // SAFETY: `t` is 256 bytes, four 64-byte vectors.
+        IndexVectors(std::array::from_fn(|k| unsafe {
+            _mm512_loadu_si512(t.as_ptr().add(64 * k) as *const _)
+        }))
+    }
+}
+
+/// The 256-byte table `t` looked up by every byte of `x`: bytes below 128 from its first two
+/// vectors, the others from the last two.
+///
+/// # Safety
+/// AVX-512 F, BW and VBMI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[inline]
+unsafe fn look256(t: &IndexVectors, x: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let lo = _mm512_permutex2var_epi8(t.0[0], x, t.0[1]);
+    let hi = _mm512_permutex2var_epi8(t.0[2], x, t.0[3]);
+    _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi)
+}
+
+/// The keys of the 32 pairs of exponent bytes at `exps` (64 bytes): key `j` (`16 a + b` of the
+/// pair's top-byte indices) in byte `j` of the result's low half (the high half is not
+/// meaningful), and bit `j` of the mask set where the pair holds a byte that is not a top byte.
+///
+/// # Safety
+/// AVX-512 F, BW and VBMI; 64 readable bytes at `exps`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[inline]
+unsafe fn keys32(index: &IndexVectors, exps: *const u8) -> (std::arch::x86_64::__m512i, u32) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's 64 bytes.
+    let e = unsafe { _mm512_loadu_si512(exps as *const _) };
+    // SAFETY: the features are enabled here.
+    let idx = unsafe { look256(index, e) };
+    let a = _mm512_and_si512(idx, _mm512_set1_epi16(0xFF));
+    let b = _mm512_srli_epi16::<8>(idx);
+    let bad = _mm512_cmpge_epu16_mask(_mm512_or_si512(a, b), _mm512_set1_epi16(16));
+    let key = _mm512_or_si512(_mm512_slli_epi16::<4>(a), b);
+    (_mm512_castsi256_si512(_mm512_cvtepi16_epi8(key)), bad)
+}
+
+/// The encoder's side of a pair table: the table, and the rank of every pair of top bytes.
+pub struct PairCoder {
+    pub table: PairTable,
+    top: TopBytes,
+    /// `rank16[16 a + b]`: the rank of the pair of top bytes `a`, `b`, or the escape.
+    rank16: [u8; 256],
+}
+
+impl PairCoder {
+    /// The table of the sampled blocks' pair counts (`counts` as [`TopBytes::count`] adds them,
+    /// summed): the pairs with a count, larger count first (smaller first byte, then smaller
+    /// second byte among ties), at most [`MAX_PAIRS`]. `None` where fewer than [`MIN_PAIRS`].
+    pub fn new(top: TopBytes, counts: &[u64; 256]) -> Option<PairCoder> {
+        let n = top.bytes.len();
+        let mut cands: Vec<(u64, [u8; 2], usize)> = (0..n * n)
+            .map(|k| (k / n, k % n))
+            .map(|(a, b)| {
+                let at = a << 4 | b;
+                (counts[at], [top.bytes[a], top.bytes[b]], at)
+            })
+            .filter(|c| c.0 > 0)
+            .collect();
+        cands.sort_by_key(|c| (std::cmp::Reverse(c.0), c.1));
+        cands.truncate(MAX_PAIRS);
+        if cands.len() < MIN_PAIRS {
+            return None;
+        }
+        let table = PairTable::new(cands.iter().map(|c| c.1).collect());
+        let mut rank16 = [table.escape(); 256];
+        for (r, c) in cands.iter().enumerate() {
+            rank16[c.2] = r as u8;
+        }
+        Some(PairCoder { table, top, rank16 })
+    }
+
+    /// The top bytes the pairs are made of.
+    pub fn top(&self) -> &TopBytes {
+        &self.top
+    }
+
+    /// The rank histogram of a sampled block from its pair counts (as [`TopBytes::count`] made
+    /// them) and its other pairs (escapes).
+    pub fn rank_hist(&self, counts: &[u32; 256], other: u32) -> [u32; 256] {
+        let mut h = [0u32; 256];
+        for (at, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                h[self.rank16[at] as usize] += c;
+            }
+        }
+        h[self.table.escape() as usize] += other;
+        h
+    }
+
+    /// The ranks of a block's exponent bytes `exps` into `ranks` (`exps.len() / 2` of them), and
+    /// its escape group into `esc` (appended: each escaped pair's two bytes, then an odd last
+    /// byte); returns the number of escape bytes appended.
+    pub fn ranks(&self, exps: &[u8], ranks: &mut [u8], esc: &mut Vec<u8>) -> usize {
+        let before = esc.len();
+        let d = self.table.escape();
+        let mut from = 0;
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::has_avx512_vbmi2() {
+            // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
+            from = unsafe { self.ranks_avx512(exps, ranks, esc) };
+        }
+        for (r, p) in ranks.iter_mut().zip(exps.chunks_exact(2)).skip(from) {
+            let (a, b) = (self.top.index[p[0] as usize], self.top.index[p[1] as usize]);
+            let rank = match a == 255 || b == 255 {
+                true => d,
+                false => self.rank16[(a as usize) << 4 | b as usize],
+            };
+            if rank == d {
+                esc.extend_from_slice(p);
+            }
+            *r = rank;
+        }
+        if exps.len() % 2 == 1 {
+            esc.push(exps[exps.len() - 1]);
+        }
+        esc.len() - before
+    }
+
+    /// [`PairCoder::ranks`]'s whole groups of 32 pairs: the pairs' keys ([`keys32`]), their
+    /// ranks by a 256-byte lookup (the escape for pairs of other bytes); the group's escaped
+    /// pairs appended one by one. Returns the pairs done.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VBMI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn ranks_avx512(&self, exps: &[u8], ranks: &mut [u8], esc: &mut Vec<u8>) -> usize {
+        use std::arch::x86_64::*;
+        let n = ranks.len().min(exps.len() / 2);
+        // SAFETY (both): the features are enabled here.
+        let index = unsafe { IndexVectors::of(&self.top.index) };
+        let rank16 = unsafe { IndexVectors::of(&self.rank16) };
+        let escape = _mm512_set1_epi8(self.table.escape() as i8);
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: bytes `2i..2i + 64` of `exps` and ranks `i..i + 32` are in bounds.
+            let escaped = unsafe {
+                let (key, bad) = keys32(&index, exps.as_ptr().add(2 * i));
+                // 512-bit operations throughout (not AVX-512VL's 256-bit ones): the low half
+                // holds the 32 ranks.
+                let rank = _mm512_mask_blend_epi8(bad as u64, look256(&rank16, key), escape);
+                _mm256_storeu_si256(
+                    ranks.as_mut_ptr().add(i) as *mut _,
+                    _mm512_castsi512_si256(rank),
+                );
+                _mm512_cmpeq_epi8_mask(rank, escape) & 0xFFFF_FFFF
+            };
+            let mut m = escaped;
+            while m != 0 {
+                let j = i + m.trailing_zeros() as usize;
+                esc.extend_from_slice(&exps[2 * j..2 * j + 2]);
+                m &= m - 1;
+            }
+            i += 32;
+        }
+        i
+    }
+}
+
+/// The uniform table the escape groups are coded with: every byte frequency 16 (8 bits, as
+/// raw). Not serialised: fixed by the format.
+pub fn uniform_table() -> &'static FreqTable {
+    static T: std::sync::OnceLock<FreqTable> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let t = FreqTable::normalize(&[1u64; 256], None).expect("counts");
+        debug_assert!(t.freq.iter().all(|&f| f == 16));
+        t
+    })
+}
+
+/// [`uniform_table`]'s decoder table.
+pub fn uniform_decode_table() -> &'static DecodeTable {
+    static T: std::sync::OnceLock<Box<DecodeTable>> = std::sync::OnceLock::new();
+    T.get_or_init(|| uniform_table().decode_table())
+}
+
+/// [`uniform_table`]'s encoder table.
+pub fn uniform_encode_table() -> &'static EncTable {
+    static T: std::sync::OnceLock<Box<EncTable>> = std::sync::OnceLock::new();
+    T.get_or_init(|| uniform_table().encode_table())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coder_of(exps: &[u8]) -> PairCoder {
+        let mut hist = [0u64; 256];
+        for &e in exps {
+            hist[e as usize] += 1;
+        }
+        let top = TopBytes::of(&hist);
+        let mut counts = [0u32; 256];
+        top.count(exps, &mut counts);
+        let counts: [u64; 256] = std::array::from_fn(|i| counts[i] as u64);
+        PairCoder::new(top, &counts).expect("pairs")
+    }
+
+    /// Ranks and escapes expand back to the bytes, through the vector path and the scalar one,
+    /// for blocks of every length around the vector's 32 pairs, with and without escapes.
+    #[test]
+    fn ranks_expand_to_their_bytes() {
+        let mut x = 7u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Exponent-like bytes: mostly 20 values, some rare ones (escapes).
+        let exps: Vec<u8> = (0..5000)
+            .map(|_| match next() % 100 {
+                0 => (next() % 256) as u8,
+                v => 110 + (v % 20) as u8,
+            })
+            .collect();
+        let coder = coder_of(&exps);
+        assert!(coder.table.pairs().len() > 64, "ranks past 64 are used");
+        for len in [
+            0usize, 1, 2, 3, 63, 64, 65, 66, 127, 128, 129, 4096, 4097, 5000,
+        ] {
+            let blk = &exps[..len];
+            let mut ranks = vec![0u8; len / 2];
+            let mut esc = Vec::new();
+            let n = coder.ranks(blk, &mut ranks, &mut esc);
+            assert_eq!(n, esc.len());
+            let mut out = vec![0u8; len];
+            coder.table.expand(&ranks, &esc, &mut out).unwrap();
+            assert_eq!(out, blk, "length {len}");
+        }
+        // A block without escapes takes the vector path to its last whole group.
+        let plain: Vec<u8> = (0..4096).map(|i| 110 + (i % 7) as u8).collect();
+        let coder = coder_of(&plain);
+        let mut ranks = vec![0u8; 2048];
+        let mut esc = Vec::new();
+        assert_eq!(coder.ranks(&plain, &mut ranks, &mut esc), 0);
+        let mut out = vec![0u8; 4096];
+        coder.table.expand(&ranks, &esc, &mut out).unwrap();
+        assert_eq!(out, plain);
+    }
+
+    /// Escape bytes that do not match the ranks, and ranks past the escape, are errors.
+    #[test]
+    fn expansion_checks_its_escapes() {
+        let t = PairTable::new(vec![[1, 2], [3, 4]]);
+        let mut out = [0u8; 5];
+        assert!(t.expand(&[0, 1], &[9], &mut out).is_ok());
+        assert_eq!(out, [1, 2, 3, 4, 9]);
+        assert!(
+            t.expand(&[0, 2], &[9], &mut out).is_err(),
+            "escape without bytes"
+        );
+        assert!(
+            t.expand(&[0, 2], &[5, 6, 9, 9], &mut out).is_err(),
+            "bytes left over"
+        );
+        assert!(
+            t.expand(&[0, 3], &[9], &mut out).is_err(),
+            "rank past the escape"
+        );
+        assert!(t.expand(&[0, 1], &[], &mut out).is_err(), "no odd byte");
+        let mut even = [0u8; 4];
+        assert!(t.expand(&[2, 1], &[5, 6], &mut even).is_ok());
+        assert_eq!(even, [5, 6, 3, 4]);
+    }
+
+    #[test]
+    fn pair_fields_parse_as_written() {
+        let t = PairTable::new(vec![[1, 2], [3, 4], [2, 1]]);
+        let mut buf = Vec::new();
+        t.write(&mut buf);
+        assert_eq!(buf.len(), t.serialized_len());
+        assert_eq!(PairTable::parse(&buf, 1).unwrap(), (Some(t), 7));
+        assert_eq!(PairTable::parse(&[0], 1).unwrap(), (None, 1));
+        assert!(PairTable::parse(&[1, 5, 5], 1).is_err(), "one pair");
+        assert!(PairTable::parse(&[129], 1).is_err(), "129 pairs");
+        assert!(
+            PairTable::parse(&[2, 1, 2, 1, 2], 1).is_err(),
+            "a pair twice"
+        );
+        assert!(PairTable::parse(&[2, 1, 2, 1], 1).is_err(), "cut short");
+        assert!(PairTable::parse(&[], 1).is_err(), "nothing");
+    }
+
+    #[test]
+    fn the_uniform_table_is_sixteen_each() {
+        assert!(uniform_table().freq.iter().all(|&f| f == 16));
+    }
+}
