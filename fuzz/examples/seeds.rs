@@ -109,6 +109,20 @@ fn main() {
             count += 1;
         }
     }
+    // Format version 2: bf16 weights with paired exponents (escapes, an odd last block).
+    for (k, n) in [(0u64, 1501usize), (1, 4097), (2, 700)] {
+        let mut data = sample::weights(1, n, DType::BF16, 40 + k);
+        for u in data.chunks_exact_mut(2).step_by(53) {
+            u[1] ^= 0x20;
+        }
+        let paired = CompressOptions {
+            pair_exponents: true,
+            ..opts[(k % 2) as usize].clone()
+        };
+        let blob = eng.compress(&data, DType::BF16, &[n as u64], &paired).unwrap();
+        write(&blobs, &format!("bf16-paired-{k}"), &blob);
+        count += 1;
+    }
     // Odd shapes: empty, 0-d, rank 3.
     for (name, dtype, shape, data) in [
         ("empty", DType::F32, vec![3u64, 0], vec![]),

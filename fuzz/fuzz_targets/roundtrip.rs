@@ -2,7 +2,8 @@
 //! input, for every dtype and a spread of encoder options. The first four bytes choose the dtype
 //! and the options (small blocks and chunks, so that short inputs still have many blocks and
 //! chunks: the table search, the passthrough test, constant and conditioned planes and the
-//! stash all meet odd data); the rest, cut to whole elements, is the tensor. With bit 6 of the
+//! stash all meet odd data; bit 7 of the first byte asks for format version 2's paired
+//! exponents); the rest, cut to whole elements, is the tensor. With bit 6 of the
 //! fourth byte set, the tensor is also cut into three (at points the second and third bytes
 //! choose) and the parts compressed as one run of the archive writer — a lead of small tensors
 //! coded together, the rest one after the other (`compress_seq_into`, `compress_seq_to`) — whose
@@ -37,6 +38,8 @@ fuzz_target!(|data: &[u8]| {
         max_tables: 1 + (*t as usize % 8),
         passthrough_threshold: [0.95, 1.0, 0.6, 0.99][(*t as usize >> 3) % 4],
         min_compress_bytes: [0, 1024][(*t as usize >> 5) % 2],
+        // Format version 2's paired exponents (bf16 only; other dtypes ignore it).
+        pair_exponents: *d & 0x80 != 0,
         ..CompressOptions::default()
     };
     let isz = dtype.itemsize();
