@@ -21,16 +21,23 @@ pub struct PlaneStats {
     /// condition plane has the conditioning value, raw elsewhere; which is which only decoding
     /// tells).
     pub cond_units: u64,
+    /// Whether the plane is paired (format version 2): its coded units are coded two a symbol.
+    pub paired: bool,
 }
 
 impl PlaneStats {
-    /// A short mode summary such as `"coded 97% raw 3%"` (`cond` for conditioned units).
+    /// A short mode summary such as `"coded 97% raw 3%"` (`cond` for conditioned units, `paired`
+    /// for coded units of a paired plane).
     pub fn summary(&self) -> String {
         let total =
             (self.coded_units + self.raw_units + self.const_units + self.cond_units).max(1) as f64;
         let mut parts = Vec::new();
+        let coded = match self.paired {
+            true => "paired",
+            false => "coded",
+        };
         for (name, v) in [
-            ("coded", self.coded_units),
+            (coded, self.coded_units),
             ("cond", self.cond_units),
             ("raw", self.raw_units),
             ("const", self.const_units),
@@ -81,7 +88,12 @@ impl BlobStats {
         st.planes = (0..us)
             .map(|p| PlaneStats {
                 tables: view.tables[p].len(),
-                table_bytes: view.tables[p].iter().map(|t| t.serialized_len()).sum(),
+                table_bytes: view.tables[p]
+                    .iter()
+                    .map(|t| t.serialized_len())
+                    .sum::<usize>()
+                    + view.pairs[p].as_ref().map_or(0, |t| t.serialized_len()),
+                paired: view.pairs[p].is_some(),
                 ..Default::default()
             })
             .collect();
@@ -144,6 +156,29 @@ mod tests {
         let st = BlobStats::of(&off).unwrap();
         assert!(st.planes.iter().all(|p| p.cond_units == 0));
         assert!(st.planes.iter().all(|p| !p.summary().contains("cond")));
+    }
+
+    /// A version 2 blob's paired plane is summarised as `paired`, its pair table among its
+    /// table bytes.
+    #[test]
+    fn paired_planes_are_summarised_as_such() {
+        let w = sample::weights(64, 1024, DType::BF16, 3);
+        let opts = CompressOptions {
+            pair_exponents: true,
+            ..Default::default()
+        };
+        let blob = compress(&w, DType::BF16, &[64, 1024], &opts).unwrap();
+        let st = BlobStats::of(&blob).unwrap();
+        assert!(st.planes[1].paired && !st.planes[0].paired);
+        assert!(
+            st.planes[1].summary().starts_with("paired"),
+            "{}",
+            st.planes[1].summary()
+        );
+        let view = BlobView::parse(&blob).unwrap();
+        let tables: usize = view.tables[1].iter().map(|t| t.serialized_len()).sum();
+        let pairs = view.pairs[1].as_ref().unwrap().serialized_len();
+        assert_eq!(st.planes[1].table_bytes, tables + pairs);
     }
 
     /// fp16 is conditioned only when asked for (`Condition::All`): by default its blob is the one
