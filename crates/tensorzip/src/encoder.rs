@@ -504,7 +504,7 @@ struct Layout {
     last_cond_raw: usize,
     /// Per block, a paired plane's ranks and escape group (ranges in `ChunkScratch::ranks` and
     /// `ChunkScratch::escapes`; empty for blocks not coded, and without a paired plane).
-    pair_ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+    pair_ranges: Vec<PairRanges>,
 }
 
 impl Layout {
