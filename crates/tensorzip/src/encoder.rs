@@ -620,20 +620,9 @@ impl TensorEncoder<'_> {
             let mut hint = BlockHint::default();
             for (b, sel) in sels.iter_mut().enumerate() {
                 let blk = &planes[p][block(b)];
-                let (s, is_const) = match &pm.pairs {
-                    Some(pc) => {
-                        let (s, is_const, ranges) = self.select_paired(
-                            (pm, pc, p),
-                            blk,
-                            g0 + b as u64,
-                            (&mut scratch.ranks, &mut scratch.escapes),
-                            &mut hist,
-                        );
-                        pair_ranges.push(ranges);
-                        (s, is_const)
-                    }
-                    None => self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hint),
-                };
+                let pairs = (&mut scratch.ranks, &mut scratch.escapes, &mut pair_ranges);
+                let (s, is_const) =
+                    self.select_block(p, blk, g0 + b as u64, (&mut hist, &mut hint), pairs);
                 *sel = s;
                 all_raw &= s == SEL_RAW;
                 const_val = match const_val {
@@ -764,20 +753,9 @@ impl TensorEncoder<'_> {
             for p in k..us {
                 let pm = &model.planes[p];
                 let blk = &planes[p * len..][r.clone()];
-                let (s, is_const) = match &pm.pairs {
-                    Some(pc) => {
-                        let (s, is_const, ranges) = self.select_paired(
-                            (pm, pc, p),
-                            blk,
-                            g0 + b as u64,
-                            (ranks, escapes),
-                            &mut hist,
-                        );
-                        lay.pair_ranges.push(ranges);
-                        (s, is_const)
-                    }
-                    None => self.select(pm, blk, g0 + b as u64, p, &mut hist, &mut hints[p]),
-                };
+                let pairs = (&mut *ranks, &mut *escapes, &mut lay.pair_ranges);
+                let (s, is_const) =
+                    self.select_block(p, blk, g0 + b as u64, (&mut hist, &mut hints[p]), pairs);
                 if b == 0 && is_const {
                     return None;
                 }
@@ -797,6 +775,30 @@ impl TensorEncoder<'_> {
             lay.modes[p] = coded_mode(&model.planes[p], all_raw[p]);
         }
         Some(lay)
+    }
+
+    /// The selector of block `blk` of plane `p` (global block `g`) and whether the block is one
+    /// repeated byte: [`TensorEncoder::select_paired`] for a paired plane (the block's ranges
+    /// pushed to the third buffer), else [`TensorEncoder::select`].
+    fn select_block(
+        &self,
+        p: usize,
+        blk: &[u8],
+        g: u64,
+        (hist, hint): (&mut [u32; 256], &mut BlockHint),
+        (ranks, escapes, ranges): (&mut Vec<u8>, &mut Vec<u8>, &mut Vec<PairRanges>),
+    ) -> (u8, bool) {
+        let model = self.model.as_ref().expect("a Planes encoder has a model");
+        let pm = &model.planes[p];
+        match &pm.pairs {
+            Some(pc) => {
+                let (s, is_const, r) =
+                    self.select_paired((pm, pc, p), blk, g, (ranks, escapes), hist);
+                ranges.push(r);
+                (s, is_const)
+            }
+            None => self.select(pm, blk, g, p, hist, hint),
+        }
     }
 
     /// The selector of block `blk` (its exponent bytes) of the paired plane (version 2), whether
