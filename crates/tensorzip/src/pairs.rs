@@ -4,7 +4,7 @@
 //! (`D`, the table's length) and its two bytes follow in the stream, coded with the uniform table.
 //!
 //! Why: the rANS step is most of a bf16 decode, one step a unit on the exponent plane; ranks take
-//! one step per two units (docs/DESIGN.md, "A measured candidate: exponents two units a symbol").
+//! one step per two units (docs/DESIGN.md, "Format version 2, as built").
 //! The table's pairs are made of the tensor's [`TOP_BYTES`] most frequent exponent bytes, so that
 //! an engine counts them in a 16 x 16 array (a GPU block holds it in shared memory; all 65,536
 //! pairs would not fit).
@@ -13,8 +13,8 @@ use crate::error::{corrupt, Result};
 use crate::rans::decode::DecodeTable;
 use crate::rans::table::{EncTable, FreqTable};
 
-/// Most pairs a table holds (ranks `0..D`, the escape `D` at most 128: a rank is a byte symbol
-/// and the decoder expands ranks through two 64-entry permutes).
+/// Most pairs a table holds (ranks `0..D`, the escape `D` at most 128: a rank is a byte symbol,
+/// and the decoder looks the pairs' bytes up by rank with 128-byte permutes).
 pub const MAX_PAIRS: usize = 128;
 /// Fewest pairs a table holds (a table of one pair would code one pair and escapes).
 pub const MIN_PAIRS: usize = 2;
@@ -50,11 +50,6 @@ impl PairTable {
     /// The escape rank (the number of pairs).
     pub fn escape(&self) -> u8 {
         self.pairs.len() as u8
-    }
-
-    /// The pairs, by rank.
-    pub fn pairs(&self) -> &[[u8; 2]] {
-        &self.pairs
     }
 
     /// Bytes of the serialised table: `D`, then `D` pairs.
@@ -103,8 +98,10 @@ impl PairTable {
     /// The bytes a block of `out.len()` units holds, from its ranks (`ranks.len()` must be
     /// `out.len() / 2`) and its escape group (`esc`: each escaped pair's two bytes in pair order,
     /// then the odd last unit's byte; exactly that many): [`PairTable::expand_ranks`], then
-    /// [`PairTable::patch`].
-    pub fn expand(&self, ranks: &[u8], esc: &[u8], out: &mut [u8]) -> Result<()> {
+    /// [`PairTable::patch`] (the decoder calls the two apart: the escape group is decoded
+    /// between them).
+    #[cfg(test)]
+    fn expand(&self, ranks: &[u8], esc: &[u8], out: &mut [u8]) -> Result<()> {
         let mut escaped = Vec::new();
         self.expand_ranks(ranks, out, &mut escaped)?;
         self.patch(&escaped, esc, out)
@@ -582,7 +579,7 @@ mod tests {
             })
             .collect();
         let coder = coder_of(&exps);
-        assert!(coder.table.pairs().len() > 64, "ranks past 64 are used");
+        assert!(coder.table.pairs.len() > 64, "ranks past 64 are used");
         for len in [
             0usize, 1, 2, 3, 63, 64, 65, 66, 127, 128, 129, 4096, 4097, 5000,
         ] {
