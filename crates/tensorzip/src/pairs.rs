@@ -85,12 +85,12 @@ impl PairTable {
             return crate::error::truncated(format!("{d} pairs of plane {plane}"));
         };
         let pairs: Vec<[u8; 2]> = bytes.chunks_exact(2).map(|p| [p[0], p[1]]).collect();
-        let mut seen = vec![false; 1 << 16];
-        for p in &pairs {
-            let w = u16::from_le_bytes(*p) as usize;
-            if std::mem::replace(&mut seen[w], true) {
-                return corrupt(format!("plane {plane}: pair {p:?} twice in its table"));
-            }
+        // Distinct: sorted, no two neighbours equal (at most 128 pairs; a table of every pair
+        // seen would be 64 KiB for a blob of a few hundred bytes).
+        let mut sorted = pairs.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return corrupt(format!("plane {plane}: pair {:?} twice in its table", w[0]));
         }
         Ok((Some(PairTable::new(pairs)), 1 + 2 * d))
     }
