@@ -107,14 +107,21 @@ impl PairTable {
         self.patch(&escaped, esc, out)
     }
 
-    /// The pairs of a block's ranks into `out` (`2 ranks.len()` bytes at least; an odd last
-    /// unit's byte is [`PairTable::patch`]'s), and the indices of its escaped pairs into
+    /// The pairs of a block's ranks into `out` (`2 ranks.len()` or one more bytes, else
+    /// `InvalidInput`; an odd last unit's byte is [`PairTable::patch`]'s), and the indices of its escaped pairs into
     /// `escaped` (cleared first): the escape group holds `2 escaped.len()` bytes, plus one for an
     /// odd block. Ranks above the escape are an error (a table never codes them; only a
     /// single-symbol table of a forged blob can name one: `BlobLayout::parse` refuses both).
     pub fn expand_ranks(&self, ranks: &[u8], out: &mut [u8], escaped: &mut Vec<u32>) -> Result<()> {
         escaped.clear();
-        let n = ranks.len().min(out.len() / 2);
+        if ranks.len() != out.len() / 2 {
+            return Err(crate::error::Error::InvalidInput(format!(
+                "{} ranks for a block of {} units",
+                ranks.len(),
+                out.len()
+            )));
+        }
+        let n = ranks.len();
         let mut from = 0usize;
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::has_avx512_vbmi2() {
