@@ -280,7 +280,8 @@ impl<'d, 'a> Cursor<'d, 'a> {
                     .decode_block(std::slice::from_mut(&mut seg), pg.ranks)?;
             }
             self.expand_ranks(b, &pg, &mut scratch.planes, bufs)?;
-            if let Some((mut seg, n)) = self.escape_segment(&pg, bufs) {
+            if let Some(mut seg) = self.escape_segment(&pg, bufs) {
+                let n = seg.out.len();
                 self.rans()?
                     .decode_block(std::slice::from_mut(&mut seg), n)?;
             }
@@ -326,23 +327,18 @@ impl<'d, 'a> Cursor<'d, 'a> {
     }
 
     /// A paired block's escape group, once its ranks are expanded (`bufs.escaped` holds the
-    /// escaped pairs): its segment (into `bufs.escapes`, coded with the uniform table) and its
-    /// length, where it has symbols.
+    /// escaped pairs): its segment (into `bufs.escapes`, coded with the uniform table), where it
+    /// has symbols.
     fn escape_segment<'s>(
         &self,
         pg: &PairGroup<'d>,
         bufs: &'s mut BlockBufs,
-    ) -> Option<(DecodeSegment<'d, 's>, usize)> {
+    ) -> Option<DecodeSegment<'d, 's>> {
         let n = 2 * bufs.escaped.len() + pg.len % 2;
         bufs.escapes.resize(n, 0);
-        (n > 0).then(|| {
-            (
-                DecodeSegment {
-                    table: crate::pairs::uniform_decode_table(),
-                    out: &mut bufs.escapes[..n],
-                },
-                n,
-            )
+        (n > 0).then(|| DecodeSegment {
+            table: crate::pairs::uniform_decode_table(),
+            out: &mut bufs.escapes[..n],
         })
     }
 
@@ -873,10 +869,10 @@ impl<'a> TensorDecoder<'a> {
         ),
         b: usize,
     ) -> Result<()> {
-        let ra = pa.and_then(|pg| ca.rank_segment(pg, &mut sa.bufs));
-        let rb = pb.and_then(|pg| cb.rank_segment(pg, &mut sb.bufs));
-        let (na, nb) = (pa.map_or(0, |pg| pg.ranks), pb.map_or(0, |pg| pg.ranks));
-        let (mut ra, mut rb) = (ra, rb);
+        let len = |s: &Option<DecodeSegment<'_, '_>>| s.as_ref().map_or(0, |s| s.out.len());
+        let mut ra = pa.and_then(|pg| ca.rank_segment(pg, &mut sa.bufs));
+        let mut rb = pb.and_then(|pg| cb.rank_segment(pg, &mut sb.bufs));
+        let (na, nb) = (len(&ra), len(&rb));
         steps_of_both(
             (&mut *ca, ra.as_mut_slice(), na),
             (&mut *cb, rb.as_mut_slice(), nb),
@@ -887,13 +883,9 @@ impl<'a> TensorDecoder<'a> {
         if let Some(pg) = pb {
             cb.expand_ranks(b, pg, &mut sb.planes, &mut sb.bufs)?;
         }
-        let ea = pa.and_then(|pg| ca.escape_segment(pg, &mut sa.bufs));
-        let eb = pb.and_then(|pg| cb.escape_segment(pg, &mut sb.bufs));
-        let (ma, mb) = (
-            ea.as_ref().map_or(0, |e| e.1),
-            eb.as_ref().map_or(0, |e| e.1),
-        );
-        let (mut ea, mut eb) = (ea.map(|e| e.0), eb.map(|e| e.0));
+        let mut ea = pa.and_then(|pg| ca.escape_segment(pg, &mut sa.bufs));
+        let mut eb = pb.and_then(|pg| cb.escape_segment(pg, &mut sb.bufs));
+        let (ma, mb) = (len(&ea), len(&eb));
         steps_of_both(
             (&mut *ca, ea.as_mut_slice(), ma),
             (&mut *cb, eb.as_mut_slice(), mb),

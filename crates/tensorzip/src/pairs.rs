@@ -275,23 +275,11 @@ impl TopBytes {
         }
     }
 
-    /// Adds the pairs of `exps` (units `2i` and `2i + 1`; an odd last byte is not a pair) to
-    /// `counts`: `counts[16 a + b]` for top bytes of indices `a` and `b`; returns how many pairs
-    /// hold another byte.
-    pub fn count(&self, exps: &[u8], counts: &mut [u32; 256]) -> u32 {
-        let mut other = 0;
-        for p in exps.chunks_exact(2) {
-            match self.key(p[0], p[1]) {
-                Some(k) => counts[k as usize] += 1,
-                None => other += 1,
-            }
-        }
-        other
-    }
-
-    /// [`TopBytes::count`] from fresh counts, the keys made in `keys` (a buffer to reuse) and
-    /// counted as bytes: the AVX-512 keys and the byte histogram instead of a lookup and an
-    /// increment a pair (which took longer than the rest of a MiniLM bf16 model pass).
+    /// The pairs of `exps` (units `2i` and `2i + 1`; an odd last byte is not a pair) counted:
+    /// `counts[16 a + b]` for top bytes of indices `a` and `b`, and how many pairs hold another
+    /// byte. The keys are made in `keys` (a buffer to reuse) and counted as bytes: the AVX-512
+    /// keys and the byte histogram instead of a lookup and an increment a pair (which took
+    /// longer than the rest of a MiniLM bf16 model pass).
     pub fn count_keys(&self, exps: &[u8], keys: &mut Vec<u8>) -> ([u32; 256], u32) {
         keys.clear();
         keys.resize(exps.len() / 2, 0);
@@ -414,8 +402,8 @@ pub struct PairCoder {
 }
 
 impl PairCoder {
-    /// The table of the sampled blocks' pair counts (`counts` as [`TopBytes::count`] adds them,
-    /// summed): the pairs with a count, larger count first (smaller first byte, then smaller
+    /// The table of the sampled blocks' pair counts (`counts` as [`TopBytes::count_keys`] makes
+    /// them, summed): the pairs with a count, larger count first (smaller first byte, then smaller
     /// second byte among ties), at most [`MAX_PAIRS`]. `None` where fewer than [`MIN_PAIRS`].
     pub fn new(top: TopBytes, counts: &[u64; 256]) -> Option<PairCoder> {
         let n = top.bytes.len();
@@ -440,13 +428,8 @@ impl PairCoder {
         Some(PairCoder { table, top, rank16 })
     }
 
-    /// The top bytes the pairs are made of.
-    pub fn top(&self) -> &TopBytes {
-        &self.top
-    }
-
-    /// The rank histogram of a sampled block from its pair counts (as [`TopBytes::count`] made
-    /// them) and its other pairs (escapes).
+    /// The rank histogram of a sampled block from its pair counts (as [`TopBytes::count_keys`]
+    /// made them) and its other pairs (escapes).
     pub fn rank_hist(&self, counts: &[u32; 256], other: u32) -> [u32; 256] {
         let mut h = [0u32; 256];
         for (at, &c) in counts.iter().enumerate() {
@@ -471,11 +454,10 @@ impl PairCoder {
             from = unsafe { self.ranks_avx512(exps, ranks, esc) };
         }
         for (r, p) in ranks.iter_mut().zip(exps.chunks_exact(2)).skip(from) {
-            let (a, b) = (self.top.index[p[0] as usize], self.top.index[p[1] as usize]);
-            let rank = match a == 255 || b == 255 {
-                true => d,
-                false => self.rank16[(a as usize) << 4 | b as usize],
-            };
+            let rank = self
+                .top
+                .key(p[0], p[1])
+                .map_or(d, |k| self.rank16[k as usize]);
             if rank == d {
                 esc.extend_from_slice(p);
             }
@@ -561,8 +543,7 @@ mod tests {
             hist[e as usize] += 1;
         }
         let top = TopBytes::of(&hist);
-        let mut counts = [0u32; 256];
-        top.count(exps, &mut counts);
+        let (counts, _) = top.count_keys(exps, &mut Vec::new());
         let counts: [u64; 256] = std::array::from_fn(|i| counts[i] as u64);
         PairCoder::new(top, &counts).expect("pairs")
     }
