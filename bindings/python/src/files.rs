@@ -135,24 +135,13 @@ fn write_atomically(
     // 0600, as the command line's outputs (another user's link to a root file readable only
     // through a private directory gave that user root's copy).
     let perms = match mode_from {
-        Some((src, m)) => {
-            let read = m.metadata().map_err(io)?;
-            Some((
-                read.permissions(),
-                tensorzip::mapped::linked_as_root(src, &read),
-            ))
-        }
-        None => existing.map(|m| (m.permissions(), false)),
+        Some((src, m)) => Some(tensorzip::mapped::plain_mode(
+            src,
+            &m.metadata().map_err(io)?,
+        )),
+        None => existing.map(|m| tensorzip::mapped::plain_permissions(m.permissions(), false)),
     };
-    if let Some((perms, linked)) = perms {
-        #[cfg(unix)]
-        let perms = {
-            use std::os::unix::fs::PermissionsExt;
-            let keep = if linked { 0o600 } else { 0o777 };
-            std::fs::Permissions::from_mode(perms.mode() & keep)
-        };
-        #[cfg(not(unix))]
-        let _ = linked;
+    if let Some(perms) = perms {
         f.set_permissions(perms).map_err(io)?;
     }
     write(&mut f)?;

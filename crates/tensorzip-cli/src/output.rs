@@ -131,38 +131,13 @@ pub fn create_temp<T>(
     })
 }
 
-/// The permissions an output takes from its input `source`: its mode without the set-user-ID,
-/// set-group-ID and sticky bits. An output is written by the running user (root, say) and is its
-/// until committed; a user's setuid file compressed or restored by root came out setuid root.
-///
-/// Run as root, an input named through a link (its path is not the file read: `read` is the
-/// descriptor's metadata) gives at most 0600: a link made by another user to a root file readable
-/// only through a private directory (0644 in a 0700 one) gave that user root's copy of it, 0644
-/// in their own directory (a review's finding, 2026-12-05).
-pub fn plain_mode(path: &Path, read: &std::fs::Metadata) -> std::fs::Permissions {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mut mode = read.permissions().mode() & 0o777;
-        if tensorzip::mapped::linked_as_root(path, read) {
-            mode &= 0o600;
-        }
-        std::fs::Permissions::from_mode(mode)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        read.permissions()
-    }
-}
-
 /// Gives the open output `file` the owner and group of `source`, as gzip gives its outputs: a
 /// file root compresses or restores (or replaces with `--force`) keeps its owner instead of
 /// becoming root's. Called once the output is complete and synced, on the open file (no path is
 /// followed), so its new owner never shares a file this process still writes or reads. Best
 /// effort: a user who is not root cannot give a file away, so then only the group is tried
 /// (allowed where the user is in it), and a refusal of both leaves the user's own. The caller
-/// sets the permissions after it ([`plain_mode`]: never set-ID bits).
+/// sets the permissions after it ([`tensorzip::mapped::plain_mode`]: never set-ID bits).
 ///
 /// Model directories (`compress DIR -o OUT`) keep the running user's ownership: handing their
 /// entries over while they are built let the new owner plant links that root's later writes
@@ -193,7 +168,8 @@ pub struct SafeOutput {
     /// The input's metadata, whose owner and group the output takes at `commit` (not for a file
     /// inside a model directory being built: see [`take_owner`]).
     owner: Option<std::fs::Metadata>,
-    /// The permissions the output takes ([`plain_mode`]), set again after a change of owner.
+    /// The permissions the output takes ([`tensorzip::mapped::plain_mode`]), set again after a
+    /// change of owner.
     perms: std::fs::Permissions,
 }
 
@@ -283,7 +259,7 @@ impl SafeOutput {
             file: Some(file),
             force,
             owner: None,
-            perms: plain_mode(input, &meta),
+            perms: tensorzip::mapped::plain_mode(input, &meta),
         };
         let perms = out.perms.clone();
         out.file()

@@ -385,11 +385,11 @@ fn plan(src: &Path, w: &Walk, wanted: Wanted) -> Result<Vec<(PathBuf, PathBuf, S
 /// Where a model directory is built for `dest`. Run as root: `dest`'s parent resolved (links
 /// followed once, here), every directory from it up to `/` root's and not writable by group or
 /// others (a sticky one, as `/tmp`, allowed: `tensorzip::mapped::only_ours_above`), and the
-/// resolved path returned, which the build uses
-/// from then on. Otherwise another user could swap the hidden staging directory, or a directory
-/// or link above it, while root writes there — files of the model's names and contents written
-/// as root wherever they point (reviews' findings, 2026-12-05; a link checked and then followed
-/// again was the second). Any other user writes with its own rights only: `dest` as it is.
+/// resolved path returned, which the build uses from then on. Otherwise another user could swap
+/// the hidden staging directory, or a directory or link above it, while root writes there —
+/// files of the model's names and contents written as root wherever they point (reviews'
+/// findings, 2026-12-05; a link checked and then followed again was the second). Any other user
+/// writes with its own rights only: `dest` as it is.
 fn parent_not_shared(dest: &Path) -> Result<PathBuf, String> {
     #[cfg(unix)]
     {
@@ -472,7 +472,7 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
     // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
     // executable), but not its set-ID bits: the copy is the running user's, and a user's setuid
     // file copied by root became a setuid-root one (a review's finding, 2026-12-05).
-    if let Err(e) = std::fs::set_permissions(to, crate::output::plain_mode(from, &before)) {
+    if let Err(e) = std::fs::set_permissions(to, tensorzip::mapped::plain_mode(from, &before)) {
         return Err(format!("{}: {e}", shown.display()));
     }
     let after = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;

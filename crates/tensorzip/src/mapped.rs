@@ -284,6 +284,35 @@ pub fn linked_as_root(path: &std::path::Path, read: &std::fs::Metadata) -> bool 
     }
 }
 
+/// The permissions an output written for an input takes from it (`read`: the metadata of the
+/// input's open descriptor, e.g. [`MappedFile::metadata`]; `path`: the name it was opened by):
+/// [`plain_permissions`] of its mode, private where [`linked_as_root`] — the command line's
+/// outputs and the Python package's file writers alike.
+pub fn plain_mode(path: &std::path::Path, read: &std::fs::Metadata) -> std::fs::Permissions {
+    plain_permissions(read.permissions(), linked_as_root(path, read))
+}
+
+/// `perms` without the set-user-ID, set-group-ID and sticky bits, and at most 0600 where
+/// `private`. An output is written by the running user (root, say) and is its until committed:
+/// a user's setuid file compressed or restored by root came out setuid root; and run as root, an
+/// input named through a link (`private`) gives at most 0600 — a link made by another user to a
+/// root file readable only through a private directory (0644 in a 0700 one) gave that user
+/// root's copy of it, 0644 in their own directory (reviews' findings, 2026-12-05). Off Unix,
+/// `perms` as they are.
+pub fn plain_permissions(perms: std::fs::Permissions, private: bool) -> std::fs::Permissions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let keep = if private { 0o600 } else { 0o777 };
+        std::fs::Permissions::from_mode(perms.mode() & keep)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = private;
+        perms
+    }
+}
+
 /// Whether no user but this process's (or root) can change what `meta` describes: `Err` says why
 /// not. `sticky_ok` lets a directory writable by others pass if it has the sticky bit (as `/tmp`:
 /// others cannot rename or remove what is not theirs in it) — right for a directory *above*

@@ -241,6 +241,24 @@ pub struct PlaneModel {
     pub pairs: Option<Box<PairCoder>>,
 }
 
+impl PlaneModel {
+    /// The model of a plane with block tables `tables` (and no conditional table or pairs): the
+    /// encoder's constants and the code lengths derived from them.
+    fn of_tables(tables: Vec<FreqTable>) -> PlaneModel {
+        PlaneModel {
+            enc: tables
+                .iter()
+                .map(|t| (!t.is_single()).then(|| t.encode_table()))
+                .collect(),
+            costs: tables.iter().map(TableCost::new).collect(),
+            tables,
+            cond: None,
+            cond_enc: None,
+            pairs: None,
+        }
+    }
+}
+
 /// The spacing of the flat-plane rule's probes (`docs/FORMAT.md`, "Flat planes") for a tensor of
 /// `dtype` with `n_sampled` sampled blocks: float dtypes (those with a conditioned plane) only,
 /// whose low mantissa bytes are flat wherever they are; integers' planes need not be.
@@ -530,14 +548,12 @@ pub fn pair_plane(
     if tables.is_empty() {
         return;
     }
-    let pm = &mut model.planes[o];
-    pm.enc = tables
-        .iter()
-        .map(|t| (!t.is_single()).then(|| t.encode_table()))
-        .collect();
-    pm.costs = tables.iter().map(TableCost::new).collect();
-    pm.tables = tables;
-    pm.pairs = Some(Box::new(coder));
+    // The plane's tables, and what the encoder derives from them, replaced (its conditional
+    // table is none: a paired plane is the condition plane, not a conditioned one).
+    model.planes[o] = PlaneModel {
+        pairs: Some(Box::new(coder)),
+        ..PlaneModel::of_tables(tables)
+    };
     // Where every block was sampled, the encoder chooses by the ranks' histograms kept here
     // (the model's exponent histograms are not what it chooses by).
     if let Some(h) = model.block_hists.get_mut(o) {
@@ -821,19 +837,7 @@ pub fn model_from_counts(
                     )
                 }
             };
-            let enc = tables
-                .iter()
-                .map(|t| (!t.is_single()).then(|| t.encode_table()))
-                .collect();
-            let costs = tables.iter().map(TableCost::new).collect();
-            PlaneModel {
-                tables,
-                enc,
-                cond: None,
-                cond_enc: None,
-                costs,
-                pairs: None,
-            }
+            PlaneModel::of_tables(tables)
         })
         .collect();
     // Conditioning of the byte below the exponent, when the block model leaves that plane raw.
