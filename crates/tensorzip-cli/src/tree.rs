@@ -454,14 +454,19 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
     let before = r
         .metadata()
         .map_err(|e| format!("{}: {e}", from.display()))?;
+    // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
+    // executable), but not its set-ID bits: the copy is the running user's, and a user's setuid
+    // file copied by root became a setuid-root one (a review's finding, 2026-12-05); run as root,
+    // at most 0600 for a source named through a link.
+    let perms = tensorzip::mapped::plain_mode(from, &before);
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
-    // Made with the source's permissions (less the umask) before a byte is in it; set exactly
-    // below.
+    // Made with them (less the umask) before a byte is in it — the 0600 cap too, so that the
+    // copy is never more open while it is written than once it is done; set exactly below.
     #[cfg(unix)]
     {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        o.mode(before.permissions().mode() & 0o777);
+        o.mode(perms.mode());
     }
     let mut w = o
         .open(to)
@@ -469,10 +474,7 @@ fn copy_file(from: &Path, to: &Path, shown: &Path) -> Result<crate::copies::Reco
     let rec = copy_reporting(&mut r, &mut w, from, shown)?;
     let n = rec.bytes;
     drop(w);
-    // The source's permissions, as `fs::copy` gives them (a script in a model directory stays
-    // executable), but not its set-ID bits: the copy is the running user's, and a user's setuid
-    // file copied by root became a setuid-root one (a review's finding, 2026-12-05).
-    if let Err(e) = std::fs::set_permissions(to, tensorzip::mapped::plain_mode(from, &before)) {
+    if let Err(e) = std::fs::set_permissions(to, perms) {
         return Err(format!("{}: {e}", shown.display()));
     }
     let after = std::fs::metadata(from).map_err(|e| format!("{}: {e}", from.display()))?;
