@@ -858,21 +858,23 @@ fn paired_blob() -> Vec<u8> {
     blob
 }
 
-/// Where a bf16 blob's plane 1 pair field (`u8 D`) starts: after the header (28 bytes), plane
-/// 0's pair field (one zero byte), its tables and its conditional table.
-fn plane1_pairs_at(blob: &[u8]) -> usize {
+/// Bytes of a bf16 blob's plane 0 part of the tables section, but its version 2 pair field: its
+/// table count, tables and conditional table (plane 1's part follows).
+fn plane0_tables_len(blob: &[u8]) -> usize {
     let l = tensorzip::blob::BlobLayout::parse(blob, blob.len()).unwrap();
     let tables: usize = l.tables[0].iter().map(|t| t.serialized_len()).sum();
     let cond = l.cond[0]
         .as_ref()
         .map_or(0, |(_, t)| 1 + t.serialized_len());
-    28 + 1 + 1 + tables + 1 + cond
+    1 + tables + 1 + cond
 }
 
 #[test]
 fn paired_tables_that_lie_are_errors() {
     let blob = paired_blob();
-    let at = plane1_pairs_at(&blob);
+    // Plane 1's pair field: after the header (28 bytes), plane 0's pair field (a zero) and
+    // plane 0's tables.
+    let at = 28 + 1 + plane0_tables_len(&blob);
     let d = blob[at] as usize;
     assert!((2..=128).contains(&d), "D = {d}");
     let msg = |b: &[u8], what: &str| match expect_err(b, what) {
@@ -899,25 +901,13 @@ fn paired_tables_that_lie_are_errors() {
     assert!(m.contains("past the escape"), "{m}");
     // Version 2 with no paired plane: a version 1 blob given empty pair fields.
     let v1 = coded_bf16_blob();
-    let l = tensorzip::blob::BlobLayout::parse(&v1, v1.len()).unwrap();
-    let p1 = 28 + plane1_pairs_at_v1(&l);
+    let p1 = 28 + plane0_tables_len(&v1);
     let mut b = v1.clone();
     b[4] = 2;
     b.insert(p1, 0);
     b.insert(28, 0);
     let m = msg(&b, "version 2 without pairs");
     assert!(m.contains("without a paired plane"), "{m}");
-}
-
-/// Bytes of a version 1 bf16 blob's plane 0 tables section (its table count, tables and
-/// conditional table), which plane 1's follows.
-fn plane1_pairs_at_v1(l: &tensorzip::blob::BlobLayout) -> usize {
-    let tables: usize = l.tables[0].iter().map(|t| t.serialized_len()).sum();
-    1 + tables
-        + 1
-        + l.cond[0]
-            .as_ref()
-            .map_or(0, |(_, t)| 1 + t.serialized_len())
 }
 
 #[test]
