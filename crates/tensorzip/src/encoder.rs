@@ -182,8 +182,9 @@ impl<'a> TensorEncoder<'a> {
             .map(|p| {
                 let pm = &model.planes[p];
                 let kept = model.block_hists.get(p).is_some_and(|h| !h.is_empty());
-                // A paired plane's tables code ranks: no bound on its bytes.
-                match pm.tables.is_empty() || kept || pm.pairs.is_some() {
+                // A paired plane's blocks choose by their bytes too (`pair_block`), so its bound
+                // holds.
+                match pm.tables.is_empty() || kept {
                     true => None,
                     false => RawBound::new(&pm.costs, threshold),
                 }
@@ -722,7 +723,7 @@ impl TensorEncoder<'_> {
             // The first k planes' blocks, from their places at `at + j n` to where they belong.
             for j in 0..k {
                 let slot = at + j * n;
-                let (s, is_const) = self.select(
+                let (s, is_const, _) = self.select(
                     &model.planes[j],
                     &area[slot..slot + n],
                     g0 + b as u64,
@@ -778,8 +779,9 @@ impl TensorEncoder<'_> {
     }
 
     /// The selector of block `blk` of plane `p` (global block `g`) and whether the block is one
-    /// repeated byte: [`TensorEncoder::select_paired`] for a paired plane (the block's ranges
-    /// pushed to the third buffer), else [`TensorEncoder::select`].
+    /// repeated byte: [`TensorEncoder::select`], and for a paired plane the block's ranks and
+    /// escape group where it is coded ([`TensorEncoder::pair_block`]; its ranges pushed to the
+    /// third buffer).
     fn select_block(
         &self,
         p: usize,
@@ -790,57 +792,48 @@ impl TensorEncoder<'_> {
     ) -> (u8, bool) {
         let model = self.model.as_ref().expect("a Planes encoder has a model");
         let pm = &model.planes[p];
+        let (s, is_const, cost) = self.select(pm, blk, g, p, hist, hint);
         match &pm.pairs {
             Some(pc) => {
-                let (s, is_const, r) =
-                    self.select_paired((pm, pc, p), blk, g, (ranks, escapes), hist);
+                let (s, r) = Self::pair_block(pc, (s, cost), blk, (ranks, escapes), self.threshold);
                 ranges.push(r);
                 (s, is_const)
             }
-            None => self.select(pm, blk, g, p, hist, hint),
+            None => (s, is_const),
         }
     }
 
-    /// The selector of block `blk` (its exponent bytes) of the paired plane (version 2), whether
-    /// it is one repeated byte, and where its ranks and escape group went: appended to the two
-    /// buffers when the block is coded, their ranges returned (empty ones otherwise). A block of
-    /// one repeated byte takes the constant selector.
-    fn select_paired(
-        &self,
-        (pm, coder, p): (&crate::model::PlaneModel, &crate::pairs::PairCoder, usize),
+    /// Block `blk` (its exponent bytes) of a paired plane (version 2), which chose selector `s`
+    /// at cost `cost` (Q16 bits) by its exponent bytes: where `s` is a table, its ranks and
+    /// escape group appended to the two buffers and their ranges returned with `s` — unless the
+    /// escape group's bytes (8 bits each) added to that cost fail the passthrough rule, when the
+    /// block is raw (FORMAT.md section 12's encoder decisions). Constant and raw blocks append
+    /// nothing (empty ranges).
+    fn pair_block(
+        coder: &crate::pairs::PairCoder,
+        (s, cost): (u8, u64),
         blk: &[u8],
-        g: u64,
         (ranks, escapes): (&mut Vec<u8>, &mut Vec<u8>),
-        hist: &mut [u32; 256],
-    ) -> (u8, bool, PairRanges) {
+        threshold: u64,
+    ) -> (u8, PairRanges) {
         let (r0, e0) = (ranks.len(), escapes.len());
         let none = (r0..r0, e0..e0);
-        let first = blk[0];
-        if blk.iter().all(|&v| v == first) {
-            return (SEL_CONST, true, none);
+        if s >= SEL_CONST {
+            return (s, none);
         }
         ranks.resize(r0 + blk.len() / 2, 0);
         let n_esc = coder.ranks(blk, &mut ranks[r0..], escapes);
-        let model = self.model.as_ref().expect("a Planes encoder has a model");
-        // The model's histogram of the block's ranks where it kept them (every block sampled).
-        let hist = match model.block_hist(g, p) {
-            Some(kept) => kept,
-            None => {
-                crate::histogram::histogram(&ranks[r0..], hist);
-                &*hist
-            }
-        };
-        let sel = crate::model::choose_paired(hist, blk.len(), n_esc, &pm.costs, self.threshold);
-        if sel == SEL_RAW {
+        if !crate::model::stays_coded(cost + crate::model::raw_cost(n_esc), blk.len(), threshold) {
             ranks.truncate(r0);
             escapes.truncate(e0);
-            return (SEL_RAW, false, none);
+            return (SEL_RAW, none);
         }
-        (sel, false, (r0..ranks.len(), e0..escapes.len()))
+        (s, (r0..ranks.len(), e0..escapes.len()))
     }
 
-    /// The selector of one block `blk` of plane `p` (global block `g`) and whether the block is
-    /// one repeated byte.
+    /// The selector of one block `blk` of plane `p` (global block `g`), whether the block is
+    /// one repeated byte, and the chosen table's cost in Q16 bits (meaningful where a table is
+    /// chosen: a paired plane weighs its escapes against it).
     fn select(
         &self,
         pm: &crate::model::PlaneModel,
@@ -849,11 +842,11 @@ impl TensorEncoder<'_> {
         p: usize,
         hist: &mut [u32; 256],
         hint: &mut BlockHint,
-    ) -> (u8, bool) {
+    ) -> (u8, bool, u64) {
         let first = blk[0];
         if pm.tables.is_empty() {
             let is_const = blk.iter().all(|&v| v == first);
-            return (if is_const { SEL_CONST } else { SEL_RAW }, is_const);
+            return (if is_const { SEL_CONST } else { SEL_RAW }, is_const, 0);
         }
         let model = self.model.as_ref().expect("a Planes encoder has a model");
         let hist = match model.block_hist(g, p) {
@@ -863,7 +856,7 @@ impl TensorEncoder<'_> {
                     match hint.bound_skip {
                         0 if blk.iter().any(|&v| v != first) => {
                             if bound.proves_raw(blk) {
-                                return (SEL_RAW, false);
+                                return (SEL_RAW, false, 0);
                             }
                             hint.bound_skip = BOUND_SKIP_AFTER_MISS;
                         }
@@ -876,11 +869,11 @@ impl TensorEncoder<'_> {
             }
         };
         let is_const = hist[first as usize] as usize == blk.len();
-        let sel = match is_const {
-            true => const_selector(first, &pm.tables),
-            false => choose(hist, blk.len(), &pm.costs, self.threshold).0,
+        let (sel, cost) = match is_const {
+            true => (const_selector(first, &pm.tables), 0),
+            false => choose(hist, blk.len(), &pm.costs, self.threshold),
         };
-        (sel, is_const)
+        (sel, is_const, cost)
     }
 }
 

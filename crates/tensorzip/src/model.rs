@@ -49,23 +49,6 @@ pub fn choose(hist: &[u32; 256], len: usize, costs: &[TableCost], threshold_q16:
     }
 }
 
-/// The selector of a block of a paired plane (version 2) of `units` units, with rank histogram
-/// `hist` and `escape_bytes` bytes in its escape group: the covering table of least cost for the
-/// ranks, if that cost plus 8 bits an escape byte is below `threshold_q16 / 65536` of the
-/// block's raw cost (8 bits a unit), else raw.
-pub fn choose_paired(
-    hist: &[u32; 256],
-    units: usize,
-    escape_bytes: usize,
-    costs: &[TableCost],
-    threshold_q16: u64,
-) -> u8 {
-    match least_cost(hist, costs) {
-        Some((j, c)) if stays_coded(c + raw_cost(escape_bytes), units, threshold_q16) => j as u8,
-        _ => SEL_RAW,
-    }
-}
-
 /// The covering table of least cost for `hist` (lowest index among ties) and that cost.
 fn least_cost(hist: &[u32; 256], costs: &[TableCost]) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u64)> = None;
@@ -471,22 +454,15 @@ fn split_sampled(
 /// version 2 where [`pair_plane`] finds one.
 pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> Model {
     let sampling = Sampling::new(header, opts);
-    let (mut model, exp_hist) = build_model_v1(data, header, opts, &sampling);
-    if opts.pair_exponents {
-        pair_plane(&mut model, data, header, opts, &sampling, &exp_hist);
-    }
-    model
+    build_model_v1(data, header, opts, &sampling)
 }
 
-/// Plane `p`'s histogram summed over the sampled blocks (`hists[i * us + p]`); zeros without
-/// `p`.
-fn plane_sum(hists: &[[u32; 256]], us: usize, p: Option<usize>) -> [u64; 256] {
+/// Plane `p`'s histogram summed over the sampled blocks (`hists[i * us + p]`).
+fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
     let mut sum = [0u64; 256];
-    if let Some(p) = p {
-        for h in hists.iter().skip(p).step_by(us) {
-            for (a, &c) in sum.iter_mut().zip(h) {
-                *a += c as u64;
-            }
+    for h in hists.iter().skip(p).step_by(us) {
+        for (a, &c) in sum.iter_mut().zip(h) {
+            *a += c as u64;
         }
     }
     sum
@@ -495,18 +471,25 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: Option<usize>) -> [u64; 256] {
 /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2", encoder decisions):
 /// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the pairs of
 /// the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are counted
-/// (pairs of units `2i`, `2i + 1` of each block), the [`crate::pairs::MAX_PAIRS`] most frequent
-/// make the pair table, and the plane's tables are searched again ([`cluster`]) over the blocks'
-/// rank histograms. The plane is paired if the table has at least two pairs and the search
-/// keeps a table; it is left as it was otherwise. `exp_hist` is the plane's histogram over the
-/// sampled blocks (the version 1 model counted it).
+/// (pairs of units `2i`, `2i + 1` of each block) and the [`crate::pairs::MAX_PAIRS`] most
+/// frequent make the pair table. The plane's rank tables are not searched for: rank table `j` is
+/// made of the rank counts of the sampled blocks that choose the version 1 table `j` by their
+/// exponent bytes (all non-constant sampled blocks for table 0, as the version 1 search makes
+/// its table 0), every rank `0..=D` forced in. Blocks then choose by their exponent bytes among
+/// the version 1 tables, whose code lengths the plane model keeps, and code their ranks with the
+/// rank table of the same index. A second search over the blocks' rank histograms (129 symbols
+/// wide) was a third of a MiniLM bf16 model pass, and counting a histogram of every coded
+/// block's ranks a tenth of its coding; this costs neither, for +0.00x points
+/// (docs/DESIGN.md, "Format version 2, as built"). The plane is paired if the table has at
+/// least two pairs; it is left as it was otherwise. `hists` are the version 1 model's histograms
+/// of every plane of every sampled block (`[i * planes + p]`).
 pub fn pair_plane(
     model: &mut Model,
     data: &[u8],
     header: &BlobHeader,
     opts: &CompressOptions,
     sampling: &Sampling,
-    exp_hist: &[u64; 256],
+    hists: &[[u32; 256]],
 ) {
     let Some(o) = header.dtype.paired_plane() else {
         return;
@@ -515,64 +498,87 @@ pub fn pair_plane(
         return;
     }
     let us = header.planes();
-    let top = TopBytes::of(exp_hist);
+    let exp_hists = || hists.iter().skip(o).step_by(us);
+    let top = TopBytes::of(&plane_sum(hists, us, o));
     // Per sampled block, the histogram of its pairs' keys (`16 a + b` for top bytes of indices
     // `a`, `b`) and how many pairs hold another byte; summed, the pair counts.
-    let (mut exps, mut keys) = (Vec::new(), Vec::new());
+    let blocks: Vec<([u32; 256], u32)> = sampling
+        .picks
+        .par_iter()
+        .map_init(Vec::new, |keys, &g| {
+            top.count_keys(sampling.block_bytes(data, us, g), keys)
+        })
+        .collect();
     let mut sum = [0u64; 256];
-    let mut blocks: Vec<([u32; 256], u32)> = Vec::with_capacity(sampling.picks.len());
-    for &g in &sampling.picks {
-        exps.clear();
-        crate::pairs::exponent_bytes(sampling.block_bytes(data, us, g), &mut exps);
-        let (counts, other) = top.count_keys(&exps, &mut keys);
-        for (s, &c) in sum.iter_mut().zip(&counts) {
+    for (counts, _) in &blocks {
+        for (s, &c) in sum.iter_mut().zip(counts) {
             *s += c as u64;
         }
-        blocks.push((counts, other));
     }
     let Some(coder) = PairCoder::new(top, &sum) else {
         return;
     };
-    let ranks: Vec<[u32; 256]> = blocks
-        .iter()
-        .map(|(counts, other)| coder.rank_hist(counts, *other))
-        .collect();
-    let varied_blocks: Vec<&[u32; 256]> = ranks.iter().filter(|h| varied(h)).collect();
-    let tables = cluster(
-        &varied_blocks,
-        sampling.picks.len() as u64,
-        sampling.n_blocks,
-        opts.max_tables,
-        opts.threshold_q16(),
-    );
-    if tables.is_empty() {
-        return;
+    // Rank counts per version 1 table: every non-constant block's in table 0's, and each in
+    // that of the table it chooses (tables 1..).
+    let v1 = &model.planes[o];
+    let mut groups = vec![[0u64; 256]; v1.tables.len()];
+    let threshold = opts.threshold_q16();
+    for ((counts, other), h) in blocks.iter().zip(exp_hists()) {
+        if !varied(h) {
+            continue;
+        }
+        let len: u32 = h.iter().sum();
+        let (j, _) = choose(h, len as usize, &v1.costs, threshold);
+        let ranks = coder.rank_hist(counts, *other);
+        for g in std::iter::once(0).chain((j != 0 && j < SEL_CONST).then_some(j as usize)) {
+            for (a, &c) in groups[g].iter_mut().zip(&ranks) {
+                *a += c as u64;
+            }
+        }
     }
-    // The plane's tables, and what the encoder derives from them, replaced (its conditional
-    // table is none: a paired plane is the condition plane, not a conditioned one).
+    // Every rank in every table, so that a block may take any of them; a table no sampled block
+    // chose is table 0's.
+    let forced: [bool; 256] = std::array::from_fn(|r| r <= coder.table.escape() as usize);
+    let total = groups[0];
+    let tables: Option<Vec<FreqTable>> = groups
+        .iter()
+        .map(|g| {
+            let g = match g.iter().any(|&c| c != 0) {
+                true => g,
+                false => &total,
+            };
+            FreqTable::normalize(g, Some(&forced))
+        })
+        .collect();
+    let Some(tables) = tables else {
+        return;
+    };
+    // The rank tables replace the plane's tables; blocks still choose by the version 1 tables'
+    // code lengths (its conditional table is none: a paired plane is the condition plane, not
+    // a conditioned one). The kept block histograms stay the exponent bytes', which is what
+    // blocks choose by.
+    let costs = std::mem::take(&mut model.planes[o].costs);
     model.planes[o] = PlaneModel {
         pairs: Some(Box::new(coder)),
+        costs,
         ..PlaneModel::of_tables(tables)
     };
-    // Where every block was sampled, the encoder chooses by the ranks' histograms kept here
-    // (the model's exponent histograms are not what it chooses by).
-    if let Some(h) = model.block_hists.get_mut(o) {
-        *h = match sampling.picks.len() as u64 == sampling.n_blocks {
-            true => ranks,
-            false => Vec::new(),
-        };
-    }
 }
 
-/// The version 1 model of [`build_model`], and the exponent plane's histogram over the sampled
-/// blocks where the dtype has a paired plane ([`DType::paired_plane`]; zeros otherwise).
+/// The model of [`build_model`]: version 1's, then, with `opts.pair_exponents`, the paired
+/// plane ([`pair_plane`]) from the same sampled histograms.
 fn build_model_v1(
     data: &[u8],
     header: &BlobHeader,
     opts: &CompressOptions,
     sampling: &Sampling,
-) -> (Model, [u64; 256]) {
-    let paired = header.dtype.paired_plane().filter(|_| opts.pair_exponents);
+) -> Model {
+    let paired = |mut model: Model, hists: &[[u32; 256]]| {
+        if opts.pair_exponents {
+            pair_plane(&mut model, data, header, opts, sampling, hists);
+        }
+        model
+    };
     let us = header.planes();
     let bu = sampling.block_units as usize;
     let split_block =
@@ -615,11 +621,11 @@ fn build_model_v1(
         );
         let model = model_from_counts(header, opts, sampling, &hists, |_, _| joint)
             .keeping(sampling, &hists);
-        let exp_hist = plane_sum(&hists, us, paired);
+        let model = paired(model, &hists);
         if hists.capacity() * 1024 <= KEPT_HISTS_BYTES {
             SAMPLED_HISTS.with(|h| *h.borrow_mut() = hists);
         }
-        return (model, exp_hist);
+        return model;
     }
     // Histograms of every sampled block, per plane (integer tensors: no flat-plane rule).
     let hists: Vec<[u32; 256]> = sampling
@@ -644,7 +650,7 @@ fn build_model_v1(
     // never asked for (zero counts would choose none).
     let joint = |_: usize, _: usize| JointCounts::default();
     let model = model_from_counts(header, opts, sampling, &hists, joint).keeping(sampling, &hists);
-    (model, plane_sum(&hists, us, paired))
+    paired(model, &hists)
 }
 
 thread_local! {

@@ -239,14 +239,10 @@ impl PairTable {
     }
 }
 
-/// Appends the exponent byte of each bf16 unit of `units` to `out`: the top byte ZipNN's
+/// The exponent byte of a bf16 unit (little-endian bytes `lo`, `hi`): the top byte ZipNN's
 /// transform makes of it (`u >> 7`), which is the paired plane's byte.
-pub fn exponent_bytes(units: &[u8], out: &mut Vec<u8>) {
-    out.extend(
-        units
-            .chunks_exact(2)
-            .map(|u| (u16::from_le_bytes([u[0], u[1]]) >> 7) as u8),
-    );
+fn exponent_byte(lo: u8, hi: u8) -> u8 {
+    (u16::from_le_bytes([lo, hi]) >> 7) as u8
 }
 
 /// The most frequent exponent bytes of a plane, the pairs' alphabet.
@@ -275,24 +271,28 @@ impl TopBytes {
         }
     }
 
-    /// The pairs of `exps` (units `2i` and `2i + 1`; an odd last byte is not a pair) counted:
-    /// `counts[16 a + b]` for top bytes of indices `a` and `b`, and how many pairs hold another
-    /// byte. The keys are made in `keys` (a buffer to reuse) and counted as bytes: the AVX-512
-    /// keys and the byte histogram instead of a lookup and an increment a pair (which took
-    /// longer than the rest of a MiniLM bf16 model pass).
-    pub fn count_keys(&self, exps: &[u8], keys: &mut Vec<u8>) -> ([u32; 256], u32) {
+    /// The pairs of a block's bf16 `units` (little-endian, units `2i` and `2i + 1`; an odd last
+    /// unit is not a pair) counted by their exponent bytes: `counts[16 a + b]` for top bytes of
+    /// indices `a` and `b`, and how many pairs hold another byte. The keys are made in `keys` (a
+    /// buffer to reuse) and counted as bytes: the AVX-512 keys, taken straight from the units,
+    /// and the byte histogram instead of a lookup and an increment a pair (which took longer than
+    /// the rest of a MiniLM bf16 model pass), and instead of a pass that gathered the block's
+    /// exponent bytes first (a third of the pair model's time: docs/DESIGN.md, "Format version
+    /// 2, as built").
+    pub fn count_keys(&self, units: &[u8], keys: &mut Vec<u8>) -> ([u32; 256], u32) {
         keys.clear();
-        keys.resize(exps.len() / 2, 0);
+        keys.resize(units.len() / 4, 0);
         let mut other = 0;
         let mut from = 0;
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::has_avx512_vbmi2() {
             // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
-            (from, other) = unsafe { self.keys_avx512(exps, keys) };
+            (from, other) = unsafe { self.keys_avx512(units, keys) };
         }
-        for (k, p) in keys.iter_mut().zip(exps.chunks_exact(2)).skip(from) {
+        for (k, p) in keys.iter_mut().zip(units.chunks_exact(4)).skip(from) {
             // Another byte's pair counts as key 0, taken off below.
-            *k = self.key(p[0], p[1]).unwrap_or_else(|| {
+            let (x, y) = (exponent_byte(p[0], p[1]), exponent_byte(p[2], p[3]));
+            *k = self.key(x, y).unwrap_or_else(|| {
                 other += 1;
                 0
             });
@@ -309,22 +309,38 @@ impl TopBytes {
         (a != 255 && b != 255).then_some(a << 4 | b)
     }
 
-    /// [`TopBytes::count_keys`]'s whole groups of 32 pairs: the keys ([`keys32`]) stored, the
+    /// [`TopBytes::count_keys`]'s whole groups of 32 pairs (64 units): the exponent bytes
+    /// shifted out of the units and packed by one permute, their keys ([`keys_of`]) stored, the
     /// pairs of other bytes stored as key 0 and counted. Returns the pairs done and that count.
     ///
     /// # Safety
     /// AVX-512 F, BW and VBMI.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn keys_avx512(&self, exps: &[u8], keys: &mut [u8]) -> (usize, u32) {
+    unsafe fn keys_avx512(&self, units: &[u8], keys: &mut [u8]) -> (usize, u32) {
         use std::arch::x86_64::*;
-        let n = keys.len().min(exps.len() / 2);
-        let index = IndexVectors::of(&self.index);
+        let n = keys.len().min(units.len() / 4);
+        // SAFETY: the features are enabled here.
+        let index = unsafe { IndexVectors::of(&self.index) };
+        // Byte `j` of the packed exponents is byte `2j` of the two shifted vectors (the low byte
+        // of unit `j`'s 16-bit lane, `u >> 7`).
+        let even = _mm512_set_epi8(
+            126, 124, 122, 120, 118, 116, 114, 112, 110, 108, 106, 104, 102, 100, 98, 96, 94, 92,
+            90, 88, 86, 84, 82, 80, 78, 76, 74, 72, 70, 68, 66, 64, 62, 60, 58, 56, 54, 52, 50, 48,
+            46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2,
+            0,
+        );
         let (mut i, mut other) = (0, 0);
         while i + 32 <= n {
-            // SAFETY: bytes `2i..2i + 64` of `exps` and keys `i..i + 32` are in bounds.
+            // SAFETY: bytes `4i..4i + 128` of `units` and keys `i..i + 32` are in bounds.
             unsafe {
-                let (key, bad) = keys32(&index, exps.as_ptr().add(2 * i));
+                let u = units.as_ptr().add(4 * i) as *const __m512i;
+                let e = _mm512_permutex2var_epi8(
+                    _mm512_srli_epi16::<7>(_mm512_loadu_si512(u)),
+                    even,
+                    _mm512_srli_epi16::<7>(_mm512_loadu_si512(u.add(1))),
+                );
+                let (key, bad) = keys_of(&index, e);
                 let key = _mm512_maskz_mov_epi8(!(bad as u64), key);
                 _mm256_storeu_si256(
                     keys.as_mut_ptr().add(i) as *mut _,
@@ -371,19 +387,21 @@ unsafe fn look256(t: &IndexVectors, x: std::arch::x86_64::__m512i) -> std::arch:
     _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi)
 }
 
-/// The keys of the 32 pairs of exponent bytes at `exps` (64 bytes): key `j` (`16 a + b` of the
-/// pair's top-byte indices) in byte `j` of the result's low half (the high half is not
-/// meaningful), and bit `j` of the mask set where the pair holds a byte that is not a top byte.
+/// The keys of the 32 pairs of exponent bytes in `e` (64 bytes, pair `j` in bytes `2j` and
+/// `2j + 1`): key `j` (`16 a + b` of the pair's top-byte indices) in byte `j` of the result's low
+/// half (the high half is not meaningful), and bit `j` of the mask set where the pair holds a byte
+/// that is not a top byte.
 ///
 /// # Safety
-/// AVX-512 F, BW and VBMI; 64 readable bytes at `exps`.
+/// AVX-512 F, BW and VBMI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
-unsafe fn keys32(index: &IndexVectors, exps: *const u8) -> (std::arch::x86_64::__m512i, u32) {
+unsafe fn keys_of(
+    index: &IndexVectors,
+    e: std::arch::x86_64::__m512i,
+) -> (std::arch::x86_64::__m512i, u32) {
     use std::arch::x86_64::*;
-    // SAFETY: the caller's 64 bytes.
-    let e = unsafe { _mm512_loadu_si512(exps as *const _) };
     // SAFETY: the features are enabled here.
     let idx = unsafe { look256(index, e) };
     let a = _mm512_and_si512(idx, _mm512_set1_epi16(0xFF));
@@ -469,7 +487,7 @@ impl PairCoder {
         esc.len() - before
     }
 
-    /// [`PairCoder::ranks`]'s whole groups of 32 pairs: the pairs' keys ([`keys32`]), their
+    /// [`PairCoder::ranks`]'s whole groups of 32 pairs: the pairs' keys ([`keys_of`]), their
     /// ranks by a 256-byte lookup (the escape for pairs of other bytes); the group's escaped
     /// pairs appended one by one. Returns the pairs done.
     ///
@@ -488,7 +506,10 @@ impl PairCoder {
         while i + 32 <= n {
             // SAFETY: bytes `2i..2i + 64` of `exps` and ranks `i..i + 32` are in bounds.
             let escaped = unsafe {
-                let (key, bad) = keys32(&index, exps.as_ptr().add(2 * i));
+                let (key, bad) = keys_of(
+                    &index,
+                    _mm512_loadu_si512(exps.as_ptr().add(2 * i) as *const _),
+                );
                 // 512-bit operations throughout (not AVX-512VL's 256-bit ones): the low half
                 // holds the 32 ranks.
                 let rank = _mm512_mask_blend_epi8(bad as u64, look256(&rank16, key), escape);
@@ -537,15 +558,64 @@ pub fn uniform_encode_table() -> &'static EncTable {
 mod tests {
     use super::*;
 
-    fn coder_of(exps: &[u8]) -> PairCoder {
+    /// bf16 units whose exponent bytes are `exps`, with the sign and mantissa bits of `salt`.
+    fn units_of(exps: &[u8], salt: u16) -> Vec<u8> {
+        exps.iter()
+            .enumerate()
+            .flat_map(|(i, &e)| {
+                let bits = (salt.wrapping_mul(i as u16 | 1)) & 0x807F;
+                ((e as u16) << 7 | bits).to_le_bytes()
+            })
+            .collect()
+    }
+
+    fn top_of(exps: &[u8]) -> TopBytes {
         let mut hist = [0u64; 256];
         for &e in exps {
             hist[e as usize] += 1;
         }
-        let top = TopBytes::of(&hist);
-        let (counts, _) = top.count_keys(exps, &mut Vec::new());
+        TopBytes::of(&hist)
+    }
+
+    fn coder_of(exps: &[u8]) -> PairCoder {
+        let top = top_of(exps);
+        let (counts, _) = top.count_keys(&units_of(exps, 0x1234), &mut Vec::new());
         let counts: [u64; 256] = std::array::from_fn(|i| counts[i] as u64);
         PairCoder::new(top, &counts).expect("pairs")
+    }
+
+    /// The pairs' keys counted from the units (vector path and scalar tail) equal a count of
+    /// the exponent bytes' pairs one by one, for lengths around the vector's 64 units, odd ones
+    /// included, sign and mantissa bits set or not.
+    #[test]
+    fn keys_count_the_exponent_pairs() {
+        let mut x = 11u64;
+        let exps: Vec<u8> = (0..4200)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match x % 50 {
+                    0 => (x >> 8) as u8,
+                    v => 100 + (v % 19) as u8,
+                }
+            })
+            .collect();
+        let top = top_of(&exps);
+        for len in [0usize, 1, 3, 63, 64, 65, 127, 128, 129, 191, 4096, 4199] {
+            for salt in [0u16, 0xFFFF, 0x9E37] {
+                let blk = &exps[..len];
+                let (mut want, mut other) = ([0u32; 256], 0);
+                for p in blk.chunks_exact(2) {
+                    match top.key(p[0], p[1]) {
+                        Some(k) => want[k as usize] += 1,
+                        None => other += 1,
+                    }
+                }
+                let got = top.count_keys(&units_of(blk, salt), &mut Vec::new());
+                assert_eq!(got, (want, other), "length {len}, salt {salt:#x}");
+            }
+        }
     }
 
     /// Ranks and escapes expand back to the bytes, through the vector path and the scalar one,
