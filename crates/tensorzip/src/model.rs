@@ -479,8 +479,8 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
 /// the version 1 tables, whose code lengths the plane model keeps, and code their ranks with the
 /// rank table of the same index. A second search over the blocks' rank histograms (129 symbols
 /// wide) was a third of a MiniLM bf16 model pass, and counting a histogram of every coded
-/// block's ranks a tenth of its coding; this costs neither, for +0.00x points
-/// (docs/DESIGN.md, "Format version 2, as built"). The plane is paired if the table has at
+/// block's ranks a tenth of its coding; this costs neither, for +0.02-0.03 points of size
+/// (docs/DESIGN.md, "Version 2's tables from the version 1 choice"). The plane is paired if the table has at
 /// least two pairs; it is left as it was otherwise. `hists` are the version 1 model's histograms
 /// of every plane of every sampled block (`[i * planes + p]`).
 pub fn pair_plane(
