@@ -109,17 +109,31 @@ fn main() {
             count += 1;
         }
     }
-    // Format version 2: bf16 weights with paired exponents (escapes, an odd last block).
-    for (k, n) in [(0u64, 1501usize), (1, 4097), (2, 700)] {
-        let mut data = sample::weights(1, n, DType::BF16, 40 + k);
-        for u in data.chunks_exact_mut(2).step_by(53) {
-            u[1] ^= 0x20;
-        }
+    // Format version 2: bf16 with paired exponents (escapes, an odd last block). The encoder
+    // pairs a tensor only where its pair and rank tables and escapes cost at most 1/32 of its
+    // exponent plane (FORMAT.md section 12, step 6), so these seeds have few pairs (two common
+    // exponents), a few rare ones (20 bytes: 14 in the pairs, 6 escaping) and sign and mantissa
+    // bits from four values, to stay small blobs.
+    for (k, n) in [(0u64, 12001usize), (1, 16385), (2, 20000)] {
+        let mut rng = Rng::new(40 + k);
+        let data: Vec<u8> = (0..n)
+            .flat_map(|i| {
+                let e = match i % 701 {
+                    0 => 30 + (i / 701 % 20) as u16,
+                    _ => 100 + (rng.next_u64() % 2) as u16,
+                };
+                let low = [0u16, 1, 0x40, 0x8000][(rng.next_u64() % 4) as usize];
+                (e << 7 | low).to_le_bytes()
+            })
+            .collect();
         let paired = CompressOptions {
             pair_exponents: true,
             ..opts[(k % 2) as usize].clone()
         };
-        let blob = eng.compress(&data, DType::BF16, &[n as u64], &paired).unwrap();
+        let blob = eng
+            .compress(&data, DType::BF16, &[n as u64], &paired)
+            .unwrap();
+        assert_eq!(blob[4..6], [2, 0], "seed bf16-paired-{k} is version 2");
         write(&blobs, &format!("bf16-paired-{k}"), &blob);
         count += 1;
     }
@@ -176,7 +190,11 @@ fn main() {
     let inputs = root.join("compress_file");
     std::fs::create_dir_all(&inputs).unwrap();
     for (i, p) in [0u8, 0x47, 0x80, 0xc1].into_iter().enumerate() {
-        write(&inputs, &format!("file-{i}"), &[&[p][..], &file[..]].concat());
+        write(
+            &inputs,
+            &format!("file-{i}"),
+            &[&[p][..], &file[..]].concat(),
+        );
         count += 1;
     }
     // One with a gap between tensors and trailing bytes (kept byte for byte by the archive).

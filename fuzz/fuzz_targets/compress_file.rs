@@ -54,7 +54,9 @@ fuzz_target!(|data: &[u8]| {
     out.read_to_end(&mut ar).unwrap();
     assert_eq!(ar.len() as u64, len);
     let parsed = Archive::parse(&ar).expect("our archive parses");
-    parsed.tensors(engine()).expect("our archive lists its tensors");
+    parsed
+        .tensors(engine())
+        .expect("our archive lists its tensors");
     let mut back = Vec::new();
     parsed
         .decode_all_to(engine(), &mut back, &|_| {})

@@ -217,7 +217,9 @@ pub struct PlaneModel {
     pub cond: Option<(u8, FreqTable)>,
     /// Encoder constants of the conditional table.
     pub cond_enc: Option<Box<EncTable>>,
-    /// Each table's code lengths for [`choose`].
+    /// The code lengths blocks choose by ([`choose`]): each table's, or for a paired plane the
+    /// version 1 tables' (its `tables` code ranks; a block takes the rank table of the index it
+    /// chose, [`pair_plane`]).
     pub costs: Vec<TableCost>,
     /// The plane's pair table, where the blob pairs it (version 2): its tables code ranks
     /// ([`crate::pairs`]).
@@ -454,7 +456,7 @@ fn split_sampled(
 /// version 2 where [`pair_plane`] finds one.
 pub fn build_model(data: &[u8], header: &BlobHeader, opts: &CompressOptions) -> Model {
     let sampling = Sampling::new(header, opts);
-    build_model_v1(data, header, opts, &sampling)
+    model_of_sample(data, header, opts, &sampling)
 }
 
 /// Plane `p`'s histogram summed over the sampled blocks (`hists[i * us + p]`).
@@ -480,9 +482,10 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
 /// rank table of the same index. A second search over the blocks' rank histograms (129 symbols
 /// wide) was a third of a MiniLM bf16 model pass, and counting a histogram of every coded
 /// block's ranks a tenth of its coding; this costs neither, for +0.02-0.03 points of size
-/// (docs/DESIGN.md, "Version 2's tables from the version 1 choice"). The plane is paired if the table has at
-/// least two pairs; it is left as it was otherwise. `hists` are the version 1 model's histograms
-/// of every plane of every sampled block (`[i * planes + p]`).
+/// (docs/DESIGN.md, "Version 2's tables from the version 1 choice"). The plane is paired if the
+/// table has at least two pairs and [`pairing_pays`]; it is left as it was otherwise. `hists`
+/// are the version 1 model's histograms of every plane of every sampled block
+/// (`[i * planes + p]`).
 pub fn pair_plane(
     model: &mut Model,
     data: &[u8],
@@ -502,7 +505,7 @@ pub fn pair_plane(
     let top = TopBytes::of(&plane_sum(hists, us, o));
     // Per sampled block, the histogram of its pairs' keys (`16 a + b` for top bytes of indices
     // `a`, `b`) and how many pairs hold another byte; summed, the pair counts.
-    let blocks: Vec<([u32; 256], u32)> = sampling
+    let mut blocks: Vec<([u32; 256], u32)> = sampling
         .picks
         .par_iter()
         .map_init(Vec::new, |keys, &g| {
@@ -518,26 +521,34 @@ pub fn pair_plane(
     let Some(coder) = PairCoder::new(top, &sum) else {
         return;
     };
-    // Rank counts per version 1 table: every non-constant block's in table 0's, and each in
-    // that of the table it chooses (tables 1..).
+    // Each non-constant sampled block's rank histogram (made in place of its key counts) and
+    // version 1 choice (table `j` at cost `c`, or raw); the rank counts per version 1 table:
+    // every such block's in table 0's, and each in that of the table it chooses (tables 1..).
     let v1 = &model.planes[o];
-    let mut groups = vec![[0u64; 256]; v1.tables.len()];
     let threshold = opts.threshold_q16();
-    for ((counts, other), h) in blocks.iter().zip(exp_hists()) {
-        if !varied(h) {
-            continue;
-        }
-        let len: u32 = h.iter().sum();
-        let (j, _) = choose(h, len as usize, &v1.costs, threshold);
-        let ranks = coder.rank_hist(counts, *other);
-        for g in std::iter::once(0).chain((j != 0 && j < SEL_CONST).then_some(j as usize)) {
-            for (a, &c) in groups[g].iter_mut().zip(&ranks) {
+    let chosen: Vec<(usize, u8, u64, &[u32; 256])> = blocks
+        .iter_mut()
+        .zip(exp_hists())
+        .filter(|(_, h)| varied(h))
+        .map(|((counts, other), h)| {
+            let len = h.iter().sum::<u32>() as usize;
+            let (j, c) = choose(h, len, &v1.costs, threshold);
+            *counts = coder.rank_hist(counts, *other);
+            (len, j, c, &*counts)
+        })
+        .collect();
+    let mut groups = vec![[0u64; 256]; v1.tables.len()];
+    for &(_, j, _, ranks) in &chosen {
+        let also = (j != 0 && j != SEL_RAW).then_some(j as usize);
+        for g in std::iter::once(0).chain(also) {
+            for (a, &c) in groups[g].iter_mut().zip(ranks) {
                 *a += c as u64;
             }
         }
     }
     // Every rank in every table, so that a block may take any of them; a table no sampled block
-    // chose is table 0's.
+    // chose is table 0's. (With every rank forced no table can fail to normalise; if one did,
+    // the plane would stay version 1.)
     let forced: [bool; 256] = std::array::from_fn(|r| r <= coder.table.escape() as usize);
     let total = groups[0];
     let tables: Option<Vec<FreqTable>> = groups
@@ -553,6 +564,9 @@ pub fn pair_plane(
     let Some(tables) = tables else {
         return;
     };
+    if !pairing_pays(&chosen, &tables, &coder, &v1.tables, sampling, threshold) {
+        return;
+    }
     // The rank tables replace the plane's tables; blocks still choose by the version 1 tables'
     // code lengths (its conditional table is none: a paired plane is the condition plane, not
     // a conditioned one). The kept block histograms stay the exponent bytes', which is what
@@ -565,9 +579,58 @@ pub fn pair_plane(
     };
 }
 
-/// The model of [`build_model`]: version 1's, then, with `opts.pair_exponents`, the paired
-/// plane ([`pair_plane`]) from the same sampled histograms.
-fn build_model_v1(
+/// Format version 2's blob-level check (FORMAT.md section 12, step 5): whether the paired plane,
+/// estimated over the sampled blocks `chosen` (`(len, j, c, rank histogram)` of each
+/// non-constant one, `j` and `c` its version 1 choice) and scaled to the plane, with its rank
+/// `tables` and pair table, is at most 1/32 larger than the version 1 plane with its tables
+/// `v1`. A block's paired cost is its ranks' cost under rank table `j` plus 8 bits an escape
+/// byte where the encoder's per-block rule keeps it coded, else raw. The per-block rule prices
+/// escapes by the version 1 cost `c`, which can fall short of the ranks' cost (an escaped
+/// pair costs the escape rank's code length under the rank table): on hostile inputs (widely
+/// scattered exponents, tiny samples) whole tensors came out up to 30% larger than version 1
+/// without this check (a review of 2026-12-05, ~7,500 generated tensors). Pairing is for the
+/// decoder's speed and may cost a little size, so the check allows 1/32 of the plane: on
+/// all-MiniLM-L6-v2 bf16 the 384 x 384 matrices pay ~2% of their exponent plane (0.4-0.5% of
+/// their blobs) for their pair and rank tables and pair, the 1536-element biases would pay
+/// 10-15% of their blobs and do not (2026-12-05; with 1/64 the matrices did not pair either).
+fn pairing_pays(
+    chosen: &[(usize, u8, u64, &[u32; 256])],
+    tables: &[FreqTable],
+    coder: &PairCoder,
+    v1: &[FreqTable],
+    sampling: &Sampling,
+    threshold: u64,
+) -> bool {
+    let costs: Vec<TableCost> = tables.iter().map(TableCost::new).collect();
+    let d = coder.table.escape() as usize;
+    let (mut s1, mut s2) = (0u128, 0u128);
+    for &(len, j, c, ranks) in chosen {
+        s1 += c as u128;
+        s2 += match j {
+            SEL_RAW => raw_cost(len),
+            j => {
+                let esc = raw_cost(2 * ranks[d] as usize + len % 2);
+                match stays_coded(c + esc, len, threshold) {
+                    true => costs[j as usize].cost(ranks) + esc,
+                    false => raw_cost(len),
+                }
+            }
+        } as u128;
+    }
+    // Q16 bits of the plane and its tables.
+    let plane = |s: u128, table_bytes: usize| {
+        s * sampling.n_blocks as u128 / sampling.picks.len().max(1) as u128
+            + raw_cost(table_bytes) as u128
+    };
+    let bytes = |ts: &[FreqTable]| ts.iter().map(FreqTable::serialized_len).sum::<usize>();
+    let p1 = plane(s1, bytes(v1));
+    let p2 = plane(s2, bytes(tables) + coder.table.serialized_len());
+    32 * p2 <= 33 * p1
+}
+
+/// [`build_model`] of the sampled blocks `sampling`: version 1's model, then, with
+/// `opts.pair_exponents`, the paired plane ([`pair_plane`]) from the same sampled histograms.
+fn model_of_sample(
     data: &[u8],
     header: &BlobHeader,
     opts: &CompressOptions,
@@ -905,7 +968,9 @@ pub fn write_plane_tables(tables: &[FreqTable], cond: Option<&(u8, FreqTable)>, 
 }
 
 /// Selector of a block whose plane bytes are all `v` (a single-symbol table of `v` if the plane has
-/// one — it costs nothing — else the constant selector).
+/// one — it costs nothing — else the constant selector). A paired plane's rank tables have every
+/// rank `0..=D` (at least three symbols), so its constant blocks always take the constant
+/// selector, as FORMAT.md section 12 says.
 pub fn const_selector(v: u8, tables: &[FreqTable]) -> u8 {
     tables
         .iter()

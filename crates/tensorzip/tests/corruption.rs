@@ -835,16 +835,19 @@ fn other_versions_are_unsupported() {
 }
 
 /// A bf16 blob of format version 2 (paired exponents): weights with rare exponents (escapes) and
-/// an odd length (a last block of odd length), several chunks, conditioned.
+/// an odd length (a last block of odd length), several chunks, conditioned. 50,001 units and one
+/// table: a tensor pairs only where its pair and rank tables and its escapes cost at most 1/32
+/// of its exponent plane (FORMAT.md section 12, step 6).
 fn paired_blob() -> Vec<u8> {
-    let n = 3001;
+    let n = 50001;
     let mut data = make(DType::BF16, n, Dist::Weights, 77);
-    for u in data.chunks_exact_mut(2).step_by(97) {
+    for u in data.chunks_exact_mut(2).step_by(997) {
         u[1] ^= 0x20; // an exponent far from the others
     }
     let opts = CompressOptions {
         pair_exponents: true,
         chunk_bytes: 2048,
+        max_tables: 1,
         ..small_opts()
     };
     let blob = tensorzip::compress(&data, DType::BF16, &[n as u64], &opts).unwrap();

@@ -350,6 +350,61 @@ fn all_distributions_at_boundaries(dtype: DType) -> Coverage {
     cov
 }
 
+/// Format version 2 pairs a tensor only where that costs at most ~1/32 of its exponent plane
+/// (FORMAT.md section 12, step 6): on bf16 data whose exponents scatter (each block its own
+/// scale, or exponents spread over dozens of values) the paired blob stays within 4% of the
+/// version 1 blob, while the per-block rule alone let such tensors grow by up to 30%. Every
+/// blob round-trips.
+#[test]
+fn pairing_never_costs_much_size() {
+    let mut rng = Rng::new(0x5eed);
+    let mut worst = 0.0f64;
+    for case in 0..48u64 {
+        let n = 2000 + (rng.next_u64() % 6000) as usize;
+        let block_units = [32u32, 64, 256][case as usize % 3];
+        let spread = 8 + (rng.next_u64() % 56) as u32;
+        let per_block = case % 2 == 0;
+        let mut data = Vec::with_capacity(2 * n);
+        let mut scale = 0u32;
+        for i in 0..n {
+            if i % block_units as usize == 0 || !per_block {
+                scale = 64 + (rng.next_u64() % spread as u64) as u32;
+            }
+            let e = match per_block {
+                true => scale + (rng.next_u64() % 3) as u32,
+                false => scale,
+            };
+            let unit = ((e & 0xFF) << 7) as u16 | (rng.next_u64() & 0x807F) as u16;
+            data.extend_from_slice(&unit.to_le_bytes());
+        }
+        let opts = CompressOptions {
+            block_units,
+            sample_blocks: 1 + (rng.next_u64() % 64) as usize,
+            max_tables: [1, 8, 64][case as usize % 3],
+            ..CompressOptions::default()
+        };
+        let paired = CompressOptions {
+            pair_exponents: true,
+            ..opts.clone()
+        };
+        let v1 = check(&data, DType::BF16, &[n as u64], &opts, case);
+        let v2 = check(&data, DType::BF16, &[n as u64], &paired, case);
+        let grew = v2.len() as f64 / v1.len() as f64;
+        worst = worst.max(grew);
+        assert!(
+            grew <= 1.04,
+            "case {case}: n {n}, blocks of {block_units}, spread {spread}, per block {per_block}: \
+             paired {} bytes against {} ({grew:.3})",
+            v2.len(),
+            v1.len()
+        );
+    }
+    assert!(
+        worst > 1.0,
+        "no case paired at a cost: the test shows nothing"
+    );
+}
+
 macro_rules! per_dtype {
     ($($name:ident: $dt:expr),* $(,)?) => {
         $(
