@@ -112,9 +112,10 @@ pub struct EncoderArgs {
     /// byte below the top byte is low mantissa bits, where it measured no gain).
     #[arg(long)]
     condition_fp16: bool,
-    /// Experimental: code bf16 exponents two units a symbol (format version 2: ~1.2x faster to
-    /// decode on one CPU thread, slower to compress, ~0.05 points larger). Such archives are read
-    /// by the CPU engine only: `--gpu` refuses them, and tensorzip before this version too.
+    /// Experimental: code bf16 exponents two units a symbol (format version 2: 1.1-1.2x faster
+    /// to decode on one CPU thread, ~1.2x slower to compress, ~0.1 points larger; small tensors
+    /// stay version 1). Such archives are read by the CPU engine only: `--gpu` refuses them, and
+    /// tensorzip before this version too.
     #[arg(long)]
     pair_exponents: bool,
 }
