@@ -483,9 +483,9 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
 /// wide) was a third of a MiniLM bf16 model pass, and counting a histogram of every coded
 /// block's ranks a tenth of its coding; this costs neither, for +0.02-0.03 points of size
 /// (docs/DESIGN.md, "Version 2's tables from the version 1 choice"). The plane is paired if the
-/// table has at least two pairs and [`pairing_pays`]; it is left as it was otherwise. `hists`
-/// are the version 1 model's histograms of every plane of every sampled block
-/// (`[i * planes + p]`).
+/// table has at least two pairs and pairing pays (FORMAT.md section 12, step 6); it is left as
+/// it was otherwise. `hists` are the version 1 model's histograms of every plane of every
+/// sampled block (`[i * planes + p]`).
 pub fn pair_plane(
     model: &mut Model,
     data: &[u8],
