@@ -579,7 +579,7 @@ pub fn pair_plane(
     };
 }
 
-/// Format version 2's blob-level check (FORMAT.md section 12, step 5): whether the paired plane,
+/// Format version 2's blob-level check (FORMAT.md section 12, step 6): whether the paired plane,
 /// estimated over the sampled blocks `chosen` (`(len, j, c, rank histogram)` of each
 /// non-constant one, `j` and `c` its version 1 choice) and scaled to the plane, with its rank
 /// `tables` and pair table, is at most 1/32 larger than the version 1 plane with its tables
