@@ -591,8 +591,8 @@ pub fn pair_plane(
 /// without this check (a review of 2026-12-05, ~7,500 generated tensors). Pairing is for the
 /// decoder's speed and may cost a little size, so the check allows 1/32 of the plane: on
 /// all-MiniLM-L6-v2 bf16 the 384 x 384 matrices pay ~2% of their exponent plane (0.4-0.5% of
-/// their blobs) for their pair and rank tables and pair, the 1536-element biases would pay
-/// 10-15% of their blobs and do not (2026-12-05; with 1/64 the matrices did not pair either).
+/// their blobs) for their pair and rank tables, and pair; the 1536-element biases would pay
+/// 10-15% of their blobs, and do not (2026-12-05; with 1/64 the matrices did not pair either).
 fn pairing_pays(
     chosen: &[(usize, u8, u64, &[u32; 256])],
     tables: &[FreqTable],

@@ -274,11 +274,10 @@ impl TopBytes {
     /// The pairs of a block's bf16 `units` (little-endian, units `2i` and `2i + 1`; an odd last
     /// unit is not a pair) counted by their exponent bytes: `counts[16 a + b]` for top bytes of
     /// indices `a` and `b`, and how many pairs hold another byte. The keys are made in `keys` (a
-    /// buffer to reuse) and counted as bytes: the AVX-512 keys, taken straight from the units,
-    /// and the byte histogram instead of a lookup and an increment a pair (which took longer than
-    /// the rest of a MiniLM bf16 model pass), and instead of a pass that gathered the block's
-    /// exponent bytes first (a third of the pair model's time: docs/DESIGN.md, "Format version
-    /// 2, as built").
+    /// buffer to reuse) and counted as bytes: the AVX-512 keys, taken straight from the units
+    /// (no pass gathering the block's exponent bytes first), and the byte histogram instead of
+    /// a lookup and an increment a pair (which took longer than the rest of a MiniLM bf16 model
+    /// pass).
     pub fn count_keys(&self, units: &[u8], keys: &mut Vec<u8>) -> ([u32; 256], u32) {
         keys.clear();
         keys.resize(units.len() / 4, 0);
