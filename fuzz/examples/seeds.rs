@@ -112,8 +112,8 @@ fn main() {
     // Format version 2: bf16 with paired exponents (escapes, an odd last block). The encoder
     // pairs a tensor only where its pair and rank tables and escapes cost at most 1/32 of its
     // exponent plane (FORMAT.md section 12, step 6), so these seeds have few pairs (two common
-    // exponents), a few rare ones (20 bytes: 14 in the pairs, 6 escaping) and sign and mantissa
-    // bits from four values, to stay small blobs.
+    // exponents), a few rare ones (18-20 distinct bytes: 14 of them top bytes, the others
+    // escaping) and sign and mantissa bits from four values, to stay small blobs.
     for (k, n) in [(0u64, 12001usize), (1, 16385), (2, 20000)] {
         let mut rng = Rng::new(40 + k);
         let data: Vec<u8> = (0..n)
