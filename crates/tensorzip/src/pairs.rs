@@ -198,45 +198,78 @@ impl PairTable {
         };
         let (lo_idx, hi_idx) = (inter(0), inter(1));
         let d = _mm512_set1_epi8(self.escape() as i8);
-        // The groups' escape masks, turned into indices after the loop: a `Vec::push` inside it
-        // (a call the compiler must allow for) had the table vectors reloaded from the stack
-        // every group, and the expansion took a fifth of the ranks' decoding time.
+        // The groups' escape masks, turned into indices after the loop, in a function of its own:
+        // a call in the loop's function (`Vec::push`, even after the loop) had the table vectors
+        // kept on the stack and read from there every group.
         let mut masks = [0u64; 64];
         let mut i = 0;
         while i + 64 <= n {
-            let mut any = 0u64;
-            let mut g = 0;
-            while g < masks.len() && i + 64 <= n {
-                // SAFETY: ranks `i..i + 64` are in `ranks`; their 128 output bytes in `out`.
-                let m = unsafe {
-                    let r = _mm512_loadu_si512(ranks.as_ptr().add(i) as *const _);
-                    let firsts = _mm512_permutex2var_epi8(f0, r, f1);
-                    let seconds = _mm512_permutex2var_epi8(s0, r, s1);
-                    let o = out.as_mut_ptr().add(2 * i);
-                    let lo = _mm512_permutex2var_epi8(firsts, lo_idx, seconds);
-                    let hi = _mm512_permutex2var_epi8(firsts, hi_idx, seconds);
-                    _mm512_storeu_si512(o as *mut _, lo);
-                    _mm512_storeu_si512(o.add(64) as *mut _, hi);
-                    _mm512_cmpge_epu8_mask(r, d)
-                };
-                masks[g] = m;
-                any |= m;
-                g += 1;
-                i += 64;
-            }
+            let g = ((n - i) / 64).min(masks.len());
+            // SAFETY: ranks `i..i + 64 g` are in `ranks`, their output bytes in `out`; the
+            // features are enabled here.
+            let any = unsafe {
+                expand_groups(
+                    [f0, f1, s0, s1, lo_idx, hi_idx, d],
+                    ranks.as_ptr().add(i),
+                    out.as_mut_ptr().add(2 * i),
+                    &mut masks[..g],
+                )
+            };
             if any != 0 {
-                let base = i - 64 * g;
                 for (k, &m) in masks[..g].iter().enumerate() {
                     let mut m = m;
                     while m != 0 {
-                        escaped.push((base + 64 * k + m.trailing_zeros() as usize) as u32);
+                        escaped.push((i + 64 * k + m.trailing_zeros() as usize) as u32);
                         m &= m - 1;
                     }
                 }
             }
+            i += 64 * g;
         }
         i
     }
+}
+
+/// [`PairTable::expand_avx512`]'s loop over `masks.len()` groups of 64 ranks at `ranks`, each
+/// group's 128 bytes written at `out`, its escape mask into `masks`; returns the masks' OR.
+/// `v` holds the first bytes' and second bytes' tables (two vectors each), the two interleaving
+/// indices and the escape rank in every byte.
+///
+/// # Safety
+/// AVX-512 F, BW and VBMI; `64 masks.len()` ranks readable at `ranks`, twice that many bytes
+/// writable at `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[inline(never)]
+unsafe fn expand_groups(
+    v: [std::arch::x86_64::__m512i; 7],
+    ranks: *const u8,
+    out: *mut u8,
+    masks: &mut [u64],
+) -> u64 {
+    use std::arch::x86_64::*;
+    let [f0, f1, s0, s1, lo_idx, hi_idx, d] = v;
+    let mut any = 0u64;
+    for (g, m) in masks.iter_mut().enumerate() {
+        // SAFETY: group `g`'s 64 ranks and 128 output bytes are in the caller's bounds.
+        unsafe {
+            let r = _mm512_loadu_si512(ranks.add(64 * g) as *const _);
+            let firsts = _mm512_permutex2var_epi8(f0, r, f1);
+            let seconds = _mm512_permutex2var_epi8(s0, r, s1);
+            let o = out.add(128 * g);
+            _mm512_storeu_si512(
+                o as *mut _,
+                _mm512_permutex2var_epi8(firsts, lo_idx, seconds),
+            );
+            _mm512_storeu_si512(
+                o.add(64) as *mut _,
+                _mm512_permutex2var_epi8(firsts, hi_idx, seconds),
+            );
+            *m = _mm512_cmpge_epu8_mask(r, d);
+        }
+        any |= *m;
+    }
+    any
 }
 
 /// The exponent byte of a bf16 unit (little-endian bytes `lo`, `hi`): the top byte ZipNN's
@@ -629,7 +662,7 @@ mod tests {
             x
         };
         // Exponent-like bytes: mostly 20 values, some rare ones (escapes).
-        let exps: Vec<u8> = (0..5000)
+        let exps: Vec<u8> = (0..20001)
             .map(|_| match next() % 100 {
                 0 => (next() % 256) as u8,
                 v => 110 + (v % 20) as u8,
@@ -637,8 +670,11 @@ mod tests {
             .collect();
         let coder = coder_of(&exps);
         assert!(coder.table.pairs.len() > 64, "ranks past 64 are used");
+        // 8193 units and more: expansions of more than 64 groups of 64 ranks, which the vector
+        // path takes in several calls of its loop.
         for len in [
-            0usize, 1, 2, 3, 63, 64, 65, 66, 127, 128, 129, 4096, 4097, 5000,
+            0usize, 1, 2, 3, 63, 64, 65, 66, 127, 128, 129, 4096, 4097, 5000, 8192, 8193, 8320,
+            20001,
         ] {
             let blk = &exps[..len];
             let mut ranks = vec![0u8; len / 2];
