@@ -784,7 +784,7 @@ where
                 let mut joint = JointCounts::default();
                 let mut scratch = vec![0u8; us * bu];
                 let mut hints = [FewHint::default(); 8];
-                let mut block_joint = pq.map(|_| BlockJoint::new());
+                let mut block_joint = pq.map(|_| BlockJoint::take());
                 // Whether the last block had few enough exponent bytes for the next to be
                 // counted from its units (many rows cost more read back than the split saves).
                 let mut few_rows = true;
@@ -834,6 +834,9 @@ where
                         .expect("a plane is not conditioned on itself");
                     few_rows =
                         block_joint.count(e, m, hq, hp, &mut joint) <= crate::joint::FLUSH_ROWS;
+                }
+                if let Some(b) = block_joint {
+                    b.give_back();
                 }
                 joint
             })
