@@ -99,9 +99,15 @@ struct Cursor<'d, 'a> {
 struct PairGroup<'d> {
     table: Option<&'d DecodeTable>,
     single: u8,
-    /// The block's units (its ranks: half of them, rounded down).
+    /// The block's units.
     len: usize,
-    ranks: usize,
+}
+
+impl PairGroup<'_> {
+    /// The block's ranks: one a pair of units (an odd last unit is its escape group's).
+    fn ranks(&self) -> usize {
+        self.len / 2
+    }
 }
 
 impl<'d, 'a> Cursor<'d, 'a> {
@@ -277,7 +283,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             let bufs = &mut scratch.bufs;
             if let Some(mut seg) = self.rank_segment(&pg, bufs) {
                 self.rans()?
-                    .decode_block(std::slice::from_mut(&mut seg), pg.ranks)?;
+                    .decode_block(std::slice::from_mut(&mut seg), pg.ranks())?;
             }
             self.expand_ranks(b, &pg, &mut scratch.planes, bufs)?;
             if let Some(mut seg) = self.escape_segment(&pg, bufs) {
@@ -298,12 +304,10 @@ impl<'d, 'a> Cursor<'d, 'a> {
             j => j as usize,
         };
         let td: &'d TensorDecoder<'a> = self.td;
-        let len = self.block_len(b);
         Some(PairGroup {
             table: td.table(o, j),
             single: td.view.tables[o][j].single_symbol(),
-            len,
-            ranks: len / 2,
+            len: self.block_len(b),
         })
     }
 
@@ -314,10 +318,10 @@ impl<'d, 'a> Cursor<'d, 'a> {
         pg: &PairGroup<'d>,
         bufs: &'s mut BlockBufs,
     ) -> Option<DecodeSegment<'d, 's>> {
-        bufs.ranks.resize(pg.ranks, 0);
-        let ranks = &mut bufs.ranks[..pg.ranks];
+        bufs.ranks.resize(pg.ranks(), 0);
+        let ranks = &mut bufs.ranks[..pg.ranks()];
         match pg.table {
-            Some(table) if pg.ranks > 0 => Some(DecodeSegment { table, out: ranks }),
+            Some(table) if pg.ranks() > 0 => Some(DecodeSegment { table, out: ranks }),
             Some(_) => None,
             None => {
                 ranks.fill(pg.single);
@@ -352,7 +356,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
         bufs: &mut BlockBufs,
     ) -> Result<()> {
         let (table, out) = self.paired_out(pg, scratch);
-        let r = table.expand_ranks(&bufs.ranks[..pg.ranks], out, &mut bufs.escaped);
+        let r = table.expand_ranks(&bufs.ranks[..pg.ranks()], out, &mut bufs.escaped);
         r.map_err(|e| self.in_block(b, e))
     }
 
@@ -434,7 +438,7 @@ impl<'d, 'a> Cursor<'d, 'a> {
             true => blen / 32,
             false => 0,
         } + pairs.map_or(0, |pg| match pg.table {
-            Some(_) => pg.ranks / 32,
+            Some(_) => pg.ranks() / 32,
             None => 0,
         });
         if let (Some(r), Some(o)) = (

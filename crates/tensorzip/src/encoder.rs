@@ -300,10 +300,7 @@ impl<'a> TensorEncoder<'a> {
         let area = &scratch.raw_area[..area_len];
         let cond_syms = &scratch.cond_syms[..coded];
         let (ranks, escapes) = (&scratch.ranks[..], &scratch.escapes[..]);
-        let paired = h
-            .dtype
-            .paired_plane()
-            .filter(|&o| model.planes[o].pairs.is_some());
+        let paired = model.paired_plane();
 
         for p in 0..us {
             if modes[p] == PlaneMode::Blocks {
@@ -320,45 +317,21 @@ impl<'a> TensorEncoder<'a> {
             let from = mains.len();
             let (mut rank_seq, mut esc_seq) = (None, None);
             for p in 0..us {
-                if modes[p] != PlaneMode::Blocks {
+                let sel = scratch.sels[p * nb + b];
+                if modes[p] != PlaneMode::Blocks || sel == SEL_RAW || sel == SEL_CONST {
                     continue;
                 }
+                let enc = model.planes[p].enc[sel as usize].as_deref();
                 if paired == Some(p) {
-                    let sel = scratch.sels[p * nb + b];
-                    if sel == SEL_RAW || sel == SEL_CONST {
-                        continue;
-                    }
                     let (rr, er) = pair_ranges[b].clone();
-                    if let (Some(enc), false) = (&model.planes[p].enc[sel as usize], rr.is_empty())
-                    {
-                        rank_seq = Some(Seq {
-                            syms: &ranks[rr],
-                            packed: &enc.packed,
-                            scalar: &enc.syms,
-                            ranked: enc.ranked.as_deref(),
-                        });
+                    if let (Some(enc), false) = (enc, rr.is_empty()) {
+                        rank_seq = Some(Seq::new(&ranks[rr], enc));
                     }
                     if !er.is_empty() {
-                        esc_seq = Some(Seq {
-                            syms: &escapes[er],
-                            packed: &uniform.packed,
-                            scalar: &uniform.syms,
-                            ranked: uniform.ranked.as_deref(),
-                        });
+                        esc_seq = Some(Seq::new(&escapes[er], uniform));
                     }
-                    continue;
-                }
-                let sel = scratch.sels[p * nb + b];
-                if sel == SEL_RAW || sel == SEL_CONST {
-                    continue;
-                }
-                if let Some(enc) = &model.planes[p].enc[sel as usize] {
-                    mains.push(Seq {
-                        syms: &planes[p][block(b)],
-                        packed: &enc.packed,
-                        scalar: &enc.syms,
-                        ranked: enc.ranked.as_deref(),
-                    });
+                } else if let Some(enc) = enc {
+                    mains.push(Seq::new(&planes[p][block(b)], enc));
                 }
             }
             let sub = match cond {
@@ -367,12 +340,7 @@ impl<'a> TensorEncoder<'a> {
                         .cond_enc
                         .as_ref()
                         .expect("a conditioned plane has a table");
-                    Some(Seq {
-                        syms: &cond_syms[cond_ranges[b].clone()],
-                        packed: &ce.packed,
-                        scalar: &ce.syms,
-                        ranked: ce.ranked.as_deref(),
-                    })
+                    Some(Seq::new(&cond_syms[cond_ranges[b].clone()], ce))
                 }
                 _ => None,
             };

@@ -43,14 +43,6 @@ pub(crate) fn stays_coded(cost: u64, len: usize, threshold_q16: u64) -> bool {
 /// bits: the covering table of least cost (lowest index among ties) if that cost is below
 /// `threshold_q16 / 65536` of the raw cost, else raw. `costs[j]` is table `j`'s [`TableCost`].
 pub fn choose(hist: &[u32; 256], len: usize, costs: &[TableCost], threshold_q16: u64) -> (u8, u64) {
-    match least_cost(hist, costs) {
-        Some((j, c)) if stays_coded(c, len, threshold_q16) => (j as u8, c),
-        _ => (SEL_RAW, raw_cost(len)),
-    }
-}
-
-/// The covering table of least cost for `hist` (lowest index among ties) and that cost.
-fn least_cost(hist: &[u32; 256], costs: &[TableCost]) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u64)> = None;
     let mut consider = |j: usize, c: u64| {
         if best.is_none_or(|(_, b)| c < b) {
@@ -85,7 +77,10 @@ fn least_cost(hist: &[u32; 256], costs: &[TableCost]) -> Option<(usize, u64)> {
             }
         }
     }
-    best
+    match best {
+        Some((j, c)) if stays_coded(c, len, threshold_q16) => (j as u8, c),
+        _ => (SEL_RAW, raw_cost(len)),
+    }
 }
 
 /// Blocks of more distinct bytes than this are costed over their dense histogram.
@@ -943,9 +938,14 @@ impl Model {
         }
     }
 
+    /// The plane the model pairs (format version 2), if any.
+    pub fn paired_plane(&self) -> Option<usize> {
+        self.planes.iter().position(|pm| pm.pairs.is_some())
+    }
+
     /// The blob version the model's tables need: 2 where a plane is paired, else 1.
     pub fn version(&self) -> u16 {
-        match self.planes.iter().any(|pm| pm.pairs.is_some()) {
+        match self.paired_plane().is_some() {
             true => crate::blob::BLOB_VERSION_PAIRED,
             false => crate::blob::BLOB_VERSION,
         }

@@ -272,10 +272,10 @@ unsafe fn expand_groups(
     any
 }
 
-/// The exponent byte of a bf16 unit (little-endian bytes `lo`, `hi`): the top byte ZipNN's
-/// transform makes of it (`u >> 7`), which is the paired plane's byte.
+/// The exponent byte of a bf16 unit (little-endian bytes `lo`, `hi`): the top byte of its
+/// transform (`u >> 7`, bits 14..7), which is the paired plane's byte.
 fn exponent_byte(lo: u8, hi: u8) -> u8 {
-    (u16::from_le_bytes([lo, hi]) >> 7) as u8
+    (crate::transform::fwd16::<8>(u16::from_le_bytes([lo, hi])) >> 8) as u8
 }
 
 /// The most frequent exponent bytes of a plane, the pairs' alphabet.

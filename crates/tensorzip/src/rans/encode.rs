@@ -1,7 +1,7 @@
 //! The interleaved rANS encoder. It walks the decoder's order backwards; full steps of 32 symbols
 //! use AVX-512 or AVX2 where the CPU has them (identical output to the scalar path).
 
-use super::table::{EncSymbol, RankedTable};
+use super::table::{EncSymbol, EncTable, RankedTable};
 use super::{stash_states, LANES, PROB_BITS, PROB_SCALE};
 
 /// A sequence of symbols and the table that codes them.
@@ -14,6 +14,18 @@ pub struct Seq<'a> {
     pub scalar: &'a [EncSymbol; 256],
     /// The entries by rank, where the table is small (see [`RankedTable`]).
     pub ranked: Option<&'a RankedTable>,
+}
+
+impl<'a> Seq<'a> {
+    /// `syms` coded with `table`.
+    pub fn new(syms: &'a [u8], table: &'a EncTable) -> Seq<'a> {
+        Seq {
+            syms,
+            packed: &table.packed,
+            scalar: &table.syms,
+            ranked: table.ranked.as_deref(),
+        }
+    }
 }
 
 /// The symbols one block contributes to its chunk's stream: the `main` sequences (all of one length,
@@ -525,14 +537,7 @@ mod tests {
                 // any CPU with VBMI; `encode_table` makes them only where they pay).
                 tables.push(t.encode_table_with(true));
             }
-            let group: Vec<Seq<'_>> = (0..nseq)
-                .map(|i| Seq {
-                    syms: &syms[i],
-                    packed: &tables[i].packed,
-                    scalar: &tables[i].syms,
-                    ranked: tables[i].ranked.as_deref(),
-                })
-                .collect();
+            let group: Vec<Seq<'_>> = (0..nseq).map(|i| Seq::new(&syms[i], &tables[i])).collect();
             ranked_cases += group.iter().any(|s| s.ranked.is_some()) as usize;
             wide_cases += group.iter().any(|s| s.ranked.is_some_and(|r| r.wide)) as usize;
             // States anywhere in [2^16, 2^32), as the encoder keeps them.
