@@ -30,6 +30,13 @@
 #                                 exponents two units a symbol"): the decode kernel on gpu_bench's
 #                                 1 GiB synthetic bf16 and fp32, on their exponent planes alone and
 #                                 on their rank planes alone (u8 tensors written by gpu-bin/pairprobe)
+#   scripts/gpu_run.sh v2         format version 2 (paired bf16 exponents) on the GPU: the decode tests
+#                                 that cover it, the same under memcheck (quick mode), then the decode
+#                                 kernel alternating version 1 and version 2 blobs of the same
+#                                 tensors (gpu_bench, PAIRS=1) on the 1 GiB synthetic bf16 and, where
+#                                 carried, bench-data/minilm-bf16.safetensors as a whole model; with
+#                                 gpu-bin/gpu_bench_old carried (a build before a decoder change),
+#                                 its version 1 figures alternate with them
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -180,6 +187,28 @@ if [[ $what == pairs ]]; then
             BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench file "$d/$f.safetensors" none 10 || rc=1
         done
         rm -rf "$d"
+    done
+fi
+if [[ $what == v2 ]]; then
+    echo "== format version 2: decode tests"
+    ./gpu-bin/gpu-tests --include-ignored --test-threads=1 paired gpu_rejects_corrupted gpu_batch || rc=1
+    ./gpu-bin/gpu-unit --include-ignored --test-threads=1 plan || rc=1
+    san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    if [[ -n $san ]]; then
+        echo "== format version 2: compute-sanitizer memcheck (quick mode)"
+        TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
+            --include-ignored --test-threads=1 paired gpu_rejects_corrupted || rc=1
+    fi
+    echo "== format version 2: decode kernel, version 1 and version 2 blobs alternating (BENCH_DECODE_ONLY)"
+    sets=("synth bf16 8 5")
+    [[ -f bench-data/minilm-bf16.safetensors ]] && sets+=("file bench-data/minilm-bf16.safetensors none 10")
+    for args in "${sets[@]}"; do
+        for r in 1 2 3; do
+            [[ -x gpu-bin/gpu_bench_old ]] &&
+                echo "round $r v1-old $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench_old $args)"
+            echo "round $r v1 $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
+            echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
+        done
     done
 fi
 [[ -f $results ]] && python3 scripts/gpu_anchors.py table "$results"

@@ -11,7 +11,8 @@
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
 //! `BENCH_DECODE_ONLY=1` skips the encoder's measurements; `CHUNK_BYTES=N` compresses with chunks of
 //! N bytes instead of the default; `BLOCK_UNITS=N` with blocks of N units; `NO_COND=1` without the
-//! conditioned plane; `COND_ALL=1` with it for fp16 too (`Condition::All`).
+//! conditioned plane; `COND_ALL=1` with it for fp16 too (`Condition::All`); `PAIRS=1` with bf16
+//! exponents paired (format version 2, which the GPU encoder does not write: decode only).
 
 use std::time::Instant;
 
@@ -141,6 +142,7 @@ fn main() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(CompressOptions::default().block_units),
+        pair_exponents: std::env::var_os("PAIRS").is_some(),
         ..Default::default()
     };
     let blobs: Vec<Vec<u8>> = tensors
@@ -319,6 +321,8 @@ fn main() {
     let k = median(kernel);
     let mut report = serde_json::json!({
         "dataset": name, "chunks": plan.groups.iter().map(|g| g.chunks.len()).sum::<usize>(),
+        "ratio": comp as f64 / orig as f64,
+        "paired_blobs": layouts.iter().filter(|l| l.paired_plane().is_some()).count(),
         "decode_kernel_gbps": gb(k), "decode_kernel_ms": k * 1e3,
         "decode_call_gbps": gb(median(call)),
         "decode_resident_with_planning_gbps": gb(median(resident)),
@@ -326,7 +330,7 @@ fn main() {
             "plan": steps_us[2], "upload": steps_us[3], "launch_and_wait": steps_us[4]},
         "pinned_round_trip_decode_gbps": gb(median(round)),
     });
-    if std::env::var_os("BENCH_DECODE_ONLY").is_some() {
+    if std::env::var_os("BENCH_DECODE_ONLY").is_some() || opts.pair_exponents {
         // Decoder comparisons (scripts/gpu_ab.sh): no encoder runs.
         println!("{report}");
         return;

@@ -43,6 +43,7 @@ typedef unsigned long long u64;
 #define SRC_AREA1 2       // raw area, one byte for the block (constant block)
 #define SRC_CODED 3       // decoded from the stream (into a slot)
 #define SRC_COND 4        // conditioned plane
+#define SRC_PAIRED 5      // the paired plane (format version 2): ranks and escapes, expanded into a slot
 
 struct ChunkDesc {
     u64 payload;
@@ -65,10 +66,12 @@ struct TensorDesc {
     u32 cond_src;
     u32 cond_value;
     u32 cond_table;
-    u32 pad;
+    u32 pair_plane;       // the paired plane (format version 2; 255 = none)
     u32 table_base[8];
     u32 n_tables[8];
     u32 slot[8];          // shared-memory slot of each plane that has tables (255 = none)
+    u32 pair_d;           // its pairs (the escape rank), 2..=128
+    u32 pair_base;        // where they start in `pairs` (one word each: first byte | second << 8)
 };
 
 __device__ __forceinline__ u32 lanemask_lt() {
@@ -209,14 +212,25 @@ __device__ __forceinline__ u32 next_cached(u32 x, const Table& t, u32& sym) {
     return (e & 0xFFFu) * (x >> 12) + slot - (e >> 16);
 }
 
+// Where `step` finds a symbol: a table in the block's cache, a table in global memory, or the
+// uniform table of a paired plane's escape group (every byte frequency 16: the symbol is the slot's
+// top 8 bits, no lookup).
+#define TABLE_GLOBAL 0
+#define TABLE_CACHED 1
+#define TABLE_UNIFORM 2
+
 // One rANS step of the warp: every active lane decodes a symbol; lanes whose state fell below 2^16
-// read one word each, in lane order. Inactive lanes keep their state. `CACHED` is warp-uniform.
-template <bool CACHED>
+// read one word each, in lane order. Inactive lanes keep their state.
+template <int TABLE>
 __device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int lane) {
     refill(s, lane);
     u32 sym, nx;
-    if (CACHED) {
+    if (TABLE == TABLE_CACHED) {
         nx = next_cached(s.x, t, sym);
+    } else if (TABLE == TABLE_UNIFORM) {
+        const u32 slot = s.x & 4095u;
+        sym = slot >> 4;
+        nx = 16u * (s.x >> 12) + (slot & 15u);
     } else {
         const u32 e = __ldg(t.full + (s.x & 4095u));
         sym = e & 0xFFu;
@@ -236,7 +250,7 @@ __device__ __forceinline__ u32 step(Stream& s, const Table& t, bool active, int 
 }
 
 __device__ __forceinline__ u32 step_any(Stream& s, const Table& t, bool active, int lane) {
-    return t.sym != NOT_CACHED ? step<true>(s, t, active, lane) : step<false>(s, t, active, lane);
+    return t.sym != NOT_CACHED ? step<TABLE_CACHED>(s, t, active, lane) : step<TABLE_GLOBAL>(s, t, active, lane);
 }
 
 // Full steps `r0 .. r1` of a cached table, all lanes active, symbols stored at shared address
@@ -634,6 +648,16 @@ __device__ __forceinline__ u32 pick(const u32 (&a)[U], u32 i) {
     return r;
 }
 
+// The block's tensor's pair table (format version 2) by rank, each entry its first byte | second
+// << 8; ranks from D up (the escape; none above it is coded) read 0. A block decodes the chunks of
+// one tensor (`decode_entry` fills it).
+__shared__ u16 pair_tab[256];
+
+// The tensor's paired plane, 255 if none.
+__device__ __forceinline__ u32 paired_plane(const TensorDesc* tdp) {
+    return tdp->pair_d ? tdp->pair_plane : 255u;
+}
+
 // What both warps of a chunk need to know about it (`chunk_info`).
 template <int U>
 struct ChunkInfo {
@@ -671,13 +695,15 @@ __device__ __forceinline__ void chunk_info(ChunkInfo<U>& ci, const u8* data, con
     ci.cond_chunk = ci.cp < (u32)U && pick<U>(ci.mode, ci.cp) == MODE_COND;
 }
 
+#define PAIR_CODED 256u   // `BlockPlan::val` of a paired plane whose ranks are coded
+
 // Where each plane's bytes come from in one block (`plan_block`).
 template <int U>
 struct BlockPlan {
     u32 src[U];           // SRC_*
     u32 off[U];           // offset in the block's raw bytes (SRC_AREA, SRC_AREA1)
-    u32 val[U];           // the value (SRC_VALUE)
-    u32 tab[U];           // global table index (SRC_CODED)
+    u32 val[U];           // the value (SRC_VALUE); SRC_PAIRED: PAIR_CODED, or the rank of a single-symbol table
+    u32 tab[U];           // global table index (SRC_CODED, SRC_PAIRED)
     u32 fixed;            // raw bytes of the planes that are not conditioned
 };
 
@@ -712,7 +738,12 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
             } else {
                 const u32 g = tdp->table_base[p] + v;
                 const u32 info = table_info[g];
-                if (info >> 31) {
+                if ((u32)p == paired_plane(tdp)) {
+                    // Ranks: from the stream, or every pair the single-symbol table's rank.
+                    bp.src[p] = SRC_PAIRED;
+                    bp.tab[p] = g;
+                    bp.val[p] = info >> 31 ? info & 0xFFu : PAIR_CODED;
+                } else if (info >> 31) {
                     bp.src[p] = SRC_VALUE;
                     bp.val[p] = info & 0xFFu;
                 } else {
@@ -726,6 +757,124 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
     }
     bp.fixed = fixed;
     return ok;
+}
+
+// A block's paired plane (format version 2, FORMAT.md section 12; the steps come after the main
+// group's): its `blen / 2` ranks into the upper half of its slot (`slot`, generic address;
+// `slot_sh` its shared address, 0 if in global scratch; `su` bytes), expanded in place into the
+// plane's bytes through the pair table, the escaped pairs' indices listed (16-bit) at `list`, then
+// the escape group decoded straight into the listed pairs' bytes (and the odd last unit). With
+// `count`, the units whose byte is `cv` are added to `coded`. Returns 0 or an error code.
+//
+// The expansion reads 128 ranks a round (four a lane) and writes their 256 bytes; ranks start at
+// `su / 2` and `blen <= su`, so round `r`'s writes (below `256 (r + 1)`) never reach a rank a
+// later round reads (at `su / 2 + 128 (r + 1)` or above, `128 (r + 1) <= su / 2`).
+template <int U, int MODE>
+__device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkInfo<U>& ci, const TensorDesc* tdp,
+                                             u32 tab, u32 single, const u32* tables, const Cache& cache, u32 blen, u32 rans_len, int lane,
+                                             u8* slot, u32 slot_sh, u32 su, u8* list, bool count, u32& coded) {
+    const u32 np = blen / 2, half = su / 2, d = tdp->pair_d, ptab = shared_addr(pair_tab);
+    u8* ranks = slot + half;
+    if (single == PAIR_CODED && np) {
+        if (!rans_len) return 6;
+        used = true;
+        const Table t = table_of(cache, tables, tab);
+        u32 r_lean = 0;
+        if (slot_sh && t.sym != NOT_CACHED) {
+            r_lean = np / LANES;
+            u32 none = 0;
+            steps_lean<false, MODE>(s, t, 0, r_lean, slot_sh + half, lane, 0, none);
+            if (s.bad) return 2;
+        }
+        for (u32 r = r_lean; r * LANES < np; r++) {
+            const u32 k = r * LANES + lane;
+            const u32 sym = step_any(s, t, k < np, lane);
+            if (s.bad) return 2;
+            if (k < np) ranks[k] = (u8)sym;
+        }
+        __syncwarp();
+    }
+    const u32 lt = lanemask_lt();
+    const u32 cv4 = ci.cvalue * 0x01010101u;
+    u32 n_esc = 0, cnt = 0;
+    for (u32 i0 = 0; i0 < np; i0 += 4 * LANES) {
+        const u32 i = i0 + 4 * lane;
+        const u32 nv = i < np ? min(4u, np - i) : 0u;
+        u32 rk = single * 0x01010101u;
+        if (single == PAIR_CODED) {
+            if (nv == 4) {
+                rk = *(const u32*)(ranks + i);
+            } else {
+                rk = 0;
+                for (u32 q = 0; q < nv; q++) rk |= (u32)ranks[i + q] << (8 * q);
+            }
+        }
+        // Every lane has read its ranks before any lane writes bytes over earlier ranks' places.
+        __syncwarp();
+        u32 w[2] = {0, 0}, esc = 0;
+        #pragma unroll
+        for (u32 q = 0; q < 4; q++) {
+            const u32 r = (rk >> (8 * q)) & 0xFFu;
+            w[q / 2] |= (u32)lds16(ptab + 2 * r) << (16 * (q % 2));
+            if (q < nv && r >= d) esc |= 1u << q;
+        }
+        if (nv == 4) {
+            *(uint2*)(slot + 2 * i) = make_uint2(w[0], w[1]);
+        } else {
+            #pragma unroll
+            for (u32 q = 0; q < 4; q++)
+                if (q < nv) *(u16*)(slot + 2 * i + 2 * q) = (u16)(w[q / 2] >> (16 * (q % 2)));
+        }
+        if (count) {
+            // Bytes equal to `cv` among this lane's pairs that are not escaped (bit 7 of each
+            // byte of ~(((t & 0x7F..) + 0x7F..) | t) is set where the byte of t is zero).
+            #pragma unroll
+            for (u32 h = 0; h < 2; h++) {
+                const u32 t = w[h] ^ cv4;
+                u32 z = ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
+                #pragma unroll
+                for (u32 q = 0; q < 2; q++)
+                    if ((esc >> (2 * h + q) & 1u) || 2 * h + q >= nv) z &= ~(0x8080u << (16 * q));
+                cnt += __popc(z);
+            }
+        }
+        const u32 m = __ballot_sync(0xFFFFFFFFu, esc != 0);
+        if (m) {
+            // This lane's escapes go after those of the lanes before it.
+            u32 incl = __popc(esc);
+            #pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            u32 at = n_esc + incl - __popc(esc);
+            #pragma unroll
+            for (u32 q = 0; q < 4; q++)
+                if (esc >> q & 1u) ((u16*)list)[at++] = (u16)(i + q);
+            n_esc += __shfl_sync(0xFFFFFFFFu, incl, 31);
+        }
+    }
+    __syncwarp();
+    // The escape group: each escaped pair's two bytes in pair order, then an odd last unit's.
+    const u32 ne = 2 * n_esc + (blen & 1);
+    if (ne) {
+        if (!rans_len) return 6;
+        used = true;
+        const Table none_t = {NOT_CACHED, 0, tables};
+        for (u32 r = 0; r * LANES < ne; r++) {
+            const u32 k = r * LANES + lane;
+            const u32 sym = step<TABLE_UNIFORM>(s, none_t, k < ne, lane);
+            if (s.bad) return 2;
+            if (k < ne) {
+                const u32 at = k < 2 * n_esc ? 2 * (u32)((const u16*)list)[k / 2] + (k & 1) : blen - 1;
+                slot[at] = (u8)sym;
+                if (count) cnt += sym == ci.cvalue;
+            }
+        }
+        __syncwarp();
+    }
+    if (count) coded += warp_sum(cnt);
+    return 0;
 }
 
 // The stream side of block `b` (raw area at `raw_off`): A, the main group's symbols into the
@@ -838,7 +987,7 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
             if (s.bad) return 2;
         }
     }
-    for (u32 r = r_start; r * LANES < blen; r++) {
+    for (u32 r = n_coded ? r_start : blen; r * LANES < blen; r++) {
         u32 i = r * LANES + lane;
         bool in = i < blen;
         #pragma unroll
@@ -854,6 +1003,15 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
     __syncwarp();
     // The condition plane's source, offset, value and slot (scalars: see `pick`).
     const u32 q_src = pick<U>(bp.src, ci.cq), q_off = pick<U>(bp.off, ci.cq), q_val = pick<U>(bp.val, ci.cq);
+    // The paired plane (only bf16's exponent plane can be one), after the main group.
+    const u32 pp = paired_plane(tdp);
+    if (U == 2 && pp < (u32)U && pick<U>(bp.src, pp) == SRC_PAIRED) {
+        const u32 ps = pick<U>(ci.slot, pp);
+        const u32 code = decode_paired<U, MODE>(s, used, ci, tdp, pick<U>(bp.tab, pp), pick<U>(bp.val, pp), tables, cache,
+                                                blen, rans_len, lane, slots + ps * su, slots_shared ? slots_shared + ps * su : 0u,
+                                                su, sub, ci.cond_chunk && ci.cq == pp, coded);
+        if (code) return code;
+    }
     if (ci.cond_chunk && q_src == SRC_CODED) {
         // Count the conditioned units the lean loop has not counted, from the condition plane's
         // slot.
@@ -877,7 +1035,7 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
         }
         coded += warp_sum(cnt);
     }
-    if (ci.cond_chunk && q_src != SRC_CODED) {
+    if (ci.cond_chunk && q_src != SRC_CODED && q_src != SRC_PAIRED) {
         // Condition bytes not from the stream: raw (never in the stash) or one value.
         if ((q_src == SRC_AREA || q_src == SRC_AREA1) && raw_off + bp.fixed > ci.raw_len) return 4;
         for (u32 r = 0; r * LANES < blen; r++) {
@@ -998,7 +1156,7 @@ __device__ __forceinline__ void merge_block(const ChunkInfo<U>& ci, const BlockP
         for (int p = 0; p < U; p++) {
             if (bp.src[p] == SRC_AREA) {
                 load16(w[p], area, lim, bp.off[p] + i0, n, from_area, stash);
-            } else if (bp.src[p] == SRC_CODED) {
+            } else if (bp.src[p] == SRC_CODED || bp.src[p] == SRC_PAIRED) {
                 const uint4 v = *(const uint4*)(slots + ci.slot[p] * su + i0);
                 w[p][0] = v.x;
                 w[p][1] = v.y;
@@ -1187,8 +1345,9 @@ __device__ void decode_chunk(const u8* __restrict__ data, const ChunkDesc* __res
 
 template <int U, int E, bool PAIR>
 __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* chunks, u32 n_chunks, const TensorDesc* tensors,
-                                             const u32* tables, const u32* table_info, u8* out, u32* err, u8* scratch,
-                                             u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) {
+                                             const u32* tables, const u32* table_info, const u32* pairs, u8* out, u32* err,
+                                             u8* scratch, u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su,
+                                             u32 cache_tables) {
     extern __shared__ uint4 smem4[];
     u8* smem = (u8*)smem4;
     const int lane = threadIdx.x & 31;
@@ -1215,6 +1374,11 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     // Per pair of warps, the words they hand over (`decode_chunk`); 8 pairs at most (512 threads).
     __shared__ u32 sync_words[8 * 2];
     if (threadIdx.x < 16) merge_sel[threadIdx.x] = (u16)merge_selector(threadIdx.x);
+    {
+        const TensorDesc* td = tensors + chunks[first].tensor;
+        const u32 d = td->pair_d;  // at most 128, its pairs inside `pairs` (checked on the host)
+        for (u32 j = threadIdx.x; j < 256; j += blockDim.x) pair_tab[j] = j < d ? (u16)pairs[td->pair_base + j] : (u16)0;
+    }
     const u32 base = shared_addr(smem);
     u8* cache_mem = smem + (((base + ALIGN_SLACK - 1) & ~(ALIGN_SLACK - 1)) - base);
     u8* rings = cache_mem + cache_tables * (4096 + 1024);
@@ -1294,10 +1458,10 @@ __device__ __forceinline__ void decode_entry(const u8* data, const ChunkDesc* ch
     extern "C" __global__ void __launch_bounds__(512) NAME(                                                   \
         const u8* __restrict__ data, const ChunkDesc* __restrict__ chunks, u32 n_chunks,                     \
         const TensorDesc* __restrict__ tensors, const u32* __restrict__ tables,                              \
-        const u32* __restrict__ table_info, u8* __restrict__ out, u32* err, u8* __restrict__ scratch,         \
-        u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) {                          \
-        decode_entry<U, E, PAIR>(data, chunks, n_chunks, tensors, tables, table_info, out, err, scratch,      \
-                                 per_warp, warps_per_block, n_slots, su, cache_tables);                      \
+        const u32* __restrict__ table_info, const u32* __restrict__ pairs, u8* __restrict__ out, u32* err,   \
+        u8* __restrict__ scratch, u32 per_warp, u32 warps_per_block, u32 n_slots, u32 su, u32 cache_tables) { \
+        decode_entry<U, E, PAIR>(data, chunks, n_chunks, tensors, tables, table_info, pairs, out, err,        \
+                                 scratch, per_warp, warps_per_block, n_slots, su, cache_tables);             \
     }
 #define ENTRY(NAME, U, E) ENTRY1(NAME, U, E, false) ENTRY1(NAME##_pair, U, E, true)
 // One kernel per unit size and transform, and each with two warps per chunk (`_pair`).

@@ -64,8 +64,8 @@ pub(crate) fn allow_dynamic_smem(
 }
 
 /// What a decode block leaves of the device's per-block shared memory ([`Shared::smem_limit`]) for
-/// the kernels' static shared memory (`cache`, `merge_sel`, `sync_words` in `kernels/decode.cu`:
-/// ~170 bytes) and the driver: its dynamic shared memory is at most the limit less this — 220 KiB
+/// the kernels' static shared memory (`cache`, `merge_sel`, `sync_words`, `pair_tab` in
+/// `kernels/decode.cu`: ~680 bytes) and the driver: its dynamic shared memory is at most the limit less this — 220 KiB
 /// on Hopper (227 KiB), the figure every decoder measurement in docs/BENCHMARKS.md ran with.
 const DECODE_SMEM_RESERVE: u32 = 7 * 1024;
 /// The decoder's dynamic shared memory on an H100 / H200, for the tests of the launch shapes.
@@ -100,6 +100,7 @@ pub struct DevicePlan {
     /// Device addresses inside `_buf`.
     tensors: u64,
     info: u64,
+    pairs: u64,
     err: u64,
     copies: u64,
     /// Stored blobs copied by `tz_copy` (at most [`KERNEL_COPY_MAX`] bytes each).
@@ -1026,6 +1027,24 @@ impl GpuEngine {
         } else {
             &plan.table_info
         };
+        // The kernel reads a paired plane's `pair_d` pairs from `pair_base`: inside `pairs` (a
+        // plan is a value anyone can build), and at most 128 of them.
+        for t in tensors.iter().filter(|t| t.pair_d != 0) {
+            let end = t.pair_base as u64 + t.pair_d as u64;
+            if t.pair_d > 128 || end > plan.pairs.len() as u64 {
+                return Err(Error::Unsupported(format!(
+                    "plan: {} pairs from {} of {}",
+                    t.pair_d,
+                    t.pair_base,
+                    plan.pairs.len()
+                )));
+            }
+        }
+        let pairs: &[u32] = if plan.pairs.is_empty() {
+            &[0]
+        } else {
+            &plan.pairs
+        };
         let (small, large): (Vec<_>, Vec<_>) = plan
             .copies
             .iter()
@@ -1033,6 +1052,7 @@ impl GpuEngine {
             .partition(|c| c.len <= KERNEL_COPY_MAX);
         cap += staged_len::<TensorDesc>(tensors.len())
             + staged_len::<u32>(info.len())
+            + staged_len::<u32>(pairs.len())
             + staged_len::<u8>(plan.table_bytes.len())
             + staged_len::<u32>(plan.table_offsets.len())
             + staged_len::<u32>(2)
@@ -1041,7 +1061,10 @@ impl GpuEngine {
         // run (the copy is ordered before them on the stream).
         let (
             buf,
-            (chunks_at, [tensors_at, info_at, table_bytes_at, table_offsets_at, err_at, copies_at]),
+            (
+                chunks_at,
+                [tensors_at, info_at, pairs_at, table_bytes_at, table_offsets_at, err_at, copies_at],
+            ),
         ) = self.upload_staged(cap, |st, _| {
             let mut chunks_at = Vec::with_capacity(plan.groups.len());
             for (g, dg) in plan.groups.iter().zip(&groups) {
@@ -1058,6 +1081,7 @@ impl GpuEngine {
             let offsets = [
                 st.push(tensors),
                 st.push(info),
+                st.push(pairs),
                 st.push(&plan.table_bytes),
                 st.push(&plan.table_offsets),
                 st.push(&[u32::MAX, u32::MAX]),
@@ -1082,6 +1106,7 @@ impl GpuEngine {
             groups,
             tensors: at(tensors_at),
             info: at(info_at),
+            pairs: at(pairs_at),
             err: at(err_at),
             copies: at(copies_at),
             n_copies: small.len() as u32,
@@ -1214,6 +1239,7 @@ impl GpuEngine {
                 .arg(&dp.tensors)
                 .arg(&dp.tables)
                 .arg(&dp.info)
+                .arg(&dp.pairs)
                 .arg(&out)
                 .arg(&dp.err);
             b.arg(&scratch_ptr)

@@ -49,11 +49,16 @@ pub struct TensorDesc {
     pub cond_src: u32,
     pub cond_value: u32,
     pub cond_table: u32,
-    pub pad: u32,
+    /// The paired plane (format version 2; 255 = none).
+    pub pair_plane: u32,
     pub table_base: [u32; 8],
     pub n_tables: [u32; 8],
     /// Shared-memory slot of each plane that has block tables (255 = none).
     pub slot: [u32; 8],
+    /// The paired plane's pairs (its escape rank `D`; 0 = none).
+    pub pair_d: u32,
+    /// Where they start in [`Plan::pairs`].
+    pub pair_base: u32,
 }
 
 // SAFETY: plain `repr(C)` structs of integers, with the same layout as their CUDA counterparts.
@@ -118,6 +123,9 @@ pub struct Plan {
     pub table_offsets: Vec<u32>,
     /// Per table: bit 31 set for a single-symbol table, whose symbol is in the low byte.
     pub table_info: Vec<u32>,
+    /// The pair tables of paired planes (format version 2), back to back: per rank, its pair's
+    /// first byte | second byte << 8.
+    pub pairs: Vec<u32>,
     pub copies: Vec<Copy>,
 }
 
@@ -168,13 +176,6 @@ impl Plan {
         for job in jobs {
             let l = job.layout;
             let h = &l.header;
-            // Format version 2's paired exponent plane: the kernels would decode its ranks as
-            // exponent bytes.
-            if let Some(p) = l.paired_plane() {
-                return Err(crate::error::Error::Unsupported(format!(
-                    "a blob with a paired plane {p} (format version 2): decoded on the CPU only"
-                )));
-            }
             if h.scheme == Scheme::Stored {
                 plan.copies.push(Copy {
                     from: job.data_offset + l.payload_start as u64,
@@ -206,9 +207,24 @@ impl Plan {
                 unit_size: us as u32,
                 exp_bits,
                 cond_plane: 255,
+                pair_plane: 255,
                 slot: [255; 8],
                 ..Default::default()
             };
+            // Format version 2: the paired plane's pairs (the parser allows bf16's plane 1 only,
+            // 2..=128 distinct pairs), which the kernel looks ranks up in.
+            if let Some((p, pt)) = l
+                .pairs
+                .iter()
+                .enumerate()
+                .find_map(|(p, t)| Some((p, t.as_ref()?)))
+            {
+                td.pair_plane = p as u32;
+                td.pair_d = pt.escape() as u32;
+                td.pair_base = plan.pairs.len() as u32;
+                plan.pairs
+                    .extend(pt.pairs().iter().map(|&[a, b]| a as u32 | (b as u32) << 8));
+            }
             let mut n_slots = 0;
             for p in 0..us {
                 td.table_base[p] = plan.table_info.len() as u32;
@@ -341,10 +357,11 @@ mod tests {
         Plan::new(&[job]).unwrap()
     }
 
-    /// A blob with a paired exponent plane (format version 2, the CPU engine's so far) is
-    /// refused before anything is launched, as is the option that asks the GPU encoder for one.
+    /// A blob with a paired exponent plane (format version 2) is planned with its pair table,
+    /// which the kernel looks ranks up in; the option that asks the GPU encoder for one is refused
+    /// (it writes version 1 only so far).
     #[test]
-    fn paired_planes_are_refused() {
+    fn paired_planes_carry_their_pairs() {
         let data = sample::weights(64, 1024, DType::BF16, 3);
         let opts = CompressOptions {
             pair_exponents: true,
@@ -352,18 +369,39 @@ mod tests {
         };
         let blob = tensorzip::compress(&data, DType::BF16, &[64, 1024], &opts).unwrap();
         let layout = BlobLayout::parse(&blob, blob.len()).unwrap();
+        let pt = layout.pairs[1]
+            .as_ref()
+            .expect("the blob pairs its exponents");
+        let plan = plan_of(&blob);
+        let td = &plan.tensors[0];
         assert_eq!(
-            layout.paired_plane(),
-            Some(1),
-            "the blob pairs its exponents"
+            (td.pair_plane, td.pair_d, td.pair_base),
+            (1, pt.escape() as u32, 0)
         );
-        let job = Job {
-            layout: &layout,
-            data_offset: 0,
-            out_offset: 0,
+        let want: Vec<u32> = pt
+            .pairs()
+            .iter()
+            .map(|&[a, b]| a as u32 | (b as u32) << 8)
+            .collect();
+        assert_eq!(plan.pairs, want);
+        // A second paired tensor's pairs follow the first's; an unpaired one has none.
+        let v1 = tensorzip::compress(&data, DType::BF16, &[64, 1024], &CompressOptions::default())
+            .unwrap();
+        let (l2, l3) = (
+            BlobLayout::parse(&blob, blob.len()).unwrap(),
+            BlobLayout::parse(&v1, v1.len()).unwrap(),
+        );
+        let job = |l, at| Job {
+            layout: l,
+            data_offset: at,
+            out_offset: at,
         };
-        let err = Plan::new(&[job]).err().expect("refused");
-        assert!(err.to_string().contains("format version 2"), "{err}");
+        let plan = Plan::new(&[job(&layout, 0), job(&l3, 1 << 20), job(&l2, 2 << 20)]).unwrap();
+        let d = pt.escape() as u32;
+        assert_eq!(plan.tensors[1].pair_plane, 255);
+        assert_eq!(plan.tensors[1].pair_d, 0);
+        assert_eq!((plan.tensors[2].pair_d, plan.tensors[2].pair_base), (d, d));
+        assert_eq!(plan.pairs.len(), 2 * d as usize);
         let err = crate::encode::gpu_options(&opts).unwrap_err();
         assert!(err.to_string().contains("CPU only"), "{err}");
         assert!(crate::encode::gpu_options(&CompressOptions::default()).is_ok());

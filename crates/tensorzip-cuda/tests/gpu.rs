@@ -177,6 +177,112 @@ fn gpu_decodes_cpu_blobs_of_every_dtype_and_shape() {
     }
 }
 
+/// bf16 tensors for format version 2 (paired exponents): weights; weights with scattered
+/// exponents outside the top 16 (escaped pairs, in groups of one or many per block); weights of
+/// few exponents in long runs (blocks whose ranks are few); random bytes.
+fn paired_cases(n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
+    let mut rng = sample::Rng::new(seed);
+    let w = sample::weights(1, n, DType::BF16, seed);
+    let mut scattered = w.clone();
+    for i in 0..n {
+        let r = rng.next_u64();
+        // 1 in 512 units, and every unit of each 50th run of 4096: a high byte of 0x10..=0x7F
+        // (exponents from 2^-95 up to Inf and NaN).
+        if r.is_multiple_of(512) || (i / 4096) % 50 == 49 {
+            scattered[2 * i + 1] = (r >> 8) as u8 & 0x7F | 0x10;
+        }
+    }
+    let runs: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let e = 0x3C + ((i / 700) % 3) as u8;
+            [(rng.next_u64() as u8) & 0x7F, e]
+        })
+        .collect();
+    let random = (0..2 * n).map(|_| rng.next_u64() as u8).collect();
+    vec![
+        ("weights".into(), w),
+        ("scattered exponents".into(), scattered),
+        ("exponent runs".into(), runs),
+        ("random".into(), random),
+    ]
+}
+
+/// Format version 2 (FORMAT.md section 12): the GPU decodes the CPU engine's blobs with paired
+/// exponents — ranks expanded through the pair table, escape groups, odd last blocks, blocks in
+/// shared memory and in global scratch, with and without the conditioned plane — in each warp
+/// layout, alone and in one batch with version 1 blobs.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_decodes_cpu_blobs_with_paired_exponents() {
+    let layouts = layouts();
+    let paired = |o: CompressOptions| CompressOptions {
+        pair_exponents: true,
+        min_compress_bytes: 0,
+        ..o
+    };
+    let sets = [
+        paired(CompressOptions::default()),
+        paired(CompressOptions {
+            chunk_bytes: 4096 + 8,
+            block_units: 64,
+            max_tables: 3,
+            ..Default::default()
+        }),
+        paired(CompressOptions {
+            chunk_bytes: 1 << 20,
+            block_units: 8192,
+            ..Default::default()
+        }),
+        paired(CompressOptions {
+            condition: Condition::Off,
+            ..Default::default()
+        }),
+        paired(CompressOptions {
+            max_tables: 1,
+            ..Default::default()
+        }),
+    ];
+    let sizes: &[usize] = if quick() {
+        &[1, 70_001]
+    } else {
+        &[0, 1, 33, 4097, 50_001, 70_001, 262_145]
+    };
+    let (mut v2, mut total) = (0, 0);
+    let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    for &n in sizes {
+        for (name, data) in paired_cases(n, n as u64 + 11) {
+            for (k, opts) in sets.iter().enumerate() {
+                let blob = compress(&data, DType::BF16, &[n as u64], opts).unwrap();
+                total += 1;
+                if blob.get(4..6) == Some(&[2, 0]) {
+                    v2 += 1;
+                }
+                for (l, eng) in &layouts {
+                    let out = eng
+                        .decompress_host(&[&blob])
+                        .unwrap_or_else(|e| panic!("{name} n={n} opts#{k} {l:?}: {e}"));
+                    assert_eq!(out[0].data, data, "{name} n={n} opts#{k} {l:?}");
+                }
+                if k == 0 {
+                    batch.push((blob, data.clone()));
+                    let v1 = compress(&data, DType::BF16, &[n as u64], &CompressOptions::default())
+                        .unwrap();
+                    batch.push((v1, data.clone()));
+                }
+            }
+        }
+    }
+    // The cases must exercise what they are for: most large tensors pair.
+    assert!(v2 * 3 >= total, "only {v2} of {total} blobs are version 2");
+    let refs: Vec<&[u8]> = batch.iter().map(|(b, _)| b.as_slice()).collect();
+    for (l, eng) in &layouts {
+        let out = eng.decompress_host(&refs).unwrap();
+        for ((_, want), got) in batch.iter().zip(&out) {
+            assert!(got.data == *want, "batch {l:?}");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_batch_decodes_a_whole_model_in_one_launch() {
@@ -198,21 +304,37 @@ fn gpu_batch_decodes_a_whole_model_in_one_launch() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_rejects_corrupted_blobs_without_faulting() {
-    let eng = engine();
-    let layouts = layouts();
     let data = sample::weights(64, 1000, DType::BF16, 3);
     let opts = CompressOptions {
         chunk_bytes: 4096,
         block_units: 256,
         ..Default::default()
     };
-    let blob = compress(&data, DType::BF16, &[64, 1000], &opts).unwrap();
-    let mut rng = sample::Rng::new(99);
+    let v1 = compress(&data, DType::BF16, &[64, 1000], &opts).unwrap();
+    // Format version 2: the pair field, rank tables, ranks and escape groups corrupted too.
+    let paired = CompressOptions {
+        pair_exponents: true,
+        max_tables: 1,
+        ..opts
+    };
+    let v2 = compress(&data, DType::BF16, &[64, 1000], &paired).unwrap();
+    assert_eq!(&v2[4..6], &[2, 0], "the blob pairs its exponents");
+    for (blob, seed) in [(v1, 99), (v2, 100)] {
+        corrupted_rounds(&blob, &data, seed);
+    }
+}
+
+/// Random bit flips and truncations of `blob` (which decodes to `data`): the GPU engine, in each
+/// warp layout, must reject what the CPU engine rejects and return the CPU's bytes otherwise.
+fn corrupted_rounds(blob: &[u8], data: &[u8], seed: u64) {
+    let eng = engine();
+    let layouts = layouts();
+    let mut rng = sample::Rng::new(seed);
     let mut errors = 0;
     let mut disagree = Vec::new();
     let rounds = if quick() { 100 } else { 2000 };
     for i in 0..rounds {
-        let mut b = blob.clone();
+        let mut b = blob.to_vec();
         let flips = 1 + (i % 4);
         for _ in 0..flips {
             let at = (rng.next_u64() % b.len() as u64) as usize;
@@ -252,7 +374,7 @@ fn gpu_rejects_corrupted_blobs_without_faulting() {
     );
     // The engines still work afterwards.
     for (_, eng) in &layouts {
-        assert_eq!(eng.decompress_host(&[&blob]).unwrap()[0].data, data);
+        assert_eq!(eng.decompress_host(&[blob]).unwrap()[0].data, data);
     }
 }
 

@@ -52,6 +52,11 @@ impl PairTable {
         self.pairs.len() as u8
     }
 
+    /// The pairs by rank.
+    pub fn pairs(&self) -> &[[u8; 2]] {
+        &self.pairs
+    }
+
     /// Bytes of the serialised table: `D`, then `D` pairs.
     pub fn serialized_len(&self) -> usize {
         1 + 2 * self.pairs.len()
