@@ -193,6 +193,16 @@ if [[ $what == v2 ]]; then
     echo "== format version 2: decode tests"
     ./gpu-bin/gpu-tests --include-ignored --test-threads=1 paired gpu_rejects_corrupted gpu_batch || rc=1
     ./gpu-bin/gpu-unit --include-ignored --test-threads=1 plan || rc=1
+    # The command line: an archive of paired exponents (written on the CPU) decompressed and
+    # verified on the GPU.
+    f=bench-data/minilm-bf16.safetensors
+    [[ -f $f ]] || f=/tmp/tz-model-dir/model-00001-of-00002.safetensors
+    [[ -f $f ]] || python3 scripts/make_model_dir.py /tmp/tz-model-dir
+    ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-v2.tz -f --pair-exponents &&
+        ./gpu-bin/tensorzip verify /tmp/tz-v2.tz --gpu &&
+        ./gpu-bin/tensorzip decompress /tmp/tz-v2.tz -o /tmp/tz-v2.safetensors -f --gpu &&
+        cmp "$f" /tmp/tz-v2.safetensors &&
+        echo "CLI: $f compressed with --pair-exponents, verified and decompressed with --gpu: identical" || rc=1
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [[ -n $san ]]; then
         echo "== format version 2: compute-sanitizer memcheck (quick mode)"
