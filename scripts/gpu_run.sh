@@ -212,12 +212,14 @@ if [[ $what == v2 ]]; then
     echo "== format version 2: decode kernel, version 1 and version 2 blobs alternating (BENCH_DECODE_ONLY)"
     sets=("synth bf16 8 5")
     [[ -f bench-data/minilm-bf16.safetensors ]] && sets+=("file bench-data/minilm-bf16.safetensors none 10")
+    # fp32 (version 1 only): the 4-byte kernels were compiled anew with the change.
+    [[ -x gpu-bin/gpu_bench_old ]] && sets+=("synth fp32 4 5")
     for args in "${sets[@]}"; do
         for r in 1 2 3; do
             [[ -x gpu-bin/gpu_bench_old ]] &&
                 echo "round $r v1-old $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench_old $args)"
             echo "round $r v1 $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
-            echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
+            [[ $args == *fp32* ]] || echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
         done
     done
 fi

@@ -738,7 +738,7 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
             } else {
                 const u32 g = tdp->table_base[p] + v;
                 const u32 info = table_info[g];
-                if ((u32)p == paired_plane(tdp)) {
+                if (U == 2 && (u32)p == paired_plane(tdp)) {
                     // Ranks: from the stream, or every pair the single-symbol table's rank.
                     bp.src[p] = SRC_PAIRED;
                     bp.tab[p] = g;
@@ -794,9 +794,9 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
         }
         __syncwarp();
     }
-    const u32 lt = lanemask_lt();
     const u32 cv4 = ci.cvalue * 0x01010101u;
     u32 n_esc = 0, cnt = 0;
+    bool above = false;
     for (u32 i0 = 0; i0 < np; i0 += 4 * LANES) {
         const u32 i = i0 + 4 * lane;
         const u32 nv = i < np ? min(4u, np - i) : 0u;
@@ -817,6 +817,7 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
             const u32 r = (rk >> (8 * q)) & 0xFFu;
             w[q / 2] |= (u32)lds16(ptab + 2 * r) << (16 * (q % 2));
             if (q < nv && r >= d) esc |= 1u << q;
+            above = above || (q < nv && r > d);
         }
         if (nv == 4) {
             *(uint2*)(slot + 2 * i) = make_uint2(w[0], w[1]);
@@ -854,6 +855,9 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
             n_esc += __shfl_sync(0xFFFFFFFFu, incl, 31);
         }
     }
+    // A rank past the escape (which the host's checks of the tables leave to forged plans only):
+    // the CPU engine refuses it.
+    if (__any_sync(0xFFFFFFFFu, above)) return 7;
     __syncwarp();
     // The escape group: each escaped pair's two bytes in pair order, then an odd last unit's.
     const u32 ne = 2 * n_esc + (blen & 1);

@@ -1029,12 +1029,18 @@ impl GpuEngine {
         };
         // The kernel reads a paired plane's `pair_d` pairs from `pair_base`: inside `pairs` (a
         // plan is a value anyone can build), and at most 128 of them.
+        // Only bf16's exponent plane (plane 1 of 2-byte units with the 8-bit exponent transform)
+        // can be paired (FORMAT.md section 12), with 2 ..= 128 pairs.
         for t in tensors.iter().filter(|t| t.pair_d != 0) {
             let end = t.pair_base as u64 + t.pair_d as u64;
-            if t.pair_d > 128 || end > plan.pairs.len() as u64 {
+            let bf16 = t.pair_plane == 1 && t.unit_size == 2 && t.exp_bits == 8;
+            if !bf16 || !(2..=128).contains(&t.pair_d) || end > plan.pairs.len() as u64 {
                 return Err(Error::Unsupported(format!(
-                    "plan: {} pairs from {} of {}",
+                    "plan: {} pairs of plane {} ({}-byte units, {} exponent bits) from {} of {}",
                     t.pair_d,
+                    t.pair_plane,
+                    t.unit_size,
+                    t.exp_bits,
                     t.pair_base,
                     plan.pairs.len()
                 )));
@@ -1337,6 +1343,7 @@ impl GpuEngine {
                 4 => "raw area of the wrong size",
                 5 => "rANS stream does not end exactly",
                 6 => "rANS stream present where nothing is coded, or missing",
+                7 => "a paired plane's rank past its escape",
                 _ => "unknown error",
             };
             return Err(tensorzip::Error::Corrupt(format!(
