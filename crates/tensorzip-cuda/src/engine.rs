@@ -65,8 +65,9 @@ pub(crate) fn allow_dynamic_smem(
 
 /// What a decode block leaves of the device's per-block shared memory ([`Shared::smem_limit`]) for
 /// the kernels' static shared memory (`cache`, `merge_sel`, `sync_words`, `pair_tab` in
-/// `kernels/decode.cu`: ~680 bytes) and the driver: its dynamic shared memory is at most the limit less this — 220 KiB
-/// on Hopper (227 KiB), the figure every decoder measurement in docs/BENCHMARKS.md ran with.
+/// `kernels/decode.cu`: ~680 bytes) and the driver: its dynamic shared memory is at most the
+/// limit less this — 220 KiB on Hopper (227 KiB), the figure every decoder measurement in
+/// docs/BENCHMARKS.md ran with.
 const DECODE_SMEM_RESERVE: u32 = 7 * 1024;
 /// The decoder's dynamic shared memory on an H100 / H200, for the tests of the launch shapes.
 #[cfg(test)]
@@ -1027,10 +1028,10 @@ impl GpuEngine {
         } else {
             &plan.table_info
         };
-        // The kernel reads a paired plane's `pair_d` pairs from `pair_base`: inside `pairs` (a
-        // plan is a value anyone can build), and at most 128 of them.
-        // Only bf16's exponent plane (plane 1 of 2-byte units with the 8-bit exponent transform)
-        // can be paired (FORMAT.md section 12), with 2 ..= 128 pairs.
+        // The kernel reads a paired plane's `pair_d` pairs from `pair_base` into a 256-entry
+        // table: they must lie inside `pairs` (a plan is a value anyone can build), and only
+        // bf16's exponent plane (plane 1 of 2-byte units with the 8-bit exponent transform) can
+        // be paired, with 2 ..= 128 pairs (FORMAT.md section 12).
         for t in tensors.iter().filter(|t| t.pair_d != 0) {
             let end = t.pair_base as u64 + t.pair_d as u64;
             let bf16 = t.pair_plane == 1 && t.unit_size == 2 && t.exp_bits == 8;

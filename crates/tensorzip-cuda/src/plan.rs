@@ -213,12 +213,7 @@ impl Plan {
             };
             // Format version 2: the paired plane's pairs (the parser allows bf16's plane 1 only,
             // 2..=128 distinct pairs), which the kernel looks ranks up in.
-            if let Some((p, pt)) = l
-                .pairs
-                .iter()
-                .enumerate()
-                .find_map(|(p, t)| Some((p, t.as_ref()?)))
-            {
+            if let Some((p, Some(pt))) = l.paired_plane().map(|p| (p, l.pairs[p].as_ref())) {
                 td.pair_plane = p as u32;
                 td.pair_d = pt.escape() as u32;
                 td.pair_base = plan.pairs.len() as u32;
