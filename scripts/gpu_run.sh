@@ -31,7 +31,9 @@
 #                                 1 GiB synthetic bf16 and fp32, on their exponent planes alone and
 #                                 on their rank planes alone (u8 tensors written by gpu-bin/pairprobe)
 #   scripts/gpu_run.sh v2         format version 2 (paired bf16 exponents) on the GPU: the decode tests
-#                                 that cover it, the same under memcheck (quick mode), then the decode
+#                                 (version 1's too), `verify --gpu` and `decompress --gpu` of an archive
+#                                 written with --pair-exponents, the version 2 tests under memcheck
+#                                 (quick mode), then the decode
 #                                 kernel alternating version 1 and version 2 blobs of the same
 #                                 tensors (gpu_bench, PAIRS=1) on the 1 GiB synthetic bf16 and, where
 #                                 carried, bench-data/minilm-bf16.safetensors as a whole model; with
