@@ -491,6 +491,13 @@ __device__ __forceinline__ void load16(u32 (&w)[4], const u8* area, const u8* li
     }
 }
 
+// Bit 7 of each byte of `w` that equals the same byte of `v4`, the other bits 0: bit 7 of
+// ~(((t & 0x7F..) + 0x7F..) | t) is set exactly for the zero bytes of t = w ^ v4.
+__device__ __forceinline__ u32 equal_bytes(u32 w, u32 v4) {
+    const u32 t = w ^ v4;
+    return ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
+}
+
 // Bit k set where byte k of the 16 bytes in `w` equals `v`.
 __device__ __forceinline__ u32 match16(const u32 (&w)[4], u32 v) {
     const u32 v4 = v * 0x01010101u;
@@ -827,12 +834,10 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
                 if (q < nv) *(u16*)(slot + 2 * i + 2 * q) = (u16)(w[q / 2] >> (16 * (q % 2)));
         }
         if (count) {
-            // Bytes equal to `cv` among this lane's pairs that are not escaped (bit 7 of each
-            // byte of ~(((t & 0x7F..) + 0x7F..) | t) is set where the byte of t is zero).
+            // Bytes equal to `cv` among this lane's pairs that are not escaped.
             #pragma unroll
             for (u32 h = 0; h < 2; h++) {
-                const u32 t = w[h] ^ cv4;
-                u32 z = ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
+                u32 z = equal_bytes(w[h], cv4);
                 #pragma unroll
                 for (u32 q = 0; q < 2; q++)
                     if ((esc >> (2 * h + q) & 1u) || 2 * h + q >= nv) z &= ~(0x8080u << (16 * q));
@@ -1022,16 +1027,13 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
         const u8* qs = slots + pick<U>(ci.slot, ci.cq) * su;
         const u32 v4 = ci.cvalue * 0x01010101u;
         u32 cnt = 0;
-        // 16 bytes per lane and load (a slot holds `su` bytes, a multiple of 32, past `blen`);
-        // a byte equals the value when its XOR with it is zero: bit 7 of
-        // ~(((t & 0x7F..) + 0x7F..) | t) is set exactly for zero bytes of t.
+        // 16 bytes per lane and load (a slot holds `su` bytes, a multiple of 32, past `blen`).
         for (u32 j = counted_to + 16 * lane; j < blen; j += 16 * LANES) {
             const uint4 v = *(const uint4*)(qs + j);
             const u32 wv[4] = {v.x, v.y, v.z, v.w};
             #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const u32 t = wv[k] ^ v4;
-                u32 z = ~(((t & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | t) & 0x80808080u;
+                u32 z = equal_bytes(wv[k], v4);
                 const u32 at = j + 4 * k;
                 if (at + 4 > blen) z = at >= blen ? 0u : z & (0xFFFFFFFFu >> (8 * (at + 4 - blen)));
                 cnt += __popc(z);
