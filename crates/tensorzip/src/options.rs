@@ -30,9 +30,9 @@ pub struct CompressOptions {
     /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2"): the exponent bytes
     /// of bf16 tensors coded two units a symbol, halving the decoder's steps on that plane (a
     /// one-thread bf16 decode 1.1-1.2x faster, a compress ~1.2x slower, blobs ~0.05-0.1 points
-    /// larger: docs/BENCHMARKS.md). Off by default: only the CPU engine reads and writes it so
-    /// far (the GPU engine refuses such blobs and this option), and the format's promise is one
-    /// format for both engines. Other dtypes, and tensors the encoder finds no pairs for or
+    /// larger: docs/BENCHMARKS.md). Off by default: only the CPU engine writes it so far (the GPU
+    /// engine reads such blobs but refuses this option), and the format's promise is one format
+    /// for both engines. Other dtypes, and tensors the encoder finds no pairs for or
     /// whose pairing would cost more than 1/32 of their exponent plane, stay version 1.
     pub pair_exponents: bool,
 }
