@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, on this (CPU) machine, what scripts/gpu_run.sh runs on the GPU machine, which has no Rust
 # toolchain: the GPU test binary, the GPU benchmark and the CLI, into gpu-bin/ (ignored by git;
-# carry it with the device run). The kernels themselves are compiled on the device by NVRTC.
+# carry it with the device run), then the wheels gpu-py/ and gpu-wheels/ (not with `bins`). The
+# kernels themselves are compiled on the device by NVRTC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p gpu-bin
@@ -35,6 +36,8 @@ strip -o gpu-bin/tensorzip target/release/tensorzip
 cargo build --release -p tensorzip --example pairprobe
 strip -o gpu-bin/pairprobe target/release/examples/pairprobe
 ls -la gpu-bin
+# `scripts/gpu_build.sh bins`: the binaries only (a device call that runs no Python).
+[[ ${1:-} == bins ]] && exit 0
 # The Python package's abi3 wheel and pytest's wheels, for scripts/gpu_run.sh python.
 mkdir -p gpu-py
 rm -f gpu-py/tensorzip-*.whl

@@ -38,7 +38,9 @@
 #                                 tensors (gpu_bench, PAIRS=1) on the 1 GiB synthetic bf16 and, where
 #                                 carried, bench-data/minilm-bf16.safetensors as a whole model; with
 #                                 gpu-bin/gpu_bench_old carried (a build before a decoder change),
-#                                 its version 1 figures alternate with them
+#                                 its version 1 figures alternate with them; with
+#                                 gpu-bin/decode_prev.cu carried (an earlier decode.cu), the same
+#                                 binary with that kernel source (TENSORZIP_DEV_TZ_DECODE_SRC) too
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -215,13 +217,19 @@ if [[ $what == v2 ]]; then
     sets=("synth bf16 8 5")
     [[ -f bench-data/minilm-bf16.safetensors ]] && sets+=("file bench-data/minilm-bf16.safetensors none 10")
     # fp32 (version 1 only): the 4-byte kernels were compiled anew with the change.
-    [[ -x gpu-bin/gpu_bench_old ]] && sets+=("synth fp32 4 5")
+    [[ -x gpu-bin/gpu_bench_old || -f gpu-bin/decode_prev.cu ]] && sets+=("synth fp32 4 5")
     for args in "${sets[@]}"; do
         for r in 1 2 3; do
             [[ -x gpu-bin/gpu_bench_old ]] &&
                 echo "round $r v1-old $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench_old $args)"
             echo "round $r v1 $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
             [[ $args == *fp32* ]] || echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
+            if [[ -f gpu-bin/decode_prev.cu ]]; then
+                export TENSORZIP_DEV_TZ_DECODE_SRC=gpu-bin/decode_prev.cu
+                echo "round $r v1-prev-src $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
+                [[ $args == *fp32* ]] || echo "round $r v2-prev-src $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
+                unset TENSORZIP_DEV_TZ_DECODE_SRC
+            fi
         done
     done
 fi

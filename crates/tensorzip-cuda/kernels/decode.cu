@@ -770,16 +770,21 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
 // group's): its `blen / 2` ranks into the upper half of its slot (`slot`, generic address;
 // `slot_sh` its shared address, 0 if in global scratch; `su` bytes), expanded in place into the
 // plane's bytes through the pair table, the escaped pairs' indices listed (16-bit) at `list`, then
-// the escape group decoded straight into the listed pairs' bytes (and the odd last unit). With
-// `count`, the units whose byte is `cv` are added to `coded`. Returns 0 or an error code.
+// the escape group decoded straight into the listed pairs' bytes (and the odd last unit). `single`
+// is PAIR_CODED, or the rank every pair has (a single-symbol table). Returns 0 or an error code.
+// The conditioned units among the plane's bytes are counted afterwards from the slot, as for a
+// coded plane (`decode_block`).
 //
 // The expansion reads 128 ranks a round (four a lane) and writes their 256 bytes; ranks start at
 // `su / 2` and `blen <= su`, so round `r`'s writes (below `256 (r + 1)`) never reach a rank a
-// later round reads (at `su / 2 + 128 (r + 1)` or above, `128 (r + 1) <= su / 2`).
+// later round reads (at `su / 2 + 128 (r + 1)` or above, `128 (r + 1) <= su / 2`). Its cost is
+// what decides whether pairing pays on the GPU (a block's halved steps save ~1,340 instructions):
+// the escape test is one subtraction for the four ranks, and everything about escapes (their
+// list, the check for a rank past the escape) runs only in rounds that have one.
 template <int U, int MODE>
-__device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkInfo<U>& ci, const TensorDesc* tdp,
-                                             u32 tab, u32 single, const u32* tables, const Cache& cache, u32 blen, u32 rans_len, int lane,
-                                             u8* slot, u32 slot_sh, u32 su, u8* list, bool count, u32& coded) {
+__device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const TensorDesc* tdp, u32 tab, u32 single,
+                                             const u32* tables, const Cache& cache, u32 blen, u32 rans_len, int lane,
+                                             u8* slot, u32 slot_sh, u32 su, u8* list) {
     const u32 np = blen / 2, half = su / 2, d = tdp->pair_d, ptab = shared_addr(pair_tab);
     u8* ranks = slot + half;
     if (single == PAIR_CODED && np) {
@@ -801,8 +806,10 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
         }
         __syncwarp();
     }
-    const u32 cv4 = ci.cvalue * 0x01010101u;
-    u32 n_esc = 0, cnt = 0;
+    // Bytes of a rank word: b >= D exactly where bit 7 of ((b | 0x80) - D) | b is set (D <= 128,
+    // so no byte borrows from the next).
+    const u32 d4 = d * 0x01010101u;
+    u32 n_esc = 0;
     bool above = false;
     for (u32 i0 = 0; i0 < np; i0 += 4 * LANES) {
         const u32 i = i0 + 4 * lane;
@@ -818,50 +825,37 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
         }
         // Every lane has read its ranks before any lane writes bytes over earlier ranks' places.
         __syncwarp();
-        u32 w[2] = {0, 0}, esc = 0;
-        #pragma unroll
-        for (u32 q = 0; q < 4; q++) {
-            const u32 r = (rk >> (8 * q)) & 0xFFu;
-            w[q / 2] |= (u32)lds16(ptab + 2 * r) << (16 * (q % 2));
-            if (q < nv && r >= d) esc |= 1u << q;
-            above = above || (q < nv && r > d);
-        }
+        u32 esc = (((rk | 0x80808080u) - d4) | rk) & 0x80808080u;
+        if (nv < 4) esc &= (1u << (8 * nv)) - 1u;
+        const u32 w0 = lds16(ptab + 2 * (rk & 0xFFu)) | (u32)lds16(ptab + 2 * (rk >> 8 & 0xFFu)) << 16;
+        const u32 w1 = lds16(ptab + 2 * (rk >> 16 & 0xFFu)) | (u32)lds16(ptab + 2 * (rk >> 24)) << 16;
         if (nv == 4) {
-            *(uint2*)(slot + 2 * i) = make_uint2(w[0], w[1]);
+            *(uint2*)(slot + 2 * i) = make_uint2(w0, w1);
         } else {
             #pragma unroll
             for (u32 q = 0; q < 4; q++)
-                if (q < nv) *(u16*)(slot + 2 * i + 2 * q) = (u16)(w[q / 2] >> (16 * (q % 2)));
+                if (q < nv) *(u16*)(slot + 2 * i + 2 * q) = (u16)((q < 2 ? w0 : w1) >> (16 * (q % 2)));
         }
-        if (count) {
-            // Bytes equal to `cv` among this lane's pairs that are not escaped.
+        if (__any_sync(0xFFFFFFFFu, esc != 0)) {
+            // A rank past the escape (which the host's checks of the tables leave to forged plans
+            // only): the CPU engine refuses it.
             #pragma unroll
-            for (u32 h = 0; h < 2; h++) {
-                u32 z = equal_bytes(w[h], cv4);
-                #pragma unroll
-                for (u32 q = 0; q < 2; q++)
-                    if ((esc >> (2 * h + q) & 1u) || 2 * h + q >= nv) z &= ~(0x8080u << (16 * q));
-                cnt += __popc(z);
-            }
-        }
-        const u32 m = __ballot_sync(0xFFFFFFFFu, esc != 0);
-        if (m) {
+            for (u32 q = 0; q < 4; q++) above = above || (esc >> (8 * q + 7) & 1u && (rk >> (8 * q) & 0xFFu) > d);
             // This lane's escapes go after those of the lanes before it.
-            u32 incl = __popc(esc);
+            const u32 ne = __popc(esc);
+            u32 incl = ne;
             #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
                 const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
                 if (lane >= o) incl += v;
             }
-            u32 at = n_esc + incl - __popc(esc);
+            u32 at = n_esc + incl - ne;
             #pragma unroll
             for (u32 q = 0; q < 4; q++)
-                if (esc >> q & 1u) ((u16*)list)[at++] = (u16)(i + q);
+                if (esc >> (8 * q + 7) & 1u) ((u16*)list)[at++] = (u16)(i + q);
             n_esc += __shfl_sync(0xFFFFFFFFu, incl, 31);
         }
     }
-    // A rank past the escape (which the host's checks of the tables leave to forged plans only):
-    // the CPU engine refuses it.
     if (__any_sync(0xFFFFFFFFu, above)) return 7;
     __syncwarp();
     // The escape group: each escaped pair's two bytes in pair order, then an odd last unit's.
@@ -874,15 +868,10 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const ChunkI
             const u32 k = r * LANES + lane;
             const u32 sym = step<TABLE_UNIFORM>(s, none_t, k < ne, lane);
             if (s.bad) return 2;
-            if (k < ne) {
-                const u32 at = k < 2 * n_esc ? 2 * (u32)((const u16*)list)[k / 2] + (k & 1) : blen - 1;
-                slot[at] = (u8)sym;
-                if (count) cnt += sym == ci.cvalue;
-            }
+            if (k < ne) slot[k < 2 * n_esc ? 2 * (u32)((const u16*)list)[k / 2] + (k & 1) : blen - 1] = (u8)sym;
         }
         __syncwarp();
     }
-    if (count) coded += warp_sum(cnt);
     return 0;
 }
 
@@ -1016,14 +1005,13 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
     const u32 pp = paired_plane(tdp);
     if (U == 2 && pp < (u32)U && pick<U>(bp.src, pp) == SRC_PAIRED) {
         const u32 ps = pick<U>(ci.slot, pp);
-        const u32 code = decode_paired<U, MODE>(s, used, ci, tdp, pick<U>(bp.tab, pp), pick<U>(bp.val, pp), tables, cache,
-                                                blen, rans_len, lane, slots + ps * su, slots_shared ? slots_shared + ps * su : 0u,
-                                                su, sub, ci.cond_chunk && ci.cq == pp, coded);
+        const u32 code = decode_paired<U, MODE>(s, used, tdp, pick<U>(bp.tab, pp), pick<U>(bp.val, pp), tables, cache, blen,
+                                                rans_len, lane, slots + ps * su, slots_shared ? slots_shared + ps * su : 0u, su, sub);
         if (code) return code;
     }
-    if (ci.cond_chunk && q_src == SRC_CODED) {
-        // Count the conditioned units the lean loop has not counted, from the condition plane's
-        // slot.
+    if (ci.cond_chunk && (q_src == SRC_CODED || q_src == SRC_PAIRED)) {
+        // Count the conditioned units the lean loop has not counted (none of a paired plane's),
+        // from the condition plane's slot.
         const u8* qs = slots + pick<U>(ci.slot, ci.cq) * su;
         const u32 v4 = ci.cvalue * 0x01010101u;
         u32 cnt = 0;
