@@ -40,7 +40,8 @@
 #                                 gpu-bin/gpu_bench_old carried (a build before a decoder change),
 #                                 its version 1 figures alternate with them; with
 #                                 gpu-bin/decode_prev.cu carried (an earlier decode.cu), the same
-#                                 binary with that kernel source (TENSORZIP_DEV_TZ_DECODE_SRC) too
+#                                 binary with that kernel source (TENSORZIP_DEV_TZ_DECODE_SRC) too;
+#                                 with V2_NOCOND=1, both versions without the conditioned plane too
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -229,6 +230,12 @@ if [[ $what == v2 ]]; then
                 echo "round $r v1-prev-src $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
                 [[ $args == *fp32* ]] || echo "round $r v2-prev-src $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
                 unset TENSORZIP_DEV_TZ_DECODE_SRC
+            fi
+            # With V2_NOCOND=1, both versions written without the conditioned plane too: what
+            # conditioning costs each (bf16 sets).
+            if [[ ${V2_NOCOND:-} == 1 && $args != *fp32* ]]; then
+                echo "round $r v1-nocond $args: $(NO_COND=1 BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
+                echo "round $r v2-nocond $args: $(NO_COND=1 PAIRS=1 ./gpu-bin/gpu_bench $args)"
             fi
         done
     done

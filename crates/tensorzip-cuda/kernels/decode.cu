@@ -766,6 +766,59 @@ __device__ __forceinline__ bool plan_block(BlockPlan<U>& bp, const ChunkInfo<U>&
     return ok;
 }
 
+// One round of a paired plane's expansion (`decode_paired`): the lane's four pairs from `i` (all of
+// them with FULL, else those below `np`), their ranks read from `ranks` (or every one `single`)
+// and their bytes written to `slot`; escaped pairs appended to `list` (`n_esc` of them so far,
+// in pair order), `above` set by a rank past the escape `d`.
+template <bool FULL>
+__device__ __forceinline__ void expand_round(const u8* ranks, u8* slot, u8* list, u32 i, u32 np, u32 single, u32 d,
+                                             u32 ptab, int lane, u32& n_esc, bool& above) {
+    const u32 nv = FULL ? 4u : (i < np ? min(4u, np - i) : 0u);
+    u32 rk = single * 0x01010101u;
+    if (single == PAIR_CODED) {
+        if (FULL) {
+            rk = *(const u32*)(ranks + i);
+        } else {
+            rk = 0;
+            for (u32 q = 0; q < nv; q++) rk |= (u32)ranks[i + q] << (8 * q);
+        }
+    }
+    // Every lane has read its ranks before any lane writes bytes over earlier ranks' places.
+    __syncwarp();
+    // Bit 7 of each byte b of ((b | 0x80) - D) | b is set exactly where b >= D (D <= 128, so no
+    // byte borrows from the next): the escapes, and forged ranks past them.
+    const u32 d4 = d * 0x01010101u;
+    u32 esc = (((rk | 0x80808080u) - d4) | rk) & 0x80808080u;
+    if (!FULL) esc &= nv ? 0xFFFFFFFFu >> (8 * (4 - nv)) : 0u;
+    const u32 w0 = lds16(ptab + 2 * (rk & 0xFFu)) | (u32)lds16(ptab + 2 * (rk >> 8 & 0xFFu)) << 16;
+    const u32 w1 = lds16(ptab + 2 * (rk >> 16 & 0xFFu)) | (u32)lds16(ptab + 2 * (rk >> 24)) << 16;
+    if (FULL) {
+        *(uint2*)(slot + 2 * i) = make_uint2(w0, w1);
+    } else {
+        #pragma unroll
+        for (u32 q = 0; q < 4; q++)
+            if (q < nv) *(u16*)(slot + 2 * i + 2 * q) = (u16)((q < 2 ? w0 : w1) >> (16 * (q % 2)));
+    }
+    if (__any_sync(0xFFFFFFFFu, esc != 0)) {
+        // A rank past the escape (which the host's checks of the tables leave to forged plans
+        // only): the CPU engine refuses it.
+        above = above || (__vcmpgtu4(rk, d4) & esc) != 0;
+        // This lane's escapes go after those of the lanes before it.
+        const u32 ne = __popc(esc);
+        u32 incl = ne;
+        #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        u32 at = n_esc + incl - ne;
+        #pragma unroll
+        for (u32 q = 0; q < 4; q++)
+            if (esc >> (8 * q + 7) & 1u) ((u16*)list)[at++] = (u16)(i + q);
+        n_esc += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+}
+
 // A block's paired plane (format version 2, FORMAT.md section 12; the steps come after the main
 // group's): its `blen / 2` ranks into the upper half of its slot (`slot`, generic address;
 // `slot_sh` its shared address, 0 if in global scratch; `su` bytes), expanded in place into the
@@ -806,56 +859,13 @@ __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const Tensor
         }
         __syncwarp();
     }
-    // Bytes of a rank word: b >= D exactly where bit 7 of ((b | 0x80) - D) | b is set (D <= 128,
-    // so no byte borrows from the next).
-    const u32 d4 = d * 0x01010101u;
+    // Rounds of 128 whole pairs, then a partial one (odd-sized blocks: a tensor's last).
     u32 n_esc = 0;
     bool above = false;
-    for (u32 i0 = 0; i0 < np; i0 += 4 * LANES) {
-        const u32 i = i0 + 4 * lane;
-        const u32 nv = i < np ? min(4u, np - i) : 0u;
-        u32 rk = single * 0x01010101u;
-        if (single == PAIR_CODED) {
-            if (nv == 4) {
-                rk = *(const u32*)(ranks + i);
-            } else {
-                rk = 0;
-                for (u32 q = 0; q < nv; q++) rk |= (u32)ranks[i + q] << (8 * q);
-            }
-        }
-        // Every lane has read its ranks before any lane writes bytes over earlier ranks' places.
-        __syncwarp();
-        u32 esc = (((rk | 0x80808080u) - d4) | rk) & 0x80808080u;
-        if (nv < 4) esc &= (1u << (8 * nv)) - 1u;
-        const u32 w0 = lds16(ptab + 2 * (rk & 0xFFu)) | (u32)lds16(ptab + 2 * (rk >> 8 & 0xFFu)) << 16;
-        const u32 w1 = lds16(ptab + 2 * (rk >> 16 & 0xFFu)) | (u32)lds16(ptab + 2 * (rk >> 24)) << 16;
-        if (nv == 4) {
-            *(uint2*)(slot + 2 * i) = make_uint2(w0, w1);
-        } else {
-            #pragma unroll
-            for (u32 q = 0; q < 4; q++)
-                if (q < nv) *(u16*)(slot + 2 * i + 2 * q) = (u16)((q < 2 ? w0 : w1) >> (16 * (q % 2)));
-        }
-        if (__any_sync(0xFFFFFFFFu, esc != 0)) {
-            // A rank past the escape (which the host's checks of the tables leave to forged plans
-            // only): the CPU engine refuses it.
-            #pragma unroll
-            for (u32 q = 0; q < 4; q++) above = above || (esc >> (8 * q + 7) & 1u && (rk >> (8 * q) & 0xFFu) > d);
-            // This lane's escapes go after those of the lanes before it.
-            const u32 ne = __popc(esc);
-            u32 incl = ne;
-            #pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            u32 at = n_esc + incl - ne;
-            #pragma unroll
-            for (u32 q = 0; q < 4; q++)
-                if (esc >> (8 * q + 7) & 1u) ((u16*)list)[at++] = (u16)(i + q);
-            n_esc += __shfl_sync(0xFFFFFFFFu, incl, 31);
-        }
-    }
+    const u32 full = np / (4 * LANES) * (4 * LANES);
+    u32 i0 = 0;
+    for (; i0 < full; i0 += 4 * LANES) expand_round<true>(ranks, slot, list, i0 + 4 * lane, np, single, d, ptab, lane, n_esc, above);
+    if (i0 < np) expand_round<false>(ranks, slot, list, i0 + 4 * lane, np, single, d, ptab, lane, n_esc, above);
     if (__any_sync(0xFFFFFFFFu, above)) return 7;
     __syncwarp();
     // The escape group: each escaped pair's two bytes in pair order, then an odd last unit's.
@@ -1023,7 +1033,8 @@ __device__ __forceinline__ u32 decode_block(Stream& s, bool& used, const ChunkIn
             for (int k = 0; k < 4; k++) {
                 u32 z = equal_bytes(wv[k], v4);
                 const u32 at = j + 4 * k;
-                if (at + 4 > blen) z = at >= blen ? 0u : z & (0xFFFFFFFFu >> (8 * (at + 4 - blen)));
+                // Only a block's last load can hold bytes past it (one test a load, not a word).
+                if (j + 16 > blen && at + 4 > blen) z = at >= blen ? 0u : z & (0xFFFFFFFFu >> (8 * (at + 4 - blen)));
                 cnt += __popc(z);
             }
         }
