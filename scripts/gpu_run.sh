@@ -219,24 +219,23 @@ if [[ $what == v2 ]]; then
     [[ -f bench-data/minilm-bf16.safetensors ]] && sets+=("file bench-data/minilm-bf16.safetensors none 10")
     # fp32 (version 1 only): the 4-byte kernels were compiled anew with the change.
     [[ -x gpu-bin/gpu_bench_old || -f gpu-bin/decode_prev.cu ]] && sets+=("synth fp32 4 5")
+    # Version 1 and (not for fp32) version 2 blobs of `$args`, in round `$r`, labelled `v1$1` and
+    # `v2$1`, with the environment `${@:2}`.
+    versions() {
+        local tag=$1
+        shift
+        echo "round $r v1$tag $args: $(env "$@" BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
+        [[ $args == *fp32* ]] || echo "round $r v2$tag $args: $(env "$@" PAIRS=1 ./gpu-bin/gpu_bench $args)"
+    }
     for args in "${sets[@]}"; do
         for r in 1 2 3; do
             [[ -x gpu-bin/gpu_bench_old ]] &&
                 echo "round $r v1-old $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench_old $args)"
-            echo "round $r v1 $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
-            [[ $args == *fp32* ]] || echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
-            if [[ -f gpu-bin/decode_prev.cu ]]; then
-                export TENSORZIP_DEV_TZ_DECODE_SRC=gpu-bin/decode_prev.cu
-                echo "round $r v1-prev-src $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
-                [[ $args == *fp32* ]] || echo "round $r v2-prev-src $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args)"
-                unset TENSORZIP_DEV_TZ_DECODE_SRC
-            fi
+            versions ""
+            [[ -f gpu-bin/decode_prev.cu ]] && versions -prev-src TENSORZIP_DEV_TZ_DECODE_SRC=gpu-bin/decode_prev.cu
             # With V2_NOCOND=1, both versions written without the conditioned plane too: what
             # conditioning costs each (bf16 sets).
-            if [[ ${V2_NOCOND:-} == 1 && $args != *fp32* ]]; then
-                echo "round $r v1-nocond $args: $(NO_COND=1 BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
-                echo "round $r v2-nocond $args: $(NO_COND=1 PAIRS=1 ./gpu-bin/gpu_bench $args)"
-            fi
+            [[ ${V2_NOCOND:-} == 1 && $args != *fp32* ]] && versions -nocond NO_COND=1
         done
     done
 fi
