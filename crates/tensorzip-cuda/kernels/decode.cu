@@ -830,10 +830,9 @@ __device__ __forceinline__ void expand_round(const u8* ranks, u8* slot, u8* list
 //
 // The expansion reads 128 ranks a round (four a lane) and writes their 256 bytes; ranks start at
 // `su / 2` and `blen <= su`, so round `r`'s writes (below `256 (r + 1)`) never reach a rank a
-// later round reads (at `su / 2 + 128 (r + 1)` or above, `128 (r + 1) <= su / 2`). Its cost is
-// what decides whether pairing pays on the GPU (a block's halved steps save ~1,340 instructions):
-// the escape test is one subtraction for the four ranks, and everything about escapes (their
-// list, the check for a rank past the escape) runs only in rounds that have one.
+// later round reads (at `su / 2 + 128 (r + 1)` or above, `128 (r + 1) <= su / 2`). Its cost
+// (`expand_round`) decides whether pairing pays on the GPU: a block's halved steps save ~1,340
+// instructions.
 template <int U, int MODE>
 __device__ __forceinline__ u32 decode_paired(Stream& s, bool& used, const TensorDesc* tdp, u32 tab, u32 single,
                                              const u32* tables, const Cache& cache, u32 blen, u32 rans_len, int lane,
