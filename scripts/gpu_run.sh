@@ -67,6 +67,11 @@ if [[ $what == tests || $what == all ]]; then
         ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu.tz -f &&
         cmp /tmp/tz-gpu.tz /tmp/tz-cpu.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu.tz --gpu &&
         echo "compress --gpu ($sample): archive identical to the CPU's" || rc=1
+    # The same with paired exponents (format version 2; its bf16 tensors pair).
+    ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-gpu2.tz -f --gpu --pair-exponents &&
+        ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu2.tz -f --pair-exponents &&
+        cmp /tmp/tz-gpu2.tz /tmp/tz-cpu2.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu2.tz --gpu &&
+        echo "compress --gpu --pair-exponents ($sample): archive identical to the CPU's" || rc=1
     # The directory through one GPU engine shared by the command's files: the --gpu mirror
     # equals the CPU's file for file, verifies against the original on the GPU, and
     # decompresses on the GPU to the original.
@@ -225,7 +230,7 @@ if [[ $what == v2 ]]; then
         local tag=$1
         shift
         echo "round $r v1$tag $args: $(env "$@" BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
-        [[ $args == *fp32* ]] || echo "round $r v2$tag $args: $(env "$@" PAIRS=1 ./gpu-bin/gpu_bench $args)"
+        [[ $args == *fp32* ]] || echo "round $r v2$tag $args: $(env "$@" PAIRS=1 BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
     }
     for args in "${sets[@]}"; do
         for r in 1 2 3; do

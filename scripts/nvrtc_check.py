@@ -25,7 +25,7 @@ KERNELS = os.path.join(ROOT, "crates/tensorzip-cuda/kernels")
 VENV = os.path.join(ROOT, "target/nvrtc-venv")
 # Units per source: -1 the common kernels, 0.. one per variant (plan::KERNELS: 7,
 # encode::VARIANTS: 7); the search has one unit.
-UNITS = {"decode.cu": range(-1, 7), "encode.cu": range(-1, 7), "search.cu": [-1]}
+UNITS = {"decode.cu": range(-1, 7), "encode.cu": range(-1, 8), "search.cu": [-1]}
 
 
 def _site_libs(root, pattern):

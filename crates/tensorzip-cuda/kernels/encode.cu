@@ -60,7 +60,21 @@ struct EncParams {
     u32 n_tables[8];
     u64 dst_base;         // tz_place: device address of the tensor's first payload byte in its blob
     u64 dst_cap;          // tz_place: payload bytes its blob has room for
+    u64 pair;             // format version 2: device address of the paired plane's `PairBlock`, 0 = none
+    u64 off_esc;          // slot layout: a paired block's escape group (block_units bytes)
 };
+
+// A paired plane's coding tables (format version 2; shared with `PairBlock` in src/encode.rs): the
+// top bytes' index of each byte (255 for others), the rank of each key 16 a + b of top-byte indices
+// (the escape for keys of no pair), the escape rank D, then the rank tables' entries (as
+// `tz_enc_tables` writes a table's: 256 per table, table j's at entries[256 j]).
+struct PairBlock {
+    u8 top[256];
+    u8 key_rank[256];
+    u32 escape;
+    u32 pad[3];
+};
+#define PAIR_ENTRIES_AT 528u
 
 // One chunk of a batch: one warp (shared with `EncJob` in src/encode.rs).
 struct EncJob {
@@ -365,7 +379,11 @@ __device__ __forceinline__ u64 warp_sum64(u64 v) {
 // cost is below the threshold's fraction of the raw cost, else raw. `h` is the block's histogram of
 // the plane (shared memory). This is the general form, in 64-bit sums; `choose` takes it only for
 // blocks too long for 32-bit ones.
-__device__ u32 choose64(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane) {
+// With COST, the chosen table's cost (Q16 bits) goes to `*cost` (a paired plane weighs its escapes
+// against it).
+template <bool COST = false>
+__device__ u32 choose64(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane,
+                        u64* cost_out = nullptr) {
     u32 hv[8];
     #pragma unroll
     for (int k = 0; k < 8; k++) hv[k] = h[lane * 8 + k];
@@ -391,6 +409,7 @@ __device__ u32 choose64(const u32* h, u32 blen, const u32* __restrict__ cls, u32
         }
     }
     const u64 raw = (u64)(8 * blen) << 16;
+    if constexpr (COST) *cost_out = best;
     if (bj != SEL_RAW && (best << 16) < (u64)threshold * raw) return bj;
     return SEL_RAW;
 }
@@ -427,8 +446,10 @@ __device__ __forceinline__ u32 scatter_sum8(u32 (&v)[8], int lane, Op op) {
 // each lane's 8 code lengths in two 16-byte loads, 32-bit costs, and a symbol the table lacks
 // detected by or-ing the code lengths of the block's present symbols (CL_ABSENT has the top bit,
 // no present code length has).
-__device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane) {
-    if (blen > CHOOSE32_MAX_LEN) return choose64(h, blen, cls, base, nt, threshold, lane);
+template <bool COST = false>
+__device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 base, u32 nt, u32 threshold, int lane,
+                      u64* cost_out = nullptr) {
+    if (blen > CHOOSE32_MAX_LEN) return choose64<COST>(h, blen, cls, base, nt, threshold, lane, cost_out);
     u32 hv[8], present[8];
     #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -462,6 +483,7 @@ __device__ u32 choose(const u32* h, u32 blen, const u32* __restrict__ cls, u32 b
     #pragma unroll
     for (int d = 4; d < 32; d <<= 1) best = min(best, (u64)__shfl_xor_sync(FULL, (long long)best, d));
     const u64 raw = (u64)(8 * blen) << 16;
+    if constexpr (COST) *cost_out = best >> 8;
     if (best != ~0ull && ((best >> 8) << 16) < (u64)threshold * raw) return (u32)(best & 0xFF);
     return SEL_RAW;
 }
@@ -823,7 +845,87 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
     }
 }
 
-template <int U, int E>
+// ---------------------------------------------------------------------------------------------
+// Format version 2's paired exponent plane (FORMAT.md section 12): bf16's plane 1 coded as the
+// ranks of its units' pairs (2i, 2i + 1) in the tensor's pair table, the pairs outside it as the
+// escape rank D with their bytes in an escape group. The model (pair table, rank tables) is the
+// host's, by the core's code (`model::pair_plane_from_counts`), so the blobs are the CPU engine's.
+
+// The rank of the pair of exponent bytes (a, b).
+__device__ __forceinline__ u32 pair_rank(const PairBlock* __restrict__ pb, u32 a, u32 b, u32 d) {
+    const u32 ta = __ldg(pb->top + a), tb = __ldg(pb->top + b);
+    return (ta | tb) < 16u ? (u32)__ldg(pb->key_rank + (ta << 4 | tb)) : d;
+}
+
+// The escaped pairs among a block's `blen` exponent bytes `pp` (the warp's sum).
+__device__ __forceinline__ u32 pair_escapes(const u8* pp, u32 blen, const PairBlock* __restrict__ pb, int lane) {
+    const u32 d = __ldg(&pb->escape);
+    u32 n = 0;
+    for (u32 i = lane; i < blen / 2; i += 32) n += pair_rank(pb, pp[2 * i], pp[2 * i + 1], d) == d;
+    return (u32)warp_sum64(n);
+}
+
+// The entry of byte `s` in the escape group's uniform table (frequency 16, cumulative 16 s:
+// m = 2^44 / 16 = 2^40).
+__device__ __forceinline__ uint4 uniform_entry(u32 s) { return make_uint4(0u, 256u, 16u * s, 4096u - 16u); }
+
+// A paired block's symbols, backwards (the decoder reads its ranks, then its escape group): the
+// escape group (each escaped pair's two bytes in pair order, then an odd last unit's byte), made
+// first in `esc` (the chunk's slot, block_units bytes), then the ranks, coded with the plane's rank
+// table `sel`.
+__device__ void pair_put(u32& x, int& down, const u8* pp, u32 blen, u32 sel, const PairBlock* __restrict__ pb, u8* esc,
+                         u16* words, int lane) {
+    const u32 d = __ldg(&pb->escape);
+    const u32 np = blen / 2;
+    const u32 lt = lanemask_lt(), gt = lanemask_gt();
+    u32 ne = 0;
+    for (u32 i0 = 0; i0 < np; i0 += 32) {
+        const u32 i = i0 + lane;
+        u32 a = 0, b = 0;
+        bool e = false;
+        if (i < np) {
+            a = pp[2 * i];
+            b = pp[2 * i + 1];
+            e = pair_rank(pb, a, b, d) == d;
+        }
+        const u32 m = __ballot_sync(FULL, e);
+        if (e) {
+            const u32 k = ne + 2 * __popc(m & lt);
+            esc[k] = (u8)a;
+            esc[k + 1] = (u8)b;
+        }
+        ne += 2 * __popc(m);
+    }
+    if (blen & 1) {
+        if (lane == 0) esc[ne] = pp[blen - 1];
+        ne++;
+    }
+    __syncwarp();
+    u32 full = ne / 32, rem = ne % 32;
+    if (rem) {
+        const bool act = (u32)lane < rem;
+        put_entry(x, down, act, act ? uniform_entry(esc[full * 32 + lane]) : make_uint4(0u, 0u, 0u, 0u), words, gt);
+    }
+    for (u32 r = full; r-- > 0;) put_entry(x, down, true, uniform_entry(esc[r * 32 + lane]), words, gt);
+    const uint4* rt = (const uint4*)((const u8*)pb + PAIR_ENTRIES_AT) + (u64)sel * 256;
+    full = np / 32;
+    rem = np % 32;
+    if (rem) {
+        const bool act = (u32)lane < rem;
+        const u32 i = full * 32 + lane;
+        put(x, down, act, act ? pair_rank(pb, pp[2 * i], pp[2 * i + 1], d) : 0u, rt, words);
+    }
+    for (u32 r = full; r-- > 0;) {
+        const u32 i = r * 32 + lane;
+        put(x, down, true, pair_rank(pb, pp[2 * i], pp[2 * i + 1], d), rt, words);
+    }
+    // The next block's escape group reuses `esc`.
+    __syncwarp();
+}
+
+// PAIR: the kernel of bf16 tensors compressed with paired exponents (`tz_encode_2e8p`); a tensor
+// whose parameters name no pair block is coded as version 1 by it.
+template <int U, int E, bool PAIR>
 __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4* __restrict__ fcs,
                              const u32* __restrict__ cls, const u32* __restrict__ tinfo, const u8* __restrict__ const_sel,
                              u8* __restrict__ slot, ChunkOut* __restrict__ out, uint4* __restrict__ host_out, int lane,
@@ -894,7 +996,20 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             const u32 nt = P.n_tables[p];
             u32 sel;
             if (nt == 0) sel = is_const ? SEL_CONST : SEL_RAW;
-            else if (is_const) sel = const_sel[p * 256 + first];
+            else if (PAIR && p == 1 && P.pair) {
+                // FORMAT.md section 12, step 5: a constant block is 254; a block that chose a
+                // version 1 table at cost c stays coded only if c plus 8 bits an escape-group
+                // byte passes the threshold.
+                sel = SEL_CONST;
+                if (!is_const) {
+                    u64 c = 0;
+                    sel = choose<true>(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane, &c);
+                    if (sel < SEL_CONST) {
+                        const u64 ne = 2 * pair_escapes(planes + bu, blen, (const PairBlock*)P.pair, lane) + (blen & 1);
+                        if (((c + ((8 * ne) << 16)) << 16) >= (u64)P.threshold * ((u64)(8 * blen) << 16)) sel = SEL_RAW;
+                    }
+                }
+            } else if (is_const) sel = const_sel[p * 256 + first];
             else sel = choose(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane);
             if (lane == 0) sels[p * nb + b] = (u8)sel;
             allraw[p] &= sel == SEL_RAW;
@@ -1014,15 +1129,28 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             const uint4* fc[U];
             bool in_main[U];
             bool some = false;
+            u32 psel = SEL_RAW;  // the paired plane's selector (version 2)
             #pragma unroll
             for (int p = 0; p < U; p++) {
                 const u32 sel = mode[p] == MODE_BLOCKS ? (u32)sels[p * nb + b] : SEL_RAW;
                 in_main[p] = sel < SEL_CONST && !(__ldg(tinfo + P.table_base[p] + sel) >> 31);
+                if (PAIR && p == 1 && P.pair) {
+                    // Not in the main group: its ranks and escape group follow it.
+                    psel = sel;
+                    in_main[p] = false;
+                }
                 fc[p] = fcs + (u64)(P.table_base[p] + (in_main[p] ? sel : 0u)) * 256;
                 some |= in_main[p];
             }
-            if (!some) continue;
+            if (!some && !(PAIR && psel < SEL_CONST)) continue;
             stage<U, E>(src, bl, blen, planes, bu, lane);
+            if (PAIR && psel < SEL_CONST) {
+                pair_put(x, down, planes + bu, blen, psel, (const PairBlock*)P.pair, slot + P.off_esc, words, lane);
+                if (!some) {
+                    __syncwarp();
+                    continue;
+                }
+            }
             const u32 full = blen / 32, rem = blen % 32;
             if (rem) {
                 const bool act = (u32)lane < rem;
@@ -1127,7 +1255,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
 
 // Per warp: `hist_bytes` of histograms, then (when `stage_bytes` > 0) its block's planes in shared
 // memory; with `stage_bytes` == 0 the planes live in the chunk's slot (blocks too large).
-template <int U, int E>
+template <int U, int E, bool PAIR>
 __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u32 n_jobs, const EncParams* __restrict__ params,
                                              const uint4* fcs, const u32* cls, const u32* tinfo, const u8* const_sel,
                                              u8* scratch, ChunkOut* outs, uint4* host_outs, u32 stage_bytes,
@@ -1142,11 +1270,11 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
     u8* mine = (u8*)smem4 + (u64)warp * (hist_bytes<U>() + stage_bytes);
     u8* slot = scratch + job.slot;
     u8* planes = stage_bytes ? mine + hist_bytes<U>() : slot + P.off_stage;
-    encode_chunk<U, E>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k,
+    encode_chunk<U, E, PAIR>(job, P, fcs, cls, tinfo, const_sel + (u64)job.tensor * 2048, slot, outs + k,
                        host_outs ? host_outs + 3 * (u64)k : nullptr, lane, (u32*)mine, planes, stage_bytes > 0);
 }
 
-#define ENTRIES(SUFFIX, U, E, LB)                                                                           \
+#define ENTRIES(SUFFIX, U, E, LB, PAIR)                                                                         \
     extern "C" __global__ void __launch_bounds__(1024) tz_hist_##SUFFIX(                                     \
         const HistJob* __restrict__ jobs, const EncParams* __restrict__ params, const u64* __restrict__ picks, \
         u32* __restrict__ hists, u32* __restrict__ joint, u32 joint_smem) {                                 \
@@ -1157,7 +1285,7 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
         const uint4* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
         const u8* __restrict__ const_sel, u8* __restrict__ scratch, ChunkOut* __restrict__ outs,            \
         uint4* __restrict__ host_outs, u32 stage_bytes, u32 warps) {                                        \
-        encode_entry<U, E>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, host_outs,      \
+        encode_entry<U, E, PAIR>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, host_outs,      \
                            stage_bytes, warps);                                                             \
     }
 // The encoder's launch bounds: blocks of up to 8 warps for 1- and 2-byte units (compiled as tuned; the
@@ -1167,25 +1295,30 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
 // the compiled function: they are stated only here). (`(352)` without the minimum of
 // one block made NVRTC cap the kernels at 80 registers and spill.)
 #if TZ_ALL || TZ_UNIT == 0
-ENTRIES(1, 1, 0, (256))
+ENTRIES(1, 1, 0, (256), false)
 #endif
 #if TZ_ALL || TZ_UNIT == 1
-ENTRIES(2, 2, 0, (256))
+ENTRIES(2, 2, 0, (256), false)
 #endif
 #if TZ_ALL || TZ_UNIT == 2
-ENTRIES(2e8, 2, 8, (256))
+ENTRIES(2e8, 2, 8, (256), false)
 #endif
 #if TZ_ALL || TZ_UNIT == 3
-ENTRIES(4, 4, 0, (352, 1))
+ENTRIES(4, 4, 0, (352, 1), false)
 #endif
 #if TZ_ALL || TZ_UNIT == 4
-ENTRIES(4e8, 4, 8, (352, 1))
+ENTRIES(4e8, 4, 8, (352, 1), false)
 #endif
 #if TZ_ALL || TZ_UNIT == 5
-ENTRIES(8, 8, 0, (352, 1))
+ENTRIES(8, 8, 0, (352, 1), false)
 #endif
 #if TZ_ALL || TZ_UNIT == 6
-ENTRIES(8e11, 8, 11, (352, 1))
+ENTRIES(8e11, 8, 11, (352, 1), false)
+#endif
+// bf16 with paired exponents (format version 2): its own instantiation, so that version 1's bf16
+// kernel keeps its code.
+#if TZ_ALL || TZ_UNIT == 7
+ENTRIES(2e8p, 2, 8, (256), true)
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -1478,5 +1611,47 @@ extern "C" __global__ void tz_crc32_list(const CrcRange* __restrict__ ranges, u6
         const u32 c = piece_crc((const u8*)r.addr, r.len, lane, T, x2n);
         if (lane == 0) out[i] = c;
     }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Format version 2's model: each sampled block's pairs of bf16 units (2i, 2i + 1 from the block's
+// start; an odd last unit is not a pair) counted by their exponent bytes' key 16 a + b, for top
+// bytes of indices a and b, and the pairs holding another byte (FORMAT.md section 12, step 2; the
+// core's `TopBytes::count_keys`). One thread block of 256 threads per sampled block; `out` gets
+// 257 counts a block (the 256 keys, then the others). The host makes the pair table and the rank
+// tables from them with the core's code.
+
+// Shared with `PairKeysJob` in src/encode.rs.
+struct PairKeysJob {
+    u64 data;   // device address of the tensor (aligned to 16 bytes)
+    u64 start;  // the block's first unit
+    u32 len;    // its units
+    u32 top;    // index of its tensor's 256-byte top map in `tops`
+};
+
+#if TZ_ALL || TZ_UNIT == -1
+extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob* __restrict__ jobs,
+                                                               const u8* __restrict__ tops, u32* __restrict__ out) {
+    __shared__ u32 h[257];
+    __shared__ u8 top[256];
+    const PairKeysJob job = jobs[blockIdx.x];
+    const u32 t = threadIdx.x;
+    h[t] = 0;
+    if (t == 0) h[256] = 0;
+    top[t] = tops[(u64)job.top * 256 + t];
+    __syncthreads();
+    // Units 2i and 2i + 1 in one 32-bit load: a block starts at an even unit (chunks and blocks
+    // hold an even number of units, but for a tensor's last one, which starts at an even unit).
+    const u32* src = (const u32*)((const u8*)job.data + 2 * job.start);
+    for (u32 i = t; i < job.len / 2; i += 256) {
+        const u32 w = __ldg(src + i);
+        const u32 a = top[fwd<2, 8>(w & 0xFFFFu) >> 8], b = top[fwd<2, 8>(w >> 16) >> 8];
+        atomicAdd(&h[(a | b) < 16u ? (a << 4 | b) : 256u], 1u);
+    }
+    __syncthreads();
+    u32* o = out + (u64)blockIdx.x * 257;
+    o[t] = h[t];
+    if (t == 0) o[256] = h[256];
 }
 #endif

@@ -38,7 +38,10 @@ use cudarc::driver::{
 use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme};
 use tensorzip::encoder::{check_len, stored_header};
 use tensorzip::joint::JointCounts;
-use tensorzip::model::{model_from_counts, write_plane_tables, Sampling};
+use tensorzip::model::{
+    model_from_counts, pair_plane_from_counts, pair_top_bytes, write_plane_tables, Model, Sampling,
+};
+use tensorzip::pairs::TopBytes;
 use tensorzip::{CompressOptions, DType};
 
 use crate::engine::{staged_len, DeviceWrites, Plain};
@@ -87,6 +90,45 @@ struct EncParams {
     /// bytes the blob has room for.
     dst_base: u64,
     dst_cap: u64,
+    /// Format version 2: device address of the paired plane's tables ([`pair_block`]; 0: not paired), and
+    /// the slot's room for a block's escape group.
+    pair: u64,
+    off_esc: u64,
+}
+
+/// A paired plane's coding tables as the encode kernel reads them (format version 2; the layout
+/// of `struct PairBlock` in encode.cu, then the rank tables' entries): each byte's index among the
+/// top bytes (255 for others), the rank of each key `16 a + b` of top-byte indices, the escape
+/// rank as a u32 and 12 bytes of padding (528 bytes, `PAIR_ENTRIES_AT`), then 256 16-byte
+/// entries ([`enc_entry`]) per rank table.
+fn pair_block(
+    coder: &tensorzip::pairs::PairCoder,
+    tables: &[tensorzip::rans::table::FreqTable],
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(528 + 4096 * tables.len());
+    b.extend_from_slice(coder.top().index());
+    b.extend_from_slice(coder.key_ranks());
+    b.extend_from_slice(&(coder.table.escape() as u32).to_le_bytes());
+    b.extend_from_slice(&[0; 12]);
+    for t in tables {
+        for (&f, c) in t.freq.iter().zip(t.cumulative()) {
+            for w in enc_entry(f as u32, c) {
+                b.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+    }
+    b
+}
+
+/// One sampled block whose pair keys `tz_pair_keys` counts (layout shared with `struct
+/// PairKeysJob` in encode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct PairKeysJob {
+    data: u64,
+    start: u64,
+    len: u32,
+    top: u32,
 }
 
 /// One chunk of a batch (layout shared with `struct EncJob` in encode.cu).
@@ -123,14 +165,19 @@ unsafe impl DeviceRepr for EncParams {}
 unsafe impl DeviceRepr for EncJob {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for ChunkOut {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PairKeysJob {}
 // SAFETY: all-zero bytes are a valid value of every field.
 unsafe impl ValidAsZeroBits for ChunkOut {}
-// SAFETY: `repr(C)`: two u64, ten u32, seven u64, two [u32; 8] arrays and two u64 (192 bytes, no
+// SAFETY: `repr(C)`: two u64, ten u32, seven u64, two [u32; 8] arrays and four u64 (208 bytes, no
 // padding).
 unsafe impl Plain for EncParams {}
+// SAFETY: `repr(C)`: two u64 and two u32 (24 bytes, no padding).
+unsafe impl Plain for PairKeysJob {}
 // SAFETY: `repr(C)`: four u64 and two u32 (40 bytes, no padding).
 unsafe impl Plain for EncJob {}
-const _: () = assert!(std::mem::size_of::<EncParams>() == 192);
+const _: () = assert!(std::mem::size_of::<EncParams>() == 208);
+const _: () = assert!(std::mem::size_of::<PairKeysJob>() == 24);
 const _: () = assert!(std::mem::size_of::<EncJob>() == 40);
 const _: () = assert!(std::mem::size_of::<ChunkOut>() == 48);
 
@@ -141,6 +188,7 @@ pub(crate) struct EncodeKernels {
     units: crate::compile::Units,
     place: CudaFunction,
     compact: CudaFunction,
+    pair_keys: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
     /// The table search and the expansion of its tables (`tz_search`, `tz_enc_tables`,
@@ -150,7 +198,9 @@ pub(crate) struct EncodeKernels {
 }
 
 /// (unit size, exponent bits) of each kernel instantiation, and its name suffix.
-pub(crate) const VARIANTS: [(usize, u32, &str); 7] = [
+/// The last, `2e8p`, is bf16's with paired exponents (format version 2), which the tensors of a
+/// call with `pair_exponents` take (`variant`).
+pub(crate) const VARIANTS: [(usize, u32, &str); 8] = [
     (1, 0, "1"),
     (2, 0, "2"),
     (2, 8, "2e8"),
@@ -158,7 +208,11 @@ pub(crate) const VARIANTS: [(usize, u32, &str); 7] = [
     (4, 8, "4e8"),
     (8, 0, "8"),
     (8, 11, "8e11"),
+    (2, 8, "2e8p"),
 ];
+
+/// [`VARIANTS`]' index of bf16 with paired exponents.
+const PAIRED_VARIANT: usize = 7;
 
 /// The encoder's compile units: one per [`VARIANTS`] entry (labelled by its suffix), its
 /// counting and encoding kernels.
@@ -187,6 +241,7 @@ impl EncodeKernels {
         let module = units.common(eng.context())?;
         Ok(EncodeKernels {
             place: module.load_function("tz_place")?,
+            pair_keys: module.load_function("tz_pair_keys")?,
             compact: module.load_function("tz_compact")?,
             crc: module.load_function("tz_crc32")?,
             crc_list: module.load_function("tz_crc32_list")?,
@@ -305,7 +360,12 @@ pub struct DeviceTensor {
     pub shape: Vec<u64>,
 }
 
-fn variant(dtype: DType) -> Result<usize> {
+/// The encoder variant of a tensor of `dtype`: its unit size and transform's, or bf16's with
+/// paired exponents where `opts` asks for them (its tensors may still stay version 1).
+fn variant(dtype: DType, opts: &CompressOptions) -> Result<usize> {
+    if opts.pair_exponents && dtype.paired_plane().is_some() {
+        return Ok(PAIRED_VARIANT);
+    }
     let us = dtype.unit_size();
     let e = match dtype.transform() {
         tensorzip::dtype::Transform::Identity => 0,
@@ -333,9 +393,9 @@ fn hist_bytes(us: u64) -> u64 {
 
 /// The encode kernel's table entry of a symbol of frequency `f` (0..=4096) and cumulative frequency
 /// `c` (`expand_table` in search.cu writes it, `push` in encode.cu reads it): the low and high
-/// words of ceil(2^44 / f), `c`, 4096 - f; all zero when `f` is 0. Here for the tests, which check
-/// the device's tables against it and the exactness of its quotient.
-#[cfg(test)]
+/// words of ceil(2^44 / f), `c`, 4096 - f; all zero when `f` is 0. The host writes a paired
+/// plane's rank tables with it (`pair_block`); the tests check the device's tables against it and
+/// the exactness of its quotient.
 pub(crate) fn enc_entry(f: u32, c: u32) -> [u32; 4] {
     if f == 0 {
         return [0; 4];
@@ -348,7 +408,14 @@ pub(crate) fn enc_entry(f: u32, c: u32) -> [u32; 4] {
 /// block offsets, the states, the raw area, the conditioned symbols, the words and, when a block's
 /// planes do not fit in shared memory, their staging), sized for the tensor's longest chunk.
 /// Returns the slot's bytes and whether a block is staged in shared memory.
-fn slot_layout(p: &mut EncParams, header: &BlobHeader, units: u64, us: u64) -> (u64, bool) {
+/// A tensor that may pair (format version 2) also gets room for a block's escape group.
+fn slot_layout(
+    p: &mut EncParams,
+    header: &BlobHeader,
+    units: u64,
+    us: u64,
+    paired: bool,
+) -> (u64, bool) {
     let cmax = (header.chunk_units as u64).min(units);
     let bu = header.block_units as u64;
     let nbmax = cmax.div_ceil(bu);
@@ -363,6 +430,8 @@ fn slot_layout(p: &mut EncParams, header: &BlobHeader, units: u64, us: u64) -> (
     p.cap_words = (cmax * us / 2 + 1) as u32;
     p.off_stage = p.off_words + r16(2 * p.cap_words as u64);
     let slot_bytes = p.off_stage + if smem_stage { 0 } else { r16(us * bu) };
+    p.off_esc = slot_bytes;
+    let slot_bytes = slot_bytes + if paired { r16(bu) } else { 0 };
     (slot_bytes, smem_stage)
 }
 
@@ -499,6 +568,18 @@ unsafe impl DeviceRepr for HistJob {}
 unsafe impl Plain for HistJob {}
 
 /// A tensor of the batch being coded with planes.
+/// A tensor of a call, as [`GpuEngine::pair_models`] needs it.
+struct PairInput<'a> {
+    /// Device address of its bytes (aligned to 16).
+    data: u64,
+    header: &'a BlobHeader,
+    sampling: &'a Sampling,
+    /// Its sampled blocks' histograms (`[i * planes + p]`).
+    hists: &'a [[u32; 256]],
+    /// Whether the call asks it to pair (bf16 with `pair_exponents`).
+    may_pair: bool,
+}
+
 struct Coded {
     /// Index of the tensor in the batch (its size, dtype and shape are there).
     index: usize,
@@ -507,6 +588,8 @@ struct Coded {
     header: BlobHeader,
     params: EncParams,
     prefix: Vec<u8>,
+    /// A version 2 blob's head (header and tables), written by the host.
+    v2_head: Option<Vec<u8>>,
     blob: CudaSlice<u8>,
     dir: Vec<u8>,
     total: u64,
@@ -514,19 +597,92 @@ struct Coded {
     may_condition: Option<usize>,
 }
 
-/// `opts` validated for the GPU encoder, which writes format version 1 only: format version 2's
-/// paired exponent plane (`CompressOptions::pair_exponents`) is the CPU engine's so far.
-pub(crate) fn gpu_options(opts: &CompressOptions) -> Result<()> {
-    opts.validate()?;
-    match opts.pair_exponents {
-        true => Err(crate::error::Error::Unsupported(
-            "paired exponents (format version 2) are encoded on the CPU only".into(),
-        )),
-        false => Ok(()),
-    }
-}
-
 impl GpuEngine {
+    /// Format version 2's paired planes (FORMAT.md section 12) of the tensors `of`, whose
+    /// version 1 `models` the host made: each tensor that may pair gets its top bytes from its
+    /// histograms (`model::pair_top_bytes`), `tz_pair_keys` counts every sampled block's pair
+    /// keys on the device (one launch for the call, one download), and the core's
+    /// `model::pair_plane_from_counts` makes the decisions — the CPU engine's code on the same
+    /// counts, so the same pair and rank tables. A model that pairs becomes version 2.
+    fn pair_models(
+        &self,
+        k: &EncodeKernels,
+        of: &[PairInput<'_>],
+        models: &mut [Model],
+        opts: &CompressOptions,
+    ) -> Result<()> {
+        let s = self.stream();
+        let tops: Vec<Option<TopBytes>> = of
+            .iter()
+            .zip(models.iter())
+            .map(|(t, m)| match t.may_pair {
+                true => pair_top_bytes(m, t.header, t.hists),
+                false => None,
+            })
+            .collect();
+        let mut jobs = Vec::new();
+        let mut maps: Vec<u8> = Vec::new();
+        // Per tensor that pairs: its first job.
+        let mut first = vec![0usize; of.len()];
+        for (i, (t, top)) in of.iter().zip(&tops).enumerate() {
+            let Some(top) = top else { continue };
+            first[i] = jobs.len();
+            let map = (maps.len() / 256) as u32;
+            maps.extend_from_slice(top.index());
+            for &g in &t.sampling.picks {
+                let r = t.sampling.block_range(g);
+                jobs.push(PairKeysJob {
+                    data: t.data,
+                    start: r.start,
+                    len: (r.end - r.start) as u32,
+                    top: map,
+                });
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let jobs_dev = s.clone_htod(&jobs)?;
+        let maps_dev = s.clone_htod(&maps)?;
+        // SAFETY: u32 counts, every one written by the kernel before the download.
+        let mut out = unsafe { s.alloc::<u32>(jobs.len() * 257) }?;
+        let mut b = s.launch_builder(&k.pair_keys);
+        b.arg(&jobs_dev).arg(&maps_dev).arg(&mut out);
+        let cfg = LaunchConfig {
+            grid_dim: (jobs.len() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `tz_pair_keys`; each job's units lie inside its tensor (a
+        // sampled block's range), its map index inside `maps_dev`, and it writes its 257 counts
+        // inside `out`.
+        unsafe { b.launch(cfg) }?;
+        let counts = s.clone_dtoh(&out)?;
+        s.synchronize()?;
+        for (i, (t, top)) in of.iter().zip(tops).enumerate() {
+            let Some(top) = top else { continue };
+            let blocks = counts[257 * first[i]..]
+                .chunks_exact(257)
+                .take(t.sampling.picks.len())
+                .map(|c| {
+                    let mut keys = [0u32; 256];
+                    keys.copy_from_slice(&c[..256]);
+                    (keys, c[256])
+                })
+                .collect();
+            pair_plane_from_counts(
+                &mut models[i],
+                t.header,
+                opts,
+                t.sampling,
+                t.hists,
+                top,
+                blocks,
+            );
+        }
+        Ok(())
+    }
+
     /// Compresses a tensor held on the host: uploads it, encodes it on the GPU and downloads the
     /// blob. The bytes equal [`tensorzip::CpuEngine::compress`]'s.
     pub fn compress_host(
@@ -612,7 +768,7 @@ impl GpuEngine {
         items: &[tensorzip::archive::BlobItem<'_>],
         opts: &CompressOptions,
     ) -> Result<Vec<Vec<u8>>> {
-        gpu_options(opts)?;
+        opts.validate()?;
         let s = self.stream();
         // The tensors side by side, each at a 16-byte aligned offset (the kernels' loads).
         let mut offsets = Vec::with_capacity(items.len());
@@ -695,7 +851,7 @@ impl GpuEngine {
         tensors: &[DeviceTensor],
         opts: &CompressOptions,
     ) -> Result<Vec<DeviceBlob>> {
-        gpu_options(opts)?;
+        opts.validate()?;
         for t in tensors {
             check_len(t.nbytes as u64, t.dtype, &t.shape)?;
         }
@@ -779,14 +935,17 @@ impl GpuEngine {
                 p.joint_plane = cp as u32;
                 p.joint_src = cq as u32;
             }
-            let (slot_bytes, smem_stage) = slot_layout(&mut p, &header, sampling.units, us as u64);
+            let variant = variant(t.dtype, opts)?;
+            let paired = variant == PAIRED_VARIANT;
+            let (slot_bytes, smem_stage) =
+                slot_layout(&mut p, &header, sampling.units, us as u64, paired);
             counting.push(Counting {
                 index: i,
                 data,
                 header,
                 sampling,
                 params: p,
-                variant: variant(t.dtype)?,
+                variant,
                 slot_bytes,
                 smem_stage,
                 hist_at: 0,
@@ -954,10 +1113,17 @@ impl GpuEngine {
             })
             .collect();
         let n_planes: usize = counting.iter().map(|c| c.header.planes()).sum();
+        // Tensors that may pair take the host's search for now: the pair model (FORMAT.md section
+        // 12) is made on the host by the core's code, from the version 1 model and the pair keys
+        // counted on the device (`pair_models`).
         let gpu_search = std::env::var_os("TENSORZIP_DEV_HOST_SEARCH").is_none_or(|v| v == "0")
-            && counting
-                .iter()
-                .all(|c| c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED);
+            && counting.iter().all(|c| {
+                c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED
+                    && c.variant != PAIRED_VARIANT
+            });
+        // Per tensor, the version 2 model and the bytes its tables section has in version 1
+        // (where it pairs; host search only).
+        let mut paired: Vec<Option<(Model, usize)>> = (0..counting.len()).map(|_| None).collect();
         let (search_f, tables_f) = k.search(self)?;
         let outs_dev = if gpu_search {
             let mut planes = Vec::with_capacity(n_planes);
@@ -1005,24 +1171,31 @@ impl GpuEngine {
             s.memcpy_dtoh(&counts_dev, &mut pinned.as_mut_slice()?[..total_u32])?;
             s.synchronize()?;
             let host_down = &pinned.as_slice()?[..total_u32];
-            let outs: Vec<Vec<u32>> = counting
+            let hists = |c: &Counting| -> &[[u32; 256]] {
+                let n = c.sampling.picks.len() * c.header.planes() * 256;
+                let flat = &host_down[c.hist_at..c.hist_at + n];
+                // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat` holds a
+                // whole number of them.
+                unsafe {
+                    std::slice::from_raw_parts(flat.as_ptr() as *const [u32; 256], flat.len() / 256)
+                }
+            };
+            let mut models: Vec<Model> = counting
                 .par_iter()
                 .map(|c| {
-                    let n = c.sampling.picks.len() * c.header.planes() * 256;
-                    let flat = &host_down[c.hist_at..c.hist_at + n];
-                    // SAFETY: [u32; 256] has the alignment of u32 and no padding; `flat` holds a
-                    // whole number of them.
-                    let counts: &[[u32; 256]] = unsafe {
-                        std::slice::from_raw_parts(
-                            flat.as_ptr() as *const [u32; 256],
-                            flat.len() / 256,
-                        )
-                    };
                     let joint = |_: usize, _: usize| match c.joint_at {
                         Some(j) => JointCounts::from_dense(&host_down[j..j + 65536]),
                         None => JointCounts::default(),
                     };
-                    let model = model_from_counts(&c.header, opts, &c.sampling, counts, joint);
+                    model_from_counts(&c.header, opts, &c.sampling, hists(c), joint)
+                })
+                .collect();
+            // The search's outputs are the version 1 tables: a paired plane's blocks choose by
+            // them (the encode kernel's code lengths), and its rank tables come in its
+            // `PairBlock`.
+            let outs: Vec<Vec<u32>> = models
+                .iter()
+                .map(|model| {
                     model
                         .planes
                         .iter()
@@ -1032,6 +1205,32 @@ impl GpuEngine {
                         .collect()
                 })
                 .collect();
+            if opts.pair_exponents {
+                let v1_len: Vec<usize> = models
+                    .iter()
+                    .map(|m| {
+                        let mut v = Vec::new();
+                        m.write_tables(&mut v);
+                        v.len()
+                    })
+                    .collect();
+                let of: Vec<PairInput> = counting
+                    .iter()
+                    .map(|c| PairInput {
+                        data: c.data,
+                        header: &c.header,
+                        sampling: &c.sampling,
+                        hists: hists(c),
+                        may_pair: c.variant == PAIRED_VARIANT,
+                    })
+                    .collect();
+                self.pair_models(k, &of, &mut models, opts)?;
+                for (i, m) in models.into_iter().enumerate() {
+                    if m.version() == tensorzip::blob::BLOB_VERSION_PAIRED {
+                        paired[i] = Some((m, v1_len[i]));
+                    }
+                }
+            }
             drop(pinned);
             if let Some(t) = spans_from {
                 eprintln!(
@@ -1099,6 +1298,25 @@ impl GpuEngine {
         // written in front once the host has parsed the tables. Parameters with the fixed table
         // slots; the tables' counts and the conditional plane come from the device.
         let slots = t_max + 1;
+        // The paired planes' tables (format version 2), one upload: per tensor that pairs, its
+        // `PairBlock` and its rank tables' entries.
+        let mut pair_at = vec![None; counting.len()];
+        let mut pair_bytes: Vec<u8> = Vec::new();
+        for (i, v2) in paired.iter().enumerate() {
+            let Some((m, _)) = v2 else { continue };
+            let Some(o) = m.paired_plane() else { continue };
+            let pm = &m.planes[o];
+            let Some(coder) = pm.pairs.as_ref() else {
+                continue;
+            };
+            pair_at[i] = Some(pair_bytes.len() as u64);
+            pair_bytes.extend_from_slice(&pair_block(coder, &pm.tables));
+        }
+        let pair_dev = match pair_bytes.is_empty() {
+            true => None,
+            false => Some(s.clone_htod(&pair_bytes)?),
+        };
+        let pair_base = pair_dev.as_ref().map_or(0, |d| d.device_ptr(&s).0);
         let mut coded = Vec::with_capacity(counting.len());
         for (ci, c) in counting.into_iter().enumerate() {
             let t = &tensors[c.index];
@@ -1106,8 +1324,18 @@ impl GpuEngine {
             let mut header_bytes = Vec::new();
             c.header.write(&mut header_bytes);
             let dir_len = c.header.n_chunks() as usize * c.header.dir_entry_len();
+            // A version 2 blob's head, whole (its tables are the host's), and the bytes its
+            // version 1 tables section has (what `tz_enc_tables` adds to the payloads' start).
+            let v2 = paired[ci].take().map(|(m, v1_len)| {
+                let mut head = Vec::new();
+                c.header.write_version(m.version(), &mut head);
+                m.write_tables(&mut head);
+                (head, v1_len)
+            });
             let tables_max = planes * (1 + 258 * t_max as usize + 260);
-            let head_max = header_bytes.len() + tables_max + dir_len;
+            let head_max = (header_bytes.len() + tables_max)
+                .max(v2.as_ref().map_or(0, |(h, _)| h.len()))
+                + dir_len;
             // SAFETY: plain bytes; everything below the blob's length is written before it is read.
             let blob = unsafe { s.alloc::<u8>(head_max + t.nbytes) }?;
             let mut p = c.params;
@@ -1119,6 +1347,12 @@ impl GpuEngine {
                 p.cond_table = ((plane_first[ci] + q) as u64 * slots + t_max) as u32;
             }
             p.dst_base = blob.device_ptr(&s).0 + (header_bytes.len() + dir_len) as u64;
+            if let Some((head, v1_len)) = &v2 {
+                p.dst_base = blob.device_ptr(&s).0 + (head.len() + dir_len - v1_len) as u64;
+            }
+            if let Some(at) = pair_at[ci] {
+                p.pair = pair_base + at;
+            }
             p.dst_cap = t.nbytes as u64;
             coded.push(Coded {
                 may_condition: c.may_condition(),
@@ -1127,6 +1361,7 @@ impl GpuEngine {
                 header: c.header,
                 params: p,
                 prefix: header_bytes,
+                v2_head: v2.map(|(h, _)| h),
                 blob,
                 dir: Vec::new(),
                 total: 0,
@@ -1378,6 +1613,11 @@ impl GpuEngine {
                             cond = Some((q as u32, v as u32));
                         }
                     }
+                    // A version 2 blob: the outputs were its version 1 tables, checked as
+                    // above; its head is the host's.
+                    if let Some(head) = &c.v2_head {
+                        prefix.clone_from(head);
+                    }
                     Ok((prefix, kept, cond))
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -1542,7 +1782,15 @@ impl GpuEngine {
         drop(pinned);
         drop((keep_alive, count_inputs));
         drop((jobs_dev, outs, placed, bad));
-        drop((fcs, cls, info, const_sel, keep_search, keep_host_outs));
+        drop((
+            fcs,
+            cls,
+            info,
+            const_sel,
+            keep_search,
+            keep_host_outs,
+            pair_dev,
+        ));
         trace("done");
         Ok(blobs.into_iter().flatten().collect())
     }

@@ -283,6 +283,92 @@ fn gpu_decodes_cpu_blobs_with_paired_exponents() {
     }
 }
 
+/// Format version 2 encoded on the GPU (FORMAT.md section 12): for the paired cases and option
+/// sets of the decode test above, the GPU's blobs are the CPU engine's byte for byte — pair and
+/// rank tables, escape groups, blocks turned raw by their escapes, odd last blocks, tensors that
+/// stay version 1 — one tensor at a time and all of them in one batch; and each decodes.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encodes_the_cpu_engines_bytes_with_paired_exponents() {
+    let eng = engine();
+    let paired = |o: CompressOptions| CompressOptions {
+        pair_exponents: true,
+        min_compress_bytes: 0,
+        ..o
+    };
+    let sets = [
+        paired(CompressOptions::default()),
+        paired(CompressOptions {
+            chunk_bytes: 4096 + 8,
+            block_units: 64,
+            max_tables: 3,
+            ..Default::default()
+        }),
+        paired(CompressOptions {
+            chunk_bytes: 1 << 20,
+            block_units: 8192,
+            ..Default::default()
+        }),
+        paired(CompressOptions {
+            condition: Condition::Off,
+            ..Default::default()
+        }),
+        paired(CompressOptions {
+            max_tables: 1,
+            passthrough_threshold: 0.8,
+            ..Default::default()
+        }),
+    ];
+    let sizes: &[usize] = if quick() {
+        &[1, 4097, 70_001]
+    } else {
+        &[0, 1, 33, 4097, 50_001, 70_001, 262_145]
+    };
+    let (mut v2, mut total) = (0, 0);
+    let mut failures = Vec::new();
+    for (k, opts) in sets.iter().enumerate() {
+        let mut items = Vec::new();
+        for &n in sizes {
+            for (name, data) in paired_cases(n, n as u64 + 11) {
+                let shape = vec![n as u64];
+                let cpu = compress(&data, DType::BF16, &shape, opts).unwrap();
+                total += 1;
+                v2 += (cpu.get(4..6) == Some(&[2, 0])) as usize;
+                let gpu = eng
+                    .compress_host(&data, DType::BF16, &shape, opts)
+                    .unwrap_or_else(|e| panic!("{name} n={n} opts#{k}: {e}"));
+                if gpu != cpu {
+                    let at = gpu.iter().zip(&cpu).position(|(a, b)| a != b);
+                    failures.push(format!(
+                        "{name} n={n} opts#{k}: gpu {} bytes, cpu {}, first difference at {at:?}",
+                        gpu.len(),
+                        cpu.len()
+                    ));
+                    continue;
+                }
+                let back = eng.decompress_host(&[&gpu]).unwrap();
+                assert_eq!(back[0].data, data, "{name} n={n} opts#{k}");
+                items.push((data, shape, cpu));
+            }
+        }
+        let batch: Vec<tensorzip::archive::BlobItem<'_>> = items
+            .iter()
+            .map(|(d, s, _)| (d.as_slice(), DType::BF16, s.as_slice()))
+            .collect();
+        let got = eng.compress_host_batch(&batch, opts).unwrap();
+        for ((_, _, cpu), gpu) in items.iter().zip(&got) {
+            assert!(gpu == cpu, "batch opts#{k}");
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} GPU blobs differ from the CPU's: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    assert!(v2 * 3 >= total, "only {v2} of {total} blobs are version 2");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_batch_decodes_a_whole_model_in_one_launch() {

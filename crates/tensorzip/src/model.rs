@@ -489,24 +489,63 @@ pub fn pair_plane(
     sampling: &Sampling,
     hists: &[[u32; 256]],
 ) {
-    let Some(o) = header.dtype.paired_plane() else {
+    let Some(top) = pair_top_bytes(model, header, hists) else {
         return;
     };
-    if model.planes[o].tables.is_empty() {
-        return;
-    }
     let us = header.planes();
-    let exp_hists = || hists.iter().skip(o).step_by(us);
-    let top = TopBytes::of(&plane_sum(hists, us, o));
     // Per sampled block, the histogram of its pairs' keys (`16 a + b` for top bytes of indices
-    // `a`, `b`) and how many pairs hold another byte; summed, the pair counts.
-    let mut blocks: Vec<([u32; 256], u32)> = sampling
+    // `a`, `b`) and how many pairs hold another byte.
+    let blocks: Vec<([u32; 256], u32)> = sampling
         .picks
         .par_iter()
         .map_init(Vec::new, |keys, &g| {
             top.count_keys(sampling.block_bytes(data, us, g), keys)
         })
         .collect();
+    pair_plane_from_counts(model, header, opts, sampling, hists, top, blocks);
+}
+
+/// The top bytes of a tensor's paired plane (FORMAT.md section 12, step 1) from the version 1
+/// model's sampled histograms `hists` (`[i * planes + p]`), where the dtype has a paired plane
+/// and the version 1 model gave it tables; else `None` (the tensor stays version 1). An engine
+/// counts the sampled blocks' pair keys by these ([`TopBytes::count_keys`]) and hands the counts
+/// to [`pair_plane_from_counts`].
+pub fn pair_top_bytes(
+    model: &Model,
+    header: &BlobHeader,
+    hists: &[[u32; 256]],
+) -> Option<TopBytes> {
+    let o = header.dtype.paired_plane()?;
+    if model.planes[o].tables.is_empty() {
+        return None;
+    }
+    Some(TopBytes::of(&plane_sum(hists, header.planes(), o)))
+}
+
+/// [`pair_plane`]'s decisions (FORMAT.md section 12, steps 3-6) from counts: the version 1
+/// `model` of the sampled blocks `sampling`, their histograms `hists` (`[i * planes + p]`), the
+/// top bytes of [`pair_top_bytes`] and each sampled block's pair-key counts and other pairs
+/// (`blocks[i]`, as [`TopBytes::count_keys`] makes them). The CPU engine counts the keys from
+/// the tensor's bytes; the GPU engine counts them on the device and calls this on the host, so
+/// that both make the same decisions by the same code.
+pub fn pair_plane_from_counts(
+    model: &mut Model,
+    header: &BlobHeader,
+    opts: &CompressOptions,
+    sampling: &Sampling,
+    hists: &[[u32; 256]],
+    top: TopBytes,
+    mut blocks: Vec<([u32; 256], u32)>,
+) {
+    let Some(o) = header.dtype.paired_plane() else {
+        return;
+    };
+    if model.planes[o].tables.is_empty() || blocks.len() != sampling.picks.len() {
+        return;
+    }
+    let us = header.planes();
+    let exp_hists = || hists.iter().skip(o).step_by(us);
+    // Summed, the pair counts.
     let mut sum = [0u64; 256];
     for (counts, _) in &blocks {
         for (s, &c) in sum.iter_mut().zip(counts) {

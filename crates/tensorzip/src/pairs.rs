@@ -309,6 +309,11 @@ impl TopBytes {
         }
     }
 
+    /// Byte -> its index among the top bytes, or 255 (what a GPU kernel looks the keys up in).
+    pub fn index(&self) -> &[u8; 256] {
+        &self.index
+    }
+
     /// The pairs of a block's bf16 `units` (little-endian, units `2i` and `2i + 1`; an odd last
     /// unit is not a pair) counted by their exponent bytes: `counts[16 a + b]` for top bytes of
     /// indices `a` and `b`, and how many pairs hold another byte. The keys are made in `keys` (a
@@ -481,6 +486,17 @@ impl PairCoder {
             rank16[c.2] = r as u8;
         }
         Some(PairCoder { table, top, rank16 })
+    }
+
+    /// The top bytes the pairs are made of.
+    pub fn top(&self) -> &TopBytes {
+        &self.top
+    }
+
+    /// The rank of each key `16 a + b` (top bytes of indices `a`, `b`), the escape for keys of
+    /// no pair in the table.
+    pub fn key_ranks(&self) -> &[u8; 256] {
+        &self.rank16
     }
 
     /// The rank histogram of a sampled block from its pair counts (as [`TopBytes::count_keys`]
