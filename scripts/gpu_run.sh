@@ -42,6 +42,12 @@
 #                                 gpu-bin/decode_prev.cu carried (an earlier decode.cu), the same
 #                                 binary with that kernel source (TENSORZIP_DEV_TZ_DECODE_SRC) too;
 #                                 with V2_NOCOND=1, both versions without the conditioned plane too
+#   scripts/gpu_run.sh v2enc      format version 2 written by the GPU: the paired encode test (GPU
+#                                 blobs == CPU blobs) with the device's pair model and with the host's
+#                                 (TENSORZIP_DEV_HOST_SEARCH=1), under memcheck (quick mode), the CLI's
+#                                 `compress --gpu --pair-exponents` against the CPU's archive, then
+#                                 the encoder's speed, version 1 and version 2 alternating, three
+#                                 rounds (gpu_bench synth bf16, and bench-data/minilm-bf16 where carried)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
 # Kernel cubins are cached in $TENSORZIP_CACHE_DIR (default /tmp/tensorzip-cache).
 set -uo pipefail
@@ -241,6 +247,37 @@ if [[ $what == v2 ]]; then
             # With V2_NOCOND=1, both versions written without the conditioned plane too: what
             # conditioning costs each (bf16 sets).
             [[ ${V2_NOCOND:-} == 1 && $args != *fp32* ]] && versions -nocond NO_COND=1
+        done
+    done
+fi
+if [[ $what == v2enc ]]; then
+    echo "== format version 2 encoded on the GPU: blobs equal to the CPU's (device and host pair model)"
+    ./gpu-bin/gpu-tests --include-ignored --test-threads=1 gpu_encodes_the_cpu_engines_bytes_with_paired || rc=1
+    TENSORZIP_DEV_HOST_SEARCH=1 TENSORZIP_TEST_QUICK=1 ./gpu-bin/gpu-tests --include-ignored \
+        gpu_encodes_the_cpu_engines_bytes_with_paired || rc=1
+    ./gpu-bin/gpu-unit pair_outputs || rc=1
+    f=bench-data/minilm-bf16.safetensors
+    [[ -f $f ]] || f=$(ls /tmp/tz-model/*.safetensors 2>/dev/null | head -1)
+    if [[ -n $f ]]; then
+        ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-g2.tz -f --gpu --pair-exponents &&
+            ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-c2.tz -f --pair-exponents &&
+            cmp /tmp/tz-g2.tz /tmp/tz-c2.tz && ./gpu-bin/tensorzip verify /tmp/tz-g2.tz --gpu &&
+            echo "CLI: $f compress --gpu --pair-exponents: archive identical to the CPU's" || rc=1
+    fi
+    san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    if [[ -n $san ]]; then
+        echo "== compute-sanitizer memcheck (quick mode): the paired encode test"
+        TENSORZIP_TEST_QUICK=1 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-tests \
+            --include-ignored --test-threads=1 gpu_encodes_the_cpu_engines_bytes_with_paired || rc=1
+    fi
+    echo "== encode, version 1 and version 2 alternating (device-resident GB/s; blobs equal to the CPU's)"
+    sets=("synth bf16 8 5")
+    [[ -f bench-data/minilm-bf16.safetensors ]] && sets+=("file bench-data/minilm-bf16.safetensors none 10")
+    pick='import sys,json; d=json.loads(sys.stdin.read().splitlines()[-1]); print(round(d["encode_resident_gbps"],1), "equal" if d["encode_equal_cpu"] else "DIFFERENT", "ratio", round(d["ratio"],5))'
+    for args in "${sets[@]}"; do
+        for r in 1 2 3; do
+            echo "round $r v1 $args: $(./gpu-bin/gpu_bench $args | python3 -c "$pick")"
+            echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args | python3 -c "$pick")"
         done
     done
 fi

@@ -1186,3 +1186,298 @@ extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob*
         if (ok) atomicAdd((unsigned long long*)job.head, (unsigned long long)(1 + (end - 16) + (has_cond ? 2 : 1)));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Format version 2's pair model on the device (FORMAT.md section 12; the core's `model::pair_top_bytes`
+// and `model::pair_plane_from_counts`, decision for decision): for each bf16 tensor a call may pair,
+// `tz_pair_top` finds the top bytes of its plane 1, `tz_pair_keys` (encode.cu) counts its sampled
+// blocks' pair keys, and `tz_pair_model` — after `tz_enc_tables`, whose code lengths of plane 1's
+// version 1 tables it chooses by — makes the pair table and the rank tables, decides whether the
+// plane pairs (step 6), writes the encode kernel's `PairBlock` and the tables for the host's blob head,
+// and sets the tensor's parameters (`pair`, and the payloads' start moved by the head's new length).
+
+struct PairJob {
+    u64 hists;      // u32: plane 1's histogram of sampled block 0; block i's at hists + i * stride
+    u64 keys;       // u32: tz_pair_keys' 257 counts per sampled block
+    u64 top;        // u8[256]: the top map (tz_pair_top writes it)
+    u64 cls;        // u32: the code lengths of plane 1's version 1 tables (tz_enc_tables), 256 a table
+    u64 n_tables;   // u32*: EncParams.n_tables[1] (tz_enc_tables wrote it)
+    u64 pair;       // u64*: EncParams.pair (written: the area, or 0)
+    u64 head;       // u64*: EncParams.dst_base (the head's length change added)
+    u64 v1_out;     // plane 1's search output (its version 1 tables, serialised)
+    u64 area;       // PairBlock, then for max_tables tables their entries (4096 bytes each), code
+                    // lengths (1024 each) and info words (16 bytes each, one used), then scratch: per
+                    // sampled block its choice (u8), then its cost (u64); 16-byte aligned
+    u64 out;        // for the host: u32 [paired, tables, end, 0], then the pair field (D, D pairs)
+                    // and the rank tables, serialised
+    u64 n_blocks;
+    u32 stride;     // u32 between two sampled blocks' histograms
+    u32 n_sampled;
+    u32 planes;     // the tensor's planes (a version 2 head has a pair field for each)
+    u32 threshold;  // Q16
+};
+
+// The serialised length of a table section at out[16..] with `kept` tables (lo, hi, codes).
+__device__ u32 tables_bytes(const u8* out, u32 kept) {
+    u32 at = 16;
+    for (u32 k = 0; k < kept; k++) at += 3 + out[at + 1] - out[at];
+    return at - 16;
+}
+
+// Top bytes: the (at most) 16 most frequent bytes of plane 1 over the sampled blocks (larger count
+// first, smaller byte among ties; bytes with a count only): each byte's index among them, or 255.
+// One 256-thread block per job, a warp per sampled block; 32-bit sums (a tensor samples at most
+// MAX_SAMPLED blocks of at most 65536 units: 2^29).
+extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __restrict__ jobs) {
+    __shared__ u32 c[256];
+    const PairJob job = jobs[blockIdx.x];
+    const u32 s = threadIdx.x, lane = s & 31, warp = s >> 5;
+    const u32* h = (const u32*)job.hists;
+    c[s] = 0;
+    __syncthreads();
+    u32 part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (u32 i = warp; i < job.n_sampled; i += 8)
+#pragma unroll
+        for (int k = 0; k < 8; k++) part[k] += h[(u64)i * job.stride + lane + 32 * k];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (part[k]) atomicAdd(&c[lane + 32 * k], part[k]);
+    __syncthreads();
+    const u32 sum = c[s];
+    u32 rank = 0;
+    for (u32 t = 0; t < 256; t++) rank += c[t] > sum || (c[t] == sum && t < s);
+    ((u8*)job.top)[s] = sum > 0 && rank < 16 ? (u8)rank : (u8)255;
+}
+
+// a + b and a << k (0 < k < 64) in 128 bits.
+__device__ __forceinline__ U128 add128(U128 a, U128 b) {
+    const u64 lo = a.lo + b.lo;
+    return U128{a.hi + b.hi + (lo < a.lo), lo};
+}
+__device__ __forceinline__ U128 shl128(U128 a, int k) { return U128{(a.hi << k) | (a.lo >> (64 - k)), a.lo << k}; }
+
+#define PAIR_MAX 128u
+#define PAIR_HEAD 528u
+#define PAIR_TABLES_MAX 64u
+
+// One 256-thread block per job (a warp per sampled block in each pass). Counts are summed in 32 bits:
+// a tensor's sampled pairs are at most MAX_SAMPLED x 32768 = 2^28.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_model(const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ u32 ksum[257];
+    __shared__ u8 topb[16];
+    __shared__ u8 rank16[256];
+    __shared__ u8 pairs[2 * PAIR_MAX];
+    __shared__ u32 groups[PAIR_TABLES_MAX][PAIR_MAX + 1];
+    __shared__ u8 codes[8][256];
+    __shared__ u64 s12[2];
+    __shared__ int single;
+    __shared__ bool paired;
+    const PairJob job = jobs[blockIdx.x];
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const u32 ns = job.n_sampled;
+    const u32* keys = (const u32*)job.keys;
+    const u32* hists = (const u32*)job.hists;
+    const u8* top = (const u8*)job.top;
+    u8* area = (u8*)job.area;
+    u8* out = (u8*)job.out;
+    u32* head = (u32*)out;
+    const u32 K = *(const u32*)job.n_tables;
+    // Not paired unless every step below passes.
+    if (t == 0) {
+        *(u64*)job.pair = 0;
+        head[0] = head[1] = head[3] = 0;
+        head[2] = 16;
+    }
+    if (K == 0 || K > max_tables || max_tables > PAIR_TABLES_MAX || ns == 0) return;
+    if (t < 16) topb[t] = 0;
+    for (u32 k = t; k < 257; k += 256) ksum[k] = 0;
+    for (u32 k = t; k < K * (PAIR_MAX + 1); k += 256) groups[k / (PAIR_MAX + 1)][k % (PAIR_MAX + 1)] = 0;
+    __syncthreads();
+    if (top[t] < 16) topb[top[t]] = (u8)t;
+    // The model's scratch: each sampled block's version 1 choice and its cost.
+    u8* choice = area + PAIR_HEAD + (u64)max_tables * (4096 + 1024 + 16);
+    u64* cost = (u64*)(choice + ((ns + 15) & ~15u));
+    const u32* cls = (const u32*)job.cls;
+    // 2 and 4. A warp per sampled block: its pair keys added to the sums; where its plane-1 bytes
+    // are not one value, its version 1 choice (table j at cost c, or raw at its raw cost), by the
+    // code lengths the encode kernel chooses by (the lowest index among equal costs).
+    for (u32 i = warp; i < ns; i += 8) {
+        const u32* kc = keys + (u64)i * 257;
+        const u32* h = hists + (u64)i * job.stride;
+        u32 hv[8];
+        u32 nz = 0, len = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 c = kc[lane + 32 * k];
+            if (c) atomicAdd(&ksum[lane + 32 * k], c);
+            hv[k] = h[lane * 8 + k];
+            nz += hv[k] != 0;
+            len += hv[k];
+        }
+        if (lane == 0 && kc[256]) atomicAdd(&ksum[256], kc[256]);
+        nz = warp_sum32(nz);
+        len = warp_sum32(len);
+        if (nz < 2) {
+            if (lane == 0) choice[i] = (u8)SEL_CONST;
+            continue;
+        }
+        u64 best = NO_COST;
+        u32 bj = SEL_RAW;
+        for (u32 j = 0; j < K; j++) {
+            const u32* cl = cls + (u64)j * 256 + lane * 8;
+            u64 c = 0;
+            bool ok = true;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (hv[k]) {
+                    ok &= cl[k] != CL_ABSENT;
+                    c += (u64)hv[k] * cl[k];
+                }
+            ok = __all_sync(FULL, ok);
+            c = warp_sum64(c);
+            if (ok && c < best) {
+                best = c;
+                bj = j;
+            }
+        }
+        if (bj == SEL_RAW || !stays_coded(best, len, job.threshold)) {
+            bj = SEL_RAW;
+            best = raw_cost(len);
+        }
+        if (lane == 0) {
+            choice[i] = (u8)bj;
+            cost[i] = best;
+        }
+    }
+    __syncthreads();
+    // 3. The table: the pairs with a count, larger count first, then smaller first byte, then
+    // smaller second byte; the first 128 (D of them); at least two.
+    const u32 mine = ksum[t];
+    const u32 my_ab = (u32)topb[t >> 4] << 8 | topb[t & 15];
+    u32 rank = 0;
+    for (u32 k = 0; k < 256; k++) {
+        const u32 c = ksum[k];
+        const u32 ab = (u32)topb[k >> 4] << 8 | topb[k & 15];
+        rank += c > 0 && (c > mine || (c == mine && ab < my_ab));
+    }
+    const u32 n = __syncthreads_count(mine > 0);
+    if (n < 2) return;
+    const u32 D = min(n, PAIR_MAX);
+    const bool kept = mine > 0 && rank < PAIR_MAX;
+    rank16[t] = kept ? (u8)rank : (u8)D;
+    if (kept) {
+        pairs[2 * rank] = topb[t >> 4];
+        pairs[2 * rank + 1] = topb[t & 15];
+    }
+    __syncthreads();
+    // 4. Rank table j sums the rank histograms of the non-constant blocks that chose version 1
+    // table j; table 0 those of every non-constant block.
+    for (u32 i = warp; i < ns; i += 8) {
+        const u32 j = choice[i];
+        if (j == SEL_CONST) continue;
+        const u32* kc = keys + (u64)i * 257;
+        const bool also = j != 0 && j != SEL_RAW;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 key = lane + 32 * k, c = kc[key];
+            if (c) {
+                atomicAdd(&groups[0][rank16[key]], c);
+                if (also) atomicAdd(&groups[j][rank16[key]], c);
+            }
+        }
+        if (lane == 0 && kc[256]) {
+            atomicAdd(&groups[0][D], kc[256]);
+            if (also) atomicAdd(&groups[j][D], kc[256]);
+        }
+    }
+    __syncthreads();
+    // Each normalised with every rank 0..=D forced (a table no block chose is table 0), a warp a
+    // table, serialised into the output (lo 0, hi D: 3 + D bytes each, after the pair field).
+    const u32 tables_at = 16 + 1 + 2 * D;
+    bool normal = true;
+    for (u32 j = warp; j < K; j += 8) {
+        bool any = false;
+        for (u32 r = lane; r <= D; r += 32) any |= groups[j][r] != 0;
+        const u32* g = __any_sync(FULL, any) ? groups[j] : groups[0];
+        u32 span = 0, afreq = 0;
+        const bool ok = warp_normalize([&](u32 s) { return s <= D ? (u64)g[s] : 0ull; },
+                                       [&](u32 s) { return s <= D; }, codes[warp], &span, &afreq);
+        normal &= ok;
+        if (ok)
+            for (u32 s = lane; s <= D; s += 32) out[tables_at + j * (3 + D) + 2 + s] = codes[warp][s];
+        if (ok && lane == 0) {
+            out[tables_at + j * (3 + D)] = 0;
+            out[tables_at + j * (3 + D) + 1] = (u8)D;
+        }
+    }
+    if (__syncthreads_count(!normal) != 0) return;
+    // Their entries and code lengths (slot j of the area), as the version 1 tables' are expanded.
+    for (u32 j = 0; j < K; j++) {
+        const u32 at = tables_at + j * (3 + D);
+        const u32 len = expand_table(out, at, at + 3 + D, j, false, (uint4*)(area + PAIR_HEAD),
+                                     (u32*)(area + PAIR_HEAD + (u64)max_tables * 4096),
+                                     (u32*)(area + PAIR_HEAD + (u64)max_tables * (4096 + 1024)), &single);
+        if (len != 3 + D) return;
+    }
+    const u32 rank_bytes = K * (3 + D);
+    // 6. Whether to pair: the sampled blocks' version 1 costs S1 and paired costs S2 (a block that
+    // stays coded: its ranks' cost under rank table j plus 8 bits an escape-group byte; else raw),
+    // each scaled to the plane, with its tables' bytes; paired only if 32 P2 <= 33 P1.
+    if (t < 2) s12[t] = 0;
+    __syncthreads();
+    const u32* rcl = (const u32*)(area + PAIR_HEAD + (u64)max_tables * 4096);
+    for (u32 i = warp; i < ns; i += 8) {
+        const u32 j = choice[i];
+        if (j == SEL_CONST) continue;
+        const u32* kc = keys + (u64)i * 257;
+        const u32* cl = rcl + (u64)(j == SEL_RAW ? 0 : j) * 256;
+        u64 rc = 0;
+        u32 esc = 0, len = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 key = lane + 32 * k, c = kc[key], r = rank16[key];
+            rc += (u64)c * cl[r];
+            esc += r == D ? c : 0;
+            len += hists[(u64)i * job.stride + key];
+        }
+        rc = warp_sum64(rc);
+        esc = warp_sum32(esc);
+        len = warp_sum32(len);
+        if (lane == 0) {
+            const u32 other = kc[256];
+            rc += (u64)other * cl[D];
+            esc += other;
+            const u64 c = cost[i];
+            const u64 e = raw_cost(2 * (u64)esc + (len & 1));
+            const bool coded = j != SEL_RAW && stays_coded(c + e, len, job.threshold);
+            atomicAdd((unsigned long long*)&s12[0], (unsigned long long)c);
+            atomicAdd((unsigned long long*)&s12[1], (unsigned long long)(coded ? rc + e : raw_cost(len)));
+        }
+    }
+    __syncthreads();
+    if (t == 0) {
+        const u32 v1_bytes = tables_bytes((const u8*)job.v1_out, K);
+        const U128 p1 = add128(div128(mul64(s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
+        const U128 p2 = add128(div128(mul64(s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
+        // Paired: the host's output (the pair field; the rank tables are in place), the
+        // parameters; the head's tables section grows by a pair field per plane (1 byte; 1 + 2 D
+        // for plane 1), and plane 1's rank tables replace its version 1 tables.
+        paired = !lt128(add128(shl128(p1, 5), p1), shl128(p2, 5));
+        if (paired) {
+            out[16] = (u8)D;
+            head[0] = 1;
+            head[1] = K;
+            head[2] = tables_at + rank_bytes;
+            *(u64*)job.pair = job.area;
+            const u64 grow = (u64)job.planes + 2 * D + rank_bytes;
+            atomicAdd((unsigned long long*)job.head, (unsigned long long)(grow - v1_bytes));
+        }
+    }
+    __syncthreads();
+    if (!paired) return;
+    // The encode kernel's PairBlock, and the pairs of the host's pair field.
+    area[t] = top[t];
+    area[256 + t] = rank16[t];
+    if (t == 0) *(u32*)(area + 512) = D;
+    for (u32 k = t; k < 2 * D; k += 256) out[17 + k] = pairs[k];
+}

@@ -90,45 +90,11 @@ struct EncParams {
     /// bytes the blob has room for.
     dst_base: u64,
     dst_cap: u64,
-    /// Format version 2: device address of the paired plane's tables ([`pair_block`]; 0: not paired), and
+    /// Format version 2: device address of the paired plane's tables (`pair_model::pair_block`;
+    /// 0: not paired), and
     /// the slot's room for a block's escape group.
     pair: u64,
     off_esc: u64,
-}
-
-/// A paired plane's coding tables as the encode kernel reads them (format version 2; the layout
-/// of `struct PairBlock` in encode.cu, then the rank tables' entries): each byte's index among the
-/// top bytes (255 for others), the rank of each key `16 a + b` of top-byte indices, the escape
-/// rank as a u32 and 12 bytes of padding (528 bytes, `PAIR_ENTRIES_AT`), then 256 16-byte
-/// entries ([`enc_entry`]) per rank table.
-fn pair_block(
-    coder: &tensorzip::pairs::PairCoder,
-    tables: &[tensorzip::rans::table::FreqTable],
-) -> Vec<u8> {
-    let mut b = Vec::with_capacity(528 + 4096 * tables.len());
-    b.extend_from_slice(coder.top().index());
-    b.extend_from_slice(coder.key_ranks());
-    b.extend_from_slice(&(coder.table.escape() as u32).to_le_bytes());
-    b.extend_from_slice(&[0; 12]);
-    for t in tables {
-        for (&f, c) in t.freq.iter().zip(t.cumulative()) {
-            for w in enc_entry(f as u32, c) {
-                b.extend_from_slice(&w.to_le_bytes());
-            }
-        }
-    }
-    b
-}
-
-/// One sampled block whose pair keys `tz_pair_keys` counts (layout shared with `struct
-/// PairKeysJob` in encode.cu).
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
-struct PairKeysJob {
-    data: u64,
-    start: u64,
-    len: u32,
-    top: u32,
 }
 
 /// One chunk of a batch (layout shared with `struct EncJob` in encode.cu).
@@ -165,19 +131,14 @@ unsafe impl DeviceRepr for EncParams {}
 unsafe impl DeviceRepr for EncJob {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for ChunkOut {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for PairKeysJob {}
 // SAFETY: all-zero bytes are a valid value of every field.
 unsafe impl ValidAsZeroBits for ChunkOut {}
 // SAFETY: `repr(C)`: two u64, ten u32, seven u64, two [u32; 8] arrays and four u64 (208 bytes, no
 // padding).
 unsafe impl Plain for EncParams {}
-// SAFETY: `repr(C)`: two u64 and two u32 (24 bytes, no padding).
-unsafe impl Plain for PairKeysJob {}
 // SAFETY: `repr(C)`: four u64 and two u32 (40 bytes, no padding).
 unsafe impl Plain for EncJob {}
 const _: () = assert!(std::mem::size_of::<EncParams>() == 208);
-const _: () = assert!(std::mem::size_of::<PairKeysJob>() == 24);
 const _: () = assert!(std::mem::size_of::<EncJob>() == 40);
 const _: () = assert!(std::mem::size_of::<ChunkOut>() == 48);
 
@@ -194,7 +155,7 @@ pub(crate) struct EncodeKernels {
     /// The table search and the expansion of its tables (`tz_search`, `tz_enc_tables`,
     /// kernels/search.cu), compiled on first use.
     search_units: crate::compile::Units,
-    search: std::sync::OnceLock<(CudaFunction, CudaFunction)>,
+    search: std::sync::OnceLock<crate::search::SearchKernels>,
 }
 
 /// (unit size, exponent bits) of each kernel instantiation, and its name suffix.
@@ -252,7 +213,7 @@ impl EncodeKernels {
     }
 
     /// `tz_search` and `tz_enc_tables`, compiled or loaded on the first call.
-    fn search(&self, eng: &GpuEngine) -> Result<&(CudaFunction, CudaFunction)> {
+    fn search(&self, eng: &GpuEngine) -> Result<&crate::search::SearchKernels> {
         if let Some(f) = self.search.get() {
             return Ok(f);
         }
@@ -631,7 +592,7 @@ impl GpuEngine {
             maps.extend_from_slice(top.index());
             for &g in &t.sampling.picks {
                 let r = t.sampling.block_range(g);
-                jobs.push(PairKeysJob {
+                jobs.push(crate::pair_model::PairKeysJob {
                     data: t.data,
                     start: r.start,
                     len: (r.end - r.start) as u32,
@@ -1113,18 +1074,89 @@ impl GpuEngine {
             })
             .collect();
         let n_planes: usize = counting.iter().map(|c| c.header.planes()).sum();
-        // Tensors that may pair take the host's search for now: the pair model (FORMAT.md section
-        // 12) is made on the host by the core's code, from the version 1 model and the pair keys
-        // counted on the device (`pair_models`).
         let gpu_search = std::env::var_os("TENSORZIP_DEV_HOST_SEARCH").is_none_or(|v| v == "0")
-            && counting.iter().all(|c| {
-                c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED
-                    && c.variant != PAIRED_VARIANT
-            });
-        // Per tensor, the version 2 model and the bytes its tables section has in version 1
-        // (where it pairs; host search only).
+            && counting
+                .iter()
+                .all(|c| c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED);
+        // Format version 2: with the GPU's search, each tensor that may pair gets its pair model
+        // on the device (`pair_model`; queued after `tz_enc_tables` below): (its index among
+        // them, its area's and output's offsets, its first keys job). With the host's search,
+        // the host makes it (`pair_models`): per tensor, the version 2 model and the bytes its
+        // tables section has in version 1, where it pairs.
         let mut paired: Vec<Option<(Model, usize)>> = (0..counting.len()).map(|_| None).collect();
-        let (search_f, tables_f) = k.search(self)?;
+        let mut dev_pair: Vec<Option<(usize, u64, u64, usize)>> = vec![None; counting.len()];
+        let (mut area_len, mut pout_len, mut n_keys) = (0u64, 0u64, 0usize);
+        if gpu_search {
+            let mut m = 0;
+            for (i, c) in counting.iter().enumerate() {
+                if c.variant == PAIRED_VARIANT && !c.sampling.picks.is_empty() {
+                    dev_pair[i] = Some((m, area_len, pout_len, n_keys));
+                    m += 1;
+                    area_len += crate::pair_model::area_bytes(t_max, c.sampling.picks.len() as u64);
+                    pout_len += crate::pair_model::out_bytes(t_max);
+                    n_keys += c.sampling.picks.len();
+                }
+            }
+        }
+        let n_dev_pair = dev_pair.iter().flatten().count();
+        // The device pair model's buffers: the tensors' areas (`PairBlock`s, rank tables'
+        // entries, scratch), outputs for the host, top maps and key counts.
+        let dev_pair_bufs = match n_dev_pair {
+            0 => None,
+            // SAFETY: plain bytes and counts; every one the kernels read is written by them
+            // first (`tz_pair_model` writes its output's head before anything else).
+            _ => Some(unsafe {
+                (
+                    s.alloc::<u8>(area_len as usize)?,
+                    s.alloc::<u8>(pout_len as usize)?,
+                    s.alloc::<u8>(256 * n_dev_pair)?,
+                    s.alloc::<u32>(257 * n_keys)?,
+                )
+            }),
+        };
+        // Their jobs, but for the fields that point into the parameters and tables (filled in
+        // the upload below), and the keys jobs (every sampled block of each, in order).
+        let mut pair_jobs: Vec<(usize, crate::pair_model::PairJob)> = Vec::new();
+        let mut keys_jobs = Vec::with_capacity(n_keys);
+        if let Some((area, pout, tops, keys)) = &dev_pair_bufs {
+            let ptr = |b: &CudaSlice<u8>| b.device_ptr(&s).0;
+            let (area, pout, tops) = (ptr(area), ptr(pout), ptr(tops));
+            let keys = keys.device_ptr(&s).0;
+            for (i, c) in counting.iter().enumerate() {
+                let Some((m, area_at, out_at, key_at)) = dev_pair[i] else {
+                    continue;
+                };
+                let us = c.header.planes();
+                let o = c.header.dtype.paired_plane().unwrap_or(1);
+                for &g in &c.sampling.picks {
+                    let r = c.sampling.block_range(g);
+                    keys_jobs.push(crate::pair_model::PairKeysJob {
+                        data: c.data,
+                        start: r.start,
+                        len: (r.end - r.start) as u32,
+                        top: m as u32,
+                    });
+                }
+                pair_jobs.push((
+                    i,
+                    crate::pair_model::PairJob {
+                        hists: counts_ptr + 4 * (c.hist_at + o * 256) as u64,
+                        keys: keys + 4 * 257 * key_at as u64,
+                        top: tops + 256 * m as u64,
+                        area: area + area_at,
+                        out: pout + out_at,
+                        n_blocks: c.sampling.n_blocks,
+                        stride: (us * 256) as u32,
+                        n_sampled: c.sampling.picks.len() as u32,
+                        planes: us as u32,
+                        threshold: opts.threshold_q16() as u32,
+                        ..Default::default()
+                    },
+                ));
+            }
+        }
+        let sk = k.search(self)?;
+        let (search_f, tables_f) = (&sk.search, &sk.tables);
         let outs_dev = if gpu_search {
             let mut planes = Vec::with_capacity(n_planes);
             for c in &counting {
@@ -1242,7 +1274,6 @@ impl GpuEngine {
             keep_host_outs.as_ref().expect("just set")
         };
         trace("search");
-        drop(counts_dev);
         // The encoder's jobs, prepared while the GPU counts and searches (they depend on the
         // tensors' layouts only): per launch group (unit size and transform, stage in shared
         // memory or not) its chunks in tensor and chunk order, in waves that fit the scratch
@@ -1310,7 +1341,7 @@ impl GpuEngine {
                 continue;
             };
             pair_at[i] = Some(pair_bytes.len() as u64);
-            pair_bytes.extend_from_slice(&pair_block(coder, &pm.tables));
+            pair_bytes.extend_from_slice(&crate::pair_model::pair_block(coder, &pm.tables));
         }
         let pair_dev = match pair_bytes.is_empty() {
             true => None,
@@ -1332,7 +1363,11 @@ impl GpuEngine {
                 m.write_tables(&mut head);
                 (head, v1_len)
             });
-            let tables_max = planes * (1 + 258 * t_max as usize + 260);
+            // (A pair field for each plane, at most 257 bytes for the paired one, where the
+            // device may pair the tensor: its rank tables are shorter than the 258 bytes each
+            // table is given.)
+            let tables_max = planes * (1 + 258 * t_max as usize + 260)
+                + dev_pair[ci].map_or(0, |_| planes + 256);
             let head_max = (header_bytes.len() + tables_max)
                 .max(v2.as_ref().map_or(0, |(h, _)| h.len()))
                 + dir_len;
@@ -1393,9 +1428,11 @@ impl GpuEngine {
         let params: Vec<EncParams> = coded.iter().map(|c| c.params).collect();
         let cap = staged_len::<EncParams>(params.len())
             + staged_len::<EncJob>(jobs.len())
-            + staged_len::<crate::search::TablesJob>(n_planes);
-        let (jobs_dev, [params_ptr, jobs_base, tables_jobs]) =
-            self.upload_staged(cap, |st, base| {
+            + staged_len::<crate::search::TablesJob>(n_planes)
+            + staged_len::<crate::pair_model::PairJob>(pair_jobs.len())
+            + staged_len::<crate::pair_model::PairKeysJob>(keys_jobs.len());
+        let (jobs_dev, [params_ptr, jobs_base, tables_jobs, pair_jobs_at, keys_jobs_at]) = self
+            .upload_staged(cap, |st, base| {
                 let params_at = base + st.push(&params) as u64;
                 let jobs_at = base + st.push(&jobs) as u64;
                 let field = |i: usize, off: usize| {
@@ -1420,7 +1457,26 @@ impl GpuEngine {
                     }
                 }
                 let tables_at = base + st.push(&tj) as u64;
-                Ok([params_at, jobs_at, tables_at])
+                // The pair model's jobs: plane `o`'s code lengths, table count and output, the
+                // parameters it writes.
+                let pj: Vec<crate::pair_model::PairJob> = pair_jobs
+                    .iter()
+                    .map(|&(i, j)| {
+                        let c = &coded[i];
+                        let o = c.header.dtype.paired_plane().unwrap_or(1);
+                        crate::pair_model::PairJob {
+                            cls: cls_ptr + 4 * 256 * c.params.table_base[o] as u64,
+                            n_tables: field(i, std::mem::offset_of!(EncParams, n_tables) + 4 * o),
+                            pair: field(i, std::mem::offset_of!(EncParams, pair)),
+                            head: field(i, std::mem::offset_of!(EncParams, dst_base)),
+                            v1_out: outs_ptr + (plane_first[i] + o) as u64 * out_stride,
+                            ..j
+                        }
+                    })
+                    .collect();
+                let pair_at = base + st.push(&pj) as u64;
+                let keys_at = base + st.push(&keys_jobs) as u64;
+                Ok([params_at, jobs_at, tables_at, pair_at, keys_at])
             })?;
         // SAFETY: every job's output lies inside `outs_dev` (`n_planes` outputs of `out_stride`
         // bytes), its parameter fields inside the uploaded parameters, its selectors inside
@@ -1436,6 +1492,27 @@ impl GpuEngine {
                 [fcs_ptr, cls_ptr, info_ptr],
             )
         }?;
+        if let Some((_, _, tops, keys)) = &dev_pair_bufs {
+            // SAFETY: the jobs uploaded above, as `pair_model::queue` requires: each area and
+            // output sized by `area_bytes` / `out_bytes` for `max_tables`, the histograms and
+            // code lengths inside `counts_dev` and `cls`, the parameter fields inside the
+            // uploaded parameters, each keys job a sampled block of its tensor with its counts at
+            // its tensor's offset of `keys` (laid out above); all alive until the final
+            // synchronisation (`counts_dev` until the stream has run these).
+            unsafe {
+                crate::pair_model::queue(
+                    [&sk.pair_top, &k.pair_keys, &sk.pair_model],
+                    &s,
+                    pair_jobs_at,
+                    pair_jobs.len() as u32,
+                    keys_jobs_at,
+                    keys_jobs.len() as u32,
+                    (tops.device_ptr(&s).0, keys.device_ptr(&s).0),
+                    opts.max_tables as u32,
+                )
+            }?;
+        }
+        drop(counts_dev);
         trace("tables");
         let outs = s.alloc_zeros::<ChunkOut>(jobs.len())?;
         let mut placed = s.alloc_zeros::<u64>(coded.len())?;
@@ -1469,11 +1546,12 @@ impl GpuEngine {
             crate::engine::allow_dynamic_smem(f, self.shared().smem_limit, smem as u64)?;
             widths.push((f, warps, smem, stage_bytes as u32, us as u32));
         }
-        // One page-locked buffer for the search's outputs, the reports, the placement verdict and
-        // the parameters as the device left them.
+        // One page-locked buffer for the search's outputs, the pair model's outputs, the reports,
+        // the placement verdict and the parameters as the device left them.
         const OUT_U32: usize = std::mem::size_of::<ChunkOut>() / 4;
         const PARAM_U32: usize = std::mem::size_of::<EncParams>() / 4;
-        let down_u32 = n_planes * crate::search::out_words(t_max);
+        let search_u32 = n_planes * crate::search::out_words(t_max);
+        let down_u32 = search_u32 + pout_len as usize / 4;
         // The reports at a 16-byte boundary: the encode kernel writes each as three 16-byte stores.
         let rep_at = down_u32.next_multiple_of(4);
         let par_at = rep_at + jobs.len() * OUT_U32 + 1;
@@ -1496,15 +1574,23 @@ impl GpuEngine {
                 )
             }
             .result()?;
-            // SAFETY: the outputs, `down_u32` u32 of `outs_dev`, into the page-locked buffer, which
-            // the host reads only after the `searched` event.
+            // SAFETY: the outputs, `search_u32` u32 of `outs_dev` and the pair model's `pout_len`
+            // bytes, into the page-locked buffer, which the host reads only after the `searched`
+            // event.
             unsafe {
                 cudarc::driver::result::memcpy_dtoh_async(
-                    &mut host[..down_u32],
+                    &mut host[..search_u32],
                     outs_ptr,
                     s.cu_stream(),
-                )
-            }?;
+                )?;
+                if let Some((_, pout, _, _)) = &dev_pair_bufs {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        &mut host[search_u32..down_u32],
+                        pout.device_ptr(&s).0,
+                        s.cu_stream(),
+                    )?;
+                }
+            }
             let searched = s.record_event(Some(
                 cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
             ))?;
@@ -1593,6 +1679,7 @@ impl GpuEngine {
             searched.synchronize()?;
             trace("host waits for the tables");
             let host = &*host;
+            let area_base = dev_pair_bufs.as_ref().map_or(0, |b| b.0.device_ptr(&s).0);
             let parsed = coded
                 .par_iter()
                 .enumerate()
@@ -1600,9 +1687,10 @@ impl GpuEngine {
                     let mut prefix = c.prefix.clone();
                     let mut kept = [0u32; 8];
                     let mut cond = None;
+                    let mut planes = Vec::with_capacity(c.header.planes());
                     for (q, n) in kept.iter_mut().enumerate().take(c.header.planes()) {
                         let pt = crate::search::parse_plane(
-                            &host[..down_u32],
+                            &host[..search_u32],
                             plane_first[i] + q,
                             opts.max_tables,
                             c.may_condition == Some(q),
@@ -1612,17 +1700,45 @@ impl GpuEngine {
                         if let Some((v, _)) = pt.cond {
                             cond = Some((q as u32, v as u32));
                         }
+                        planes.push(pt);
                     }
                     // A version 2 blob: the outputs were its version 1 tables, checked as
-                    // above; its head is the host's.
+                    // above; its head is the host's (the host's search), or made from the
+                    // device's pair model (which also set the parameters' `pair`).
+                    let mut pair = c.params.pair;
                     if let Some(head) = &c.v2_head {
                         prefix.clone_from(head);
                     }
-                    Ok((prefix, kept, cond))
+                    if let Some((_, area_at, out_at, _)) = dev_pair[i] {
+                        let o = c.header.dtype.paired_plane().unwrap_or(1);
+                        let from = search_u32 + out_at as usize / 4;
+                        let words =
+                            &host[from..from + crate::pair_model::out_bytes(t_max) as usize / 4];
+                        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                        pair = 0;
+                        if let Some((pt, ranks)) =
+                            crate::pair_model::parse_out(&bytes, planes[o].tables.len())?
+                        {
+                            prefix.clear();
+                            c.header
+                                .write_version(tensorzip::blob::BLOB_VERSION_PAIRED, &mut prefix);
+                            for (q, p) in planes.iter().enumerate() {
+                                match q == o {
+                                    true => pt.write(&mut prefix),
+                                    false => prefix.push(0),
+                                }
+                                let tables = if q == o { &ranks } else { &p.tables };
+                                write_plane_tables(tables, p.cond.as_ref(), &mut prefix);
+                            }
+                            pair = area_base + area_at;
+                        }
+                    }
+                    Ok((prefix, kept, cond, pair))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            for (c, (prefix, kept, cond)) in coded.iter_mut().zip(parsed) {
+            for (c, (prefix, kept, cond, pair)) in coded.iter_mut().zip(parsed) {
                 c.prefix = prefix;
+                c.params.pair = pair;
                 c.total = (c.prefix.len() + c.header.n_chunks() as usize * c.header.dir_entry_len())
                     as u64;
                 c.params.n_tables = kept;
@@ -1760,16 +1876,20 @@ impl GpuEngine {
                 || dev.cond_plane != want.cond_plane
                 || (want.cond_plane < 8 && dev.cond_value != want.cond_value)
                 || dev.dst_base != head_end
+                || dev.pair != want.pair
             {
                 return Err(Error::Kernel(format!(
                     "encoder tables on the device disagree with the search's output (tensor {i}: \
-                     tables {:?} / {:?}, conditional plane {} / {}, payloads at +{} / +{})",
+                     tables {:?} / {:?}, conditional plane {} / {}, payloads at +{} / +{}, \
+                     paired {} / {})",
                     &dev.n_tables[..planes],
                     &want.n_tables[..planes],
                     dev.cond_plane,
                     want.cond_plane,
                     dev.dst_base.wrapping_sub(base),
-                    head_end - base
+                    head_end - base,
+                    dev.pair != 0,
+                    want.pair != 0
                 )));
             }
         }

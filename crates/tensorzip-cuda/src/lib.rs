@@ -11,6 +11,7 @@ mod compile;
 pub mod encode;
 pub mod engine;
 pub mod error;
+mod pair_model;
 pub mod plan;
 mod search;
 pub mod transfer;

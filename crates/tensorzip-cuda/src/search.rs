@@ -169,7 +169,16 @@ pub(crate) fn units() -> crate::compile::Units {
     )
 }
 
-/// The search unit's kernels `tz_search` and `tz_enc_tables`, from `units` (compiled or cached),
+/// The search unit's kernels.
+pub(crate) struct SearchKernels {
+    pub search: CudaFunction,
+    pub tables: CudaFunction,
+    /// Format version 2's pair model (`crate::pairs`).
+    pub pair_top: CudaFunction,
+    pub pair_model: CudaFunction,
+}
+
+/// The search unit's kernels (`tz_search`, `tz_enc_tables`, `tz_pair_top`, `tz_pair_model`), from `units` (compiled or cached),
 /// with the unit's logarithm table filled (`tz_log2_init` on stream `s`, waited for before this
 /// returns). The table belongs to the loaded module, so it is filled once per module; the wait
 /// matters because the kernels are shared: queued on `s` only, the fill was ordered before this
@@ -179,7 +188,7 @@ pub(crate) fn load(
     units: &crate::compile::Units,
     ctx: &Arc<cudarc::driver::CudaContext>,
     s: &Arc<CudaStream>,
-) -> Result<(CudaFunction, CudaFunction)> {
+) -> Result<SearchKernels> {
     let m = units.common(ctx)?;
     let init = m.load_function("tz_log2_init")?;
     let cfg = LaunchConfig {
@@ -190,10 +199,12 @@ pub(crate) fn load(
     // SAFETY: `tz_log2_init` takes no arguments and writes only its module's table.
     unsafe { s.launch_builder(&init).launch(cfg) }?;
     s.synchronize()?;
-    Ok((
-        m.load_function("tz_search")?,
-        m.load_function("tz_enc_tables")?,
-    ))
+    Ok(SearchKernels {
+        search: m.load_function("tz_search")?,
+        tables: m.load_function("tz_enc_tables")?,
+        pair_top: m.load_function("tz_pair_top")?,
+        pair_model: m.load_function("tz_pair_model")?,
+    })
 }
 
 /// Most sampled blocks a tensor may have for its planes to be searched on the GPU: a plane's
@@ -573,7 +584,7 @@ mod tests {
     ) -> Vec<Result<PlaneTables>> {
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
-        let (f, _) = load(&units(), eng.context(), &s).unwrap();
+        let f = load(&units(), eng.context(), &s).unwrap().search;
         let mut keep = Vec::new();
         let mut list = Vec::new();
         for (hists, n_blocks, joint) in planes {
@@ -949,7 +960,7 @@ mod tests {
         let n = outs.len();
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
-        let (_, f) = load(&units(), eng.context(), &s).unwrap();
+        let f = load(&units(), eng.context(), &s).unwrap().tables;
         let slots = (t_max + 1) as usize;
         let outs_dev = s.clone_htod(&outs.concat()).unwrap();
         let fields0 = Fields {

@@ -1,0 +1,286 @@
+//! Format version 2's pair model in the GPU encoder (docs/FORMAT.md section 12; docs/GPU.md,
+//! "Encoder", *Format version 2*): the kernels' job layouts, their launches, and the host's reading
+//! of what they decided.
+//!
+//! On the device (the default): `tz_pair_top` (kernels/search.cu) finds each tensor's top bytes from
+//! its plane 1 histograms, `tz_pair_keys` (kernels/encode.cu) counts every sampled block's pair keys,
+//! and `tz_pair_model` (search.cu), after `tz_enc_tables`, makes the pair and rank tables, decides
+//! whether the plane pairs, and writes the encode kernel's tables (`PairBlock`) and the tensor's
+//! parameters — all on the stream, with no host round trip before the encode kernel. The host
+//! reads its output while the encoder runs ([`parse_out`]) and writes the blob's head from it.
+//!
+//! On the host (the host search's path, [`crate::GpuEngine`]'s `pair_models`): the same keys
+//! counted by `tz_pair_keys`, the decisions made by the core's own `model::pair_plane_from_counts`,
+//! and the encode kernel's tables written by [`pair_block`].
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use tensorzip::pairs::{PairCoder, PairTable, MAX_PAIRS};
+use tensorzip::rans::table::FreqTable;
+
+use crate::engine::Plain;
+use crate::error::{Error, Result};
+
+/// Bytes of the encode kernel's `PairBlock` in front of the rank tables' entries
+/// (`PAIR_ENTRIES_AT` in encode.cu, `PAIR_HEAD` in search.cu).
+const PAIR_HEAD: u64 = 528;
+
+/// One sampled block whose pair keys `tz_pair_keys` counts (layout shared with `struct
+/// PairKeysJob` in encode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct PairKeysJob {
+    pub data: u64,
+    pub start: u64,
+    pub len: u32,
+    /// Index of its tensor's 256-byte top map.
+    pub top: u32,
+}
+
+/// One tensor whose plane 1 may pair (layout shared with `struct PairJob` in search.cu, which
+/// describes each field).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct PairJob {
+    pub hists: u64,
+    pub keys: u64,
+    pub top: u64,
+    pub cls: u64,
+    pub n_tables: u64,
+    pub pair: u64,
+    pub head: u64,
+    pub v1_out: u64,
+    pub area: u64,
+    pub out: u64,
+    pub n_blocks: u64,
+    pub stride: u32,
+    pub n_sampled: u32,
+    pub planes: u32,
+    pub threshold: u32,
+}
+
+// SAFETY: plain `repr(C)` structs of integers, laid out as their CUDA counterparts.
+unsafe impl DeviceRepr for PairKeysJob {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PairJob {}
+// SAFETY: `repr(C)`: two u64 and two u32 (24 bytes, no padding).
+unsafe impl Plain for PairKeysJob {}
+// SAFETY: `repr(C)`: eleven u64 and four u32 (104 bytes, no padding).
+unsafe impl Plain for PairJob {}
+const _: () = assert!(std::mem::size_of::<PairKeysJob>() == 24);
+const _: () = assert!(std::mem::size_of::<PairJob>() == 104);
+
+/// Bytes of a tensor's area (`PairJob::area`): the `PairBlock`, `max_tables` tables' entries,
+/// code lengths and info words, and the model's scratch for `n_sampled` blocks (a choice byte and
+/// a cost each).
+/// A multiple of 16 (the areas of a call lie side by side, and the entries are 16-byte loads).
+pub(crate) fn area_bytes(max_tables: u64, n_sampled: u64) -> u64 {
+    PAIR_HEAD
+        + max_tables * (4096 + 1024 + 16)
+        + n_sampled.div_ceil(16) * 16
+        + 16 * n_sampled.div_ceil(2)
+}
+
+/// Bytes of a tensor's output for the host (`PairJob::out`): a 16-byte head, the pair field and
+/// `max_tables` rank tables of at most `3 + MAX_PAIRS` bytes; a multiple of 16.
+pub(crate) fn out_bytes(max_tables: u64) -> u64 {
+    (16 + 1 + 2 * MAX_PAIRS as u64 + max_tables * (3 + MAX_PAIRS as u64)).div_ceil(16) * 16
+}
+
+/// Queues the pair model of `n` tensors (`jobs`: a device array of [`PairJob`]s) whose sampled
+/// blocks are the `n_keys` [`PairKeysJob`]s at `keys_jobs`, their top maps at `tops` (256 bytes
+/// each, in job order): `tz_pair_top`, `tz_pair_keys`, `tz_pair_model`, in that order on `s`,
+/// after `tz_enc_tables` (whose code lengths and table counts the model reads).
+///
+/// # Safety
+/// Device addresses of this context, alive until the stream has run the launches: every job's
+/// addresses as `struct PairJob` in search.cu describes them (its area [`area_bytes`] and output
+/// [`out_bytes`] long for `max_tables`), every keys job's units inside its tensor and its counts at
+/// its tensor's `keys` (the jobs of a tensor consecutive, in its sampled blocks' order).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn queue(
+    [top_f, keys_f, model_f]: [&CudaFunction; 3],
+    s: &Arc<CudaStream>,
+    jobs: u64,
+    n: u32,
+    keys_jobs: u64,
+    n_keys: u32,
+    (tops, keys_out): (u64, u64),
+    max_tables: u32,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let cfg = |grid: u32| LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = s.launch_builder(top_f);
+    b.arg(&jobs);
+    // SAFETY: arguments match `tz_pair_top`; the addresses are the caller's promise.
+    unsafe { b.launch(cfg(n)) }?;
+    if n_keys > 0 {
+        let mut b = s.launch_builder(keys_f);
+        b.arg(&keys_jobs).arg(&tops).arg(&keys_out);
+        // SAFETY: arguments match `tz_pair_keys`; as above.
+        unsafe { b.launch(cfg(n_keys)) }?;
+    }
+    let mut b = s.launch_builder(model_f);
+    b.arg(&jobs).arg(&max_tables);
+    // SAFETY: arguments match `tz_pair_model`; as above.
+    unsafe { b.launch(cfg(n)) }?;
+    Ok(())
+}
+
+/// What `tz_pair_model` decided for a tensor whose plane 1 has `k` version 1 tables, from its
+/// output `out`: `None` (not paired), or the pair table and the `k` rank tables, each checked as a
+/// reader checks them (the format's parsers; every rank `0..=D` coded, nothing above) — a kernel
+/// bug gives an error, never a head the decoder cannot read.
+pub(crate) fn parse_out(out: &[u8], k: usize) -> Result<Option<(PairTable, Vec<FreqTable>)>> {
+    let bad = |what: &str| Error::Kernel(format!("pair model output: {what}"));
+    let word = |i: usize| -> Result<u32> {
+        out.get(4 * i..4 * i + 4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .ok_or_else(|| bad("truncated"))
+    };
+    if word(0)? == 0 {
+        return Ok(None);
+    }
+    let end = word(2)? as usize;
+    if word(0)? != 1 || word(1)? as usize != k || end > out.len() || end < 16 {
+        return Err(bad("head"));
+    }
+    let body = &out[16..end];
+    let (pairs, mut at) = PairTable::parse(body, 1).map_err(|e| bad(&e.to_string()))?;
+    let pairs = pairs.ok_or_else(|| bad("no pairs"))?;
+    let d = pairs.escape() as usize;
+    let mut tables = Vec::with_capacity(k);
+    for _ in 0..k {
+        let (t, used) = FreqTable::parse(&body[at..]).map_err(|e| bad(&e.to_string()))?;
+        if (0..256).any(|r| (t.freq[r] > 0) != (r <= d)) {
+            return Err(bad("a rank table that does not code exactly the ranks"));
+        }
+        tables.push(t);
+        at += used;
+    }
+    if at != body.len() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(Some((pairs, tables)))
+}
+
+/// A paired plane's tables as the encode kernel reads them, written by the host (the host
+/// search's path; `tz_pair_model` writes the same on the device): the layout of `struct
+/// PairBlock` in encode.cu — each byte's index among the top bytes (255 for others), the rank of
+/// each key `16 a + b` of top-byte indices, the escape rank as a u32 and 12 bytes of padding —
+/// then 256 16-byte entries ([`crate::encode::enc_entry`]) per rank table.
+pub(crate) fn pair_block(coder: &PairCoder, tables: &[FreqTable]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(PAIR_HEAD as usize + 4096 * tables.len());
+    b.extend_from_slice(coder.top().index());
+    b.extend_from_slice(coder.key_ranks());
+    b.extend_from_slice(&(coder.table.escape() as u32).to_le_bytes());
+    b.extend_from_slice(&[0; 12]);
+    for t in tables {
+        for (&f, c) in t.freq.iter().zip(t.cumulative()) {
+            for w in crate::encode::enc_entry(f as u32, c) {
+                b.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorzip::blob::{BlobHeader, Scheme};
+    use tensorzip::model::build_model;
+    use tensorzip::{sample, CompressOptions, DType};
+
+    /// A paired plane's pair table and rank tables, as the core makes them for a bf16 tensor.
+    fn core_pairs() -> (PairTable, Vec<FreqTable>) {
+        let data = sample::weights(64, 4096, DType::BF16, 3);
+        let opts = CompressOptions {
+            pair_exponents: true,
+            ..Default::default()
+        };
+        let header = BlobHeader {
+            scheme: Scheme::Planes,
+            dtype: DType::BF16,
+            shape: vec![64, 4096],
+            chunk_units: (opts.chunk_bytes / 2) as u32,
+            block_units: opts.block_units,
+        };
+        let model = build_model(&data, &header, &opts);
+        let pm = &model.planes[1];
+        let coder = pm.pairs.as_ref().expect("the sample pairs");
+        (coder.table.clone(), pm.tables.clone())
+    }
+
+    /// `tz_pair_model`'s output layout for a paired plane: head, pair field, rank tables.
+    fn output(pairs: &PairTable, tables: &[FreqTable]) -> Vec<u8> {
+        let mut body = Vec::new();
+        pairs.write(&mut body);
+        for t in tables {
+            t.write(&mut body);
+        }
+        let mut out = Vec::new();
+        for w in [1u32, tables.len() as u32, 16 + body.len() as u32, 0] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&body);
+        out.resize(out_bytes(8) as usize, 0);
+        out
+    }
+
+    /// The host reads back what the kernel wrote, and refuses an output a decoder could not use
+    /// or that disagrees with the version 1 table count: a kernel bug is an error, not a blob.
+    #[test]
+    fn pair_outputs_are_read_and_checked() {
+        let (pairs, tables) = core_pairs();
+        let k = tables.len();
+        let good = output(&pairs, &tables);
+        let (p, t) = parse_out(&good, k).unwrap().unwrap();
+        assert_eq!((p, t), (pairs.clone(), tables.clone()));
+        let mut none = good.clone();
+        none[..4].fill(0);
+        assert!(parse_out(&none, k).unwrap().is_none());
+        let d = pairs.escape() as usize;
+        let body_end = 16 + pairs.serialized_len();
+        let mut broken: Vec<(&str, Vec<u8>)> = Vec::new();
+        broken.push(("table count", good.clone()));
+        let mut flag = good.clone();
+        flag[0] = 2;
+        broken.push(("flag", flag));
+        let mut end = good.clone();
+        end[8..12].copy_from_slice(&(good.len() as u32 + 1).to_le_bytes());
+        broken.push(("end past the buffer", end));
+        let mut one = good.clone();
+        one[16] = 1;
+        broken.push(("one pair", one));
+        let mut twice = good.clone();
+        twice[19] = twice[17];
+        twice[20] = twice[18];
+        broken.push(("a pair twice", twice));
+        // The first rank table's rank D made absent (its code 0).
+        let mut absent = good.clone();
+        absent[body_end + 2 + d] = 0;
+        broken.push(("a rank absent", absent));
+        let mut trailing = good.clone();
+        let e = u32::from_le_bytes(good[8..12].try_into().unwrap()) + 1;
+        trailing[8..12].copy_from_slice(&e.to_le_bytes());
+        broken.push(("trailing byte", trailing));
+        for (i, (what, out)) in broken.iter().enumerate() {
+            let want = if i == 0 { k + 1 } else { k };
+            let r = parse_out(out, want);
+            assert!(
+                matches!(r, Err(Error::Kernel(_))),
+                "{what}: {:?}",
+                r.map(|o| o.is_some())
+            );
+        }
+        assert!(parse_out(&good[..10], k).is_err());
+    }
+}
