@@ -851,17 +851,24 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
 // escape rank D with their bytes in an escape group. The model (pair table, rank tables) is the
 // host's, by the core's code (`model::pair_plane_from_counts`), so the blobs are the CPU engine's.
 
-// The rank of the pair of exponent bytes (a, b).
-__device__ __forceinline__ u32 pair_rank(const PairBlock* __restrict__ pb, u32 a, u32 b, u32 d) {
-    const u32 ta = __ldg(pb->top + a), tb = __ldg(pb->top + b);
-    return (ta | tb) < 16u ? (u32)__ldg(pb->key_rank + (ta << 4 | tb)) : d;
+// The rank of the pair of exponent bytes (a, b), by the plane's top map `top` and key ranks `kr`
+// (the first 512 bytes of its PairBlock, copied to the warp's shared memory).
+__device__ __forceinline__ u32 pair_rank(const u8* top, const u8* kr, u32 a, u32 b, u32 d) {
+    const u32 ta = top[a], tb = top[b];
+    return (ta | tb) < 16u ? (u32)kr[ta << 4 | tb] : d;
 }
 
-// The escaped pairs among a block's `blen` exponent bytes `pp` (the warp's sum).
-__device__ __forceinline__ u32 pair_escapes(const u8* pp, u32 blen, const PairBlock* __restrict__ pb, int lane) {
-    const u32 d = __ldg(&pb->escape);
+// Copies the PairBlock's top map and key ranks (512 bytes) to the warp's shared `dst`.
+__device__ __forceinline__ void pair_maps(u8* dst, const PairBlock* __restrict__ pb, int lane) {
+    __syncwarp();
+    ((uint4*)dst)[lane] = __ldg((const uint4*)pb + lane);
+    __syncwarp();
+}
+
+// The escaped pairs among a block's `blen` exponent bytes `pp` (the warp's sum), by the maps at `m`.
+__device__ __forceinline__ u32 pair_escapes(const u8* pp, u32 blen, const u8* m, u32 d, int lane) {
     u32 n = 0;
-    for (u32 i = lane; i < blen / 2; i += 32) n += pair_rank(pb, pp[2 * i], pp[2 * i + 1], d) == d;
+    for (u32 i = lane; i < blen / 2; i += 32) n += pair_rank(m, m + 256, pp[2 * i], pp[2 * i + 1], d) == d;
     return (u32)warp_sum64(n);
 }
 
@@ -869,32 +876,39 @@ __device__ __forceinline__ u32 pair_escapes(const u8* pp, u32 blen, const PairBl
 // m = 2^44 / 16 = 2^40).
 __device__ __forceinline__ uint4 uniform_entry(u32 s) { return make_uint4(0u, 256u, 16u * s, 4096u - 16u); }
 
-// A paired block's symbols, backwards (the decoder reads its ranks, then its escape group): the
-// escape group (each escaped pair's two bytes in pair order, then an odd last unit's byte), made
-// first in `esc` (the chunk's slot, block_units bytes), then the ranks, coded with the plane's rank
-// table `sel`.
-__device__ void pair_put(u32& x, int& down, const u8* pp, u32 blen, u32 sel, const PairBlock* __restrict__ pb, u8* esc,
-                         u16* words, int lane) {
+// A paired block's symbols, backwards (the decoder reads its ranks, then its escape group). First a
+// pass over its pairs, 32 a step, with the maps in the warp's shared `hist`: each rank written over
+// the block's exponent bytes `pp` (rank i at byte i: a step writes below the bytes any later step
+// reads, and after its own reads), each escaped pair's two bytes gathered in pair order into `esc`
+// (the chunk's slot, block_units bytes), then an odd last unit's byte. Then the escape group, coded
+// with the uniform table, and the ranks with the plane's rank table `sel`: its entries copied to
+// `hist` and the lean steps where the block is staged in shared memory (`pp_sh`, else 0).
+__device__ void pair_put(u32& x, int& down, u8* pp, u32 pp_sh, u32 blen, u32 sel, const PairBlock* __restrict__ pb,
+                         u8* esc, u32* hist, u32 hist_sh, u16* words, int lane) {
     const u32 d = __ldg(&pb->escape);
     const u32 np = blen / 2;
     const u32 lt = lanemask_lt(), gt = lanemask_gt();
+    const u8* m = (const u8*)hist;
+    pair_maps((u8*)hist, pb, lane);
     u32 ne = 0;
     for (u32 i0 = 0; i0 < np; i0 += 32) {
         const u32 i = i0 + lane;
-        u32 a = 0, b = 0;
-        bool e = false;
+        u32 a = 0, b = 0, r = d;
         if (i < np) {
             a = pp[2 * i];
             b = pp[2 * i + 1];
-            e = pair_rank(pb, a, b, d) == d;
+            r = pair_rank(m, m + 256, a, b, d);
         }
-        const u32 m = __ballot_sync(FULL, e);
+        const bool e = i < np && r == d;
+        const u32 em = __ballot_sync(FULL, e);
         if (e) {
-            const u32 k = ne + 2 * __popc(m & lt);
+            const u32 k = ne + 2 * __popc(em & lt);
             esc[k] = (u8)a;
             esc[k + 1] = (u8)b;
         }
-        ne += 2 * __popc(m);
+        ne += 2 * __popc(em);
+        __syncwarp();
+        if (i < np) pp[i] = (u8)r;
     }
     if (blen & 1) {
         if (lane == 0) esc[ne] = pp[blen - 1];
@@ -912,14 +926,16 @@ __device__ void pair_put(u32& x, int& down, const u8* pp, u32 blen, u32 sel, con
     rem = np % 32;
     if (rem) {
         const bool act = (u32)lane < rem;
-        const u32 i = full * 32 + lane;
-        put(x, down, act, act ? pair_rank(pb, pp[2 * i], pp[2 * i + 1], d) : 0u, rt, words);
+        put(x, down, act, act ? (u32)pp[full * 32 + lane] : 0u, rt, words);
     }
-    for (u32 r = full; r-- > 0;) {
-        const u32 i = r * 32 + lane;
-        put(x, down, true, pair_rank(pb, pp[2 * i], pp[2 * i + 1], d), rt, words);
+    if (pp_sh) {
+        copy_fc(hist, rt, lane);
+        const u32 base = pp_sh + lane;
+        put_full(x, down, full, [&](u32 r) { return lds8(base + r * 32); }, hist_sh, words, gt);
+    } else {
+        for (u32 r = full; r-- > 0;) put(x, down, true, pp[r * 32 + lane], rt, words);
     }
-    // The next block's escape group reuses `esc`.
+    // The next block's escape group reuses `esc`, and the main group's lean steps `hist`.
     __syncwarp();
 }
 
@@ -958,6 +974,13 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
         smode[p] = (u32)p == cp ? MODE_COND : MODE_BLOCKS;
     }
     const bool scond = cp < (u32)U;
+    // A paired plane's maps, for counting each block's escapes, above its histograms (2 KiB of the
+    // warp's 4 KiB: bf16's two planes), where phase 1 leaves them.
+    u32 pair_d = 0;
+    if (PAIR && P.pair) {
+        pair_maps((u8*)hist + 2048, (const PairBlock*)P.pair, lane);
+        pair_d = __ldg(&((const PairBlock*)P.pair)->escape);
+    }
     AreaState<U> st = {0, 0, 0, 0, false};
     for (u32 b = 0; b < nb; b++) {
         const u32 bl = b * bu, blen = min(bu, len - bl);
@@ -1005,7 +1028,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                     u64 c = 0;
                     sel = choose<true>(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane, &c);
                     if (sel < SEL_CONST) {
-                        const u64 ne = 2 * pair_escapes(planes + bu, blen, (const PairBlock*)P.pair, lane) + (blen & 1);
+                        const u64 ne = 2 * pair_escapes(planes + bu, blen, (const u8*)hist + 2048, pair_d, lane) + (blen & 1);
                         if (((c + ((8 * ne) << 16)) << 16) >= (u64)P.threshold * ((u64)(8 * blen) << 16)) sel = SEL_RAW;
                     }
                 }
@@ -1145,7 +1168,8 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             if (!some && !(PAIR && psel < SEL_CONST)) continue;
             stage<U, E>(src, bl, blen, planes, bu, lane);
             if (PAIR && psel < SEL_CONST) {
-                pair_put(x, down, planes + bu, blen, psel, (const PairBlock*)P.pair, slot + P.off_esc, words, lane);
+                pair_put(x, down, planes + bu, planes_sh ? planes_sh + bu : 0u, blen, psel, (const PairBlock*)P.pair,
+                         slot + P.off_esc, hist, hist_sh, words, lane);
                 if (!some) {
                     __syncwarp();
                     continue;
@@ -1611,47 +1635,5 @@ extern "C" __global__ void tz_crc32_list(const CrcRange* __restrict__ ranges, u6
         const u32 c = piece_crc((const u8*)r.addr, r.len, lane, T, x2n);
         if (lane == 0) out[i] = c;
     }
-}
-#endif
-
-// ---------------------------------------------------------------------------------------------
-// Format version 2's model: each sampled block's pairs of bf16 units (2i, 2i + 1 from the block's
-// start; an odd last unit is not a pair) counted by their exponent bytes' key 16 a + b, for top
-// bytes of indices a and b, and the pairs holding another byte (FORMAT.md section 12, step 2; the
-// core's `TopBytes::count_keys`). One thread block of 256 threads per sampled block; `out` gets
-// 257 counts a block (the 256 keys, then the others). The host makes the pair table and the rank
-// tables from them with the core's code.
-
-// Shared with `PairKeysJob` in src/encode.rs.
-struct PairKeysJob {
-    u64 data;   // device address of the tensor (aligned to 16 bytes)
-    u64 start;  // the block's first unit
-    u32 len;    // its units
-    u32 top;    // index of its tensor's 256-byte top map in `tops`
-};
-
-#if TZ_ALL || TZ_UNIT == -1
-extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob* __restrict__ jobs,
-                                                               const u8* __restrict__ tops, u32* __restrict__ out) {
-    __shared__ u32 h[257];
-    __shared__ u8 top[256];
-    const PairKeysJob job = jobs[blockIdx.x];
-    const u32 t = threadIdx.x;
-    h[t] = 0;
-    if (t == 0) h[256] = 0;
-    top[t] = tops[(u64)job.top * 256 + t];
-    __syncthreads();
-    // Units 2i and 2i + 1 in one 32-bit load: a block starts at an even unit (chunks and blocks
-    // hold an even number of units, but for a tensor's last one, which starts at an even unit).
-    const u32* src = (const u32*)((const u8*)job.data + 2 * job.start);
-    for (u32 i = t; i < job.len / 2; i += 256) {
-        const u32 w = __ldg(src + i);
-        const u32 a = top[fwd<2, 8>(w & 0xFFFFu) >> 8], b = top[fwd<2, 8>(w >> 16) >> 8];
-        atomicAdd(&h[(a | b) < 16u ? (a << 4 | b) : 256u], 1u);
-    }
-    __syncthreads();
-    u32* o = out + (u64)blockIdx.x * 257;
-    o[t] = h[t];
-    if (t == 0) o[256] = h[256];
 }
 #endif

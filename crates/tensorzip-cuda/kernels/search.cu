@@ -1189,25 +1189,28 @@ extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob*
 
 // ---------------------------------------------------------------------------------------------
 // Format version 2's pair model on the device (FORMAT.md section 12; the core's `model::pair_top_bytes`
-// and `model::pair_plane_from_counts`, decision for decision): for each bf16 tensor a call may pair,
-// `tz_pair_top` finds the top bytes of its plane 1, `tz_pair_keys` (encode.cu) counts its sampled
-// blocks' pair keys, and `tz_pair_model` — after `tz_enc_tables`, whose code lengths of plane 1's
-// version 1 tables it chooses by — makes the pair table and the rank tables, decides whether the
-// plane pairs (step 6), writes the encode kernel's `PairBlock` and the tables for the host's blob head,
-// and sets the tensor's parameters (`pair`, and the payloads' start moved by the head's new length).
+// and `model::pair_plane_from_counts`, decision for decision), for each bf16 tensor a call may pair,
+// on the stream after `tz_enc_tables` (whose code lengths of plane 1's version 1 tables the blocks
+// choose by): per tensor `tz_pair_top` (step 1), per sampled block `tz_pair_keys` (step 2, and the
+// block's version 1 choice), per tensor `tz_pair_table` (step 3), per sampled block `tz_pair_groups`
+// (step 4's sums), per tensor `tz_pair_tables` (step 4's tables), per sampled block `tz_pair_cost`
+// (step 6's sums), per tensor `tz_pair_decide` (step 6; the encode kernel's `PairBlock`, the
+// output for the host's blob head, the tensor's parameters). Per-block work spread over the GPU:
+// one thread block per tensor walking its sampled blocks took ~1.3 ms for 1 GiB of bf16 (H100).
+// Counts are summed in 32 bits: a tensor samples at most MAX_SAMPLED blocks of at most 65536 units
+// (2^29 units, 2^28 pairs).
 
 struct PairJob {
     u64 hists;      // u32: plane 1's histogram of sampled block 0; block i's at hists + i * stride
-    u64 keys;       // u32: tz_pair_keys' 257 counts per sampled block
+    u64 keys;       // u32: the sampled blocks' 257 pair counts each (tz_pair_keys writes them)
     u64 top;        // u8[256]: the top map (tz_pair_top writes it)
     u64 cls;        // u32: the code lengths of plane 1's version 1 tables (tz_enc_tables), 256 a table
     u64 n_tables;   // u32*: EncParams.n_tables[1] (tz_enc_tables wrote it)
-    u64 pair;       // u64*: EncParams.pair (written: the area, or 0)
+    u64 pair;       // u64*: EncParams.pair (written where the plane pairs)
     u64 head;       // u64*: EncParams.dst_base (the head's length change added)
     u64 v1_out;     // plane 1's search output (its version 1 tables, serialised)
-    u64 area;       // PairBlock, then for max_tables tables their entries (4096 bytes each), code
-                    // lengths (1024 each) and info words (16 bytes each, one used), then scratch: per
-                    // sampled block its choice (u8), then its cost (u64); 16-byte aligned
+    u64 area;       // 16-byte aligned, `pair_area` below: the PairBlock, then for max_tables tables
+                    // their entries, code lengths and info words, then the model's scratch
     u64 out;        // for the host: u32 [paired, tables, end, 0], then the pair field (D, D pairs)
                     // and the rank tables, serialised
     u64 n_blocks;
@@ -1217,6 +1220,70 @@ struct PairJob {
     u32 threshold;  // Q16
 };
 
+// One sampled block of a tensor that may pair (`tz_pair_keys`, `tz_pair_groups`, `tz_pair_cost`).
+struct PairKeysJob {
+    u64 data;    // device address of the tensor (aligned to 16 bytes)
+    u64 start;   // the block's first unit
+    u32 len;     // its units
+    u32 tensor;  // its PairJob
+    u32 block;   // its index among the tensor's sampled blocks
+    u32 pad;
+};
+
+#define PAIR_MAX 128u
+#define PAIR_HEAD 528u
+#define PAIR_TABLES_MAX 64u
+
+// A tensor's area (its bytes: `pair_model::area_bytes`).
+struct PairArea {
+    u8* block;      // the PairBlock: top map, key ranks, escape (PAIR_HEAD bytes)
+    uint4* entries; // the rank tables' entries, 256 a table
+    u32* cls;       // their code lengths, 256 a table
+    u32* info;      // their info words
+    u32* ksum;      // the sampled blocks' pair counts summed (257)
+    u32* groups;    // step 4's sums, PAIR_MAX + 1 a table
+    u64* s12;       // step 6's sums
+    u8* pairs;      // the table's pairs (2 PAIR_MAX bytes)
+    u32* state;     // D (0: no table), whether the rank tables were made
+    u8* choice;     // per sampled block: its version 1 choice (SEL_CONST: constant)
+    u64* cost;      // and its cost
+};
+
+__device__ __forceinline__ u64 r16(u64 x) { return (x + 15) & ~15ull; }
+
+__device__ PairArea pair_area(const PairJob& job, u32 max_tables) {
+    u8* a = (u8*)job.area;
+    PairArea A;
+    u64 at = PAIR_HEAD;
+    A.block = a;
+    A.entries = (uint4*)(a + at);
+    at += (u64)max_tables * 4096;
+    A.cls = (u32*)(a + at);
+    at += (u64)max_tables * 1024;
+    A.info = (u32*)(a + at);
+    at += (u64)max_tables * 16;
+    A.ksum = (u32*)(a + at);
+    at += r16(257 * 4);
+    A.groups = (u32*)(a + at);
+    at += r16((u64)max_tables * (PAIR_MAX + 1) * 4);
+    A.s12 = (u64*)(a + at);
+    at += 16;
+    A.pairs = a + at;
+    at += 2 * PAIR_MAX;
+    A.state = (u32*)(a + at);
+    at += 16;
+    A.choice = a + at;
+    at += r16(job.n_sampled);
+    A.cost = (u64*)(a + at);
+    return A;
+}
+
+// The table count the model may use (0: the plane does not pair).
+__device__ __forceinline__ u32 pair_tables(const PairJob& job, u32 max_tables) {
+    const u32 K = *(const u32*)job.n_tables;
+    return K <= max_tables && max_tables <= PAIR_TABLES_MAX ? K : 0u;
+}
+
 // The serialised length of a table section at out[16..] with `kept` tables (lo, hi, codes).
 __device__ u32 tables_bytes(const u8* out, u32 kept) {
     u32 at = 16;
@@ -1224,16 +1291,25 @@ __device__ u32 tables_bytes(const u8* out, u32 kept) {
     return at - 16;
 }
 
-// Top bytes: the (at most) 16 most frequent bytes of plane 1 over the sampled blocks (larger count
+// Step 1: the (at most) 16 most frequent bytes of plane 1 over the sampled blocks (larger count
 // first, smaller byte among ties; bytes with a count only): each byte's index among them, or 255.
-// One 256-thread block per job, a warp per sampled block; 32-bit sums (a tensor samples at most
-// MAX_SAMPLED blocks of at most 65536 units: 2^29).
-extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __restrict__ jobs) {
+// Also the tensor's starting state: not paired, its sums zero. A warp per sampled block.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u32 c[256];
     const PairJob job = jobs[blockIdx.x];
+    const PairArea A = pair_area(job, max_tables);
     const u32 s = threadIdx.x, lane = s & 31, warp = s >> 5;
     const u32* h = (const u32*)job.hists;
     c[s] = 0;
+    for (u32 k = s; k < 257; k += 256) A.ksum[k] = 0;
+    for (u32 k = s; k < max_tables * (PAIR_MAX + 1); k += 256) A.groups[k] = 0;
+    if (s < 2) A.s12[s] = 0;
+    if (s < 4) A.state[s] = 0;
+    if (s == 0) {
+        u32* head = (u32*)job.out;
+        head[0] = head[1] = head[3] = 0;
+        head[2] = 16;
+    }
     __syncthreads();
     u32 part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (u32 i = warp; i < job.n_sampled; i += 8)
@@ -1249,156 +1325,158 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __r
     ((u8*)job.top)[s] = sum > 0 && rank < 16 ? (u8)rank : (u8)255;
 }
 
-// a + b and a << k (0 < k < 64) in 128 bits.
-__device__ __forceinline__ U128 add128(U128 a, U128 b) {
-    const u64 lo = a.lo + b.lo;
-    return U128{a.hi + b.hi + (lo < a.lo), lo};
-}
-__device__ __forceinline__ U128 shl128(U128 a, int k) { return U128{(a.hi << k) | (a.lo >> (64 - k)), a.lo << k}; }
-
-#define PAIR_MAX 128u
-#define PAIR_HEAD 528u
-#define PAIR_TABLES_MAX 64u
-
-// One 256-thread block per job (a warp per sampled block in each pass). Counts are summed in 32 bits:
-// a tensor's sampled pairs are at most MAX_SAMPLED x 32768 = 2^28.
-extern "C" __global__ void __launch_bounds__(256) tz_pair_model(const PairJob* __restrict__ jobs, u32 max_tables) {
-    __shared__ u32 ksum[257];
-    __shared__ u8 topb[16];
-    __shared__ u8 rank16[256];
-    __shared__ u8 pairs[2 * PAIR_MAX];
-    __shared__ u32 groups[PAIR_TABLES_MAX][PAIR_MAX + 1];
-    __shared__ u8 codes[8][256];
-    __shared__ u64 s12[2];
-    __shared__ int single;
-    __shared__ bool paired;
-    const PairJob job = jobs[blockIdx.x];
-    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u32 ns = job.n_sampled;
-    const u32* keys = (const u32*)job.keys;
-    const u32* hists = (const u32*)job.hists;
-    const u8* top = (const u8*)job.top;
-    u8* area = (u8*)job.area;
-    u8* out = (u8*)job.out;
-    u32* head = (u32*)out;
-    const u32 K = *(const u32*)job.n_tables;
-    // Not paired unless every step below passes.
-    if (t == 0) {
-        *(u64*)job.pair = 0;
-        head[0] = head[1] = head[3] = 0;
-        head[2] = 16;
+// Step 2, per sampled block: its pairs of bf16 units (2i, 2i + 1 from its start; an odd last unit
+// is not a pair) counted by key 16 a + b of their exponent bytes' top indices, and the pairs
+// holding another byte (the core's `TopBytes::count_keys`), written out and added to the tensor's
+// sums; and, where its plane-1 bytes are not one value, its version 1 choice (step 4: table j at
+// cost c, or raw at its raw cost) by the code lengths the encode kernel chooses by, the lowest index
+// among equal costs.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob* __restrict__ kjobs,
+                                                               const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ u32 h[257];
+    __shared__ u8 top[256];
+    const PairKeysJob kj = kjobs[blockIdx.x];
+    const PairJob job = jobs[kj.tensor];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 t = threadIdx.x, lane = t & 31;
+    h[t] = 0;
+    if (t == 0) h[256] = 0;
+    top[t] = ((const u8*)job.top)[t];
+    __syncthreads();
+    // Units 2i and 2i + 1 in one 32-bit load (a block starts at an even unit: chunks and blocks
+    // hold even numbers of units but for a tensor's last, which starts at an even unit); the
+    // exponent byte of a bf16 unit u is bits 14..7.
+    const u32* src = (const u32*)((const u8*)kj.data + 2 * kj.start);
+    for (u32 i = t; i < kj.len / 2; i += 256) {
+        const u32 w = __ldg(src + i);
+        const u32 a = top[(w >> 7) & 0xFFu], b = top[(w >> 23) & 0xFFu];
+        atomicAdd(&h[(a | b) < 16u ? (a << 4 | b) : 256u], 1u);
     }
-    if (K == 0 || K > max_tables || max_tables > PAIR_TABLES_MAX || ns == 0) return;
+    __syncthreads();
+    u32* o = (u32*)job.keys + (u64)kj.block * 257;
+    for (u32 k = t; k < 257; k += 256) {
+        o[k] = h[k];
+        if (h[k]) atomicAdd(&A.ksum[k], h[k]);
+    }
+    if (t >= 32) return;
+    const u32 K = pair_tables(job, max_tables);
+    const u32* hp = (const u32*)job.hists + (u64)kj.block * job.stride;
+    u32 hv[8];
+    u32 nz = 0, len = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        hv[k] = hp[lane * 8 + k];
+        nz += hv[k] != 0;
+        len += hv[k];
+    }
+    nz = warp_sum32(nz);
+    len = warp_sum32(len);
+    if (nz < 2) {
+        if (lane == 0) A.choice[kj.block] = (u8)SEL_CONST;
+        return;
+    }
+    u64 best = NO_COST;
+    u32 bj = SEL_RAW;
+    for (u32 j = 0; j < K; j++) {
+        const u32* cl = (const u32*)job.cls + (u64)j * 256 + lane * 8;
+        u64 c = 0;
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (hv[k]) {
+                ok &= cl[k] != CL_ABSENT;
+                c += (u64)hv[k] * cl[k];
+            }
+        ok = __all_sync(FULL, ok);
+        c = warp_sum64(c);
+        if (ok && c < best) {
+            best = c;
+            bj = j;
+        }
+    }
+    if (bj == SEL_RAW || !stays_coded(best, len, job.threshold)) {
+        bj = SEL_RAW;
+        best = raw_cost(len);
+    }
+    if (lane == 0) {
+        A.choice[kj.block] = (u8)bj;
+        A.cost[kj.block] = best;
+    }
+}
+
+// Step 3: the table — the pairs with a count, larger count first, then smaller first byte, then
+// smaller second byte; the first 128 (D of them); at least two, else D = 0 (not paired). The ranks
+// go to the PairBlock's key ranks (every other key: the escape D).
+extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ u8 topb[16];
+    const PairJob job = jobs[blockIdx.x];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 t = threadIdx.x;
+    const u8* top = (const u8*)job.top;
     if (t < 16) topb[t] = 0;
-    for (u32 k = t; k < 257; k += 256) ksum[k] = 0;
-    for (u32 k = t; k < K * (PAIR_MAX + 1); k += 256) groups[k / (PAIR_MAX + 1)][k % (PAIR_MAX + 1)] = 0;
     __syncthreads();
     if (top[t] < 16) topb[top[t]] = (u8)t;
-    // The model's scratch: each sampled block's version 1 choice and its cost.
-    u8* choice = area + PAIR_HEAD + (u64)max_tables * (4096 + 1024 + 16);
-    u64* cost = (u64*)(choice + ((ns + 15) & ~15u));
-    const u32* cls = (const u32*)job.cls;
-    // 2 and 4. A warp per sampled block: its pair keys added to the sums; where its plane-1 bytes
-    // are not one value, its version 1 choice (table j at cost c, or raw at its raw cost), by the
-    // code lengths the encode kernel chooses by (the lowest index among equal costs).
-    for (u32 i = warp; i < ns; i += 8) {
-        const u32* kc = keys + (u64)i * 257;
-        const u32* h = hists + (u64)i * job.stride;
-        u32 hv[8];
-        u32 nz = 0, len = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const u32 c = kc[lane + 32 * k];
-            if (c) atomicAdd(&ksum[lane + 32 * k], c);
-            hv[k] = h[lane * 8 + k];
-            nz += hv[k] != 0;
-            len += hv[k];
-        }
-        if (lane == 0 && kc[256]) atomicAdd(&ksum[256], kc[256]);
-        nz = warp_sum32(nz);
-        len = warp_sum32(len);
-        if (nz < 2) {
-            if (lane == 0) choice[i] = (u8)SEL_CONST;
-            continue;
-        }
-        u64 best = NO_COST;
-        u32 bj = SEL_RAW;
-        for (u32 j = 0; j < K; j++) {
-            const u32* cl = cls + (u64)j * 256 + lane * 8;
-            u64 c = 0;
-            bool ok = true;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (hv[k]) {
-                    ok &= cl[k] != CL_ABSENT;
-                    c += (u64)hv[k] * cl[k];
-                }
-            ok = __all_sync(FULL, ok);
-            c = warp_sum64(c);
-            if (ok && c < best) {
-                best = c;
-                bj = j;
-            }
-        }
-        if (bj == SEL_RAW || !stays_coded(best, len, job.threshold)) {
-            bj = SEL_RAW;
-            best = raw_cost(len);
-        }
-        if (lane == 0) {
-            choice[i] = (u8)bj;
-            cost[i] = best;
-        }
-    }
     __syncthreads();
-    // 3. The table: the pairs with a count, larger count first, then smaller first byte, then
-    // smaller second byte; the first 128 (D of them); at least two.
-    const u32 mine = ksum[t];
+    const u32 mine = A.ksum[t];
     const u32 my_ab = (u32)topb[t >> 4] << 8 | topb[t & 15];
     u32 rank = 0;
     for (u32 k = 0; k < 256; k++) {
-        const u32 c = ksum[k];
+        const u32 c = A.ksum[k];
         const u32 ab = (u32)topb[k >> 4] << 8 | topb[k & 15];
         rank += c > 0 && (c > mine || (c == mine && ab < my_ab));
     }
     const u32 n = __syncthreads_count(mine > 0);
-    if (n < 2) return;
-    const u32 D = min(n, PAIR_MAX);
+    const u32 D = n < 2 || pair_tables(job, max_tables) == 0 ? 0u : min(n, PAIR_MAX);
     const bool kept = mine > 0 && rank < PAIR_MAX;
-    rank16[t] = kept ? (u8)rank : (u8)D;
+    A.block[256 + t] = kept ? (u8)rank : (u8)D;
     if (kept) {
-        pairs[2 * rank] = topb[t >> 4];
-        pairs[2 * rank + 1] = topb[t & 15];
+        A.pairs[2 * rank] = topb[t >> 4];
+        A.pairs[2 * rank + 1] = topb[t & 15];
     }
-    __syncthreads();
-    // 4. Rank table j sums the rank histograms of the non-constant blocks that chose version 1
-    // table j; table 0 those of every non-constant block.
-    for (u32 i = warp; i < ns; i += 8) {
-        const u32 j = choice[i];
-        if (j == SEL_CONST) continue;
-        const u32* kc = keys + (u64)i * 257;
-        const bool also = j != 0 && j != SEL_RAW;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const u32 key = lane + 32 * k, c = kc[key];
-            if (c) {
-                atomicAdd(&groups[0][rank16[key]], c);
-                if (also) atomicAdd(&groups[j][rank16[key]], c);
-            }
-        }
-        if (lane == 0 && kc[256]) {
-            atomicAdd(&groups[0][D], kc[256]);
-            if (also) atomicAdd(&groups[j][D], kc[256]);
-        }
+    if (t == 0) A.state[0] = D;
+}
+
+// Step 4's sums, per sampled block: rank table j sums the rank histograms of the non-constant blocks
+// that chose version 1 table j; table 0 those of every non-constant block. Thread t adds key t.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairKeysJob* __restrict__ kjobs,
+                                                                 const PairJob* __restrict__ jobs, u32 max_tables) {
+    const PairKeysJob kj = kjobs[blockIdx.x];
+    const PairJob job = jobs[kj.tensor];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 t = threadIdx.x, D = A.state[0], j = A.choice[kj.block];
+    if (D == 0 || j == SEL_CONST) return;
+    const u32* kc = (const u32*)job.keys + (u64)kj.block * 257;
+    const bool also = j != 0 && j != SEL_RAW;
+    const u32 c = kc[t], r = A.block[256 + t];
+    if (c) {
+        atomicAdd(&A.groups[r], c);
+        if (also) atomicAdd(&A.groups[j * (PAIR_MAX + 1) + r], c);
     }
-    __syncthreads();
-    // Each normalised with every rank 0..=D forced (a table no block chose is table 0), a warp a
-    // table, serialised into the output (lo 0, hi D: 3 + D bytes each, after the pair field).
+    if (t == 0 && kc[256]) {
+        atomicAdd(&A.groups[D], kc[256]);
+        if (also) atomicAdd(&A.groups[j * (PAIR_MAX + 1) + D], kc[256]);
+    }
+}
+
+// Step 4's tables: each sum normalised with every rank 0..=D forced (a table no block chose is table
+// 0), a warp a table, serialised into the output after the pair field (lo 0, hi D: 3 + D bytes each)
+// and expanded, as the version 1 tables are, into the area's entries and code lengths.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_tables(const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ u8 codes[8][256];
+    __shared__ int single;
+    const PairJob job = jobs[blockIdx.x];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const u32 D = A.state[0], K = pair_tables(job, max_tables);
+    if (D == 0) return;
+    u8* out = (u8*)job.out;
     const u32 tables_at = 16 + 1 + 2 * D;
     bool normal = true;
     for (u32 j = warp; j < K; j += 8) {
+        const u32* gj = A.groups + j * (PAIR_MAX + 1);
         bool any = false;
-        for (u32 r = lane; r <= D; r += 32) any |= groups[j][r] != 0;
-        const u32* g = __any_sync(FULL, any) ? groups[j] : groups[0];
+        for (u32 r = lane; r <= D; r += 32) any |= gj[r] != 0;
+        const u32* g = __any_sync(FULL, any) ? gj : A.groups;
         u32 span = 0, afreq = 0;
         const bool ok = warp_normalize([&](u32 s) { return s <= D ? (u64)g[s] : 0ull; },
                                        [&](u32 s) { return s <= D; }, codes[warp], &span, &afreq);
@@ -1411,63 +1489,84 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_model(const PairJob* _
         }
     }
     if (__syncthreads_count(!normal) != 0) return;
-    // Their entries and code lengths (slot j of the area), as the version 1 tables' are expanded.
     for (u32 j = 0; j < K; j++) {
         const u32 at = tables_at + j * (3 + D);
-        const u32 len = expand_table(out, at, at + 3 + D, j, false, (uint4*)(area + PAIR_HEAD),
-                                     (u32*)(area + PAIR_HEAD + (u64)max_tables * 4096),
-                                     (u32*)(area + PAIR_HEAD + (u64)max_tables * (4096 + 1024)), &single);
-        if (len != 3 + D) return;
+        if (expand_table(out, at, at + 3 + D, j, false, A.entries, A.cls, A.info, &single) != 3 + D) return;
     }
-    const u32 rank_bytes = K * (3 + D);
-    // 6. Whether to pair: the sampled blocks' version 1 costs S1 and paired costs S2 (a block that
-    // stays coded: its ranks' cost under rank table j plus 8 bits an escape-group byte; else raw),
-    // each scaled to the plane, with its tables' bytes; paired only if 32 P2 <= 33 P1.
-    if (t < 2) s12[t] = 0;
-    __syncthreads();
-    const u32* rcl = (const u32*)(area + PAIR_HEAD + (u64)max_tables * 4096);
-    for (u32 i = warp; i < ns; i += 8) {
-        const u32 j = choice[i];
-        if (j == SEL_CONST) continue;
-        const u32* kc = keys + (u64)i * 257;
-        const u32* cl = rcl + (u64)(j == SEL_RAW ? 0 : j) * 256;
-        u64 rc = 0;
-        u32 esc = 0, len = 0;
+    if (t == 0) A.state[1] = 1;
+}
+
+// Step 6's sums, a warp per sampled block: its version 1 cost (S1) and its paired cost (S2: where it
+// stays coded, its ranks' cost under rank table j plus 8 bits an escape-group byte; else raw).
+extern "C" __global__ void __launch_bounds__(256) tz_pair_cost(const PairKeysJob* __restrict__ kjobs, u32 n_kjobs,
+                                                               const PairJob* __restrict__ jobs, u32 max_tables) {
+    const u32 lane = threadIdx.x & 31, b = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= n_kjobs) return;
+    const PairKeysJob kj = kjobs[b];
+    const PairJob job = jobs[kj.tensor];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 D = A.state[0], j = A.choice[kj.block];
+    if (D == 0 || A.state[1] == 0 || j == SEL_CONST) return;
+    const u32* kc = (const u32*)job.keys + (u64)kj.block * 257;
+    const u32* cl = A.cls + (u64)(j == SEL_RAW ? 0 : j) * 256;
+    const u32* hp = (const u32*)job.hists + (u64)kj.block * job.stride;
+    u64 rc = 0;
+    u32 esc = 0, len = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const u32 key = lane + 32 * k, c = kc[key], r = rank16[key];
-            rc += (u64)c * cl[r];
-            esc += r == D ? c : 0;
-            len += hists[(u64)i * job.stride + key];
-        }
-        rc = warp_sum64(rc);
-        esc = warp_sum32(esc);
-        len = warp_sum32(len);
-        if (lane == 0) {
-            const u32 other = kc[256];
-            rc += (u64)other * cl[D];
-            esc += other;
-            const u64 c = cost[i];
-            const u64 e = raw_cost(2 * (u64)esc + (len & 1));
-            const bool coded = j != SEL_RAW && stays_coded(c + e, len, job.threshold);
-            atomicAdd((unsigned long long*)&s12[0], (unsigned long long)c);
-            atomicAdd((unsigned long long*)&s12[1], (unsigned long long)(coded ? rc + e : raw_cost(len)));
-        }
+    for (int k = 0; k < 8; k++) {
+        const u32 key = lane + 32 * k, c = kc[key], r = A.block[256 + key];
+        rc += (u64)c * cl[r];
+        esc += r == D ? c : 0;
+        len += hp[key];
     }
-    __syncthreads();
+    rc = warp_sum64(rc);
+    esc = warp_sum32(esc);
+    len = warp_sum32(len);
+    if (lane == 0) {
+        const u32 other = kc[256];
+        rc += (u64)other * cl[D];
+        esc += other;
+        const u64 c = A.cost[kj.block];
+        const u64 e = raw_cost(2 * (u64)esc + (len & 1));
+        const bool coded = j != SEL_RAW && stays_coded(c + e, len, job.threshold);
+        atomicAdd((unsigned long long*)&A.s12[0], (unsigned long long)c);
+        atomicAdd((unsigned long long*)&A.s12[1], (unsigned long long)(coded ? rc + e : raw_cost(len)));
+    }
+}
+
+// a + b and a << k (0 < k < 64) in 128 bits.
+__device__ __forceinline__ U128 add128(U128 a, U128 b) {
+    const u64 lo = a.lo + b.lo;
+    return U128{a.hi + b.hi + (lo < a.lo), lo};
+}
+__device__ __forceinline__ U128 shl128(U128 a, int k) { return U128{(a.hi << k) | (a.lo >> (64 - k)), a.lo << k}; }
+
+// Step 6: P1 = S1 NB / S plus the version 1 tables' bits, P2 = S2 NB / S plus the rank tables' and
+// the pair field's; paired only if 32 P2 <= 33 P1. Paired: the PairBlock's top map and escape, the
+// host's output (the pair field; the rank tables are in place), the parameters: `pair`, and the
+// head's tables section grown by a pair field per plane (1 byte; 1 + 2 D for plane 1) with plane
+// 1's rank tables in place of its version 1 tables.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ bool paired;
+    const PairJob job = jobs[blockIdx.x];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 t = threadIdx.x, D = A.state[0], K = pair_tables(job, max_tables);
+    if (D == 0 || A.state[1] == 0) return;
+    const u32 rank_bytes = K * (3 + D);
+    u8* out = (u8*)job.out;
     if (t == 0) {
+        const u64 ns = job.n_sampled;
         const u32 v1_bytes = tables_bytes((const u8*)job.v1_out, K);
-        const U128 p1 = add128(div128(mul64(s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
-        const U128 p2 = add128(div128(mul64(s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
-        // Paired: the host's output (the pair field; the rank tables are in place), the
-        // parameters; the head's tables section grows by a pair field per plane (1 byte; 1 + 2 D
-        // for plane 1), and plane 1's rank tables replace its version 1 tables.
+        const U128 p1 = add128(div128(mul64(A.s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
+        const U128 p2 = add128(div128(mul64(A.s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
         paired = !lt128(add128(shl128(p1, 5), p1), shl128(p2, 5));
         if (paired) {
+            u32* head = (u32*)out;
             out[16] = (u8)D;
             head[0] = 1;
             head[1] = K;
-            head[2] = tables_at + rank_bytes;
+            head[2] = 16 + 1 + 2 * D + rank_bytes;
+            *(u32*)(A.block + 512) = D;
             *(u64*)job.pair = job.area;
             const u64 grow = (u64)job.planes + 2 * D + rank_bytes;
             atomicAdd((unsigned long long*)job.head, (unsigned long long)(grow - v1_bytes));
@@ -1475,9 +1574,6 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_model(const PairJob* _
     }
     __syncthreads();
     if (!paired) return;
-    // The encode kernel's PairBlock, and the pairs of the host's pair field.
-    area[t] = top[t];
-    area[256 + t] = rank16[t];
-    if (t == 0) *(u32*)(area + 512) = D;
-    for (u32 k = t; k < 2 * D; k += 256) out[17 + k] = pairs[k];
+    A.block[t] = ((const u8*)job.top)[t];
+    for (u32 k = t; k < 2 * D; k += 256) out[17 + k] = A.pairs[k];
 }

@@ -521,14 +521,7 @@ mod tests {
             .map(|(k, v)| (k as i64, v.2.to_string()))
             .collect();
         want.extend(
-            [
-                "tz_place",
-                "tz_compact",
-                "tz_crc32",
-                "tz_crc32_list",
-                "tz_pair_keys",
-            ]
-            .map(|n| (-1, n.to_string())),
+            ["tz_place", "tz_compact", "tz_crc32", "tz_crc32_list"].map(|n| (-1, n.to_string())),
         );
         assert_eq!(units, want);
     }

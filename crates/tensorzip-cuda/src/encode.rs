@@ -41,7 +41,6 @@ use tensorzip::joint::JointCounts;
 use tensorzip::model::{
     model_from_counts, pair_plane_from_counts, pair_top_bytes, write_plane_tables, Model, Sampling,
 };
-use tensorzip::pairs::TopBytes;
 use tensorzip::{CompressOptions, DType};
 
 use crate::engine::{staged_len, DeviceWrites, Plain};
@@ -149,7 +148,6 @@ pub(crate) struct EncodeKernels {
     units: crate::compile::Units,
     place: CudaFunction,
     compact: CudaFunction,
-    pair_keys: CudaFunction,
     pub(crate) crc: CudaFunction,
     pub(crate) crc_list: CudaFunction,
     /// The table search and the expansion of its tables (`tz_search`, `tz_enc_tables`,
@@ -202,7 +200,6 @@ impl EncodeKernels {
         let module = units.common(eng.context())?;
         Ok(EncodeKernels {
             place: module.load_function("tz_place")?,
-            pair_keys: module.load_function("tz_pair_keys")?,
             compact: module.load_function("tz_compact")?,
             crc: module.load_function("tz_crc32")?,
             crc_list: module.load_function("tz_crc32_list")?,
@@ -560,77 +557,44 @@ struct Coded {
 
 impl GpuEngine {
     /// Format version 2's paired planes (FORMAT.md section 12) of the tensors `of`, whose
-    /// version 1 `models` the host made: each tensor that may pair gets its top bytes from its
-    /// histograms (`model::pair_top_bytes`), `tz_pair_keys` counts every sampled block's pair
-    /// keys on the device (one launch for the call, one download), and the core's
-    /// `model::pair_plane_from_counts` makes the decisions — the CPU engine's code on the same
-    /// counts, so the same pair and rank tables. A model that pairs becomes version 2.
+    /// version 1 `models` the host made (the host search's path: `TENSORZIP_DEV_HOST_SEARCH=1`,
+    /// or more sampled blocks than the device's model takes): each tensor that may pair gets its
+    /// top bytes from its histograms (`model::pair_top_bytes`), its sampled blocks are downloaded
+    /// and their pair keys counted by the core (`TopBytes::count_keys`), and the core's
+    /// `model::pair_plane_from_counts` makes the decisions: the CPU engine's code on the same
+    /// bytes. A model that pairs becomes version 2. (A development and rare path: the device's
+    /// model, `pair_model`, needs no download.)
     fn pair_models(
         &self,
-        k: &EncodeKernels,
         of: &[PairInput<'_>],
         models: &mut [Model],
         opts: &CompressOptions,
     ) -> Result<()> {
         let s = self.stream();
-        let tops: Vec<Option<TopBytes>> = of
-            .iter()
-            .zip(models.iter())
-            .map(|(t, m)| match t.may_pair {
-                true => pair_top_bytes(m, t.header, t.hists),
+        for (i, t) in of.iter().enumerate() {
+            let top = match t.may_pair {
+                true => pair_top_bytes(&models[i], t.header, t.hists),
                 false => None,
-            })
-            .collect();
-        let mut jobs = Vec::new();
-        let mut maps: Vec<u8> = Vec::new();
-        // Per tensor that pairs: its first job.
-        let mut first = vec![0usize; of.len()];
-        for (i, (t, top)) in of.iter().zip(&tops).enumerate() {
+            };
             let Some(top) = top else { continue };
-            first[i] = jobs.len();
-            let map = (maps.len() / 256) as u32;
-            maps.extend_from_slice(top.index());
+            let us = t.header.planes();
+            let mut blocks = Vec::with_capacity(t.sampling.picks.len());
+            let mut bytes = Vec::new();
+            let mut keys = Vec::new();
             for &g in &t.sampling.picks {
                 let r = t.sampling.block_range(g);
-                jobs.push(crate::pair_model::PairKeysJob {
-                    data: t.data,
-                    start: r.start,
-                    len: (r.end - r.start) as u32,
-                    top: map,
-                });
+                bytes.resize(((r.end - r.start) as usize) * us, 0);
+                // SAFETY: the sampled block's units lie inside the tensor at `t.data` (the
+                // caller's promise), `bytes` holds exactly them; the copy is synchronous.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_sync(
+                        &mut bytes,
+                        t.data + r.start * us as u64,
+                    )
+                }?;
+                blocks.push(top.count_keys(&bytes, &mut keys));
             }
-        }
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        let jobs_dev = s.clone_htod(&jobs)?;
-        let maps_dev = s.clone_htod(&maps)?;
-        // SAFETY: u32 counts, every one written by the kernel before the download.
-        let mut out = unsafe { s.alloc::<u32>(jobs.len() * 257) }?;
-        let mut b = s.launch_builder(&k.pair_keys);
-        b.arg(&jobs_dev).arg(&maps_dev).arg(&mut out);
-        let cfg = LaunchConfig {
-            grid_dim: (jobs.len() as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: arguments match `tz_pair_keys`; each job's units lie inside its tensor (a
-        // sampled block's range), its map index inside `maps_dev`, and it writes its 257 counts
-        // inside `out`.
-        unsafe { b.launch(cfg) }?;
-        let counts = s.clone_dtoh(&out)?;
-        s.synchronize()?;
-        for (i, (t, top)) in of.iter().zip(tops).enumerate() {
-            let Some(top) = top else { continue };
-            let blocks = counts[257 * first[i]..]
-                .chunks_exact(257)
-                .take(t.sampling.picks.len())
-                .map(|c| {
-                    let mut keys = [0u32; 256];
-                    keys.copy_from_slice(&c[..256]);
-                    (keys, c[256])
-                })
-                .collect();
+            s.synchronize()?;
             pair_plane_from_counts(
                 &mut models[i],
                 t.header,
@@ -1128,13 +1092,15 @@ impl GpuEngine {
                 };
                 let us = c.header.planes();
                 let o = c.header.dtype.paired_plane().unwrap_or(1);
-                for &g in &c.sampling.picks {
+                for (b, &g) in c.sampling.picks.iter().enumerate() {
                     let r = c.sampling.block_range(g);
                     keys_jobs.push(crate::pair_model::PairKeysJob {
                         data: c.data,
                         start: r.start,
                         len: (r.end - r.start) as u32,
-                        top: m as u32,
+                        tensor: pair_jobs.len() as u32,
+                        block: b as u32,
+                        pad: 0,
                     });
                 }
                 pair_jobs.push((
@@ -1256,7 +1222,7 @@ impl GpuEngine {
                         may_pair: c.variant == PAIRED_VARIANT,
                     })
                     .collect();
-                self.pair_models(k, &of, &mut models, opts)?;
+                self.pair_models(&of, &mut models, opts)?;
                 for (i, m) in models.into_iter().enumerate() {
                     if m.version() == tensorzip::blob::BLOB_VERSION_PAIRED {
                         paired[i] = Some((m, v1_len[i]));
@@ -1492,7 +1458,7 @@ impl GpuEngine {
                 [fcs_ptr, cls_ptr, info_ptr],
             )
         }?;
-        if let Some((_, _, tops, keys)) = &dev_pair_bufs {
+        if dev_pair_bufs.is_some() {
             // SAFETY: the jobs uploaded above, as `pair_model::queue` requires: each area and
             // output sized by `area_bytes` / `out_bytes` for `max_tables`, the histograms and
             // code lengths inside `counts_dev` and `cls`, the parameter fields inside the
@@ -1501,13 +1467,10 @@ impl GpuEngine {
             // synchronisation (`counts_dev` until the stream has run these).
             unsafe {
                 crate::pair_model::queue(
-                    [&sk.pair_top, &k.pair_keys, &sk.pair_model],
+                    &sk.pair,
                     &s,
-                    pair_jobs_at,
-                    pair_jobs.len() as u32,
-                    keys_jobs_at,
-                    keys_jobs.len() as u32,
-                    (tops.device_ptr(&s).0, keys.device_ptr(&s).0),
+                    (pair_jobs_at, pair_jobs.len() as u32),
+                    (keys_jobs_at, keys_jobs.len() as u32),
                     opts.max_tables as u32,
                 )
             }?;

@@ -2,16 +2,16 @@
 //! "Encoder", *Format version 2*): the kernels' job layouts, their launches, and the host's reading
 //! of what they decided.
 //!
-//! On the device (the default): `tz_pair_top` (kernels/search.cu) finds each tensor's top bytes from
-//! its plane 1 histograms, `tz_pair_keys` (kernels/encode.cu) counts every sampled block's pair keys,
-//! and `tz_pair_model` (search.cu), after `tz_enc_tables`, makes the pair and rank tables, decides
-//! whether the plane pairs, and writes the encode kernel's tables (`PairBlock`) and the tensor's
-//! parameters — all on the stream, with no host round trip before the encode kernel. The host
-//! reads its output while the encoder runs ([`parse_out`]) and writes the blob's head from it.
+//! On the device (the default): seven small kernels of kernels/search.cu ([`KERNELS`]), on the
+//! stream after `tz_enc_tables`, find each tensor's top bytes, count every sampled block's pair
+//! keys and make its version 1 choice, make the pair table, sum the rank tables' counts, normalise
+//! and expand the rank tables, sum step 6's costs and decide; the encode kernel's tables
+//! (`PairBlock`) and the tensor's parameters are written on the device, with no host round trip
+//! before the encode kernel. The host reads the output while the encoder runs ([`parse_out`]) and
+//! writes the blob's head from it.
 //!
-//! On the host (the host search's path, [`crate::GpuEngine`]'s `pair_models`): the same keys
-//! counted by `tz_pair_keys`, the decisions made by the core's own `model::pair_plane_from_counts`,
-//! and the encode kernel's tables written by [`pair_block`].
+//! On the host (the host search's path, [`crate::GpuEngine`]'s `pair_models`): the core's own
+//! code on the sampled blocks' bytes, and the encode kernel's tables written by [`pair_block`].
 
 use std::sync::Arc;
 
@@ -26,16 +26,30 @@ use crate::error::{Error, Result};
 /// (`PAIR_ENTRIES_AT` in encode.cu, `PAIR_HEAD` in search.cu).
 const PAIR_HEAD: u64 = 528;
 
-/// One sampled block whose pair keys `tz_pair_keys` counts (layout shared with `struct
-/// PairKeysJob` in encode.cu).
+/// The pair model's kernels (search.cu), in launch order.
+pub(crate) const KERNELS: [&str; 7] = [
+    "tz_pair_top",
+    "tz_pair_keys",
+    "tz_pair_table",
+    "tz_pair_groups",
+    "tz_pair_tables",
+    "tz_pair_cost",
+    "tz_pair_decide",
+];
+
+/// One sampled block of a tensor that may pair (layout shared with `struct PairKeysJob` in
+/// search.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub(crate) struct PairKeysJob {
     pub data: u64,
     pub start: u64,
     pub len: u32,
-    /// Index of its tensor's 256-byte top map.
-    pub top: u32,
+    /// Its tensor's index among the [`PairJob`]s.
+    pub tensor: u32,
+    /// Its index among its tensor's sampled blocks.
+    pub block: u32,
+    pub pad: u32,
 }
 
 /// One tensor whose plane 1 may pair (layout shared with `struct PairJob` in search.cu, which
@@ -64,22 +78,30 @@ pub(crate) struct PairJob {
 unsafe impl DeviceRepr for PairKeysJob {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for PairJob {}
-// SAFETY: `repr(C)`: two u64 and two u32 (24 bytes, no padding).
+// SAFETY: `repr(C)`: two u64 and four u32 (32 bytes, no padding).
 unsafe impl Plain for PairKeysJob {}
 // SAFETY: `repr(C)`: eleven u64 and four u32 (104 bytes, no padding).
 unsafe impl Plain for PairJob {}
-const _: () = assert!(std::mem::size_of::<PairKeysJob>() == 24);
+const _: () = assert!(std::mem::size_of::<PairKeysJob>() == 32);
 const _: () = assert!(std::mem::size_of::<PairJob>() == 104);
 
-/// Bytes of a tensor's area (`PairJob::area`): the `PairBlock`, `max_tables` tables' entries,
-/// code lengths and info words, and the model's scratch for `n_sampled` blocks (a choice byte and
-/// a cost each).
-/// A multiple of 16 (the areas of a call lie side by side, and the entries are 16-byte loads).
+/// Bytes of a tensor's area (`PairJob::area`; `pair_area` in search.cu lays it out): the
+/// `PairBlock`, `max_tables` tables' entries, code lengths and info words, then the model's
+/// scratch — the summed pair counts, the rank tables' sums, step 6's sums, the pairs, the state,
+/// and per sampled block a choice byte and a cost. A multiple of 16 (the areas of a call lie side
+/// by side, and the entries are 16-byte loads).
 pub(crate) fn area_bytes(max_tables: u64, n_sampled: u64) -> u64 {
+    let r16 = |x: u64| x.div_ceil(16) * 16;
+    let pairs = MAX_PAIRS as u64;
     PAIR_HEAD
         + max_tables * (4096 + 1024 + 16)
-        + n_sampled.div_ceil(16) * 16
-        + 16 * n_sampled.div_ceil(2)
+        + r16(257 * 4)
+        + r16(max_tables * (pairs + 1) * 4)
+        + 16
+        + 2 * pairs
+        + 16
+        + r16(n_sampled)
+        + r16(8 * n_sampled)
 }
 
 /// Bytes of a tensor's output for the host (`PairJob::out`): a 16-byte head, the pair field and
@@ -88,28 +110,24 @@ pub(crate) fn out_bytes(max_tables: u64) -> u64 {
     (16 + 1 + 2 * MAX_PAIRS as u64 + max_tables * (3 + MAX_PAIRS as u64)).div_ceil(16) * 16
 }
 
-/// Queues the pair model of `n` tensors (`jobs`: a device array of [`PairJob`]s) whose sampled
-/// blocks are the `n_keys` [`PairKeysJob`]s at `keys_jobs`, their top maps at `tops` (256 bytes
-/// each, in job order): `tz_pair_top`, `tz_pair_keys`, `tz_pair_model`, in that order on `s`,
-/// after `tz_enc_tables` (whose code lengths and table counts the model reads).
+/// Queues the pair model ([`KERNELS`], `fs` in that order) of the tensors `jobs` (a device array
+/// of `n` [`PairJob`]s) whose sampled blocks are `keys_jobs` (`n_keys` [`PairKeysJob`]s), on
+/// `s`, after `tz_enc_tables` (whose code lengths and table counts the model reads).
 ///
 /// # Safety
 /// Device addresses of this context, alive until the stream has run the launches: every job's
 /// addresses as `struct PairJob` in search.cu describes them (its area [`area_bytes`] and output
-/// [`out_bytes`] long for `max_tables`), every keys job's units inside its tensor and its counts at
-/// its tensor's `keys` (the jobs of a tensor consecutive, in its sampled blocks' order).
-#[allow(clippy::too_many_arguments)]
+/// [`out_bytes`] long for `max_tables` and its sampled blocks, its keys 257 u32 for each of
+/// them, its top map 256 bytes), every keys job's units inside its tensor, its tensor and block
+/// indices inside the jobs and the tensor's sampled blocks.
 pub(crate) unsafe fn queue(
-    [top_f, keys_f, model_f]: [&CudaFunction; 3],
+    fs: &[CudaFunction],
     s: &Arc<CudaStream>,
-    jobs: u64,
-    n: u32,
-    keys_jobs: u64,
-    n_keys: u32,
-    (tops, keys_out): (u64, u64),
+    (jobs, n): (u64, u32),
+    (keys_jobs, n_keys): (u64, u32),
     max_tables: u32,
 ) -> Result<()> {
-    if n == 0 {
+    if n == 0 || fs.len() != KERNELS.len() {
         return Ok(());
     }
     let cfg = |grid: u32| LaunchConfig {
@@ -117,24 +135,35 @@ pub(crate) unsafe fn queue(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = s.launch_builder(top_f);
-    b.arg(&jobs);
-    // SAFETY: arguments match `tz_pair_top`; the addresses are the caller's promise.
-    unsafe { b.launch(cfg(n)) }?;
-    if n_keys > 0 {
-        let mut b = s.launch_builder(keys_f);
-        b.arg(&keys_jobs).arg(&tops).arg(&keys_out);
-        // SAFETY: arguments match `tz_pair_keys`; as above.
-        unsafe { b.launch(cfg(n_keys)) }?;
+    for (k, f) in fs.iter().enumerate() {
+        let mut b = s.launch_builder(f);
+        // Per tensor: (jobs, max_tables); per sampled block: (keys jobs, jobs, max_tables); per
+        // sampled block a warp (`tz_pair_cost`): (keys jobs, their count, jobs, max_tables).
+        let grid = match KERNELS[k] {
+            "tz_pair_keys" | "tz_pair_groups" => {
+                b.arg(&keys_jobs).arg(&jobs).arg(&max_tables);
+                n_keys
+            }
+            "tz_pair_cost" => {
+                b.arg(&keys_jobs).arg(&n_keys).arg(&jobs).arg(&max_tables);
+                n_keys.div_ceil(8)
+            }
+            _ => {
+                b.arg(&jobs).arg(&max_tables);
+                n
+            }
+        };
+        if grid == 0 {
+            continue;
+        }
+        // SAFETY: arguments match each kernel's (search.cu, in `KERNELS` order); the addresses
+        // are the caller's promise, and each kernel stays inside its job's buffers.
+        unsafe { b.launch(cfg(grid)) }?;
     }
-    let mut b = s.launch_builder(model_f);
-    b.arg(&jobs).arg(&max_tables);
-    // SAFETY: arguments match `tz_pair_model`; as above.
-    unsafe { b.launch(cfg(n)) }?;
     Ok(())
 }
 
-/// What `tz_pair_model` decided for a tensor whose plane 1 has `k` version 1 tables, from its
+/// What the pair model decided for a tensor whose plane 1 has `k` version 1 tables, from its
 /// output `out`: `None` (not paired), or the pair table and the `k` rank tables, each checked as a
 /// reader checks them (the format's parsers; every rank `0..=D` coded, nothing above) — a kernel
 /// bug gives an error, never a head the decoder cannot read.
@@ -172,7 +201,7 @@ pub(crate) fn parse_out(out: &[u8], k: usize) -> Result<Option<(PairTable, Vec<F
 }
 
 /// A paired plane's tables as the encode kernel reads them, written by the host (the host
-/// search's path; `tz_pair_model` writes the same on the device): the layout of `struct
+/// search's path; `tz_pair_tables` and `tz_pair_decide` write the same on the device): the layout of `struct
 /// PairBlock` in encode.cu — each byte's index among the top bytes (255 for others), the rank of
 /// each key `16 a + b` of top-byte indices, the escape rank as a u32 and 12 bytes of padding —
 /// then 256 16-byte entries ([`crate::encode::enc_entry`]) per rank table.
@@ -219,7 +248,7 @@ mod tests {
         (coder.table.clone(), pm.tables.clone())
     }
 
-    /// `tz_pair_model`'s output layout for a paired plane: head, pair field, rank tables.
+    /// The pair model's output layout for a paired plane: head, pair field, rank tables.
     fn output(pairs: &PairTable, tables: &[FreqTable]) -> Vec<u8> {
         let mut body = Vec::new();
         pairs.write(&mut body);

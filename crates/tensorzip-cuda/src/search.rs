@@ -173,12 +173,11 @@ pub(crate) fn units() -> crate::compile::Units {
 pub(crate) struct SearchKernels {
     pub search: CudaFunction,
     pub tables: CudaFunction,
-    /// Format version 2's pair model (`crate::pairs`).
-    pub pair_top: CudaFunction,
-    pub pair_model: CudaFunction,
+    /// Format version 2's pair model, in launch order (`crate::pair_model::KERNELS`).
+    pub pair: Vec<CudaFunction>,
 }
 
-/// The search unit's kernels (`tz_search`, `tz_enc_tables`, `tz_pair_top`, `tz_pair_model`), from `units` (compiled or cached),
+/// The search unit's kernels (`tz_search`, `tz_enc_tables`, the pair model's), from `units` (compiled or cached),
 /// with the unit's logarithm table filled (`tz_log2_init` on stream `s`, waited for before this
 /// returns). The table belongs to the loaded module, so it is filled once per module; the wait
 /// matters because the kernels are shared: queued on `s` only, the fill was ordered before this
@@ -202,8 +201,10 @@ pub(crate) fn load(
     Ok(SearchKernels {
         search: m.load_function("tz_search")?,
         tables: m.load_function("tz_enc_tables")?,
-        pair_top: m.load_function("tz_pair_top")?,
-        pair_model: m.load_function("tz_pair_model")?,
+        pair: crate::pair_model::KERNELS
+            .iter()
+            .map(|n| m.load_function(n))
+            .collect::<std::result::Result<_, _>>()?,
     })
 }
 
