@@ -86,9 +86,10 @@ fn plausible(ptr: usize, len: usize) -> PyResult<()> {
 }
 
 /// The encoder options as the torch layer passes them: one tuple `(chunk_bytes, block_units,
-/// passthrough_threshold, min_compress_bytes, max_tables, condition)` (`_core.Options.args()`).
+/// passthrough_threshold, min_compress_bytes, max_tables, condition, pair_exponents)`
+/// (`_core.Options.args()`).
 #[derive(FromPyObject)]
-pub(crate) struct OptionArgs(usize, u32, f64, usize, usize, bool);
+pub(crate) struct OptionArgs(usize, u32, f64, usize, usize, bool, bool);
 
 impl OptionArgs {
     /// The archive writer's options of a file the package writes (`save_file`, `compress_file`):
@@ -109,6 +110,7 @@ impl OptionArgs {
             min_compress_bytes,
             max_tables,
             condition,
+            pair_exponents,
         ) = self;
         let o = CompressOptions {
             chunk_bytes,
@@ -121,6 +123,7 @@ impl OptionArgs {
                 true => tensorzip::Condition::Auto,
                 false => tensorzip::Condition::Off,
             },
+            pair_exponents,
             ..Default::default()
         };
         o.validate().map_err(to_py)?;

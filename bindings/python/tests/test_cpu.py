@@ -39,6 +39,26 @@ def test_round_trip_every_dtype_and_shape(dtype, shape, gen):
         assert same(out, t), (dtype, shape, kw)
 
 
+def test_paired_exponents_write_format_version_2(gen, tmp_path):
+    """`pair_exponents=True` writes bf16 weights as format version 2 (the blob's version field),
+    which decodes bit-exactly; the same option through `save_file` and `compress_file` gives the
+    archive the command line writes with `--pair-exponents`; other dtypes stay version 1."""
+    w = gen(torch.bfloat16, (512, 384), 4)
+    v1 = tz.compress_tensor(w)
+    v2 = tz.compress_tensor(w, pair_exponents=True)
+    assert bytes(v1[4:6]) == b"\x01\x00" and bytes(v2[4:6]) == b"\x02\x00"
+    assert same(tz.decompress_tensor(v2, device="cpu"), w)
+    f = gen(torch.float32, (512, 384), 5)
+    assert bytes(tz.compress_tensor(f, pair_exponents=True)[4:6]) == b"\x01\x00"
+    tz.save_file({"w": w, "f": f}, tmp_path / "a.tz", pair_exponents=True)
+    back = tz.load_file(tmp_path / "a.tz")
+    assert same(back["w"], w) and same(back["f"], f)
+    plain = tmp_path / "plain.safetensors"
+    tz.decompress_file(tmp_path / "a.tz", plain)
+    tz.compress_file(plain, tmp_path / "b.tz", pair_exponents=True)
+    assert (tmp_path / "b.tz").read_bytes() == (tmp_path / "a.tz").read_bytes()
+
+
 def test_special_values_round_trip():
     vals = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40, 3.4e38] * 5000)
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
@@ -128,6 +148,7 @@ def _bytes(t: torch.Tensor) -> bytes:
         ({"block_units": 100}, ValueError, "block_units"),
         ({"max_tables": 0}, ValueError, "max_tables"),
         ({"condition": 1}, TypeError, "condition"),
+        ({"pair_exponents": "yes"}, TypeError, "pair_exponents"),
     ],
 )
 def test_invalid_options_name_the_field(kw, exc, field):

@@ -36,6 +36,20 @@ def test_gpu_and_cpu_blobs_are_identical_and_cross_decode(dtype, shape, gen):
         assert same(tz.decompress_tensor(gpu_blob, device="cpu"), t)
 
 
+def test_gpu_writes_the_cpus_paired_blobs(gen):
+    """`pair_exponents=True` on a CUDA tensor: the GPU encoder writes the CPU engine's format
+    version 2 blob, byte for byte, and each engine decodes it."""
+    for seed, shape in ((7, (512, 384)), (8, (3000, 1024)), (9, (33,))):
+        t = gen(torch.bfloat16, shape, seed)
+        for kw in ({"pair_exponents": True}, {"pair_exponents": True, "min_compress_bytes": 0, "condition": False}):
+            cpu_blob = tz.compress_tensor(t, **kw)
+            gpu_blob = tz.compress_tensor(t.cuda(), **kw)
+            assert torch.equal(cpu_blob, gpu_blob), (shape, kw)
+            assert same(tz.decompress_tensor(gpu_blob, device="cuda"), t)
+            assert same(tz.decompress_tensor(gpu_blob, device="cpu"), t)
+    assert bytes(tz.compress_tensor(gen(torch.bfloat16, (512, 384), 7), pair_exponents=True)[4:6]) == b"\x02\x00"
+
+
 def test_non_default_stream(gen):
     t = gen(torch.bfloat16, (2048, 1024), 2)
     s = torch.cuda.Stream()

@@ -39,7 +39,8 @@ use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme};
 use tensorzip::encoder::{check_len, stored_header};
 use tensorzip::joint::JointCounts;
 use tensorzip::model::{
-    model_from_counts, pair_plane_from_counts, pair_top_bytes, write_plane_tables, Model, Sampling,
+    model_from_counts, pair_plane_from_counts, pair_top_bytes, write_paired_plane_tables,
+    write_plane_tables, Model, Sampling,
 };
 use tensorzip::{CompressOptions, DType};
 
@@ -525,7 +526,6 @@ unsafe impl DeviceRepr for HistJob {}
 // SAFETY: `repr(C)`: u64, u64, u32, u32, u64 (32 bytes, no padding).
 unsafe impl Plain for HistJob {}
 
-/// A tensor of the batch being coded with planes.
 /// A tensor of a call, as [`GpuEngine::pair_models`] needs it.
 struct PairInput<'a> {
     /// Device address of its bytes (aligned to 16).
@@ -538,6 +538,7 @@ struct PairInput<'a> {
     may_pair: bool,
 }
 
+/// A tensor of the batch being coded with planes.
 struct Coded {
     /// Index of the tensor in the batch (its size, dtype and shape are there).
     index: usize,
@@ -570,7 +571,9 @@ impl GpuEngine {
         models: &mut [Model],
         opts: &CompressOptions,
     ) -> Result<()> {
-        let s = self.stream();
+        // The copies below are synchronous but not ordered after this stream's work (the
+        // aligned copies of the tensors): wait for it first.
+        self.stream().synchronize()?;
         for (i, t) in of.iter().enumerate() {
             let top = match t.may_pair {
                 true => pair_top_bytes(&models[i], t.header, t.hists),
@@ -594,7 +597,6 @@ impl GpuEngine {
                 }?;
                 blocks.push(top.count_keys(&bytes, &mut keys));
             }
-            s.synchronize()?;
             pair_plane_from_counts(
                 &mut models[i],
                 t.header,
@@ -1068,7 +1070,7 @@ impl GpuEngine {
         let dev_pair_bufs = match n_dev_pair {
             0 => None,
             // SAFETY: plain bytes and counts; every one the kernels read is written by them
-            // first (`tz_pair_model` writes its output's head before anything else).
+            // first (`tz_pair_top` starts each tensor's sums and its output's head).
             _ => Some(unsafe {
                 (
                     s.alloc::<u8>(area_len as usize)?,
@@ -1686,12 +1688,16 @@ impl GpuEngine {
                             c.header
                                 .write_version(tensorzip::blob::BLOB_VERSION_PAIRED, &mut prefix);
                             for (q, p) in planes.iter().enumerate() {
-                                match q == o {
-                                    true => pt.write(&mut prefix),
-                                    false => prefix.push(0),
-                                }
-                                let tables = if q == o { &ranks } else { &p.tables };
-                                write_plane_tables(tables, p.cond.as_ref(), &mut prefix);
+                                let (pairs, tables) = match q == o {
+                                    true => (Some(&pt), &ranks),
+                                    false => (None, &p.tables),
+                                };
+                                write_paired_plane_tables(
+                                    pairs,
+                                    tables,
+                                    p.cond.as_ref(),
+                                    &mut prefix,
+                                );
                             }
                             pair = area_base + area_at;
                         }

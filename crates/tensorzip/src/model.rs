@@ -526,8 +526,9 @@ pub fn pair_top_bytes(
 /// `model` of the sampled blocks `sampling`, their histograms `hists` (`[i * planes + p]`), the
 /// top bytes of [`pair_top_bytes`] and each sampled block's pair-key counts and other pairs
 /// (`blocks[i]`, as [`TopBytes::count_keys`] makes them). The CPU engine counts the keys from
-/// the tensor's bytes; the GPU engine counts them on the device and calls this on the host, so
-/// that both make the same decisions by the same code.
+/// the tensor's bytes; the GPU engine's host path from its sampled blocks downloaded, and its
+/// device model (kernels/search.cu, `tz_pair_*`) makes the same decisions on the device, checked
+/// against this by the GPU tests' byte comparisons.
 pub fn pair_plane_from_counts(
     model: &mut Model,
     header: &BlobHeader,
@@ -967,13 +968,13 @@ impl Model {
     pub fn write_tables(&self, out: &mut Vec<u8>) {
         let v2 = self.version() == crate::blob::BLOB_VERSION_PAIRED;
         for pm in &self.planes {
-            if v2 {
-                match &pm.pairs {
-                    Some(pc) => pc.table.write(out),
-                    None => out.push(0),
+            match v2 {
+                true => {
+                    let pairs = pm.pairs.as_ref().map(|pc| &pc.table);
+                    write_paired_plane_tables(pairs, &pm.tables, pm.cond.as_ref(), out)
                 }
+                false => write_plane_tables(&pm.tables, pm.cond.as_ref(), out),
             }
-            write_plane_tables(&pm.tables, pm.cond.as_ref(), out);
         }
     }
 
@@ -1007,6 +1008,22 @@ pub fn write_plane_tables(tables: &[FreqTable], cond: Option<&(u8, FreqTable)>, 
             t.write(out);
         }
     }
+}
+
+/// Appends one plane's part of a version 2 blob's tables section (FORMAT.md section 12): its pair
+/// field (`pairs`' table, or 0 for a plane not paired), then [`write_plane_tables`]. (The GPU
+/// encoder writes the heads of the blobs its device model pairs with it.)
+pub fn write_paired_plane_tables(
+    pairs: Option<&crate::pairs::PairTable>,
+    tables: &[FreqTable],
+    cond: Option<&(u8, FreqTable)>,
+    out: &mut Vec<u8>,
+) {
+    match pairs {
+        Some(t) => t.write(out),
+        None => out.push(0),
+    }
+    write_plane_tables(tables, cond, out);
 }
 
 /// Selector of a block whose plane bytes are all `v` (a single-symbol table of `v` if the plane has

@@ -13,7 +13,8 @@ Differences (improvements only):
   CRC-32s to keep and `hash_tensor_with_crc32` recomputes them.
 * The blob format is tensorzip's (docs/FORMAT.md), not cuZipNN's; `sub_chunk_bytes` is validated
   and otherwise ignored (nvCOMP's sub-chunks have no counterpart: tensorzip's adaptive unit is
-  `block_units`). Extra keyword-only options: `block_units`, `max_tables`, `condition`.
+  `block_units`). Extra keyword-only options: `block_units`, `max_tables`, `condition`,
+  `pair_exponents` (format version 2: bf16 exponents two units a symbol, experimental).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ DEFAULT_MAX_TABLES = 8
 _MAX_NDIM = 64
 
 
-def _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition):
-    opts = _core.Options(chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
+def _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition, pair_exponents):
+    opts = _core.Options(
+        chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition, pair_exponents
+    )
     _core.check_options(opts)
     return opts
 
@@ -119,6 +122,7 @@ def compress_tensor(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
+    pair_exponents: bool = False,
 ) -> torch.Tensor:
     """Compress a tensor losslessly; returns the blob as a 1-D uint8 CPU tensor.
 
@@ -129,11 +133,14 @@ def compress_tensor(
     16 MiB). sub_chunk_bytes: accepted for cuZipNN compatibility (must be positive; unused).
     passthrough_threshold: a block stays coded only below this fraction of its raw size, in (0, 1].
     min_compress_bytes: tensors smaller than this are stored uncompressed. pin_memory: return the
-    blob in pinned memory (when CUDA is available). block_units, max_tables, condition: tensorzip's
-    own encoder options (docs/FORMAT.md).
+    blob in pinned memory (when CUDA is available). block_units, max_tables, condition,
+    pair_exponents: tensorzip's own encoder options (docs/FORMAT.md; pair_exponents writes format
+    version 2 where it pays, experimental: readers older than format version 2 refuse it).
     """
     _check_sub_chunk(sub_chunk_bytes)
-    opts = _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    opts = _options(
+        chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition, pair_exponents
+    )
     blob, _ = _compress(tensor, opts, pin_memory, None)
     return blob
 
@@ -150,13 +157,16 @@ def compress_tensor_with_crc32(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
+    pair_exponents: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`compress_tensor` (same arguments, same blob), plus the CRC-32 (as `zlib.crc32`) of every
     `checksum_chunk_bytes` bytes of the blob, the last piece possibly shorter, as a 1-D uint32 CPU
     tensor. Computed on the GPU for CUDA tensors (before the blob is copied back)."""
     _check_sub_chunk(sub_chunk_bytes)
     _check_piece(checksum_chunk_bytes)  # None too: the checksums are this call's result
-    opts = _options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    opts = _options(
+        chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition, pair_exponents
+    )
     blob, crc = _compress(tensor, opts, pin_memory, checksum_chunk_bytes)
     assert crc is not None
     return blob, crc

@@ -65,6 +65,8 @@ class Options:
     min_compress_bytes: int
     max_tables: int
     condition: bool
+    # Format version 2 (docs/FORMAT.md section 12): bf16 exponents two units a symbol.
+    pair_exponents: bool = False
 
     def args(self) -> tuple:
         """The fields in declaration order: the tuple the native module takes (`OptionArgs`)."""
@@ -87,6 +89,7 @@ def check_options(opts: Options) -> None:
     if isinstance(opts.passthrough_threshold, bool) or not isinstance(opts.passthrough_threshold, (int, float)):
         raise TypeError(f"passthrough_threshold must be a float, not {type(opts.passthrough_threshold).__name__}")
     check_bool("condition", opts.condition)
+    check_bool("pair_exponents", opts.pair_exponents)
     if opts.chunk_bytes <= 0 or opts.chunk_bytes % 8 or opts.chunk_bytes > 16 << 20:
         raise ValueError(f"chunk_bytes = {opts.chunk_bytes} must be a positive multiple of 8, at most {16 << 20}")
     b = opts.block_units

@@ -92,6 +92,7 @@ def save_file(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
+    pair_exponents: bool = False,
 ) -> None:
     """Saves `tensors` (name -> tensor, any device; each contiguous or made so) as a tensorzip
     archive at `filename`, written through a temporary file renamed into place. `metadata` is the
@@ -105,7 +106,9 @@ def save_file(
     if metadata is not None:
         if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("metadata must be a dict of str -> str")
-    opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    opts = _codec._options(
+        chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition, pair_exponents
+    )
     # Tensors all on one GPU (a model's state_dict on its device) are encoded there and never
     # copied to the host; any other mix goes through the CPU engine (CUDA tensors copied first).
     devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
@@ -585,6 +588,7 @@ def compress_file(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
+    pair_exponents: bool = False,
     verify: bool = False,
     overwrite: bool = False,
 ) -> tuple[int, int]:
@@ -597,7 +601,9 @@ def compress_file(
     safetensors file raises ValueError naming it."""
     src = os.fsdecode(src)
     dst = src + ".tz" if dst is None else os.fsdecode(dst)
-    opts = _codec._options(chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition)
+    opts = _codec._options(
+        chunk_bytes, passthrough_threshold, min_compress_bytes, block_units, max_tables, condition, pair_exponents
+    )
     _core.check_bool("verify", verify)
     _refuse_existing(dst, overwrite)
     return _native.compress_file(src, dst, opts.args(), verify)

@@ -5,8 +5,9 @@ from pathlib import Path
 
 __version__: str
 
-# (chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition)
-OptionArgs = tuple[int, int, float, int, int, bool]
+# (chunk_bytes, block_units, passthrough_threshold, min_compress_bytes, max_tables, condition,
+# pair_exponents)
+OptionArgs = tuple[int, int, float, int, int, bool, bool]
 
 class RustBytes:
     def ptr(self) -> int: ...
