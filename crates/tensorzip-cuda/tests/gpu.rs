@@ -207,20 +207,16 @@ fn paired_cases(n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
     ]
 }
 
-/// Format version 2 (FORMAT.md section 12): the GPU decodes the CPU engine's blobs with paired
-/// exponents — ranks expanded through the pair table, escape groups, odd last blocks, blocks in
-/// shared memory and in global scratch, with and without the conditioned plane — in each warp
-/// layout, alone and in one batch with version 1 blobs.
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
-fn gpu_decodes_cpu_blobs_with_paired_exponents() {
-    let layouts = layouts();
+/// The option sets of the version 2 tests: defaults; short chunks of 64-unit blocks and three
+/// tables; 8192-unit blocks in 1 MiB chunks (staged in global scratch); no conditioned plane; one
+/// table and a lower threshold (more blocks turned raw by their escapes).
+fn paired_sets() -> Vec<CompressOptions> {
     let paired = |o: CompressOptions| CompressOptions {
         pair_exponents: true,
         min_compress_bytes: 0,
         ..o
     };
-    let sets = [
+    vec![
         paired(CompressOptions::default()),
         paired(CompressOptions {
             chunk_bytes: 4096 + 8,
@@ -239,14 +235,30 @@ fn gpu_decodes_cpu_blobs_with_paired_exponents() {
         }),
         paired(CompressOptions {
             max_tables: 1,
+            passthrough_threshold: 0.8,
             ..Default::default()
         }),
-    ];
-    let sizes: &[usize] = if quick() {
-        &[1, 70_001]
+    ]
+}
+
+/// The element counts of the version 2 tests (fewer in quick mode, as under the sanitizer).
+fn paired_sizes() -> &'static [usize] {
+    if quick() {
+        &[1, 4097, 70_001]
     } else {
         &[0, 1, 33, 4097, 50_001, 70_001, 262_145]
-    };
+    }
+}
+
+/// Format version 2 (FORMAT.md section 12): the GPU decodes the CPU engine's blobs with paired
+/// exponents — ranks expanded through the pair table, escape groups, odd last blocks, blocks in
+/// shared memory and in global scratch, with and without the conditioned plane — in each warp
+/// layout, alone and in one batch with version 1 blobs.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_decodes_cpu_blobs_with_paired_exponents() {
+    let layouts = layouts();
+    let (sets, sizes) = (paired_sets(), paired_sizes());
     let (mut v2, mut total) = (0, 0);
     let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     for &n in sizes {
@@ -291,39 +303,7 @@ fn gpu_decodes_cpu_blobs_with_paired_exponents() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_encodes_the_cpu_engines_bytes_with_paired_exponents() {
     let eng = engine();
-    let paired = |o: CompressOptions| CompressOptions {
-        pair_exponents: true,
-        min_compress_bytes: 0,
-        ..o
-    };
-    let sets = [
-        paired(CompressOptions::default()),
-        paired(CompressOptions {
-            chunk_bytes: 4096 + 8,
-            block_units: 64,
-            max_tables: 3,
-            ..Default::default()
-        }),
-        paired(CompressOptions {
-            chunk_bytes: 1 << 20,
-            block_units: 8192,
-            ..Default::default()
-        }),
-        paired(CompressOptions {
-            condition: Condition::Off,
-            ..Default::default()
-        }),
-        paired(CompressOptions {
-            max_tables: 1,
-            passthrough_threshold: 0.8,
-            ..Default::default()
-        }),
-    ];
-    let sizes: &[usize] = if quick() {
-        &[1, 4097, 70_001]
-    } else {
-        &[0, 1, 33, 4097, 50_001, 70_001, 262_145]
-    };
+    let (sets, sizes) = (paired_sets(), paired_sizes());
     let (mut v2, mut total) = (0, 0);
     let mut failures = Vec::new();
     for (k, opts) in sets.iter().enumerate() {
