@@ -64,7 +64,8 @@ struct EncParams {
     u64 off_esc;          // slot layout: a paired block's escape group (block_units bytes)
 };
 
-// A paired plane's coding tables (format version 2; shared with `PairBlock` in src/encode.rs): the
+// A paired plane's coding tables (format version 2; written by `tz_pair_tables` and
+// `tz_pair_decide` in search.cu, or by `pair_model::pair_block` on the host, PAIR_HEAD there): the
 // top bytes' index of each byte (255 for others), the rank of each key 16 a + b of top-byte indices
 // (the escape for keys of no pair), the escape rank D, then the rank tables' entries (as
 // `tz_enc_tables` writes a table's: 256 per table, table j's at entries[256 j]).
@@ -848,8 +849,9 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
 // ---------------------------------------------------------------------------------------------
 // Format version 2's paired exponent plane (FORMAT.md section 12): bf16's plane 1 coded as the
 // ranks of its units' pairs (2i, 2i + 1) in the tensor's pair table, the pairs outside it as the
-// escape rank D with their bytes in an escape group. The model (pair table, rank tables) is the
-// host's, by the core's code (`model::pair_plane_from_counts`), so the blobs are the CPU engine's.
+// escape rank D with their bytes in an escape group. The model (pair table, rank tables, the
+// PairBlock) is made before this kernel runs: on the device by search.cu's `tz_pair_*` kernels, or
+// by the host with the core's code (src/pair_model.rs), the CPU engine's decisions either way.
 
 // The rank of the pair of exponent bytes (a, b), by the plane's top map `top` and key ranks `kr`
 // (the first 512 bytes of its PairBlock, copied to the warp's shared memory).
@@ -1298,7 +1300,7 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
                        host_outs ? host_outs + 3 * (u64)k : nullptr, lane, (u32*)mine, planes, stage_bytes > 0);
 }
 
-#define ENTRIES(SUFFIX, U, E, LB, PAIR)                                                                         \
+#define ENTRIES(SUFFIX, U, E, LB, PAIR)                                                                     \
     extern "C" __global__ void __launch_bounds__(1024) tz_hist_##SUFFIX(                                     \
         const HistJob* __restrict__ jobs, const EncParams* __restrict__ params, const u64* __restrict__ picks, \
         u32* __restrict__ hists, u32* __restrict__ joint, u32 joint_smem) {                                 \
@@ -1309,8 +1311,8 @@ __device__ __forceinline__ void encode_entry(const EncJob* __restrict__ jobs, u3
         const uint4* __restrict__ fcs, const u32* __restrict__ cls, const u32* __restrict__ tinfo,          \
         const u8* __restrict__ const_sel, u8* __restrict__ scratch, ChunkOut* __restrict__ outs,            \
         uint4* __restrict__ host_outs, u32 stage_bytes, u32 warps) {                                        \
-        encode_entry<U, E, PAIR>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, host_outs,      \
-                           stage_bytes, warps);                                                             \
+        encode_entry<U, E, PAIR>(jobs, n_jobs, params, fcs, cls, tinfo, const_sel, scratch, outs, host_outs,\
+                                 stage_bytes, warps);                                                       \
     }
 // The encoder's launch bounds: blocks of up to 8 warps for 1- and 2-byte units (compiled as tuned; the
 // bounds of the wider kernels made the bf16 one 2-3% slower), up to 11 for 4- and 8-byte units, whose
