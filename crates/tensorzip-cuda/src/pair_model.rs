@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use tensorzip::pairs::{PairCoder, PairTable, MAX_PAIRS};
 use tensorzip::rans::table::FreqTable;
 
@@ -74,10 +74,6 @@ pub(crate) struct PairJob {
     pub threshold: u32,
 }
 
-// SAFETY: plain `repr(C)` structs of integers, laid out as their CUDA counterparts.
-unsafe impl DeviceRepr for PairKeysJob {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for PairJob {}
 // SAFETY: `repr(C)`: two u64 and four u32 (32 bytes, no padding).
 unsafe impl Plain for PairKeysJob {}
 // SAFETY: `repr(C)`: eleven u64 and four u32 (104 bytes, no padding).

@@ -177,8 +177,8 @@ pub(crate) struct SearchKernels {
     pub pair: Vec<CudaFunction>,
 }
 
-/// The search unit's kernels (`tz_search`, `tz_enc_tables`, the pair model's), from `units` (compiled or cached),
-/// with the unit's logarithm table filled (`tz_log2_init` on stream `s`, waited for before this
+/// The search unit's kernels (`tz_search`, `tz_enc_tables`, the pair model's), from `units`
+/// (compiled or cached), with the unit's logarithm table filled (`tz_log2_init` on stream `s`, waited for before this
 /// returns). The table belongs to the loaded module, so it is filled once per module; the wait
 /// matters because the kernels are shared: queued on `s` only, the fill was ordered before this
 /// caller's searches but not before another thread's on another stream, which could read the
