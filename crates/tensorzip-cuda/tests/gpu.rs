@@ -207,6 +207,34 @@ fn paired_cases(n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
     ]
 }
 
+/// `data` compressed by both engines: the CPU's blob where the GPU's equals it (and decodes on the
+/// GPU to `data`), else how they differ (both lengths and the first differing byte), named by
+/// `label`.
+fn gpu_blob_is_the_cpus(
+    eng: &GpuEngine,
+    data: &[u8],
+    dtype: DType,
+    shape: &[u64],
+    opts: &CompressOptions,
+    label: &str,
+) -> Result<Vec<u8>, String> {
+    let cpu = compress(data, dtype, shape, opts).unwrap();
+    let gpu = eng
+        .compress_host(data, dtype, shape, opts)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    if gpu != cpu {
+        let at = gpu.iter().zip(&cpu).position(|(a, b)| a != b);
+        return Err(format!(
+            "{label}: gpu {} bytes, cpu {}, first difference at {at:?}",
+            gpu.len(),
+            cpu.len()
+        ));
+    }
+    let back = eng.decompress_host(&[&gpu]).unwrap();
+    assert_eq!(back[0].data, data, "{label}");
+    Ok(cpu)
+}
+
 /// The option sets of the version 2 tests: defaults; short chunks of 64-unit blocks and three
 /// tables; 8192-unit blocks in 1 MiB chunks (costs in 64 bits); 32768-unit blocks (staged in the
 /// chunk's global scratch, where the encoder's ranks are coded without the lean steps; added
@@ -318,24 +346,15 @@ fn gpu_encodes_the_cpu_engines_bytes_with_paired_exponents() {
         for &n in sizes {
             for (name, data) in paired_cases(n, n as u64 + 11) {
                 let shape = vec![n as u64];
-                let cpu = compress(&data, DType::BF16, &shape, opts).unwrap();
+                let label = format!("{name} n={n} opts#{k}");
                 total += 1;
-                v2 += (cpu.get(4..6) == Some(&[2, 0])) as usize;
-                let gpu = eng
-                    .compress_host(&data, DType::BF16, &shape, opts)
-                    .unwrap_or_else(|e| panic!("{name} n={n} opts#{k}: {e}"));
-                if gpu != cpu {
-                    let at = gpu.iter().zip(&cpu).position(|(a, b)| a != b);
-                    failures.push(format!(
-                        "{name} n={n} opts#{k}: gpu {} bytes, cpu {}, first difference at {at:?}",
-                        gpu.len(),
-                        cpu.len()
-                    ));
-                    continue;
+                match gpu_blob_is_the_cpus(&eng, &data, DType::BF16, &shape, opts, &label) {
+                    Ok(cpu) => {
+                        v2 += (cpu.get(4..6) == Some(&[2, 0])) as usize;
+                        items.push((data, shape, cpu));
+                    }
+                    Err(f) => failures.push(f),
                 }
-                let back = eng.decompress_host(&[&gpu]).unwrap();
-                assert_eq!(back[0].data, data, "{name} n={n} opts#{k}");
-                items.push((data, shape, cpu));
             }
         }
         let batch: Vec<tensorzip::archive::BlobItem<'_>> = items
@@ -468,22 +487,13 @@ fn gpu_encodes_the_cpu_engines_bytes_for_every_dtype_and_shape() {
                 };
                 for shape in shapes {
                     for (k, opts) in sets.iter().enumerate() {
-                        let cpu = compress(&data, dtype, &shape, opts).unwrap();
-                        let gpu = eng
-                            .compress_host(&data, dtype, &shape, opts)
-                            .unwrap_or_else(|e| panic!("{dtype} {name} n={n} opts#{k}: {e}"));
-                        if gpu != cpu {
-                            let at = gpu.iter().zip(&cpu).position(|(a, b)| a != b);
-                            failures.push(format!(
-                                "{dtype} {name} n={n} {shape:?} opts#{k}: gpu {} bytes, cpu {}, first difference at {at:?}",
-                                gpu.len(),
-                                cpu.len()
-                            ));
-                            continue;
-                        }
                         // The GPU decodes its own blob too.
-                        let back = eng.decompress_host(&[&gpu]).unwrap();
-                        assert_eq!(back[0].data, data, "{dtype} {name} n={n} opts#{k}");
+                        let label = format!("{dtype} {name} n={n} {shape:?} opts#{k}");
+                        if let Err(f) =
+                            gpu_blob_is_the_cpus(&eng, &data, dtype, &shape, opts, &label)
+                        {
+                            failures.push(f);
+                        }
                     }
                 }
             }
