@@ -41,8 +41,8 @@ def test_round_trip_every_dtype_and_shape(dtype, shape, gen):
 
 def test_paired_exponents_write_format_version_2(gen, tmp_path):
     """`pair_exponents=True` writes bf16 weights as format version 2 (the blob's version field),
-    which decodes bit-exactly; the same option through `save_file` and `compress_file` gives the
-    archive the command line writes with `--pair-exponents`; other dtypes stay version 1."""
+    which decodes bit-exactly; `save_file` and `compress_file` with the option write the same
+    archive; other dtypes stay version 1."""
     w = gen(torch.bfloat16, (512, 384), 4)
     v1 = tz.compress_tensor(w)
     v2 = tz.compress_tensor(w, pair_exponents=True)

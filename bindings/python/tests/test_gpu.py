@@ -47,7 +47,8 @@ def test_gpu_writes_the_cpus_paired_blobs(gen):
             assert torch.equal(cpu_blob, gpu_blob), (shape, kw)
             assert same(tz.decompress_tensor(gpu_blob, device="cuda"), t)
             assert same(tz.decompress_tensor(gpu_blob, device="cpu"), t)
-    assert bytes(tz.compress_tensor(gen(torch.bfloat16, (512, 384), 7), pair_exponents=True)[4:6]) == b"\x02\x00"
+            if shape == (512, 384) and len(kw) == 1:
+                assert bytes(gpu_blob[4:6]) == b"\x02\x00"  # the weights pair: version 2
 
 
 def test_non_default_stream(gen):
