@@ -867,11 +867,10 @@ __device__ __forceinline__ void pair_maps(u8* dst, const PairBlock* __restrict__
     __syncwarp();
 }
 
-// The escaped pairs among a block's `blen` exponent bytes `pp` (the warp's sum), by the maps at `m`.
-__device__ __forceinline__ u32 pair_escapes(const u8* pp, u32 blen, const u8* m, u32 d, int lane) {
-    u32 n = 0;
-    for (u32 i = lane; i < blen / 2; i += 32) n += pair_rank(m, m + 256, pp[2 * i], pp[2 * i + 1], d) == d;
-    return (u32)warp_sum64(n);
+// The ranks of the two pairs of exponent bytes in `w` (bytes 0-1 and 2-3), in bytes 0 and 1.
+__device__ __forceinline__ u32 pair_ranks2(u32 w, const u8* m, u32 d) {
+    return pair_rank(m, m + 256, w & 0xFFu, (w >> 8) & 0xFFu, d) |
+           pair_rank(m, m + 256, (w >> 16) & 0xFFu, w >> 24, d) << 8;
 }
 
 // The entry of byte `s` in the escape group's uniform table (frequency 16, cumulative 16 s:
@@ -879,8 +878,8 @@ __device__ __forceinline__ u32 pair_escapes(const u8* pp, u32 blen, const u8* m,
 __device__ __forceinline__ uint4 uniform_entry(u32 s) { return make_uint4(0u, 256u, 16u * s, 4096u - 16u); }
 
 // A paired block's symbols, backwards (the decoder reads its ranks, then its escape group). First a
-// pass over its pairs, 32 a step, with the maps in the warp's shared `hist`: each rank written over
-// the block's exponent bytes `pp` (rank i at byte i: a step writes below the bytes any later step
+// pass over its pairs, 128 a round, with the maps in the warp's shared `hist`: each rank written over
+// the block's exponent bytes `pp` (rank i at byte i: a round writes below the bytes any later round
 // reads, and after its own reads), each escaped pair's two bytes gathered in pair order into `esc`
 // (the chunk's slot, block_units bytes), then an odd last unit's byte. Then the escape group, coded
 // with the uniform table, and the ranks with the plane's rank table `sel`: its entries copied to
@@ -892,28 +891,43 @@ __device__ void pair_put(u32& x, int& down, u8* pp, u32 pp_sh, u32 blen, u32 sel
     const u32 lt = lanemask_lt(), gt = lanemask_gt();
     const u8* m = (const u8*)hist;
     pair_maps((u8*)hist, pb, lane);
+    // An odd last unit's byte, read before the pass's rank words can cover it (blen 3 or 5).
+    const u32 odd = blen & 1 ? (u32)pp[blen - 1] : 0u;
     u32 ne = 0;
-    for (u32 i0 = 0; i0 < np; i0 += 32) {
-        const u32 i = i0 + lane;
-        u32 a = 0, b = 0, r = d;
+    // Four pairs a lane, 128 a round: one 8-byte load, their four ranks stored as one word at
+    // byte i (bytes 2i..2i+8 read; i < np <= bu / 2 and i a multiple of 4, so both stay inside the
+    // plane). Ranks past np are stored too: no later read takes them, and the next round reads
+    // from byte 2 (i0 + 128) up. Escapes are rare: their places are counted only in rounds with one.
+    for (u32 i0 = 0; i0 < np; i0 += 128) {
+        const u32 i = i0 + 4 * lane;
+        u64 w = 0;
+        u32 r = 0, em = 0;
         if (i < np) {
-            a = pp[2 * i];
-            b = pp[2 * i + 1];
-            r = pair_rank(m, m + 256, a, b, d);
+            w = *(const u64*)(pp + 2 * i);
+            r = pair_ranks2((u32)w, m, d) | pair_ranks2((u32)(w >> 32), m, d) << 16;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) em |= (u32)(((r >> (8 * j)) & 0xFFu) == d && i + j < np) << j;
         }
-        const bool e = i < np && r == d;
-        const u32 em = __ballot_sync(FULL, e);
-        if (e) {
-            const u32 k = ne + 2 * __popc(em & lt);
-            esc[k] = (u8)a;
-            esc[k + 1] = (u8)b;
+        if (__any_sync(FULL, em != 0)) {
+            // Each lane's escapes (0-4) placed by a prefix sum over three ballots of their count's bits.
+            const u32 c = __popc(em);
+            const u32 b0 = __ballot_sync(FULL, c & 1u), b1 = __ballot_sync(FULL, c & 2u), b2 = __ballot_sync(FULL, c & 4u);
+            u32 k = ne + 2 * (__popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt));
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (em >> j & 1u) {
+                    esc[k] = (u8)(w >> (16 * j));
+                    esc[k + 1] = (u8)(w >> (16 * j + 8));
+                    k += 2;
+                }
+            }
+            ne += 2 * (__popc(b0) + 2 * __popc(b1) + 4 * __popc(b2));
         }
-        ne += 2 * __popc(em);
         __syncwarp();
-        if (i < np) pp[i] = (u8)r;
+        if (i < np) *(u32*)(pp + i) = r;
     }
     if (blen & 1) {
-        if (lane == 0) esc[ne] = pp[blen - 1];
+        if (lane == 0) esc[ne] = (u8)odd;
         ne++;
     }
     __syncwarp();
@@ -979,6 +993,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
     // A paired plane's maps, for counting each block's escapes, above its histograms (2 KiB of the
     // warp's 4 KiB: bf16's two planes), where phase 1 leaves them.
     u32 pair_d = 0;
+    const u8* pmaps = (const u8*)hist + 2048;
     if (PAIR && P.pair) {
         pair_maps((u8*)hist + 2048, (const PairBlock*)P.pair, lane);
         pair_d = __ldg(&((const PairBlock*)P.pair)->escape);
@@ -987,6 +1002,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
     for (u32 b = 0; b < nb; b++) {
         const u32 bl = b * bu, blen = min(bu, len - bl);
         stage<U, E>(src, bl, blen, planes, bu, lane);
+        u32 pesc = 0;  // this lane's escaped pairs of the block (a paired plane)
         // Histograms only of the planes with block tables (their blocks choose a table by cost);
         // the others (raw, conditioned: for bf16 one plane of two, for fp32 three of four) need
         // only the constant test, a warp vote.
@@ -1000,6 +1016,8 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             if (P.n_tables[p] == 0) continue;
             const u8* pp = planes + (u64)p * bu;
             u32* hp = hist + p * 256;
+            // A paired plane's escaped pairs are counted on the way (pairs (k, k + 1), k even).
+            const bool pe = PAIR && p == 1 && P.pair;
             for (u32 i = 4 * lane; i < blen; i += 128) {
                 if (i + 4 <= blen) {
                     const u32 w = *(const u32*)(pp + i);
@@ -1007,12 +1025,20 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                     atomicAdd(&hp[(w >> 8) & 0xFFu], 1u);
                     atomicAdd(&hp[(w >> 16) & 0xFFu], 1u);
                     atomicAdd(&hp[w >> 24], 1u);
+                    if (pe) {
+                        const u32 r = pair_ranks2(w, pmaps, pair_d);
+                        pesc += ((r & 0xFFu) == pair_d) + ((r >> 8) == pair_d);
+                    }
                 } else {
                     for (u32 k = i; k < blen; k++) atomicAdd(&hp[pp[k]], 1u);
+                    if (pe)
+                        for (u32 k = i; k + 1 < blen; k += 2) pesc += pair_rank(pmaps, pmaps + 256, pp[k], pp[k + 1], pair_d) == pair_d;
                 }
             }
         }
         __syncwarp();
+        // The block's escaped pairs (the warp's sum), for step 5's test below.
+        const u32 n_esc = PAIR && P.pair ? __reduce_add_sync(FULL, pesc) : 0u;
         #pragma unroll
         for (int p = 0; p < U; p++) {
             const u32 first = planes[(u64)p * bu];
@@ -1030,7 +1056,7 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                     u64 c = 0;
                     sel = choose<true>(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane, &c);
                     if (sel < SEL_CONST) {
-                        const u64 ne = 2 * pair_escapes(planes + bu, blen, (const u8*)hist + 2048, pair_d, lane) + (blen & 1);
+                        const u64 ne = 2 * (u64)n_esc + (blen & 1);
                         if (((c + ((8 * ne) << 16)) << 16) >= (u64)P.threshold * ((u64)(8 * blen) << 16)) sel = SEL_RAW;
                     }
                 }

@@ -1070,12 +1070,13 @@ impl GpuEngine {
         let dev_pair_bufs = match n_dev_pair {
             0 => None,
             // SAFETY: plain bytes and counts; every one the kernels read is written by them
-            // first (`tz_pair_top` starts each tensor's sums and its output's head).
+            // first (`tz_pair_top` starts each tensor's sums and its output's head), but for the
+            // top maps' totals, zeroed here.
             _ => Some(unsafe {
                 (
                     s.alloc::<u8>(area_len as usize)?,
                     s.alloc::<u8>(pout_len as usize)?,
-                    s.alloc::<u8>(256 * n_dev_pair)?,
+                    s.alloc_zeros::<u8>(crate::pair_model::TOP_BYTES as usize * n_dev_pair)?,
                     s.alloc::<u32>(257 * n_keys)?,
                 )
             }),
@@ -1110,7 +1111,7 @@ impl GpuEngine {
                     crate::pair_model::PairJob {
                         hists: counts_ptr + 4 * (c.hist_at + o * 256) as u64,
                         keys: keys + 4 * 257 * key_at as u64,
-                        top: tops + 256 * m as u64,
+                        top: tops + crate::pair_model::TOP_BYTES * m as u64,
                         area: area + area_at,
                         out: pout + out_at,
                         n_blocks: c.sampling.n_blocks,

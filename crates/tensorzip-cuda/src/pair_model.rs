@@ -26,6 +26,16 @@ use crate::error::{Error, Result};
 /// (`PAIR_ENTRIES_AT` in encode.cu, `PAIR_HEAD` in search.cu).
 const PAIR_HEAD: u64 = 528;
 
+/// Bytes of a tensor's top map and `tz_pair_top`'s totals and ticket (`PairJob::top`; zeroed
+/// before the model runs).
+pub(crate) const TOP_BYTES: u64 = 256 + 4 * 256 + 16;
+
+/// Thread blocks of `tz_pair_top` per tensor (`PAIR_TOP_SLICES` in search.cu).
+const TOP_SLICES: u32 = 16;
+
+/// Sampled blocks a thread block of `tz_pair_groups` sums (`PAIR_GROUP_BATCH` in search.cu).
+const GROUP_BATCH: u32 = 16;
+
 /// The pair model's kernels (search.cu), in launch order.
 pub(crate) const KERNELS: [&str; 7] = [
     "tz_pair_top",
@@ -114,7 +124,7 @@ pub(crate) fn out_bytes(max_tables: u64) -> u64 {
 /// Device addresses of this context, alive until the stream has run the launches: every job's
 /// addresses as `struct PairJob` in search.cu describes them (its area [`area_bytes`] and output
 /// [`out_bytes`] long for `max_tables` and its sampled blocks, its keys 257 u32 for each of
-/// them, its top map 256 bytes), every keys job's units inside its tensor, its tensor and block
+/// them, its top map [`TOP_BYTES`] long and zeroed), every keys job's units inside its tensor, its tensor and block
 /// indices inside the jobs and the tensor's sampled blocks.
 pub(crate) unsafe fn queue(
     fs: &[CudaFunction],
@@ -126,35 +136,45 @@ pub(crate) unsafe fn queue(
     if n == 0 || fs.len() != KERNELS.len() {
         return Ok(());
     }
-    let cfg = |grid: u32| LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
     for (k, f) in fs.iter().enumerate() {
         let mut b = s.launch_builder(f);
-        // Per tensor: (jobs, max_tables); per sampled block: (keys jobs, jobs, max_tables); per
-        // sampled block a warp (`tz_pair_cost`): (keys jobs, their count, jobs, max_tables).
-        let grid = match KERNELS[k] {
-            "tz_pair_keys" | "tz_pair_groups" => {
+        // Per tensor: (jobs, max_tables), `tz_pair_top` in slices; per sampled block: (keys jobs,
+        // jobs, max_tables); per sampled block a warp (`tz_pair_cost`) or per batch of them
+        // (`tz_pair_groups`): (keys jobs, their count, jobs, max_tables).
+        let (x, y) = match KERNELS[k] {
+            "tz_pair_keys" => {
                 b.arg(&keys_jobs).arg(&jobs).arg(&max_tables);
-                n_keys
+                (n_keys, 1)
             }
-            "tz_pair_cost" => {
+            "tz_pair_groups" | "tz_pair_cost" => {
                 b.arg(&keys_jobs).arg(&n_keys).arg(&jobs).arg(&max_tables);
-                n_keys.div_ceil(8)
+                let per = if KERNELS[k] == "tz_pair_cost" {
+                    8
+                } else {
+                    GROUP_BATCH
+                };
+                (n_keys.div_ceil(per), 1)
+            }
+            "tz_pair_top" => {
+                b.arg(&jobs).arg(&max_tables);
+                (n, TOP_SLICES)
             }
             _ => {
                 b.arg(&jobs).arg(&max_tables);
-                n
+                (n, 1)
             }
         };
-        if grid == 0 {
+        if x == 0 {
             continue;
         }
+        let cfg = LaunchConfig {
+            grid_dim: (x, y, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: arguments match each kernel's (search.cu, in `KERNELS` order); the addresses
         // are the caller's promise, and each kernel stays inside its job's buffers.
-        unsafe { b.launch(cfg(grid)) }?;
+        unsafe { b.launch(cfg) }?;
     }
     Ok(())
 }
