@@ -64,18 +64,22 @@ struct EncParams {
     u64 off_esc;          // slot layout: a paired block's escape group (block_units bytes)
 };
 
-// A paired plane's coding tables (format version 2; written by `tz_pair_tables` and
+// A paired plane's coding tables (format version 2; written by `tz_pair_table` and
 // `tz_pair_decide` in search.cu, or by `pair_model::pair_block` on the host, PAIR_HEAD there): the
-// top bytes' index of each byte (255 for others), the rank of each key 16 a + b of top-byte indices
-// (the escape for keys of no pair), the escape rank D, then the rank tables' entries (as
-// `tz_enc_tables` writes a table's: 256 per table, table j's at entries[256 j]).
+// top bytes' index of each byte (16 for others), the rank of each pair of such indices, row a and
+// column b at rank[17 a + b] (the escape D where a or b is 16, or for pairs not in the table), the
+// model's key ranks (16 a + b, which this kernel does not read), the escape rank D, then the rank
+// tables' entries (as `tz_enc_tables` writes a table's: 256 per table, table j's at
+// entries[256 j]). The 17 x 17 ranks make a pair's rank three loads and a multiply-add.
 struct PairBlock {
     u8 top[256];
+    u8 rank[304];
     u8 key_rank[256];
     u32 escape;
     u32 pad[3];
 };
-#define PAIR_ENTRIES_AT 528u
+#define PAIR_MAPS 560u  // the top map and the ranks: what the kernel copies to shared memory
+#define PAIR_ENTRIES_AT 832u
 
 // One chunk of a batch: one warp (shared with `EncJob` in src/encode.rs).
 struct EncJob {
@@ -853,24 +857,20 @@ __device__ __forceinline__ void area_block(AreaState<U>& st, const u8* planes, u
 // PairBlock) is made before this kernel runs: on the device by search.cu's `tz_pair_*` kernels, or
 // by the host with the core's code (src/pair_model.rs), the CPU engine's decisions either way.
 
-// The rank of the pair of exponent bytes (a, b), by the plane's top map `top` and key ranks `kr`
-// (the first 512 bytes of its PairBlock, copied to the warp's shared memory).
-__device__ __forceinline__ u32 pair_rank(const u8* top, const u8* kr, u32 a, u32 b, u32 d) {
-    const u32 ta = top[a], tb = top[b];
-    return (ta | tb) < 16u ? (u32)kr[ta << 4 | tb] : d;
-}
+// The rank of the pair of exponent bytes (a, b), by the plane's maps `m` (the first PAIR_MAPS
+// bytes of its PairBlock, copied to the warp's shared memory).
+__device__ __forceinline__ u32 pair_rank(const u8* m, u32 a, u32 b) { return m[256 + 17 * (u32)m[a] + m[b]]; }
 
-// Copies the PairBlock's top map and key ranks (512 bytes) to the warp's shared `dst`.
+// Copies the PairBlock's maps (PAIR_MAPS bytes, 35 16-byte pieces) to the warp's shared `dst`.
 __device__ __forceinline__ void pair_maps(u8* dst, const PairBlock* __restrict__ pb, int lane) {
     __syncwarp();
-    ((uint4*)dst)[lane] = __ldg((const uint4*)pb + lane);
+    for (u32 k = lane; k < PAIR_MAPS / 16; k += 32) ((uint4*)dst)[k] = __ldg((const uint4*)pb + k);
     __syncwarp();
 }
 
 // The ranks of the two pairs of exponent bytes in `w` (bytes 0-1 and 2-3), in bytes 0 and 1.
-__device__ __forceinline__ u32 pair_ranks2(u32 w, const u8* m, u32 d) {
-    return pair_rank(m, m + 256, w & 0xFFu, (w >> 8) & 0xFFu, d) |
-           pair_rank(m, m + 256, (w >> 16) & 0xFFu, w >> 24, d) << 8;
+__device__ __forceinline__ u32 pair_ranks2(u32 w, const u8* m) {
+    return pair_rank(m, w & 0xFFu, (w >> 8) & 0xFFu) | pair_rank(m, (w >> 16) & 0xFFu, w >> 24) << 8;
 }
 
 // The entry of byte `s` in the escape group's uniform table (frequency 16, cumulative 16 s:
@@ -904,9 +904,10 @@ __device__ void pair_put(u32& x, int& down, u8* pp, u32 pp_sh, u32 blen, u32 sel
         u32 r = 0, em = 0;
         if (i < np) {
             w = *(const u64*)(pp + 2 * i);
-            r = pair_ranks2((u32)w, m, d) | pair_ranks2((u32)(w >> 32), m, d) << 16;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) em |= (u32)(((r >> (8 * j)) & 0xFFu) == d && i + j < np) << j;
+            r = pair_ranks2((u32)w, m) | pair_ranks2((u32)(w >> 32), m) << 16;
+            // Bit 7 of each byte set where that rank is the escape (ranks are at most D <= 128: the
+            // decoder's test), for the pairs below np.
+            em = (((r | 0x80808080u) - d * 0x01010101u) | r) & 0x80808080u & (0xFFFFFFFFu >> (8 * (4 - min(np - i, 4u))));
         }
         if (__any_sync(FULL, em != 0)) {
             // Each lane's escapes (0-4) placed by a prefix sum over three ballots of their count's bits.
@@ -915,7 +916,7 @@ __device__ void pair_put(u32& x, int& down, u8* pp, u32 pp_sh, u32 blen, u32 sel
             u32 k = ne + 2 * (__popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt));
             #pragma unroll
             for (int j = 0; j < 4; j++) {
-                if (em >> j & 1u) {
+                if (em >> (8 * j + 7) & 1u) {
                     esc[k] = (u8)(w >> (16 * j));
                     esc[k + 1] = (u8)(w >> (16 * j + 8));
                     k += 2;
@@ -1026,13 +1027,13 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                     atomicAdd(&hp[(w >> 16) & 0xFFu], 1u);
                     atomicAdd(&hp[w >> 24], 1u);
                     if (pe) {
-                        const u32 r = pair_ranks2(w, pmaps, pair_d);
+                        const u32 r = pair_ranks2(w, pmaps);
                         pesc += ((r & 0xFFu) == pair_d) + ((r >> 8) == pair_d);
                     }
                 } else {
                     for (u32 k = i; k < blen; k++) atomicAdd(&hp[pp[k]], 1u);
                     if (pe)
-                        for (u32 k = i; k + 1 < blen; k += 2) pesc += pair_rank(pmaps, pmaps + 256, pp[k], pp[k + 1], pair_d) == pair_d;
+                        for (u32 k = i; k + 1 < blen; k += 2) pesc += pair_rank(pmaps, pp[k], pp[k + 1]) == pair_d;
                 }
             }
         }

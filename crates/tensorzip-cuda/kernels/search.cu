@@ -1232,12 +1232,17 @@ struct PairKeysJob {
 };
 
 #define PAIR_MAX 128u
-#define PAIR_HEAD 528u
+// The PairBlock (encode.cu): the top map (16 for others), the 17 x 17 ranks, the key ranks, the
+// escape rank.
+#define PAIR_RANK17 256u
+#define PAIR_KEY_RANKS 560u
+#define PAIR_ESCAPE 816u
+#define PAIR_HEAD 832u
 #define PAIR_TABLES_MAX 64u
 
 // A tensor's area (its bytes: `pair_model::area_bytes`).
 struct PairArea {
-    u8* block;      // the PairBlock: top map, key ranks, escape (PAIR_HEAD bytes)
+    u8* block;      // the PairBlock: top map, ranks, key ranks, escape (PAIR_HEAD bytes)
     uint4* entries; // the rank tables' entries, 256 a table
     u32* cls;       // their code lengths, 256 a table
     u32* info;      // their info words
@@ -1426,7 +1431,8 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob
 
 // Step 3: the table — the pairs with a count, larger count first, then smaller first byte, then
 // smaller second byte; the first 128 (D of them); at least two, else D = 0 (not paired). The ranks
-// go to the PairBlock's key ranks (every other key: the escape D).
+// go to the PairBlock's key ranks and 17 x 17 ranks (every other key, and the 17th row and column
+// of the latter: the escape D).
 extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u8 topb[16];
     const PairJob job = jobs[blockIdx.x];
@@ -1448,7 +1454,10 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* _
     const u32 n = __syncthreads_count(mine > 0);
     const u32 D = n < 2 || pair_tables(job, max_tables) == 0 ? 0u : min(n, PAIR_MAX);
     const bool kept = mine > 0 && rank < PAIR_MAX;
-    A.block[256 + t] = kept ? (u8)rank : (u8)D;
+    A.block[PAIR_KEY_RANKS + t] = kept ? (u8)rank : (u8)D;
+    A.block[PAIR_RANK17 + 17 * (t >> 4) + (t & 15)] = kept ? (u8)rank : (u8)D;
+    if (t < 17) A.block[PAIR_RANK17 + 17 * 16 + t] = (u8)D;
+    else if (t < 33) A.block[PAIR_RANK17 + 17 * (t - 17) + 16] = (u8)D;
     if (kept) {
         A.pairs[2 * rank] = topb[t >> 4];
         A.pairs[2 * rank + 1] = topb[t & 15];
@@ -1501,7 +1510,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairKeysJ
             D = A.state[0];
             K = pair_tables(job, max_tables);
             batch = K <= PAIR_GROUP_TABLES;
-            my_rank = A.block[256 + t];
+            my_rank = A.block[PAIR_KEY_RANKS + t];
         }
         const u32 j = A.choice[kj.block];
         if (D == 0 || j == SEL_CONST) continue;
@@ -1586,7 +1595,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_cost(const PairKeysJob
     u32 esc = 0, len = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const u32 key = lane + 32 * k, c = kc[key], r = A.block[256 + key];
+        const u32 key = lane + 32 * k, c = kc[key], r = A.block[PAIR_KEY_RANKS + key];
         rc += (u64)c * cl[r];
         esc += r == D ? c : 0;
         len += hp[key];
@@ -1638,7 +1647,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
             head[0] = 1;
             head[1] = K;
             head[2] = 16 + 1 + 2 * D + rank_bytes;
-            *(u32*)(A.block + 512) = D;
+            *(u32*)(A.block + PAIR_ESCAPE) = D;
             *(u64*)job.pair = job.area;
             const u64 grow = (u64)job.planes + 2 * D + rank_bytes;
             atomicAdd((unsigned long long*)job.head, (unsigned long long)(grow - v1_bytes));
@@ -1646,6 +1655,6 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
     }
     __syncthreads();
     if (!paired) return;
-    A.block[t] = ((const u8*)job.top)[t];
+    A.block[t] = (u8)min((u32)((const u8*)job.top)[t], 16u);
     for (u32 k = t; k < 2 * D; k += 256) out[17 + k] = A.pairs[k];
 }

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 
 /// Bytes of the encode kernel's `PairBlock` in front of the rank tables' entries
 /// (`PAIR_ENTRIES_AT` in encode.cu, `PAIR_HEAD` in search.cu).
-const PAIR_HEAD: u64 = 528;
+const PAIR_HEAD: u64 = 832;
 
 /// Bytes of a tensor's top map and `tz_pair_top`'s totals and ticket (`PairJob::top`; zeroed
 /// before the model runs).
@@ -217,15 +217,22 @@ pub(crate) fn parse_out(out: &[u8], k: usize) -> Result<Option<(PairTable, Vec<F
 }
 
 /// A paired plane's tables as the encode kernel reads them, written by the host (the host
-/// search's path; `tz_pair_tables` and `tz_pair_decide` write the same on the device): the layout of `struct
-/// PairBlock` in encode.cu — each byte's index among the top bytes (255 for others), the rank of
-/// each key `16 a + b` of top-byte indices, the escape rank as a u32 and 12 bytes of padding —
-/// then 256 16-byte entries ([`crate::encode::enc_entry`]) per rank table.
+/// search's path; `tz_pair_table`, `tz_pair_tables` and `tz_pair_decide` write the same on the
+/// device): the layout of `struct PairBlock` in encode.cu — each byte's index among the top bytes
+/// (16 for others), the rank of each pair of such indices at `17 a + b` (the escape where `a` or
+/// `b` is 16; 304 bytes), the rank of each key `16 a + b` of top-byte indices, the escape rank as a
+/// u32 and 12 bytes of padding — then 256 16-byte entries ([`crate::encode::enc_entry`]) per rank
+/// table.
 pub(crate) fn pair_block(coder: &PairCoder, tables: &[FreqTable]) -> Vec<u8> {
     let mut b = Vec::with_capacity(PAIR_HEAD as usize + 4096 * tables.len());
-    b.extend_from_slice(coder.top().index());
-    b.extend_from_slice(coder.key_ranks());
-    b.extend_from_slice(&(coder.table.escape() as u32).to_le_bytes());
+    b.extend(coder.top().index().iter().map(|&i| i.min(16)));
+    let (ranks, d) = (coder.key_ranks(), coder.table.escape());
+    b.extend((0..304).map(|k| match (k / 17, k % 17) {
+        (a @ 0..16, c @ 0..16) => ranks[16 * a + c],
+        _ => d,
+    }));
+    b.extend_from_slice(ranks);
+    b.extend_from_slice(&(d as u32).to_le_bytes());
     b.extend_from_slice(&[0; 12]);
     for t in tables {
         for (&f, c) in t.freq.iter().zip(t.cumulative()) {
