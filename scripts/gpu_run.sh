@@ -37,7 +37,8 @@
 #                                 kernel alternating version 1 and version 2 blobs of the same
 #                                 tensors (gpu_bench, PAIRS=1) on the 1 GiB synthetic bf16 and, where
 #                                 carried, bench-data/minilm-bf16.safetensors as a whole model; with
-#                                 gpu-bin/gpu_bench_old carried (a build before a decoder change),
+#                                 gpu-bin/gpu_bench_old carried (a build before a decoder change:
+#                                 scripts/gpu_build_old.sh REV),
 #                                 its version 1 figures alternate with them; with
 #                                 gpu-bin/decode_prev.cu carried (an earlier decode.cu), the same
 #                                 binary with that kernel source (TENSORZIP_DEV_TZ_DECODE_SRC) too;
