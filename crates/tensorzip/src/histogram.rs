@@ -70,10 +70,18 @@ const FEW: usize = 8;
 
 /// The portable count: eight sub-histograms.
 fn count_bytes(bytes: &[u8], hist: &mut [u32; 256]) {
-    let mut h = [[0u32; 256]; 8];
-    let mut it = bytes.chunks_exact(8);
+    count_interleaved::<8>(bytes, hist);
+}
+
+/// Counts `bytes` into `hist` (overwritten) through `N` interleaved sub-histograms, byte `i` into
+/// table `i % N`, so that runs of one value do not wait on their own increments. Eight for whole
+/// planes; fewer tables cost less to clear and sum where the bytes are few (a block's pair keys,
+/// `pairs::TopBytes::count_keys`).
+pub(crate) fn count_interleaved<const N: usize>(bytes: &[u8], hist: &mut [u32; 256]) {
+    let mut h = [[0u32; 256]; N];
+    let mut it = bytes.chunks_exact(N);
     for c in &mut it {
-        for k in 0..8 {
+        for k in 0..N {
             h[k][c[k] as usize] += 1;
         }
     }
@@ -81,7 +89,7 @@ fn count_bytes(bytes: &[u8], hist: &mut [u32; 256]) {
         h[0][b as usize] += 1;
     }
     for s in 0..256 {
-        hist[s] = (0..8).map(|k| h[k][s]).sum();
+        hist[s] = (0..N).map(|k| h[k][s]).sum();
     }
 }
 

@@ -339,7 +339,13 @@ impl TopBytes {
                 0
             });
         }
-        let mut counts = count_keys_of(keys);
+        // Four interleaved tables, not the general byte histogram, which samples every call for
+        // few values and clears and sums eight tables, made for whole planes: on a 4096-unit
+        // block's 2048 keys that cost as much as the counting. MiniLM bf16's version 2 model
+        // pass, one thread (`PAIRS=1 PHASE=model examples/phasetime`, eight alternations,
+        // 2026-12-06, Intel VM): median 31.3 -> 30.2 ms.
+        let mut counts = [0u32; 256];
+        crate::histogram::count_interleaved::<4>(keys, &mut counts);
         counts[0] -= other;
         (counts, other)
     }
@@ -393,25 +399,6 @@ impl TopBytes {
         }
         (i, other)
     }
-}
-
-/// The histogram of a block's keys in four interleaved tables. The general byte histogram
-/// ([`crate::histogram::histogram`]) samples every call for few values and clears and sums eight
-/// tables, made for whole planes; on a 4096-unit block's 2048 keys that cost as much as the
-/// counting. MiniLM bf16's version 2 model pass, one thread (`PAIRS=1 PHASE=model
-/// examples/phasetime`, eight alternations, 2026-12-06, Intel VM): median 31.3 -> 30.2 ms.
-fn count_keys_of(keys: &[u8]) -> [u32; 256] {
-    let mut h = [[0u32; 256]; 4];
-    let mut it = keys.chunks_exact(4);
-    for c in &mut it {
-        for k in 0..4 {
-            h[k][c[k] as usize] += 1;
-        }
-    }
-    for &b in it.remainder() {
-        h[0][b as usize] += 1;
-    }
-    std::array::from_fn(|s| h[0][s] + h[1][s] + h[2][s] + h[3][s])
 }
 
 /// A 256-byte table in four vectors, for [`look256`].
