@@ -154,17 +154,7 @@ impl TableCost {
     /// `sum h[s] * CL[f[s]]` over a covered block's dense histogram (exact: counts below 2^17
     /// times code lengths below 2^20, 256 of them, sum below 2^45).
     fn cost(&self, hist: &[u32; 256]) -> u64 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::cpu::has_avx512() {
-                // SAFETY: AVX-512F support was checked at run time.
-                return unsafe { dot_avx512(hist, &self.cl) };
-            }
-        }
-        hist.iter()
-            .zip(&self.cl)
-            .map(|(&h, &c)| u64::from(h) * u64::from(c))
-            .sum()
+        dot(hist, &self.cl)
     }
 
     /// The same over the block's (symbol, count) pairs.
@@ -175,7 +165,23 @@ impl TableCost {
     }
 }
 
-/// `sum h[s] * cl[s]` in 64 bits, sixteen symbols a step (even and odd lanes multiplied apart by
+/// `sum h[s] * cl[s]`, exact where the sum fits 64 bits (counts below 2^32 times values below
+/// 2^20, 256 of them).
+fn dot(hist: &[u32; 256], cl: &[u32; 256]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx512() {
+            // SAFETY: AVX-512F support was checked at run time.
+            return unsafe { dot_avx512(hist, cl) };
+        }
+    }
+    hist.iter()
+        .zip(cl)
+        .map(|(&h, &c)| u64::from(h) * u64::from(c))
+        .sum()
+}
+
+/// [`dot`] in 64 bits, sixteen symbols a step (even and odd lanes multiplied apart by
 /// `vpmuludq`); the baseline build's loop is two symbols a step.
 ///
 /// # Safety
@@ -536,7 +542,7 @@ pub fn pair_plane_from_counts(
     sampling: &Sampling,
     hists: &[[u32; 256]],
     top: TopBytes,
-    mut blocks: Vec<([u32; 256], u32)>,
+    blocks: Vec<([u32; 256], u32)>,
 ) {
     let Some(o) = header.dtype.paired_plane() else {
         return;
@@ -556,31 +562,46 @@ pub fn pair_plane_from_counts(
     let Some(coder) = PairCoder::new(top, &sum) else {
         return;
     };
-    // Each non-constant sampled block's rank histogram (made in place of its key counts) and
-    // version 1 choice (table `j` at cost `c`, or raw); the rank counts per version 1 table:
-    // every such block's in table 0's, and each in that of the table it chooses (tables 1..).
+    // Each non-constant sampled block's version 1 choice (table `j` at cost `c`, or raw) beside
+    // its key counts; the key counts per version 1 table: every such block's in table 0's, and
+    // each in that of the table it chooses (tables 1..). A rank histogram is a sum of key counts
+    // (keys of one pair to its rank, the others and the other pairs to the escape), so the sums
+    // are mapped to ranks once per table, not once per block, and step 6 prices a block over
+    // its key counts ([`pairing_pays`]): a 256-key loop a block with a branch a key was 7% of
+    // MiniLM bf16's version 2 model pass (perf, 2026-12-06).
     let v1 = &model.planes[o];
     let threshold = opts.threshold_q16();
-    let chosen: Vec<(usize, u8, u64, &[u32; 256])> = blocks
-        .iter_mut()
+    let chosen: Vec<PairedBlock> = blocks
+        .iter()
         .zip(exp_hists())
         .filter(|(_, h)| varied(h))
-        .map(|((counts, other), h)| {
+        .map(|((keys, other), h)| {
             let len = h.iter().sum::<u32>() as usize;
             let (j, c) = choose(h, len, &v1.costs, threshold);
-            *counts = coder.rank_hist(counts, *other);
-            (len, j, c, &*counts)
+            PairedBlock {
+                len,
+                j,
+                c,
+                keys,
+                other: *other,
+            }
         })
         .collect();
-    let mut groups = vec![[0u64; 256]; v1.tables.len()];
-    for &(_, j, _, ranks) in &chosen {
-        let also = (j != 0 && j != SEL_RAW).then_some(j as usize);
+    let mut groups = vec![([0u64; 256], 0u64); v1.tables.len()];
+    for b in &chosen {
+        let also = (b.j != 0 && b.j != SEL_RAW).then_some(b.j as usize);
         for g in std::iter::once(0).chain(also) {
-            for (a, &c) in groups[g].iter_mut().zip(ranks) {
+            let (sum, other) = &mut groups[g];
+            for (a, &c) in sum.iter_mut().zip(b.keys) {
                 *a += c as u64;
             }
+            *other += b.other as u64;
         }
     }
+    let groups: Vec<[u64; 256]> = groups
+        .iter()
+        .map(|(keys, other)| coder.rank_sum(keys, *other))
+        .collect();
     // Every rank in every table, so that a block may take any of them; a table no sampled block
     // chose is table 0's. (With every rank forced no table can fail to normalise; if one did,
     // the plane would stay version 1.)
@@ -614,40 +635,68 @@ pub fn pair_plane_from_counts(
     };
 }
 
+/// A non-constant sampled block of a paired plane, for [`pairing_pays`]: its length, version 1
+/// choice (table `j` at cost `c`, or raw), pair-key counts and other pairs.
+struct PairedBlock<'a> {
+    len: usize,
+    j: u8,
+    c: u64,
+    keys: &'a [u32; 256],
+    other: u32,
+}
+
 /// Format version 2's blob-level check (FORMAT.md section 12, step 6): whether the paired plane,
-/// estimated over the sampled blocks `chosen` (`(len, j, c, rank histogram)` of each
-/// non-constant one, `j` and `c` its version 1 choice) and scaled to the plane, with its rank
-/// `tables` and pair table, is at most 1/32 larger than the version 1 plane with its tables
-/// `v1`. A block's paired cost is its ranks' cost under rank table `j` plus 8 bits an escape
-/// byte where the encoder's per-block rule keeps it coded, else raw. The per-block rule prices
-/// escapes by the version 1 cost `c`, which can fall short of the ranks' cost (an escaped
-/// pair costs the escape rank's code length under the rank table): on hostile inputs (widely
-/// scattered exponents, tiny samples) whole tensors came out up to 30% larger than version 1
-/// without this check (a review of 2026-12-05, ~7,500 generated tensors). Pairing is for the
-/// decoder's speed and may cost a little size, so the check allows 1/32 of the plane: on
-/// all-MiniLM-L6-v2 bf16 the 384 x 384 matrices pay ~2% of their exponent plane (0.4-0.5% of
-/// their blobs) for their pair and rank tables, and pair; the 1536-element biases would pay
-/// 10-15% of their blobs, and do not (2026-12-05; with 1/64 the matrices did not pair either).
+/// estimated over the sampled blocks `chosen` and scaled to the plane, with its rank `tables`
+/// and pair table, is at most 1/32 larger than the version 1 plane with its tables `v1`. A
+/// block's paired cost is its ranks' cost under rank table `j` plus 8 bits an escape byte where
+/// the encoder's per-block rule keeps it coded, else raw. The per-block rule prices escapes by
+/// the version 1 cost `c`, which can fall short of the ranks' cost (an escaped pair costs the
+/// escape rank's code length under the rank table): on hostile inputs (widely scattered
+/// exponents, tiny samples) whole tensors came out up to 30% larger than version 1 without this
+/// check (a review of 2026-12-05, ~7,500 generated tensors). Pairing is for the decoder's speed
+/// and may cost a little size, so the check allows 1/32 of the plane: on all-MiniLM-L6-v2 bf16
+/// the 384 x 384 matrices pay ~2% of their exponent plane (0.4-0.5% of their blobs) for their
+/// pair and rank tables, and pair; the 1536-element biases would pay 10-15% of their blobs, and
+/// do not (2026-12-05; with 1/64 the matrices did not pair either).
+///
+/// A block's ranks are priced over its key counts: with `kl[k]` the code length of key `k`'s
+/// rank under table `j` (every rank is in every table), the ranks' cost is `sum keys[k] × kl[k]`
+/// plus the other pairs at the escape's code length, and its escapes are the other pairs plus
+/// the keys of the escape rank — the same sums as over the rank histogram.
 fn pairing_pays(
-    chosen: &[(usize, u8, u64, &[u32; 256])],
+    chosen: &[PairedBlock],
     tables: &[FreqTable],
     coder: &PairCoder,
     v1: &[FreqTable],
     sampling: &Sampling,
     threshold: u64,
 ) -> bool {
-    let costs: Vec<TableCost> = tables.iter().map(TableCost::new).collect();
-    let d = coder.table.escape() as usize;
+    let d = coder.table.escape();
+    let key_ranks = coder.key_ranks();
+    let escape_keys: [u32; 256] = std::array::from_fn(|k| u32::from(key_ranks[k] == d));
+    // Per rank table: each key's code length, and the escape's.
+    let key_lens: Vec<([u32; 256], u64)> = tables
+        .iter()
+        .map(|t| {
+            let c = TableCost::new(t);
+            let kl = std::array::from_fn(|k| c.code_len(key_ranks[k] as usize));
+            (kl, c.code_len(d as usize) as u64)
+        })
+        .collect();
     let (mut s1, mut s2) = (0u128, 0u128);
-    for &(len, j, c, ranks) in chosen {
-        s1 += c as u128;
-        s2 += match j {
-            SEL_RAW => raw_cost(len),
+    for b in chosen {
+        s1 += b.c as u128;
+        s2 += match b.j {
+            SEL_RAW => raw_cost(b.len),
             j => {
-                let esc = raw_cost(2 * ranks[d] as usize + len % 2);
-                match stays_coded(c + esc, len, threshold) {
-                    true => costs[j as usize].cost(ranks) + esc,
-                    false => raw_cost(len),
+                let escapes = b.other as u64 + dot(b.keys, &escape_keys);
+                let esc = raw_cost(2 * escapes as usize + b.len % 2);
+                match stays_coded(b.c + esc, b.len, threshold) {
+                    true => {
+                        let (kl, escape_len) = &key_lens[j as usize];
+                        dot(b.keys, kl) + b.other as u64 * escape_len + esc
+                    }
+                    false => raw_cost(b.len),
                 }
             }
         } as u128;

@@ -504,14 +504,12 @@ impl PairCoder {
         &self.rank16
     }
 
-    /// The rank histogram of a sampled block from its pair counts (as [`TopBytes::count_keys`]
-    /// made them) and its other pairs (escapes).
-    pub fn rank_hist(&self, counts: &[u32; 256], other: u32) -> [u32; 256] {
-        let mut h = [0u32; 256];
-        for (at, &c) in counts.iter().enumerate() {
-            if c > 0 {
-                h[self.rank16[at] as usize] += c;
-            }
+    /// The rank histogram of pair-key counts (as [`TopBytes::count_keys`] makes them, or their
+    /// sum over blocks) and the pairs of other bytes (escapes).
+    pub fn rank_sum(&self, keys: &[u64; 256], other: u64) -> [u64; 256] {
+        let mut h = [0u64; 256];
+        for (&r, &c) in self.rank16.iter().zip(keys) {
+            h[r as usize] += c;
         }
         h[self.table.escape() as usize] += other;
         h
