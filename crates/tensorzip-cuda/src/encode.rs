@@ -39,8 +39,7 @@ use tensorzip::blob::{BlobHeader, ChunkEntry, PlaneMode, Scheme};
 use tensorzip::encoder::{check_len, stored_header};
 use tensorzip::joint::JointCounts;
 use tensorzip::model::{
-    model_from_counts, pair_plane_from_counts, pair_top_bytes, write_paired_plane_tables,
-    write_plane_tables, Model, Sampling,
+    model_from_counts, pair_plane, write_paired_plane_tables, write_plane_tables, Model, Sampling,
 };
 use tensorzip::{CompressOptions, DType};
 
@@ -526,10 +525,19 @@ unsafe impl DeviceRepr for HistJob {}
 // SAFETY: `repr(C)`: u64, u64, u32, u32, u64 (32 bytes, no padding).
 unsafe impl Plain for HistJob {}
 
-/// A tensor of a call, as [`GpuEngine::pair_models`] needs it.
+/// Format version 2's paired planes (FORMAT.md section 12) of the tensors `of`, whose version 1
+/// `models` the host made (the host search's path: `TENSORZIP_DEV_HOST_SEARCH=1`, or more sampled
+/// blocks than the device's model takes): the core's `model::pair_plane` decides from each
+/// tensor's sampled histograms, the CPU engine's code on the same counts. A model that pairs
+/// becomes version 2. (The device's model, `pair_model`, makes the same decisions on the device.)
+fn pair_models(of: &[PairInput<'_>], models: &mut [Model], opts: &CompressOptions) {
+    for (i, t) in of.iter().enumerate().filter(|(_, t)| t.may_pair) {
+        pair_plane(&mut models[i], t.header, opts, t.sampling, t.hists);
+    }
+}
+
+/// A tensor of a call, as [`pair_models`] needs it.
 struct PairInput<'a> {
-    /// Device address of its bytes (aligned to 16).
-    data: u64,
     header: &'a BlobHeader,
     sampling: &'a Sampling,
     /// Its sampled blocks' histograms (`[i * planes + p]`).
@@ -557,59 +565,6 @@ struct Coded {
 }
 
 impl GpuEngine {
-    /// Format version 2's paired planes (FORMAT.md section 12) of the tensors `of`, whose
-    /// version 1 `models` the host made (the host search's path: `TENSORZIP_DEV_HOST_SEARCH=1`,
-    /// or more sampled blocks than the device's model takes): each tensor that may pair gets its
-    /// top bytes from its histograms (`model::pair_top_bytes`), its sampled blocks are downloaded
-    /// and their pair keys counted by the core (`TopBytes::count_keys`), and the core's
-    /// `model::pair_plane_from_counts` makes the decisions: the CPU engine's code on the same
-    /// bytes. A model that pairs becomes version 2. (A development and rare path: the device's
-    /// model, `pair_model`, needs no download.)
-    fn pair_models(
-        &self,
-        of: &[PairInput<'_>],
-        models: &mut [Model],
-        opts: &CompressOptions,
-    ) -> Result<()> {
-        // The copies below are synchronous but not ordered after this stream's work (the
-        // aligned copies of the tensors): wait for it first.
-        self.stream().synchronize()?;
-        for (i, t) in of.iter().enumerate() {
-            let top = match t.may_pair {
-                true => pair_top_bytes(&models[i], t.header, t.hists),
-                false => None,
-            };
-            let Some(top) = top else { continue };
-            let us = t.header.planes();
-            let mut blocks = Vec::with_capacity(t.sampling.picks.len());
-            let mut bytes = Vec::new();
-            let mut keys = Vec::new();
-            for &g in &t.sampling.picks {
-                let r = t.sampling.block_range(g);
-                bytes.resize(((r.end - r.start) as usize) * us, 0);
-                // SAFETY: the sampled block's units lie inside the tensor at `t.data` (the
-                // caller's promise), `bytes` holds exactly them; the copy is synchronous.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtoh_sync(
-                        &mut bytes,
-                        t.data + r.start * us as u64,
-                    )
-                }?;
-                blocks.push(top.count_keys(&bytes, &mut keys));
-            }
-            pair_plane_from_counts(
-                &mut models[i],
-                t.header,
-                opts,
-                t.sampling,
-                t.hists,
-                top,
-                blocks,
-            );
-        }
-        Ok(())
-    }
-
     /// Compresses a tensor held on the host: uploads it, encodes it on the GPU and downloads the
     /// blob. The bytes equal [`tensorzip::CpuEngine::compress`]'s.
     pub fn compress_host(
@@ -1218,14 +1173,13 @@ impl GpuEngine {
                 let of: Vec<PairInput> = counting
                     .iter()
                     .map(|c| PairInput {
-                        data: c.data,
                         header: &c.header,
                         sampling: &c.sampling,
                         hists: hists(c),
                         may_pair: c.variant == PAIRED_VARIANT,
                     })
                     .collect();
-                self.pair_models(&of, &mut models, opts)?;
+                pair_models(&of, &mut models, opts);
                 for (i, m) in models.into_iter().enumerate() {
                     if m.version() == tensorzip::blob::BLOB_VERSION_PAIRED {
                         paired[i] = Some((m, v1_len[i]));

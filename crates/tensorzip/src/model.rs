@@ -472,149 +472,85 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
 }
 
 /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2", encoder decisions):
-/// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the pairs of
-/// the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are counted
-/// (pairs of units `2i`, `2i + 1` of each block) and the [`crate::pairs::MAX_PAIRS`] most
-/// frequent make the pair table. The plane's rank tables are not searched for: rank table `j` is
-/// made of the rank counts of the sampled blocks that choose the version 1 table `j` by their
-/// exponent bytes (all non-constant sampled blocks for table 0, as the version 1 search makes
-/// its table 0), every rank `0..=D` forced in. Blocks then choose by their exponent bytes among
-/// the version 1 tables, whose code lengths the plane model keeps, and code their ranks with the
-/// rank table of the same index. A second search over the blocks' rank histograms (129 symbols
-/// wide) was a third of a MiniLM bf16 model pass, and counting a histogram of every coded
-/// block's ranks a tenth of its coding; this costs neither, for +0.02-0.03 points of size
-/// (docs/DESIGN.md, "Version 2's tables from the version 1 choice"). The plane is paired if the
-/// table has at least two pairs and pairing pays (FORMAT.md section 12, step 6); it is left as
-/// it was otherwise. `hists` are the version 1 model's histograms of every plane of every
-/// sampled block (`[i * planes + p]`).
+/// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the
+/// pairs of the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are
+/// weighed as if a pair's two bytes were independent (the product of their counts), and the
+/// [`crate::pairs::MAX_PAIRS`] heaviest make the pair table. Rank table `j` is made the same way
+/// from the exponent bytes of the sampled blocks that choose the version 1 table `j` (all
+/// non-constant sampled blocks for table 0, as the version 1 search makes its table 0), every
+/// rank `0..=D` forced in. Blocks then choose by their exponent bytes among the version 1 tables,
+/// whose code lengths the plane model keeps, and code their ranks with the rank table of the
+/// same index. The plane is paired if the table has at least two pairs and pairing pays
+/// (step 6, [`pairing_pays`]); it is left as it was otherwise. `hists` are the version 1 model's
+/// histograms of every plane of every sampled block (`[i * planes + p]`): nothing else is read.
+///
+/// Why independence: adjacent units' exponents of weights are close to independent (per 65,536
+/// units of all-MiniLM-L6-v2 bf16, 2.588 bits a unit one at a time, 2.585 as pairs), and a model
+/// of products needs no count of pairs. Until 2026-12-06 the pairs were counted per sampled
+/// block, a second read of every sampled unit once the top bytes were known: ~6 of MiniLM
+/// bf16's 28 ms model pass on one CPU thread, and the GPU's largest model kernel. Ratio on the
+/// benchmark files: MiniLM bf16 66.164 -> 66.175%, synthetic bf16 65.864 -> 65.863% (docs/DESIGN.md,
+/// "Version 2's pair model from the exponent counts").
 pub fn pair_plane(
     model: &mut Model,
-    data: &[u8],
     header: &BlobHeader,
     opts: &CompressOptions,
     sampling: &Sampling,
     hists: &[[u32; 256]],
-) {
-    let Some(top) = pair_top_bytes(model, header, hists) else {
-        return;
-    };
-    let us = header.planes();
-    // Per sampled block, the histogram of its pairs' keys (`16 a + b` for top bytes of indices
-    // `a`, `b`) and how many pairs hold another byte.
-    let blocks: Vec<([u32; 256], u32)> = sampling
-        .picks
-        .par_iter()
-        .map_init(Vec::new, |keys, &g| {
-            top.count_keys(sampling.block_bytes(data, us, g), keys)
-        })
-        .collect();
-    pair_plane_from_counts(model, header, opts, sampling, hists, top, blocks);
-}
-
-/// The top bytes of a tensor's paired plane (FORMAT.md section 12, step 1) from the version 1
-/// model's sampled histograms `hists` (`[i * planes + p]`), where the dtype has a paired plane
-/// and the version 1 model gave it tables; else `None` (the tensor stays version 1). An engine
-/// counts the sampled blocks' pair keys by these ([`TopBytes::count_keys`]) and hands the counts
-/// to [`pair_plane_from_counts`].
-pub fn pair_top_bytes(
-    model: &Model,
-    header: &BlobHeader,
-    hists: &[[u32; 256]],
-) -> Option<TopBytes> {
-    let o = header.dtype.paired_plane()?;
-    if model.planes[o].tables.is_empty() {
-        return None;
-    }
-    Some(TopBytes::of(&plane_sum(hists, header.planes(), o)))
-}
-
-/// [`pair_plane`]'s decisions (FORMAT.md section 12, steps 3-6) from counts: the version 1
-/// `model` of the sampled blocks `sampling`, their histograms `hists` (`[i * planes + p]`), the
-/// top bytes of [`pair_top_bytes`] and each sampled block's pair-key counts and other pairs
-/// (`blocks[i]`, as [`TopBytes::count_keys`] makes them). The CPU engine counts the keys from
-/// the tensor's bytes; the GPU engine's host path from its sampled blocks downloaded, and its
-/// device model (kernels/search.cu, `tz_pair_*`) makes the same decisions on the device, checked
-/// against this by the GPU tests' byte comparisons.
-pub fn pair_plane_from_counts(
-    model: &mut Model,
-    header: &BlobHeader,
-    opts: &CompressOptions,
-    sampling: &Sampling,
-    hists: &[[u32; 256]],
-    top: TopBytes,
-    blocks: Vec<([u32; 256], u32)>,
 ) {
     let Some(o) = header.dtype.paired_plane() else {
         return;
     };
-    if model.planes[o].tables.is_empty() || blocks.len() != sampling.picks.len() {
+    if model.planes[o].tables.is_empty() {
         return;
     }
     let us = header.planes();
-    let exp_hists = || hists.iter().skip(o).step_by(us);
-    // Summed, the pair counts.
-    let mut sum = [0u64; 256];
-    for (counts, _) in &blocks {
-        for (s, &c) in sum.iter_mut().zip(counts) {
-            *s += c as u64;
-        }
-    }
-    let Some(coder) = PairCoder::new(top, &sum) else {
-        return;
-    };
-    // Each non-constant sampled block's version 1 choice (table `j` at cost `c`, or raw) beside
-    // its key counts; the key counts per version 1 table: every such block's in table 0's, and
-    // each in that of the table it chooses (tables 1..). A rank histogram is a sum of key counts
-    // (keys of one pair to its rank, the others and the other pairs to the escape), so the sums
-    // are mapped to ranks once per table, not once per block, and step 6 prices a block over
-    // its key counts ([`pairing_pays`]): a 256-key loop a block with a branch a key was 7% of
-    // MiniLM bf16's version 2 model pass (perf, 2026-12-06).
+    // Step 1: the top bytes.
+    let top = TopBytes::of(&plane_sum(hists, us, o));
+    // Step 2: each non-constant sampled block's version 1 choice (table `j` at cost `c`, or
+    // raw) and its pair weights, summed per version 1 table (with every block's square `L²`):
+    // every such block's in table 0's, and each in that of the table it chooses (tables 1..).
     let v1 = &model.planes[o];
     let threshold = opts.threshold_q16();
-    let chosen: Vec<PairedBlock> = blocks
+    let mut groups = vec![([0u64; 256], 0u64); v1.tables.len()];
+    let mut w = [0u64; 256];
+    let chosen: Vec<(&[u32; 256], u8, u64)> = hists
         .iter()
-        .zip(exp_hists())
-        .filter(|(_, h)| varied(h))
-        .map(|((keys, other), h)| {
-            let len = h.iter().sum::<u32>() as usize;
-            let (j, c) = choose(h, len, &v1.costs, threshold);
-            PairedBlock {
-                len,
-                j,
-                c,
-                keys,
-                other: *other,
+        .skip(o)
+        .step_by(us)
+        .filter(|h| varied(h))
+        .map(|h| {
+            let len = h.iter().sum::<u32>() as u64;
+            let (j, c) = choose(h, len as usize, &v1.costs, threshold);
+            w.fill(0);
+            top.add_pair_weights(h, &mut w);
+            let also = (j != 0 && j != SEL_RAW).then_some(j as usize);
+            for g in std::iter::once(0).chain(also) {
+                let (sum, squares) = &mut groups[g];
+                for (a, &x) in sum.iter_mut().zip(&w) {
+                    *a += x;
+                }
+                *squares += len * len;
             }
+            (h, j, c)
         })
         .collect();
-    let mut groups = vec![([0u64; 256], 0u64); v1.tables.len()];
-    for b in &chosen {
-        let also = (b.j != 0 && b.j != SEL_RAW).then_some(b.j as usize);
-        for g in std::iter::once(0).chain(also) {
-            let (sum, other) = &mut groups[g];
-            for (a, &c) in sum.iter_mut().zip(b.keys) {
-                *a += c as u64;
-            }
-            *other += b.other as u64;
-        }
-    }
-    let groups: Vec<[u64; 256]> = groups
-        .iter()
-        .map(|(keys, other)| coder.rank_sum(keys, *other))
-        .collect();
-    // Every rank in every table, so that a block may take any of them; a table no sampled block
-    // chose is table 0's. (With every rank forced no table can fail to normalise; if one did,
-    // the plane would stay version 1.)
+    // Step 3: the table, from table 0's sums (every non-constant sampled block).
+    let Some(coder) = PairCoder::new(top, &groups[0].0) else {
+        return;
+    };
+    // Step 4: the rank tables. Every rank in every table, so that a block may take any of them;
+    // a table no sampled block chose is table 0's. (With every rank forced no table can fail to
+    // normalise; if one did, the plane would stay version 1.)
     let forced: [bool; 256] = std::array::from_fn(|r| r <= coder.table.escape() as usize);
-    let total = groups[0];
     let tables: Option<Vec<FreqTable>> = groups
         .iter()
-        .map(|g| {
-            let g = match g.iter().any(|&c| c != 0) {
-                true => g,
-                false => &total,
+        .map(|(keys, squares)| {
+            let (keys, squares) = match *squares {
+                0 => (&groups[0].0, groups[0].1),
+                s => (keys, s),
             };
-            FreqTable::normalize(g, Some(&forced))
+            FreqTable::normalize(&coder.rank_weights(keys, squares), Some(&forced))
         })
         .collect();
     let Some(tables) = tables else {
@@ -635,68 +571,64 @@ pub fn pair_plane_from_counts(
     };
 }
 
-/// A non-constant sampled block of a paired plane, for [`pairing_pays`]: its length, version 1
-/// choice (table `j` at cost `c`, or raw), pair-key counts and other pairs.
-struct PairedBlock<'a> {
-    len: usize,
-    j: u8,
-    c: u64,
-    keys: &'a [u32; 256],
-    other: u32,
-}
-
 /// Format version 2's blob-level check (FORMAT.md section 12, step 6): whether the paired plane,
-/// estimated over the sampled blocks `chosen` and scaled to the plane, with its rank `tables`
-/// and pair table, is at most 1/32 larger than the version 1 plane with its tables `v1`. A
-/// block's paired cost is its ranks' cost under rank table `j` plus 8 bits an escape byte where
-/// the encoder's per-block rule keeps it coded, else raw. The per-block rule prices escapes by
-/// the version 1 cost `c`, which can fall short of the ranks' cost (an escaped pair costs the
-/// escape rank's code length under the rank table): on hostile inputs (widely scattered
-/// exponents, tiny samples) whole tensors came out up to 30% larger than version 1 without this
-/// check (a review of 2026-12-05, ~7,500 generated tensors). Pairing is for the decoder's speed
-/// and may cost a little size, so the check allows 1/32 of the plane: on all-MiniLM-L6-v2 bf16
-/// the 384 x 384 matrices pay ~2% of their exponent plane (0.4-0.5% of their blobs) for their
-/// pair and rank tables, and pair; the 1536-element biases would pay 10-15% of their blobs, and
-/// do not (2026-12-05; with 1/64 the matrices did not pair either).
+/// estimated over the sampled blocks `chosen` (`(histogram, j, c)` of each non-constant one, `j`
+/// and `c` its version 1 choice) and scaled to the plane, with its rank `tables` and pair table,
+/// is at most 1/32 larger than the version 1 plane with its tables `v1`.
 ///
-/// A block's ranks are priced over its key counts: with `kl[k]` the code length of key `k`'s
-/// rank under table `j` (every rank is in every table), the ranks' cost is `sum keys[k] × kl[k]`
-/// plus the other pairs at the escape's code length, and its escapes are the other pairs plus
-/// the keys of the escape rank — the same sums as over the rank histogram.
+/// A block's paired cost is estimated from its exponent bytes as if its pairs were independent:
+/// of its `L²` ordered pairs of units, `h[x] h[y]` hold the pair `(x, y)`, so with `W` the sum of
+/// that over the table's pairs and `X` the same weighted by each rank's code length under rank
+/// table `j`, its `L / 2` pairs cost `(X + (L² − W) × (escape code length + 16 bits)) / 2L` — an
+/// escape pays its rank and its two bytes — and at most the raw cost. It costs raw where it
+/// chose raw, or where step 5's rule turns it raw with its expected escape bytes, `(L² − W) / L`. Pairing is
+/// for the decoder's speed and may cost a little size, so the check allows 1/32 of the plane:
+/// on all-MiniLM-L6-v2 bf16 the 384 x 384 matrices pay ~2% of their exponent plane for their
+/// pair and rank tables, and pair; the 1536-element biases would pay 10-15% of their blobs, and
+/// do not. Without any check, tensors of scattered exponents came out up to 30% larger than
+/// version 1 (a review of 2026-12-05, ~7,500 generated tensors): the per-block rule prices a
+/// block's escapes by its version 1 cost, not by the escape rank's code length.
 fn pairing_pays(
-    chosen: &[PairedBlock],
+    chosen: &[(&[u32; 256], u8, u64)],
     tables: &[FreqTable],
     coder: &PairCoder,
     v1: &[FreqTable],
     sampling: &Sampling,
     threshold: u64,
 ) -> bool {
-    let d = coder.table.escape();
-    let key_ranks = coder.key_ranks();
-    let escape_keys: [u32; 256] = std::array::from_fn(|k| u32::from(key_ranks[k] == d));
-    // Per rank table: each key's code length, and the escape's.
-    let key_lens: Vec<([u32; 256], u64)> = tables
+    let pairs = coder.table.pairs();
+    let d = coder.table.escape() as usize;
+    // Per rank table: each rank's code length; an escape's with its two bytes.
+    let lens: Vec<(Vec<u64>, u64)> = tables
         .iter()
         .map(|t| {
             let c = TableCost::new(t);
-            let kl = std::array::from_fn(|k| c.code_len(key_ranks[k] as usize));
-            (kl, c.code_len(d as usize) as u64)
+            let ranks = (0..d).map(|r| c.code_len(r) as u64).collect();
+            (ranks, c.code_len(d) as u64 + raw_cost(2))
         })
         .collect();
     let (mut s1, mut s2) = (0u128, 0u128);
-    for b in chosen {
-        s1 += b.c as u128;
-        s2 += match b.j {
-            SEL_RAW => raw_cost(b.len),
+    for &(h, j, c) in chosen {
+        let len = h.iter().sum::<u32>() as u64;
+        s1 += c as u128;
+        s2 += match j {
+            SEL_RAW => raw_cost(len as usize),
             j => {
-                let escapes = b.other as u64 + dot(b.keys, &escape_keys);
-                let esc = raw_cost(2 * escapes as usize + b.len % 2);
-                match stays_coded(b.c + esc, b.len, threshold) {
+                let (ranks, escape) = &lens[j as usize];
+                // Below 2^60: counts of at most 2^16 (a block), code lengths below 2^20.
+                let (mut w, mut x) = (0u64, 0u64);
+                for (p, &cl) in pairs.iter().zip(ranks) {
+                    let hh = h[p[0] as usize] as u64 * h[p[1] as usize] as u64;
+                    w += hh;
+                    x += hh * cl;
+                }
+                // Step 5's rule with the block's expected escape bytes, `(L² − W) / L`.
+                let escapes = raw_cost(((len * len - w) / len) as usize);
+                match stays_coded(c + escapes, len as usize, threshold) {
                     true => {
-                        let (kl, escape_len) = &key_lens[j as usize];
-                        dot(b.keys, kl) + b.other as u64 * escape_len + esc
+                        ((x + (len * len - w) * escape) / (2 * len)).min(raw_cost(len as usize))
                     }
-                    false => raw_cost(b.len),
+                    false => raw_cost(len as usize),
                 }
             }
         } as u128;
@@ -722,7 +654,7 @@ fn model_of_sample(
 ) -> Model {
     let paired = |mut model: Model, hists: &[[u32; 256]]| {
         if opts.pair_exponents {
-            pair_plane(&mut model, data, header, opts, sampling, hists);
+            pair_plane(&mut model, header, opts, sampling, hists);
         }
         model
     };

@@ -277,12 +277,6 @@ unsafe fn expand_groups(
     any
 }
 
-/// The exponent byte of a bf16 unit (little-endian bytes `lo`, `hi`): the top byte of its
-/// transform (`u >> 7`, bits 14..7), which is the paired plane's byte.
-fn exponent_byte(lo: u8, hi: u8) -> u8 {
-    (crate::transform::fwd16::<8>(u16::from_le_bytes([lo, hi])) >> 8) as u8
-}
-
 /// The most frequent exponent bytes of a plane, the pairs' alphabet.
 #[derive(Clone)]
 pub struct TopBytes {
@@ -314,90 +308,31 @@ impl TopBytes {
         &self.index
     }
 
-    /// The pairs of a block's bf16 `units` (little-endian, units `2i` and `2i + 1`; an odd last
-    /// unit is not a pair) counted by their exponent bytes: `counts[16 a + b]` for top bytes of
-    /// indices `a` and `b`, and how many pairs hold another byte. The keys are made in `keys` (a
-    /// buffer to reuse) and counted as bytes: the AVX-512 keys, taken straight from the units
-    /// (no pass gathering the block's exponent bytes first), and the byte histogram instead of
-    /// a lookup and an increment a pair (which took longer than the rest of a MiniLM bf16 model
-    /// pass).
-    pub fn count_keys(&self, units: &[u8], keys: &mut Vec<u8>) -> ([u32; 256], u32) {
-        keys.clear();
-        keys.resize(units.len() / 4, 0);
-        let mut other = 0;
-        let mut from = 0;
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu::has_avx512_vbmi2() {
-            // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
-            (from, other) = unsafe { self.keys_avx512(units, keys) };
+    /// Adds a block's pair weights to `w` (FORMAT.md section 12, step 2): with `h` the block's
+    /// byte counts, `w[16 a + b] += h[x] × h[y]` for the top bytes `x`, `y` of indices `a`, `b` —
+    /// of the block's `L²` ordered pairs of units, those holding `x` then `y`, the pair's
+    /// expected count (times `2L`) were the block's units independent. A block holds at most
+    /// 2^16 units and a plane at most 2^16 sampled blocks, so the sums fit 64 bits.
+    pub fn add_pair_weights(&self, h: &[u32; 256], w: &mut [u64; 256]) {
+        let n = self.bytes.len();
+        let mut t = [0u64; 16];
+        for (c, &x) in t.iter_mut().zip(&self.bytes) {
+            *c = h[x as usize] as u64;
         }
-        for (k, p) in keys.iter_mut().zip(units.chunks_exact(4)).skip(from) {
-            // Another byte's pair counts as key 0, taken off below.
-            let (x, y) = (exponent_byte(p[0], p[1]), exponent_byte(p[2], p[3]));
-            *k = self.key(x, y).unwrap_or_else(|| {
-                other += 1;
-                0
-            });
+        for a in 0..n {
+            if t[a] == 0 {
+                continue;
+            }
+            for (wb, &tb) in w[a << 4..(a << 4) + 16].iter_mut().zip(&t) {
+                *wb += t[a] * tb;
+            }
         }
-        // Four interleaved tables, not the general byte histogram, which samples every call for
-        // few values and clears and sums eight tables, made for whole planes: on a 4096-unit
-        // block's 2048 keys that cost as much as the counting. MiniLM bf16's version 2 model
-        // pass, one thread (`PAIRS=1 PHASE=model examples/phasetime`, eight alternations,
-        // 2026-12-06, Intel VM): median 31.3 -> 30.2 ms.
-        let mut counts = [0u32; 256];
-        crate::histogram::count_interleaved::<4>(keys, &mut counts);
-        counts[0] -= other;
-        (counts, other)
     }
 
     /// The key of the pair `(x, y)`, if both are top bytes.
     fn key(&self, x: u8, y: u8) -> Option<u8> {
         let (a, b) = (self.index[x as usize], self.index[y as usize]);
         (a != 255 && b != 255).then_some(a << 4 | b)
-    }
-
-    /// [`TopBytes::count_keys`]'s whole groups of 32 pairs (64 units): the exponent bytes
-    /// shifted out of the units and packed by one permute, their keys ([`keys_of`]) stored, the
-    /// pairs of other bytes stored as key 0 and counted. Returns the pairs done and that count.
-    ///
-    /// # Safety
-    /// AVX-512 F, BW and VBMI.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn keys_avx512(&self, units: &[u8], keys: &mut [u8]) -> (usize, u32) {
-        use std::arch::x86_64::*;
-        let n = keys.len().min(units.len() / 4);
-        // SAFETY: the features are enabled here.
-        let index = unsafe { IndexVectors::of(&self.index) };
-        // Byte `j` of the packed exponents is byte `2j` of the two shifted vectors (the low byte
-        // of unit `j`'s 16-bit lane, `u >> 7`).
-        let even = _mm512_set_epi8(
-            126, 124, 122, 120, 118, 116, 114, 112, 110, 108, 106, 104, 102, 100, 98, 96, 94, 92,
-            90, 88, 86, 84, 82, 80, 78, 76, 74, 72, 70, 68, 66, 64, 62, 60, 58, 56, 54, 52, 50, 48,
-            46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2,
-            0,
-        );
-        let (mut i, mut other) = (0, 0);
-        while i + 32 <= n {
-            // SAFETY: bytes `4i..4i + 128` of `units` and keys `i..i + 32` are in bounds.
-            unsafe {
-                let u = units.as_ptr().add(4 * i) as *const __m512i;
-                let e = _mm512_permutex2var_epi8(
-                    _mm512_srli_epi16::<7>(_mm512_loadu_si512(u)),
-                    even,
-                    _mm512_srli_epi16::<7>(_mm512_loadu_si512(u.add(1))),
-                );
-                let (key, bad) = keys_of(&index, e);
-                let key = _mm512_maskz_mov_epi8(!(bad as u64), key);
-                _mm256_storeu_si256(
-                    keys.as_mut_ptr().add(i) as *mut _,
-                    _mm512_castsi512_si256(key),
-                );
-                other += bad.count_ones();
-            }
-            i += 32;
-        }
-        (i, other)
     }
 }
 
@@ -467,8 +402,8 @@ pub struct PairCoder {
 }
 
 impl PairCoder {
-    /// The table of the sampled blocks' pair counts (`counts` as [`TopBytes::count_keys`] makes
-    /// them, summed): the pairs with a count, larger count first (smaller first byte, then smaller
+    /// The table of the pairs' weights (`counts` by key, as [`TopBytes::add_pair_weights`]
+    /// sums them): the pairs with a weight, larger weight first (smaller first byte, then smaller
     /// second byte among ties), at most [`MAX_PAIRS`]. `None` where fewer than [`MIN_PAIRS`].
     pub fn new(top: TopBytes, counts: &[u64; 256]) -> Option<PairCoder> {
         let n = top.bytes.len();
@@ -504,15 +439,21 @@ impl PairCoder {
         &self.rank16
     }
 
-    /// The rank histogram of pair-key counts (as [`TopBytes::count_keys`] makes them, or their
-    /// sum over blocks) and the pairs of other bytes (escapes).
-    pub fn rank_sum(&self, keys: &[u64; 256], other: u64) -> [u64; 256] {
-        let mut h = [0u64; 256];
-        for (&r, &c) in self.rank16.iter().zip(keys) {
-            h[r as usize] += c;
+    /// A rank table's weights (FORMAT.md section 12, step 4) from the pair weights `keys`
+    /// summed over its blocks ([`TopBytes::add_pair_weights`]) and their `squares` (the sum of
+    /// `L²`, every ordered pair of units): rank `r < D` the weight of its pair, the escape the
+    /// rest (pairs outside the table, and pairs holding another byte).
+    pub fn rank_weights(&self, keys: &[u64; 256], squares: u64) -> [u64; 256] {
+        let mut w = [0u64; 256];
+        let mut paired = 0;
+        for (&r, &k) in self.rank16.iter().zip(keys) {
+            if r != self.table.escape() {
+                w[r as usize] = k;
+                paired += k;
+            }
         }
-        h[self.table.escape() as usize] += other;
-        h
+        w[self.table.escape() as usize] = squares - paired;
+        w
     }
 
     /// The ranks of a block's exponent bytes `exps` into `ranks` (`exps.len() / 2` of them), and
@@ -614,64 +555,21 @@ pub fn uniform_encode_table() -> &'static EncTable {
 mod tests {
     use super::*;
 
-    /// bf16 units whose exponent bytes are `exps`, with the sign and mantissa bits of `salt`.
-    fn units_of(exps: &[u8], salt: u16) -> Vec<u8> {
-        exps.iter()
-            .enumerate()
-            .flat_map(|(i, &e)| {
-                let bits = (salt.wrapping_mul(i as u16 | 1)) & 0x807F;
-                ((e as u16) << 7 | bits).to_le_bytes()
-            })
-            .collect()
-    }
-
-    fn top_of(exps: &[u8]) -> TopBytes {
+    fn coder_of(exps: &[u8]) -> PairCoder {
         let mut hist = [0u64; 256];
         for &e in exps {
             hist[e as usize] += 1;
         }
-        TopBytes::of(&hist)
-    }
-
-    fn coder_of(exps: &[u8]) -> PairCoder {
-        let top = top_of(exps);
-        let (counts, _) = top.count_keys(&units_of(exps, 0x1234), &mut Vec::new());
-        let counts: [u64; 256] = std::array::from_fn(|i| counts[i] as u64);
-        PairCoder::new(top, &counts).expect("pairs")
-    }
-
-    /// The pairs' keys counted from the units (vector path and scalar tail) equal a count of
-    /// the exponent bytes' pairs one by one, for lengths around the vector's 64 units, odd ones
-    /// included, sign and mantissa bits set or not.
-    #[test]
-    fn keys_count_the_exponent_pairs() {
-        let mut x = 11u64;
-        let exps: Vec<u8> = (0..4200)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                match x % 50 {
-                    0 => (x >> 8) as u8,
-                    v => 100 + (v % 19) as u8,
-                }
-            })
-            .collect();
-        let top = top_of(&exps);
-        for len in [0usize, 1, 3, 63, 64, 65, 127, 128, 129, 191, 4096, 4199] {
-            for salt in [0u16, 0xFFFF, 0x9E37] {
-                let blk = &exps[..len];
-                let (mut want, mut other) = ([0u32; 256], 0);
-                for p in blk.chunks_exact(2) {
-                    match top.key(p[0], p[1]) {
-                        Some(k) => want[k as usize] += 1,
-                        None => other += 1,
-                    }
-                }
-                let got = top.count_keys(&units_of(blk, salt), &mut Vec::new());
-                assert_eq!(got, (want, other), "length {len}, salt {salt:#x}");
+        let top = TopBytes::of(&hist);
+        let mut weights = [0u64; 256];
+        for block in exps.chunks(4096) {
+            let mut h = [0u32; 256];
+            for &e in block {
+                h[e as usize] += 1;
             }
+            top.add_pair_weights(&h, &mut weights);
         }
+        PairCoder::new(top, &weights).expect("pairs")
     }
 
     /// Ranks and escapes expand back to the bytes, through the vector path and the scalar one,
