@@ -508,12 +508,13 @@ pub fn pair_plane(
     // Step 1: the top bytes.
     let top = TopBytes::of(&plane_sum(hists, us, o));
     // Step 2: each non-constant sampled block's version 1 choice (table `j` at cost `c`, or
-    // raw) and its pair weights, summed per version 1 table (with every block's square `L²`):
-    // every such block's in table 0's, and each in that of the table it chooses (tables 1..).
+    // raw) and its pair weights, summed with the squares of the blocks' lengths (`L²`) per
+    // version 1 table: every such block's in table 0's, and each in that of the table it
+    // chooses (tables 1..). Summed per choice first (raw last), then into the tables' sums.
     let v1 = &model.planes[o];
     let threshold = opts.threshold_q16();
-    let mut groups = vec![([0u64; 256], 0u64); v1.tables.len()];
-    let mut w = [0u64; 256];
+    let k = v1.tables.len();
+    let mut by_choice = vec![([0u64; 256], 0u64); k + 1];
     let chosen: Vec<(&[u32; 256], u8, u64)> = hists
         .iter()
         .skip(o)
@@ -522,19 +523,19 @@ pub fn pair_plane(
         .map(|h| {
             let len = h.iter().sum::<u32>() as u64;
             let (j, c) = choose(h, len as usize, &v1.costs, threshold);
-            w.fill(0);
-            top.add_pair_weights(h, &mut w);
-            let also = (j != 0 && j != SEL_RAW).then_some(j as usize);
-            for g in std::iter::once(0).chain(also) {
-                let (sum, squares) = &mut groups[g];
-                for (a, &x) in sum.iter_mut().zip(&w) {
-                    *a += x;
-                }
-                *squares += len * len;
-            }
+            let (sum, squares) = &mut by_choice[(j as usize).min(k)];
+            top.add_pair_weights(h, sum);
+            *squares += len * len;
             (h, j, c)
         })
         .collect();
+    let mut groups = by_choice[..k].to_vec();
+    for (sum, squares) in &by_choice[1..] {
+        for (a, &x) in groups[0].0.iter_mut().zip(sum) {
+            *a += x;
+        }
+        groups[0].1 += squares;
+    }
     // Step 3: the table, from table 0's sums (every non-constant sampled block).
     let Some(coder) = PairCoder::new(top, &groups[0].0) else {
         return;
