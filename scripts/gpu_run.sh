@@ -9,7 +9,8 @@
 #   scripts/gpu_run.sh sanitize   the same under compute-sanitizer memcheck (fewer cases), and the
 #                                 GPU table search test under racecheck
 #   scripts/gpu_run.sh bench      1 GiB synthetic bf16 and fp32 (made by torch on the GPU): tensorzip
-#                                 and the anchors on the same bytes; a markdown table at the end
+#                                 (and, on bf16, format version 2) and the anchors on the same bytes;
+#                                 a markdown table at the end
 #   scripts/gpu_run.sh model F    whole-model batch decode of the safetensors file F (and its bf16
 #                                 and fp16 casts), or of the tensorzip archive F.tz as it is
 #   scripts/gpu_run.sh python     the Python package's tests (GPU ones included) and its benchmark
@@ -118,6 +119,9 @@ if [[ $what == bench || $what == all ]]; then
         ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
         NO_COND=1 ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
     done
+    # Format version 2 (paired exponents, opt-in; bf16 only), written and read by the GPU.
+    PAIRS=1 ./gpu-bin/gpu_bench file "$data"/synth-bf16.safetensors none 10 | tee -a "$results" || rc=1
+    PAIRS=1 NO_COND=1 ./gpu-bin/gpu_bench file "$data"/synth-bf16.safetensors none 10 | tee -a "$results" || rc=1
     if ls gpu-wheels/*.whl >/dev/null 2>&1; then
         # A fresh target each time: pip leaves an existing package in a --target directory as
         # it was (a warm machine would test the last run's wheels).

@@ -412,7 +412,12 @@ fn main() {
         enc_round.push(t0.elapsed().as_secs_f64());
     }
     let encoder = serde_json::json!({
-        "tool": if opts.condition != tensorzip::Condition::Off { "tensorzip" } else { "tensorzip (condition off)" },
+        "tool": match (opts.pair_exponents, opts.condition != tensorzip::Condition::Off) {
+            (false, true) => "tensorzip",
+            (false, false) => "tensorzip (condition off)",
+            (true, true) => "tensorzip v2",
+            (true, false) => "tensorzip v2 (condition off)",
+        },
         "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
         "ratio": comp as f64 / orig as f64,
         "encode_resident_gbps": gb(median(enc)), "encode_equal_cpu": encode_equal_cpu,

@@ -1188,21 +1188,22 @@ extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob*
 }
 
 // ---------------------------------------------------------------------------------------------
-// Format version 2's pair model on the device (FORMAT.md section 12; the core's `model::pair_top_bytes`
-// and `model::pair_plane_from_counts`, decision for decision), for each bf16 tensor a call may pair,
-// on the stream after `tz_enc_tables` (whose code lengths of plane 1's version 1 tables the blocks
-// choose by): per tensor `tz_pair_top` (step 1), per sampled block `tz_pair_keys` (step 2, and the
-// block's version 1 choice), per tensor `tz_pair_table` (step 3), per sampled block `tz_pair_groups`
-// (step 4's sums), per tensor `tz_pair_tables` (step 4's tables), per sampled block `tz_pair_cost`
-// (step 6's sums), per tensor `tz_pair_decide` (step 6; the encode kernel's `PairBlock`, the
-// output for the host's blob head, the tensor's parameters). Per-block work spread over the GPU:
-// one thread block per tensor walking its sampled blocks took ~1.3 ms for 1 GiB of bf16 (H100).
-// Counts are summed in 32 bits: a tensor samples at most MAX_SAMPLED blocks of at most 65536 units
-// (2^29 units, 2^28 pairs).
+// Format version 2's pair model on the device (FORMAT.md section 12; the core's `model::pair_plane`,
+// decision for decision), for each bf16 tensor a call may pair, on the stream after `tz_enc_tables`
+// (whose code lengths of plane 1's version 1 tables the blocks choose by): per tensor `tz_pair_top`
+// (step 1), per sampled block `tz_pair_choose` (its version 1 choice), per batch of sampled blocks
+// `tz_pair_groups` (step 2: the pair weights h[a] h[b] of each block's histogram, summed per
+// table), per tensor `tz_pair_table` (step 3), per tensor `tz_pair_tables` (step 4), per sampled
+// block `tz_pair_cost` (step 6's sums), per tensor `tz_pair_decide` (step 6; the encode kernel's
+// `PairBlock`, the output for the host's blob head, the tensor's parameters). Nothing reads the
+// tensor's units: the model is made of the sampled blocks' histograms. Per-block work spread over
+// the GPU: one thread block per tensor walking its sampled blocks took ~1.3 ms for 1 GiB of bf16
+// (H100). Histogram counts fit 32 bits (a tensor samples at most MAX_SAMPLED blocks of at most
+// 65536 units, 2^29 units); the pair weights and squares are summed in 64 bits (a block's at
+// most 2^32 each).
 
 struct PairJob {
     u64 hists;      // u32: plane 1's histogram of sampled block 0; block i's at hists + i * stride
-    u64 keys;       // u32: the sampled blocks' 257 pair counts each (tz_pair_keys writes them)
     u64 top;        // u8[256]: the top map (tz_pair_top writes it); then u32[256] totals and a u32
                     // ticket for tz_pair_top, zeroed by the host (`pair_model::TOP_BYTES` in all)
     u64 cls;        // u32: the code lengths of plane 1's version 1 tables (tz_enc_tables), 256 a table
@@ -1221,14 +1222,10 @@ struct PairJob {
     u32 threshold;  // Q16
 };
 
-// One sampled block of a tensor that may pair (`tz_pair_keys`, `tz_pair_groups`, `tz_pair_cost`).
-struct PairKeysJob {
-    u64 data;    // device address of the tensor (aligned to 16 bytes)
-    u64 start;   // the block's first unit
-    u32 len;     // its units
+// One sampled block of a tensor that may pair (`tz_pair_choose`, `tz_pair_groups`, `tz_pair_cost`).
+struct PairSampleJob {
     u32 tensor;  // its PairJob
     u32 block;   // its index among the tensor's sampled blocks
-    u32 pad;
 };
 
 #define PAIR_MAX 128u
@@ -1246,8 +1243,7 @@ struct PairArea {
     uint4* entries; // the rank tables' entries, 256 a table
     u32* cls;       // their code lengths, 256 a table
     u32* info;      // their info words
-    u32* ksum;      // the sampled blocks' pair counts summed (257)
-    u32* groups;    // step 4's sums, PAIR_MAX + 1 a table
+    u64* groups;    // step 2's sums, 257 a table: the pair weights by key 16 a + b, then the squares
     u64* s12;       // step 6's sums
     u8* pairs;      // the table's pairs (2 PAIR_MAX bytes)
     u32* state;     // D (0: no table), whether the rank tables were made
@@ -1268,10 +1264,8 @@ __device__ PairArea pair_area(const PairJob& job, u32 max_tables) {
     at += (u64)max_tables * 1024;
     A.info = (u32*)(a + at);
     at += (u64)max_tables * 16;
-    A.ksum = (u32*)(a + at);
-    at += r16(257 * 4);
-    A.groups = (u32*)(a + at);
-    at += r16((u64)max_tables * (PAIR_MAX + 1) * 4);
+    A.groups = (u64*)(a + at);
+    at += r16((u64)max_tables * 257 * 8);
     A.s12 = (u64*)(a + at);
     at += 16;
     A.pairs = a + at;
@@ -1333,8 +1327,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __r
     if (!last) return;
     __threadfence();
     const PairArea A = pair_area(job, max_tables);
-    for (u32 k = s; k < 257; k += 256) A.ksum[k] = 0;
-    for (u32 k = s; k < max_tables * (PAIR_MAX + 1); k += 256) A.groups[k] = 0;
+    for (u32 k = s; k < max_tables * 257; k += 256) A.groups[k] = 0;
     if (s < 2) A.s12[s] = 0;
     if (s < 4) A.state[s] = 0;
     if (s == 0) {
@@ -1350,42 +1343,18 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __r
     top[s] = sum > 0 && rank < 16 ? (u8)rank : (u8)255;
 }
 
-// Step 2, per sampled block: its pairs of bf16 units (2i, 2i + 1 from its start; an odd last unit
-// is not a pair) counted by key 16 a + b of their exponent bytes' top indices, and the pairs
-// holding another byte (the core's `TopBytes::count_keys`), written out and added to the tensor's
-// sums; and, where its plane-1 bytes are not one value, its version 1 choice (step 4: table j at
-// cost c, or raw at its raw cost) by the code lengths the encode kernel chooses by, the lowest index
-// among equal costs.
-extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob* __restrict__ kjobs,
-                                                               const PairJob* __restrict__ jobs, u32 max_tables) {
-    __shared__ u32 h[257];
-    __shared__ u8 top[256];
-    const PairKeysJob kj = kjobs[blockIdx.x];
-    const PairJob job = jobs[kj.tensor];
+// Per sampled block, a warp each: where its plane-1 bytes are not one value, its version 1 choice
+// (table j at cost c, or raw at its raw cost) by the code lengths the encode kernel chooses by, the
+// lowest index among equal costs (the core's `model::choose`); else SEL_CONST.
+extern "C" __global__ void __launch_bounds__(256) tz_pair_choose(const PairSampleJob* __restrict__ sjobs, u32 n_sjobs,
+                                                                 const PairJob* __restrict__ jobs, u32 max_tables) {
+    const u32 lane = threadIdx.x & 31, b = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= n_sjobs) return;
+    const PairSampleJob sj = sjobs[b];
+    const PairJob job = jobs[sj.tensor];
     const PairArea A = pair_area(job, max_tables);
-    const u32 t = threadIdx.x, lane = t & 31;
-    h[t] = 0;
-    if (t == 0) h[256] = 0;
-    top[t] = ((const u8*)job.top)[t];
-    __syncthreads();
-    // Units 2i and 2i + 1 in one 32-bit load (a block starts at an even unit: chunks and blocks
-    // hold even numbers of units but for a tensor's last, which starts at an even unit); the
-    // exponent byte of a bf16 unit u is bits 14..7.
-    const u32* src = (const u32*)((const u8*)kj.data + 2 * kj.start);
-    for (u32 i = t; i < kj.len / 2; i += 256) {
-        const u32 w = __ldg(src + i);
-        const u32 a = top[(w >> 7) & 0xFFu], b = top[(w >> 23) & 0xFFu];
-        atomicAdd(&h[(a | b) < 16u ? (a << 4 | b) : 256u], 1u);
-    }
-    __syncthreads();
-    u32* o = (u32*)job.keys + (u64)kj.block * 257;
-    for (u32 k = t; k < 257; k += 256) {
-        o[k] = h[k];
-        if (h[k]) atomicAdd(&A.ksum[k], h[k]);
-    }
-    if (t >= 32) return;
     const u32 K = pair_tables(job, max_tables);
-    const u32* hp = (const u32*)job.hists + (u64)kj.block * job.stride;
+    const u32* hp = (const u32*)job.hists + (u64)sj.block * job.stride;
     u32 hv[8];
     u32 nz = 0, len = 0;
 #pragma unroll
@@ -1397,7 +1366,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob
     nz = warp_sum32(nz);
     len = warp_sum32(len);
     if (nz < 2) {
-        if (lane == 0) A.choice[kj.block] = (u8)SEL_CONST;
+        if (lane == 0) A.choice[sj.block] = (u8)SEL_CONST;
         return;
     }
     u64 best = NO_COST;
@@ -1424,15 +1393,103 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_keys(const PairKeysJob
         best = raw_cost(len);
     }
     if (lane == 0) {
-        A.choice[kj.block] = (u8)bj;
-        A.cost[kj.block] = best;
+        A.choice[sj.block] = (u8)bj;
+        A.cost[sj.block] = best;
     }
 }
 
-// Step 3: the table — the pairs with a count, larger count first, then smaller first byte, then
-// smaller second byte; the first 128 (D of them); at least two, else D = 0 (not paired). The ranks
-// go to the PairBlock's key ranks and 17 x 17 ranks (every other key, and the 17th row and column
-// of the latter: the escape D).
+// Step 2's sums: each non-constant sampled block weighs the pair of top bytes (x, y) of indices
+// (a, b) by h[x] h[y] (its histogram h: of its L^2 ordered pairs of units, those holding x then y),
+// key 16 a + b; table j sums the weights and the squares L^2 of the blocks that chose version 1
+// table j, table 0 those of every such block. A thread block takes PAIR_GROUP_BATCH consecutive
+// sampled blocks; thread t sums key t per table in shared memory and adds the sums to the tensor's
+// when the tensor changes and at the end (tensors of more than PAIR_GROUP_TABLES tables add each
+// block's weights at once). A thread block per sampled block, adding each block's counts, took ~97 us
+// for 1 GiB of bf16 (H100): 8192 blocks' atomics on each tensor's few hot keys.
+#define PAIR_GROUP_BATCH 16u
+#define PAIR_GROUP_TABLES 16u
+extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairSampleJob* __restrict__ sjobs, u32 n_sjobs,
+                                                                 const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ u64 acc[PAIR_GROUP_TABLES][256];
+    __shared__ u64 acc_sq[PAIR_GROUP_TABLES];
+    __shared__ u8 topb[16];  // the top bytes by index
+    __shared__ u32 th[16];   // the block's count of each
+    __shared__ u32 blen;     // and its units
+    const u32 t = threadIdx.x, lane = t & 31, ta = t >> 4, tb = t & 15;
+    const u32 k0 = blockIdx.x * PAIR_GROUP_BATCH, k1 = min(k0 + PAIR_GROUP_BATCH, n_sjobs);
+    for (u32 j = 0; j < PAIR_GROUP_TABLES; j++) acc[j][t] = 0;
+    if (t < PAIR_GROUP_TABLES) acc_sq[t] = 0;
+    // The sums' tensor (none yet), its area, job, top bytes and tables, whether their sums fit `acc`.
+    u32 cur = 0xFFFFFFFFu, K = 0, ntop = 0;
+    bool batch = false;
+    PairArea A;
+    PairJob job;
+    const auto flush = [&]() {
+        if (!batch) return;
+        for (u32 j = 0; j < K; j++) {
+            u64* gj = A.groups + j * 257;
+            if (acc[j][t]) atomicAdd((unsigned long long*)&gj[t], (unsigned long long)acc[j][t]);
+            acc[j][t] = 0;
+            if (t == 0 && acc_sq[j]) atomicAdd((unsigned long long*)&gj[256], (unsigned long long)acc_sq[j]);
+            if (t == 0) acc_sq[j] = 0;
+        }
+    };
+    for (u32 k = k0; k < k1; k++) {
+        const PairSampleJob sj = sjobs[k];
+        if (sj.tensor != cur) {
+            flush();
+            __syncthreads();
+            cur = sj.tensor;
+            job = jobs[cur];
+            A = pair_area(job, max_tables);
+            K = pair_tables(job, max_tables);
+            batch = K <= PAIR_GROUP_TABLES;
+            const u8 idx = ((const u8*)job.top)[t];
+            if (idx < 16) topb[idx] = (u8)t;
+            ntop = __syncthreads_count(idx < 16);
+        }
+        const u32 j = A.choice[sj.block];
+        if (K == 0 || j == SEL_CONST) continue;
+        const u32* hp = (const u32*)job.hists + (u64)sj.block * job.stride;
+        if (t < ntop) th[t] = hp[topb[t]];
+        if (t < 32) {
+            u32 len = 0;
+#pragma unroll
+            for (int q = 0; q < 8; q++) len += hp[lane * 8 + q];
+            len = warp_sum32(len);
+            if (lane == 0) blen = len;
+        }
+        __syncthreads();
+        const u64 w = ta < ntop && tb < ntop ? (u64)th[ta] * th[tb] : 0ull;
+        const u64 sq = (u64)blen * blen;
+        const bool also = j != 0 && j != SEL_RAW;
+        if (batch) {
+            acc[0][t] += w;
+            if (also) acc[j][t] += w;
+            if (t == 0) {
+                acc_sq[0] += sq;
+                if (also) acc_sq[j] += sq;
+            }
+        } else {
+            if (w) {
+                atomicAdd((unsigned long long*)&A.groups[t], (unsigned long long)w);
+                if (also) atomicAdd((unsigned long long*)&A.groups[j * 257 + t], (unsigned long long)w);
+            }
+            if (t == 0) {
+                atomicAdd((unsigned long long*)&A.groups[256], (unsigned long long)sq);
+                if (also) atomicAdd((unsigned long long*)&A.groups[j * 257 + 256], (unsigned long long)sq);
+            }
+        }
+        // `th` and `blen` are read before the next block writes them.
+        __syncthreads();
+    }
+    flush();
+}
+
+// Step 3: the table — the pairs with a weight in table 0's sums, larger weight first, then smaller
+// first byte, then smaller second byte; the first 128 (D of them); at least two, else D = 0 (not
+// paired). The ranks go to the PairBlock's key ranks and 17 x 17 ranks (every other key, and the
+// 17th row and column of the latter: the escape D).
 extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u8 topb[16];
     const PairJob job = jobs[blockIdx.x];
@@ -1443,16 +1500,17 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* _
     __syncthreads();
     if (top[t] < 16) topb[top[t]] = (u8)t;
     __syncthreads();
-    const u32 mine = A.ksum[t];
+    const bool any_tables = pair_tables(job, max_tables) != 0;
+    const u64 mine = any_tables ? A.groups[t] : 0ull;
     const u32 my_ab = (u32)topb[t >> 4] << 8 | topb[t & 15];
     u32 rank = 0;
     for (u32 k = 0; k < 256; k++) {
-        const u32 c = A.ksum[k];
+        const u64 c = any_tables ? A.groups[k] : 0ull;
         const u32 ab = (u32)topb[k >> 4] << 8 | topb[k & 15];
         rank += c > 0 && (c > mine || (c == mine && ab < my_ab));
     }
     const u32 n = __syncthreads_count(mine > 0);
-    const u32 D = n < 2 || pair_tables(job, max_tables) == 0 ? 0u : min(n, PAIR_MAX);
+    const u32 D = n < 2 || !any_tables ? 0u : min(n, PAIR_MAX);
     const bool kept = mine > 0 && rank < PAIR_MAX;
     A.block[PAIR_KEY_RANKS + t] = kept ? (u8)rank : (u8)D;
     A.block[PAIR_RANK17 + 17 * (t >> 4) + (t & 15)] = kept ? (u8)rank : (u8)D;
@@ -1465,102 +1523,37 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* _
     if (t == 0) A.state[0] = D;
 }
 
-// Step 4's sums, per sampled block: rank table j sums the rank histograms of the non-constant blocks
-// that chose version 1 table j; table 0 those of every non-constant block. A thread block takes
-// PAIR_GROUP_BATCH consecutive sampled blocks; thread t sums key t (thread 0 key 256 too) per table
-// in shared memory and adds the sums to the ranks' totals when the tensor changes and at the end
-// (tensors of more than PAIR_GROUP_TABLES tables add each block's counts at once). A thread block
-// per sampled block, adding each block's counts, took ~97 us for 1 GiB of bf16 (H100): 8192
-// blocks' atomics on a few hot ranks of each tensor.
-#define PAIR_GROUP_BATCH 16u
-#define PAIR_GROUP_TABLES 16u
-extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairKeysJob* __restrict__ kjobs, u32 n_kjobs,
-                                                                 const PairJob* __restrict__ jobs, u32 max_tables) {
-    __shared__ u32 acc[PAIR_GROUP_TABLES][256];
-    __shared__ u32 acc_other[PAIR_GROUP_TABLES];
-    const u32 t = threadIdx.x;
-    const u32 k0 = blockIdx.x * PAIR_GROUP_BATCH, k1 = min(k0 + PAIR_GROUP_BATCH, n_kjobs);
-    for (u32 j = 0; j < PAIR_GROUP_TABLES; j++) acc[j][t] = 0;
-    if (t < PAIR_GROUP_TABLES) acc_other[t] = 0;
-    __syncthreads();
-    // The sums' tensor (none yet), its area, key counts, escape rank and tables, whether their sums
-    // fit `acc`, and the rank of this thread's key.
-    u32 cur = 0xFFFFFFFFu, D = 0, K = 0, my_rank = 0;
-    bool batch = false;
-    u64 keys = 0;
-    PairArea A;
-    const auto flush = [&]() {
-        if (!batch || D == 0) return;
-        for (u32 j = 0; j < K; j++) {
-            u32* gj = A.groups + j * (PAIR_MAX + 1);
-            if (acc[j][t]) atomicAdd(&gj[my_rank], acc[j][t]);
-            acc[j][t] = 0;
-            if (t == 0 && acc_other[j]) atomicAdd(&gj[D], acc_other[j]);
-            if (t == 0) acc_other[j] = 0;
-        }
-    };
-    for (u32 k = k0; k < k1; k++) {
-        const PairKeysJob kj = kjobs[k];
-        if (kj.tensor != cur) {
-            flush();
-            cur = kj.tensor;
-            const PairJob job = jobs[cur];
-            A = pair_area(job, max_tables);
-            keys = job.keys;
-            D = A.state[0];
-            K = pair_tables(job, max_tables);
-            batch = K <= PAIR_GROUP_TABLES;
-            my_rank = A.block[PAIR_KEY_RANKS + t];
-        }
-        const u32 j = A.choice[kj.block];
-        if (D == 0 || j == SEL_CONST) continue;
-        const u32* kc = (const u32*)keys + (u64)kj.block * 257;
-        const bool also = j != 0 && j != SEL_RAW;
-        const u32 c = kc[t];
-        const u32 other = t == 0 ? kc[256] : 0u;
-        if (batch) {
-            acc[0][t] += c;
-            if (also) acc[j][t] += c;
-            if (t == 0) {
-                acc_other[0] += other;
-                if (also) acc_other[j] += other;
-            }
-        } else {
-            if (c) {
-                atomicAdd(&A.groups[my_rank], c);
-                if (also) atomicAdd(&A.groups[j * (PAIR_MAX + 1) + my_rank], c);
-            }
-            if (other) {
-                atomicAdd(&A.groups[D], other);
-                if (also) atomicAdd(&A.groups[j * (PAIR_MAX + 1) + D], other);
-            }
-        }
-    }
-    flush();
-}
-
-// Step 4's tables: each sum normalised with every rank 0..=D forced (a table no block chose is table
-// 0), a warp a table, serialised into the output after the pair field (lo 0, hi D: 3 + D bytes each)
-// and expanded, as the version 1 tables are, into the area's entries and code lengths.
+// Step 4's tables: rank table j weighs rank r < D by its pair's weight in table j's sums and the
+// escape D by the sums' squares less the ranks' weights (a table no block chose is table 0's sums),
+// normalised with every rank 0..=D forced, a warp a table, serialised into the output after the
+// pair field (lo 0, hi D: 3 + D bytes each) and expanded, as the version 1 tables are, into the
+// area's entries and code lengths.
 extern "C" __global__ void __launch_bounds__(256) tz_pair_tables(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u8 codes[8][256];
+    __shared__ u8 rank_key[PAIR_MAX];
     __shared__ int single;
     const PairJob job = jobs[blockIdx.x];
     const PairArea A = pair_area(job, max_tables);
     const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const u32 D = A.state[0], K = pair_tables(job, max_tables);
     if (D == 0) return;
+    const u32 r = A.block[PAIR_KEY_RANKS + t];
+    if (r < D) rank_key[r] = (u8)t;
+    __syncthreads();
     u8* out = (u8*)job.out;
     const u32 tables_at = 16 + 1 + 2 * D;
     bool normal = true;
     for (u32 j = warp; j < K; j += 8) {
-        const u32* gj = A.groups + j * (PAIR_MAX + 1);
-        bool any = false;
-        for (u32 r = lane; r <= D; r += 32) any |= gj[r] != 0;
-        const u32* g = __any_sync(FULL, any) ? gj : A.groups;
+        const u64* g = A.groups + j * 257;
+        if (g[256] == 0) g = A.groups;
+        u64 paired = 0;
+        for (u32 q = lane; q < D; q += 32) paired += g[rank_key[q]];
+        paired = warp_sum64(paired);
+        const u64 escape = g[256] - paired;
         u32 span = 0, afreq = 0;
-        const bool ok = warp_normalize([&](u32 s) { return s <= D ? (u64)g[s] : 0ull; },
-                                       [&](u32 s) { return s <= D; }, codes[warp], &span, &afreq);
+        const bool ok = warp_normalize(
+            [&](u32 s) { return s < D ? g[rank_key[s]] : s == D ? escape : 0ull; },
+            [&](u32 s) { return s <= D; }, codes[warp], &span, &afreq);
         normal &= ok;
         if (ok)
             for (u32 s = lane; s <= D; s += 32) out[tables_at + j * (3 + D) + 2 + s] = codes[warp][s];
@@ -1577,41 +1570,47 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_tables(const PairJob* 
     if (t == 0) A.state[1] = 1;
 }
 
-// Step 6's sums, a warp per sampled block: its version 1 cost (S1) and its paired cost (S2: where it
-// stays coded, its ranks' cost under rank table j plus 8 bits an escape-group byte; else raw).
-extern "C" __global__ void __launch_bounds__(256) tz_pair_cost(const PairKeysJob* __restrict__ kjobs, u32 n_kjobs,
+// Step 6's sums, a warp per sampled block: its version 1 cost (S1) and its estimated paired cost
+// (S2). With h its histogram, L its units, W the sum of h[x] h[y] over the table's pairs (x, y) and
+// X the same times each rank's code length under rank table j: raw where it chose raw or where the
+// per-block rule with its expected escape bytes (L^2 - W) / L turns it raw, else
+// min((X + (L^2 - W) (escape's code length + 16 bits)) / 2L, raw).
+extern "C" __global__ void __launch_bounds__(256) tz_pair_cost(const PairSampleJob* __restrict__ sjobs, u32 n_sjobs,
                                                                const PairJob* __restrict__ jobs, u32 max_tables) {
     const u32 lane = threadIdx.x & 31, b = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (b >= n_kjobs) return;
-    const PairKeysJob kj = kjobs[b];
-    const PairJob job = jobs[kj.tensor];
+    if (b >= n_sjobs) return;
+    const PairSampleJob sj = sjobs[b];
+    const PairJob job = jobs[sj.tensor];
     const PairArea A = pair_area(job, max_tables);
-    const u32 D = A.state[0], j = A.choice[kj.block];
+    const u32 D = A.state[0], j = A.choice[sj.block];
     if (D == 0 || A.state[1] == 0 || j == SEL_CONST) return;
-    const u32* kc = (const u32*)job.keys + (u64)kj.block * 257;
     const u32* cl = A.cls + (u64)(j == SEL_RAW ? 0 : j) * 256;
-    const u32* hp = (const u32*)job.hists + (u64)kj.block * job.stride;
-    u64 rc = 0;
-    u32 esc = 0, len = 0;
+    const u32* hp = (const u32*)job.hists + (u64)sj.block * job.stride;
+    u64 w = 0, x = 0;
+    u32 len = 0;
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const u32 key = lane + 32 * k, c = kc[key], r = A.block[PAIR_KEY_RANKS + key];
-        rc += (u64)c * cl[r];
-        esc += r == D ? c : 0;
-        len += hp[key];
+    for (int k = 0; k < 8; k++) len += hp[lane * 8 + k];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const u32 r = lane + 32 * k;
+        if (r < D) {
+            const u64 hh = (u64)hp[A.pairs[2 * r]] * hp[A.pairs[2 * r + 1]];
+            w += hh;
+            x += hh * cl[r];
+        }
     }
-    rc = warp_sum64(rc);
-    esc = warp_sum32(esc);
     len = warp_sum32(len);
+    w = warp_sum64(w);
+    x = warp_sum64(x);
     if (lane == 0) {
-        const u32 other = kc[256];
-        rc += (u64)other * cl[D];
-        esc += other;
-        const u64 c = A.cost[kj.block];
-        const u64 e = raw_cost(2 * (u64)esc + (len & 1));
-        const bool coded = j != SEL_RAW && stays_coded(c + e, len, job.threshold);
+        const u64 c = A.cost[sj.block], L = len, rest = L * L - w;
+        u64 s2 = raw_cost(L);
+        if (j != SEL_RAW && stays_coded(c + raw_cost(rest / L), L, job.threshold)) {
+            const u64 est = (x + rest * ((u64)cl[D] + raw_cost(2))) / (2 * L);
+            s2 = min(est, s2);
+        }
         atomicAdd((unsigned long long*)&A.s12[0], (unsigned long long)c);
-        atomicAdd((unsigned long long*)&A.s12[1], (unsigned long long)(coded ? rc + e : raw_cost(len)));
+        atomicAdd((unsigned long long*)&A.s12[1], (unsigned long long)s2);
     }
 }
 

@@ -1001,27 +1001,27 @@ impl GpuEngine {
                 .all(|c| c.sampling.picks.len() as u64 <= crate::search::MAX_SAMPLED);
         // Format version 2: with the GPU's search, each tensor that may pair gets its pair model
         // on the device (`pair_model`; queued after `tz_enc_tables` below): (its index among
-        // them, its area's and output's offsets, its first keys job). With the host's search,
+        // them, its area's and output's offsets). With the host's search,
         // the host makes it (`pair_models`): per tensor, the version 2 model and the bytes its
         // tables section has in version 1, where it pairs.
         let mut paired: Vec<Option<(Model, usize)>> = (0..counting.len()).map(|_| None).collect();
-        let mut dev_pair: Vec<Option<(usize, u64, u64, usize)>> = vec![None; counting.len()];
-        let (mut area_len, mut pout_len, mut n_keys) = (0u64, 0u64, 0usize);
+        let mut dev_pair: Vec<Option<(usize, u64, u64)>> = vec![None; counting.len()];
+        let (mut area_len, mut pout_len, mut n_samples) = (0u64, 0u64, 0usize);
         if gpu_search {
             let mut m = 0;
             for (i, c) in counting.iter().enumerate() {
                 if c.variant == PAIRED_VARIANT && !c.sampling.picks.is_empty() {
-                    dev_pair[i] = Some((m, area_len, pout_len, n_keys));
+                    dev_pair[i] = Some((m, area_len, pout_len));
                     m += 1;
                     area_len += crate::pair_model::area_bytes(t_max, c.sampling.picks.len() as u64);
                     pout_len += crate::pair_model::out_bytes(t_max);
-                    n_keys += c.sampling.picks.len();
+                    n_samples += c.sampling.picks.len();
                 }
             }
         }
         let n_dev_pair = dev_pair.iter().flatten().count();
         // The device pair model's buffers: the tensors' areas (`PairBlock`s, rank tables'
-        // entries, scratch), outputs for the host, top maps and key counts.
+        // entries, scratch), outputs for the host and top maps.
         let dev_pair_bufs = match n_dev_pair {
             0 => None,
             // SAFETY: plain bytes and counts; every one the kernels read is written by them
@@ -1032,40 +1032,31 @@ impl GpuEngine {
                     s.alloc::<u8>(area_len as usize)?,
                     s.alloc::<u8>(pout_len as usize)?,
                     s.alloc_zeros::<u8>(crate::pair_model::TOP_BYTES as usize * n_dev_pair)?,
-                    s.alloc::<u32>(257 * n_keys)?,
                 )
             }),
         };
         // Their jobs, but for the fields that point into the parameters and tables (filled in
-        // the upload below), and the keys jobs (every sampled block of each, in order).
+        // the upload below), and the sample jobs (every sampled block of each, in order).
         let mut pair_jobs: Vec<(usize, crate::pair_model::PairJob)> = Vec::new();
-        let mut keys_jobs = Vec::with_capacity(n_keys);
-        if let Some((area, pout, tops, keys)) = &dev_pair_bufs {
+        let mut sample_jobs = Vec::with_capacity(n_samples);
+        if let Some((area, pout, tops)) = &dev_pair_bufs {
             let ptr = |b: &CudaSlice<u8>| b.device_ptr(&s).0;
             let (area, pout, tops) = (ptr(area), ptr(pout), ptr(tops));
-            let keys = keys.device_ptr(&s).0;
             for (i, c) in counting.iter().enumerate() {
-                let Some((m, area_at, out_at, key_at)) = dev_pair[i] else {
+                let Some((m, area_at, out_at)) = dev_pair[i] else {
                     continue;
                 };
                 let us = c.header.planes();
                 let o = c.header.dtype.paired_plane().unwrap_or(1);
-                for (b, &g) in c.sampling.picks.iter().enumerate() {
-                    let r = c.sampling.block_range(g);
-                    keys_jobs.push(crate::pair_model::PairKeysJob {
-                        data: c.data,
-                        start: r.start,
-                        len: (r.end - r.start) as u32,
-                        tensor: pair_jobs.len() as u32,
-                        block: b as u32,
-                        pad: 0,
-                    });
-                }
+                let tensor = pair_jobs.len() as u32;
+                sample_jobs.extend(
+                    (0..c.sampling.picks.len() as u32)
+                        .map(|block| crate::pair_model::PairSampleJob { tensor, block }),
+                );
                 pair_jobs.push((
                     i,
                     crate::pair_model::PairJob {
                         hists: counts_ptr + 4 * (c.hist_at + o * 256) as u64,
-                        keys: keys + 4 * 257 * key_at as u64,
                         top: tops + crate::pair_model::TOP_BYTES * m as u64,
                         area: area + area_at,
                         out: pout + out_at,
@@ -1353,9 +1344,9 @@ impl GpuEngine {
             + staged_len::<EncJob>(jobs.len())
             + staged_len::<crate::search::TablesJob>(n_planes)
             + staged_len::<crate::pair_model::PairJob>(pair_jobs.len())
-            + staged_len::<crate::pair_model::PairKeysJob>(keys_jobs.len());
-        let (jobs_dev, [params_ptr, jobs_base, tables_jobs, pair_jobs_at, keys_jobs_at]) = self
-            .upload_staged(cap, |st, base| {
+            + staged_len::<crate::pair_model::PairSampleJob>(sample_jobs.len());
+        let (jobs_dev, [params_ptr, jobs_base, tables_jobs, pair_jobs_at, sample_jobs_at]) =
+            self.upload_staged(cap, |st, base| {
                 let params_at = base + st.push(&params) as u64;
                 let jobs_at = base + st.push(&jobs) as u64;
                 let field = |i: usize, off: usize| {
@@ -1398,8 +1389,8 @@ impl GpuEngine {
                     })
                     .collect();
                 let pair_at = base + st.push(&pj) as u64;
-                let keys_at = base + st.push(&keys_jobs) as u64;
-                Ok([params_at, jobs_at, tables_at, pair_at, keys_at])
+                let samples_at = base + st.push(&sample_jobs) as u64;
+                Ok([params_at, jobs_at, tables_at, pair_at, samples_at])
             })?;
         // SAFETY: every job's output lies inside `outs_dev` (`n_planes` outputs of `out_stride`
         // bytes), its parameter fields inside the uploaded parameters, its selectors inside
@@ -1419,15 +1410,15 @@ impl GpuEngine {
             // SAFETY: the jobs uploaded above, as `pair_model::queue` requires: each area and
             // output sized by `area_bytes` / `out_bytes` for `max_tables`, the histograms and
             // code lengths inside `counts_dev` and `cls`, the parameter fields inside the
-            // uploaded parameters, each keys job a sampled block of its tensor with its counts at
-            // its tensor's offset of `keys` (laid out above); all alive until the final
+            // uploaded parameters, each sample job a sampled block of its tensor (laid out
+            // above); all alive until the final
             // synchronisation (`counts_dev` until the stream has run these).
             unsafe {
                 crate::pair_model::queue(
                     &sk.pair,
                     &s,
                     (pair_jobs_at, pair_jobs.len() as u32),
-                    (keys_jobs_at, keys_jobs.len() as u32),
+                    (sample_jobs_at, sample_jobs.len() as u32),
                     opts.max_tables as u32,
                 )
             }?;
@@ -1503,7 +1494,7 @@ impl GpuEngine {
                     outs_ptr,
                     s.cu_stream(),
                 )?;
-                if let Some((_, pout, _, _)) = &dev_pair_bufs {
+                if let Some((_, pout, _)) = &dev_pair_bufs {
                     cudarc::driver::result::memcpy_dtoh_async(
                         &mut host[search_u32..down_u32],
                         pout.device_ptr(&s).0,
@@ -1629,7 +1620,7 @@ impl GpuEngine {
                     if let Some(head) = &c.v2_head {
                         prefix.clone_from(head);
                     }
-                    if let Some((_, area_at, out_at, _)) = dev_pair[i] {
+                    if let Some((_, area_at, out_at)) = dev_pair[i] {
                         let o = c.header.dtype.paired_plane().unwrap_or(1);
                         let from = search_u32 + out_at as usize / 4;
                         let words =

@@ -3,15 +3,16 @@
 //! of what they decided.
 //!
 //! On the device (the default): seven small kernels of kernels/search.cu ([`KERNELS`]), on the
-//! stream after `tz_enc_tables`, find each tensor's top bytes, count every sampled block's pair
-//! keys and make its version 1 choice, make the pair table, sum the rank tables' counts, normalise
-//! and expand the rank tables, sum step 6's costs and decide; the encode kernel's tables
+//! stream after `tz_enc_tables`, find each tensor's top bytes, make every sampled block's version
+//! 1 choice, sum the pair weights of its histogram per table, make the pair table, normalise and
+//! expand the rank tables, sum step 6's costs and decide (from the sampled blocks' histograms:
+//! no kernel reads the tensor's units); the encode kernel's tables
 //! (`PairBlock`) and the tensor's parameters are written on the device, with no host round trip
 //! before the encode kernel. The host reads the output while the encoder runs ([`parse_out`]) and
 //! writes the blob's head from it.
 //!
-//! On the host (the host search's path, [`crate::GpuEngine`]'s `pair_models`): the core's own
-//! code on the sampled blocks' bytes, and the encode kernel's tables written by [`pair_block`].
+//! On the host (the host search's path, `encode::pair_models`): the core's own code on the same
+//! histograms, and the encode kernel's tables written by [`pair_block`].
 
 use std::sync::Arc;
 
@@ -39,27 +40,23 @@ const GROUP_BATCH: u32 = 16;
 /// The pair model's kernels (search.cu), in launch order.
 pub(crate) const KERNELS: [&str; 7] = [
     "tz_pair_top",
-    "tz_pair_keys",
-    "tz_pair_table",
+    "tz_pair_choose",
     "tz_pair_groups",
+    "tz_pair_table",
     "tz_pair_tables",
     "tz_pair_cost",
     "tz_pair_decide",
 ];
 
-/// One sampled block of a tensor that may pair (layout shared with `struct PairKeysJob` in
+/// One sampled block of a tensor that may pair (layout shared with `struct PairSampleJob` in
 /// search.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
-pub(crate) struct PairKeysJob {
-    pub data: u64,
-    pub start: u64,
-    pub len: u32,
+pub(crate) struct PairSampleJob {
     /// Its tensor's index among the [`PairJob`]s.
     pub tensor: u32,
     /// Its index among its tensor's sampled blocks.
     pub block: u32,
-    pub pad: u32,
 }
 
 /// One tensor whose plane 1 may pair (layout shared with `struct PairJob` in search.cu, which
@@ -68,7 +65,6 @@ pub(crate) struct PairKeysJob {
 #[derive(Clone, Copy, Default, Debug)]
 pub(crate) struct PairJob {
     pub hists: u64,
-    pub keys: u64,
     pub top: u64,
     pub cls: u64,
     pub n_tables: u64,
@@ -84,25 +80,24 @@ pub(crate) struct PairJob {
     pub threshold: u32,
 }
 
-// SAFETY: `repr(C)`: two u64 and four u32 (32 bytes, no padding).
-unsafe impl Plain for PairKeysJob {}
-// SAFETY: `repr(C)`: eleven u64 and four u32 (104 bytes, no padding).
+// SAFETY: `repr(C)`: two u32 (8 bytes, no padding).
+unsafe impl Plain for PairSampleJob {}
+// SAFETY: `repr(C)`: ten u64 and four u32 (96 bytes, no padding).
 unsafe impl Plain for PairJob {}
-const _: () = assert!(std::mem::size_of::<PairKeysJob>() == 32);
-const _: () = assert!(std::mem::size_of::<PairJob>() == 104);
+const _: () = assert!(std::mem::size_of::<PairSampleJob>() == 8);
+const _: () = assert!(std::mem::size_of::<PairJob>() == 96);
 
 /// Bytes of a tensor's area (`PairJob::area`; `pair_area` in search.cu lays it out): the
 /// `PairBlock`, `max_tables` tables' entries, code lengths and info words, then the model's
-/// scratch — the summed pair counts, the rank tables' sums, step 6's sums, the pairs, the state,
-/// and per sampled block a choice byte and a cost. A multiple of 16 (the areas of a call lie side
+/// scratch — per table the pair weights' sums and their squares (257 u64), step 6's sums, the
+/// pairs, the state, and per sampled block a choice byte and a cost. A multiple of 16 (the areas of a call lie side
 /// by side, and the entries are 16-byte loads).
 pub(crate) fn area_bytes(max_tables: u64, n_sampled: u64) -> u64 {
     let r16 = |x: u64| x.div_ceil(16) * 16;
     let pairs = MAX_PAIRS as u64;
     PAIR_HEAD
         + max_tables * (4096 + 1024 + 16)
-        + r16(257 * 4)
-        + r16(max_tables * (pairs + 1) * 4)
+        + r16(max_tables * 257 * 8)
         + 16
         + 2 * pairs
         + 16
@@ -117,20 +112,20 @@ pub(crate) fn out_bytes(max_tables: u64) -> u64 {
 }
 
 /// Queues the pair model ([`KERNELS`], `fs` in that order) of the tensors `jobs` (a device array
-/// of `n` [`PairJob`]s) whose sampled blocks are `keys_jobs` (`n_keys` [`PairKeysJob`]s), on
-/// `s`, after `tz_enc_tables` (whose code lengths and table counts the model reads).
+/// of `n` [`PairJob`]s) whose sampled blocks are `sample_jobs` (`n_samples` [`PairSampleJob`]s),
+/// on `s`, after `tz_enc_tables` (whose code lengths and table counts the model reads).
 ///
 /// # Safety
 /// Device addresses of this context, alive until the stream has run the launches: every job's
 /// addresses as `struct PairJob` in search.cu describes them (its area [`area_bytes`] and output
-/// [`out_bytes`] long for `max_tables` and its sampled blocks, its keys 257 u32 for each of
-/// them, its top map [`TOP_BYTES`] long and zeroed), every keys job's units inside its tensor, its tensor and block
-/// indices inside the jobs and the tensor's sampled blocks.
+/// [`out_bytes`] long for `max_tables` and its sampled blocks, its top map [`TOP_BYTES`] long and
+/// zeroed), every sample job's tensor and block indices inside the jobs and the tensor's sampled
+/// blocks.
 pub(crate) unsafe fn queue(
     fs: &[CudaFunction],
     s: &Arc<CudaStream>,
     (jobs, n): (u64, u32),
-    (keys_jobs, n_keys): (u64, u32),
+    (sample_jobs, n_samples): (u64, u32),
     max_tables: u32,
 ) -> Result<()> {
     if n == 0 || fs.len() != KERNELS.len() {
@@ -138,22 +133,20 @@ pub(crate) unsafe fn queue(
     }
     for (k, f) in fs.iter().enumerate() {
         let mut b = s.launch_builder(f);
-        // Per tensor: (jobs, max_tables), `tz_pair_top` in slices; per sampled block: (keys jobs,
-        // jobs, max_tables); per sampled block a warp (`tz_pair_cost`) or per batch of them
-        // (`tz_pair_groups`): (keys jobs, their count, jobs, max_tables).
+        // Per tensor: (jobs, max_tables), `tz_pair_top` in slices; per sampled block a warp
+        // (`tz_pair_choose`, `tz_pair_cost`) or per batch of them (`tz_pair_groups`): (sample
+        // jobs, their count, jobs, max_tables).
         let (x, y) = match KERNELS[k] {
-            "tz_pair_keys" => {
-                b.arg(&keys_jobs).arg(&jobs).arg(&max_tables);
-                (n_keys, 1)
-            }
-            "tz_pair_groups" | "tz_pair_cost" => {
-                b.arg(&keys_jobs).arg(&n_keys).arg(&jobs).arg(&max_tables);
-                let per = if KERNELS[k] == "tz_pair_cost" {
-                    8
-                } else {
-                    GROUP_BATCH
+            "tz_pair_choose" | "tz_pair_groups" | "tz_pair_cost" => {
+                b.arg(&sample_jobs)
+                    .arg(&n_samples)
+                    .arg(&jobs)
+                    .arg(&max_tables);
+                let per = match KERNELS[k] {
+                    "tz_pair_groups" => GROUP_BATCH,
+                    _ => 8,
                 };
-                (n_keys.div_ceil(per), 1)
+                (n_samples.div_ceil(per), 1)
             }
             "tz_pair_top" => {
                 b.arg(&jobs).arg(&max_tables);

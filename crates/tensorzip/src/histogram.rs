@@ -74,10 +74,8 @@ fn count_bytes(bytes: &[u8], hist: &mut [u32; 256]) {
 }
 
 /// Counts `bytes` into `hist` (overwritten) through `N` interleaved sub-histograms, byte `i` into
-/// table `i % N`, so that runs of one value do not wait on their own increments. Eight for whole
-/// planes; fewer tables cost less to clear and sum where the bytes are few (a block's pair keys,
-/// `pairs::TopBytes::count_keys`).
-pub(crate) fn count_interleaved<const N: usize>(bytes: &[u8], hist: &mut [u32; 256]) {
+/// table `i % N`, so that runs of one value do not wait on their own increments.
+fn count_interleaved<const N: usize>(bytes: &[u8], hist: &mut [u32; 256]) {
     let mut h = [[0u32; 256]; N];
     let mut it = bytes.chunks_exact(N);
     for c in &mut it {
