@@ -391,6 +391,7 @@ fn pairing_never_costs_much_size() {
             block_units,
             sample_blocks: 1 + (rng.next_u64() % 64) as usize,
             max_tables: [1, 8, 64][case as usize % 3],
+            pair_exponents: false,
             ..CompressOptions::default()
         };
         let paired = CompressOptions {
