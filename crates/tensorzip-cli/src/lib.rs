@@ -113,8 +113,8 @@ pub struct EncoderArgs {
     #[arg(long)]
     condition_fp16: bool,
     /// Experimental: code bf16 exponents two units a symbol (format version 2: 1.1-1.2x faster
-    /// to decode on one CPU thread, ~1.2x slower to compress, ~0.1 points larger; small tensors
-    /// stay version 1). Written and read by both engines (`--gpu` too), but not by tensorzip
+    /// to decode on one CPU thread, as fast to compress, ~0.1 points larger; small tensors stay
+    /// version 1). Written and read by both engines (`--gpu` too), but not by tensorzip
     /// before this version.
     #[arg(long)]
     pair_exponents: bool,

@@ -474,23 +474,24 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
 /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2", encoder decisions):
 /// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the
 /// pairs of the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are
-/// weighed as if a pair's two bytes were independent (the product of their counts), and the
-/// [`crate::pairs::MAX_PAIRS`] heaviest make the pair table. Rank table `j` is made the same way
-/// from the exponent bytes of the sampled blocks that choose the version 1 table `j` (all
-/// non-constant sampled blocks for table 0, as the version 1 search makes its table 0), every
-/// rank `0..=D` forced in. Blocks then choose by their exponent bytes among the version 1 tables,
-/// whose code lengths the plane model keeps, and code their ranks with the rank table of the
-/// same index. The plane is paired if the table has at least two pairs and pairing pays
+/// weighed in each non-constant sampled block as if its units were independent (`h[x] h[y]` of
+/// its histogram), and the [`crate::pairs::MAX_PAIRS`] heaviest over all of them make the pair
+/// table. Rank table `j` weighs the ranks the same way over the sampled blocks that choose the
+/// version 1 table `j` (all of them for table 0, as the version 1 search makes its table 0),
+/// every rank `0..=D` forced in. Blocks then choose by their exponent bytes among the version 1
+/// tables, whose code lengths the plane model keeps, and code their ranks with the rank table
+/// of the same index. The plane is paired if the table has at least two pairs and pairing pays
 /// (step 6, [`pairing_pays`]); it is left as it was otherwise. `hists` are the version 1 model's
 /// histograms of every plane of every sampled block (`[i * planes + p]`): nothing else is read.
 ///
-/// Why independence: adjacent units' exponents of weights are close to independent (per 65,536
-/// units of all-MiniLM-L6-v2 bf16, 2.588 bits a unit one at a time, 2.585 as pairs), and a model
-/// of products needs no count of pairs. Until 2026-12-06 the pairs were counted per sampled
-/// block, a second read of every sampled unit once the top bytes were known: ~6 of MiniLM
-/// bf16's 28 ms model pass on one CPU thread, and the GPU's largest model kernel. Ratio on the
-/// benchmark files: MiniLM bf16 66.164 -> 66.175%, synthetic bf16 65.864 -> 65.863% (docs/DESIGN.md,
-/// "Version 2's pair model from the exponent counts").
+/// Why independence: adjacent units' exponents of weights are close to independent within a
+/// block (per 65,536 units of all-MiniLM-L6-v2 bf16, 2.588 bits a unit one at a time, 2.585 as
+/// pairs), and weights from histograms need no count of pairs. Until 2026-12-06 the pairs were
+/// counted per sampled block, a second read of every sampled unit once the top bytes were
+/// known: ~6 of MiniLM bf16's 28 ms model pass on one CPU thread, and the GPU's largest model
+/// kernel. Per block, not from the tensor's totals, so that bytes that never share a block do
+/// not make pairs. Ratio on the benchmark files: MiniLM bf16 66.164 -> 66.172%, synthetic bf16
+/// 65.864 -> 65.863% (docs/DESIGN.md, "Version 2's pair model from the exponent counts").
 pub fn pair_plane(
     model: &mut Model,
     header: &BlobHeader,

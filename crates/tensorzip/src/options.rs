@@ -29,11 +29,12 @@ pub struct CompressOptions {
     pub condition: Condition,
     /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2"): the exponent bytes
     /// of bf16 tensors coded two units a symbol, halving the decoder's steps on that plane (a
-    /// one-thread bf16 decode 1.1-1.2x faster, a compress ~1.2x slower, blobs ~0.05-0.1 points
-    /// larger: docs/BENCHMARKS.md). Off by default: only the CPU engine writes it so far (the GPU
-    /// engine reads such blobs but refuses this option), and the format's promise is one format
-    /// for both engines. Other dtypes, and tensors the encoder finds no pairs for or
-    /// whose pairing would cost more than 1/32 of their exponent plane, stay version 1.
+    /// one-thread bf16 decode 1.1-1.2x faster, a compress as fast, blobs ~0.05-0.1 points
+    /// larger: docs/BENCHMARKS.md). Both engines read and write it, the same bytes. Off by
+    /// default, for now: readers before 2026-12-05 cannot read it, and the GPU's encode of it
+    /// runs at ~0.94 of version 1's (docs/DESIGN.md, "Checks before version 2 is the
+    /// default"). Other dtypes, and tensors the encoder finds no pairs for or whose pairing
+    /// would cost more than 1/32 of their exponent plane, stay version 1.
     pub pair_exponents: bool,
 }
 
