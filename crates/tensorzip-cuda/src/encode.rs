@@ -536,6 +536,16 @@ fn pair_models(of: &[PairInput<'_>], models: &mut [Model], opts: &CompressOption
     }
 }
 
+/// A tensor whose pair model the device makes: its index among them, its area's and output's
+/// offsets in the model's buffers, and its paired plane.
+#[derive(Clone, Copy)]
+struct DevPair {
+    index: usize,
+    area_at: u64,
+    out_at: u64,
+    plane: usize,
+}
+
 /// A tensor of a call, as [`pair_models`] needs it.
 struct PairInput<'a> {
     header: &'a BlobHeader,
@@ -1005,13 +1015,22 @@ impl GpuEngine {
         // the host makes it (`pair_models`): per tensor, the version 2 model and the bytes its
         // tables section has in version 1, where it pairs.
         let mut paired: Vec<Option<(Model, usize)>> = (0..counting.len()).map(|_| None).collect();
-        let mut dev_pair: Vec<Option<(usize, u64, u64)>> = vec![None; counting.len()];
+        let mut dev_pair: Vec<Option<DevPair>> = vec![None; counting.len()];
         let (mut area_len, mut pout_len, mut n_samples) = (0u64, 0u64, 0usize);
         if gpu_search {
             let mut m = 0;
             for (i, c) in counting.iter().enumerate() {
-                if c.variant == PAIRED_VARIANT && !c.sampling.picks.is_empty() {
-                    dev_pair[i] = Some((m, area_len, pout_len));
+                let plane = c.header.dtype.paired_plane();
+                if let Some(o) = plane.filter(|_| c.variant == PAIRED_VARIANT) {
+                    if c.sampling.picks.is_empty() {
+                        continue;
+                    }
+                    dev_pair[i] = Some(DevPair {
+                        index: m,
+                        area_at: area_len,
+                        out_at: pout_len,
+                        plane: o,
+                    });
                     m += 1;
                     area_len += crate::pair_model::area_bytes(t_max, c.sampling.picks.len() as u64);
                     pout_len += crate::pair_model::out_bytes(t_max);
@@ -1037,17 +1056,22 @@ impl GpuEngine {
         };
         // Their jobs, but for the fields that point into the parameters and tables (filled in
         // the upload below), and the sample jobs (every sampled block of each, in order).
-        let mut pair_jobs: Vec<(usize, crate::pair_model::PairJob)> = Vec::new();
+        let mut pair_jobs: Vec<(usize, usize, crate::pair_model::PairJob)> = Vec::new();
         let mut sample_jobs = Vec::with_capacity(n_samples);
         if let Some((area, pout, tops)) = &dev_pair_bufs {
             let ptr = |b: &CudaSlice<u8>| b.device_ptr(&s).0;
             let (area, pout, tops) = (ptr(area), ptr(pout), ptr(tops));
             for (i, c) in counting.iter().enumerate() {
-                let Some((m, area_at, out_at)) = dev_pair[i] else {
+                let Some(DevPair {
+                    index: m,
+                    area_at,
+                    out_at,
+                    plane: o,
+                }) = dev_pair[i]
+                else {
                     continue;
                 };
                 let us = c.header.planes();
-                let o = c.header.dtype.paired_plane().unwrap_or(1);
                 let tensor = pair_jobs.len() as u32;
                 sample_jobs.extend(
                     (0..c.sampling.picks.len() as u32)
@@ -1055,6 +1079,7 @@ impl GpuEngine {
                 );
                 pair_jobs.push((
                     i,
+                    o,
                     crate::pair_model::PairJob {
                         hists: counts_ptr + 4 * (c.hist_at + o * 256) as u64,
                         top: tops + crate::pair_model::TOP_BYTES * m as u64,
@@ -1375,9 +1400,8 @@ impl GpuEngine {
                 // parameters it writes.
                 let pj: Vec<crate::pair_model::PairJob> = pair_jobs
                     .iter()
-                    .map(|&(i, j)| {
+                    .map(|&(i, o, j)| {
                         let c = &coded[i];
-                        let o = c.header.dtype.paired_plane().unwrap_or(1);
                         crate::pair_model::PairJob {
                             cls: cls_ptr + 4 * 256 * c.params.table_base[o] as u64,
                             n_tables: field(i, std::mem::offset_of!(EncParams, n_tables) + 4 * o),
@@ -1620,8 +1644,13 @@ impl GpuEngine {
                     if let Some(head) = &c.v2_head {
                         prefix.clone_from(head);
                     }
-                    if let Some((_, area_at, out_at)) = dev_pair[i] {
-                        let o = c.header.dtype.paired_plane().unwrap_or(1);
+                    if let Some(DevPair {
+                        area_at,
+                        out_at,
+                        plane: o,
+                        ..
+                    }) = dev_pair[i]
+                    {
                         let from = search_u32 + out_at as usize / 4;
                         let words =
                             &host[from..from + crate::pair_model::out_bytes(t_max) as usize / 4];
