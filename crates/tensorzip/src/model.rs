@@ -154,7 +154,17 @@ impl TableCost {
     /// `sum h[s] * CL[f[s]]` over a covered block's dense histogram (exact: counts below 2^17
     /// times code lengths below 2^20, 256 of them, sum below 2^45).
     fn cost(&self, hist: &[u32; 256]) -> u64 {
-        dot(hist, &self.cl)
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::cpu::has_avx512() {
+                // SAFETY: AVX-512F support was checked at run time.
+                return unsafe { dot_avx512(hist, &self.cl) };
+            }
+        }
+        hist.iter()
+            .zip(&self.cl)
+            .map(|(&h, &c)| u64::from(h) * u64::from(c))
+            .sum()
     }
 
     /// The same over the block's (symbol, count) pairs.
@@ -165,23 +175,7 @@ impl TableCost {
     }
 }
 
-/// `sum h[s] * cl[s]`, exact where the sum fits 64 bits (counts below 2^32 times values below
-/// 2^20, 256 of them).
-fn dot(hist: &[u32; 256], cl: &[u32; 256]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support was checked at run time.
-            return unsafe { dot_avx512(hist, cl) };
-        }
-    }
-    hist.iter()
-        .zip(cl)
-        .map(|(&h, &c)| u64::from(h) * u64::from(c))
-        .sum()
-}
-
-/// [`dot`] in 64 bits, sixteen symbols a step (even and odd lanes multiplied apart by
+/// `sum h[s] * cl[s]` in 64 bits, sixteen symbols a step (even and odd lanes multiplied apart by
 /// `vpmuludq`); the baseline build's loop is two symbols a step.
 ///
 /// # Safety
@@ -583,11 +577,11 @@ pub fn pair_plane(
 /// that over the table's pairs and `X` the same weighted by each rank's code length under rank
 /// table `j`, its `L / 2` pairs cost `(X + (L² − W) × (escape code length + 16 bits)) / 2L` — an
 /// escape pays its rank and its two bytes — and at most the raw cost. It costs raw where it
-/// chose raw, or where step 5's rule turns it raw with its expected escape bytes, `(L² − W) / L`. Pairing is
-/// for the decoder's speed and may cost a little size, so the check allows 1/32 of the plane:
-/// on all-MiniLM-L6-v2 bf16 the 384 x 384 matrices pay ~2% of their exponent plane for their
-/// pair and rank tables, and pair; the 1536-element biases would pay 10-15% of their blobs, and
-/// do not. Without any check, tensors of scattered exponents came out up to 30% larger than
+/// chose raw, or where step 5's rule turns it raw with its expected escape bytes, `(L² − W) / L`.
+/// Pairing is for the decoder's speed and may cost a little size, so the check allows 1/32 of the
+/// plane: on all-MiniLM-L6-v2 bf16 the 384 x 384 matrices pay ~2% of their exponent plane for
+/// their pair and rank tables, and pair; the 1536-element biases would pay 10-15% of their
+/// blobs, and do not. Without any check, tensors of scattered exponents came out up to 30% larger than
 /// version 1 (a review of 2026-12-05, ~7,500 generated tensors): the per-block rule prices a
 /// block's escapes by its version 1 cost, not by the escape rank's code length.
 fn pairing_pays(
