@@ -475,7 +475,7 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
 /// every rank `0..=D` forced in. Blocks then choose by their exponent bytes among the version 1
 /// tables, whose code lengths the plane model keeps, and code their ranks with the rank table
 /// of the same index. The plane is paired if the table has at least two pairs and pairing pays
-/// (step 6, [`pairing_pays`]); it is left as it was otherwise. `hists` are the version 1 model's
+/// (step 6, `pairing_pays`); it is left as it was otherwise. `hists` are the version 1 model's
 /// histograms of every plane of every sampled block (`[i * planes + p]`): nothing else is read.
 ///
 /// Why independence: adjacent units' exponents of weights are close to independent within a
