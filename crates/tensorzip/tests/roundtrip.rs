@@ -402,10 +402,6 @@ fn pairing_never_costs_much_size() {
         let v2 = check(&data, DType::BF16, &[n as u64], &paired, case);
         let grew = v2.len() as f64 / v1.len() as f64;
         worst = worst.max(grew);
-        eprintln!(
-            "case {case} grew {grew:.4} v2 {} sample {} tables {}",
-            v2[4], opts.sample_blocks, opts.max_tables
-        );
         assert!(
             grew <= 1.04,
             "case {case}: n {n}, blocks of {block_units}, spread {spread}, per block {per_block}: \
