@@ -1191,9 +1191,8 @@ extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob*
 // Format version 2's pair model on the device (FORMAT.md section 12; the core's `model::pair_plane`,
 // decision for decision), for each bf16 tensor a call may pair, on the stream after `tz_enc_tables`
 // (whose code lengths of plane 1's version 1 tables the blocks choose by): per tensor `tz_pair_top`
-// (step 1), per sampled block `tz_pair_choose` (its version 1 choice), per batch of sampled blocks
-// `tz_pair_groups` (step 2: the pair weights h[a] h[b] of each block's histogram, summed per
-// table), per tensor `tz_pair_table` (step 3), per tensor `tz_pair_tables` (step 4), per sampled
+// (step 1), per batch of sampled blocks `tz_pair_groups` (each block's version 1 choice, and
+// step 2: the pair weights h[a] h[b] of each block's histogram, summed per table), per tensor `tz_pair_table` (step 3), per tensor `tz_pair_tables` (step 4), per sampled
 // block `tz_pair_cost` (step 6's sums), per tensor `tz_pair_decide` (step 6; the encode kernel's
 // `PairBlock`, the output for the host's blob head, the tensor's parameters). Nothing reads the
 // tensor's units: the model is made of the sampled blocks' histograms. Per-block work spread over
@@ -1222,7 +1221,7 @@ struct PairJob {
     u32 threshold;  // Q16
 };
 
-// One sampled block of a tensor that may pair (`tz_pair_choose`, `tz_pair_groups`, `tz_pair_cost`).
+// One sampled block of a tensor that may pair (`tz_pair_groups`, `tz_pair_cost`).
 struct PairSampleJob {
     u32 tensor;  // its PairJob
     u32 block;   // its index among the tensor's sampled blocks
@@ -1343,18 +1342,12 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_top(const PairJob* __r
     top[s] = sum > 0 && rank < 16 ? (u8)rank : (u8)255;
 }
 
-// Per sampled block, a warp each: where its plane-1 bytes are not one value, its version 1 choice
-// (table j at cost c, or raw at its raw cost) by the code lengths the encode kernel chooses by, the
-// lowest index among equal costs (the core's `model::choose`); else SEL_CONST.
-extern "C" __global__ void __launch_bounds__(256) tz_pair_choose(const PairSampleJob* __restrict__ sjobs, u32 n_sjobs,
-                                                                 const PairJob* __restrict__ jobs, u32 max_tables) {
-    const u32 lane = threadIdx.x & 31, b = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (b >= n_sjobs) return;
-    const PairSampleJob sj = sjobs[b];
-    const PairJob job = jobs[sj.tensor];
-    const PairArea A = pair_area(job, max_tables);
-    const u32 K = pair_tables(job, max_tables);
-    const u32* hp = (const u32*)job.hists + (u64)sj.block * job.stride;
+// A sampled block's version 1 choice, by one warp: where its plane-1 bytes are not one value, table
+// j at cost c, or raw at its raw cost, by the code lengths the encode kernel chooses by, the lowest
+// index among equal costs (the core's `model::choose`), else SEL_CONST; written to the area (lane 0)
+// and returned.
+__device__ u32 pair_choose(const PairJob& job, const PairArea& A, u32 block, u32 lane, u32 K) {
+    const u32* hp = (const u32*)job.hists + (u64)block * job.stride;
     u32 hv[8];
     u32 nz = 0, len = 0;
 #pragma unroll
@@ -1366,8 +1359,8 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_choose(const PairSampl
     nz = warp_sum32(nz);
     len = warp_sum32(len);
     if (nz < 2) {
-        if (lane == 0) A.choice[sj.block] = (u8)SEL_CONST;
-        return;
+        if (lane == 0) A.choice[block] = (u8)SEL_CONST;
+        return SEL_CONST;
     }
     u64 best = NO_COST;
     u32 bj = SEL_RAW;
@@ -1393,18 +1386,20 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_choose(const PairSampl
         best = raw_cost(len);
     }
     if (lane == 0) {
-        A.choice[sj.block] = (u8)bj;
-        A.cost[sj.block] = best;
+        A.choice[block] = (u8)bj;
+        A.cost[block] = best;
     }
+    return bj;
 }
 
 // Step 2's sums: each non-constant sampled block weighs the pair of top bytes (x, y) of indices
 // (a, b) by h[x] h[y] (its histogram h: of its L^2 ordered pairs of units, those holding x then y),
 // key 16 a + b; table j sums the weights and the squares L^2 of the blocks that chose version 1
 // table j, table 0 those of every such block. A thread block takes PAIR_GROUP_BATCH consecutive
-// sampled blocks; thread t sums key t per table in shared memory and adds the sums to the tensor's
-// when the tensor changes and at the end (tensors of more than PAIR_GROUP_TABLES tables add each
-// block's weights at once). A thread block per sampled block, adding each block's counts, took ~97 us
+// sampled blocks: first each warp makes the version 1 choice of two of them (`pair_choose`; a
+// kernel of its own until 2026-12-06, 17 us of 1 GiB's model on an H200), then thread t sums key
+// t per table in shared memory and adds the sums to the tensor's when the tensor changes and at
+// the end (tensors of more than PAIR_GROUP_TABLES tables add each block's weights at once). A thread block per sampled block, adding each block's counts, took ~97 us
 // for 1 GiB of bf16 (H100): 8192 blocks' atomics on each tensor's few hot keys.
 #define PAIR_GROUP_BATCH 16u
 #define PAIR_GROUP_TABLES 16u
@@ -1415,8 +1410,15 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairSampl
     __shared__ u8 topb[16];  // the top bytes by index
     __shared__ u32 th[16];   // the block's count of each
     __shared__ u32 blen;     // and its units
+    __shared__ u8 sel[PAIR_GROUP_BATCH];  // the batch's version 1 choices
     const u32 t = threadIdx.x, lane = t & 31, ta = t >> 4, tb = t & 15;
     const u32 k0 = blockIdx.x * PAIR_GROUP_BATCH, k1 = min(k0 + PAIR_GROUP_BATCH, n_sjobs);
+    for (u32 k = k0 + (t >> 5); k < k1; k += 8) {
+        const PairSampleJob sj = sjobs[k];
+        const PairJob cj = jobs[sj.tensor];
+        const u32 j = pair_choose(cj, pair_area(cj, max_tables), sj.block, lane, pair_tables(cj, max_tables));
+        if (lane == 0) sel[k - k0] = (u8)j;
+    }
     for (u32 j = 0; j < PAIR_GROUP_TABLES; j++) acc[j][t] = 0;
     if (t < PAIR_GROUP_TABLES) acc_sq[t] = 0;
     // The sums' tensor (none yet), its area, job, top bytes and tables, whether their sums fit `acc`.
@@ -1448,7 +1450,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairSampl
             if (idx < 16) topb[idx] = (u8)t;
             ntop = __syncthreads_count(idx < 16);
         }
-        const u32 j = A.choice[sj.block];
+        const u32 j = sel[k - k0];
         if (K == 0 || j == SEL_CONST) continue;
         const u32* hp = (const u32*)job.hists + (u64)sj.block * job.stride;
         if (t < ntop) th[t] = hp[topb[t]];

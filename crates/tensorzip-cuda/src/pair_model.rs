@@ -2,9 +2,9 @@
 //! "Encoder", *Format version 2*): the kernels' job layouts, their launches, and the host's reading
 //! of what they decided.
 //!
-//! On the device (the default): seven small kernels of kernels/search.cu ([`KERNELS`]), on the
+//! On the device (the default): six small kernels of kernels/search.cu ([`KERNELS`]), on the
 //! stream after `tz_enc_tables`, find each tensor's top bytes, make every sampled block's version
-//! 1 choice, sum the pair weights of its histogram per table, make the pair table, normalise and
+//! 1 choice and sum the pair weights of its histogram per table, make the pair table, normalise and
 //! expand the rank tables, sum step 6's costs and decide (from the sampled blocks' histograms:
 //! no kernel reads the tensor's units); the encode kernel's tables
 //! (`PairBlock`) and the tensor's parameters are written on the device, with no host round trip
@@ -38,9 +38,8 @@ const TOP_SLICES: u32 = 16;
 const GROUP_BATCH: u32 = 16;
 
 /// The pair model's kernels (search.cu), in launch order.
-pub(crate) const KERNELS: [&str; 7] = [
+pub(crate) const KERNELS: [&str; 6] = [
     "tz_pair_top",
-    "tz_pair_choose",
     "tz_pair_groups",
     "tz_pair_table",
     "tz_pair_tables",
@@ -134,10 +133,10 @@ pub(crate) unsafe fn queue(
     for (k, f) in fs.iter().enumerate() {
         let mut b = s.launch_builder(f);
         // Per tensor: (jobs, max_tables), `tz_pair_top` in slices; per sampled block a warp
-        // (`tz_pair_choose`, `tz_pair_cost`) or per batch of them (`tz_pair_groups`): (sample
-        // jobs, their count, jobs, max_tables).
+        // (`tz_pair_cost`) or per batch of them (`tz_pair_groups`): (sample jobs, their count,
+        // jobs, max_tables).
         let (x, y) = match KERNELS[k] {
-            "tz_pair_choose" | "tz_pair_groups" | "tz_pair_cost" => {
+            "tz_pair_groups" | "tz_pair_cost" => {
                 b.arg(&sample_jobs)
                     .arg(&n_samples)
                     .arg(&jobs)
