@@ -70,16 +70,10 @@ const FEW: usize = 8;
 
 /// The portable count: eight sub-histograms.
 fn count_bytes(bytes: &[u8], hist: &mut [u32; 256]) {
-    count_interleaved::<8>(bytes, hist);
-}
-
-/// Counts `bytes` into `hist` (overwritten) through `N` interleaved sub-histograms, byte `i` into
-/// table `i % N`, so that runs of one value do not wait on their own increments.
-fn count_interleaved<const N: usize>(bytes: &[u8], hist: &mut [u32; 256]) {
-    let mut h = [[0u32; 256]; N];
-    let mut it = bytes.chunks_exact(N);
+    let mut h = [[0u32; 256]; 8];
+    let mut it = bytes.chunks_exact(8);
     for c in &mut it {
-        for k in 0..N {
+        for k in 0..8 {
             h[k][c[k] as usize] += 1;
         }
     }
@@ -87,7 +81,7 @@ fn count_interleaved<const N: usize>(bytes: &[u8], hist: &mut [u32; 256]) {
         h[0][b as usize] += 1;
     }
     for s in 0..256 {
-        hist[s] = (0..N).map(|k| h[k][s]).sum();
+        hist[s] = (0..8).map(|k| h[k][s]).sum();
     }
 }
 
