@@ -510,7 +510,7 @@ pub fn pair_plane(
     let threshold = opts.threshold_q16();
     let k = v1.tables.len();
     let mut by_choice = vec![([0u64; 256], 0u64); k + 1];
-    let chosen: Vec<(&[u32; 256], u8, u64)> = hists
+    let chosen: Vec<(&[u32; 256], u64, u8, u64)> = hists
         .iter()
         .skip(o)
         .step_by(us)
@@ -521,7 +521,7 @@ pub fn pair_plane(
             let (sum, squares) = &mut by_choice[(j as usize).min(k)];
             top.add_pair_weights(h, sum);
             *squares += len * len;
-            (h, j, c)
+            (h, len, j, c)
         })
         .collect();
     let mut groups = by_choice[..k].to_vec();
@@ -568,9 +568,9 @@ pub fn pair_plane(
 }
 
 /// Format version 2's blob-level check (FORMAT.md section 12, step 6): whether the paired plane,
-/// estimated over the sampled blocks `chosen` (`(histogram, j, c)` of each non-constant one, `j`
-/// and `c` its version 1 choice) and scaled to the plane, with its rank `tables` and pair table,
-/// is at most 1/32 larger than the version 1 plane with its tables `v1`.
+/// estimated over the sampled blocks `chosen` (`(histogram, units, j, c)` of each non-constant
+/// one, `j` and `c` its version 1 choice) and scaled to the plane, with its rank `tables` and pair
+/// table, is at most 1/32 larger than the version 1 plane with its tables `v1`.
 ///
 /// A block's paired cost is estimated from its exponent bytes as if its pairs were independent:
 /// of its `L²` ordered pairs of units, `h[x] h[y]` hold the pair `(x, y)`, so with `W` the sum of
@@ -585,7 +585,7 @@ pub fn pair_plane(
 /// version 1 (a review of 2026-12-05, ~7,500 generated tensors): the per-block rule prices a
 /// block's escapes by its version 1 cost, not by the escape rank's code length.
 fn pairing_pays(
-    chosen: &[(&[u32; 256], u8, u64)],
+    chosen: &[(&[u32; 256], u64, u8, u64)],
     tables: &[FreqTable],
     coder: &PairCoder,
     v1: &[FreqTable],
@@ -604,8 +604,7 @@ fn pairing_pays(
         })
         .collect();
     let (mut s1, mut s2) = (0u128, 0u128);
-    for &(h, j, c) in chosen {
-        let len = h.iter().sum::<u32>() as u64;
+    for &(h, len, j, c) in chosen {
         s1 += c as u128;
         s2 += match j {
             SEL_RAW => raw_cost(len as usize),
