@@ -589,7 +589,7 @@ def main():
                     help="measure a (dataset, threads) pair again, up to this many times, when other processes "
                          "disturbed it")
     rp.add_argument("--tz-args", default="",
-                    help="extra arguments of every `tensorzip bench` (encoder options; e.g. --tz-args=--pair-exponents)")
+                    help="extra arguments of every `tensorzip bench` (encoder options; e.g. --tz-args=--no-pair-exponents for format version 1)")
     rp.add_argument("--tensorzip", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                         "release", "tensorzip"))
     args = ap.parse_args()

@@ -33,10 +33,10 @@
 #                                 on their rank planes alone (u8 tensors written by gpu-bin/pairprobe)
 #   scripts/gpu_run.sh v2         format version 2 (paired bf16 exponents) on the GPU: the decode tests
 #                                 (version 1's too), `verify --gpu` and `decompress --gpu` of an archive
-#                                 written with --pair-exponents, the version 2 tests under memcheck
+#                                 written by default (version 2), the version 2 tests under memcheck
 #                                 (quick mode), then the decode
 #                                 kernel alternating version 1 and version 2 blobs of the same
-#                                 tensors (gpu_bench, PAIRS=1) on the 1 GiB synthetic bf16 and, where
+#                                 tensors (gpu_bench, PAIRS=0 / PAIRS=1) on the 1 GiB synthetic bf16 and, where
 #                                 carried, bench-data/minilm-bf16.safetensors as a whole model; with
 #                                 gpu-bin/gpu_bench_old carried (a build before a decoder change:
 #                                 scripts/gpu_build_old.sh REV),
@@ -47,7 +47,7 @@
 #   scripts/gpu_run.sh v2enc      format version 2 written by the GPU: the paired encode test (GPU
 #                                 blobs == CPU blobs) with the device's pair model and with the host's
 #                                 (TENSORZIP_DEV_HOST_SEARCH=1), under memcheck (quick mode), the CLI's
-#                                 `compress --gpu --pair-exponents` against the CPU's archive, then
+#                                 `compress --gpu` (version 2) against the CPU's archive, then
 #                                 the encoder's speed, version 1 and version 2 alternating, three
 #                                 rounds (gpu_bench synth bf16, and bench-data/minilm-bf16 where carried)
 #   scripts/gpu_run.sh all        tests, sanitize and bench
@@ -75,11 +75,11 @@ if [[ $what == tests || $what == all ]]; then
         ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu.tz -f &&
         cmp /tmp/tz-gpu.tz /tmp/tz-cpu.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu.tz --gpu &&
         echo "compress --gpu ($sample): archive identical to the CPU's" || rc=1
-    # The same with paired exponents (format version 2; its bf16 tensors pair).
-    ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-gpu2.tz -f --gpu --pair-exponents &&
-        ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu2.tz -f --pair-exponents &&
-        cmp /tmp/tz-gpu2.tz /tmp/tz-cpu2.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu2.tz --gpu &&
-        echo "compress --gpu --pair-exponents ($sample): archive identical to the CPU's" || rc=1
+    # The same written as format version 1 (the default pairs bf16 exponents: version 2).
+    ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-gpu1.tz -f --gpu --no-pair-exponents &&
+        ./gpu-bin/tensorzip compress "$sample" -o /tmp/tz-cpu1.tz -f --no-pair-exponents &&
+        cmp /tmp/tz-gpu1.tz /tmp/tz-cpu1.tz && ./gpu-bin/tensorzip verify /tmp/tz-gpu1.tz --gpu &&
+        echo "compress --gpu --no-pair-exponents ($sample): archive identical to the CPU's" || rc=1
     # The directory through one GPU engine shared by the command's files: the --gpu mirror
     # equals the CPU's file for file, verifies against the original on the GPU, and
     # decompresses on the GPU to the original.
@@ -119,9 +119,9 @@ if [[ $what == bench || $what == all ]]; then
         ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
         NO_COND=1 ./gpu-bin/gpu_bench file "$f" none 10 | tee -a "$results" || rc=1
     done
-    # Format version 2 (paired exponents, opt-in; bf16 only), written and read by the GPU.
-    PAIRS=1 ./gpu-bin/gpu_bench file "$data"/synth-bf16.safetensors none 10 | tee -a "$results" || rc=1
-    PAIRS=1 NO_COND=1 ./gpu-bin/gpu_bench file "$data"/synth-bf16.safetensors none 10 | tee -a "$results" || rc=1
+    # Format version 1 (bf16 exponents unpaired, `--no-pair-exponents`; the default pairs them).
+    PAIRS=0 ./gpu-bin/gpu_bench file "$data"/synth-bf16.safetensors none 10 | tee -a "$results" || rc=1
+    PAIRS=0 NO_COND=1 ./gpu-bin/gpu_bench file "$data"/synth-bf16.safetensors none 10 | tee -a "$results" || rc=1
     if ls gpu-wheels/*.whl >/dev/null 2>&1; then
         # A fresh target each time: pip leaves an existing package in a --target directory as
         # it was (a warm machine would test the last run's wheels).
@@ -219,11 +219,11 @@ if [[ $what == v2 ]]; then
     f=bench-data/minilm-bf16.safetensors
     [[ -f $f ]] || f=/tmp/tz-model-dir/model-00001-of-00002.safetensors
     [[ -f $f ]] || python3 scripts/make_model_dir.py /tmp/tz-model-dir
-    ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-v2.tz -f --pair-exponents &&
+    ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-v2.tz -f &&
         ./gpu-bin/tensorzip verify /tmp/tz-v2.tz --gpu &&
         ./gpu-bin/tensorzip decompress /tmp/tz-v2.tz -o /tmp/tz-v2.safetensors -f --gpu &&
         cmp "$f" /tmp/tz-v2.safetensors &&
-        echo "CLI: $f compressed with --pair-exponents, verified and decompressed with --gpu: identical" || rc=1
+        echo "CLI: $f compressed (version 2), verified and decompressed with --gpu: identical" || rc=1
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [[ -n $san ]]; then
         echo "== format version 2: compute-sanitizer memcheck (quick mode)"
@@ -240,7 +240,7 @@ if [[ $what == v2 ]]; then
     versions() {
         local tag=$1
         shift
-        echo "round $r v1$tag $args: $(env "$@" BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
+        echo "round $r v1$tag $args: $(env "$@" PAIRS=0 BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
         [[ $args == *fp32* ]] || echo "round $r v2$tag $args: $(env "$@" PAIRS=1 BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench $args)"
     }
     for args in "${sets[@]}"; do
@@ -264,10 +264,10 @@ if [[ $what == v2enc ]]; then
     f=bench-data/minilm-bf16.safetensors
     [[ -f $f ]] || f=$(ls /tmp/tz-model/*.safetensors 2>/dev/null | head -1)
     if [[ -n $f ]]; then
-        ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-g2.tz -f --gpu --pair-exponents &&
-            ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-c2.tz -f --pair-exponents &&
+        ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-g2.tz -f --gpu &&
+            ./gpu-bin/tensorzip compress "$f" -o /tmp/tz-c2.tz -f &&
             cmp /tmp/tz-g2.tz /tmp/tz-c2.tz && ./gpu-bin/tensorzip verify /tmp/tz-g2.tz --gpu &&
-            echo "CLI: $f compress --gpu --pair-exponents: archive identical to the CPU's" || rc=1
+            echo "CLI: $f compress --gpu (version 2): archive identical to the CPU's" || rc=1
     fi
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [[ -n $san ]]; then
@@ -281,7 +281,7 @@ if [[ $what == v2enc ]]; then
     pick='import sys,json; d=json.loads(sys.stdin.read().splitlines()[-1]); print(round(d["encode_resident_gbps"],1), "equal" if d["encode_equal_cpu"] else "DIFFERENT", "ratio", round(d["ratio"],5))'
     for args in "${sets[@]}"; do
         for r in 1 2 3; do
-            echo "round $r v1 $args: $(./gpu-bin/gpu_bench $args | python3 -c "$pick")"
+            echo "round $r v1 $args: $(PAIRS=0 ./gpu-bin/gpu_bench $args | python3 -c "$pick")"
             echo "round $r v2 $args: $(PAIRS=1 ./gpu-bin/gpu_bench $args | python3 -c "$pick")"
         done
     done

@@ -39,24 +39,28 @@ def test_round_trip_every_dtype_and_shape(dtype, shape, gen):
         assert same(out, t), (dtype, shape, kw)
 
 
-def test_paired_exponents_write_format_version_2(gen, tmp_path):
-    """`pair_exponents=True` writes bf16 weights as format version 2 (the blob's version field),
-    which decodes bit-exactly; `save_file` and `compress_file` with the option write the same
-    archive; other dtypes stay version 1."""
+def test_paired_exponents_by_default(gen, tmp_path):
+    """bf16 weights are written as format version 2 by default (the blob's version field) and
+    decode bit-exactly; `pair_exponents=False` writes version 1; `save_file` and `compress_file`
+    write the same archive for the same option; other dtypes stay version 1 either way."""
     w = gen(torch.bfloat16, (512, 384), 4)
-    v1 = tz.compress_tensor(w)
-    v2 = tz.compress_tensor(w, pair_exponents=True)
+    v2 = tz.compress_tensor(w)
+    v1 = tz.compress_tensor(w, pair_exponents=False)
     assert bytes(v1[4:6]) == b"\x01\x00" and bytes(v2[4:6]) == b"\x02\x00"
+    assert torch.equal(v2, tz.compress_tensor(w, pair_exponents=True))
     assert same(tz.decompress_tensor(v2, device="cpu"), w)
+    assert same(tz.decompress_tensor(v1, device="cpu"), w)
     f = gen(torch.float32, (512, 384), 5)
-    assert bytes(tz.compress_tensor(f, pair_exponents=True)[4:6]) == b"\x01\x00"
-    tz.save_file({"w": w, "f": f}, tmp_path / "a.tz", pair_exponents=True)
-    back = tz.load_file(tmp_path / "a.tz")
-    assert same(back["w"], w) and same(back["f"], f)
+    assert bytes(tz.compress_tensor(f)[4:6]) == b"\x01\x00"
     plain = tmp_path / "plain.safetensors"
-    tz.decompress_file(tmp_path / "a.tz", plain)
-    tz.compress_file(plain, tmp_path / "b.tz", pair_exponents=True)
-    assert (tmp_path / "b.tz").read_bytes() == (tmp_path / "a.tz").read_bytes()
+    for name, kw in (("v2", {}), ("v1", {"pair_exponents": False})):
+        tz.save_file({"w": w, "f": f}, tmp_path / f"{name}-a.tz", **kw)
+        back = tz.load_file(tmp_path / f"{name}-a.tz")
+        assert same(back["w"], w) and same(back["f"], f)
+        tz.decompress_file(tmp_path / f"{name}-a.tz", plain, overwrite=True)
+        tz.compress_file(plain, tmp_path / f"{name}-b.tz", **kw)
+        assert (tmp_path / f"{name}-b.tz").read_bytes() == (tmp_path / f"{name}-a.tz").read_bytes()
+    assert (tmp_path / "v1-a.tz").read_bytes() != (tmp_path / "v2-a.tz").read_bytes()
 
 
 def test_special_values_round_trip():

@@ -274,8 +274,8 @@ def _safetensors(specs, metadata=None, pad=0):
     ["--checksum-chunk-bytes", "1"],
     ["--chunk-bytes", "4096", "--block-units", "32", "--max-tables", "16"],
     ["--no-condition", "--min-compress-bytes", "0", "--passthrough-threshold", "0.3"],
-    ["--pair-exponents"],
-    ["--pair-exponents", "--no-condition", "--chunk-bytes", "2048", "--block-units", "64"],
+    ["--no-pair-exponents"],
+    ["--no-condition", "--chunk-bytes", "2048", "--block-units", "64"],
 ], ids=lambda a: " ".join(a) or "default")
 def test_cli_archive_restores_byte_for_byte(tmp_path, args):
     g = torch.Generator().manual_seed(5)
@@ -305,7 +305,7 @@ def test_paired_exponent_blobs_decode_from_the_spec(tmp_path):
     """Version 2 (FORMAT.md section 12): bf16 tensors whose exponents are paired — escapes (rare
     exponents), odd lengths (a last block of odd length), blocks of one exponent (selector 254),
     several chunks, tensors that do not pair (too small, or not paying for their tables) —
-    written by the command line's `--pair-exponents`, decoded by the spec decoder to the original
+    written by the command line (version 2 by default), decoded by the spec decoder to the original
     bytes."""
     g = torch.Generator().manual_seed(11)
     specs = []
@@ -322,7 +322,7 @@ def test_paired_exponent_blobs_decode_from_the_spec(tmp_path):
     for extra in ([], ["--chunk-bytes", "4096", "--block-units", "64"]):
         out = tmp_path / "p.tz"
         subprocess.run([sys.executable, "-m", "tensorzip", "compress", str(src), "-o", str(out), "-f",
-                        "--pair-exponents", *extra], check=True, capture_output=True)
+                        *extra], check=True, capture_output=True)
         data = out.read_bytes()
         assert sd.restore_archive(data) == original
         _, _, entries = sd.parse_archive(data)

@@ -37,18 +37,21 @@ def test_gpu_and_cpu_blobs_are_identical_and_cross_decode(dtype, shape, gen):
 
 
 def test_gpu_writes_the_cpus_paired_blobs(gen):
-    """`pair_exponents=True` on a CUDA tensor: the GPU encoder writes the CPU engine's format
-    version 2 blob, byte for byte, and each engine decodes it."""
+    """On a CUDA tensor the GPU encoder writes the CPU engine's format version 2 blob (the
+    default) and version 1 blob (`pair_exponents=False`), byte for byte, and each engine decodes
+    it."""
     for seed, shape in ((7, (512, 384)), (8, (3000, 1024)), (9, (33,))):
         t = gen(torch.bfloat16, shape, seed)
-        for kw in ({"pair_exponents": True}, {"pair_exponents": True, "min_compress_bytes": 0, "condition": False}):
+        for kw in ({}, {"pair_exponents": True, "min_compress_bytes": 0, "condition": False},
+                   {"pair_exponents": False}):
             cpu_blob = tz.compress_tensor(t, **kw)
             gpu_blob = tz.compress_tensor(t.cuda(), **kw)
             assert torch.equal(cpu_blob, gpu_blob), (shape, kw)
             assert same(tz.decompress_tensor(gpu_blob, device="cuda"), t)
             assert same(tz.decompress_tensor(gpu_blob, device="cpu"), t)
-            if shape == (512, 384) and len(kw) == 1:
-                assert bytes(gpu_blob[4:6]) == b"\x02\x00"  # the weights pair: version 2
+            if shape == (512, 384) and len(kw) <= 1:
+                # The weights pair by default (version 2), not with pair_exponents=False.
+                assert bytes(gpu_blob[4:6]) == (b"\x01\x00" if kw else b"\x02\x00")
 
 
 def test_non_default_stream(gen):

@@ -112,12 +112,12 @@ pub struct EncoderArgs {
     /// byte below the top byte is low mantissa bits, where it measured no gain).
     #[arg(long)]
     condition_fp16: bool,
-    /// Experimental: code bf16 exponents two units a symbol (format version 2: 1.1-1.2x faster
-    /// to decode on one CPU thread, as fast to compress, ~0.1 points larger; small tensors stay
-    /// version 1). Written and read by both engines (`--gpu` too), but not by tensorzip
-    /// before this version.
+    /// Write format version 1 only: bf16 exponents one unit a symbol, as tensorzip before
+    /// 2026-12-05 reads them (by default bf16 exponents are coded two units a symbol, format
+    /// version 2: 1.1-1.2x faster to decode on one CPU thread, as fast to compress, ~0.1 points
+    /// larger; small tensors stay version 1).
     #[arg(long)]
-    pair_exponents: bool,
+    no_pair_exponents: bool,
 }
 
 impl EncoderArgs {
@@ -133,7 +133,7 @@ impl EncoderArgs {
                 (false, true) => tensorzip::Condition::All,
                 (false, false) => tensorzip::Condition::Auto,
             },
-            pair_exponents: self.pair_exponents,
+            pair_exponents: !self.no_pair_exponents,
             ..Default::default()
         }
     }

@@ -11,8 +11,8 @@
 //! (blob host -> device, decode, tensor device -> host). One JSON line per dataset.
 //! `BENCH_DECODE_ONLY=1` skips the encoder's measurements; `CHUNK_BYTES=N` compresses with chunks of
 //! N bytes instead of the default; `BLOCK_UNITS=N` with blocks of N units; `NO_COND=1` without the
-//! conditioned plane; `COND_ALL=1` with it for fp16 too (`Condition::All`); `PAIRS=1` with bf16
-//! exponents paired (format version 2).
+//! conditioned plane; `COND_ALL=1` with it for fp16 too (`Condition::All`); `PAIRS=0` with bf16
+//! exponents one unit a symbol (format version 1; by default they are paired, version 2).
 
 use std::time::Instant;
 
@@ -142,7 +142,7 @@ fn main() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(CompressOptions::default().block_units),
-        pair_exponents: std::env::var_os("PAIRS").is_some(),
+        pair_exponents: std::env::var("PAIRS").map_or(true, |v| v != "0"),
         ..Default::default()
     };
     let blobs: Vec<Vec<u8>> = tensors
@@ -413,10 +413,10 @@ fn main() {
     }
     let encoder = serde_json::json!({
         "tool": match (opts.pair_exponents, opts.condition != tensorzip::Condition::Off) {
-            (false, true) => "tensorzip",
-            (false, false) => "tensorzip (condition off)",
-            (true, true) => "tensorzip v2",
-            (true, false) => "tensorzip v2 (condition off)",
+            (false, true) => "tensorzip v1",
+            (false, false) => "tensorzip v1 (condition off)",
+            (true, true) => "tensorzip",
+            (true, false) => "tensorzip (condition off)",
         },
         "tensors": tensors.len(), "original_bytes": orig, "compressed_bytes": comp,
         "ratio": comp as f64 / orig as f64,

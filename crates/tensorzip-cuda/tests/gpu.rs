@@ -96,6 +96,12 @@ fn cases(dtype: DType, n: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
 fn all_option_sets() -> Vec<CompressOptions> {
     vec![
         CompressOptions::default(),
+        // Format version 1 (the default pairs bf16 exponents since 2026-12-06).
+        CompressOptions {
+            pair_exponents: false,
+            min_compress_bytes: 0,
+            ..Default::default()
+        },
         CompressOptions {
             chunk_bytes: 1024,
             block_units: 64,
@@ -315,8 +321,11 @@ fn gpu_decodes_cpu_blobs_with_paired_exponents() {
                 }
                 if k == 0 {
                     batch.push((blob, data.clone()));
-                    let v1 = compress(&data, DType::BF16, &[n as u64], &CompressOptions::default())
-                        .unwrap();
+                    let v1_opts = CompressOptions {
+                        pair_exponents: false,
+                        ..CompressOptions::default()
+                    };
+                    let v1 = compress(&data, DType::BF16, &[n as u64], &v1_opts).unwrap();
                     batch.push((v1, data.clone()));
                 }
             }
@@ -403,6 +412,7 @@ fn gpu_rejects_corrupted_blobs_without_faulting() {
     let opts = CompressOptions {
         chunk_bytes: 4096,
         block_units: 256,
+        pair_exponents: false,
         ..Default::default()
     };
     let v1 = compress(&data, DType::BF16, &[64, 1000], &opts).unwrap();

@@ -1,6 +1,6 @@
 //! Development probe for the single-thread hot loops: codes one synthetic tensor once, then
 //! compresses and decompresses it (into a warm buffer) repeatedly, printing GB/s of each run.
-//! `THREADS=n [PAIRS=1] cargo run --release --example hotloop -- [bf16|fp32|fp16] [rows] [runs] [enc|dec|both] [cond=0|1|all]`
+//! `THREADS=n [PAIRS=0] cargo run --release --example hotloop -- [bf16|fp32|fp16] [rows] [runs] [enc|dec|both] [cond=0|1|all]`
 use std::time::Instant;
 
 mod common;
@@ -17,8 +17,8 @@ fn main() {
     if let Some(c) = args.get(5) {
         opts.condition = condition_named(c.strip_prefix("cond=").unwrap_or_default());
     }
-    // `PAIRS=1`: format version 2's paired exponent plane.
-    opts.pair_exponents = std::env::var("PAIRS").is_ok_and(|v| v == "1");
+    // `PAIRS=0`: format version 1 (no paired exponent plane, which the default writes).
+    opts.pair_exponents = std::env::var("PAIRS").map_or(true, |v| v != "0");
     let data = sample::weights(rows, 4096, dt, 7);
     let eng = CpuEngine::new(threads_env()).unwrap();
     let shape = [rows as u64, 4096];

@@ -2,7 +2,7 @@
 //! the model (sampling, histograms, table search) and the chunk encoding — tensor by tensor,
 //! warm (each pass repeated; the median of `runs` is reported).
 //! `PHASE=model|encode` times (and runs) only that pass, for profiles of one.
-//! `THREADS=n [SAMPLE=blocks] [PAIRS=1] [PHASE=…] cargo run --release --example phasetime -- FILE [runs]` (`SAMPLE`
+//! `THREADS=n [SAMPLE=blocks] [PAIRS=0] [PHASE=…] cargo run --release --example phasetime -- FILE [runs]` (`SAMPLE`
 //! overrides `sample_blocks`, for A/B runs of the sampling).
 use std::time::Instant;
 
@@ -19,8 +19,8 @@ fn main() {
     if let Some(n) = std::env::var("SAMPLE").ok().and_then(|v| v.parse().ok()) {
         opts.sample_blocks = n;
     }
-    // `PAIRS=1`: format version 2's paired exponent plane.
-    opts.pair_exponents = std::env::var("PAIRS").is_ok_and(|v| v == "1");
+    // `PAIRS=0`: format version 1 (no paired exponent plane, which the default writes).
+    opts.pair_exponents = std::env::var("PAIRS").map_or(true, |v| v != "0");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads_env())
         .build()

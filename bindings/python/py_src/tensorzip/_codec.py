@@ -14,7 +14,8 @@ Differences (improvements only):
 * The blob format is tensorzip's (docs/FORMAT.md), not cuZipNN's; `sub_chunk_bytes` is validated
   and otherwise ignored (nvCOMP's sub-chunks have no counterpart: tensorzip's adaptive unit is
   `block_units`). Extra keyword-only options: `block_units`, `max_tables`, `condition`,
-  `pair_exponents` (format version 2: bf16 exponents two units a symbol, experimental).
+  `pair_exponents` (format version 2: bf16 exponents two units a symbol; on by default,
+  `False` writes version 1 only).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def compress_tensor(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
-    pair_exponents: bool = False,
+    pair_exponents: bool = True,
 ) -> torch.Tensor:
     """Compress a tensor losslessly; returns the blob as a 1-D uint8 CPU tensor.
 
@@ -134,8 +135,8 @@ def compress_tensor(
     passthrough_threshold: a block stays coded only below this fraction of its raw size, in (0, 1].
     min_compress_bytes: tensors smaller than this are stored uncompressed. pin_memory: return the
     blob in pinned memory (when CUDA is available). block_units, max_tables, condition,
-    pair_exponents: tensorzip's own encoder options (docs/FORMAT.md; pair_exponents writes format
-    version 2 where it pays, experimental: readers older than format version 2 refuse it).
+    pair_exponents: tensorzip's own encoder options (docs/FORMAT.md; pair_exponents, on by default,
+    writes format version 2 where it pays: readers older than format version 2 refuse it).
     """
     _check_sub_chunk(sub_chunk_bytes)
     opts = _options(
@@ -157,7 +158,7 @@ def compress_tensor_with_crc32(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
-    pair_exponents: bool = False,
+    pair_exponents: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`compress_tensor` (same arguments, same blob), plus the CRC-32 (as `zlib.crc32`) of every
     `checksum_chunk_bytes` bytes of the blob, the last piece possibly shorter, as a 1-D uint32 CPU

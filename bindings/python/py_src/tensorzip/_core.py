@@ -66,7 +66,7 @@ class Options:
     max_tables: int
     condition: bool
     # Format version 2 (docs/FORMAT.md section 12): bf16 exponents two units a symbol.
-    pair_exponents: bool = False
+    pair_exponents: bool = True
 
     def args(self) -> tuple:
         """The fields in declaration order: the tuple the native module takes (`OptionArgs`)."""

@@ -63,7 +63,7 @@ class TensorZipConfig(CompressionConfig):
     min_compress_bytes: int = 1024
     max_tables: int = 8
     condition: bool = True
-    pair_exponents: bool = False
+    pair_exponents: bool = True
 
     def _options(self) -> _core.Options:
         return _core.Options(**{f.name: getattr(self, f.name) for f in fields(_core.Options)})

@@ -92,7 +92,7 @@ def save_file(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
-    pair_exponents: bool = False,
+    pair_exponents: bool = True,
 ) -> None:
     """Saves `tensors` (name -> tensor, any device; each contiguous or made so) as a tensorzip
     archive at `filename`, written through a temporary file renamed into place. `metadata` is the
@@ -588,7 +588,7 @@ def compress_file(
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
     condition: bool = True,
-    pair_exponents: bool = False,
+    pair_exponents: bool = True,
     verify: bool = False,
     overwrite: bool = False,
 ) -> tuple[int, int]:
