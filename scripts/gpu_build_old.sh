@@ -3,8 +3,8 @@
 #   scripts/gpu_build_old.sh REV [NAME]     -> gpu-bin/NAME (default gpu_bench_old)
 # e.g. `scripts/gpu_build_old.sh HEAD` before building the working tree's gpu-bin/ with
 # scripts/gpu_build.sh, then `./gpu-bin/gpu_bench_old ...` against `./gpu-bin/gpu_bench ...` (binaries before
-# 2026-12-06 12:xx write version 1 unless `PAIRS` is set; later ones write version 2 unless
-# `PAIRS=0`: pass `PAIRS=0` or `PAIRS=1` to both)
+# aa4847e write version 1 unless `PAIRS` is set; later ones write version 2 unless `PAIRS=0`:
+# pass `PAIRS=0` or `PAIRS=1` to both)
 # in one device call (gpu-ab scripts; `scripts/gpu_run.sh v2` picks gpu_bench_old up too).
 #
 # REV is checked out in a worktree of its own and built into a target directory of its own

@@ -570,7 +570,6 @@ unsafe fn fill_slots_avx512(slots: &mut [u32; PROB_SCALE as usize], freq: &[u16;
     }
 }
 
-#[inline(always)]
 fn fill_slots_impl(slots: &mut [u32; PROB_SCALE as usize], freq: &[u16; 256]) {
     let mut at = 0usize;
     for (s, &f) in freq.iter().enumerate() {
