@@ -712,7 +712,7 @@ mod tests {
         );
     }
 
-    /// The decoder's slot entries, however filled (sixteen a store with AVX-512), are each
+    /// The decoder's slot entries, filled sixteen a store with AVX-512 or by the portable loop, are each
     /// symbol's `f` entries `sym | f << 8 | k << 20` in symbol order: tables of 2 to 256
     /// symbols, frequencies from 1 to 4094, runs of every length modulo 16.
     #[test]
@@ -736,6 +736,10 @@ mod tests {
                 want.extend((0..f).map(|k| s | f << 8 | k << 20));
             }
             assert_eq!(&d.slots[..], &want[..], "case {case}");
+            // The portable loop too (what CPUs without AVX-512 run).
+            let mut plain = [0u32; PROB_SCALE as usize];
+            fill_slots_impl(&mut plain, &t.freq);
+            assert_eq!(&plain[..], &want[..], "case {case}, portable");
         }
     }
 
