@@ -712,9 +712,9 @@ mod tests {
         );
     }
 
-    /// The decoder's slot entries, filled sixteen a store with AVX-512 or by the portable loop, are each
-    /// symbol's `f` entries `sym | f << 8 | k << 20` in symbol order: tables of 2 to 256
-    /// symbols, frequencies from 1 to 4094, runs of every length modulo 16.
+    /// The decoder's slot entries, filled sixteen a store with AVX-512 or by the portable loop,
+    /// are each symbol's `f` entries `sym | f << 8 | k << 20` in symbol order: tables of 2 to
+    /// 256 symbols, frequencies from 1 to 4094, runs of every length modulo 16.
     #[test]
     fn decode_table_slots_are_each_symbols_run() {
         let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
