@@ -79,6 +79,9 @@ struct PairBlock {
     u32 pad[3];
 };
 #define PAIR_MAPS 560u  // the top map and the ranks: what the kernel copies to shared memory
+// Where phase 1 keeps a paired block's 16 top-byte counts in the warp's 4 KiB of histogram space:
+// above the histograms of bf16's two planes (2 KiB) and the maps copied after them (PAIR_MAPS).
+#define PAIR_TOP_COUNTS (2048u + PAIR_MAPS + 16u)
 #define PAIR_ENTRIES_AT 832u
 
 // One chunk of a batch: one warp (shared with `EncJob` in src/encode.rs).
@@ -877,6 +880,63 @@ __device__ __forceinline__ u32 pair_ranks2(u32 w, const u8* m) {
 // m = 2^44 / 16 = 2^40).
 __device__ __forceinline__ uint4 uniform_entry(u32 s) { return make_uint4(0u, 256u, 16u * s, 4096u - 16u); }
 
+// FORMAT.md section 12, step 5: whether a block that chose a version 1 table at cost `c` (Q16 bits)
+// stays coded with `ne` escape-group bytes at 8 bits each.
+__device__ __forceinline__ bool pair_stays_coded(u64 c, u32 ne, u32 blen, u32 threshold) {
+    return ((c + ((8 * (u64)ne) << 16)) << 16) < (u64)threshold * ((u64)(8 * blen) << 16);
+}
+
+// The escape-group bytes of a block's paired plane `pp` (staged, `blen` bytes): two a pair whose
+// rank is the escape `d`, and an odd last unit's byte. The warp's sum, on every lane.
+__device__ u32 pair_escapes(const u8* pp, const u8* m, u32 d, u32 blen, int lane) {
+    u32 n = 0;
+    for (u32 i = 4 * lane; i < blen; i += 128) {
+        if (i + 4 <= blen) {
+            const u32 r = pair_ranks2(*(const u32*)(pp + i), m);
+            n += ((r & 0xFFu) == d) + ((r >> 8) == d);
+        } else {
+            for (u32 k = i; k + 1 < blen; k += 2) n += pair_rank(m, pp[k], pp[k + 1]) == d;
+        }
+    }
+    return 2 * __reduce_add_sync(FULL, n) + (blen & 1);
+}
+
+// An upper bound of `pair_escapes` from the block's histogram `h` of the plane (shared) alone: a
+// pair escapes only if one of its units holds a byte outside the top 16 (each such unit in one
+// pair) or its two top bytes (a, b) are not in the pair table (at most min(h[a], h[b]) such pairs),
+// so the escaped pairs are at most the units outside the top 16 plus that minimum summed over the
+// top pairs whose rank is `d`. The top bytes' counts go through `ht` (16 words of the warp's shared
+// memory: `PAIR_TOP_COUNTS`, above the maps in its 4 KiB of histogram space). For weights the bound is
+// far below what turns a block raw, so phase 1 need not look every pair's rank up (as it did until
+// 2026-12-06 12:2x; H100, 1 GiB bf16, three rounds against that build in one call: encode
+// 292.0-294.6 -> 299.1-301.1 GB/s); the output is the same.
+__device__ u32 pair_escape_bound(const u32* h, const u8* m, u32* ht, u32 d, u32 blen, int lane) {
+    __syncwarp();
+    if (lane < 16) ht[lane] = 0;
+    __syncwarp();
+    u32 top = 0;
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const u32 x = 8 * lane + k, i = m[x];
+        if (i < 16) {
+            ht[i] = h[x];
+            top += h[x];
+        }
+    }
+    __syncwarp();
+    u32 light = 0;
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const u32 a = (8 * lane + k) >> 4, b = (8 * lane + k) & 15;
+        if (m[256 + 17 * a + b] == d) light += min(ht[a], ht[b]);
+    }
+    top = __reduce_add_sync(FULL, top);
+    light = __reduce_add_sync(FULL, light);
+    __syncwarp();  // ht is read before the next block's bound writes it
+    const u32 pairs = min(blen - top + light, blen / 2);
+    return 2 * pairs + (blen & 1);
+}
+
 // A paired block's symbols, backwards (the decoder reads its ranks, then its escape group). First a
 // pass over its pairs, 128 a round, with the maps in the warp's shared `hist`: each rank written over
 // the block's exponent bytes `pp` (rank i at byte i: a round writes below the bytes any later round
@@ -991,10 +1051,12 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
         smode[p] = (u32)p == cp ? MODE_COND : MODE_BLOCKS;
     }
     const bool scond = cp < (u32)U;
-    // A paired plane's maps, for counting each block's escapes, above its histograms (2 KiB of the
-    // warp's 4 KiB: bf16's two planes), where phase 1 leaves them.
+    // A paired plane's maps, for each block's escape bytes in step 5 (their bound, or their count),
+    // above its histograms (2 KiB of the warp's 4 KiB: bf16's two planes), where phase 1 leaves
+    // them.
     u32 pair_d = 0;
     const u8* pmaps = (const u8*)hist + 2048;
+    u32* ptop = (u32*)((u8*)hist + PAIR_TOP_COUNTS);  // step 5's bound (`pair_escape_bound`)
     if (PAIR && P.pair) {
         pair_maps((u8*)hist + 2048, (const PairBlock*)P.pair, lane);
         pair_d = __ldg(&((const PairBlock*)P.pair)->escape);
@@ -1003,7 +1065,6 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
     for (u32 b = 0; b < nb; b++) {
         const u32 bl = b * bu, blen = min(bu, len - bl);
         stage<U, E>(src, bl, blen, planes, bu, lane);
-        u32 pesc = 0;  // this lane's escaped pairs of the block (a paired plane)
         // Histograms only of the planes with block tables (their blocks choose a table by cost);
         // the others (raw, conditioned: for bf16 one plane of two, for fp32 three of four) need
         // only the constant test, a warp vote.
@@ -1017,8 +1078,6 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
             if (P.n_tables[p] == 0) continue;
             const u8* pp = planes + (u64)p * bu;
             u32* hp = hist + p * 256;
-            // A paired plane's escaped pairs are counted on the way (pairs (k, k + 1), k even).
-            const bool pe = PAIR && p == 1 && P.pair;
             for (u32 i = 4 * lane; i < blen; i += 128) {
                 if (i + 4 <= blen) {
                     const u32 w = *(const u32*)(pp + i);
@@ -1026,20 +1085,12 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                     atomicAdd(&hp[(w >> 8) & 0xFFu], 1u);
                     atomicAdd(&hp[(w >> 16) & 0xFFu], 1u);
                     atomicAdd(&hp[w >> 24], 1u);
-                    if (pe) {
-                        const u32 r = pair_ranks2(w, pmaps);
-                        pesc += ((r & 0xFFu) == pair_d) + ((r >> 8) == pair_d);
-                    }
                 } else {
                     for (u32 k = i; k < blen; k++) atomicAdd(&hp[pp[k]], 1u);
-                    if (pe)
-                        for (u32 k = i; k + 1 < blen; k += 2) pesc += pair_rank(pmaps, pp[k], pp[k + 1]) == pair_d;
                 }
             }
         }
         __syncwarp();
-        // The block's escaped pairs (the warp's sum), for step 5's test below.
-        const u32 n_esc = PAIR && P.pair ? __reduce_add_sync(FULL, pesc) : 0u;
         #pragma unroll
         for (int p = 0; p < U; p++) {
             const u32 first = planes[(u64)p * bu];
@@ -1056,10 +1107,12 @@ __device__ void encode_chunk(const EncJob& job, const EncParams& P, const uint4*
                 if (!is_const) {
                     u64 c = 0;
                     sel = choose<true>(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane, &c);
-                    if (sel < SEL_CONST) {
-                        const u64 ne = 2 * (u64)n_esc + (blen & 1);
-                        if (((c + ((8 * ne) << 16)) << 16) >= (u64)P.threshold * ((u64)(8 * blen) << 16)) sel = SEL_RAW;
-                    }
+                    // The escape bytes: first their bound from the histogram, which settles the
+                    // test for most blocks; the exact count only where the bound would not pass.
+                    if (sel < SEL_CONST &&
+                        !pair_stays_coded(c, pair_escape_bound(hist + 256, pmaps, ptop, pair_d, blen, lane), blen, P.threshold) &&
+                        !pair_stays_coded(c, pair_escapes(planes + bu, pmaps, pair_d, blen, lane), blen, P.threshold))
+                        sel = SEL_RAW;
                 }
             } else if (is_const) sel = const_sel[p * 256 + first];
             else sel = choose(hist + p * 256, blen, cls, P.table_base[p], nt, P.threshold, lane);
