@@ -903,13 +903,13 @@ __device__ u32 pair_escapes(const u8* pp, const u8* m, u32 d, u32 blen, int lane
 
 // An upper bound of `pair_escapes` from the block's histogram `h` of the plane (shared) alone: a
 // pair escapes only if one of its units holds a byte outside the top 16 (each such unit in one
-// pair) or its two top bytes (a, b) are not in the pair table (at most min(h[a], h[b]) such pairs),
-// so the escaped pairs are at most the units outside the top 16 plus that minimum summed over the
-// top pairs whose rank is `d`. The top bytes' counts go through `ht` (16 words of the warp's shared
-// memory: `PAIR_TOP_COUNTS`, above the maps in its 4 KiB of histogram space). For weights the bound is
-// far below what turns a block raw, so phase 1 need not look every pair's rank up (as it did until
-// 2026-12-06 12:2x; H100, 1 GiB bf16, three rounds against that build in one call: encode
-// 292.0-294.6 -> 299.1-301.1 GB/s); the output is the same.
+// pair) or its two top bytes (a, b) are not in the pair table (at most min(h[a], h[b]) such
+// pairs), so the escaped pairs are at most the units outside the top 16 plus that minimum summed
+// over the top pairs whose rank is `d`. The top bytes' counts go through `ht` (16 words of the
+// warp's shared memory: `PAIR_TOP_COUNTS`, above the maps in its 4 KiB of histogram space). For
+// weights the bound is far below what turns a block raw, so phase 1 need not look every pair's
+// rank up (as it did until 2026-12-06 12:2x; H100, 1 GiB bf16, three rounds against that build in
+// one call: encode 292.0-294.6 -> 299.1-301.1 GB/s); the output is the same.
 __device__ u32 pair_escape_bound(const u32* h, const u8* m, u32* ht, u32 d, u32 blen, int lane) {
     __syncwarp();
     if (lane < 16) ht[lane] = 0;
