@@ -40,7 +40,7 @@
 #                                 carried, bench-data/minilm-bf16.safetensors as a whole model; with
 #                                 gpu-bin/gpu_bench_old carried (a build before a decoder change:
 #                                 scripts/gpu_build_old.sh REV),
-#                                 its version 1 figures alternate with them; with
+#                                 its figures (its default version) alternate with them; with
 #                                 gpu-bin/decode_prev.cu carried (an earlier decode.cu), the same
 #                                 binary with that kernel source (TENSORZIP_DEV_TZ_DECODE_SRC) too;
 #                                 with V2_NOCOND=1, both versions without the conditioned plane too
@@ -245,8 +245,10 @@ if [[ $what == v2 ]]; then
     }
     for args in "${sets[@]}"; do
         for r in 1 2 3; do
+            # The earlier build writes its own default: version 1 before aa4847e, version 2 after
+            # (its JSON's `paired_blobs` says which; `PAIRS` meant the opposite before aa4847e).
             [[ -x gpu-bin/gpu_bench_old ]] &&
-                echo "round $r v1-old $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench_old $args)"
+                echo "round $r old $args: $(BENCH_DECODE_ONLY=1 ./gpu-bin/gpu_bench_old $args)"
             versions ""
             [[ -f gpu-bin/decode_prev.cu ]] && versions -prev-src TENSORZIP_DEV_TZ_DECODE_SRC=gpu-bin/decode_prev.cu
             # With V2_NOCOND=1, both versions written without the conditioned plane too: what
