@@ -110,11 +110,11 @@ fn choose_portable(
 }
 
 /// [`choose`] with AVX-512: the block's support as a bit set from sixteen-lane tests, and every
-/// covering table's cost as a dot product over the dense histogram ([`dot_avx512`]), whatever
-/// the number of symbols. The sparse path's scan of 256 counts for the present ones, a branch
-/// each, cost more than the dot products of eight tables: `choose` was ~7% of a one-thread
-/// all-MiniLM-L6-v2 bf16 encode (exponent blocks of ~10-20 symbols). The sums are the same
-/// integers, so the choice is too.
+/// covering table's cost as a dot product with the dense histogram over the sixteen-symbol
+/// groups that hold a count ([`dot_groups_avx512`]; an exponent block's ~10-20 symbols lie in one
+/// or two), whatever the number of symbols. The sparse path's scan of 256 counts for the present
+/// ones, a branch each, cost more than the dot products of eight tables: `choose` was ~7% of a
+/// one-thread all-MiniLM-L6-v2 bf16 encode. The sums are the same integers, so the choice is too.
 ///
 /// # Safety
 /// AVX-512F required.
@@ -128,18 +128,50 @@ unsafe fn choose_avx512(
 ) -> (u8, u64) {
     use std::arch::x86_64::*;
     let mut support = [0u64; 4];
+    let mut groups = 0u16;
     for (i, h) in hist.chunks_exact(16).enumerate() {
         // SAFETY: each chunk is 16 readable u32.
         let v = unsafe { _mm512_loadu_si512(h.as_ptr() as *const _) };
-        support[i / 4] |= u64::from(_mm512_test_epi32_mask(v, v)) << (16 * (i % 4));
+        let m = _mm512_test_epi32_mask(v, v);
+        support[i / 4] |= u64::from(m) << (16 * (i % 4));
+        groups |= u16::from(m != 0) << i;
     }
     let covering = costs
         .iter()
         .enumerate()
         .filter(|(_, t)| t.full || t.covers_set(&support));
     // SAFETY: AVX-512F support is this function's precondition.
-    let cost = |t: &TableCost| unsafe { dot_avx512(hist, &t.cl) };
+    let cost = |t: &TableCost| unsafe { dot_groups_avx512(hist, &t.cl, groups) };
     least_or_raw(covering.map(|(j, t)| (j, cost(t))), len, threshold_q16)
+}
+
+/// `sum h[s] * cl[s]` over the sixteen-symbol groups `i` whose bit is set in `groups` (the others
+/// must hold no count), as [`dot_avx512`].
+///
+/// # Safety
+/// AVX-512F required.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_groups_avx512(hist: &[u32; 256], cl: &[u32; 256], mut groups: u16) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm512_setzero_si512();
+    while groups != 0 {
+        let i = groups.trailing_zeros() as usize;
+        groups &= groups - 1;
+        // SAFETY: i < 16, so 16 u32 from 16 i lie in each 256-entry array.
+        let (h, c) = unsafe {
+            (
+                _mm512_loadu_si512(hist.as_ptr().add(16 * i) as *const _),
+                _mm512_loadu_si512(cl.as_ptr().add(16 * i) as *const _),
+            )
+        };
+        acc = _mm512_add_epi64(acc, _mm512_mul_epu32(h, c));
+        acc = _mm512_add_epi64(
+            acc,
+            _mm512_mul_epu32(_mm512_srli_epi64::<32>(h), _mm512_srli_epi64::<32>(c)),
+        );
+    }
+    _mm512_reduce_add_epi64(acc) as u64
 }
 
 /// Blocks of more distinct bytes than this are costed over their dense histogram.
