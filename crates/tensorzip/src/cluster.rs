@@ -138,13 +138,16 @@ impl<'a> Support<'a> {
     }
 
     /// The summed rows of the blocks of each group: `group(b)` names block `b`'s group (`None`: no
-    /// group), `n` groups. The sums are kept in 32-bit lanes, which vectorise, and carried into 64
-    /// bits every `FLUSH_ROWS` rows of a group (a row sums to at most 65536, the largest block, so
-    /// the 32-bit lanes cannot overflow in between).
+    /// group), `n` groups; group `g`'s sums are `[g * width..(g + 1) * width]` of the result (one
+    /// allocation, not one per group: the search's allocations were ~10% of a small tensor's
+    /// model). The sums are kept in 32-bit lanes, which vectorise, and carried into 64 bits every
+    /// `FLUSH_ROWS` rows of a group (a row sums to at most 65536, the largest block, so the 32-bit
+    /// lanes cannot overflow in between).
     #[inline(always)] // into `cluster_avx2`
-    fn group_sums(&self, n: usize, group: impl Fn(usize) -> Option<usize>) -> Vec<Vec<u64>> {
-        let mut wide = vec![vec![0u64; self.width]; n];
-        let mut narrow = vec![vec![0u32; self.width]; n];
+    fn group_sums(&self, n: usize, group: impl Fn(usize) -> Option<usize>) -> Vec<u64> {
+        let w = self.width;
+        let mut wide = vec![0u64; n * w];
+        let mut narrow = vec![0u32; n * w];
         let mut rows = vec![0u32; n];
         let flush = |w: &mut [u64], n: &mut [u32]| {
             for (w, n) in w.iter_mut().zip(n.iter_mut()) {
@@ -156,18 +159,17 @@ impl<'a> Support<'a> {
             let Some(g) = group(b).filter(|&g| g < n) else {
                 continue;
             };
-            for (a, &c) in narrow[g].iter_mut().zip(self.row(b)) {
+            let group = g * w..(g + 1) * w;
+            for (a, &c) in narrow[group.clone()].iter_mut().zip(self.row(b)) {
                 *a = a.wrapping_add(c);
             }
             rows[g] += 1;
             if rows[g] == FLUSH_ROWS as u32 {
-                flush(&mut wide[g], &mut narrow[g]);
+                flush(&mut wide[group.clone()], &mut narrow[group]);
                 rows[g] = 0;
             }
         }
-        for (w, n) in wide.iter_mut().zip(narrow.iter_mut()) {
-            flush(w, n);
-        }
+        flush(&mut wide, &mut narrow);
         wide
     }
 
@@ -179,11 +181,13 @@ impl<'a> Support<'a> {
     }
 
     /// A table's code lengths gathered to the support, as 32-bit values (all below `12 << 16`; 0
-    /// where the table lacks the symbol), and the symbols it lacks (`u32::MAX` there).
+    /// where the table lacks the symbol), and the symbols it lacks (`u32::MAX` there). In arrays
+    /// of the whole alphabet's length, of which the first `width` (`width16`) entries are used:
+    /// no allocation for each of the search's ~50 columns a tensor.
     fn code_lengths(&self, t: &FreqTable) -> SupportCl {
         let cl = code_len_table();
-        let mut lens = vec![0u32; self.width];
-        let mut absent = vec![0u32; self.width];
+        let mut lens = [0u32; 256];
+        let mut absent = [0u32; 256];
         for (i, &s) in self.syms.iter().enumerate() {
             let l = cl[t.freq[s as usize] as usize];
             if l == CL_ABSENT {
@@ -195,9 +199,9 @@ impl<'a> Support<'a> {
         // The 16-bit form: each length as `hi * 2^15 + lo` (`hi` <= 24: lengths are at most
         // 12 << 16), absent symbols marked 0xFFFF.
         let split = self.rows16.as_ref().map(|_| {
-            let mut lo = vec![0u16; self.width16];
-            let mut hi = vec![0u16; self.width16];
-            let mut absent16 = vec![0u16; self.width16];
+            let mut lo = [0u16; 256];
+            let mut hi = [0u16; 256];
+            let mut absent16 = [0u16; 256];
             for i in 0..self.syms.len() {
                 lo[i] = (lens[i] & 0x7FFF) as u16;
                 hi[i] = (lens[i] >> 15) as u16;
@@ -249,8 +253,8 @@ impl<'a> Support<'a> {
 
 /// Code lengths over a support (see [`Support::code_lengths`]).
 struct SupportCl {
-    lens: Vec<u32>,
-    absent: Vec<u32>,
+    lens: [u32; 256],
+    absent: [u32; 256],
     /// For a support with 16-bit rows: the lengths split for [`costs16_avx2`].
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     split: Option<Split16>,
@@ -259,9 +263,9 @@ struct SupportCl {
 /// Code lengths `hi * 2^15 + lo` as two 16-bit arrays, and the absent symbols (0xFFFF), over a
 /// support's `width16` columns.
 struct Split16 {
-    lo: Vec<u16>,
-    hi: Vec<u16>,
-    absent16: Vec<u16>,
+    lo: [u16; 256],
+    hi: [u16; 256],
+    absent16: [u16; 256],
 }
 
 /// The cost of each 16-bit row of `rows` (`w` counts apart, a multiple of 16) under the split code
@@ -775,7 +779,7 @@ fn cluster_body(
     // A step that changes no table leaves the columns and so the choice as they were, and ends
     // the iterations. (Renormalising unchanged sums was a large part of the search on a small
     // fp16 tensor: ~260 tables normalised for 144 blocks.)
-    let mut made_from: Vec<Option<Vec<u64>>> = vec![None];
+    let mut made_from: Vec<Option<Rc<[u64]>>> = vec![None];
     let mut attempt = 0u64;
     // Seeds whose candidate was rejected since the tables last changed: the candidate depends only
     // on the seed's counts and the test only on the tables and choices, so the same seed is
@@ -840,17 +844,17 @@ fn cluster_body(
             // Summed counts of the blocks choosing each table, in one pass.
             let sums = sup.group_sums(trial.len(), |b| Some(trial_choice[b].0 as usize));
             let mut changed = false;
-            for (j, sum) in sums.into_iter().enumerate().skip(1) {
-                if trial_from[j].as_ref() == Some(&sum) {
+            for (j, sum) in sums.chunks_exact(sup.width).enumerate().skip(1) {
+                if trial_from[j].as_deref() == Some(sum) {
                     continue;
                 }
-                if let Some(t) = sup.table(&sum) {
+                if let Some(t) = sup.table(sum) {
                     if t != trial[j] {
                         trial_cols[j] = Rc::new(column(&t));
                         trial[j] = t;
                         changed = true;
                     }
-                    trial_from[j] = Some(sum);
+                    trial_from[j] = Some(Rc::from(sum));
                 }
             }
             if !changed {
@@ -1049,7 +1053,7 @@ mod tests {
                 assert!(sup.row(b)[row.len()..].iter().all(|&c| c == 0));
                 assert_eq!(sup.lens[b], h.iter().sum::<u32>() as usize);
             }
-            let total = sup.group_sums(1, |_| Some(0)).swap_remove(0);
+            let total = sup.group_sums(1, |_| Some(0));
             assert_eq!(sup.total, total);
             let t = sup.table(&sup.total).unwrap();
             let cl = sup.code_lengths(&t);
