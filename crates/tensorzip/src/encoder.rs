@@ -181,7 +181,7 @@ impl<'a> TensorEncoder<'a> {
         let bounds = (0..header.planes())
             .map(|p| {
                 let pm = &model.planes[p];
-                let kept = model.block_hists.get(p).is_some_and(|h| !h.is_empty());
+                let kept = model.kept_every_block(p);
                 // A paired plane's blocks choose by their bytes too (`pair_block`), so its bound
                 // holds.
                 match pm.tables.is_empty() || kept {
