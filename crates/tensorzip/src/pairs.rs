@@ -291,7 +291,8 @@ impl TopBytes {
     /// ties), those with a count only.
     pub fn of(hist: &[u64; 256]) -> TopBytes {
         let mut order: Vec<usize> = (0..256).filter(|&b| hist[b] > 0).collect();
-        order.sort_by_key(|&b| (std::cmp::Reverse(hist[b]), b));
+        // The keys are distinct (bytes are), so an unstable sort gives the same order.
+        order.sort_unstable_by_key(|&b| (std::cmp::Reverse(hist[b]), b));
         order.truncate(TOP_BYTES);
         let mut index = [255u8; 256];
         for (i, &b) in order.iter().enumerate() {
@@ -415,7 +416,8 @@ impl PairCoder {
             })
             .filter(|c| c.0 > 0)
             .collect();
-        cands.sort_by_key(|c| (std::cmp::Reverse(c.0), c.1));
+        // The keys are distinct (pairs are), so an unstable sort gives the same order.
+        cands.sort_unstable_by_key(|c| (std::cmp::Reverse(c.0), c.1));
         cands.truncate(MAX_PAIRS);
         if cands.len() < MIN_PAIRS {
             return None;
