@@ -965,9 +965,60 @@ mod tests {
         direct
     }
 
+    /// Every chunk of `enc` coded in order: the payloads, and each chunk's payload and rANS
+    /// lengths.
+    fn code_all(enc: &TensorEncoder<'_>) -> (Vec<u8>, Vec<(u32, u32)>) {
+        let mut out = Vec::new();
+        let mut scratch = ChunkScratch::default();
+        let entries: Vec<_> = (0..enc.n_chunks())
+            .map(|c| enc.encode_chunk_append(c, &mut scratch, &mut out))
+            .collect();
+        let lens = entries
+            .iter()
+            .map(|e| (e.payload_len, e.rans_len))
+            .collect();
+        (out, lens)
+    }
+
+    /// The histograms the model kept of its sampled blocks (all of a tensor's blocks, or some)
+    /// code to the same bytes as the encoder's own counts of those blocks: bf16 (its paired
+    /// exponent plane) and fp32 weights, sampled wholly and in part.
+    #[test]
+    fn kept_block_histograms_change_no_byte() {
+        for dtype in [DType::BF16, DType::F32] {
+            let cu = (128 << 10) / dtype.itemsize();
+            let data = weights(dtype, 3 * cu + 777, 31);
+            let units = (data.len() / dtype.itemsize()) as u64;
+            for sample_blocks in [1024, 7] {
+                let opts = CompressOptions {
+                    sample_blocks,
+                    ..CompressOptions::default()
+                };
+                let at = format!("{dtype:?}, {sample_blocks} sampled blocks");
+                let mut enc = TensorEncoder::new(&data, dtype, &[units], &opts).unwrap();
+                let model = enc.model.as_ref().unwrap();
+                let kept = (0..model.planes.len())
+                    .filter(|&p| {
+                        (0..units.div_ceil(4096)).any(|g| model.block_hist(g, p).is_some())
+                    })
+                    .count();
+                assert!(kept > 0, "{at}: histograms kept");
+                assert_eq!(model.kept_picks.is_none(), sample_blocks == 1024, "{at}");
+                let with = code_all(&enc);
+                let model = enc.model.as_mut().unwrap();
+                model.block_hists.clear();
+                model.kept_picks = None;
+                assert!(
+                    code_all(&enc) == with,
+                    "{at}: the same payloads and entries"
+                );
+            }
+        }
+    }
+
     /// Blocks settled by the raw bound (`raw_bound.rs`) code to the same bytes as blocks chosen
     /// from their histograms: low planes with tables (a few coded and constant blocks among
-    /// random ones), sampled so that the model keeps no block histograms.
+    /// random ones), sampled (16 of 49 blocks) so that the encoder counts most blocks itself.
     #[test]
     fn the_raw_bound_changes_no_byte() {
         let dtype = DType::F32;
@@ -986,20 +1037,7 @@ mod tests {
             ..CompressOptions::default()
         };
         let units = (data.len() / 4) as u64;
-        let code = |enc: &TensorEncoder<'_>| {
-            let mut out = Vec::new();
-            let mut scratch = ChunkScratch::default();
-            let entries: Vec<_> = (0..enc.n_chunks())
-                .map(|c| enc.encode_chunk_append(c, &mut scratch, &mut out))
-                .collect();
-            (
-                out,
-                entries
-                    .iter()
-                    .map(|e| (e.payload_len, e.rans_len))
-                    .collect::<Vec<_>>(),
-            )
-        };
+        let code = code_all;
         let mut enc = TensorEncoder::new(&data, dtype, &[units], &opts).unwrap();
         let tables: Vec<usize> = enc
             .model
