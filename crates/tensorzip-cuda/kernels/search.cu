@@ -565,18 +565,10 @@ __device__ void warp_present_range(const u8* c, u32* lo, u32* hi) {
     *hi = warp_max32(h);
 }
 
-// The most tables the search of a plane of `n_sampled` sampled blocks keeps (`cluster::table_limit`:
-// `SMALL_SEARCH_TABLES` at most for `SMALL_SEARCH_BLOCKS` sampled blocks or fewer).
-__device__ __forceinline__ u32 table_limit(u32 max_tables, u32 n_sampled) {
-    return n_sampled <= 256u ? min(max_tables, 4u) : max_tables;
-}
-
-// The search of one plane (`model::cluster`); returns the number of tables written. `max_tables` is
-// the option; the search keeps at most `table_limit` of it.
+// The search of one plane (`model::cluster`); returns the number of tables written.
 __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 max_tables, u32 thr, u8* out) {
     const u32* hists = (const u32*)job.hists;
     const u32 n = job.n_sampled;
-    max_tables = table_limit(max_tables, n);
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // 1. Non-constant blocks (at least two symbols), in order, and their lengths; and whether
     //    every one of them is raw by the collision bound. One warp per histogram.

@@ -573,30 +573,6 @@ impl CollisionTest {
     }
 }
 
-/// Tensors of at most this many sampled blocks search for at most [`SMALL_SEARCH_TABLES`] tables a
-/// plane ([`table_limit`]).
-pub const SMALL_SEARCH_BLOCKS: u64 = 256;
-
-/// The most tables the search of a plane of at most [`SMALL_SEARCH_BLOCKS`] sampled blocks keeps.
-pub const SMALL_SEARCH_TABLES: usize = 4;
-
-/// The most tables the search of a plane with `n_sampled` sampled blocks keeps, `max_tables`
-/// being the option (`docs/FORMAT.md` section 7, "Block tables of a plane"; the GPU engine's
-/// `table_limit` in `kernels/search.cu` is the same): `max_tables`, but at most
-/// [`SMALL_SEARCH_TABLES`] for a tensor of at most [`SMALL_SEARCH_BLOCKS`] sampled blocks (at
-/// the default sampling, a tensor of at most 2^20 units). Why (2026-12-06, the Intel VM): the
-/// search made every attempt its `2 × max_tables` allow on all-MiniLM-L6-v2's 384 × 384 and
-/// 384 × 1536 matrices (36 and 144 blocks), where extra tables hardly pay: with four, the
-/// MiniLM files' blobs change by −1,666 (bf16), +107 (fp16) and +1,291 (fp32) bytes of 30–74 MB,
-/// and the model pass's search and pair model, ~8 ms of a ~45 ms one-thread bf16 compress, take
-/// about half as long (docs/BENCHMARKS.md, "Fewer tables for small tensors").
-pub fn table_limit(max_tables: usize, n_sampled: u64) -> usize {
-    match n_sampled <= SMALL_SEARCH_BLOCKS {
-        true => max_tables.min(SMALL_SEARCH_TABLES),
-        false => max_tables,
-    }
-}
-
 /// Probe blocks of the flat-plane rule (`docs/FORMAT.md`, "Flat planes"): about this many of a
 /// float tensor's sampled blocks, spread evenly.
 pub const FLAT_PROBES: usize = 16;
@@ -678,8 +654,7 @@ fn sum_and_squares(h: &[u32; 256]) -> (u64, u64) {
 /// low-discrepancy sequence; the candidate table is the seed's counts, refined by Lloyd iterations
 /// (tables 1.. become the normalised sums of the blocks that choose them; table 0 stays). A candidate is
 /// kept only if the saving it brings (scaled from the sample to the plane) exceeds the bytes it adds.
-/// Every table covers every symbol the sample contains, so any block can choose any table. At most
-/// [`table_limit`]`(max_tables, n_sampled)` tables.
+/// Every table covers every symbol the sample contains, so any block can choose any table.
 pub fn cluster(
     blocks: &[&[u32; 256]],
     n_sampled: u64,
@@ -687,7 +662,6 @@ pub fn cluster(
     max_tables: usize,
     threshold: u64,
 ) -> Vec<FreqTable> {
-    let max_tables = table_limit(max_tables, n_sampled);
     #[cfg(target_arch = "x86_64")]
     {
         if crate::cpu::has_avx2() {
