@@ -101,7 +101,7 @@ pub struct EncoderArgs {
     /// Tensors smaller than this many bytes are stored uncompressed.
     #[arg(long, default_value_t = tensorzip::CompressOptions::default().min_compress_bytes)]
     min_compress_bytes: usize,
-    /// Most frequency tables per byte plane (1..=64; at most 4 in a tensor of at most 256 sampled blocks).
+    /// Most frequency tables per byte plane (1..=64).
     #[arg(long, default_value_t = tensorzip::CompressOptions::default().max_tables)]
     max_tables: usize,
     /// Do not code the byte below the exponent conditioned on the exponent (faster to decode,

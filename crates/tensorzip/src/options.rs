@@ -18,8 +18,7 @@ pub struct CompressOptions {
     pub passthrough_threshold: f64,
     /// Tensors smaller than this many bytes are stored uncompressed.
     pub min_compress_bytes: usize,
-    /// Most frequency tables per byte plane (1..=64); a tensor of at most 256 sampled blocks
-    /// takes at most 4 of them (`cluster::table_limit`).
+    /// Most frequency tables per byte plane (1..=64).
     pub max_tables: usize,
     /// Most blocks per plane sampled to build the tables: 1..=65536, and at most 2^30 units
     /// (`sample_blocks × block_units`).
