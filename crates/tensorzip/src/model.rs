@@ -146,7 +146,7 @@ unsafe fn choose_avx512(
 }
 
 /// `sum h[s] * cl[s]` over the sixteen-symbol groups `i` whose bit is set in `groups` (the others
-/// must hold no count), as [`dot_avx512`].
+/// must hold no count), even and odd lanes multiplied apart by `vpmuludq`.
 ///
 /// # Safety
 /// AVX-512F required.
@@ -180,8 +180,8 @@ const DENSE_SYMBOLS: usize = 64;
 /// A table's code lengths laid out for [`choose`]. A block of a flat plane (fp32's low mantissa
 /// bytes: 256 symbols, up to eight tables) costed over its (symbol, count) pairs took two
 /// dependent loads a symbol a table, about as much as counting it; over the dense histogram the
-/// cost is a dot product with `cl` (0 for absent symbols), sixteen symbols a step with AVX-512,
-/// and a table of the whole alphabet (the flat planes' tables have forced support) covers every
+/// cost is a dot product with `cl` (0 for absent symbols; with AVX-512 sixteen symbols a step,
+/// `dot_groups_avx512`), and a table of the whole alphabet (the flat planes' tables have forced support) covers every
 /// block without a look.
 pub struct TableCost {
     cl: [u32; 256],
@@ -243,15 +243,9 @@ impl TableCost {
     }
 
     /// `sum h[s] * CL[f[s]]` over a covered block's dense histogram (exact: counts below 2^17
-    /// times code lengths below 2^20, 256 of them, sum below 2^45).
+    /// times code lengths below 2^20, 256 of them, sum below 2^45). `choose_portable`'s: with
+    /// AVX-512, `choose_avx512` takes the same sums with `dot_groups_avx512`.
     fn cost(&self, hist: &[u32; 256]) -> u64 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::cpu::has_avx512() {
-                // SAFETY: AVX-512F support was checked at run time.
-                return unsafe { dot_avx512(hist, &self.cl) };
-            }
-        }
         hist.iter()
             .zip(&self.cl)
             .map(|(&h, &c)| u64::from(h) * u64::from(c))
@@ -264,33 +258,6 @@ impl TableCost {
             .map(|&(s, h)| u64::from(h) * u64::from(self.cl[s as usize]))
             .sum()
     }
-}
-
-/// `sum h[s] * cl[s]` in 64 bits, sixteen symbols a step (even and odd lanes multiplied apart by
-/// `vpmuludq`); the baseline build's loop is two symbols a step.
-///
-/// # Safety
-/// AVX-512F required.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn dot_avx512(hist: &[u32; 256], cl: &[u32; 256]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = _mm512_setzero_si512();
-    for (h, c) in hist.chunks_exact(16).zip(cl.chunks_exact(16)) {
-        // SAFETY: each chunk is 16 readable u32.
-        let (h, c) = unsafe {
-            (
-                _mm512_loadu_si512(h.as_ptr() as *const _),
-                _mm512_loadu_si512(c.as_ptr() as *const _),
-            )
-        };
-        acc = _mm512_add_epi64(acc, _mm512_mul_epu32(h, c));
-        acc = _mm512_add_epi64(
-            acc,
-            _mm512_mul_epu32(_mm512_srli_epi64::<32>(h), _mm512_srli_epi64::<32>(c)),
-        );
-    }
-    _mm512_reduce_add_epi64(acc) as u64
 }
 
 /// Per-plane model: the tables and the encoder's constants for each.
