@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 mod common;
-use common::{condition_named, cpu, dtype_arg, num_arg, threads_env};
+use common::{condition_named, cpu, dtype_arg, num_arg, pairs_env, threads_env};
 use tensorzip::{sample, CompressOptions, CpuEngine};
 
 fn main() {
@@ -17,8 +17,7 @@ fn main() {
     if let Some(c) = args.get(5) {
         opts.condition = condition_named(c.strip_prefix("cond=").unwrap_or_default());
     }
-    // `PAIRS=0`: format version 1 (no paired exponent plane, which the default writes).
-    opts.pair_exponents = std::env::var("PAIRS").map_or(true, |v| v != "0");
+    opts.pair_exponents = pairs_env();
     let data = sample::weights(rows, 4096, dt, 7);
     let eng = CpuEngine::new(threads_env()).unwrap();
     let shape = [rows as u64, 4096];

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 mod common;
-use common::{file_tensors, num_arg, threads_env};
+use common::{file_tensors, num_arg, pairs_env, threads_env};
 use tensorzip::encoder::{with_scratch, TensorEncoder};
 use tensorzip::CompressOptions;
 
@@ -21,8 +21,7 @@ fn main() {
     if let Some(n) = std::env::var("SAMPLE").ok().and_then(|v| v.parse().ok()) {
         opts.sample_blocks = n;
     }
-    // `PAIRS=0`: format version 1 (no paired exponent plane, which the default writes).
-    opts.pair_exponents = std::env::var("PAIRS").map_or(true, |v| v != "0");
+    opts.pair_exponents = pairs_env();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads_env())
         .build()

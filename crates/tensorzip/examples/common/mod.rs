@@ -47,6 +47,11 @@ pub fn threads_env() -> usize {
         .unwrap_or(1)
 }
 
+/// Whether to pair bf16 exponents (format version 2, the default): `PAIRS=0` writes version 1.
+pub fn pairs_env() -> bool {
+    std::env::var("PAIRS").map_or(true, |v| v != "0")
+}
+
 /// The tensors of a safetensors file (its bytes): data, dtype and shape of each, in file order.
 pub fn file_tensors(bytes: &[u8]) -> Vec<(&[u8], tensorzip::DType, Vec<u64>)> {
     let (_, list) = tensorzip::archive::safetensors_layout(bytes).expect("a safetensors file");
