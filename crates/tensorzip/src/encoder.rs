@@ -1003,11 +1003,10 @@ mod tests {
                     })
                     .count();
                 assert!(kept > 0, "{at}: histograms kept");
-                assert_eq!(model.kept_picks.is_none(), sample_blocks == 1024, "{at}");
+                let q = model.planes.len() - 1;
+                assert_eq!(model.kept_every_block(q), sample_blocks == 1024, "{at}");
                 let with = code_all(&enc);
-                let model = enc.model.as_mut().unwrap();
-                model.block_hists.clear();
-                model.kept_picks = None;
+                enc.model.as_mut().unwrap().kept = None;
                 assert!(
                     code_all(&enc) == with,
                     "{at}: the same payloads and entries"

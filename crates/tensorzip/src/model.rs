@@ -375,45 +375,81 @@ pub fn choose_conditional(
 /// The model of a whole tensor.
 pub struct Model {
     pub planes: Vec<PlaneModel>,
-    /// Per plane with block tables, the histograms of its sampled blocks the model was built from
-    /// (`[p][i]` for sampled block `i`, global block `kept_picks[i]`), so that the encoder need
-    /// not count them again; empty for the other planes.
-    pub block_hists: Vec<Vec<[u32; 256]>>,
-    /// The global indices of the blocks of `block_hists`, ascending (`Sampling::block_range`
-    /// numbers the encoder's blocks); `None` where every block was sampled (`i` is `g`).
-    pub kept_picks: Option<Vec<u64>>,
+    /// The histograms of the sampled blocks the model was built from, kept for the encoder;
+    /// `None` where it kept none (no plane with block tables, or a model made from counts).
+    pub kept: Option<KeptHists>,
+}
+
+/// The sampled blocks' histograms a [`Model`] was built from, kept so that the encoder need not
+/// count them again: `hists[i * planes + p]` for sampled block `i` (global block `picks[i]`, or
+/// `i` where `picks` is `None`: every block sampled), of the planes with block tables only.
+/// Where only some blocks were sampled (a tensor of more than `sample_blocks` blocks) the encoder
+/// still counts the others; keeping the sampled ones saved ~a third of the counting of
+/// all-MiniLM-L6-v2's embedding matrix (1024 of 2861 blocks).
+///
+/// The buffer is the model pass's own, moved here, not copied (the copy, 1 KiB a block and plane,
+/// was ~4% of a one-thread bf16 model pass), and handed back when dropped to the dropping thread's
+/// [`SAMPLED_HISTS`] for a later tensor's model.
+pub struct KeptHists {
+    hists: Vec<[u32; 256]>,
+    planes: usize,
+    /// Bit `p`: plane `p` has block tables (the planes whose histograms the encoder reads).
+    with_tables: u32,
+    picks: Option<Vec<u64>>,
+}
+
+impl KeptHists {
+    /// The histogram of plane `p` of global block `g`, if it was kept.
+    fn get(&self, g: u64, p: usize) -> Option<&[u32; 256]> {
+        if p >= self.planes || self.with_tables >> p & 1 == 0 {
+            return None;
+        }
+        let i = match &self.picks {
+            None => usize::try_from(g).ok()?,
+            Some(picks) => picks.binary_search(&g).ok()?,
+        };
+        self.hists.get(i.checked_mul(self.planes)?.checked_add(p)?)
+    }
+}
+
+impl Drop for KeptHists {
+    fn drop(&mut self) {
+        give_back_hists(std::mem::take(&mut self.hists));
+    }
 }
 
 impl Model {
     /// The histogram of plane `p` of global block `g`, when the model kept it.
     pub fn block_hist(&self, g: u64, p: usize) -> Option<&[u32; 256]> {
-        let hists = self.block_hists.get(p)?;
-        match &self.kept_picks {
-            None => hists.get(g as usize),
-            Some(picks) => hists.get(picks.binary_search(&g).ok()?),
-        }
+        self.kept.as_ref()?.get(g, p)
     }
 
     /// Whether the model kept the histogram of every block of plane `p`.
     pub fn kept_every_block(&self, p: usize) -> bool {
-        self.kept_picks.is_none() && self.block_hists.get(p).is_some_and(|h| !h.is_empty())
+        self.kept.as_ref().is_some_and(|k| {
+            k.picks.is_none() && p < k.planes && k.with_tables >> p & 1 == 1 && !k.hists.is_empty()
+        })
     }
 
-    /// Keeps, of `hists` (`[i * planes + p]` for sampled block `i`), what the encoder can use:
-    /// every sampled block's histograms of the planes with tables. Where only some blocks were
-    /// sampled (a tensor of more than `sample_blocks` blocks) the encoder still counts the
-    /// others; keeping the sampled ones saved ~a third of the counting of all-MiniLM-L6-v2's
-    /// embedding matrix (1024 of 2861 blocks), and costs a copy of 1 KiB a block and plane.
-    fn keeping(mut self, sampling: &Sampling, hists: &[[u32; 256]]) -> Model {
-        let us = self.planes.len();
-        self.block_hists = (0..us)
-            .map(|p| match self.planes[p].tables.is_empty() {
-                true => Vec::new(),
-                false => hists.iter().skip(p).step_by(us).copied().collect(),
-            })
-            .collect();
-        self.kept_picks =
-            (sampling.picks.len() as u64 != sampling.n_blocks).then(|| sampling.picks.clone());
+    /// Keeps `hists` (`[i * planes + p]` for sampled block `i`) for the encoder where a plane
+    /// has block tables, or hands the buffer back for the next model.
+    fn keeping(mut self, sampling: &Sampling, hists: Vec<[u32; 256]>) -> Model {
+        let with_tables = (self.planes.iter().enumerate())
+            .filter(|(_, pm)| !pm.tables.is_empty())
+            .fold(0u32, |m, (p, _)| m | 1 << p);
+        self.kept = match with_tables {
+            0 => {
+                give_back_hists(hists);
+                None
+            }
+            _ => Some(KeptHists {
+                hists,
+                planes: self.planes.len(),
+                with_tables,
+                picks: (sampling.picks.len() as u64 != sampling.n_blocks)
+                    .then(|| sampling.picks.clone()),
+            }),
+        };
         self
     }
 }
@@ -766,13 +802,8 @@ fn model_of_sample(
             split_block,
             direct.map(|e| (e, units)),
         );
-        let model = model_from_counts(header, opts, sampling, &hists, |_, _| joint)
-            .keeping(sampling, &hists);
-        let model = paired(model, &hists);
-        if hists.capacity() * 1024 <= KEPT_HISTS_BYTES {
-            SAMPLED_HISTS.with(|h| *h.borrow_mut() = hists);
-        }
-        return model;
+        let model = model_from_counts(header, opts, sampling, &hists, |_, _| joint);
+        return paired(model, &hists).keeping(sampling, hists);
     }
     // Histograms of every sampled block, per plane (integer tensors: no flat-plane rule).
     let hists: Vec<[u32; 256]> = sampling
@@ -796,25 +827,52 @@ fn model_of_sample(
     // Without a conditioned plane no conditional table is considered and the joint counts are
     // never asked for (zero counts would choose none).
     let joint = |_: usize, _: usize| JointCounts::default();
-    let model = model_from_counts(header, opts, sampling, &hists, joint).keeping(sampling, &hists);
-    paired(model, &hists)
+    let model = model_from_counts(header, opts, sampling, &hists, joint);
+    paired(model, &hists).keeping(sampling, hists)
 }
 
 thread_local! {
-    /// The sampled blocks' histograms of the last tensor this thread modelled, kept for the next:
-    /// 4 MiB for a tensor of 1024 sampled fp32 blocks, which as a new allocation came from pages
-    /// never touched (or given back to the kernel since) and faulted in one at a time, on every
-    /// tensor. Two threads, 64 MiB fp32 tensors (2026-12-03, Intel VM, 72 tensors each way): the
-    /// model pass took 8.6-19.5 ms instead of its usual 5.5-6 for ~12% of the tensors; with the
-    /// buffer kept, 8.5-10.3 ms for 4%. The median compress barely moves (+1.2% / -0.7%
-    /// synthetic fp32 / bf16, two threads); the slow rounds of a paired scaling figure do.
-    static SAMPLED_HISTS: std::cell::RefCell<Vec<[u32; 256]>> =
+    /// Buffers for the sampled blocks' histograms of this thread's next models: 4 MiB for a tensor
+    /// of 1024 sampled fp32 blocks, which as a new allocation came from pages never touched (or
+    /// given back to the kernel since) and faulted in one at a time, on every tensor. Two threads,
+    /// 64 MiB fp32 tensors (2026-12-03, Intel VM, 72 tensors each way): the model pass took
+    /// 8.6-19.5 ms instead of its usual 5.5-6 for ~12% of the tensors; with the buffer kept,
+    /// 8.5-10.3 ms for 4%. Two buffers, since a tensor's encoder holds its model's
+    /// ([`KeptHists`]) while the next tensor's model is built (`CpuEngine::compress_seq_into`).
+    static SAMPLED_HISTS: std::cell::RefCell<Vec<Vec<[u32; 256]>>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The most histogram memory [`SAMPLED_HISTS`] keeps between tensors, per thread: the default
+/// The most histogram memory each buffer of [`SAMPLED_HISTS`] keeps between tensors: the default
 /// sampling of units of up to 4 bytes (1024 blocks × 4 planes × 1 KiB).
 const KEPT_HISTS_BYTES: usize = 4 << 20;
+
+/// Buffers [`SAMPLED_HISTS`] keeps, per thread.
+const KEPT_HISTS_BUFFERS: usize = 2;
+
+/// A histogram buffer from this thread's [`SAMPLED_HISTS`], or a new one.
+fn take_hists() -> Vec<[u32; 256]> {
+    SAMPLED_HISTS
+        .try_with(|h| h.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Keeps `hists` in this thread's [`SAMPLED_HISTS`] if it is small enough and there is room (a
+/// thread being torn down keeps nothing).
+fn give_back_hists(hists: Vec<[u32; 256]>) {
+    if hists.capacity() == 0 || hists.capacity() * 1024 > KEPT_HISTS_BYTES {
+        return;
+    }
+    let _ = SAMPLED_HISTS.try_with(|h| {
+        if let Ok(mut kept) = h.try_borrow_mut() {
+            if kept.len() < KEPT_HISTS_BUFFERS {
+                kept.push(hists);
+            }
+        }
+    });
+}
 
 /// Sampled blocks per part when joint counts are taken in parallel: one part per worker, at least 64
 /// blocks each. Every part zeroes 256 KiB of counters and the parts are summed, which with rayon's
@@ -851,7 +909,7 @@ where
     let in_pq = |k: usize| pq.is_some_and(|(p, q)| k == p || k == q);
     // Each part counts into its own rows of the result (the parts' rows were copied together
     // after: ~1% of a one-thread bf16 compress), zeroed here (the joint counts add plane `p`'s).
-    let mut hists = SAMPLED_HISTS.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    let mut hists = take_hists();
     hists.clear();
     hists.resize(us * n, [0u32; 256]);
     // With the flat-plane rule's probes (float tensors of many sampled blocks: `flat_stride`, the
@@ -924,10 +982,13 @@ where
                 }
                 joint
             })
-            .reduce(JointCounts::default, |mut acc, j| {
+            // `reduce_with`: a part's counts are the result as they are where there is one part
+            // (one thread), not added into an empty set of rows.
+            .reduce_with(|mut acc, j| {
                 acc.add(&j);
                 acc
             })
+            .unwrap_or_default()
     };
     // Only planes other than p and q can be skipped (fp32's two low bytes; none in bf16, which is
     // counted in one pass: two cost it ~1.5%; fp16's low byte when it is not conditioned).
@@ -1008,8 +1069,7 @@ pub fn model_from_counts(
     }
     Model {
         planes: plane_models,
-        block_hists: Vec::new(),
-        kept_picks: None,
+        kept: None,
     }
 }
 
