@@ -34,6 +34,8 @@ DEFAULT_MIN_COMPRESS_BYTES = 64 * 1024
 DEFAULT_CHECKSUM_CHUNK_BYTES = 16 * 1024
 DEFAULT_BLOCK_UNITS = 4096
 DEFAULT_MAX_TABLES = 8
+DEFAULT_CONDITION = _core.DEFAULT_CONDITION
+DEFAULT_PAIR_EXPONENTS = _core.DEFAULT_PAIR_EXPONENTS
 
 _MAX_NDIM = 64
 
@@ -122,8 +124,8 @@ def compress_tensor(
     pin_memory: bool = False,
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
-    condition: bool = True,
-    pair_exponents: bool = True,
+    condition: bool = DEFAULT_CONDITION,
+    pair_exponents: bool = DEFAULT_PAIR_EXPONENTS,
 ) -> torch.Tensor:
     """Compress a tensor losslessly; returns the blob as a 1-D uint8 CPU tensor.
 
@@ -157,8 +159,8 @@ def compress_tensor_with_crc32(
     pin_memory: bool = False,
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
-    condition: bool = True,
-    pair_exponents: bool = True,
+    condition: bool = DEFAULT_CONDITION,
+    pair_exponents: bool = DEFAULT_PAIR_EXPONENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`compress_tensor` (same arguments, same blob), plus the CRC-32 (as `zlib.crc32`) of every
     `checksum_chunk_bytes` bytes of the blob, the last piece possibly shorter, as a 1-D uint32 CPU

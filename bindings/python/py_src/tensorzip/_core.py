@@ -55,6 +55,12 @@ def dtype_of(name: str) -> torch.dtype:
     return d
 
 
+# The writers' defaults for the two switches every writer takes (the command line's: the byte below
+# the exponent conditioned on it, and bf16 exponents paired, format version 2), named once here.
+DEFAULT_CONDITION = True
+DEFAULT_PAIR_EXPONENTS = True
+
+
 @dataclass(frozen=True)
 class Options:
     """Encoder options (cuZipNN's meanings where the names match; see docs/FORMAT.md)."""
@@ -66,7 +72,7 @@ class Options:
     max_tables: int
     condition: bool
     # Format version 2 (docs/FORMAT.md section 12): bf16 exponents two units a symbol.
-    pair_exponents: bool = True
+    pair_exponents: bool = DEFAULT_PAIR_EXPONENTS
 
     def args(self) -> tuple:
         """The fields in declaration order: the tuple the native module takes (`OptionArgs`)."""

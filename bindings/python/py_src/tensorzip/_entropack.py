@@ -62,8 +62,8 @@ class TensorZipConfig(CompressionConfig):
     passthrough_threshold: float = 0.95
     min_compress_bytes: int = 1024
     max_tables: int = 8
-    condition: bool = True
-    pair_exponents: bool = True
+    condition: bool = _codec.DEFAULT_CONDITION
+    pair_exponents: bool = _codec.DEFAULT_PAIR_EXPONENTS
 
     def _options(self) -> _core.Options:
         return _core.Options(**{f.name: getattr(self, f.name) for f in fields(_core.Options)})

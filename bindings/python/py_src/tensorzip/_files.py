@@ -20,7 +20,13 @@ import torch
 from . import _core
 from . import _tensorzip as _native
 from . import _codec
-from ._codec import DEFAULT_BLOCK_UNITS, DEFAULT_CHUNK_BYTES, DEFAULT_MAX_TABLES
+from ._codec import (
+    DEFAULT_BLOCK_UNITS,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_CONDITION,
+    DEFAULT_MAX_TABLES,
+    DEFAULT_PAIR_EXPONENTS,
+)
 
 # safetensors dtype names of torch dtypes (as safetensors.torch writes them).
 _ST_NAMES: dict[torch.dtype, str] = {
@@ -91,8 +97,8 @@ def save_file(
     min_compress_bytes: int = 1024,
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
-    condition: bool = True,
-    pair_exponents: bool = True,
+    condition: bool = DEFAULT_CONDITION,
+    pair_exponents: bool = DEFAULT_PAIR_EXPONENTS,
 ) -> None:
     """Saves `tensors` (name -> tensor, any device; each contiguous or made so) as a tensorzip
     archive at `filename`, written through a temporary file renamed into place. `metadata` is the
@@ -587,8 +593,8 @@ def compress_file(
     min_compress_bytes: int = 1024,
     block_units: int = DEFAULT_BLOCK_UNITS,
     max_tables: int = DEFAULT_MAX_TABLES,
-    condition: bool = True,
-    pair_exponents: bool = True,
+    condition: bool = DEFAULT_CONDITION,
+    pair_exponents: bool = DEFAULT_PAIR_EXPONENTS,
     verify: bool = False,
     overwrite: bool = False,
 ) -> tuple[int, int]:
