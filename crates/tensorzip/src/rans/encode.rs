@@ -63,6 +63,23 @@ impl EncoderScratch {
     }
 }
 
+/// `words.reverse()`, compiled for AVX2 where the CPU has it: inlined into [`encode_stream`] it
+/// was SSE2 code (three 8-lane shuffles per 16 bytes, ~1.5% of a one-thread bf16 coding pass).
+fn reverse_words(words: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2() {
+        // SAFETY: AVX2 support was checked at run time.
+        return unsafe { reverse_words_avx2(words) };
+    }
+    words.reverse()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn reverse_words_avx2(words: &mut [u16]) {
+    words.reverse()
+}
+
 /// Encodes a chunk's blocks into one stream and appends it to `out` (32 states, then words); the
 /// initial states carry `stash` (at most 64 bytes, see [`super::stash_states`]).
 ///
@@ -118,7 +135,7 @@ pub(crate) fn encode_stream(
     // reversed in place and appended as bytes (zeroing the output first and storing each word
     // into it was ~1% of a bf16 compress).
     let words = &mut words[..pos];
-    words.reverse();
+    reverse_words(words);
     if cfg!(target_endian = "little") {
         // SAFETY: the bytes of `pos` initialised u16s, read as 2 * pos bytes (u8 has no alignment
         // requirement; the borrow of `words` outlives the slice).
