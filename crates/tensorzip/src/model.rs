@@ -389,7 +389,7 @@ pub struct Model {
 ///
 /// The buffer is the model pass's own, moved here, not copied (the copy, 1 KiB a block and plane,
 /// was ~4% of a one-thread bf16 model pass), and handed back when dropped to the dropping thread's
-/// [`SAMPLED_HISTS`] for a later tensor's model.
+/// pool of such buffers (`SAMPLED_HISTS`) for a later tensor's model.
 pub struct KeptHists {
     hists: Vec<[u32; 256]>,
     planes: usize,
@@ -903,10 +903,15 @@ const KEPT_HISTS_BYTES: usize = 4 << 20;
 /// Buffers [`SAMPLED_HISTS`] keeps, per thread.
 const KEPT_HISTS_BUFFERS: usize = 2;
 
-/// A histogram buffer from this thread's [`SAMPLED_HISTS`], or a new one.
+/// The larger histogram buffer of this thread's [`SAMPLED_HISTS`] (the one least likely to grow
+/// into fresh pages), or a new one.
 fn take_hists() -> Vec<[u32; 256]> {
     SAMPLED_HISTS
-        .try_with(|h| h.borrow_mut().pop())
+        .try_with(|h| {
+            let mut kept = h.try_borrow_mut().ok()?;
+            let i = (0..kept.len()).max_by_key(|&i| kept[i].capacity())?;
+            Some(kept.swap_remove(i))
+        })
         .ok()
         .flatten()
         .unwrap_or_default()
