@@ -382,34 +382,17 @@ pub struct Model {
 
 /// The sampled blocks' histograms a [`Model`] was built from, kept so that the encoder need not
 /// count them again: `hists[i * planes + p]` for sampled block `i` (global block `picks[i]`, or
-/// `i` where `picks` is `None`: every block sampled), of the planes with block tables only.
-/// Where only some blocks were sampled (a tensor of more than `sample_blocks` blocks) the encoder
-/// still counts the others; keeping the sampled ones saved ~a third of the counting of
-/// all-MiniLM-L6-v2's embedding matrix (1024 of 2861 blocks).
+/// `i` where `picks` is `None`: every block sampled), read for the model's planes with block
+/// tables only. Where only some blocks were sampled (a tensor of more than `sample_blocks`
+/// blocks) the encoder still counts the others; keeping the sampled ones saved ~a third of the
+/// counting of all-MiniLM-L6-v2's embedding matrix (1024 of 2861 blocks).
 ///
 /// The buffer is the model pass's own, moved here, not copied (the copy, 1 KiB a block and plane,
 /// was ~4% of a one-thread bf16 model pass), and handed back when dropped to the dropping thread's
 /// pool of such buffers (`SAMPLED_HISTS`) for a later tensor's model.
 pub struct KeptHists {
     hists: Vec<[u32; 256]>,
-    planes: usize,
-    /// Bit `p`: plane `p` has block tables (the planes whose histograms the encoder reads).
-    with_tables: u32,
     picks: Option<Vec<u64>>,
-}
-
-impl KeptHists {
-    /// The histogram of plane `p` of global block `g`, if it was kept.
-    fn get(&self, g: u64, p: usize) -> Option<&[u32; 256]> {
-        if p >= self.planes || self.with_tables >> p & 1 == 0 {
-            return None;
-        }
-        let i = match &self.picks {
-            None => usize::try_from(g).ok()?,
-            Some(picks) => picks.binary_search(&g).ok()?,
-        };
-        self.hists.get(i.checked_mul(self.planes)?.checked_add(p)?)
-    }
 }
 
 impl Drop for KeptHists {
@@ -419,33 +402,41 @@ impl Drop for KeptHists {
 }
 
 impl Model {
+    /// The kept histograms, if plane `p` is one whose blocks the encoder chooses tables for.
+    fn kept_for(&self, p: usize) -> Option<&KeptHists> {
+        match self.planes.get(p)?.tables.is_empty() {
+            true => None,
+            false => self.kept.as_ref(),
+        }
+    }
+
     /// The histogram of plane `p` of global block `g`, when the model kept it.
     pub fn block_hist(&self, g: u64, p: usize) -> Option<&[u32; 256]> {
-        self.kept.as_ref()?.get(g, p)
+        let kept = self.kept_for(p)?;
+        let i = match &kept.picks {
+            None => usize::try_from(g).ok()?,
+            Some(picks) => picks.binary_search(&g).ok()?,
+        };
+        kept.hists
+            .get(i.checked_mul(self.planes.len())?.checked_add(p)?)
     }
 
     /// Whether the model kept the histogram of every block of plane `p`.
     pub fn kept_every_block(&self, p: usize) -> bool {
-        self.kept.as_ref().is_some_and(|k| {
-            k.picks.is_none() && p < k.planes && k.with_tables >> p & 1 == 1 && !k.hists.is_empty()
-        })
+        self.kept_for(p)
+            .is_some_and(|k| k.picks.is_none() && !k.hists.is_empty())
     }
 
     /// Keeps `hists` (`[i * planes + p]` for sampled block `i`) for the encoder where a plane
     /// has block tables, or hands the buffer back for the next model.
     fn keeping(mut self, sampling: &Sampling, hists: Vec<[u32; 256]>) -> Model {
-        let with_tables = (self.planes.iter().enumerate())
-            .filter(|(_, pm)| !pm.tables.is_empty())
-            .fold(0u32, |m, (p, _)| m | 1 << p);
-        self.kept = match with_tables {
-            0 => {
+        self.kept = match self.planes.iter().any(|pm| !pm.tables.is_empty()) {
+            false => {
                 give_back_hists(hists);
                 None
             }
-            _ => Some(KeptHists {
+            true => Some(KeptHists {
                 hists,
-                planes: self.planes.len(),
-                with_tables,
                 picks: (sampling.picks.len() as u64 != sampling.n_blocks)
                     .then(|| sampling.picks.clone()),
             }),
