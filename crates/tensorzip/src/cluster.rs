@@ -145,27 +145,27 @@ impl<'a> Support<'a> {
     /// lanes cannot overflow in between).
     #[inline(always)] // into `cluster_avx2`
     fn group_sums(&self, n: usize, group: impl Fn(usize) -> Option<usize>) -> Vec<u64> {
-        let w = self.width;
-        let mut wide = vec![0u64; n * w];
-        let mut narrow = vec![0u32; n * w];
+        let width = self.width;
+        let mut wide = vec![0u64; n * width];
+        let mut narrow = vec![0u32; n * width];
         let mut rows = vec![0u32; n];
-        let flush = |w: &mut [u64], n: &mut [u32]| {
-            for (w, n) in w.iter_mut().zip(n.iter_mut()) {
-                *w += *n as u64;
-                *n = 0;
+        let flush = |to: &mut [u64], from: &mut [u32]| {
+            for (t, f) in to.iter_mut().zip(from.iter_mut()) {
+                *t += *f as u64;
+                *f = 0;
             }
         };
         for b in 0..self.len() {
             let Some(g) = group(b).filter(|&g| g < n) else {
                 continue;
             };
-            let group = g * w..(g + 1) * w;
-            for (a, &c) in narrow[group.clone()].iter_mut().zip(self.row(b)) {
+            let sums = g * width..(g + 1) * width;
+            for (a, &c) in narrow[sums.clone()].iter_mut().zip(self.row(b)) {
                 *a = a.wrapping_add(c);
             }
             rows[g] += 1;
             if rows[g] == FLUSH_ROWS as u32 {
-                flush(&mut wide[group.clone()], &mut narrow[group]);
+                flush(&mut wide[sums.clone()], &mut narrow[sums]);
                 rows[g] = 0;
             }
         }
