@@ -2,6 +2,46 @@
 
 use std::sync::OnceLock;
 
+/// Defines `fn $name(args) -> R`, which runs `$body` (an `#[inline(always)]` function of the same
+/// arguments) compiled for AVX-512F where [`has_avx512`], for AVX2 where [`has_avx2`], and else
+/// for the baseline target: the compiler vectorises `$body`'s loops for each.
+///
+/// Why: code inlined into a closure (a rayon task's) or into a generic iterator's `next` is
+/// compiled for the baseline target (SSE2 on x86-64) whatever the features of the functions around
+/// it, so a hot loop there belongs in a `#[target_feature]` function (docs/DESIGN.md, "CPU
+/// engine"). The AVX-512 variant enables AVX-512F (and AVX2) only: [`has_avx512`] checks no more,
+/// and with `avx512bw` enabled a CPU with F but not BW could be handed BW instructions.
+macro_rules! dispatch_wide {
+    (
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;
+    ) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,popcnt")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,popcnt")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                if $crate::cpu::has_avx512() {
+                    // SAFETY: AVX-512F support was checked at run time.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if $crate::cpu::has_avx2() {
+                    // SAFETY: AVX2 support was checked at run time.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 /// Whether the switch `name` (e.g. `TENSORZIP_NO_AVX512`) is on: set to anything but `0`.
 pub(crate) fn switch_on(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| v != "0")

@@ -2,13 +2,17 @@
 //! condition byte `e` (the exponent), over the model's sampled blocks, from which
 //! [`crate::model::choose_conditional`] picks the conditional table.
 //!
-//! Counted block by block into 16-bit counters that stay zero between blocks (`BlockJoint`):
-//! one increment a unit. After a block, only the rows of the condition bytes the block has are
-//! read — added to the tensor's counts and to the block's histogram of the plane — and zeroed.
-//! This replaced a loop of two 32-bit increments a unit (the joint counter and the plane's
-//! histogram), ~21% of a one-thread bf16 compress near the store ports' rate, and a 256 KiB table
-//! zeroed for every tensor: [`JointCounts`] keeps only the rows of condition bytes that occur
-//! (an exponent plane has a few dozen of 256).
+//! Counted into 16-bit counters (`BlockJoint`): one increment a unit. Blocks counted from their
+//! units (`BlockJoint::count_units`, bf16 and fp32 weights) accumulate in them for up to
+//! [`PIECE`] units; after each block only the rows between its smallest and largest condition
+//! byte are read — their sums, and the sums of their columns, against those after the block
+//! before, are the block's histograms of both planes — and the counters are added to the
+//! tensor's counts and zeroed once per piece. Blocks counted from split planes
+//! (`BlockJoint::count`) are read back, added and zeroed one at a time. This replaced a loop of
+//! two 32-bit increments a unit (the joint counter and the plane's histogram), ~21% of a
+//! one-thread bf16 compress near the store ports' rate, and a 256 KiB table zeroed for every
+//! tensor: [`JointCounts`] keeps only the rows of condition bytes that occur (an exponent plane
+//! has a few dozen of 256).
 
 /// Joint counts `J[e][m]`, stored for the condition bytes `e` that occurred.
 #[derive(Clone, Default)]
@@ -85,9 +89,19 @@ const ROWS_RESERVED: usize = 32;
 /// Units counted between two flushes of the 16-bit counters (no counter can pass `u16::MAX`).
 pub(crate) const PIECE: usize = u16::MAX as usize;
 
-/// A block's 16-bit joint counters, all zero between blocks.
+/// 16-bit joint counters of consecutive blocks, with what tells each block's counts from the
+/// blocks' before it. All zero when no units are pending (as [`BlockJoint::take`] hands them out
+/// and [`BlockJoint::give_back`] keeps them).
 pub(crate) struct BlockJoint {
     counts: Box<[u16]>,
+    /// Units whose counts are in `counts` and not yet in a [`JointCounts`]; at most [`PIECE`].
+    pending: usize,
+    /// While units are pending, every counter outside rows `rows.0..=rows.1` is zero.
+    rows: (u8, u8),
+    /// Each row's sum (`e`) and each column's (`m`) after the last block counted from its units,
+    /// over the pending counts.
+    row_sums: [u16; 256],
+    col_sums: [u16; 256],
 }
 
 thread_local! {
@@ -99,6 +113,10 @@ impl BlockJoint {
     pub(crate) fn new() -> BlockJoint {
         BlockJoint {
             counts: vec![0u16; 65536].into_boxed_slice(),
+            pending: 0,
+            rows: (0, 0),
+            row_sums: [0; 256],
+            col_sums: [0; 256],
         }
     }
 
@@ -108,12 +126,24 @@ impl BlockJoint {
         KEPT.with(|k| k.take()).unwrap_or_else(BlockJoint::new)
     }
 
-    /// Keeps these counters for this thread's next [`BlockJoint::take`]. They are all zero
-    /// between blocks (every count reads back and zeroes what it added), which is what a new
-    /// one holds.
-    pub(crate) fn give_back(self) {
+    /// Adds the pending counts to `joint` ([`BlockJoint::flush`]) and keeps the zeroed counters
+    /// for this thread's next [`BlockJoint::take`].
+    pub(crate) fn give_back(mut self, joint: &mut JointCounts) {
+        self.flush(joint);
         debug_assert!(self.counts.iter().all(|&c| c == 0));
         KEPT.with(|k| k.set(Some(self)));
+    }
+
+    /// Adds the pending counts to `joint` and zeroes them (and the sums kept beside them).
+    pub(crate) fn flush(&mut self, joint: &mut JointCounts) {
+        if self.pending == 0 {
+            return;
+        }
+        let counts: &mut [u16; 65536] = (&mut *self.counts).try_into().expect("65536 counters");
+        add_rows(counts, self.rows, &self.row_sums, joint);
+        self.row_sums = [0; 256];
+        self.col_sums = [0; 256];
+        self.pending = 0;
     }
 
     /// Counts the pairs `(e[i], m[i])` of one block into the tensor's joint counts and into
@@ -129,6 +159,8 @@ impl BlockJoint {
         plane_hist: &mut [u32; 256],
         joint: &mut JointCounts,
     ) -> usize {
+        // This path reads back the rows of one block: nothing may be pending.
+        self.flush(joint);
         let rows = e_hist.iter().filter(|&&c| c != 0).count();
         if rows > FLUSH_ROWS {
             count_direct(e, m, e_hist, plane_hist, joint);
@@ -155,14 +187,18 @@ impl BlockJoint {
     /// (`e`) and the one below (`m`); for bf16 or fp32 the index is [`transform::fwd16`] of the
     /// unit's top 16 bits (`E` = 8; fp32's top half is a bf16), without a transform the top 16
     /// bits themselves (`E` = 0, fp16). Writes the block's histograms of those two planes into
-    /// `hq` (`e`, from the sums of the rows) and `hp` (`m`), which must start at zero, and adds
-    /// the joint counts unless `m` is one repeated byte in the block, exactly as a split
-    /// followed by [`BlockJoint::count`] would. Planes below those two are not looked at.
-    /// Returns the number of distinct `e`.
+    /// `hq` (`e`) and `hp` (`m`), which must start at zero, and adds the joint counts unless `m`
+    /// is one repeated byte in the block, exactly as a split followed by [`BlockJoint::count`]
+    /// would — to `joint` once the pending units would pass [`PIECE`], or at
+    /// [`BlockJoint::flush`]. Planes below those two are not looked at. Returns the number of
+    /// distinct `e`.
     ///
     /// This saves the split and the histogram of the top plane (~25% of a one-thread bf16 model
-    /// pass), and costs a pass over the rows between the block's smallest and largest `e` (each
-    /// row's sum; the rows of absent bytes are zero and skipped).
+    /// pass). The block's histograms are the differences of the row and column sums of the
+    /// pending counts before and after it ([`read_back`]): a pass over the rows between the
+    /// pending blocks' smallest and largest `e` (the rows of absent bytes are zero), reading
+    /// each once, where adding each row to the histogram and the joint counts and zeroing it
+    /// after every block was ~11% of the model pass of MiniLM bf16's matrices.
     pub(crate) fn count_units<const US: usize, const E: u32>(
         &mut self,
         src: &[u8],
@@ -171,8 +207,12 @@ impl BlockJoint {
         joint: &mut JointCounts,
     ) -> usize {
         debug_assert!(src.len() / US <= PIECE);
-        let counts: &mut [u16; 65536] = (&mut *self.counts).try_into().expect("65536 counters");
         let units = &src[..src.len() / US * US];
+        let n = units.len() / US;
+        if self.pending + n > PIECE {
+            self.flush(joint);
+        }
+        let counts: &mut [u16; 65536] = (&mut *self.counts).try_into().expect("65536 counters");
         #[cfg(target_arch = "x86_64")]
         let span = match crate::cpu::has_avx2() {
             // SAFETY: AVX2 support was checked at run time.
@@ -182,105 +222,120 @@ impl BlockJoint {
         #[cfg(not(target_arch = "x86_64"))]
         let span = count_units_impl::<US, E>(counts, units, None);
         let Some(span) = span else { return 0 };
-        let rows = read_back(counts, &span, hp, hq, joint);
+        let (lo, hi) = ((span.lo >> 8) as u8, (span.hi >> 8) as u8);
+        self.rows = match self.pending {
+            0 => (lo, hi),
+            _ => (self.rows.0.min(lo), self.rows.1.max(hi)),
+        };
+        self.pending += n;
+        let sums = (&mut self.row_sums, &mut self.col_sums);
+        let rows = read_back(counts, self.rows, sums, hp, hq);
         if span.m_and == span.m_or {
-            hp[span.m_and as usize] = (units.len() / US) as u32;
+            // Plane m is one repeated byte: no joint counts. The block's counts, all in column
+            // m, are taken out again (`hp` already holds its one byte's count).
+            let m = span.m_and as usize;
+            for e in lo as usize..=hi as usize {
+                let c = hq[e] as u16;
+                counts[e << 8 | m] -= c;
+                self.row_sums[e] -= c;
+            }
+            self.col_sums[m] -= n as u16;
+            self.pending -= n;
         }
         rows
     }
 }
 
-/// The end of [`BlockJoint::count_units`]: every row between the block's smallest and largest
-/// `e` (`span`) summed into `hq[e]`; a row of a non-zero sum added to plane `m`'s histogram `hp`
-/// and to the joint counts unless `m` was one repeated byte, then zeroed. Returns the number of
-/// non-zero rows. Dispatched to code compiled for AVX-512F or AVX2: as part of the model's
-/// closure (baseline SSE2) the row sums were ~7% of a one-thread bf16 model pass.
-fn read_back(
-    counts: &mut [u16; 65536],
-    span: &Span,
-    hp: &mut [u32; 256],
-    hq: &mut [u32; 256],
-    joint: &mut JointCounts,
-) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support was checked at run time.
-            return unsafe { read_back_avx512(counts, span, hp, hq, joint) };
-        }
-        if crate::cpu::has_avx2() {
-            // SAFETY: AVX2 support was checked at run time.
-            return unsafe { read_back_avx2(counts, span, hp, hq, joint) };
-        }
-    }
-    read_back_impl(counts, span, hp, hq, joint)
+dispatch_wide! {
+    /// The block's histograms from the pending counts (rows `rows.0..=rows.1`) after it: for each
+    /// row its sum against `sums.0` (the rows' sums before the block) into `hq`, for each column
+    /// its sum against `sums.1` into `hp`; the new sums are kept in `sums`. Returns the number of
+    /// rows whose sum changed: the block's distinct `e`. A hot loop of the model's rayon task:
+    /// there it was compiled as SSE2 code.
+    fn read_back(
+        counts: &[u16; 65536],
+        rows: (u8, u8),
+        sums: (&mut [u16; 256], &mut [u16; 256]),
+        hp: &mut [u32; 256],
+        hq: &mut [u32; 256],
+    ) -> usize = read_back_impl;
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,popcnt")]
-unsafe fn read_back_avx512(
-    counts: &mut [u16; 65536],
-    span: &Span,
-    hp: &mut [u32; 256],
-    hq: &mut [u32; 256],
-    joint: &mut JointCounts,
-) -> usize {
-    read_back_impl(counts, span, hp, hq, joint)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,popcnt")]
-unsafe fn read_back_avx2(
-    counts: &mut [u16; 65536],
-    span: &Span,
-    hp: &mut [u32; 256],
-    hq: &mut [u32; 256],
-    joint: &mut JointCounts,
-) -> usize {
-    read_back_impl(counts, span, hp, hq, joint)
-}
-
-/// The loop of [`read_back`], vectorised for the target features of its caller.
+/// The loop of [`read_back`], vectorised for the target features of its caller. Sums of the
+/// pending counts fit 16 bits (at most [`PIECE`] units), and so do their differences.
 #[inline(always)]
 fn read_back_impl(
-    counts: &mut [u16; 65536],
-    span: &Span,
+    counts: &[u16; 65536],
+    (lo, hi): (u8, u8),
+    (row_sums, col_sums): (&mut [u16; 256], &mut [u16; 256]),
     hp: &mut [u32; 256],
     hq: &mut [u32; 256],
-    joint: &mut JointCounts,
 ) -> usize {
-    let constant = span.m_and == span.m_or;
+    let mut cols = [0u16; 256];
     let mut rows = 0;
-    for ev in span.lo as usize >> 8..=span.hi as usize >> 8 {
-        let row: &mut [u16; 256] = (&mut counts[ev << 8..(ev << 8) + 256])
-            .try_into()
-            .expect("a row");
+    for e in lo as usize..=hi as usize {
+        let row: &[u16; 256] = counts[e << 8..(e << 8) + 256].try_into().expect("a row");
         let sum = row_sum(row);
         if sum == 0 {
             continue;
         }
-        rows += 1;
-        hq[ev] = sum;
-        match constant {
-            // No joint counts: plane m's histogram is its one byte.
-            true => *row = [0; 256],
-            false => flush_row_impl(row, hp, joint.row_mut(ev as u8)),
+        let d = sum.wrapping_sub(row_sums[e]);
+        row_sums[e] = sum;
+        hq[e] = d as u32;
+        rows += (d != 0) as usize;
+        for (c, &v) in cols.iter_mut().zip(row) {
+            *c = c.wrapping_add(v);
         }
+    }
+    for ((h, &c), s) in hp.iter_mut().zip(&cols).zip(col_sums.iter_mut()) {
+        *h = c.wrapping_sub(*s) as u32;
+        *s = c;
     }
     rows
 }
 
-/// The sum of a row of 16-bit counters, added lane-wise in 16 bits and widened once: no lane can
-/// wrap, since all counters of a block's rows together hold at most [`PIECE`] (`u16::MAX`) units.
+dispatch_wide! {
+    /// Adds the non-zero rows among `rows.0..=rows.1` (those with a non-zero sum in `row_sums`)
+    /// to `joint` and zeroes them.
+    fn add_rows(
+        counts: &mut [u16; 65536],
+        rows: (u8, u8),
+        row_sums: &[u16; 256],
+        joint: &mut JointCounts,
+    ) = add_rows_impl;
+}
+
+/// The loop of [`add_rows`], vectorised for the target features of its caller.
 #[inline(always)]
-fn row_sum(row: &[u16; 256]) -> u32 {
+fn add_rows_impl(
+    counts: &mut [u16; 65536],
+    (lo, hi): (u8, u8),
+    row_sums: &[u16; 256],
+    joint: &mut JointCounts,
+) {
+    for e in lo as usize..=hi as usize {
+        if row_sums[e] == 0 {
+            continue;
+        }
+        let row = &mut counts[e << 8..(e << 8) + 256];
+        for (j, c) in joint.row_mut(e as u8).iter_mut().zip(row.iter_mut()) {
+            *j += *c as u32;
+            *c = 0;
+        }
+    }
+}
+
+/// The sum of a row of 16-bit counters, added lane-wise in 16 bits: neither a lane nor the sum
+/// can wrap, since all pending counters together hold at most [`PIECE`] (`u16::MAX`) units.
+#[inline(always)]
+fn row_sum(row: &[u16; 256]) -> u16 {
     let mut acc = [0u16; 32];
     for c in row.chunks_exact(32) {
         for (a, &v) in acc.iter_mut().zip(c) {
             *a = a.wrapping_add(v);
         }
     }
-    acc.iter().map(|&a| a as u32).sum()
+    acc.iter().fold(0u16, |s, &a| s.wrapping_add(a))
 }
 
 impl BlockJoint {
@@ -531,20 +586,13 @@ fn count_direct(
     }
 }
 
-/// Adds a row of 16-bit counters to the plane's histogram and the joint row, and zeroes it.
-fn flush_row(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mut [u32; 256]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support was checked at run time.
-            return unsafe { flush_row_avx512(row, hist, joint) };
-        }
-        if crate::cpu::has_avx2() {
-            // SAFETY: AVX2 support was checked at run time.
-            return unsafe { flush_row_avx2(row, hist, joint) };
-        }
-    }
-    flush_row_impl(row, hist, joint)
+dispatch_wide! {
+    /// Adds a row of 16-bit counters to the plane's histogram and the joint row, and zeroes it.
+    fn flush_row(
+        row: &mut [u16; 256],
+        hist: &mut [u32; 256],
+        joint: &mut [u32; 256],
+    ) = flush_row_impl;
 }
 
 /// The loop of [`flush_row`], which the compiler vectorises for the target features of its
@@ -556,21 +604,6 @@ fn flush_row_impl(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mut [u32;
         *j += *c as u32;
     }
     *row = [0; 256];
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,popcnt")]
-unsafe fn flush_row_avx2(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mut [u32; 256]) {
-    flush_row_impl(row, hist, joint)
-}
-
-/// Enables AVX-512F only: [`crate::cpu::has_avx512`] checks no more (the widening and the adds
-/// are AVX-512F instructions; with `avx512bw` enabled too, a CPU with F but not BW could have
-/// been handed BW instructions).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,popcnt")]
-unsafe fn flush_row_avx512(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mut [u32; 256]) {
-    flush_row_impl(row, hist, joint)
 }
 
 #[cfg(test)]
@@ -653,7 +686,11 @@ mod tests {
     /// (none where the lower plane is one repeated byte, and no rows made for them), and the
     /// number of rows — for bf16's transform and none, and fp32 units, at lengths around the
     /// 32-unit steps up to the largest piece, with few and many exponent bytes, a zero among
-    /// large exponents (a wide span of mostly absent rows), and the lower plane constant.
+    /// large exponents (a wide span of mostly absent rows), and the lower plane constant. Each
+    /// block alone, and all of them in sequence with their counts pending across blocks (more
+    /// than a piece in all, so that pending counts are added on the way; every fifth block
+    /// counted again from split planes in between, which adds what is pending first): the same
+    /// histograms block by block and, at the end, the same joint counts.
     #[test]
     fn units_count_as_split_planes() {
         let mut r = crate::model::tests::rng(9);
@@ -680,6 +717,18 @@ mod tests {
         let mut unit_joint = BlockJoint::new();
         let mut split_joint = BlockJoint::new();
         let sbe = crate::dtype::Transform::SignBelowExponent { exp_bits: 8 };
+        let configs = [
+            (2, 8, sbe),
+            (2, 0, crate::dtype::Transform::Identity),
+            (4, 8, sbe),
+        ];
+        // Per configuration: the counters of the blocks in sequence, their joint counts, and
+        // the joint counts wanted.
+        let mut seq: Vec<(BlockJoint, JointCounts, JointCounts)> = configs
+            .iter()
+            .map(|_| Default::default())
+            .map(|(a, b)| (BlockJoint::new(), a, b))
+            .collect();
         for (i, units) in cases.iter().enumerate() {
             // As 2-byte units (bf16's transform, none), and as the top halves of fp32 units
             // below which random bytes lie.
@@ -688,15 +737,12 @@ mod tests {
                 .iter()
                 .flat_map(|&u| ((u as u32) << 16 | (r() as u32 & 0xFFFF)).to_le_bytes())
                 .collect();
-            for (us, e, t) in [
-                (2, 8, sbe),
-                (2, 0, crate::dtype::Transform::Identity),
-                (4, 8, sbe),
-            ] {
+            for (c, &(us, e, t)) in configs.iter().enumerate() {
                 let src = if us == 2 { &src2 } else { &src4 };
                 let (mut hp, mut hq, mut joint) =
                     ([0u32; 256], [0u32; 256], JointCounts::default());
                 let rows = unit_joint.count_units_of((us, e), src, &mut hp, &mut hq, &mut joint);
+                unit_joint.flush(&mut joint);
                 let n = units.len();
                 let mut planes = vec![vec![0u8; n]; us];
                 let mut views: Vec<&mut [u8]> = planes.iter_mut().map(|v| &mut v[..]).collect();
@@ -715,7 +761,26 @@ mod tests {
                 let stored = |j: &JointCounts| (0..=255u8).filter(|&e| j.row(e).is_some()).count();
                 assert_eq!(stored(&joint), stored(&wj), "{what}");
                 assert!(unit_joint.counts.iter().all(|&c| c == 0), "{what}");
+                // In sequence, after the blocks before it.
+                let (bj, got, want) = &mut seq[c];
+                let (mut hp, mut hq) = ([0u32; 256], [0u32; 256]);
+                let rows = bj.count_units_of((us, e), src, &mut hp, &mut hq, got);
+                assert_eq!((hq, hp, rows), (wq, wp, want_rows), "{what}, in sequence");
+                want.add(&wj);
+                if i % 5 == 4 && p0.iter().any(|&v| v != p0[0]) {
+                    let mut hp = [0u32; 256];
+                    bj.count(p1, p0, &wq, &mut hp, got);
+                    assert_eq!(hp, wp, "{what}, split in sequence");
+                    want.add(&wj);
+                }
             }
+        }
+        for (c, (mut bj, mut got, want)) in seq.into_iter().enumerate() {
+            bj.flush(&mut got);
+            assert!(bj.counts.iter().all(|&c| c == 0), "configuration {c}");
+            assert!(got.dense() == want.dense(), "configuration {c}");
+            let stored = |j: &JointCounts| (0..=255u8).filter(|&e| j.row(e).is_some()).count();
+            assert_eq!(stored(&got), stored(&want), "configuration {c}");
         }
     }
 

@@ -28,12 +28,14 @@
 // registers); an explicit index reads better there than zipped iterators.
 #![allow(clippy::needless_range_loop)]
 
+// First: its macros serve the modules below.
+#[macro_use]
+mod cpu;
 pub mod archive;
 pub mod blob;
 pub mod checksum;
 pub mod cluster;
 pub mod compare;
-mod cpu;
 pub mod decoder;
 pub mod dtype;
 pub mod encoder;

@@ -566,76 +566,41 @@ fn plane_sum(hists: &[[u32; 256]], us: usize, p: usize) -> [u64; 256] {
     sum
 }
 
-/// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2", encoder decisions):
-/// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the
-/// pairs of the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are
-/// weighed in each non-constant sampled block as if its units were independent (`h[x] h[y]` of
-/// its histogram), and the [`crate::pairs::MAX_PAIRS`] heaviest over all of them make the pair
-/// table. Rank table `j` weighs the ranks the same way over the sampled blocks that choose the
-/// version 1 table `j` (all of them for table 0, as the version 1 search makes its table 0),
-/// every rank `0..=D` forced in. Blocks then choose by their exponent bytes among the version 1
-/// tables, whose code lengths the plane model keeps, and code their ranks with the rank table
-/// of the same index. The plane is paired if the table has at least two pairs and pairing pays
-/// (step 6, `pairing_pays`); it is left as it was otherwise. `hists` are the version 1 model's
-/// histograms of every plane of every sampled block (`[i * planes + p]`): nothing else is read.
-///
-/// Why independence: adjacent units' exponents of weights are close to independent within a
-/// block (per 65,536 units of all-MiniLM-L6-v2 bf16, 2.588 bits a unit one at a time, 2.585 as
-/// pairs), and weights from histograms need no count of pairs. Until 2026-12-06 the pairs were
-/// counted per sampled block, a second read of every sampled unit once the top bytes were
-/// known: ~6 of MiniLM bf16's 28 ms model pass on one CPU thread, and the GPU's largest model
-/// kernel. Per block, not from the tensor's totals, so that bytes that never share a block do
-/// not make pairs. Ratio on the benchmark files: MiniLM bf16 66.164 -> 66.172%, synthetic bf16
-/// 65.864 -> 65.863% (docs/DESIGN.md, "Version 2's pair model from the exponent counts").
-pub fn pair_plane(
-    model: &mut Model,
-    header: &BlobHeader,
-    opts: &CompressOptions,
-    sampling: &Sampling,
-    hists: &[[u32; 256]],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::cpu::has_avx512() {
-            // SAFETY: AVX-512F support was checked at run time.
-            return unsafe { pair_plane_avx512(model, header, opts, sampling, hists) };
-        }
-        if crate::cpu::has_avx2() {
-            // SAFETY: AVX2 support was checked at run time.
-            return unsafe { pair_plane_avx2(model, header, opts, sampling, hists) };
-        }
-    }
-    pair_plane_body(model, header, opts, sampling, hists)
-}
-
-/// [`pair_plane`] compiled for AVX-512F: its loops over every sampled block's histogram (the
-/// plane's sum, each block's length, its pair weights — a 16 × 16 product of 32-bit counts — and
-/// step 6's estimates) vectorise 16 lanes wide where the baseline target gave them SSE2's 4
-/// (~6% of a one-thread model pass of MiniLM bf16's matrices). Integer arithmetic only: the same
-/// model on every path.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,popcnt")]
-unsafe fn pair_plane_avx512(
-    model: &mut Model,
-    header: &BlobHeader,
-    opts: &CompressOptions,
-    sampling: &Sampling,
-    hists: &[[u32; 256]],
-) {
-    pair_plane_body(model, header, opts, sampling, hists)
-}
-
-/// [`pair_plane`] compiled for AVX2 (as [`pair_plane_avx512`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,popcnt")]
-unsafe fn pair_plane_avx2(
-    model: &mut Model,
-    header: &BlobHeader,
-    opts: &CompressOptions,
-    sampling: &Sampling,
-    hists: &[[u32; 256]],
-) {
-    pair_plane_body(model, header, opts, sampling, hists)
+dispatch_wide! {
+    /// Format version 2's paired exponent plane (docs/FORMAT.md, "Version 2", encoder decisions):
+    /// for a dtype with one ([`DType::paired_plane`]: bf16) whose plane has version 1 tables, the
+    /// pairs of the sampled blocks' [`crate::pairs::TOP_BYTES`] most frequent exponent bytes are
+    /// weighed in each non-constant sampled block as if its units were independent (`h[x] h[y]` of
+    /// its histogram), and the [`crate::pairs::MAX_PAIRS`] heaviest over all of them make the pair
+    /// table. Rank table `j` weighs the ranks the same way over the sampled blocks that choose the
+    /// version 1 table `j` (all of them for table 0, as the version 1 search makes its table 0),
+    /// every rank `0..=D` forced in. Blocks then choose by their exponent bytes among the version 1
+    /// tables, whose code lengths the plane model keeps, and code their ranks with the rank table
+    /// of the same index. The plane is paired if the table has at least two pairs and pairing pays
+    /// (step 6, `pairing_pays`); it is left as it was otherwise. `hists` are the version 1 model's
+    /// histograms of every plane of every sampled block (`[i * planes + p]`): nothing else is read.
+    ///
+    /// Why independence: adjacent units' exponents of weights are close to independent within a
+    /// block (per 65,536 units of all-MiniLM-L6-v2 bf16, 2.588 bits a unit one at a time, 2.585 as
+    /// pairs), and weights from histograms need no count of pairs. Until 2026-12-06 the pairs were
+    /// counted per sampled block, a second read of every sampled unit once the top bytes were
+    /// known: ~6 of MiniLM bf16's 28 ms model pass on one CPU thread, and the GPU's largest model
+    /// kernel. Per block, not from the tensor's totals, so that bytes that never share a block do
+    /// not make pairs. Ratio on the benchmark files: MiniLM bf16 66.164 -> 66.172%, synthetic bf16
+    /// 65.864 -> 65.863% (docs/DESIGN.md, "Version 2's pair model from the exponent counts").
+    ///
+    /// Compiled for AVX-512F or AVX2 where the CPU has them (`dispatch_wide!`): its loops over
+    /// every sampled block's histogram (the plane's sum, each block's length, its pair weights — a
+    /// 16 × 16 product of 32-bit counts — and step 6's estimates) vectorise 16 lanes wide where the
+    /// baseline target gave them SSE2's 4 (~6% of a one-thread model pass of MiniLM bf16's
+    /// matrices). Integer arithmetic only: the same model on every path.
+    pub fn pair_plane(
+        model: &mut Model,
+        header: &BlobHeader,
+        opts: &CompressOptions,
+        sampling: &Sampling,
+        hists: &[[u32; 256]],
+    ) = pair_plane_body;
 }
 
 #[inline(always)]
@@ -1026,8 +991,9 @@ where
                     few_rows =
                         block_joint.count(e, m, hq, hp, &mut joint) <= crate::joint::FLUSH_ROWS;
                 }
+                // The counts still pending in the 16-bit counters go to the part's joint counts.
                 if let Some(b) = block_joint {
-                    b.give_back();
+                    b.give_back(&mut joint);
                 }
                 joint
             })
