@@ -319,13 +319,14 @@ unsafe fn avx2_full_rounds(
 }
 
 /// Sixteen lanes' `(freq | cum << 16, R)` by two 64-bit gathers from a sequence's packed
-/// entries, split by a two-source permute; inside an `unsafe` block of a function with AVX-512F
-/// enabled. Safety (the caller's): 16 symbols at `$syms`.
+/// entries, split by a two-source permute, in descending lane order (the order the AVX-512 loops
+/// hold their states in: [`avx512_steps`]); inside an `unsafe` block of a function with AVX-512F
+/// and SSSE3 enabled. Safety (the caller's): 16 symbols at `$syms`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! gathered_entries {
     ($seq:expr, $syms:expr) => {{
         let table = $seq.packed.as_ptr();
-        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128($syms as *const __m128i));
+        let idx = _mm512_cvtepu8_epi32(descending16!(_mm_loadu_si128($syms as *const __m128i)));
         let a = _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(idx), table as *const _);
         let b = _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(idx), table as *const _);
         // Even dwords of two vectors of eight u64 (the low halves), then the odd ones.
@@ -338,11 +339,24 @@ macro_rules! gathered_entries {
     }};
 }
 
-/// One encoding step of sixteen lanes from their entries (`fc` = `freq | cum << 16`, `rcp` = R):
-/// renormalise (the emitted words in descending lane order, by reversing the lanes and
-/// compressing them, narrowed to 16 bits), then `x = (x / freq) * scale + cum + x % freq` with the
-/// division by the reciprocal and one correction. Inside an `unsafe` block of a function with
-/// AVX-512F enabled. Safety (the caller's): 16 words of room at `$wp + $pos`.
+/// The sixteen bytes of a 128-bit vector in reverse order (byte 15 first); inside an `unsafe`
+/// block of a function with SSSE3 enabled.
+#[cfg(target_arch = "x86_64")]
+macro_rules! descending16 {
+    ($v:expr) => {
+        _mm_shuffle_epi8(
+            $v,
+            _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        )
+    };
+}
+
+/// One encoding step of sixteen lanes held in descending lane order (lane 15 in the vector's
+/// first element; [`avx512_steps`]) from their entries (`fc` = `freq | cum << 16`, `rcp` = R, in
+/// the same order): renormalise (the emitted words, compressed to the front, are in descending
+/// lane order as the format wants them; narrowed to 16 bits), then `x = (x / freq) * scale + cum
+/// + x % freq` with the division by the reciprocal and one correction. Inside an `unsafe` block
+/// of a function with AVX-512F enabled. Safety (the caller's): 16 words of room at `$wp + $pos`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! encode16 {
     ($x:expr, $fc:expr, $rcp:expr, $wp:expr, $pos:expr) => {{
@@ -353,10 +367,7 @@ macro_rules! encode16 {
         let x0 = $x;
         // Renormalise: lanes with x >= freq << 20 emit their low 16 bits.
         let emit = _mm512_cmpge_epu32_mask(x0, _mm512_slli_epi32::<20>(freq));
-        // Their words in descending lane order: lanes reversed, then compressed.
-        let desc = (emit as u16).reverse_bits();
-        let reverse = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-        let w = _mm512_maskz_compress_epi32(desc, _mm512_permutexvar_epi32(reverse, x0));
+        let w = _mm512_maskz_compress_epi32(emit, x0);
         _mm256_storeu_si256($wp.add($pos) as *mut __m256i, _mm512_cvtepi32_epi16(w));
         $pos += emit.count_ones() as usize;
         let x1 = _mm512_mask_blend_epi32(emit, x0, _mm512_srli_epi32::<16>(x0));
@@ -377,15 +388,25 @@ macro_rules! encode16 {
     }};
 }
 
-/// The AVX-512 loops' skeleton: the states in two vectors of sixteen lanes; steps `full-1` down
-/// to 0, the group's sequences from the last; `$step` codes one sequence's step (its 32 symbols
-/// at `$syms`) into the states `$xv` and the words at `$wp`. Inside an `unsafe` block of a
-/// function with AVX-512F enabled. Safety (the caller's): every sequence holds `32 full` symbols.
+/// The AVX-512 loops' skeleton: the states in two vectors of sixteen lanes, each in descending
+/// lane order (lane 15 first), so that the words a step emits come out of a compress in the
+/// format's order; steps `full-1` down to 0, the group's sequences from the last; `$step` codes
+/// one sequence's step (its 32 symbols at `$syms`) into the states `$xv` and the words at `$wp`.
+/// Inside an `unsafe` block of a function with AVX-512F enabled. Safety (the caller's): every
+/// sequence holds `32 full` symbols.
+///
+/// Why the order: held in lane order, each step's emit mask was bit-reversed for the compress (a
+/// run of ~17 scalar instructions a vector step, in `perf annotate` the most sampled part of the
+/// loop after the gathers).
 #[cfg(target_arch = "x86_64")]
 macro_rules! avx512_steps {
     ($x:expr, $group:expr, $full:expr, $words:expr, |$seq:ident, $syms:ident, $xv:ident, $wp:ident| $step:block) => {{
         let xp = $x.as_mut_ptr() as *mut __m512i;
-        let mut $xv = [_mm512_loadu_si512(xp), _mm512_loadu_si512(xp.add(1))];
+        let reverse = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        let mut $xv = [
+            _mm512_permutexvar_epi32(reverse, _mm512_loadu_si512(xp)),
+            _mm512_permutexvar_epi32(reverse, _mm512_loadu_si512(xp.add(1))),
+        ];
         let $wp = $words.as_mut_ptr();
         for r in (0..$full).rev() {
             for $seq in $group.iter().rev() {
@@ -393,8 +414,8 @@ macro_rules! avx512_steps {
                 $step
             }
         }
-        _mm512_storeu_si512(xp, $xv[0]);
-        _mm512_storeu_si512(xp.add(1), $xv[1]);
+        _mm512_storeu_si512(xp, _mm512_permutexvar_epi32(reverse, $xv[0]));
+        _mm512_storeu_si512(xp.add(1), _mm512_permutexvar_epi32(reverse, $xv[1]));
     }};
 }
 
@@ -474,11 +495,12 @@ unsafe fn avx512_full_rounds_ranked(
                     _mm512_permutex2var_epi32(lo, idx, _mm512_load_si512(t.add(2 * q + 1)))
                 };
                 for v in (0..2).rev() {
-                    let idx = _mm512_cvtepu8_epi32(if v == 0 {
+                    // The ranks in descending lane order, as the states are held.
+                    let idx = _mm512_cvtepu8_epi32(descending16!(if v == 0 {
                         _mm512_castsi512_si128(ranks)
                     } else {
                         _mm512_extracti32x4_epi32::<1>(ranks)
-                    });
+                    }));
                     let (fc, rcp) = if rt.wide {
                         // The quarter by the rank's bits 5 and 6.
                         let b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
