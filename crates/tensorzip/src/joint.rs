@@ -3,8 +3,8 @@
 //! [`crate::model::choose_conditional`] picks the conditional table.
 //!
 //! Counted into 16-bit counters (`BlockJoint`): one increment a unit. Blocks counted from their
-//! units (`BlockJoint::count_units`, bf16 and fp32 weights) accumulate in them for up to
-//! [`PIECE`] units; after each block only the rows between its smallest and largest condition
+//! units (`BlockJoint::count_units`, bf16 and fp32 weights) accumulate in them for up to 65,535
+//! units (`PIECE`); after each block only the rows between its smallest and largest condition
 //! byte are read — their sums, and the sums of their columns, against those after the block
 //! before, are the block's histograms of both planes — and the counters are added to the
 //! tensor's counts and zeroed once per piece. Blocks counted from split planes
