@@ -737,6 +737,13 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         }
         u64 sum = block_sum64(sh, part);
         if (sum == 0) break;
+        // The CPU's stop (cluster.rs, REGRET_STOP): no later table can save more than the
+        // regrets' sum, so the search ends once 200 times it is under the blocks' cost under their
+        // choices (FORMAT.md section 7).
+        u64 cost = 0;
+        for (u32 b = threadIdx.x; b < nb; b += NT) cost += L.cc[cur][b];
+        cost = block_sum64(sh, cost);
+        if (lt128(mul64(sum, 200), U128{0, cost})) break;
         U128 prod = mul64(sum, (attempt * 0x9E3779B9ull) & 0xFFFFFFFFull);
         u64 target = (prod.hi << 32) | (prod.lo >> 32);
         // The seed: the first block whose running sum of regrets passes the target. Threads take
