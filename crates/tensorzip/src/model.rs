@@ -629,7 +629,7 @@ fn pair_plane_body(
     let k = v1.tables.len();
     let mut by_choice = vec![([0u64; 256], 0u64); k + 1];
     // A plain loop, not a `collect` of a `map`: the iterator's `next` was not inlined into
-    // `pair_plane_avx512`, so the weights ran as SSE2 code.
+    // `pair_plane`'s AVX-512F build, so the weights ran as SSE2 code.
     let mut chosen: Vec<(&[u32; 256], u64, u8, u64)> = Vec::with_capacity(hists.len() / us);
     for h in hists.iter().skip(o).step_by(us).filter(|h| varied(h)) {
         let len = h.iter().sum::<u32>() as u64;
