@@ -806,8 +806,9 @@ fn cluster_body(
         // No table codes a block below its order-0 cost, so the tables to come can save at most
         // the regrets' sum: the search ends once that is under 1 / REGRET_STOP of the blocks'
         // cost under their choices (FORMAT.md section 7).
-        let cost: u128 = choice.iter().map(|&(_, c)| c as u128).sum();
-        if sum == 0 || sum * REGRET_STOP < cost {
+        // (Also the trial's `before` below: `choice` changes only when a trial is kept.)
+        let cost: u64 = choice.iter().map(|&(_, c)| c).sum();
+        if sum == 0 || sum * REGRET_STOP < cost as u128 {
             break;
         }
         // frac(attempt * 0.6180339887) in Q32 picks a point of the cumulative regret.
@@ -876,10 +877,9 @@ fn cluster_body(
             trial_least = least_of(&trial_cols);
             trial_choice = choice_of(&trial_least);
         }
-        let before: u64 = choice.iter().map(|&(_, c)| c).sum();
         let after: u64 = trial_choice.iter().map(|&(_, c)| c).sum();
         let added = (((table_bytes(&trial) - table_bytes(&tables)) * 8) as u128) << FRAC_BITS;
-        if scale(before.saturating_sub(after)) <= added {
+        if scale(cost.saturating_sub(after)) <= added {
             rejected[seed] = true;
             continue;
         }
