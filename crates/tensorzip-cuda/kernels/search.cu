@@ -729,20 +729,20 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     u64 attempt = 0;
     while (nt < max_tables && attempt < 2ull * max_tables) {
         attempt++;
-        // Regrets and their sum.
-        u64 part = 0;
+        // Regrets and their sum; the blocks' cost under their choices (a trial's `before`
+        // below: `cur` does not change within an attempt).
+        u64 part = 0, cost = 0;
         for (u32 b = threadIdx.x; b < nb; b += NT) {
             u64 c = L.cc[cur][b], id = L.ideal[b];
             part += c > id ? c - id : 0;
+            cost += c;
         }
         u64 sum = block_sum64(sh, part);
         if (sum == 0) break;
+        cost = block_sum64(sh, cost);
         // The CPU's stop (cluster.rs, REGRET_STOP): no later table can save more than the
         // regrets' sum, so the search ends once 200 times it is under the blocks' cost under their
         // choices (FORMAT.md section 7).
-        u64 cost = 0;
-        for (u32 b = threadIdx.x; b < nb; b += NT) cost += L.cc[cur][b];
-        cost = block_sum64(sh, cost);
         if (lt128(mul64(sum, 200), U128{0, cost})) break;
         U128 prod = mul64(sum, (attempt * 0x9E3779B9ull) & 0xFFFFFFFFull);
         u64 target = (prod.hi << 32) | (prod.lo >> 32);
@@ -876,9 +876,9 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
             least_and_choice(L, tr, tn, nb, thr);
         }
         // Accept if the saving, scaled to the plane, beats the added table bytes.
-        u64 pb = 0, pa = 0;
-        for (u32 b = threadIdx.x; b < nb; b += NT) { pb += L.cc[cur][b]; pa += L.cc[tr][b]; }
-        u64 before = block_sum64(sh, pb), after = block_sum64(sh, pa);
+        u64 pa = 0;
+        for (u32 b = threadIdx.x; b < nb; b += NT) pa += L.cc[tr][b];
+        u64 before = cost, after = block_sum64(sh, pa);
         u64 added = ((u64)(table_bytes(L, tr, tn) - table_bytes(L, cur, nt)) * 8) << FRAC_BITS;
         u64 gain = before > after ? before - after : 0;
         if (scaled_le(gain, job.n_blocks, n, added)) {
