@@ -610,6 +610,11 @@ fn flush_row_impl(row: &mut [u16; 256], hist: &mut [u32; 256], joint: &mut [u32;
 mod tests {
     use super::*;
 
+    /// The number of condition bytes whose row `j` keeps.
+    fn stored_rows(j: &JointCounts) -> usize {
+        (0..=255u8).filter(|&e| j.row(e).is_some()).count()
+    }
+
     /// Counts of `pairs` the plain way.
     fn reference(e: &[u8], m: &[u8]) -> (Vec<u32>, [u32; 256]) {
         let mut j = vec![0u32; 65536];
@@ -758,8 +763,7 @@ mod tests {
                 let what = format!("case {i}, {n} units of {us} bytes, exponent bits {e}");
                 assert_eq!((hq, hp, rows), (wq, wp, want_rows), "{what}");
                 assert!(joint.dense() == wj.dense(), "{what}");
-                let stored = |j: &JointCounts| (0..=255u8).filter(|&e| j.row(e).is_some()).count();
-                assert_eq!(stored(&joint), stored(&wj), "{what}");
+                assert_eq!(stored_rows(&joint), stored_rows(&wj), "{what}");
                 assert!(unit_joint.counts.iter().all(|&c| c == 0), "{what}");
                 // In sequence, after the blocks before it.
                 let (bj, got, want) = &mut seq[c];
@@ -779,8 +783,7 @@ mod tests {
             bj.flush(&mut got);
             assert!(bj.counts.iter().all(|&c| c == 0), "configuration {c}");
             assert!(got.dense() == want.dense(), "configuration {c}");
-            let stored = |j: &JointCounts| (0..=255u8).filter(|&e| j.row(e).is_some()).count();
-            assert_eq!(stored(&got), stored(&want), "configuration {c}");
+            assert_eq!(stored_rows(&got), stored_rows(&want), "configuration {c}");
         }
     }
 
@@ -835,7 +838,7 @@ mod tests {
         }
         // Rows are kept for the condition bytes that occurred only, and survive the round trip
         // through the dense form; adding counts adds them.
-        let stored = (0..=255u8).filter(|&e| total.row(e).is_some()).count();
+        let stored = stored_rows(&total);
         let present = (0..256)
             .filter(|&e| want[e << 8..][..256].iter().any(|&c| c != 0))
             .count();
