@@ -110,12 +110,22 @@ fn main() {
         }
     }
     // Format version 2: bf16 with paired exponents (escapes, an odd last block). The encoder
-    // pairs a tensor only where its pair and rank tables and escapes cost at most 1/32 of its
-    // exponent plane (FORMAT.md section 12, step 6), so these seeds have few pairs (two common
-    // exponents), a few rare ones (18-20 distinct bytes: 14 of them top bytes, the others
-    // escaping) and sign and mantissa bits from four values, to stay small blobs.
-    for (k, n) in [(0u64, 12001usize), (1, 16385), (2, 20000)] {
-        let mut rng = Rng::new(40 + k);
+    // pairs a tensor only where its estimate of the paired plane, pair and rank tables included,
+    // costs at most 1/32 more than the version 1 plane (FORMAT.md section 12, step 6); since the
+    // pair model weighs pairs from each block's histogram (2026-12-06), that holds only for
+    // tensors large enough to carry the tables: 60,001 units here (tables of seeds of 12,001 to
+    // 20,000 units, as these were before, came out version 1 and `seeds.sh` failed). Two common
+    // exponents, a rare one every 701 units (20 distinct bytes: 14 of them top bytes, the others
+    // escaping), sign and mantissa bits from four values. Kept whole at 4096-byte chunks (27.5
+    // KB, its last chunk and block odd), and as its first 3 and 7 chunks at 1024-byte chunks
+    // (`first_chunks`: small blobs with the paired tables of a large one).
+    for (k, chunk_bytes, block_units, chunks) in [
+        (0u64, 4096, 256, None),
+        (1, 1024, 64, Some(3)),
+        (2, 1024, 64, Some(7)),
+    ] {
+        let n = 60_001;
+        let mut rng = Rng::new(40 + n as u64);
         let data: Vec<u8> = (0..n)
             .flat_map(|i| {
                 let e = match i % 701 {
@@ -127,13 +137,26 @@ fn main() {
             })
             .collect();
         let paired = CompressOptions {
+            chunk_bytes,
+            block_units,
+            min_compress_bytes: 0,
+            max_tables: 2,
             pair_exponents: true,
-            ..opts[(k % 2) as usize].clone()
+            ..Default::default()
         };
         let blob = eng
             .compress(&data, DType::BF16, &[n as u64], &paired)
             .unwrap();
         assert_eq!(blob[4..6], [2, 0], "seed bf16-paired-{k} is version 2");
+        let blob = match chunks {
+            Some(c) => first_chunks(&blob, c),
+            None => blob,
+        };
+        let back = eng.decompress(&blob).unwrap().data;
+        assert!(
+            back == data[..back.len()],
+            "seed bf16-paired-{k} decodes to its units"
+        );
         write(&blobs, &format!("bf16-paired-{k}"), &blob);
         count += 1;
     }
