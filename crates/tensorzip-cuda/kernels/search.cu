@@ -1290,6 +1290,13 @@ __device__ __forceinline__ u32 pair_tables(const PairJob& job, u32 max_tables) {
     return K <= max_tables && max_tables <= PAIR_TABLES_MAX ? K : 0u;
 }
 
+// The serialised length of a table section at out[16..] with `kept` tables (lo, hi, codes).
+__device__ u32 tables_bytes(const u8* out, u32 kept) {
+    u32 at = 16;
+    for (u32 k = 0; k < kept; k++) at += 3 + out[at + 1] - out[at];
+    return at - 16;
+}
+
 // Step 1: the (at most) 16 most frequent bytes of plane 1 over the sampled blocks (larger count
 // first, smaller byte among ties; bytes with a count only): each byte's index among them, or 255.
 // Also the tensor's starting state: not paired, its sums zero. Thread blocks (tensor, slice):
@@ -1494,10 +1501,6 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairSampl
 // 17th row and column of the latter: the escape D).
 extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u8 topb[16];
-    // Every key's weight and bytes, for the ranking (each thread read all 256 weights from global
-    // memory before).
-    __shared__ u64 weight[256];
-    __shared__ u32 key_ab[256];
     const PairJob job = jobs[blockIdx.x];
     const PairArea A = pair_area(job, max_tables);
     const u32 t = threadIdx.x;
@@ -1509,13 +1512,11 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* _
     const bool any_tables = pair_tables(job, max_tables) != 0;
     const u64 mine = any_tables ? A.groups[t] : 0ull;
     const u32 my_ab = (u32)topb[t >> 4] << 8 | topb[t & 15];
-    weight[t] = mine;
-    key_ab[t] = my_ab;
-    __syncthreads();
     u32 rank = 0;
     for (u32 k = 0; k < 256; k++) {
-        const u64 c = weight[k];
-        rank += c > 0 && (c > mine || (c == mine && key_ab[k] < my_ab));
+        const u64 c = any_tables ? A.groups[k] : 0ull;
+        const u32 ab = (u32)topb[k >> 4] << 8 | topb[k & 15];
+        rank += c > 0 && (c > mine || (c == mine && ab < my_ab));
     }
     const u32 n = __syncthreads_count(mine > 0);
     const u32 D = n < 2 || !any_tables ? 0u : min(n, PAIR_MAX);
@@ -1644,11 +1645,7 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
     u8* out = (u8*)job.out;
     if (t == 0) {
         const u64 ns = job.n_sampled;
-        // Plane 1's version 1 tables' serialised bytes: its search output's end word less the
-        // head. K > 0 only where `tz_enc_tables` found exactly K tables ending there and no
-        // conditional table (plane 1 is no conditioned plane). Walking the K tables' lengths
-        // instead was a chain of K dependent global loads: ~10 of this kernel's ~15 us (H100).
-        const u32 v1_bytes = ((const u32*)job.v1_out)[3] - 16;
+        const u32 v1_bytes = tables_bytes((const u8*)job.v1_out, K);
         const U128 p1 = add128(div128(mul64(A.s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
         const U128 p2 = add128(div128(mul64(A.s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
         paired = !lt128(add128(shl128(p1, 5), p1), shl128(p2, 5));
