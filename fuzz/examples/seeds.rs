@@ -119,23 +119,23 @@ fn main() {
     // escaping), sign and mantissa bits from four values. Kept whole at 4096-byte chunks (27.5
     // KB, its last chunk and block odd), and as its first 3 and 7 chunks at 1024-byte chunks
     // (`first_chunks`: small blobs with the paired tables of a large one).
-    for (k, chunk_bytes, block_units, chunks) in [
-        (0u64, 4096, 256, None),
-        (1, 1024, 64, Some(3)),
-        (2, 1024, 64, Some(7)),
+    let n = 60_001;
+    let mut rng = Rng::new(40 + n as u64);
+    let data: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let e = match i % 701 {
+                0 => 30 + (i / 701 % 20) as u16,
+                _ => 100 + (rng.next_u64() % 2) as u16,
+            };
+            let low = [0u16, 1, 0x40, 0x8000][(rng.next_u64() % 4) as usize];
+            (e << 7 | low).to_le_bytes()
+        })
+        .collect();
+    let mut k = 0;
+    for (chunk_bytes, block_units, cuts) in [
+        (4096, 256, &[None][..]),
+        (1024, 64, &[Some(3), Some(7)][..]),
     ] {
-        let n = 60_001;
-        let mut rng = Rng::new(40 + n as u64);
-        let data: Vec<u8> = (0..n)
-            .flat_map(|i| {
-                let e = match i % 701 {
-                    0 => 30 + (i / 701 % 20) as u16,
-                    _ => 100 + (rng.next_u64() % 2) as u16,
-                };
-                let low = [0u16, 1, 0x40, 0x8000][(rng.next_u64() % 4) as usize];
-                (e << 7 | low).to_le_bytes()
-            })
-            .collect();
         let paired = CompressOptions {
             chunk_bytes,
             block_units,
@@ -144,21 +144,24 @@ fn main() {
             pair_exponents: true,
             ..Default::default()
         };
-        let blob = eng
+        let whole = eng
             .compress(&data, DType::BF16, &[n as u64], &paired)
             .unwrap();
-        assert_eq!(blob[4..6], [2, 0], "seed bf16-paired-{k} is version 2");
-        let blob = match chunks {
-            Some(c) => first_chunks(&blob, c),
-            None => blob,
-        };
-        let back = eng.decompress(&blob).unwrap().data;
-        assert!(
-            back == data[..back.len()],
-            "seed bf16-paired-{k} decodes to its units"
-        );
-        write(&blobs, &format!("bf16-paired-{k}"), &blob);
-        count += 1;
+        assert_eq!(whole[4..6], [2, 0], "seed bf16-paired-{k} is version 2");
+        for cut in cuts {
+            let blob = match cut {
+                Some(c) => first_chunks(&whole, *c),
+                None => whole.clone(),
+            };
+            let back = eng.decompress(&blob).unwrap().data;
+            assert!(
+                back == data[..back.len()],
+                "seed bf16-paired-{k} decodes to its units"
+            );
+            write(&blobs, &format!("bf16-paired-{k}"), &blob);
+            count += 1;
+            k += 1;
+        }
     }
     // Odd shapes: empty, 0-d, rank 3.
     for (name, dtype, shape, data) in [
