@@ -40,7 +40,6 @@ fuzz_target!(|data: &[u8]| {
         min_compress_bytes: [0, 1024][(*t as usize >> 5) % 2],
         // Format version 2's paired exponents (bf16 only; other dtypes ignore it).
         pair_exponents: *d & 0x80 != 0,
-        ..CompressOptions::default()
     };
     let isz = dtype.itemsize();
     let n = rest.len() / isz;
