@@ -22,9 +22,12 @@ done
 cargo test --workspace --release
 # The fuzz targets and their seed generator live in their own workspace (fuzzing itself needs
 # nightly and cargo-fuzz: docs/FUZZING.md); they must keep compiling against the library (the seed
-# generator once stopped compiling unnoticed). libfuzzer-sys builds libFuzzer, which needs a C++ compiler.
+# generator once stopped compiling unnoticed), formatted and lint-free as the workspace is (a lint
+# in `roundtrip` went unseen until 2026-12-07). libfuzzer-sys builds libFuzzer, which needs a C++
+# compiler.
 if command -v c++ >/dev/null 2>&1; then
-    cargo check --manifest-path fuzz/Cargo.toml --all-targets
+    cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+    cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
     # And the seed generator must run: its assertions (each seed of the kind it claims, the paired
     # ones version 2) failed unnoticed from the pair model change of 2026-12-06 09:xx to 22:2x.
     seeds=$(mktemp -d)
