@@ -1199,12 +1199,13 @@ extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob*
 // decision for decision), for each bf16 tensor a call may pair, on the stream after `tz_enc_tables`
 // (whose code lengths of plane 1's version 1 tables the blocks choose by): per tensor `tz_pair_top`
 // (step 1), per batch of sampled blocks `tz_pair_groups` (each block's version 1 choice, and
-// step 2: the pair weights h[a] h[b] of each block's histogram, summed per table), per tensor `tz_pair_table` (step 3), per tensor `tz_pair_tables` (step 4), per sampled
-// block `tz_pair_cost` (step 6's sums), per tensor `tz_pair_decide` (step 6; the encode kernel's
-// `PairBlock`, the output for the host's blob head, the tensor's parameters). Nothing reads the
-// tensor's units: the model is made of the sampled blocks' histograms. Per-block work spread over
-// the GPU: one thread block per tensor walking its sampled blocks took ~1.3 ms for 1 GiB of bf16
-// (H100). Histogram counts fit 32 bits (a tensor samples at most MAX_SAMPLED blocks of at most
+// step 2: the pair weights h[a] h[b] of each block's histogram, summed per table), per tensor
+// `tz_pair_table` (step 3), per tensor `tz_pair_tables` and per (tensor, table) `tz_pair_expand`
+// (step 4), per sampled block `tz_pair_cost` (step 6's sums), per tensor `tz_pair_decide` (step 6;
+// the encode kernel's `PairBlock`, the output for the host's blob head, the tensor's parameters).
+// Nothing reads the tensor's units: the model is made of the sampled blocks' histograms. Per-block
+// work spread over the GPU: one thread block per tensor walking its sampled blocks took ~1.3 ms for
+// 1 GiB of bf16 (H100). Histogram counts fit 32 bits (a tensor samples at most MAX_SAMPLED blocks of at most
 // 65536 units, 2^29 units); the pair weights and squares are summed in 64 bits (a block's at
 // most 2^32 each).
 
@@ -1288,13 +1289,6 @@ __device__ PairArea pair_area(const PairJob& job, u32 max_tables) {
 __device__ __forceinline__ u32 pair_tables(const PairJob& job, u32 max_tables) {
     const u32 K = *(const u32*)job.n_tables;
     return K <= max_tables && max_tables <= PAIR_TABLES_MAX ? K : 0u;
-}
-
-// The serialised length of a table section at out[16..] with `kept` tables (lo, hi, codes).
-__device__ u32 tables_bytes(const u8* out, u32 kept) {
-    u32 at = 16;
-    for (u32 k = 0; k < kept; k++) at += 3 + out[at + 1] - out[at];
-    return at - 16;
 }
 
 // Step 1: the (at most) 16 most frequent bytes of plane 1 over the sampled blocks (larger count
@@ -1501,6 +1495,10 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_groups(const PairSampl
 // 17th row and column of the latter: the escape D).
 extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u8 topb[16];
+    // Every key's weight and bytes, for the ranking (each thread read all 256 weights from global
+    // memory before).
+    __shared__ u64 weight[256];
+    __shared__ u32 key_ab[256];
     const PairJob job = jobs[blockIdx.x];
     const PairArea A = pair_area(job, max_tables);
     const u32 t = threadIdx.x;
@@ -1512,11 +1510,13 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* _
     const bool any_tables = pair_tables(job, max_tables) != 0;
     const u64 mine = any_tables ? A.groups[t] : 0ull;
     const u32 my_ab = (u32)topb[t >> 4] << 8 | topb[t & 15];
+    weight[t] = mine;
+    key_ab[t] = my_ab;
+    __syncthreads();
     u32 rank = 0;
     for (u32 k = 0; k < 256; k++) {
-        const u64 c = any_tables ? A.groups[k] : 0ull;
-        const u32 ab = (u32)topb[k >> 4] << 8 | topb[k & 15];
-        rank += c > 0 && (c > mine || (c == mine && ab < my_ab));
+        const u64 c = weight[k];
+        rank += c > 0 && (c > mine || (c == mine && key_ab[k] < my_ab));
     }
     const u32 n = __syncthreads_count(mine > 0);
     const u32 D = n < 2 || !any_tables ? 0u : min(n, PAIR_MAX);
@@ -1535,12 +1535,12 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_table(const PairJob* _
 // Step 4's tables: rank table j weighs rank r < D by its pair's weight in table j's sums and the
 // escape D by the sums' squares less the ranks' weights (a table no block chose is table 0's sums),
 // normalised with every rank 0..=D forced, a warp a table, serialised into the output after the
-// pair field (lo 0, hi D: 3 + D bytes each) and expanded, as the version 1 tables are, into the
-// area's entries and code lengths.
+// pair field (lo 0, hi D: 3 + D bytes each); `tz_pair_expand` expands them, as the version 1
+// tables are, into the area's entries and code lengths. The state's "made" word is set where every
+// table normalised.
 extern "C" __global__ void __launch_bounds__(256) tz_pair_tables(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ u8 codes[8][256];
     __shared__ u8 rank_key[PAIR_MAX];
-    __shared__ int single;
     const PairJob job = jobs[blockIdx.x];
     const PairArea A = pair_area(job, max_tables);
     const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -1572,11 +1572,25 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_tables(const PairJob* 
         }
     }
     if (__syncthreads_count(!normal) != 0) return;
-    for (u32 j = 0; j < K; j++) {
-        const u32 at = tables_at + j * (3 + D);
-        if (expand_table(out, at, at + 3 + D, j, false, A.entries, A.cls, A.info, &single) != 3 + D) return;
-    }
     if (t == 0) A.state[1] = 1;
+}
+
+// Step 4's expansion, a thread block per (tensor, rank table `blockIdx.y`): the table
+// `tz_pair_tables` serialised, expanded into the area's entries and code lengths. A table that
+// does not expand to its serialised length (none of ours should) takes back the "made" state that
+// `tz_pair_tables` set, so the tensor is not paired. (Expanded one after another in
+// `tz_pair_tables`, each a block-wide pass with four barriers, the K tables took ~20 us of the
+// ~117 us pair model on 1 GiB of bf16.)
+extern "C" __global__ void __launch_bounds__(256) tz_pair_expand(const PairJob* __restrict__ jobs, u32 max_tables) {
+    __shared__ int single;
+    const PairJob job = jobs[blockIdx.x];
+    const PairArea A = pair_area(job, max_tables);
+    const u32 D = A.state[0], K = pair_tables(job, max_tables), j = blockIdx.y;
+    if (D == 0 || j >= K || A.state[1] == 0) return;
+    const u8* out = (const u8*)job.out;
+    const u32 at = 16 + 1 + 2 * D + j * (3 + D);
+    if (expand_table(out, at, at + 3 + D, j, false, A.entries, A.cls, A.info, &single) != 3 + D && threadIdx.x == 0)
+        A.state[1] = 0;
 }
 
 // Step 6's sums, a warp per sampled block: its version 1 cost (S1) and its estimated paired cost
@@ -1645,7 +1659,11 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
     u8* out = (u8*)job.out;
     if (t == 0) {
         const u64 ns = job.n_sampled;
-        const u32 v1_bytes = tables_bytes((const u8*)job.v1_out, K);
+        // Plane 1's version 1 tables' serialised bytes: its search output's end word less the
+        // head. K > 0 only where `tz_enc_tables` found exactly K tables ending there and no
+        // conditional table (plane 1 is no conditioned plane). Walking the K tables' lengths
+        // instead was a chain of K dependent global loads: ~10 of this kernel's ~15 us (H100).
+        const u32 v1_bytes = ((const u32*)job.v1_out)[3] - 16;
         const U128 p1 = add128(div128(mul64(A.s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
         const U128 p2 = add128(div128(mul64(A.s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
         paired = !lt128(add128(shl128(p1, 5), p1), shl128(p2, 5));

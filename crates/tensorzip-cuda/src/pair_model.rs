@@ -2,7 +2,7 @@
 //! "Encoder", *Format version 2*): the kernels' job layouts, their launches, and the host's reading
 //! of what they decided.
 //!
-//! On the device (the default): six small kernels of kernels/search.cu ([`KERNELS`]), on the
+//! On the device (the default): seven small kernels of kernels/search.cu ([`KERNELS`]), on the
 //! stream after `tz_enc_tables`, find each tensor's top bytes, make every sampled block's version
 //! 1 choice and sum the pair weights of its histogram per table, make the pair table, normalise and
 //! expand the rank tables, sum step 6's costs and decide (from the sampled blocks' histograms:
@@ -38,11 +38,12 @@ const TOP_SLICES: u32 = 16;
 const GROUP_BATCH: u32 = 16;
 
 /// The pair model's kernels (search.cu), in launch order.
-pub(crate) const KERNELS: [&str; 6] = [
+pub(crate) const KERNELS: [&str; 7] = [
     "tz_pair_top",
     "tz_pair_groups",
     "tz_pair_table",
     "tz_pair_tables",
+    "tz_pair_expand",
     "tz_pair_cost",
     "tz_pair_decide",
 ];
@@ -150,6 +151,13 @@ pub(crate) unsafe fn queue(
             "tz_pair_top" => {
                 b.arg(&jobs).arg(&max_tables);
                 (n, TOP_SLICES)
+            }
+            // A thread block per (tensor, rank table): those past a tensor's tables return (and
+            // all of them where `max_tables` is past search.cu's `PAIR_TABLES_MAX`, 64: no
+            // tensor pairs then).
+            "tz_pair_expand" => {
+                b.arg(&jobs).arg(&max_tables);
+                (n, max_tables.clamp(1, 64))
             }
             _ => {
                 b.arg(&jobs).arg(&max_tables);
