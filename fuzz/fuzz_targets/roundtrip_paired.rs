@@ -9,7 +9,7 @@
 //! * byte 0: the tensor's length (40,000–133,000 units, odd counts among them) and whether the
 //!   conditioned plane is on;
 //! * byte 1: the block size (64–4096 units), the chunk size (1–128 KiB), the number of tables;
-//! * byte 2: the exponents' base and how fast a row's scale drifts;
+//! * byte 2: the exponents' base and how far a row's exponents may shift (rows of 384 units);
 //! * the next 16 bytes: the weights of 16 exponents (base + 0..15) — a spread of the common and
 //!   the rare, so that pairs escape and ranks run short;
 //! * the rest: units written verbatim over the tensor at a place bytes 0–1 choose, so that the
@@ -60,8 +60,8 @@ fuzz_target!(|data: &[u8]| {
         pair_exponents: true,
         ..CompressOptions::default()
     };
-    // Cumulative weights of the 16 exponents (at least one of weight 1, so the table is never
-    // empty); a row of 384 units drifts its exponents by up to `drift` up or down.
+    // Cumulative weights of the 16 exponents (an input with no weight at all: exponent 0 alone);
+    // each row of 384 units shifts its exponents up by 0 to 2 `drift`.
     let mut cum = [0u32; 16];
     let mut total = 0u32;
     for (i, w) in cum.iter_mut().enumerate() {

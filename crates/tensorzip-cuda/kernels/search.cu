@@ -1578,9 +1578,8 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_tables(const PairJob* 
 // Step 4's expansion, a thread block per (tensor, rank table `blockIdx.y`): the table
 // `tz_pair_tables` serialised, expanded into the area's entries and code lengths. A table that
 // does not expand to its serialised length (none of ours should) takes back the "made" state that
-// `tz_pair_tables` set, so the tensor is not paired. (Expanded one after another in
-// `tz_pair_tables`, each a block-wide pass with four barriers, the K tables took ~20 us of the
-// ~117 us pair model on 1 GiB of bf16.)
+// `tz_pair_tables` set, so the tensor is not paired. (Until 2026-12-07 `tz_pair_tables` expanded
+// the K tables one after another, each a block-wide pass with four barriers.)
 extern "C" __global__ void __launch_bounds__(256) tz_pair_expand(const PairJob* __restrict__ jobs, u32 max_tables) {
     __shared__ int single;
     const PairJob job = jobs[blockIdx.x];
@@ -1661,8 +1660,8 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
         const u64 ns = job.n_sampled;
         // Plane 1's version 1 tables' serialised bytes: its search output's end word less the
         // head. K > 0 only where `tz_enc_tables` found exactly K tables ending there and no
-        // conditional table (plane 1 is no conditioned plane). Walking the K tables' lengths
-        // instead was a chain of K dependent global loads: ~10 of this kernel's ~15 us (H100).
+        // conditional table (plane 1 is no conditioned plane). (Until 2026-12-07 this walked the
+        // K tables' lengths: a chain of K dependent global loads on one thread.)
         const u32 v1_bytes = ((const u32*)job.v1_out)[3] - 16;
         const U128 p1 = add128(div128(mul64(A.s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
         const U128 p2 = add128(div128(mul64(A.s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
