@@ -8,7 +8,7 @@
 //! describes the tensor instead of being it:
 //! * byte 0: the tensor's length (40,000–133,000 units, odd counts among them) and whether the
 //!   conditioned plane is on;
-//! * byte 1: the block size (64–4096 units), the chunk size (1–128 KiB), the number of tables;
+//! * byte 1: the block size (64–4096 units), the chunk size (1–128 KiB), 1, 3, 5 or 7 tables;
 //! * byte 2: the exponents' base and how far a row's exponents may shift (rows of 384 units);
 //! * the next 16 bytes: the weights of 16 exponents (base + 0..15) — a spread of the common and
 //!   the rare, so that pairs escape and ranks run short;
