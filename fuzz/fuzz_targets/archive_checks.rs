@@ -1,18 +1,12 @@
 //! The checks shared by the archive fuzz targets (included by each with `#[path]`).
 
-use std::sync::OnceLock;
-
 use tensorzip::archive::Archive;
 use tensorzip::blob::peek_header;
-use tensorzip::CpuEngine;
+
+use crate::one_engine::engine;
 
 /// Segments that decode to more than this are only checked, not decoded (see decode_blob.rs).
 const SEGMENT_LIMIT: u64 = 16 << 20;
-
-fn engine() -> &'static CpuEngine {
-    static E: OnceLock<CpuEngine> = OnceLock::new();
-    E.get_or_init(|| CpuEngine::new(1).expect("one thread"))
-}
 
 /// Parses `data` as an archive, lists its tensors and decodes every segment streamed, in memory
 /// and into the caller's buffers (all at once, as `load_file` does): each must return `Ok` or

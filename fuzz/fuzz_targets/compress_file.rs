@@ -6,16 +6,14 @@
 #![no_main]
 
 use std::io::{Read, Seek, SeekFrom};
-use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use tensorzip::archive::{plan_safetensors, write_archive, Archive, ArchiveOptions};
-use tensorzip::{CompressOptions, CpuEngine};
+use tensorzip::CompressOptions;
 
-fn engine() -> &'static CpuEngine {
-    static E: OnceLock<CpuEngine> = OnceLock::new();
-    E.get_or_init(|| CpuEngine::new(1).expect("one thread"))
-}
+#[path = "one_engine.rs"]
+mod one_engine;
+use one_engine::engine;
 
 /// The scratch file the archive is written to (one per process, truncated for each input).
 fn scratch() -> std::fs::File {

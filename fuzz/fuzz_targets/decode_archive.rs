@@ -7,5 +7,7 @@ use libfuzzer_sys::fuzz_target;
 
 #[path = "archive_checks.rs"]
 mod archive_checks;
+#[path = "one_engine.rs"]
+mod one_engine;
 
 fuzz_target!(|data: &[u8]| archive_checks::check_archive(data));

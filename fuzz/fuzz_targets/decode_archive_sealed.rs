@@ -9,6 +9,8 @@ use tensorzip::{crc32, crc32_pieces};
 
 #[path = "archive_checks.rs"]
 mod archive_checks;
+#[path = "one_engine.rs"]
+mod one_engine;
 
 fn u32_at(d: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(

@@ -3,13 +3,14 @@
 //! range decoded on its own must agree with it.
 #![no_main]
 
-use std::sync::OnceLock;
-
 use libfuzzer_sys::fuzz_target;
 use tensorzip::blob::{peek_header, Scheme};
 use tensorzip::decoder::{DecodeScratch, TensorDecoder};
 use tensorzip::stats::BlobStats;
-use tensorzip::CpuEngine;
+
+#[path = "one_engine.rs"]
+mod one_engine;
+use one_engine::engine;
 
 /// Whole-tensor decoding is tried only up to this many output bytes. A valid blob may legitimately
 /// describe a much larger tensor than itself (constant chunks cost a directory entry each, about a
@@ -17,11 +18,6 @@ use tensorzip::CpuEngine;
 const WHOLE_LIMIT: u64 = 16 << 20;
 /// Chunks decoded one by one when the whole tensor is not.
 const MAX_SINGLE_CHUNKS: usize = 4;
-
-fn engine() -> &'static CpuEngine {
-    static E: OnceLock<CpuEngine> = OnceLock::new();
-    E.get_or_init(|| CpuEngine::new(1).expect("one thread"))
-}
 
 fuzz_target!(|data: &[u8]| {
     let eng = engine();

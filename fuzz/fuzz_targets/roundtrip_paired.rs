@@ -20,16 +20,13 @@
 //! that do not still round-trip as version 1.
 #![no_main]
 
-use std::sync::OnceLock;
-
 use libfuzzer_sys::fuzz_target;
 use tensorzip::sample::Rng;
-use tensorzip::{CompressOptions, Condition, CpuEngine, DType};
+use tensorzip::{CompressOptions, Condition, DType};
 
-fn engine() -> &'static CpuEngine {
-    static E: OnceLock<CpuEngine> = OnceLock::new();
-    E.get_or_init(|| CpuEngine::new(1).expect("one thread"))
-}
+#[path = "one_engine.rs"]
+mod one_engine;
+use one_engine::engine;
 
 fuzz_target!(|data: &[u8]| {
     let [a, b, c, rest @ ..] = data else {
