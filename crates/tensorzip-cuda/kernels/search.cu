@@ -1205,9 +1205,9 @@ extern "C" __global__ void __launch_bounds__(256) tz_enc_tables(const TablesJob*
 // the encode kernel's `PairBlock`, the output for the host's blob head, the tensor's parameters).
 // Nothing reads the tensor's units: the model is made of the sampled blocks' histograms. Per-block
 // work spread over the GPU: one thread block per tensor walking its sampled blocks took ~1.3 ms for
-// 1 GiB of bf16 (H100). Histogram counts fit 32 bits (a tensor samples at most MAX_SAMPLED blocks of at most
-// 65536 units, 2^29 units); the pair weights and squares are summed in 64 bits (a block's at
-// most 2^32 each).
+// 1 GiB of bf16 (H100). Histogram counts fit 32 bits (a tensor samples at most MAX_SAMPLED blocks
+// of at most 65536 units, 2^29 units); the pair weights and squares are summed in 64 bits (a
+// block's at most 2^32 each).
 
 struct PairJob {
     u64 hists;      // u32: plane 1's histogram of sampled block 0; block i's at hists + i * stride

@@ -153,11 +153,11 @@ pub(crate) unsafe fn queue(
                 (n, TOP_SLICES)
             }
             // A thread block per (tensor, rank table): those past a tensor's tables return (and
-            // all of them where `max_tables` is past search.cu's `PAIR_TABLES_MAX`, 64: no
-            // tensor pairs then).
+            // all of them where `max_tables` is past the format's `MAX_TABLES`, search.cu's
+            // `PAIR_TABLES_MAX`: no tensor pairs then).
             "tz_pair_expand" => {
                 b.arg(&jobs).arg(&max_tables);
-                (n, max_tables.clamp(1, 64))
+                (n, max_tables.clamp(1, tensorzip::blob::MAX_TABLES as u32))
             }
             _ => {
                 b.arg(&jobs).arg(&max_tables);
