@@ -345,7 +345,27 @@ struct Layout {
     u32* clen[2];  // [T][256] code lengths over the support (CL_ABSENT: not in the table)
     u64* lsum;     // [T][256] the trial tables' summed counts over the support (Lloyd step)
     u64 bytes;
+    // The block's dynamic shared memory not yet given to an array (`to_arena`).
+    u8* arena;
+    u64 arena_left;
 };
+
+// Moves array `p` of `bytes` bytes into the block's shared memory where the arena still has room
+// (else it stays in the global scratch `layout` gave it). Every thread of the block calls it alike,
+// before any thread touches the array, so all of them use the same copy. The search is a chain of
+// block-wide steps, each a few loads per thread that wait on the previous step's stores: from
+// global memory (L2) each such load costs a few hundred cycles, from shared memory a few dozen.
+// Arrays are taken in the order the caller gives (its most used first); any mix works, since
+// every access goes through these pointers.
+template <typename T>
+__device__ __forceinline__ void to_arena(Layout& L, T*& p, u64 bytes) {
+    const u64 b = (bytes + 15) & ~15ull;
+    if (b <= L.arena_left) {
+        p = (T*)L.arena;
+        L.arena += b;
+        L.arena_left -= b;
+    }
+}
 
 __device__ Layout layout(u8* base, u64 n, u64 t) {
     Layout l;
@@ -375,6 +395,8 @@ __device__ Layout layout(u8* base, u64 n, u64 t) {
     l.rej = take(n);
     l.lsum = (u64*)take(t * 256 * 8);
     l.bytes = at;
+    l.arena = nullptr;
+    l.arena_left = 0;
     return l;
 }
 
@@ -394,6 +416,7 @@ __device__ __forceinline__ void column_group(const Layout& L, int k, const u32 (
         acc[t] = 0;
         miss[t] = false;
     }
+#pragma unroll 4
     for (u32 i = 0; i < ns; i++) {
         const u32 h = L.rows[(u64)i * nb + b];
 #pragma unroll
@@ -448,6 +471,7 @@ __device__ void least_and_choice(const Layout& L, int k, u32 nt, u32 nb, u32 thr
     for (u32 b = threadIdx.x; b < nb; b += NT) {
         u64 best = NO_COST;
         u32 bj = 0;
+#pragma unroll 4
         for (u32 j = 0; j < nt; j++) {
             u64 c = L.col[k][(u64)j * nb + b];
             if (c < best) { best = c; bj = j; }
@@ -566,7 +590,7 @@ __device__ void warp_present_range(const u8* c, u32* lo, u32* hi) {
 }
 
 // The search of one plane (`model::cluster`); returns the number of tables written.
-__device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 max_tables, u32 thr, u8* out) {
+__device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tables, u32 thr, u8* out) {
     const u32* hists = (const u32*)job.hists;
     const u32 n = job.n_sampled;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -665,6 +689,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     {
         u32 s = threadIdx.x & 255, part = threadIdx.x >> 8; // four threads per symbol
         u64 t = 0;
+#pragma unroll 8
         for (u32 b = part; b < nb; b += 4) t += hists[(u64)L.idx[b] * job.stride + s];
         if (part == 0) sh.total[s] = 0;
         __syncthreads();
@@ -687,13 +712,26 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
         __syncthreads();
     }
     const u32 ns = sh.nsyms;
+    // What the attempts below read most, into shared memory as far as it fits (after the per-block
+    // arrays, `tz_search`): the dense rows, the tables' code lengths, the cost columns, the Lloyd
+    // sums.
+    to_arena(L, L.rows, (u64)ns * nb * 2);
+    to_arena(L, L.clen[0], (u64)max_tables * 256 * 4);
+    to_arena(L, L.clen[1], (u64)max_tables * 256 * 4);
+    to_arena(L, L.col[0], (u64)max_tables * nb * 8);
+    to_arena(L, L.col[1], (u64)max_tables * nb * 8);
+    to_arena(L, L.lsum, (u64)max_tables * 256 * 8);
     // Dense rows, column-major; ideal costs.
     bool wide = false;
-    for (u64 e = threadIdx.x; e < (u64)ns * nb; e += NT) {
-        u32 i = (u32)(e / nb), b = (u32)(e % nb);
-        const u32 h = hists[(u64)L.idx[b] * job.stride + sh.syms[i]];
-        wide |= h > 0xFFFFu;
-        L.rows[e] = (u16)h;
+    for (u32 b = threadIdx.x; b < nb; b += NT) {
+        const u32* h = hists + (u64)L.idx[b] * job.stride;
+        u16* r = L.rows + b;
+#pragma unroll 8
+        for (u32 i = 0; i < ns; i++) {
+            const u32 v = h[sh.syms[i]];
+            wide |= v > 0xFFFFu;
+            r[(u64)i * nb] = (u16)v;
+        }
     }
     // Counts from blocks longer than the format allows (not from this engine's histograms): the
     // plane is refused (status 2; the host reports it) rather than searched on truncated rows.
@@ -703,6 +741,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
     }
     for (u32 b = threadIdx.x; b < nb; b += NT) {
         u64 nn = 0, shl = 0;
+#pragma unroll 4
         for (u32 i = 0; i < ns; i++) {
             u64 c = L.rows[(u64)i * nb + b];
             nn += c;
@@ -835,6 +874,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, const Layout& L, u32 ma
                     u32 acc[8];
 #pragma unroll
                     for (int t = 0; t < 8; t++) acc[t] = 0;
+#pragma unroll 4
                     for (u32 b = lane; b < nb; b += 32) {
                         const u32 d = (u32)L.cs[tr][b] - g;
                         const u32 v = L.rows[(u64)i * nb + b];
@@ -1032,6 +1072,7 @@ __device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
 
 extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* __restrict__ jobs, SearchParams params) {
     __shared__ Shared sh;
+    extern __shared__ __align__(16) u8 arena[];
     const SearchJob job = jobs[blockIdx.x];
     u8* out = (u8*)job.out;
     if (threadIdx.x == 0) {
@@ -1045,6 +1086,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* _
         job.n_sampled > MAX_SAMPLED) {
         if (threadIdx.x == 0) ((u32*)out)[2] = 1;
         return;
+    }
+    // The launch's dynamic shared memory (src/search.rs gives what the device leaves the block)
+    // takes the per-block arrays first, the attempts' most used, then `cluster` gives what is left
+    // to the arrays sized by the support.
+    u32 arena_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(arena_bytes));
+    L.arena = arena;
+    L.arena_left = arena_bytes;
+    {
+        const u64 n = job.n_sampled;
+        for (int k = 0; k < 2; k++) {
+            to_arena(L, L.cs[k], n);
+            to_arena(L, L.cc[k], n * 8);
+            to_arena(L, L.lc[k], n * 8);
+            to_arena(L, L.lj[k], n);
+        }
+        to_arena(L, L.lens, n * 4);
+        to_arena(L, L.ideal, n * 8);
+        to_arena(L, L.idx, n * 4);
+        to_arena(L, L.rej, n);
     }
     __syncthreads();
     u32 kept = cluster(sh, job, L, params.max_tables, params.threshold, out);

@@ -1133,6 +1133,7 @@ impl GpuEngine {
                     // planes a launch); smaller waves, as in the many-waves test, give
                     // launches of a plane or a few.
                     self.wave_bytes() / 16,
+                    self.shared().smem_limit,
                 )
             }?;
             keep_search = Some(q);

@@ -240,7 +240,10 @@ pub(crate) struct Queued {
 /// consecutive planes whose scratch adds up to at most `limit` bytes, one plane at least (cut as the
 /// encoder cuts its chunks into waves, `encode::waves`). One scratch buffer as large as the largest
 /// launch's serves every launch in turn (they follow each other on the stream), so a call's search
-/// memory stays bounded however many tensors it has.
+/// memory stays bounded however many tensors it has. Each thread block gets all the dynamic shared
+/// memory the device leaves it (`smem_limit`, the device's per-block shared memory, less the
+/// kernel's static part): the kernel keeps there as many of its scratch arrays as fit (`to_arena`
+/// in search.cu), one block per SM whatever it asks.
 ///
 /// # Safety
 /// Every address in `planes` is device memory of this context, alive until the stream has run
@@ -253,8 +256,18 @@ pub(crate) unsafe fn queue(
     max_tables: u32,
     threshold: u32,
     limit: u64,
+    smem_limit: u32,
 ) -> Result<Queued> {
     let t = max_tables as u64;
+    let most = smem_limit.saturating_sub(f.shared_size_bytes()?.max(0) as u32);
+    // `TENSORZIP_DEV_SEARCH_ARENA=BYTES` gives the blocks less (a development switch, for
+    // comparing how much of the scratch is worth keeping in shared memory: what the arena takes
+    // the L1 cache loses).
+    let arena = std::env::var("TENSORZIP_DEV_SEARCH_ARENA")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(most, |v| v.min(most));
+    crate::engine::allow_dynamic_smem(f, smem_limit, most as u64)?;
     let sizes: Vec<u64> = planes
         .iter()
         .map(|p| scratch_bytes(p.n_sampled as u64, t))
@@ -303,6 +316,7 @@ pub(crate) unsafe fn queue(
                 g.len() as u32,
                 max_tables,
                 threshold,
+                arena,
             )
         }?;
     }
@@ -440,7 +454,8 @@ pub(crate) unsafe fn queue_tables(
     Ok(())
 }
 
-/// Queues the search of every job in `jobs` (a device array of `n` [`SearchJob`]s).
+/// Queues the search of every job in `jobs` (a device array of `n` [`SearchJob`]s), each thread
+/// block with `arena` bytes of dynamic shared memory (allowed for `f` before).
 ///
 /// # Safety
 /// `jobs` holds `n` jobs whose addresses are device memory of this context, alive until the
@@ -454,6 +469,7 @@ unsafe fn launch(
     n: u32,
     max_tables: u32,
     threshold: u32,
+    arena: u32,
 ) -> Result<()> {
     check_max_tables(max_tables)?;
     if n == 0 {
@@ -468,10 +484,11 @@ unsafe fn launch(
     let cfg = LaunchConfig {
         grid_dim: (n, 1, 1),
         block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: arena,
     };
     // SAFETY: arguments match `tz_search`; the buffers are the caller's promise, and the kernel
-    // checks each scratch against its own layout before using it.
+    // checks each scratch against its own layout before using it (and keeps its arrays in the
+    // dynamic shared memory only within the size it reads from the launch).
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
@@ -606,7 +623,8 @@ mod tests {
             keep.push((h, joint_dev));
         }
         // SAFETY: the histograms and joint counts above live until the synchronisation below.
-        let q = unsafe { queue(&f, &s, &list, max_tables as u32, threshold, limit) }.unwrap();
+        let smem = eng.shared().smem_limit;
+        let q = unsafe { queue(&f, &s, &list, max_tables as u32, threshold, limit, smem) }.unwrap();
         let down = s.clone_dtoh(&q.outs).unwrap();
         s.synchronize().unwrap();
         drop(keep);
