@@ -1087,9 +1087,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* _
         if (threadIdx.x == 0) ((u32*)out)[2] = 1;
         return;
     }
-    // The launch's dynamic shared memory (src/search.rs gives what the device leaves the block)
-    // takes the per-block arrays first, the attempts' most used, then `cluster` gives what is left
-    // to the arrays sized by the support.
+    // The launch's dynamic shared memory (src/search.rs `SEARCH_ARENA`: 128 KiB where the device
+    // has it) takes the per-block arrays first, the attempts' most used, then `cluster` gives what
+    // is left to the arrays sized by the support.
     u32 arena_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(arena_bytes));
     L.arena = arena;

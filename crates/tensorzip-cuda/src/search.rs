@@ -236,14 +236,24 @@ pub(crate) struct Queued {
     pub outs: CudaSlice<u32>,
 }
 
+/// Dynamic shared memory of a search block (`to_arena` in search.cu; less where the device has
+/// less). Measured on an H100 (2026-12-07, `ncu` of the search of 1 GiB bf16 as 8 tensors, one
+/// call): 465.6 us with everything in global memory (0f7a7c4's kernel), 415.9 with this kernel and
+/// no arena, 426.0 with 64 KiB, **413.6 with 128 KiB** (the per-block arrays, the dense rows and
+/// the code lengths at the default 1024 samples and 8 tables), 441.6 with all the ~208 KiB the
+/// device allows: the arena takes its bytes from the L1 cache, whose loss the dense rows' scattered
+/// histogram reads pay. The attempts are bound by one SM's issue rate, so where their data lies
+/// matters little (docs/BENCHMARKS.md, "Where the table search's time goes").
+const SEARCH_ARENA: u32 = 128 * 1024;
+
 /// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`), in launches of
 /// consecutive planes whose scratch adds up to at most `limit` bytes, one plane at least (cut as the
 /// encoder cuts its chunks into waves, `encode::waves`). One scratch buffer as large as the largest
 /// launch's serves every launch in turn (they follow each other on the stream), so a call's search
-/// memory stays bounded however many tensors it has. Each thread block gets all the dynamic shared
-/// memory the device leaves it (`smem_limit`, the device's per-block shared memory, less the
-/// kernel's static part): the kernel keeps there as many of its scratch arrays as fit (`to_arena`
-/// in search.cu), one block per SM whatever it asks.
+/// memory stays bounded however many tensors it has. Each thread block gets [`SEARCH_ARENA`] bytes
+/// of dynamic shared memory (at most what `smem_limit`, the device's per-block shared memory, leaves
+/// after the kernel's static part): the kernel keeps there as many of its scratch arrays as fit
+/// (`to_arena` in search.cu); its launch bounds give one block per SM whatever it asks.
 ///
 /// # Safety
 /// Every address in `planes` is device memory of this context, alive until the stream has run
@@ -260,13 +270,13 @@ pub(crate) unsafe fn queue(
 ) -> Result<Queued> {
     let t = max_tables as u64;
     let most = smem_limit.saturating_sub(f.shared_size_bytes()?.max(0) as u32);
-    // `TENSORZIP_DEV_SEARCH_ARENA=BYTES` gives the blocks less (a development switch, for
-    // comparing how much of the scratch is worth keeping in shared memory: what the arena takes
-    // the L1 cache loses).
+    // `TENSORZIP_DEV_SEARCH_ARENA=BYTES` sets another size (a development switch, for comparing
+    // how much of the scratch is worth keeping in shared memory).
     let arena = std::env::var("TENSORZIP_DEV_SEARCH_ARENA")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
-        .map_or(most, |v| v.min(most));
+        .unwrap_or(SEARCH_ARENA)
+        .min(most);
     crate::engine::allow_dynamic_smem(f, smem_limit, most as u64)?;
     let sizes: Vec<u64> = planes
         .iter()
