@@ -352,11 +352,11 @@ struct Layout {
 
 // Moves array `p` of `bytes` bytes into the block's shared memory where the arena still has room
 // (else it stays in the global scratch `layout` gave it). Every thread of the block calls it alike,
-// before any thread touches the array, so all of them use the same copy. The search is a chain of
-// block-wide steps, each a few loads per thread that wait on the previous step's stores: from
-// global memory (L2) each such load costs a few hundred cycles, from shared memory a few dozen.
-// Arrays are taken in the order the caller gives (its most used first); any mix works, since
-// every access goes through these pointers.
+// before any thread touches the array, so all of them use the same copy. Arrays are taken in the
+// order the caller gives (its most used first); any mix works, since every access goes through
+// these pointers. Measured (src/search.rs `SEARCH_ARENA`): worth little, since the search's steps
+// are bound by the SM's issue rate rather than by their loads, and harmful past ~128 KiB, whose
+// bytes the L1 cache loses.
 template <typename T>
 __device__ __forceinline__ void to_arena(Layout& L, T*& p, u64 bytes) {
     const u64 b = (bytes + 15) & ~15ull;
