@@ -181,11 +181,21 @@ unsafe fn scatter_merge2_avx512<const E: u32>(
             if E == 0 {
                 u
             } else {
-                // Bits 15..8 (the exponent) -> 14..7, bit 7 (the sign) -> 15, bits 6..0 stay.
-                let e = _mm512_and_si512(_mm512_srli_epi16::<1>(u), _mm512_set1_epi16(0x7F80));
-                let s = _mm512_and_si512(_mm512_slli_epi16::<8>(u), _mm512_set1_epi16(-0x8000));
-                let m = _mm512_and_si512(u, _mm512_set1_epi16(0x7F));
-                _mm512_or_si512(_mm512_or_si512(e, s), m)
+                // Bits 15..8 (the exponent) -> 14..7, bit 7 (the sign) -> 15, bits 6..0 stay: the
+                // exponent from the right shift over the rest, then the sign from the left shift
+                // over bit 15 (ternary logic 0xCA, as `scatter_merge4_avx512`'s: where the first
+                // operand's bit is set the second's, elsewhere the third's). Four operations where
+                // three ANDs and two ORs after the shifts were seven.
+                let t = _mm512_ternarylogic_epi32::<0xCA>(
+                    _mm512_set1_epi16(0x7F80),
+                    _mm512_srli_epi16::<1>(u),
+                    u,
+                );
+                _mm512_ternarylogic_epi32::<0xCA>(
+                    _mm512_set1_epi16(-0x8000),
+                    _mm512_slli_epi16::<8>(u),
+                    t,
+                )
             }
         };
         while i + 64 <= n && k + 64 <= sub.len() && r + 64 <= raw.len() {
