@@ -475,7 +475,7 @@ fn enc_block_width(f: &CudaFunction, per_warp: u64, smem_limit: u32) -> Result<u
     if let Some((bytes, warps)) = dev {
         return Ok((bytes / per_warp).clamp(1, warps as u64) as u32);
     }
-    let room = (smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64);
+    let room = crate::engine::dynamic_smem_room(f, smem_limit)?;
     if room < per_warp {
         return Err(Error::Unsupported(format!(
             "{smem_limit} bytes of shared memory per block (the encoder's warps need {per_warp})"
@@ -960,8 +960,8 @@ impl GpuEngine {
             // the device has the 128 KiB beside the kernel's static shared memory (not on Ada or
             // consumer Ampere, 99 KiB: there they are counted in global memory, as for larger
             // blocks).
-            let fits =
-                JOINT_SMEM_BYTES + f.shared_size_bytes()?.max(0) as u32 <= self.shared().smem_limit;
+            let fits = JOINT_SMEM_BYTES as u64
+                <= crate::engine::dynamic_smem_room(f, self.shared().smem_limit)?;
             let joint_smem = (opts.block_units <= 4096 && fits) as u32;
             let smem = joint_smem * JOINT_SMEM_BYTES;
             crate::engine::allow_dynamic_smem(f, self.shared().smem_limit, smem as u64)?;

@@ -37,6 +37,12 @@ pub(crate) fn decode_units() -> crate::compile::Units {
     )
 }
 
+/// The dynamic shared memory a block of `f` may have: the device's per-block limit `smem_limit`
+/// less `f`'s static shared memory (0 where that is all of it).
+pub(crate) fn dynamic_smem_room(f: &cudarc::driver::CudaFunction, smem_limit: u32) -> Result<u64> {
+    Ok((smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64))
+}
+
 /// Lets `f` launch with as much dynamic shared memory as the device leaves it (the per-block
 /// limit `smem_limit` less `f`'s static shared memory) and checks that `need` bytes fit. The
 /// attribute is one setting per function for the whole process: set to each launch's own size,
@@ -50,7 +56,7 @@ pub(crate) fn allow_dynamic_smem(
     smem_limit: u32,
     need: u64,
 ) -> Result<()> {
-    let most = (smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64);
+    let most = dynamic_smem_room(f, smem_limit)?;
     if need > most {
         return Err(Error::Unsupported(format!(
             "a launch of {need} bytes of dynamic shared memory, where the device leaves {most}"

@@ -269,15 +269,15 @@ pub(crate) unsafe fn queue(
     smem_limit: u32,
 ) -> Result<Queued> {
     let t = max_tables as u64;
-    let most = smem_limit.saturating_sub(f.shared_size_bytes()?.max(0) as u32);
+    let most = crate::engine::dynamic_smem_room(f, smem_limit)?;
     // `TENSORZIP_DEV_SEARCH_ARENA=BYTES` sets another size (a development switch, for comparing
     // how much of the scratch is worth keeping in shared memory).
     let arena = std::env::var("TENSORZIP_DEV_SEARCH_ARENA")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .unwrap_or(SEARCH_ARENA)
-        .min(most);
-    crate::engine::allow_dynamic_smem(f, smem_limit, most as u64)?;
+        .min(most as u32);
+    crate::engine::allow_dynamic_smem(f, smem_limit, most)?;
     let sizes: Vec<u64> = planes
         .iter()
         .map(|p| scratch_bytes(p.n_sampled as u64, t))
