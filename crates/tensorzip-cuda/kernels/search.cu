@@ -1722,7 +1722,9 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
     const PairArea A = pair_area(job, max_tables);
     const u32 t = threadIdx.x, D = A.state[0], K = pair_tables(job, max_tables);
     if (D == 0 || A.state[1] == 0) return;
-    const u32 rank_bytes = K * (3 + D);
+    // The pair field's bytes in the blob head: its count byte, the D pairs and the K rank tables
+    // (`rank_table_at` less the output's 16-byte head).
+    const u32 pair_bytes = rank_table_at(D, K) - 16;
     u8* out = (u8*)job.out;
     if (t == 0) {
         const u64 ns = job.n_sampled;
@@ -1732,17 +1734,19 @@ extern "C" __global__ void __launch_bounds__(256) tz_pair_decide(const PairJob* 
         // K tables' lengths: a chain of K dependent global loads on one thread.)
         const u32 v1_bytes = ((const u32*)job.v1_out)[3] - 16;
         const U128 p1 = add128(div128(mul64(A.s12[0], job.n_blocks), ns), U128{0, raw_cost(v1_bytes)});
-        const U128 p2 = add128(div128(mul64(A.s12[1], job.n_blocks), ns), U128{0, raw_cost(rank_bytes + 1 + 2 * D)});
+        const U128 p2 = add128(div128(mul64(A.s12[1], job.n_blocks), ns), U128{0, raw_cost(pair_bytes)});
         paired = !lt128(add128(shl128(p1, 5), p1), shl128(p2, 5));
         if (paired) {
             u32* head = (u32*)out;
             out[16] = (u8)D;
             head[0] = 1;
             head[1] = K;
-            head[2] = rank_table_at(D, K);
+            head[2] = 16 + pair_bytes;
             *(u32*)(A.block + PAIR_ESCAPE) = D;
             *(u64*)job.pair = job.area;
-            const u64 grow = (u64)job.planes + 2 * D + rank_bytes;
+            // A version 2 head has every plane's `u8 D` (this one's among them) and this plane's
+            // pairs and rank tables: the field less its count byte, and a byte per plane.
+            const u64 grow = (u64)job.planes + pair_bytes - 1;
             atomicAdd((unsigned long long*)job.head, (unsigned long long)(grow - v1_bytes));
         }
     }
