@@ -480,7 +480,7 @@ unsafe fn count_units_avx2<const US: usize, const E: u32>(
 }
 
 /// How far ahead of its loads [`count_units_avx2`] prefetches (as the split it replaces:
-/// `transform::SPLIT_PREFETCH_BYTES`).
+/// `cpu::split_prefetch_bytes`, before it was measured on AMD; this one was not re-measured).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_BYTES: usize = 1024;
 

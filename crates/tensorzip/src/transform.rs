@@ -232,14 +232,12 @@ unsafe fn fields3(
     )
 }
 
-/// How far ahead of its loads the wide split prefetches its source. The split is where a compress
-/// first reads the tensor, and its loads held it (half its samples on the instruction after them):
-/// one-thread warm compress, same process, prefetch distance alternated (2026-12-03, Intel VM):
-/// synthetic fp32 1.54-1.58 GB/s without, 1.61-1.66 at 512 bytes, 1.63-1.75 at 1024, 1.53-1.65 at
-/// 2048; synthetic bf16 1.08-1.10 without, 1.13-1.18 at 512-2048. A prefetch never faults, so
-/// the addresses past the source's end are harmless.
-#[cfg(target_arch = "x86_64")]
-const SPLIT_PREFETCH_BYTES: usize = 1024;
+// How far ahead of its loads the wide splits prefetch their source: `cpu::split_prefetch_bytes`.
+// The split is where a compress first reads the tensor, and its loads held it (half its samples on
+// the instruction after them): one-thread warm compress, same process, prefetch distance
+// alternated (2026-12-03, Intel VM): synthetic fp32 1.54-1.58 GB/s without, 1.61-1.66 at 512
+// bytes, 1.63-1.75 at 1024, 1.53-1.65 at 2048; synthetic bf16 1.08-1.10 without, 1.13-1.18 at
+// 512-2048. On the Zen 4 VM 3072 bytes took 3-4% off the encode pass (see there).
 
 /// [`split2_impl`] in steps of 32 units: the transform on 16-bit lanes, then one byte shuffle per
 /// 16 units (low bytes to the lane's first half, high bytes to its second) and two lane
@@ -261,9 +259,10 @@ unsafe fn split2_wide<const E: u32>(src: &[u8], p0: &mut [u8], p1: &mut [u8]) {
             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
             5, 7, 9, 11, 13, 15,
         );
+        let ahead = crate::cpu::split_prefetch_bytes();
         while i + 32 <= n {
             let s = src.as_ptr().add(2 * i) as *const __m256i;
-            _mm_prefetch::<_MM_HINT_T0>((s as *const i8).wrapping_add(SPLIT_PREFETCH_BYTES));
+            _mm_prefetch::<_MM_HINT_T0>((s as *const i8).wrapping_add(ahead));
             // Per 128-bit lane: 8 low bytes, then 8 high bytes; then plane 0's 16 bytes in the
             // low half, plane 1's in the high half.
             let a = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(
@@ -334,9 +333,10 @@ unsafe fn split4_wide<const E: u32>(src: &[u8], planes: [&mut &mut [u8]; 4]) {
                 gather,
             )
         };
+        let prefetch = crate::cpu::split_prefetch_bytes();
         while i + 32 <= n {
             let k = i / 8;
-            let ahead = (s as *const i8).wrapping_add(4 * i + SPLIT_PREFETCH_BYTES);
+            let ahead = (s as *const i8).wrapping_add(4 * i + prefetch);
             _mm_prefetch::<_MM_HINT_T0>(ahead);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             let (a, b, c, d) = (ld(k), ld(k + 1), ld(k + 2), ld(k + 3));
