@@ -143,13 +143,15 @@ pub fn is_amd() -> bool {
 }
 
 /// How far ahead of its loads the byte-plane split prefetches its source (`transform`'s wide
-/// splits, where a compress first reads the tensor and waits on those loads): 3072 bytes on AMD,
-/// 1024 elsewhere. One-thread encode pass (`PHASE=encode examples/phasetime`, eight alternating
-/// rounds, medians; the Zen 4 VM, 2026-12-07): against 1024 bytes, 2048 took 0.965-0.991 of the
-/// time, **3072 0.960-0.970**, 4096 0.964-0.977 over MiniLM bf16 and fp32 and the synthetic bf16
-/// and fp32 sets; on the Intel VM (2026-12-03) 1024 was the best of 512-2048 (synthetic fp32
-/// 1.63-1.75 GB/s against 1.53-1.65 at 2048). A prefetch never faults, so addresses past the
-/// source's end are harmless.
+/// splits, where a compress first reads the tensor and waits on those loads: half their samples
+/// on the instruction after them): 3072 bytes on AMD, 1024 elsewhere. Intel VM (2026-12-03,
+/// one-thread warm compress, the distance alternated in one process): synthetic fp32 1.54-1.58
+/// GB/s without a prefetch, 1.61-1.66 at 512 bytes, 1.63-1.75 at 1024, 1.53-1.65 at 2048;
+/// synthetic bf16 1.08-1.10 without, 1.13-1.18 at 512-2048. Zen 4 VM (2026-12-07, one-thread
+/// encode pass, `PHASE=encode examples/phasetime`, eight alternating rounds, medians): against
+/// 1024 bytes, 2048 took 0.965-0.991 of the time, **3072 0.960-0.970**, 4096 0.964-0.977 over
+/// MiniLM bf16 and fp32 and the synthetic bf16 and fp32 sets. A prefetch never faults, so
+/// addresses past the source's end are harmless.
 pub fn split_prefetch_bytes() -> usize {
     match is_amd() {
         true => 3072,

@@ -232,13 +232,6 @@ unsafe fn fields3(
     )
 }
 
-// How far ahead of its loads the wide splits prefetch their source: `cpu::split_prefetch_bytes`.
-// The split is where a compress first reads the tensor, and its loads held it (half its samples on
-// the instruction after them): one-thread warm compress, same process, prefetch distance
-// alternated (2026-12-03, Intel VM): synthetic fp32 1.54-1.58 GB/s without, 1.61-1.66 at 512
-// bytes, 1.63-1.75 at 1024, 1.53-1.65 at 2048; synthetic bf16 1.08-1.10 without, 1.13-1.18 at
-// 512-2048. On the Zen 4 VM 3072 bytes took 3-4% off the encode pass (see there).
-
 /// [`split2_impl`] in steps of 32 units: the transform on 16-bit lanes, then one byte shuffle per
 /// 16 units (low bytes to the lane's first half, high bytes to its second) and two lane
 /// permutations. Same-run A/B against the compiler's vectorisation of the plain loop (Intel VM,
