@@ -29,13 +29,12 @@ SRC = Path(__file__).resolve().parent.parent / "crates/tensorzip-cuda/kernels/se
 # its anchor and the previous one (an attempt that ends early books its barrier to the next step).
 STEPS = [
     ("flags", "    if (nb == 0 || !not_all_raw) return 0;\n"),
-    ("rows", "        if (!block_any(coded)) return 0;\n    }\n"),
-    ("t0", "    for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;\n    __syncthreads();\n"
-     "    u64 attempt = 0;\n"),
-    ("seed", "        const u32 seed = sh.seed;\n        __syncthreads();\n"),
+    ("rows", "        if (!cl_any(cl, coded)) return 0;\n    }\n"),
+    ("t0", "    u64 attempt = 0;\n"),
+    ("seed", "        const bool own_seed = seed_owner == cl.rank;\n"),
     ("cand", "            copy_bank(L, cur, tr, nt, nb, threadIdx.x - 32, NT - 32);\n        }\n"
      "        __syncthreads();\n"),
-    ("col", "        column(sh, L, tr, nt, nb);\n        {\n"),
+    ("col", "        column(sh, L, tr, nt, nb);\n        u32 tn = nt + 1;\n"),
     ("merge", "                L.cc[tr][b] = raw_cost(L.lens[b]);\n            }\n        }\n"
      "        __syncthreads();\n"),
     ("sums", "            if (threadIdx.x == 0) sh.ndirty = 0;\n            __syncthreads();\n"),
@@ -43,7 +42,7 @@ STEPS = [
      "            __syncthreads();\n"),
     ("cols", "            least_and_choice(L, tr, tn, nb, thr);\n        }\n"),
     ("accept", "        cur = tr;\n        nt = tn;\n"
-     "        for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;\n        __syncthreads();\n"),
+     "        for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) L.rej[b] = 0;\n        __syncthreads();\n"),
     ("final", "    if (threadIdx.x == 0) ((u32*)out)[3] = at;\n    __syncthreads();\n"),
 ]
 # Counter slots: 0..len(STEPS) the steps, then attempts, tables kept, support size, blocks.
@@ -69,8 +68,8 @@ def make(out):
     src = insert_after(src, "// ---- the job's scratch ----\n", HEAD)
     src = insert_after(
         src,
-        "__device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tables, u32 thr,"
-        " u8* out) {\n",
+        "__device__ u32 cluster(Shared& sh, Cl& cl, const SearchJob& job, Layout& L, u32 max_tables,"
+        " u32 thr, u8* out) {\n",
         "    if (threadIdx.x == 0) { for (int q = 0; q < 16; q++) tz_t[q] = 0; tz_last = clock64(); }\n",
     )
     for k, (name, anchor) in enumerate(STEPS):
@@ -88,16 +87,16 @@ def make(out):
     )
     src = insert_after(
         src,
-        "    u32 kept = cluster(sh, job, L, params.max_tables, params.threshold, out);\n",
+        "    u32 kept = cluster(sh, cl, job, L, params.max_tables, params.threshold, out);\n",
         "    unsigned long long tz_c1 = clock64();\n",
     )
     fields = " ".join(f"{n} %llu" for n, _ in STEPS)
     values = ", ".join(f"tz_t[{k}]" for k in range(len(STEPS)))
     src = insert_after(
         src,
-        "    if (kept == 0 && job.joint != 0) conditional(sh, job, out);\n",
+        "    if (kept == 0 && job.joint != 0) conditional(sh, cl, job, out);\n",
         "    __syncthreads();\n"
-        "    if (threadIdx.x == 0) {\n"
+        "    if (threadIdx.x == 0 && cl.rank == 0) {\n"
         "        unsigned long long tz_c2 = clock64();\n"
         f'        printf("TZT blk %d kept %u nb %llu ns %llu nt %llu att %llu total %llu cluster %llu'
         f' cond %llu {fields}\\n",\n'

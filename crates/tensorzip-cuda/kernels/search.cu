@@ -5,12 +5,15 @@
 // decisions") is the normative description; src/search.rs launches it, and its test compares every
 // table with the core's.
 //
-// One thread block of 1024 threads per plane to search (`SearchJob`). The attempts of a search are
-// sequential by definition (each seeds from the regrets the previous left), so the block runs them
-// one after the other, each step spread over its threads: cost columns one thread per sampled
-// block, sums and scans block-wide, a table's normalisation on one warp. Everything a search keeps
-// (dense rows over the plane's support, cost columns, least costs, choices) lives in the job's
-// global scratch, laid out by `Layout` (its size is checked against the scratch the host gave).
+// A thread block cluster of 1024-thread blocks per plane to search (`SearchJob`; one block where
+// the device has no clusters). The attempts of a search are sequential by definition (each seeds
+// from the regrets the previous left), so the cluster runs them one after the other, each step
+// spread over its threads: every block owns a contiguous share of the sampled blocks (their flags,
+// dense rows, cost columns, least costs and choices), the sums, scans and Lloyd sums cross the
+// cluster through its blocks' shared memory (`Cl`), and every block normalises the same tables from
+// the same sums into its own copy (deterministic warp code, so the copies are equal and no table
+// crosses the cluster). Everything a search keeps lives in the job's global scratch, laid out by
+// `Layout` (its size is checked against the scratch the host gave); block 0 writes the output.
 //
 // Written for this project: no published GPU code computes these tables.
 
@@ -32,6 +35,9 @@ typedef unsigned char u8;
 // The most sampled blocks of a job (src/search.rs `MAX_SAMPLED`; more get status 1): the Lloyd
 // step's 32-bit per-lane sums rely on it.
 #define MAX_SAMPLED 8192u
+// The most thread blocks of a plane's cluster (the portable cluster size; src/search.rs
+// `MAX_CLUSTER`).
+#define MAX_CLUSTER 8u
 
 struct SearchJob {
     u64 hists;     // u32[256] histogram of the plane in sampled block 0; block i at hists + 4 * i * stride
@@ -179,6 +185,7 @@ struct Shared {
     u8 codes[NW][256]; // one normalisation's codes per warp
     u16 col_of[256];   // each symbol's support column, NONE outside the support
     u32 dirty[64];     // tables whose cost columns are to be computed
+    u32 bstart[MAX_CLUSTER + 1]; // each block's first compacted block, and nb
     u32 ndirty;
     u32 nsyms;
     u32 nb;
@@ -220,6 +227,93 @@ __device__ u32 block_scan32(Shared& sh, u32 v, u32* total) {
     __syncthreads();
     *total = all;
     return before + x - v;
+}
+
+// ---- the plane's thread block cluster ----
+//
+// Values cross the cluster by exchanges: each block writes its part into its own slot of shared
+// memory, the cluster waits at a barrier (release / acquire at cluster scope), and every block
+// reads every block's slot through distributed shared memory (`cl_peer`). Two slots alternate, so a
+// slot is written again only after the barrier that follows every block's reads of it. Every
+// decision taken from exchanged values is the same in every block, so the blocks take the same
+// paths and meet at the same barriers. A launch without clusters (or a device before sm_90) is a
+// cluster of one block, whose exchanges read its own slot.
+
+struct Cl {
+    u32 rank, size;
+    u64* x;     // the two slots, `xw` u64 each
+    u32 xw;
+    u32 par;    // the slot of the next exchange
+};
+
+__device__ __forceinline__ void cl_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// This block's slot for the next exchange.
+__device__ __forceinline__ u64* cl_slot(const Cl& c) { return c.x + (u64)c.par * c.xw; }
+
+// Block r's slot of the current exchange (after its `cl_sync`).
+__device__ __forceinline__ const u64* cl_peer(const Cl& c, u32 r) {
+    const u64* p = c.x + (u64)c.par * c.xw;
+#if __CUDA_ARCH__ >= 900
+    u64 q;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(r));
+    return (const u64*)q;
+#else
+    return p;
+#endif
+}
+
+// Cluster-wide sums of two u64 (every thread of every block gets them), and the sum of the first
+// over the blocks before this one.
+__device__ void cl_sum2(Shared& sh, Cl& c, u64 a, u64 b, u64* ta, u64* tb, u64* before_a) {
+    a = block_sum64(sh, a);
+    b = block_sum64(sh, b);
+    if (threadIdx.x == 0) {
+        u64* my = cl_slot(c);
+        my[0] = a;
+        my[1] = b;
+    }
+    cl_sync();
+    u64 sa = 0, sb = 0, pre = 0;
+    for (u32 r = 0; r < c.size; r++) {
+        const u64* p = cl_peer(c, r);
+        const u64 pa = p[0];
+        if (r == c.rank) pre = sa;
+        sa += pa;
+        sb += p[1];
+    }
+    c.par ^= 1;
+    *ta = sa;
+    *tb = sb;
+    *before_a = pre;
+}
+
+// Cluster-wide sum of a u64 (every thread of every block gets it).
+__device__ u64 cl_sum64(Shared& sh, Cl& c, u64 v) {
+    v = block_sum64(sh, v);
+    if (threadIdx.x == 0) cl_slot(c)[0] = v;
+    cl_sync();
+    u64 t = 0;
+    for (u32 r = 0; r < c.size; r++) t += cl_peer(c, r)[0];
+    c.par ^= 1;
+    return t;
+}
+
+// Cluster-wide OR of a flag.
+__device__ bool cl_any(Cl& c, bool v) {
+    const bool any = __syncthreads_or(v) != 0;
+    if (threadIdx.x == 0) cl_slot(c)[0] = any;
+    cl_sync();
+    u64 all = 0;
+    for (u32 r = 0; r < c.size; r++) all |= cl_peer(c, r)[0];
+    c.par ^= 1;
+    return all != 0;
 }
 
 // ---- normalisation (`FreqTable::normalize`) on one warp ----
@@ -344,6 +438,11 @@ struct Layout {
     u32* span[2];  // [T] serialised lengths
     u32* clen[2];  // [T][256] code lengths over the support (CL_ABSENT: not in the table)
     u64* lsum;     // [T][256] the trial tables' summed counts over the support (Lloyd step)
+    // The compacted blocks [b0, b1) this thread block owns (of nb): the per-block arrays above are
+    // indexed by compacted block over the whole plane, and each thread block writes only its share
+    // (the seed's row and `rej` entry are the only ones another block reads). The table arrays
+    // (`from` .. `lsum`) are this thread block's own copy.
+    u32 b0, b1;
     u64 bytes;
     // The block's dynamic shared memory not yet given to an array (`to_arena`).
     u8* arena;
@@ -367,7 +466,11 @@ __device__ __forceinline__ void to_arena(Layout& L, T*& p, u64 bytes) {
     }
 }
 
-__device__ Layout layout(u8* base, u64 n, u64 t) {
+// The scratch of a job of n sampled blocks and t tables for the cluster's block `rank`: the
+// per-block arrays (shared by the cluster), then one copy of the table arrays per block of the
+// cluster (src/search.rs `scratch_bytes`: the same sizes, each rounded up to 16 bytes). `bytes` is
+// where this block's copy ends.
+__device__ Layout layout(u8* base, u64 n, u64 t, u32 rank) {
     Layout l;
     u64 at = 0;
     auto take = [&](u64 bytes) {
@@ -385,6 +488,10 @@ __device__ Layout layout(u8* base, u64 n, u64 t) {
         l.lj[b] = take(n);
         l.cs[b] = take(n);
         l.cc[b] = (u64*)take(n * 8);
+    }
+    l.rej = take(n);
+    const u64 shared_end = at;
+    for (int b = 0; b < 2; b++) {
         l.from[b] = (u64*)take(t * 256 * 8);
         l.fromv[b] = take(t);
         l.codes[b] = take(t * 256);
@@ -392,9 +499,21 @@ __device__ Layout layout(u8* base, u64 n, u64 t) {
         l.span[b] = (u32*)take(t * 4);
         l.clen[b] = (u32*)take(t * 256 * 4);
     }
-    l.rej = take(n);
     l.lsum = (u64*)take(t * 256 * 8);
-    l.bytes = at;
+    const u64 own = at - shared_end;
+    at = shared_end + (u64)rank * own;
+    for (int b = 0; b < 2; b++) {
+        l.from[b] = (u64*)((u8*)l.from[b] + at - shared_end);
+        l.fromv[b] += at - shared_end;
+        l.codes[b] += at - shared_end;
+        l.freq[b] = (u16*)((u8*)l.freq[b] + at - shared_end);
+        l.span[b] = (u32*)((u8*)l.span[b] + at - shared_end);
+        l.clen[b] = (u32*)((u8*)l.clen[b] + at - shared_end);
+    }
+    l.lsum = (u64*)((u8*)l.lsum + at - shared_end);
+    l.bytes = at + own;
+    l.b0 = 0;
+    l.b1 = 0;
     l.arena = nullptr;
     l.arena_left = 0;
     return l;
@@ -430,27 +549,27 @@ __device__ __forceinline__ void column_group(const Layout& L, int k, const u32 (
     for (int t = 0; t < G; t++) L.col[k][(u64)j[t] * nb + b] = miss[t] ? NO_COST : acc[t];
 }
 
-// The cost columns (bank k) of the tables listed in `sh.dirty`: one thread per block, up to four
-// tables per pass over its row, the tables' code lengths read by every thread alike (broadcast).
+// The cost columns (bank k) of the tables listed in `sh.dirty` over this thread block's share:
+// a thread per block and group of up to four tables (one pass over the block's row for the group),
+// the tables' code lengths read by the threads of a group alike (broadcast).
 __device__ void columns(Shared& sh, const Layout& L, int k, u32 nb) {
     __syncthreads();
     const u32 ns = sh.nsyms, nd = sh.ndirty;
-    for (u32 b = threadIdx.x; b < nb; b += NT) {
-        for (u32 d = 0; d < nd;) {
-            u32 j[4];
+    const u32 share = L.b1 - L.b0, groups = (nd + 3) / 4;
+    for (u32 w = threadIdx.x; w < share * groups; w += NT) {
+        const u32 b = L.b0 + w % share, d = 4 * (w / share);
+        u32 j[4];
 #pragma unroll
-            for (int t = 0; t < 4; t++) j[t] = sh.dirty[min(d + t, nd - 1)];
-            const u32 left = nd - d;
-            if (left >= 4) {
-                column_group<4>(L, k, j, b, nb, ns);
-                d += 4;
-            } else if (left >= 2) {
-                column_group<2>(L, k, j, b, nb, ns);
-                d += 2;
-            } else {
-                column_group<1>(L, k, j, b, nb, ns);
-                d += 1;
-            }
+        for (int t = 0; t < 4; t++) j[t] = sh.dirty[min(d + t, nd - 1)];
+        const u32 left = nd - d;
+        if (left >= 4) {
+            column_group<4>(L, k, j, b, nb, ns);
+        } else if (left == 3) {
+            column_group<3>(L, k, j, b, nb, ns);
+        } else if (left == 2) {
+            column_group<2>(L, k, j, b, nb, ns);
+        } else {
+            column_group<1>(L, k, j, b, nb, ns);
         }
     }
     __syncthreads();
@@ -466,9 +585,9 @@ __device__ void column(Shared& sh, const Layout& L, int k, u32 j, u32 nb) {
     columns(sh, L, k, nb);
 }
 
-// The least cost over columns 0..nt of bank k and the choices from it.
+// The least cost over columns 0..nt of bank k and the choices from it (this thread block's share).
 __device__ void least_and_choice(const Layout& L, int k, u32 nt, u32 nb, u32 thr) {
-    for (u32 b = threadIdx.x; b < nb; b += NT) {
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) {
         u64 best = NO_COST;
         u32 bj = 0;
 #pragma unroll 4
@@ -545,11 +664,15 @@ __device__ u32 table_bytes(const Layout& L, int k, u32 nt) {
     for (u32 j = 0; j < nt; j++) total += L.span[k][j];
     return total;
 }
-// Copies bank `from` to bank `to` (tables 0..nt, and the per-block state) on the threads t0,
-// t0 + stride, ... (no barrier).
+// Copies bank `from` to bank `to` (tables 0..nt, and the per-block state of this thread block's
+// share) on the threads t0, t0 + stride, ... (no barrier).
 __device__ void copy_bank(const Layout& L, int from, int to, u32 nt, u32 nb, u32 t0, u32 stride) {
-    for (u64 i = t0; i < (u64)nt * nb; i += stride) L.col[to][i] = L.col[from][i];
-    for (u32 b = t0; b < nb; b += stride) {
+    const u32 share = L.b1 - L.b0;
+    for (u32 i = t0; i < nt * share; i += stride) {
+        const u64 at = (u64)(i / share) * nb + L.b0 + i % share;
+        L.col[to][at] = L.col[from][at];
+    }
+    for (u32 b = L.b0 + t0; b < L.b1; b += stride) {
         L.lc[to][b] = L.lc[from][b];
         L.lj[to][b] = L.lj[from][b];
         L.cs[to][b] = L.cs[from][b];
@@ -589,11 +712,15 @@ __device__ void warp_present_range(const u8* c, u32* lo, u32* hi) {
     *hi = warp_max32(h);
 }
 
-// The search of one plane (`model::cluster`); returns the number of tables written.
-__device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tables, u32 thr, u8* out) {
+// The search of one plane (`model::cluster`) by the cluster `c`; returns the number of tables
+// written (the same in every block; block 0 writes them).
+__device__ u32 cluster(Shared& sh, Cl& cl, const SearchJob& job, Layout& L, u32 max_tables, u32 thr, u8* out) {
     const u32* hists = (const u32*)job.hists;
     const u32 n = job.n_sampled;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // This block's sampled blocks [i0, i1): its compacted share below is made of them.
+    const u32 per_block = (n + cl.size - 1) / cl.size;
+    const u32 i0 = min(cl.rank * per_block, n), i1 = min(i0 + per_block, n);
     // 1. Non-constant blocks (at least two symbols), in order, and their lengths; and whether
     //    every one of them is raw by the collision bound. One warp per histogram.
     //    First pass: flags into `lens` (the length, or 0 for constant blocks) and the bound.
@@ -605,7 +732,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
     // warp; most blocks have the same length, so the search for it runs about once per warp).
     u64 last_n = 0, last_limit = 0;
     bool last_some = false;
-    for (u32 i = warp; i < n; i += NW) {
+    for (u32 i = i0 + warp; i < i1; i += NW) {
         const u32* h = hists + (u64)i * job.stride;
         u64 sum = 0, sq = 0;
         u32 nz = 0;
@@ -665,35 +792,70 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
         }
         if (job.flat_stride != 0 && i % job.flat_stride == 0 && !(nonconst && raw)) probe_fails_local = true;
     }
-    bool not_all_raw = block_any(!all_raw_local);
+    bool not_all_raw = cl_any(cl, !all_raw_local);
     // Flat probes: no tables, whatever the other blocks hold.
-    if (job.flat_stride != 0 && !block_any(probe_fails_local)) return 0;
-    // Compaction: the non-constant blocks' indices in order.
-    u32 nb = 0;
-    for (u32 base = 0; base < n; base += NT) {
-        u32 i = base + threadIdx.x;
-        u32 len = i < n ? L.lens[i] : 0;
-        u32 tot;
-        u32 at = block_scan32(sh, len != 0, &tot);
-        if (len != 0) L.idx[nb + at] = i;
-        nb += tot;
+    if (job.flat_stride != 0 && !cl_any(cl, probe_fails_local)) return 0;
+    // Compaction: the non-constant blocks' indices in order; this block's go after those of the
+    // blocks before it (their counts crossed the cluster).
+    {
+        u32 mine = 0;
+        for (u32 i = i0 + threadIdx.x; i < i1; i += NT) mine += L.lens[i] != 0;
+        const u64 m = block_sum64(sh, mine);
+        if (threadIdx.x == 0) cl_slot(cl)[0] = m;
+        cl_sync();
+        if (threadIdx.x == 0) {
+            u32 at = 0;
+            for (u32 r = 0; r < cl.size; r++) {
+                sh.bstart[r] = at;
+                at += (u32)cl_peer(cl, r)[0];
+            }
+            for (u32 r = cl.size; r <= MAX_CLUSTER; r++) sh.bstart[r] = at;
+        }
+        cl.par ^= 1;
+        __syncthreads();
+    }
+    const u32 nb = sh.bstart[MAX_CLUSTER];
+    L.b0 = sh.bstart[cl.rank];
+    L.b1 = sh.bstart[cl.rank + 1];
+    {
+        u32 at0 = L.b0;
+        for (u32 base = i0; base < i1; base += NT) {
+            u32 i = base + threadIdx.x;
+            u32 len = i < i1 ? L.lens[i] : 0;
+            u32 tot;
+            u32 at = block_scan32(sh, len != 0, &tot);
+            if (len != 0) L.idx[at0 + at] = i;
+            at0 += tot;
+        }
     }
     __syncthreads();
     if (nb == 0 || !not_all_raw) return 0;
-    // Lengths by compacted index (the flags pass wrote them by sampled index).
-    for (u32 b = threadIdx.x; b < nb; b += NT) L.ideal[b] = L.lens[L.idx[b]];
-    __syncthreads();
-    for (u32 b = threadIdx.x; b < nb; b += NT) L.lens[b] = (u32)L.ideal[b];
+    // Lengths by compacted index (the flags pass wrote them by sampled index). A block's compacted
+    // share may lie in sampled blocks another block read its lengths from: the cluster waits
+    // between the reads and the writes.
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) L.ideal[b] = L.lens[L.idx[b]];
+    cl_sync();
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) L.lens[b] = (u32)L.ideal[b];
     __syncthreads();
     // 2. The support: symbols some non-constant block has, and their totals.
     {
         u32 s = threadIdx.x & 255, part = threadIdx.x >> 8; // four threads per symbol
         u64 t = 0;
 #pragma unroll 8
-        for (u32 b = part; b < nb; b += 4) t += hists[(u64)L.idx[b] * job.stride + s];
+        for (u32 b = L.b0 + part; b < L.b1; b += 4) t += hists[(u64)L.idx[b] * job.stride + s];
         if (part == 0) sh.total[s] = 0;
         __syncthreads();
         atomicAdd(&sh.total[s], t);
+        __syncthreads();
+        // The blocks' totals summed (in every block alike).
+        if (threadIdx.x < 256) cl_slot(cl)[threadIdx.x] = sh.total[threadIdx.x];
+        cl_sync();
+        if (threadIdx.x < 256) {
+            u64 all = 0;
+            for (u32 r = 0; r < cl.size; r++) all += cl_peer(cl, r)[threadIdx.x];
+            sh.total[threadIdx.x] = all;
+        }
+        cl.par ^= 1;
         __syncthreads();
     }
     // Whether each symbol was seen (a total > 0: counts are non-negative), compacted in order.
@@ -714,38 +876,40 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
     const u32 ns = sh.nsyms;
     // What the attempts below read most, into shared memory as far as it fits (after the per-block
     // arrays, `tz_search`): the dense rows, the tables' code lengths, the cost columns, the Lloyd
-    // sums.
-    to_arena(L, L.rows, (u64)ns * nb * 2);
+    // sums. In a cluster of several blocks only this block's own arrays (its tables' code lengths
+    // and Lloyd sums): the dense rows and cost columns are indexed over the whole plane, and
+    // another block reads the seed's row.
+    if (cl.size == 1) to_arena(L, L.rows, (u64)ns * nb * 2);
     to_arena(L, L.clen[0], (u64)max_tables * 256 * 4);
     to_arena(L, L.clen[1], (u64)max_tables * 256 * 4);
-    to_arena(L, L.col[0], (u64)max_tables * nb * 8);
-    to_arena(L, L.col[1], (u64)max_tables * nb * 8);
+    if (cl.size == 1) {
+        to_arena(L, L.col[0], (u64)max_tables * nb * 8);
+        to_arena(L, L.col[1], (u64)max_tables * nb * 8);
+    }
     to_arena(L, L.lsum, (u64)max_tables * 256 * 8);
-    // Dense rows, column-major; ideal costs.
+    // Dense rows, column-major (a thread per block and symbol, so that a small share keeps the
+    // threads busy); ideal costs.
+    const u32 share = L.b1 - L.b0;
     bool wide = false;
-    for (u32 b = threadIdx.x; b < nb; b += NT) {
-        const u32* h = hists + (u64)L.idx[b] * job.stride;
-        u16* r = L.rows + b;
-#pragma unroll 8
-        for (u32 i = 0; i < ns; i++) {
-            const u32 v = h[sh.syms[i]];
-            wide |= v > 0xFFFFu;
-            r[(u64)i * nb] = (u16)v;
-        }
+    for (u32 w = threadIdx.x; w < share * ns; w += NT) {
+        const u32 b = L.b0 + w % share, i = w / share;
+        const u32 v = hists[(u64)L.idx[b] * job.stride + sh.syms[i]];
+        wide |= v > 0xFFFFu;
+        L.rows[(u64)i * nb + b] = (u16)v;
     }
     // Counts from blocks longer than the format allows (not from this engine's histograms): the
     // plane is refused (status 2; the host reports it) rather than searched on truncated rows.
-    if (block_any(wide)) {
-        if (threadIdx.x == 0) ((u32*)out)[2] = 2;
+    if (cl_any(cl, wide)) {
+        if (threadIdx.x == 0 && cl.rank == 0) ((u32*)out)[2] = 2;
         return 0;
     }
-    for (u32 b = threadIdx.x; b < nb; b += NT) {
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) {
         u64 nn = 0, shl = 0;
 #pragma unroll 4
         for (u32 i = 0; i < ns; i++) {
-            u64 c = L.rows[(u64)i * nb + b];
-            nn += c;
-            if (c) shl += c * log2_q16(c);
+            u64 v = L.rows[(u64)i * nb + b];
+            nn += v;
+            if (v) shl += v * log2_q16(v);
         }
         L.ideal[b] = nn * log2_q16(nn) - shl;
     }
@@ -753,8 +917,8 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
     // No block stays coded even at its entropy: nothing to search.
     {
         bool coded = false;
-        for (u32 b = threadIdx.x; b < nb; b += NT) coded |= stays_coded(L.ideal[b], L.lens[b], thr);
-        if (!block_any(coded)) return 0;
+        for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) coded |= stays_coded(L.ideal[b], L.lens[b], thr);
+        if (!cl_any(cl, coded)) return 0;
     }
     // 3. Table 0 from the totals; its column; the choice.
     int cur = 0;
@@ -763,22 +927,34 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
     if (threadIdx.x == 0) L.fromv[cur][0] = 0;
     column(sh, L, cur, 0, nb);
     least_and_choice(L, cur, 1, nb, thr);
-    for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) L.rej[b] = 0;
     __syncthreads();
+    // The block of the cluster that owns compacted block b (b < nb).
+    auto owner = [&](u32 b) {
+        u32 r = 0;
+        while (r + 1 < cl.size && sh.bstart[r + 1] <= b) r++;
+        return r;
+    };
+    // The seed's row and `rej` entry are read by every block: from global memory past the L1
+    // cache (another SM wrote them) where the cluster has several blocks.
+    auto row_at = [&](u32 i, u32 b) -> u32 {
+        const u16* p = L.rows + (u64)i * nb + b;
+        return cl.size > 1 ? (u32)__ldcg((const unsigned short*)p) : (u32)*p;
+    };
     u64 attempt = 0;
     while (nt < max_tables && attempt < 2ull * max_tables) {
         attempt++;
         // Regrets and their sum; the blocks' cost under their choices (a trial's `before`
         // below: `cur` does not change within an attempt).
         u64 part = 0, cost = 0;
-        for (u32 b = threadIdx.x; b < nb; b += NT) {
+        for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) {
             u64 c = L.cc[cur][b], id = L.ideal[b];
             part += c > id ? c - id : 0;
             cost += c;
         }
-        u64 sum = block_sum64(sh, part);
+        u64 sum, before_me;
+        cl_sum2(sh, cl, part, cost, &sum, &cost, &before_me);
         if (sum == 0) break;
-        cost = block_sum64(sh, cost);
         // The CPU's stop (cluster.rs, REGRET_STOP): no later table can save more than the
         // regrets' sum, so the search ends once 200 times it is under the blocks' cost under their
         // choices (FORMAT.md section 7).
@@ -786,9 +962,9 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
         U128 prod = mul64(sum, (attempt * 0x9E3779B9ull) & 0xFFFFFFFFull);
         u64 target = (prod.hi << 32) | (prod.lo >> 32);
         // The seed: the first block whose running sum of regrets passes the target. Threads take
-        // contiguous runs of blocks.
-        u32 per = (nb + NT - 1) / NT;
-        u32 b0 = min(threadIdx.x * per, nb), b1 = min(b0 + per, nb);
+        // contiguous runs of this block's share, after the regrets of the blocks before it.
+        u32 per = (share + NT - 1) / NT;
+        u32 b0 = min(L.b0 + threadIdx.x * per, L.b1), b1 = min(b0 + per, L.b1);
         u64 local = 0;
         for (u32 b = b0; b < b1; b++) {
             u64 c = L.cc[cur][b], id = L.ideal[b];
@@ -800,11 +976,11 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
             u64 y = __shfl_up_sync(FULL, x, o);
             if (lane >= (u32)o) x += y;
         }
-        if (threadIdx.x == 0) sh.seed = nb - 1;
+        if (threadIdx.x == 0) sh.seed = 0xFFFFFFFFu;
         __syncthreads();
         if (lane == 31) sh.red[warp] = x;
         __syncthreads();
-        u64 acc = x - local;
+        u64 acc = before_me + x - local;
         for (u32 w = 0; w < warp; w++) acc += sh.red[w];
         for (u32 b = b0; b < b1; b++) {
             u64 c = L.cc[cur][b], id = L.ideal[b];
@@ -812,9 +988,16 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
             if (acc > target) { atomicMin(&sh.seed, b); break; }
         }
         __syncthreads();
-        const u32 seed = sh.seed;
-        __syncthreads();
-        if (L.rej[seed]) continue;
+        // The first over the cluster (the last block where none passes).
+        if (threadIdx.x == 0) cl_slot(cl)[0] = sh.seed;
+        cl_sync();
+        u32 seed = 0xFFFFFFFFu;
+        for (u32 r = 0; r < cl.size; r++) seed = min(seed, (u32)cl_peer(cl, r)[0]);
+        cl.par ^= 1;
+        if (seed == 0xFFFFFFFFu) seed = nb - 1;
+        const u32 seed_owner = owner(seed);
+        const bool own_seed = seed_owner == cl.rank;
+        if (cl.size > 1 ? __ldcg(L.rej + seed) : L.rej[seed]) continue;
         // The candidate: the seed's counts; it must improve its own block first.
         int tr = 1 - cur;
         if (warp == 0) {
@@ -827,7 +1010,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
             // encode 317.6-319.7 -> 322.3-325.4 GB/s (bf16), 345.1-349.7 -> 347.4-351.2 (fp32);
             // the search's step of the event trace 0.417 -> 0.393 ms (one trace each).
             u64* seed_counts = L.from[tr] + (u64)nt * 256;
-            for (u32 i = lane; i < ns; i += 32) seed_counts[i] = L.rows[(u64)i * nb + seed];
+            for (u32 i = lane; i < ns; i += 32) seed_counts[i] = row_at(i, seed);
             __syncwarp();
             u32 span = 0, afreq = 0;
             if (warp_support_table(sh, seed_counts, &span, &afreq)) warp_commit(sh, L, span, afreq, tr, nt);
@@ -837,18 +1020,11 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
         }
         __syncthreads();
         column(sh, L, tr, nt, nb);
-        {
-            u64 c = L.col[tr][(u64)nt * nb + seed];
-            u64 seed_cost = c != NO_COST && stays_coded(c, L.lens[seed], thr) ? c : raw_cost(L.lens[seed]);
-            if (seed_cost >= L.cc[cur][seed]) {
-                if (threadIdx.x == 0) L.rej[seed] = 1;
-                __syncthreads();
-                continue;
-            }
-        }
         u32 tn = nt + 1;
         // The candidate's column against the current least costs (it wins only if strictly less).
-        for (u32 b = threadIdx.x; b < nb; b += NT) {
+        // Made before the seed's own test below (on a rejection the trial bank is dropped), so
+        // that the test's verdict crosses the cluster with the Lloyd sums.
+        for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) {
             u64 c = L.col[tr][(u64)nt * nb + b];
             if (c < L.lc[tr][b]) { L.lc[tr][b] = c; L.lj[tr][b] = (u8)nt; }
             u64 best = L.lc[tr][b];
@@ -865,7 +1041,12 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
         // that chose it. The sums of every table in one pass (one warp per support column, eight
         // tables at a time in registers); then one warp per table: a table whose sums are those it
         // was made from stays as it is, one whose sums are zero too; a changed one gets its
-        // column again.
+        // column again. In a cluster of several blocks each block sums its share into its
+        // exchange slot (32-bit words from the slot's second u64) and every block adds the
+        // blocks' sums alike.
+        u64* xslot = cl_slot(cl);
+        u32* xsums = (u32*)(xslot + 1);
+        bool rejected = false;
         for (int it = 0; it < 1; it++) {
             for (u32 g = 1; g < tn; g += 8) {
                 for (u32 i = warp; i < ns; i += NW) {
@@ -875,7 +1056,7 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
 #pragma unroll
                     for (int t = 0; t < 8; t++) acc[t] = 0;
 #pragma unroll 4
-                    for (u32 b = lane; b < nb; b += 32) {
+                    for (u32 b = L.b0 + lane; b < L.b1; b += 32) {
                         const u32 d = (u32)L.cs[tr][b] - g;
                         const u32 v = L.rows[(u64)i * nb + b];
 #pragma unroll
@@ -884,11 +1065,34 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
 #pragma unroll
                     for (int t = 0; t < 8; t++) {
                         // The warp's sum is below nb * 2^16 <= 2^29: 32-bit shuffles suffice.
-                        u64 a = warp_sum32(acc[t]);
-                        if (lane == 0 && g + t < tn) L.lsum[(u64)(g + t) * 256 + i] = a;
+                        u32 a = warp_sum32(acc[t]);
+                        if (lane == 0 && g + t < tn) {
+                            if (cl.size == 1) {
+                                L.lsum[(u64)(g + t) * 256 + i] = a;
+                            } else {
+                                xsums[(g + t - 1) * ns + i] = a;
+                            }
+                        }
                     }
                 }
             }
+            // The candidate must improve its own block first: the seed's owner tests it.
+            if (threadIdx.x == 0 && own_seed) {
+                u64 c = L.col[tr][(u64)nt * nb + seed];
+                u64 seed_cost = c != NO_COST && stays_coded(c, L.lens[seed], thr) ? c : raw_cost(L.lens[seed]);
+                xslot[0] = seed_cost >= L.cc[cur][seed];
+            }
+            cl_sync();
+            rejected = cl_peer(cl, seed_owner)[0] != 0;
+            if (!rejected && cl.size > 1) {
+                for (u32 w = threadIdx.x; w < (tn - 1) * ns; w += NT) {
+                    u64 all = 0;
+                    for (u32 r = 0; r < cl.size; r++) all += ((const u32*)(cl_peer(cl, r) + 1))[w];
+                    L.lsum[(u64)(1 + w / ns) * 256 + w % ns] = all;
+                }
+            }
+            cl.par ^= 1;
+            if (rejected) break;
             if (threadIdx.x == 0) sh.ndirty = 0;
             __syncthreads();
             for (u32 j = 1 + warp; j < tn; j += NW) {
@@ -915,36 +1119,58 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
             columns(sh, L, tr, nb);
             least_and_choice(L, tr, tn, nb, thr);
         }
+        if (rejected) {
+            if (threadIdx.x == 0 && own_seed) L.rej[seed] = 1;
+            __syncthreads();
+            continue;
+        }
         // Accept if the saving, scaled to the plane, beats the added table bytes.
         u64 pa = 0;
-        for (u32 b = threadIdx.x; b < nb; b += NT) pa += L.cc[tr][b];
-        u64 before = cost, after = block_sum64(sh, pa);
+        for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) pa += L.cc[tr][b];
+        u64 before = cost, after = cl_sum64(sh, cl, pa);
         u64 added = ((u64)(table_bytes(L, tr, tn) - table_bytes(L, cur, nt)) * 8) << FRAC_BITS;
         u64 gain = before > after ? before - after : 0;
         if (scaled_le(gain, job.n_blocks, n, added)) {
-            if (threadIdx.x == 0) L.rej[seed] = 1;
+            if (threadIdx.x == 0 && own_seed) L.rej[seed] = 1;
             __syncthreads();
             continue;
         }
         cur = tr;
         nt = tn;
-        for (u32 b = threadIdx.x; b < nb; b += NT) L.rej[b] = 0;
+        for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT) L.rej[b] = 0;
         __syncthreads();
     }
     // The tables must pay for themselves.
     u64 part = 0;
-    for (u32 b = threadIdx.x; b < nb; b += NT)
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT)
         if (L.cs[cur][b] != SEL_RAW) part += raw_cost(L.lens[b]) - L.cc[cur][b];
-    u64 saving = block_sum64(sh, part);
+    u64 saving = cl_sum64(sh, cl, part);
     u64 tb = ((u64)table_bytes(L, cur, nt) * 8) << FRAC_BITS;
     if (scaled_le(saving, job.n_blocks, n, tb)) return 0;
-    // Keep table 0 and every table some block chose; serialise them in order.
+    // Keep table 0 and every table some block chose (the blocks' choices ORed over the cluster,
+    // a bit per table: at most 64); block 0 serialises them in order.
     __shared__ u32 used[64];
     if (threadIdx.x < 64) used[threadIdx.x] = threadIdx.x == 0;
     __syncthreads();
-    for (u32 b = threadIdx.x; b < nb; b += NT)
+    for (u32 b = L.b0 + threadIdx.x; b < L.b1; b += NT)
         if (L.cs[cur][b] != SEL_RAW) used[L.cs[cur][b]] = 1;
     __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 mask = 0;
+        for (u32 j = 0; j < nt; j++) mask |= (u64)(used[j] != 0) << j;
+        cl_slot(cl)[0] = mask;
+    }
+    cl_sync();
+    if (threadIdx.x < nt) {
+        u64 mask = 0;
+        for (u32 r = 0; r < cl.size; r++) mask |= cl_peer(cl, r)[0];
+        used[threadIdx.x] = (u32)(mask >> threadIdx.x) & 1;
+    }
+    cl.par ^= 1;
+    __syncthreads();
+    u32 kept = 0;
+    for (u32 j = 0; j < nt; j++) kept += used[j] != 0;
+    if (cl.rank != 0) return kept;
     // One warp per table: its lowest and highest present symbols by ballot, its serialised length
     // (0 if unused); then each warp finds its table's place from the lengths before it and writes
     // its bytes, one lane per byte. (Thread 0 alone, one dependent global load per code, was 9% of
@@ -975,26 +1201,25 @@ __device__ u32 cluster(Shared& sh, const SearchJob& job, Layout& L, u32 max_tabl
         }
         for (u32 sym = lo + lane; sym <= hi; sym += 32) out[at + 2 + sym - lo] = c[sym];
     }
-    u32 kept = 0, at = OUT_HEAD;
-    for (u32 j = 0; j < nt; j++) {
-        kept += used[j] != 0;
-        at += slen[j];
-    }
+    u32 at = OUT_HEAD;
+    for (u32 j = 0; j < nt; j++) at += slen[j];
     if (threadIdx.x == 0) ((u32*)out)[3] = at;
     __syncthreads();
     return kept;
 }
 
-// The conditional table (`model::choose_conditional`), one warp per condition value; writes it
-// after the plane's output.
-__device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
+// The conditional table (`model::choose_conditional`), one warp per condition value (spread over
+// the cluster's blocks); block 0 writes it after the plane's output.
+__device__ void conditional(Shared& sh, Cl& cl, const SearchJob& job, u8* out) {
     const u32* joint = (const u32*)job.joint;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 table_cost = ((u64)(2 + 2 + 256) * 8) << FRAC_BITS;
     const u64 ns = job.n_sampled, nbk = job.n_blocks;
     __shared__ u64 sc_hi[256], sc_lo[256];
     __shared__ u8 ok[256];
-    for (u32 e = warp; e < 256; e += NW) {
+    // This block's values: e = NW (rank + size k) + warp.
+    auto mine = [&](u32 e) { return (e / NW) % cl.size == cl.rank; };
+    for (u32 e = cl.rank * NW + warp; e < 256; e += cl.size * NW) {
         const u32* row = joint + e * 256;
         u64 c[8];
         u64 nn = 0, shl = 0;
@@ -1042,17 +1267,39 @@ __device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
         }
     }
     __syncthreads();
+    // The first value of the largest saving: this block's, then over the cluster (a later value
+    // wins only with a larger saving).
     if (threadIdx.x == 0) {
         int best = -1;
         for (int e = 0; e < 256; e++) {
-            if (!ok[e]) continue;
+            if (!mine(e) || !ok[e]) continue;
             if (best < 0 || lt128(U128{sc_hi[best], sc_lo[best]}, U128{sc_hi[e], sc_lo[e]})) best = e;
         }
-        sh.seed = best < 0 ? 0 : 0x100 | best;
+        u64* my = cl_slot(cl);
+        my[0] = best < 0 ? 0 : 0x100 | best;
+        my[1] = best < 0 ? 0 : sc_hi[best];
+        my[2] = best < 0 ? 0 : sc_lo[best];
     }
+    cl_sync();
+    if (threadIdx.x == 0) {
+        u64 pick = 0;
+        U128 top{0, 0};
+        for (u32 r = 0; r < cl.size; r++) {
+            const u64* p = cl_peer(cl, r);
+            const u64 e = p[0];
+            const U128 v{p[1], p[2]};
+            if (e == 0) continue;
+            if (pick == 0 || lt128(top, v) || (!lt128(v, top) && e < pick)) {
+                pick = e;
+                top = v;
+            }
+        }
+        sh.seed = (u32)pick;
+    }
+    cl.par ^= 1;
     __syncthreads();
     u32 pick = sh.seed;
-    if (pick && warp == 0) {
+    if (pick && warp == 0 && cl.rank == 0) {
         u32 e = pick & 255;
         const u32* row = joint + e * 256;
         u8* codes = sh.codes[0];
@@ -1073,28 +1320,45 @@ __device__ void conditional(Shared& sh, const SearchJob& job, u8* out) {
 extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* __restrict__ jobs, SearchParams params) {
     __shared__ Shared sh;
     extern __shared__ __align__(16) u8 arena[];
-    const SearchJob job = jobs[blockIdx.x];
+    Cl cl;
+#if __CUDA_ARCH__ >= 900
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(cl.rank));
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cl.size));
+#else
+    cl.rank = 0;
+    cl.size = 1;
+#endif
+    // The cluster's blocks are consecutive (a one-dimensional cluster), `size` per job.
+    const SearchJob job = jobs[blockIdx.x / cl.size];
     u8* out = (u8*)job.out;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && cl.rank == 0) {
         ((u32*)out)[0] = 0;
         ((u32*)out)[1] = 0;
         ((u32*)out)[2] = 0;
         ((u32*)out)[3] = OUT_HEAD;
     }
-    Layout L = layout((u8*)job.scratch, job.n_sampled, params.max_tables);
-    if (L.bytes > job.scratch_len || params.max_tables > 64 || params.max_tables == 0 || job.n_sampled == 0 ||
-        job.n_sampled > MAX_SAMPLED) {
-        if (threadIdx.x == 0) ((u32*)out)[2] = 1;
-        return;
-    }
-    // The launch's dynamic shared memory (src/search.rs `SEARCH_ARENA`: 128 KiB where the device
-    // has it) takes the per-block arrays first, the attempts' most used, then `cluster` gives what
-    // is left to the arrays sized by the support.
+    // The exchange slots lead the launch's dynamic shared memory (src/search.rs `exchange_words`:
+    // room for the Lloyd sums of a cluster of several blocks, 256 u64 otherwise).
+    cl.xw = cl.size > 1 ? max(256u, 1 + 128 * params.max_tables) : 256u;
+    cl.par = 0;
+    cl.x = (u64*)arena;
     u32 arena_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(arena_bytes));
-    L.arena = arena;
-    L.arena_left = arena_bytes;
-    {
+    Layout L = layout((u8*)job.scratch, job.n_sampled, params.max_tables, cl.rank);
+    // Every check here is the same in every block of a cluster (the same job, launch and sizes),
+    // so they return together, before any exchange.
+    if (L.bytes > job.scratch_len || params.max_tables > 64 || params.max_tables == 0 || job.n_sampled == 0 ||
+        job.n_sampled > MAX_SAMPLED || cl.size > MAX_CLUSTER || (u64)arena_bytes < 16ull * cl.xw) {
+        if (threadIdx.x == 0 && cl.rank == 0) ((u32*)out)[2] = 1;
+        return;
+    }
+    // The rest of the launch's dynamic shared memory (src/search.rs `SEARCH_ARENA`: 128 KiB where
+    // the device has it) takes the per-block arrays first, the attempts' most used, then `cluster`
+    // gives what is left to the arrays sized by the support. In a cluster of several blocks the
+    // per-block arrays stay in global memory (indexed over the whole plane).
+    L.arena = arena + 16ull * cl.xw;
+    L.arena_left = arena_bytes - 16ull * cl.xw;
+    if (cl.size == 1) {
         const u64 n = job.n_sampled;
         for (int k = 0; k < 2; k++) {
             to_arena(L, L.cs[k], n);
@@ -1108,10 +1372,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) tz_search(const SearchJob* _
         to_arena(L, L.rej, n);
     }
     __syncthreads();
-    u32 kept = cluster(sh, job, L, params.max_tables, params.threshold, out);
-    if (threadIdx.x == 0) ((u32*)out)[0] = kept;
+    u32 kept = cluster(sh, cl, job, L, params.max_tables, params.threshold, out);
+    if (threadIdx.x == 0 && cl.rank == 0) ((u32*)out)[0] = kept;
     __syncthreads();
-    if (kept == 0 && job.joint != 0) conditional(sh, job, out);
+    if (kept == 0 && job.joint != 0) conditional(sh, cl, job, out);
+    // No block leaves while another may still read its exchange slots.
+    cl_sync();
 }
 
 // ---- the encoder's tables from the search's outputs (`tz_enc_tables`) ----

@@ -1,9 +1,10 @@
 //! The encoder's table search on the GPU (`kernels/search.cu`): a plane's frequency tables from the
 //! histograms of its sampled blocks (the core's `model::cluster`) and, where they leave the plane
 //! raw, its conditional table (`model::choose_conditional`), by the same integer arithmetic, so that
-//! the tables are the CPU engine's bit for bit. One thread block per plane, all planes of a call at
-//! once, where the host searches one tensor's attempts after the other (docs/GPU.md, "The table
-//! search on the GPU").
+//! the tables are the CPU engine's bit for bit. A thread block cluster per plane ([`cluster_size`]
+//! blocks, each a share of the plane's sampled blocks; one block where the device has no clusters),
+//! all planes of a call at once, where the host searches one tensor's attempts after the other
+//! (docs/GPU.md, "The table search on the GPU").
 //!
 //! The host trusts nothing the kernel writes: each plane's output is parsed with the format's own
 //! table parser and its counts checked ([`parse_out`]); a failed check is an error, never a table.
@@ -72,25 +73,35 @@ fn check_max_tables(max_tables: u32) -> Result<()> {
     Ok(())
 }
 
-/// Scratch bytes of a job of `n` sampled blocks and `max_tables` tables: `Layout` in search.cu,
-/// each piece rounded up to 16 bytes. The kernel computes the same and refuses a smaller scratch
-/// (status 1), so a disagreement is an error, not an overrun. The dense rows are 16-bit: no count
-/// of a non-constant block passes 65535 (the kernel refuses one that does, status 2).
-pub(crate) fn scratch_bytes(n: u64, max_tables: u64) -> u64 {
+/// Scratch bytes of a job of `n` sampled blocks and `max_tables` tables searched by a cluster of
+/// `cluster` thread blocks: `Layout` in search.cu, each piece rounded up to 16 bytes — the arrays
+/// of the sampled blocks, shared by the cluster, then a copy of the table arrays per thread block.
+/// The kernel computes the same and refuses a smaller scratch (status 1), so a disagreement is an
+/// error, not an overrun. The dense rows are 16-bit: no count of a non-constant block passes 65535
+/// (the kernel refuses one that does, status 2).
+pub(crate) fn scratch_bytes(n: u64, max_tables: u64, cluster: u64) -> u64 {
     let r = |b: u64| (b + 15) & !15;
     let t = max_tables;
-    let per_bank = r(t * n * 8)
-        + r(n * 8)
-        + r(n)
-        + r(n)
-        + r(n * 8)
-        + r(t * 256 * 8)
-        + r(t)
-        + r(t * 256)
-        + r(t * 256 * 2)
-        + r(t * 4)
-        + r(t * 256 * 4);
-    r(256 * n * 2) + r(n * 4) + r(n * 4) + r(n * 8) + 2 * per_bank + r(n) + r(t * 256 * 8)
+    let blocks_bank = r(t * n * 8) + r(n * 8) + r(n) + r(n) + r(n * 8);
+    let blocks = r(256 * n * 2) + r(n * 4) + r(n * 4) + r(n * 8) + 2 * blocks_bank + r(n);
+    let tables_bank =
+        r(t * 256 * 8) + r(t) + r(t * 256) + r(t * 256 * 2) + r(t * 4) + r(t * 256 * 4);
+    let tables = 2 * tables_bank + r(t * 256 * 8);
+    blocks + cluster.max(1) * tables
+}
+
+/// The most thread blocks of a plane's cluster (`MAX_CLUSTER` in search.cu): the portable cluster
+/// size of CUDA.
+pub(crate) const MAX_CLUSTER: u32 = 8;
+
+/// u64 words of each of a search block's two exchange slots, which lead its dynamic shared memory
+/// (`Cl` in search.cu): room for the Lloyd step's sums (a u64, then `128 * max_tables` u64 of
+/// 32-bit sums) in a cluster of several blocks, 256 (the support's totals) otherwise.
+fn exchange_words(max_tables: u32, cluster: u32) -> u32 {
+    match cluster > 1 {
+        true => 256.max(1 + 128 * max_tables),
+        false => 256,
+    }
 }
 
 /// Bytes of a job's output: a 16-byte head, then up to `max_tables` tables and the conditional
@@ -246,14 +257,89 @@ pub(crate) struct Queued {
 /// matters little (docs/BENCHMARKS.md, "Where the table search's time goes").
 const SEARCH_ARENA: u32 = 128 * 1024;
 
+/// Thread blocks per plane for the search on `f`'s device: [`MAX_CLUSTER`] where the device
+/// launches thread block clusters (Hopper on) and a cluster of that many search blocks fits
+/// (`cuOccupancyMaxActiveClusters`), else 1; `TENSORZIP_DEV_SEARCH_CLUSTER=N` asks for N (1 to
+/// [`MAX_CLUSTER`]; a development switch for comparing sizes, subject to the same check).
+/// `dynamic` is the search blocks' dynamic shared memory for that size (`dynamic(c)`).
+pub(crate) fn cluster_size(
+    f: &CudaFunction,
+    s: &Arc<CudaStream>,
+    dynamic: impl Fn(u32) -> u32,
+) -> Result<u32> {
+    let want = std::env::var("TENSORZIP_DEV_SEARCH_CLUSTER")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map_or(MAX_CLUSTER, |v| v.clamp(1, MAX_CLUSTER));
+    let launches = s
+        .context()
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
+        .unwrap_or(0);
+    if want == 1 || launches == 0 {
+        return Ok(1);
+    }
+    let mut attr = cluster_attribute(want);
+    let cfg = launch_config(want, want, dynamic(want), s, &mut attr);
+    let mut fits: std::ffi::c_int = 0;
+    // SAFETY: `cfg` describes a launch of `f` (its attribute array, one entry, lives in `attr`
+    // for the call); the driver only reads it and writes the count.
+    let r = unsafe {
+        cudarc::driver::sys::cuOccupancyMaxActiveClusters(&mut fits, f.cu_function(), &cfg)
+    };
+    Ok(
+        match r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && fits > 0 {
+            true => want,
+            false => 1,
+        },
+    )
+}
+
+/// The launch attribute of a one-dimensional cluster of `c` blocks.
+fn cluster_attribute(c: u32) -> cudarc::driver::sys::CUlaunchAttribute {
+    use cudarc::driver::sys;
+    // SAFETY: a plain C struct and union of integers, for which all-zero bytes are valid.
+    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim.x = c;
+    a.value.clusterDim.y = 1;
+    a.value.clusterDim.z = 1;
+    a
+}
+
+/// A `cuLaunchKernelEx` configuration: `blocks` thread blocks of 1024 threads in clusters of `c`
+/// (the attribute `attr`, which must outlive the configuration's use), `dynamic` bytes of dynamic
+/// shared memory, on stream `s`.
+fn launch_config(
+    blocks: u32,
+    c: u32,
+    dynamic: u32,
+    s: &Arc<CudaStream>,
+    attr: &mut cudarc::driver::sys::CUlaunchAttribute,
+) -> cudarc::driver::sys::CUlaunchConfig {
+    cudarc::driver::sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 1024,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: dynamic,
+        hStream: s.cu_stream(),
+        attrs: attr,
+        numAttrs: u32::from(c > 1),
+    }
+}
+
 /// Queues the search of `planes` on stream `s` with kernel `f` (`tz_search`), in launches of
 /// consecutive planes whose scratch adds up to at most `limit` bytes, one plane at least (cut as the
 /// encoder cuts its chunks into waves, `encode::waves`). One scratch buffer as large as the largest
 /// launch's serves every launch in turn (they follow each other on the stream), so a call's search
-/// memory stays bounded however many tensors it has. Each thread block gets [`SEARCH_ARENA`] bytes
-/// of dynamic shared memory (at most what `smem_limit`, the device's per-block shared memory, leaves
-/// after the kernel's static part): the kernel keeps there as many of its scratch arrays as fit
-/// (`to_arena` in search.cu); its launch bounds give one block per SM whatever it asks.
+/// memory stays bounded however many tensors it has. Each plane gets a cluster of
+/// [`cluster_size`] thread blocks; each block its two exchange slots ([`exchange_words`]) and
+/// [`SEARCH_ARENA`] bytes of dynamic shared memory (at most what `smem_limit`, the device's
+/// per-block shared memory, leaves after the kernel's static part): the kernel keeps there as many
+/// of its scratch arrays as fit (`to_arena` in search.cu); its launch bounds give one block per SM
+/// whatever it asks.
 ///
 /// # Safety
 /// Every address in `planes` is device memory of this context, alive until the stream has run
@@ -268,19 +354,55 @@ pub(crate) unsafe fn queue(
     limit: u64,
     smem_limit: u32,
 ) -> Result<Queued> {
-    let t = max_tables as u64;
+    check_max_tables(max_tables)?;
     let most = crate::engine::dynamic_smem_room(f, smem_limit)?;
     // `TENSORZIP_DEV_SEARCH_ARENA=BYTES` sets another size (a development switch, for comparing
     // how much of the scratch is worth keeping in shared memory).
     let arena = std::env::var("TENSORZIP_DEV_SEARCH_ARENA")
         .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(SEARCH_ARENA)
-        .min(most as u32);
-    crate::engine::allow_dynamic_smem(f, smem_limit, most)?;
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(SEARCH_ARENA as u64);
+    crate::engine::allow_dynamic_smem(f, smem_limit, 16 * exchange_words(max_tables, 1) as u64)?;
+    let dynamic = |c: u32| (16 * exchange_words(max_tables, c) as u64 + arena).min(most) as u32;
+    let cluster = match 16 * exchange_words(max_tables, MAX_CLUSTER) as u64 <= most {
+        true => cluster_size(f, s, dynamic)?,
+        false => 1,
+    };
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        queue_sized(
+            f,
+            s,
+            planes,
+            max_tables,
+            threshold,
+            limit,
+            cluster,
+            dynamic(cluster),
+        )
+    }
+}
+
+/// [`queue`] with `cluster` thread blocks per plane and `dynamic` bytes of dynamic shared memory
+/// per block (at least the exchange slots': the caller checked it against the device).
+///
+/// # Safety
+/// As [`queue`]'s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn queue_sized(
+    f: &CudaFunction,
+    s: &Arc<CudaStream>,
+    planes: &[Plane],
+    max_tables: u32,
+    threshold: u32,
+    limit: u64,
+    cluster: u32,
+    dynamic: u32,
+) -> Result<Queued> {
+    let t = max_tables as u64;
     let sizes: Vec<u64> = planes
         .iter()
-        .map(|p| scratch_bytes(p.n_sampled as u64, t))
+        .map(|p| scratch_bytes(p.n_sampled as u64, t, cluster as u64))
         .collect();
     let groups = crate::encode::waves(sizes.len(), limit, |i| sizes[i]);
     let largest = groups.iter().map(|g| g.1).max().unwrap_or(0);
@@ -326,7 +448,8 @@ pub(crate) unsafe fn queue(
                 g.len() as u32,
                 max_tables,
                 threshold,
-                arena,
+                cluster,
+                dynamic,
             )
         }?;
     }
@@ -472,6 +595,7 @@ pub(crate) unsafe fn queue_tables(
 /// stream has run the launch: each histogram array `n_sampled` blocks of `stride` u32 apart,
 /// each scratch `scratch_len` bytes, each output [`out_bytes`]`(max_tables)` bytes, each joint
 /// array (where not 0) 65536 u32.
+#[allow(clippy::too_many_arguments)]
 unsafe fn launch(
     f: &CudaFunction,
     s: &Arc<CudaStream>,
@@ -479,27 +603,58 @@ unsafe fn launch(
     n: u32,
     max_tables: u32,
     threshold: u32,
-    arena: u32,
+    cluster: u32,
+    dynamic: u32,
 ) -> Result<()> {
     check_max_tables(max_tables)?;
     if n == 0 {
         return Ok(());
     }
-    let params = SearchParams {
+    let mut params = SearchParams {
         max_tables,
         threshold,
     };
-    let mut b = s.launch_builder(f);
-    b.arg(&jobs).arg(&params);
-    let cfg = LaunchConfig {
-        grid_dim: (n, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: arena,
-    };
-    // SAFETY: arguments match `tz_search`; the buffers are the caller's promise, and the kernel
-    // checks each scratch against its own layout before using it (and keeps its arrays in the
-    // dynamic shared memory only within the size it reads from the launch).
-    unsafe { b.launch(cfg) }?;
+    if cluster <= 1 {
+        let mut b = s.launch_builder(f);
+        b.arg(&jobs).arg(&params);
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: dynamic,
+        };
+        // SAFETY: arguments match `tz_search`; the buffers are the caller's promise, and the
+        // kernel checks each scratch against its own layout before using it (and keeps its
+        // arrays in the dynamic shared memory only within the size it reads from the launch).
+        unsafe { b.launch(cfg) }?;
+        return Ok(());
+    }
+    // A cluster of `cluster` blocks per job, through `cuLaunchKernelEx` (cudarc's launch builder
+    // has no cluster attribute). The arguments are plain values (no cudarc buffer whose events
+    // would need recording).
+    let blocks = n
+        .checked_mul(cluster)
+        .ok_or_else(|| Error::Unsupported(format!("{n} search jobs in clusters of {cluster}")))?;
+    let mut jobs = jobs;
+    let mut attr = cluster_attribute(cluster);
+    let cfg = launch_config(blocks, cluster, dynamic, s, &mut attr);
+    let mut args = [
+        (&mut jobs) as *mut u64 as *mut std::ffi::c_void,
+        (&mut params) as *mut SearchParams as *mut std::ffi::c_void,
+    ];
+    s.context().bind_to_thread()?;
+    // SAFETY: `cfg` (with its attribute in `attr`) and `args` (addresses of the two arguments,
+    // in `tz_search`'s order and types) live through the call, which copies them; the buffers
+    // are the caller's promise, as above, and the kernel checks the scratch, its cluster size and
+    // its dynamic shared memory before using them.
+    unsafe {
+        cudarc::driver::sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()?;
     Ok(())
 }
 
@@ -602,13 +757,15 @@ mod tests {
         j
     }
 
-    /// Runs the search kernel on planes given as host histograms and returns its parsed outputs.
+    /// Runs the search kernel on planes given as host histograms and returns its parsed outputs:
+    /// with `cluster` thread blocks per plane, or (None) as the encoder launches it.
     fn gpu_search(
         planes: &[TestPlane],
         max_tables: usize,
         threshold: u32,
         limit: u64,
         flat_rule: bool,
+        cluster: Option<u32>,
     ) -> Vec<Result<PlaneTables>> {
         let eng = GpuEngine::new(0).expect("CUDA device");
         let s = eng.stream().clone();
@@ -634,7 +791,17 @@ mod tests {
         }
         // SAFETY: the histograms and joint counts above live until the synchronisation below.
         let smem = eng.shared().smem_limit;
-        let q = unsafe { queue(&f, &s, &list, max_tables as u32, threshold, limit, smem) }.unwrap();
+        let (mt, thr) = (max_tables as u32, threshold);
+        let q = match cluster {
+            None => unsafe { queue(&f, &s, &list, mt, thr, limit, smem) },
+            Some(c) => {
+                let most = crate::engine::dynamic_smem_room(&f, smem).unwrap() as u32;
+                let dynamic = (16 * exchange_words(mt, c) + SEARCH_ARENA).min(most);
+                crate::engine::allow_dynamic_smem(&f, smem, dynamic as u64).unwrap();
+                unsafe { queue_sized(&f, &s, &list, mt, thr, limit, c, dynamic) }
+            }
+        }
+        .unwrap();
         let down = s.clone_dtoh(&q.outs).unwrap();
         s.synchronize().unwrap();
         drop(keep);
@@ -727,6 +894,10 @@ mod tests {
             true => (&[8usize][..], &[62259u32][..]),
             false => (&[8usize, 1, 3, 64][..], &[62259u32, 65536, 1][..]),
         };
+        // As the encoder launches it, then one block per plane (devices without clusters) and
+        // clusters of 3 (shares of unequal sizes; with 1, 5 and 7 sampled blocks, blocks with
+        // none) and of MAX_CLUSTER.
+        let clusters = [None, Some(1), Some(3), Some(MAX_CLUSTER)];
         for &max_tables in limits {
             for &threshold in thresholds {
                 // One launch for all planes, or (with one of the thresholds) one launch per
@@ -734,18 +905,27 @@ mod tests {
                 let limit = if threshold == 65536 { 0 } else { u64::MAX };
                 let mut without_rule = Vec::new();
                 for flat in [false, true] {
-                    let gpu = gpu_search(&planes, max_tables, threshold, limit, flat);
-                    for (i, ((h, nbk, j), g)) in planes.iter().zip(&gpu).enumerate() {
-                        let g = g.as_ref().expect("search output");
-                        let cpu = cpu_search(h, *nbk, j.as_deref(), max_tables, threshold, flat);
+                    let cpu: Vec<PlaneTables> = planes
+                        .iter()
+                        .map(|(h, nbk, j)| {
+                            cpu_search(h, *nbk, j.as_deref(), max_tables, threshold, flat)
+                        })
+                        .collect();
+                    for cluster in clusters {
+                        let gpu = gpu_search(&planes, max_tables, threshold, limit, flat, cluster);
+                        for (i, (g, cpu)) in gpu.iter().zip(&cpu).enumerate() {
+                            let g = g.as_ref().expect("search output");
+                            assert_eq!(
+                                g, cpu,
+                                "case {i} ({:?}), max_tables {max_tables}, threshold {threshold}, \
+                                 flat-plane rule {flat}, cluster {cluster:?}",
+                                cases[i]
+                            );
+                        }
+                    }
+                    for (i, g) in cpu.iter().enumerate() {
                         seen[g.tables.len().min(3)] += 1;
                         seen[4] += g.cond.is_some() as usize;
-                        assert_eq!(
-                            g, &cpu,
-                            "case {i} ({:?}), max_tables {max_tables}, threshold {threshold}, \
-                             flat-plane rule {flat}",
-                            cases[i]
-                        );
                         match flat {
                             false => without_rule.push(g.tables.len()),
                             true => {
@@ -777,7 +957,7 @@ mod tests {
         hists[10][4] = 1;
         let normal = plane_hists(0, 64, 4096, 8);
         let planes: Vec<TestPlane> = vec![(hists, 64, None), (normal.clone(), 64, None)];
-        let out = gpu_search(&planes, 8, 62259, u64::MAX, false);
+        let out = gpu_search(&planes, 8, 62259, u64::MAX, false, None);
         let err = out[0]
             .as_ref()
             .expect_err("a count above 65535 must be refused");
