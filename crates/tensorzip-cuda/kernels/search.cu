@@ -521,11 +521,15 @@ __device__ Layout layout(u8* base, u64 n, u64 t, u32 rank) {
 
 // ---- steps of the search ----
 
-// The cost columns of `G` tables (`j[0..G]`, bank k) for block b, in one pass over the block's row:
-// each count is loaded once for all G. A count under an absent symbol (`CL_ABSENT`) makes the column
-// NO_COST whatever the sum, so the product is added unconditionally (h * l < 2^48, 256 of them fit).
+// The cost columns of `G` tables (`j[0..G]`, bank k) for block b, in one pass over the block's row,
+// by `Q` threads of one warp (consecutive lanes, `q` this thread's), each summing the symbols
+// `q, q + Q, ...`; every thread of the warp calls it (`live` false: no block), and lane q = 0 of
+// the group writes. Each count is loaded once for all G. A count under an absent symbol
+// (`CL_ABSENT`) makes the column NO_COST whatever the sum, so the product is added
+// unconditionally (h * l < 2^48, 256 of them fit).
 template <int G>
-__device__ __forceinline__ void column_group(const Layout& L, int k, const u32 (&j)[4], u32 b, u32 nb, u32 ns) {
+__device__ __forceinline__ void column_group(const Layout& L, int k, const u32 (&j)[4], u32 b, u32 nb, u32 ns,
+                                             u32 q, u32 Q, bool live) {
     const u32* cl[G];
     u64 acc[G];
     bool miss[G];
@@ -535,41 +539,61 @@ __device__ __forceinline__ void column_group(const Layout& L, int k, const u32 (
         acc[t] = 0;
         miss[t] = false;
     }
+    if (live) {
 #pragma unroll 4
-    for (u32 i = 0; i < ns; i++) {
-        const u32 h = L.rows[(u64)i * nb + b];
+        for (u32 i = q; i < ns; i += Q) {
+            const u32 h = L.rows[(u64)i * nb + b];
 #pragma unroll
-        for (int t = 0; t < G; t++) {
-            const u32 l = cl[t][i];
-            miss[t] |= (l == CL_ABSENT) & (h != 0);
-            acc[t] += (u64)h * l;
+            for (int t = 0; t < G; t++) {
+                const u32 l = cl[t][i];
+                miss[t] |= (l == CL_ABSENT) & (h != 0);
+                acc[t] += (u64)h * l;
+            }
         }
     }
+    for (u32 o = 1; o < Q; o <<= 1) {
 #pragma unroll
-    for (int t = 0; t < G; t++) L.col[k][(u64)j[t] * nb + b] = miss[t] ? NO_COST : acc[t];
+        for (int t = 0; t < G; t++) {
+            acc[t] += __shfl_xor_sync(FULL, acc[t], o);
+            miss[t] |= __shfl_xor_sync(FULL, (u32)miss[t], o) != 0;
+        }
+    }
+    if (live && q == 0) {
+#pragma unroll
+        for (int t = 0; t < G; t++) L.col[k][(u64)j[t] * nb + b] = miss[t] ? NO_COST : acc[t];
+    }
 }
 
 // The cost columns (bank k) of the tables listed in `sh.dirty` over this thread block's share:
-// a thread per block and group of up to four tables (one pass over the block's row for the group),
-// the tables' code lengths read by the threads of a group alike (broadcast).
+// each block's row summed for a group of up to four tables at once, by Q threads (a power of two up
+// to 8, as many as the threads allow: a thread block's share of a cluster is a few hundred blocks),
+// the tables' code lengths read by the threads of a group alike (broadcast). All threads run the
+// same number of rounds (the groups' shuffles need the whole warp).
 __device__ void columns(Shared& sh, const Layout& L, int k, u32 nb) {
     __syncthreads();
     const u32 ns = sh.nsyms, nd = sh.ndirty;
-    const u32 share = L.b1 - L.b0, groups = (nd + 3) / 4;
-    for (u32 w = threadIdx.x; w < share * groups; w += NT) {
-        const u32 b = L.b0 + w % share, d = 4 * (w / share);
+    const u32 share = L.b1 - L.b0, groups = (nd + 3) / 4, items = share * groups;
+    u32 Q = 1;
+    while (Q < 8 && items * Q * 2 <= NT) Q *= 2;
+    const u32 q = threadIdx.x & (Q - 1);
+    for (u32 base = 0; base < items * Q; base += NT) {
+        const u32 w = (base + threadIdx.x) / Q;
+        const bool live = w < items;
+        const u32 b = live ? L.b0 + w % share : 0, d = live ? 4 * (w / share) : 0;
         u32 j[4];
 #pragma unroll
         for (int t = 0; t < 4; t++) j[t] = sh.dirty[min(d + t, nd - 1)];
+        // The group's size is the same for every thread of a warp only where the warp's items
+        // are of one group; the tail group's threads take the one-table pass per table.
         const u32 left = nd - d;
-        if (left >= 4) {
-            column_group<4>(L, k, j, b, nb, ns);
-        } else if (left == 3) {
-            column_group<3>(L, k, j, b, nb, ns);
-        } else if (left == 2) {
-            column_group<2>(L, k, j, b, nb, ns);
+        if (__all_sync(FULL, !live || left >= 4)) {
+            column_group<4>(L, k, j, b, nb, ns, q, Q, live);
         } else {
-            column_group<1>(L, k, j, b, nb, ns);
+            for (u32 t = 0; t < 4; t++) {
+                const bool mine = live && t < left;
+                u32 jj[4] = {j[t < 4 ? t : 0], 0, 0, 0};
+                if (__any_sync(FULL, mine)) column_group<1>(L, k, jj, b, nb, ns, q, Q, mine);
+            }
         }
     }
     __syncthreads();

@@ -220,8 +220,9 @@ pub(crate) fn load(
 }
 
 /// Most sampled blocks a tensor may have for its planes to be searched on the GPU: a plane's
-/// scratch grows with them (~0.55 KiB a block and ~17 bytes per block and table: ~0.75 MiB at the
-/// default 1024 samples and 8 tables). Calls with more (an option far from the default) are
+/// scratch grows with them (~0.55 KiB a block and ~17 bytes per block and table: ~0.7 MiB at the
+/// default 1024 samples and 8 tables, plus ~76 KiB of table arrays per block of its cluster:
+/// ~1.3 MiB in all at 8 blocks). Calls with more (an option far from the default) are
 /// searched by the host. search.cu has the same limit (`MAX_SAMPLED`: its Lloyd step sums counts
 /// in 32 bits) and refuses a job above it (status 1).
 pub(crate) const MAX_SAMPLED: u64 = 8192;
