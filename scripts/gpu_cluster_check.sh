@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The next device call for this branch (written 2026-12-07 07:0x, not run: the session's device
+# time ran out). Carry gpu-bin and gpu-ab, after, on this machine:
+#   scripts/gpu_build.sh bins                         # this branch's binaries
+#   scripts/gpu_build_old.sh fa8eb6a                  # gpu-bin/gpu_bench_old: main before the branch
+#   git show a7802be:crates/tensorzip-cuda/kernels/search.cu > gpu-ab/search_base.cu
+#   cp crates/tensorzip-cuda/kernels/search.cu gpu-ab/search_q.cu
+#   scripts/search_trace.py make gpu-ab/trace_q.cu
+# then run it from the repository root: the cost columns split over Q threads (7a0601a, the
+# working tree's kernel) against the cluster kernel as first measured (a7802be, the built-in one
+# if gpu-bin was built there) and fa8eb6a; docs/BENCHMARKS.md, "The table search by a thread block
+# cluster per plane", has the first call's figures.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export TENSORZIP_CACHE_DIR=/tmp/tensorzip-cache
+chmod +x gpu-bin/* 2>/dev/null
+V=$PWD/gpu-ab/search_q.cu
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "== unit: search, variant q"
+TENSORZIP_DEV_TZ_SEARCH_SRC=$V timeout 120 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 search 2>&1 | grep -E "test result|FAILED|panicked" | head -8
+echo "== ncu tz_search"
+for v in "builtin 4" "q 4" "q 8"; do
+    set -- $v
+    if [[ $1 == q ]]; then src=$V; else src=; fi
+    echo "$v: $(env ${src:+TENSORZIP_DEV_TZ_SEARCH_SRC=$src} TENSORZIP_DEV_SEARCH_CLUSTER=$2 timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum \
+        --print-units base -k regex:tz_search --csv ./gpu-bin/gpu_bench synth bf16 8 2 2>&1 | grep '"tz_search' | awk -F'","' '{print $NF}' | tr -d '"' | tr '\n' ' ')"
+done
+echo "== A/B encode"
+for r in 1; do
+    echo "round $r old: $(./gpu-bin/gpu_bench_old synth bf16 8 5 2>&1 | tail -1 | grep -o '"encode_equal_cpu":[a-z]*,"encode_resident_gbps":[0-9.]*')"
+    for c in 4 8; do
+        echo "round $r q C=$c: $(TENSORZIP_DEV_TZ_SEARCH_SRC=$V TENSORZIP_DEV_SEARCH_CLUSTER=$c ./gpu-bin/gpu_bench synth bf16 8 5 2>&1 | tail -1 | grep -o '"encode_equal_cpu":[a-z]*,"encode_resident_gbps":[0-9.]*')"
+    done
+done
+echo "== trace (variant q, C=4 and C=1)"
+for c in 4; do
+    TENSORZIP_DEV_TZ_SEARCH_SRC=$PWD/gpu-ab/trace_q.cu TENSORZIP_DEV_SEARCH_CLUSTER=$c timeout 60 ./gpu-bin/gpu_bench synth bf16 8 2 > /tmp/trace$c.txt 2>&1
+    echo "C=$c"; python3 scripts/search_trace.py summary /tmp/trace$c.txt 2>&1 | head -40
+done
+echo "== memcheck + racecheck (variant q, quick cases: as launched, C=1, 3, 8)"
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+TENSORZIP_DEV_TZ_SEARCH_SRC=$V TENSORZIP_TEST_QUICK=1 timeout 70 "$san" --tool memcheck --error-exitcode 3 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 search 2>&1 | grep -E "ERROR SUMMARY|test result|FAILED" | head
+TENSORZIP_DEV_TZ_SEARCH_SRC=$V TENSORZIP_TEST_QUICK=1 timeout 70 "$san" --tool racecheck --racecheck-report all --error-exitcode 3 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 gpu_table_search_equals_the_cores 2>&1 | grep -E "RACECHECK SUMMARY|test result|FAILED|hazard" | head
