@@ -7,8 +7,8 @@
 #   cp crates/tensorzip-cuda/kernels/search.cu gpu-ab/search_q.cu
 #   scripts/search_trace.py make gpu-ab/trace_q.cu
 # then run it from the repository root: the cost columns split over Q threads (7a0601a, the
-# working tree's kernel) against the cluster kernel as first measured (a7802be, the built-in one
-# if gpu-bin was built there) and fa8eb6a; docs/BENCHMARKS.md, "The table search by a thread block
+# working tree's kernel) against the cluster kernel as first measured (a7802be's, as a source
+# file) and fa8eb6a's binary; docs/BENCHMARKS.md, "The table search by a thread block
 # cluster per plane", has the first call's figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +19,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== unit: search, variant q"
 TENSORZIP_DEV_TZ_SEARCH_SRC=$V timeout 120 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 search 2>&1 | grep -E "test result|FAILED|panicked" | head -8
 echo "== ncu tz_search"
-for v in "builtin 4" "q 4" "q 8"; do
+for v in "base 4" "q 4" "q 8"; do
     set -- $v
-    if [[ $1 == q ]]; then src=$V; else src=; fi
+    if [[ $1 == q ]]; then src=$V; else src=$PWD/gpu-ab/search_base.cu; fi
     echo "$v: $(env ${src:+TENSORZIP_DEV_TZ_SEARCH_SRC=$src} TENSORZIP_DEV_SEARCH_CLUSTER=$2 timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum \
         --print-units base -k regex:tz_search --csv ./gpu-bin/gpu_bench synth bf16 8 2 2>&1 | grep '"tz_search' | awk -F'","' '{print $NF}' | tr -d '"' | tr '\n' ' ')"
 done
