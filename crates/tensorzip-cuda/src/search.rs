@@ -258,7 +258,12 @@ pub(crate) struct Queued {
 /// matters little (docs/BENCHMARKS.md, "Where the table search's time goes").
 const SEARCH_ARENA: u32 = 128 * 1024;
 
-/// Thread blocks per plane for the search on `f`'s device: [`MAX_CLUSTER`] where the device
+/// Thread blocks per plane the search asks for: 4, the best measured (H100, 2026-12-07, `ncu` of
+/// the search of 1 GiB bf16 as 8 tensors: one block 439-442 us, 4 blocks 354-358, 8 blocks
+/// 405-418; docs/BENCHMARKS.md, "The table search by a thread block cluster per plane").
+const DEFAULT_CLUSTER: u32 = 4;
+
+/// Thread blocks per plane for the search on `f`'s device: [`DEFAULT_CLUSTER`] where the device
 /// launches thread block clusters (Hopper on) and a cluster of that many search blocks fits
 /// (`cuOccupancyMaxActiveClusters`), else 1; `TENSORZIP_DEV_SEARCH_CLUSTER=N` asks for N (1 to
 /// [`MAX_CLUSTER`]; a development switch for comparing sizes, subject to the same check).
@@ -271,7 +276,7 @@ pub(crate) fn cluster_size(
     let want = std::env::var("TENSORZIP_DEV_SEARCH_CLUSTER")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
-        .map_or(MAX_CLUSTER, |v| v.clamp(1, MAX_CLUSTER));
+        .map_or(DEFAULT_CLUSTER, |v| v.clamp(1, MAX_CLUSTER));
     let launches = s
         .context()
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
