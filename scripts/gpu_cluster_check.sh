@@ -2,13 +2,13 @@
 # The next device call for this branch (written 2026-12-07 07:0x, not run: the session's device
 # time ran out). Carry gpu-bin and gpu-ab, after, on this machine:
 #   scripts/gpu_build.sh bins                         # this branch's binaries
-#   scripts/gpu_build_old.sh fa8eb6a                  # gpu-bin/gpu_bench_old: main before the branch
+#   scripts/gpu_build_old.sh main                     # gpu-bin/gpu_bench_old: main (the branch's base)
 #   git show a7802be:crates/tensorzip-cuda/kernels/search.cu > gpu-ab/search_base.cu
 #   cp crates/tensorzip-cuda/kernels/search.cu gpu-ab/search_q.cu
 #   scripts/search_trace.py make gpu-ab/trace_q.cu
 # then run it from the repository root: the cost columns split over Q threads (7a0601a, the
 # working tree's kernel) against the cluster kernel as first measured (a7802be's, as a source
-# file) and fa8eb6a's binary; docs/BENCHMARKS.md, "The table search by a thread block
+# file) and main's binary; docs/BENCHMARKS.md, "The table search by a thread block
 # cluster per plane", has the first call's figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,8 @@ V=$PWD/gpu-ab/search_q.cu
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== unit: search, variant q"
 TENSORZIP_DEV_TZ_SEARCH_SRC=$V timeout 120 ./gpu-bin/gpu-unit --include-ignored --test-threads=1 search 2>&1 | grep -E "test result|FAILED|panicked" | head -8
+echo "== GPU suite and unit tests (the branch's binaries: variant q as embedded)"
+scripts/gpu_run.sh tests 2>&1 | grep -E "test result|FAILED|panicked|identical|byte for byte|error" | head -30
 echo "== ncu tz_search"
 for v in "base 4" "q 4" "q 8"; do
     set -- $v
