@@ -902,8 +902,12 @@ mod tests {
         };
         // As the encoder launches it, then one block per plane (devices without clusters) and
         // clusters of 3 (shares of unequal sizes; with 1, 5 and 7 sampled blocks, blocks with
-        // none) and of MAX_CLUSTER.
-        let clusters = [None, Some(1), Some(3), Some(MAX_CLUSTER)];
+        // none) and of MAX_CLUSTER. Quick: as launched and clusters of 3 only (racecheck did not
+        // finish all four in 300 s on the H100 on 2026-12-07).
+        let clusters = match quick {
+            false => &[None, Some(1), Some(3), Some(MAX_CLUSTER)][..],
+            true => &[None, Some(3)][..],
+        };
         for &max_tables in limits {
             for &threshold in thresholds {
                 // One launch for all planes, or (with one of the thresholds) one launch per
@@ -917,7 +921,7 @@ mod tests {
                             cpu_search(h, *nbk, j.as_deref(), max_tables, threshold, flat)
                         })
                         .collect();
-                    for cluster in clusters {
+                    for &cluster in clusters {
                         let gpu = gpu_search(&planes, max_tables, threshold, limit, flat, cluster);
                         for (i, (g, cpu)) in gpu.iter().zip(&cpu).enumerate() {
                             let g = g.as_ref().expect("search output");
