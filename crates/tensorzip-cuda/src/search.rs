@@ -254,13 +254,16 @@ pub(crate) struct Queued {
 /// no arena, 426.0 with 64 KiB, **413.6 with 128 KiB** (the per-block arrays, the dense rows and
 /// the code lengths at the default 1024 samples and 8 tables), 441.6 with all the ~208 KiB the
 /// device allows: the arena takes its bytes from the L1 cache, whose loss the dense rows' scattered
-/// histogram reads pay. The attempts are bound by one SM's issue rate, so where their data lies
-/// matters little (docs/BENCHMARKS.md, "Where the table search's time goes").
+/// histogram reads pay. The attempts are bound by their threads' dependent chains and the
+/// blocks' barriers, so where their data lies matters little (docs/BENCHMARKS.md, "Where the
+/// table search's time goes", and docs/GPU.md, "A cluster per plane for `tz_search`").
 const SEARCH_ARENA: u32 = 128 * 1024;
 
 /// Thread blocks per plane the search asks for: 4, the best measured (H100, 2026-12-07, `ncu` of
 /// the search of 1 GiB bf16 as 8 tensors: one block 439-442 us, 4 blocks 354-358, 8 blocks
-/// 405-418; docs/BENCHMARKS.md, "The table search by a thread block cluster per plane").
+/// 405-418; the encode call in a same-call A/B against one block, bf16 306.5 against 300.3 GB/s
+/// and fp32 332.8 against 328.2; docs/BENCHMARKS.md, "The table search by a cluster of 4 blocks
+/// per plane, merged").
 const DEFAULT_CLUSTER: u32 = 4;
 
 /// Thread blocks per plane for the search on `f`'s device: [`DEFAULT_CLUSTER`] where the device
