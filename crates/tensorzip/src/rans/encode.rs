@@ -465,7 +465,8 @@ unsafe fn avx512_full_rounds_ranked(
     // SAFETY: as in `avx512_full_rounds`; the ranked tables' loads read their own 64-byte-aligned
     // arrays (256 rank bytes, 128 entries each of `fc` and `rcp`: vectors 0..8), and the
     // permutes read only their indices' low bits, so any rank selects an entry of the table
-    // (a present symbol's rank its own; absent symbols, which a sequence never holds, map to 0).
+    // (a present symbol's rank its own, rank 128's replaced by `last`; absent symbols, which a
+    // sequence never holds, map to 0).
     unsafe {
         avx512_steps!(x, group, full, words, |seq, syms, xv, wp| {
             if let Some(rt) = seq.ranked {
@@ -508,7 +509,26 @@ unsafe fn avx512_full_rounds_ranked(
                                 _mm512_mask_blend_epi32(b5, quarter(t, 2, idx), quarter(t, 3, idx));
                             _mm512_mask_blend_epi32(b6, low, high)
                         };
-                        (field(fp), field(cp))
+                        match rt.last {
+                            None => (field(fp), field(cp)),
+                            // Rank 128 (bit 7; the permutes read bits 0-4) from the entry held
+                            // apart.
+                            Some((lf, lr)) => {
+                                let b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
+                                (
+                                    _mm512_mask_blend_epi32(
+                                        b7,
+                                        field(fp),
+                                        _mm512_set1_epi32(lf as i32),
+                                    ),
+                                    _mm512_mask_blend_epi32(
+                                        b7,
+                                        field(cp),
+                                        _mm512_set1_epi32(lr as i32),
+                                    ),
+                                )
+                            }
+                        }
                     } else {
                         (quarter(fp, 0, idx), quarter(cp, 0, idx))
                     };
@@ -538,7 +558,7 @@ mod tests {
     #[test]
     fn simd_full_steps_equal_the_scalar_ones() {
         let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
-        let (mut ranked_cases, mut wide_cases) = (0, 0);
+        let (mut ranked_cases, mut wide_cases, mut last_cases) = (0, 0, 0);
         for case in 0..120 {
             let full = 1 + (next() % 9) as usize;
             let nseq = 1 + case % 3;
@@ -546,6 +566,16 @@ mod tests {
             let mut syms = Vec::new();
             for i in 0..nseq {
                 let mut counts = crate::rans::test_input::table_counts(&mut next, case);
+                if case % 4 == 2 {
+                    // 127, 128 or 129 symbols: the widest ranked tables, whose 129th symbol
+                    // (rank 128) is held apart.
+                    let width = 127 + (case / 4) % 3;
+                    let first = (next() % (257 - width as u64)) as usize;
+                    counts = std::array::from_fn(|s| match s >= first && s < first + width {
+                        true => 1 + next() % [3, 100, 100_000][(case / 4) % 3],
+                        false => 0,
+                    });
+                }
                 if case % 2 == 1 && (i == 0 || next().is_multiple_of(2)) {
                     // 2 to 32 symbols, anywhere (a table of one symbol codes no rANS: the
                     // plane is constant there). The first two are distinct.
@@ -575,6 +605,10 @@ mod tests {
             let group: Vec<Seq<'_>> = (0..nseq).map(|i| Seq::new(&syms[i], &tables[i])).collect();
             ranked_cases += group.iter().any(|s| s.ranked.is_some()) as usize;
             wide_cases += group.iter().any(|s| s.ranked.is_some_and(|r| r.wide)) as usize;
+            last_cases += group
+                .iter()
+                .any(|s| s.ranked.is_some_and(|r| r.last.is_some()))
+                as usize;
             // States anywhere in [2^16, 2^32), as the encoder keeps them.
             let start: [u32; LANES] = std::array::from_fn(|_| {
                 crate::rans::STATE_LOWER
@@ -635,8 +669,9 @@ mod tests {
             }
         }
         assert!(
-            ranked_cases >= 60 && wide_cases >= 10,
-            "{ranked_cases} cases with a small table, {wide_cases} with a wide one"
+            ranked_cases >= 60 && wide_cases >= 10 && last_cases >= 5,
+            "{ranked_cases} cases with a small table, {wide_cases} with a wide one, {last_cases} \
+             with 129 symbols"
         );
     }
 }

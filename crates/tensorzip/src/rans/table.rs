@@ -342,14 +342,18 @@ impl FreqTable {
         if n <= NARROW_RANKED_SYMBOLS || (wide && n <= RANKED_SYMBOLS) {
             let mut rt = Box::new(RankedTable {
                 rank: [0; 256],
-                fc: [0; RANKED_SYMBOLS],
-                rcp: [0; RANKED_SYMBOLS],
+                fc: [0; RANKED_VECTOR_ENTRIES],
+                rcp: [0; RANKED_VECTOR_ENTRIES],
                 wide: n > NARROW_RANKED_SYMBOLS,
+                last: None,
             });
             for (k, s) in present.enumerate() {
                 rt.rank[s] = k as u8;
-                rt.fc[k] = t.packed[s] as u32;
-                rt.rcp[k] = (t.packed[s] >> 32) as u32;
+                let (fc, rcp) = (t.packed[s] as u32, (t.packed[s] >> 32) as u32);
+                match k < RANKED_VECTOR_ENTRIES {
+                    true => (rt.fc[k], rt.rcp[k]) = (fc, rcp),
+                    false => rt.last = Some((fc, rcp)),
+                }
             }
             t.ranked = Some(rt);
         }
@@ -368,8 +372,14 @@ pub struct EncTable {
     pub ranked: Option<Box<RankedTable>>,
 }
 
-/// Most symbols a table may have for [`RankedTable`]: eight vectors of sixteen 32-bit entries.
-pub const RANKED_SYMBOLS: usize = 128;
+/// Most symbols a table may have for [`RankedTable`]: eight vectors of sixteen 32-bit entries
+/// ([`RANKED_VECTOR_ENTRIES`]) and one more held apart ([`RankedTable::last`]). 129 is what a
+/// version 2 rank plane's tables have (128 pair ranks and the escape: every such table of
+/// all-MiniLM-L6-v2 bf16), which gathered before.
+pub const RANKED_SYMBOLS: usize = RANKED_VECTOR_ENTRIES + 1;
+
+/// Entries of [`RankedTable`]'s fields by rank held in vectors: ranks 0-127.
+pub const RANKED_VECTOR_ENTRIES: usize = 128;
 
 /// Most symbols of a narrow [`RankedTable`] (entries in two vectors, one permute a field).
 pub const NARROW_RANKED_SYMBOLS: usize = 32;
@@ -378,7 +388,8 @@ pub const NARROW_RANKED_SYMBOLS: usize = 32;
 /// permutes instead of gathers: symbol → rank by two 128-byte permutes (`vpermi2b`), rank →
 /// entry by one two-register permute (`vpermi2d`) per vector of sixteen lanes for up to 32
 /// symbols, or four and three blends (`wide`, up to 128, made only where
-/// `crate::cpu::wide_rank_lookups`). Gathers are the
+/// `crate::cpu::wide_rank_lookups`), and for a 129th symbol (rank 128, `last`) one more blend of
+/// a broadcast entry into the lanes of that rank. Gathers are the
 /// encoder's bottleneck on some cores (AMD Zen 4: ~13 cycles for an eight-lane 64-bit gather,
 /// two per sixteen symbols), and most tables are small: the exponent planes of every tensor of
 /// all-MiniLM-L6-v2 and of the synthetic sets, bf16 and fp32, have at most 29 symbols
@@ -389,12 +400,15 @@ pub struct RankedTable {
     /// Rank of each present symbol among the present symbols (0 for absent ones, which a
     /// sequence never holds).
     pub rank: [u8; 256],
-    /// `freq | cum << 16` by rank (the low half of [`EncTable::packed`]).
-    pub fc: [u32; RANKED_SYMBOLS],
-    /// `R` by rank (the high half of [`EncTable::packed`]).
-    pub rcp: [u32; RANKED_SYMBOLS],
+    /// `freq | cum << 16` by rank (the low half of [`EncTable::packed`]), ranks 0-127.
+    pub fc: [u32; RANKED_VECTOR_ENTRIES],
+    /// `R` by rank (the high half of [`EncTable::packed`]), ranks 0-127.
+    pub rcp: [u32; RANKED_VECTOR_ENTRIES],
     /// More than [`NARROW_RANKED_SYMBOLS`] symbols: the lookup takes all eight vectors.
     pub wide: bool,
+    /// The `fc` and `rcp` entries of rank 128, for a table of [`RANKED_SYMBOLS`] symbols (only
+    /// `wide` ones).
+    pub last: Option<(u32, u32)>,
 }
 
 // The AVX-512 encoder reads each field with aligned 64-byte loads.
