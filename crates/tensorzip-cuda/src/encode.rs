@@ -475,15 +475,15 @@ fn enc_block_width(f: &CudaFunction, per_warp: u64, smem_limit: u32) -> Result<u
     if let Some((bytes, warps)) = dev {
         return Ok((bytes / per_warp).clamp(1, warps as u64) as u32);
     }
-    let room = crate::engine::dynamic_smem_room(f, smem_limit)?;
+    // The attribute set to the device's most (any launch below fits it), which the occupancy query
+    // needs: it counts a block's dynamic shared memory only up to the function's limit.
+    let room = crate::engine::allow_dynamic_smem(f, smem_limit, 0)?;
     if room < per_warp {
         return Err(Error::Unsupported(format!(
             "{smem_limit} bytes of shared memory per block (the encoder's warps need {per_warp})"
         )));
     }
     let most = ((room / per_warp) as u32).clamp(1, most);
-    // The occupancy query counts a block's dynamic shared memory only up to the function's limit.
-    crate::engine::allow_dynamic_smem(f, smem_limit, most as u64 * per_warp)?;
     let mut best = (0u32, 1u32);
     for w in 1..=most {
         let blocks = f.occupancy_max_active_blocks_per_multiprocessor(
@@ -960,11 +960,10 @@ impl GpuEngine {
             // the device has the 128 KiB beside the kernel's static shared memory (not on Ada or
             // consumer Ampere, 99 KiB: there they are counted in global memory, as for larger
             // blocks).
-            let fits = JOINT_SMEM_BYTES as u64
-                <= crate::engine::dynamic_smem_room(f, self.shared().smem_limit)?;
+            let room = crate::engine::allow_dynamic_smem(f, self.shared().smem_limit, 0)?;
+            let fits = JOINT_SMEM_BYTES as u64 <= room;
             let joint_smem = (opts.block_units <= 4096 && fits) as u32;
             let smem = joint_smem * JOINT_SMEM_BYTES;
-            crate::engine::allow_dynamic_smem(f, self.shared().smem_limit, smem as u64)?;
             let mut b = s.launch_builder(f);
             b.arg(&jobs_dev)
                 .arg(&count_params)

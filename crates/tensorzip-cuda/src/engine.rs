@@ -37,14 +37,9 @@ pub(crate) fn decode_units() -> crate::compile::Units {
     )
 }
 
-/// The dynamic shared memory a block of `f` may have: the device's per-block limit `smem_limit`
-/// less `f`'s static shared memory (0 where that is all of it).
-pub(crate) fn dynamic_smem_room(f: &cudarc::driver::CudaFunction, smem_limit: u32) -> Result<u64> {
-    Ok((smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64))
-}
-
 /// Lets `f` launch with as much dynamic shared memory as the device leaves it (the per-block
-/// limit `smem_limit` less `f`'s static shared memory) and checks that `need` bytes fit. The
+/// limit `smem_limit` less `f`'s static shared memory, 0 where that is all of it), checks that
+/// `need` bytes fit, and returns that room (a caller sizing its launch by the room passes 0). The
 /// attribute is one setting per function for the whole process: set to each launch's own size,
 /// two threads launching one kernel with different sizes (decodes of different tensors, or the
 /// encoder's counting step with and without its joint counts in shared memory) could lower it
@@ -55,8 +50,8 @@ pub(crate) fn allow_dynamic_smem(
     f: &cudarc::driver::CudaFunction,
     smem_limit: u32,
     need: u64,
-) -> Result<()> {
-    let most = dynamic_smem_room(f, smem_limit)?;
+) -> Result<u64> {
+    let most = (smem_limit as u64).saturating_sub(f.shared_size_bytes()?.max(0) as u64);
     if need > most {
         return Err(Error::Unsupported(format!(
             "a launch of {need} bytes of dynamic shared memory, where the device leaves {most}"
@@ -66,7 +61,7 @@ pub(crate) fn allow_dynamic_smem(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         most as i32,
     )?;
-    Ok(())
+    Ok(most)
 }
 
 /// What a decode block leaves of the device's per-block shared memory ([`Shared::smem_limit`]) for

@@ -364,14 +364,17 @@ pub(crate) unsafe fn queue(
     smem_limit: u32,
 ) -> Result<Queued> {
     check_max_tables(max_tables)?;
-    let most = crate::engine::dynamic_smem_room(f, smem_limit)?;
     // `TENSORZIP_DEV_SEARCH_ARENA=BYTES` sets another size (a development switch, for comparing
     // how much of the scratch is worth keeping in shared memory).
     let arena = std::env::var("TENSORZIP_DEV_SEARCH_ARENA")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(SEARCH_ARENA as u64);
-    crate::engine::allow_dynamic_smem(f, smem_limit, 16 * exchange_words(max_tables, 1) as u64)?;
+    let most = crate::engine::allow_dynamic_smem(
+        f,
+        smem_limit,
+        16 * exchange_words(max_tables, 1) as u64,
+    )?;
     let dynamic = |c: u32| (16 * exchange_words(max_tables, c) as u64 + arena).min(most) as u32;
     let cluster = match 16 * exchange_words(max_tables, MAX_CLUSTER) as u64 <= most {
         true => cluster_size(f, s, dynamic)?,
@@ -804,9 +807,8 @@ mod tests {
         let q = match cluster {
             None => unsafe { queue(&f, &s, &list, mt, thr, limit, smem) },
             Some(c) => {
-                let most = crate::engine::dynamic_smem_room(&f, smem).unwrap() as u32;
+                let most = crate::engine::allow_dynamic_smem(&f, smem, 0).unwrap() as u32;
                 let dynamic = (16 * exchange_words(mt, c) + SEARCH_ARENA).min(most);
-                crate::engine::allow_dynamic_smem(&f, smem, dynamic as u64).unwrap();
                 unsafe { queue_sized(&f, &s, &list, mt, thr, limit, c, dynamic) }
             }
         }
