@@ -252,6 +252,66 @@ fn gpu_decompress(
     .map_err(gpu_err)
 }
 
+/// One blob of [`gpu_decompress_batch`], as [`gpu_decompress`] takes it: (blob_ptr, blob_len,
+/// prefix_ptr, prefix_len, out_ptr, out_len).
+type BatchJob = (u64, usize, usize, usize, u64, usize);
+
+/// Decodes every blob of `jobs` (each as [`gpu_decompress`] takes one: a device blob, a host copy
+/// of at least its prefix, a device output of its decoded size) in one launch on `stream`, and
+/// waits. Every prefix is parsed and every output size checked before anything is launched; the
+/// first blob (in order) that fails raises `ValueError` naming its index.
+#[pyfunction]
+fn gpu_decompress_batch(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    jobs: Vec<BatchJob>,
+) -> PyResult<()> {
+    let mut prefixes = Vec::with_capacity(jobs.len());
+    for &(_, _, prefix_ptr, prefix_len, _, _) in &jobs {
+        // SAFETY: the torch layer passes, for each job, a live contiguous CPU uint8 tensor of
+        // `prefix_len` bytes, kept alive during the call.
+        prefixes.push(unsafe { crate::host(prefix_ptr, prefix_len) }?);
+    }
+    let parsed: Vec<tensorzip::Result<BlobLayout>> = py.detach(|| {
+        use rayon::prelude::*;
+        prefixes
+            .par_iter()
+            .zip(&jobs)
+            .map(|(prefix, &(_, blob_len, ..))| BlobLayout::parse(prefix, blob_len))
+            .collect()
+    });
+    let mut layouts = Vec::with_capacity(jobs.len());
+    for (k, (layout, &(.., out_len))) in parsed.into_iter().zip(&jobs).enumerate() {
+        let layout = layout.map_err(|e| PyValueError::new_err(format!("blob {k}: {e}")))?;
+        if layout.header.nbytes() != out_len as u64 {
+            return Err(PyValueError::new_err(format!(
+                "blob {k}: output holds {out_len} bytes, the blob decodes to {}",
+                layout.header.nbytes()
+            )));
+        }
+        layouts.push(layout);
+    }
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let eng = on(device, stream)?;
+    let batch: Vec<(&BlobLayout, u64, u64)> = layouts
+        .iter()
+        .zip(&jobs)
+        .map(|(l, &(blob_ptr, _, _, _, out_ptr, _))| (l, blob_ptr, out_ptr))
+        .collect();
+    restoring(|| {
+        py.detach(|| {
+            // SAFETY: the torch layer passes, for each job, the blob (a live CUDA uint8 tensor of
+            // `blob_len` bytes whose first bytes are the prefix) and a fresh output tensor of
+            // `out_len` bytes, all on this device, distinct, and kept alive during the call.
+            unsafe { eng.decode_device(&batch) }
+        })
+    })
+    .map_err(gpu_err)
+}
+
 /// Copies the `len` bytes at host address `ptr` (pageable memory) to device address `dst`, through
 /// the engine's page-locked staging buffers with all host cores, and waits.
 #[pyfunction]
@@ -351,6 +411,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_compress, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_decompress_batch, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_crc32, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_upload, m)?)?;
     Ok(())

@@ -169,6 +169,32 @@ def test_unsupported_inputs():
         tz.decompress_tensor(torch.zeros(3))
 
 
+def test_decompress_tensors_on_the_cpu(gen):
+    """The batch form decodes every blob of a list, in order, whatever its dtype and shape (0-d
+    and empty included); an empty list gives []; a bad blob raises ValueError naming its index,
+    a non-blob TypeError or ValueError as `decompress_tensor` does."""
+    ts = [gen(dtype, shape, 10 + i) for i, (dtype, shape) in enumerate((d, s) for d in DTYPES for s in SHAPES)]
+    blobs = [tz.compress_tensor(t, min_compress_bytes=0, chunk_bytes=4096) for t in ts]
+    outs = tz.decompress_tensors(blobs, device="cpu")
+    assert len(outs) == len(ts)
+    for i, (o, t) in enumerate(zip(outs, ts)):
+        assert o.device.type == "cpu" and same(o, t), i
+    assert tz.decompress_tensors(tuple(blobs[:3]), device="cpu")[2].shape == ts[2].shape
+    assert tz.decompress_tensors([], device="cpu") == []
+    if not torch.cuda.is_available():
+        assert all(same(o, t) for o, t in zip(tz.decompress_tensors(blobs[:5]), ts[:5]))
+    bad = list(blobs[:4])
+    bad[2] = bad[2][: bad[2].numel() // 2]
+    with pytest.raises(ValueError, match="blob 2"):
+        tz.decompress_tensors(bad, device="cpu")
+    with pytest.raises(TypeError, match="sequence"):
+        tz.decompress_tensors(blobs[0], device="cpu")
+    with pytest.raises(ValueError, match="1-D uint8"):
+        tz.decompress_tensors([blobs[0], torch.zeros(3)], device="cpu")
+    with pytest.raises(TypeError):
+        tz.decompress_tensors([blobs[0], b"not a tensor"], device="cpu")
+
+
 def test_hostile_blobs_raise_value_error(gen):
     t = gen(torch.bfloat16, (64, 1000), 5)
     blob = tz.compress_tensor(t, min_compress_bytes=0, chunk_bytes=4096)

@@ -3,7 +3,8 @@
 Three APIs over one format (docs/FORMAT.md), whose blobs both engines read and write byte for byte:
 
 * cuZipNN's: `compress_tensor`, `decompress_tensor`, `compress_tensor_with_crc32`,
-  `hash_tensor_with_crc32` (same names, keywords, defaults and return types);
+  `hash_tensor_with_crc32` (same names, keywords, defaults and return types), and
+  `decompress_tensors`, many blobs in one GPU launch;
 * EntroPack's, for the lossless schemes: `compress(tensor, config)` -> `CompressedTensor`,
   `decompress(compressed, config)`, `TensorZipConfig`, `RawConfig`, and `CompressedLinear` (a
   linear layer whose weight stays compressed; `compress_linears(model)` swaps them in);
@@ -35,6 +36,7 @@ _WHERE = {
     "compress_tensor": "_codec",
     "compress_tensor_with_crc32": "_codec",
     "decompress_tensor": "_codec",
+    "decompress_tensors": "_codec",
     "hash_tensor_with_crc32": "_codec",
     "gpu_available": "_core",
     "gpu_unavailable_reason": "_core",
@@ -79,6 +81,7 @@ __all__ = [
     "decompress",
     "decompress_file",
     "decompress_tensor",
+    "decompress_tensors",
     "gpu_available",
     "gpu_unavailable_reason",
     "hash_tensor_with_crc32",
@@ -96,7 +99,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._codec import blob_info, compress_tensor, compress_tensor_with_crc32, decompress_tensor, hash_tensor_with_crc32
+    from ._codec import (
+        blob_info,
+        compress_tensor,
+        compress_tensor_with_crc32,
+        decompress_tensor,
+        decompress_tensors,
+        hash_tensor_with_crc32,
+    )
     from ._core import gpu_available, gpu_unavailable_reason, release_gpu_memory
     from ._entropack import CompressedTensor, CompressionConfig, CompressionFallbackWarning, RawConfig, TensorZipConfig, compress, decompress
     from ._files import (

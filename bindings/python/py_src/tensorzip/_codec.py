@@ -203,10 +203,11 @@ def _check_sub_chunk(sub_chunk_bytes) -> None:
         raise ValueError("sub_chunk_bytes must be positive")
 
 
-def _target_device(blob: torch.Tensor, device) -> torch.device:
+def _target_device(blob: torch.Tensor | None, device) -> torch.device:
+    """`device`, else the blob's if it is on a GPU, else the current CUDA device, else the CPU."""
     if device is not None:
         return _core.target_device(device)
-    if blob.is_cuda:
+    if blob is not None and blob.is_cuda:
         return blob.device
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -249,12 +250,78 @@ def _host_prefix(blob: torch.Tensor) -> torch.Tensor:
     return head
 
 
+def _host_prefixes(blobs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`_host_prefix` of each blob, the first 64 KiB of all non-empty CUDA blobs of a device read
+    back by one copy (one wait, where a copy each would wait once a blob). A ValueError names the
+    blob's index."""
+    pres: list[torch.Tensor | None] = [None] * len(blobs)
+    by_device: dict[torch.device, list[int]] = {}
+    for k, b in enumerate(blobs):
+        if b.is_cuda and b.numel():
+            by_device.setdefault(b.device, []).append(k)
+    for ks in by_device.values():
+        heads = [blobs[k][: min(blobs[k].numel(), 1 << 16)] for k in ks]
+        host = torch.cat(heads).cpu()
+        for k, head in zip(ks, torch.split(host, [h.numel() for h in heads])):
+            try:
+                need = _native.prefix_len(_bytes_of(head), blobs[k].numel())
+            except ValueError as e:
+                raise ValueError(f"blob {k}: {e}") from None
+            pres[k] = blobs[k][:need].cpu() if need > head.numel() else head
+    out = []
+    for k, (b, pre) in enumerate(zip(blobs, pres)):
+        if pre is None:
+            try:
+                pre = _host_prefix(b)
+            except ValueError as e:
+                raise ValueError(f"blob {k}: {e}") from None
+        out.append(pre)
+    return out
+
+
 def _check_blob(blob) -> None:
     if not isinstance(blob, torch.Tensor):
         raise TypeError(f"blob must be a torch.Tensor, got {type(blob).__name__}")
     if blob.dtype != torch.uint8 or blob.dim() != 1:
         raise ValueError("blob must be a 1-D uint8 tensor")
     _core.check_memory(blob, "blob")
+
+
+def _prepared(blob) -> torch.Tensor:
+    _check_blob(blob)
+    blob = blob.detach()
+    return blob if blob.is_contiguous() else blob.contiguous()
+
+
+def _on_gpu(blob: torch.Tensor, target: torch.device, pre: torch.Tensor):
+    """(blob on `target`, its host prefix `pre`, dtype, shape, decoded bytes) for a GPU decode,
+    validating the blob's header, tables and directory from the prefix first."""
+    if blob.is_cuda:
+        _, name, shape, nbytes = _native.inspect_prefix(_bytes_of(pre), blob.numel())
+    else:
+        _, name, shape, nbytes = _native.inspect(pre.data_ptr() if pre.numel() else 0, pre.numel())
+    if blob.is_cuda or blob.is_pinned() or blob.numel() == 0:
+        dev_blob = blob.to(target, non_blocking=True)
+    else:
+        # Pageable host memory: through the engine's page-locked staging buffers.
+        dev_blob = torch.empty(blob.numel(), dtype=torch.uint8, device=target)
+        _native.gpu_upload(_core.cuda_index(target), _core.stream_of(target), blob.data_ptr(), blob.numel(), dev_blob.data_ptr())
+    return dev_blob, pre, _core.dtype_of(name), shape, nbytes
+
+
+def _on_cpu(blob: torch.Tensor, target: torch.device) -> torch.Tensor:
+    cpu_blob = blob.cpu() if blob.is_cuda else blob
+    _, name, shape, nbytes = _native.inspect(cpu_blob.data_ptr(), cpu_blob.numel())
+    out = _core.empty(shape, _core.dtype_of(name))
+    out_bytes = _core.as_bytes(out)
+    _native.decompress_into(cpu_blob.data_ptr(), cpu_blob.numel(), out_bytes.data_ptr() if nbytes else 0, nbytes)
+    if target.type != "cpu":
+        out = out.to(target)
+    return out
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr() if t.numel() else 0
 
 
 def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | None = None) -> torch.Tensor:
@@ -265,27 +332,11 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
     the GPU engine cannot run, on the CPU. A blob that is not a valid tensorzip blob raises
     ValueError naming the problem; nothing is read or written out of bounds.
     """
-    _check_blob(blob)
-    blob = blob.detach()
-    if not blob.is_contiguous():
-        blob = blob.contiguous()
+    blob = _prepared(blob)
     target = _target_device(blob, device)
     if target.type == "cuda" and _core.gpu_available():
-        pre = _host_prefix(blob)
-        if blob.is_cuda:
-            scheme, name, shape, nbytes = _native.inspect_prefix(_bytes_of(pre), blob.numel())
-        else:
-            scheme, name, shape, nbytes = _native.inspect(pre.data_ptr() if pre.numel() else 0, pre.numel())
-        dtype = _core.dtype_of(name)
         with torch.cuda.device(target):
-            if blob.is_cuda or blob.is_pinned() or blob.numel() == 0:
-                dev_blob = blob.to(target, non_blocking=True)
-            else:
-                # Pageable host memory: through the engine's page-locked staging buffers.
-                dev_blob = torch.empty(blob.numel(), dtype=torch.uint8, device=target)
-                _native.gpu_upload(
-                    _core.cuda_index(target), _core.stream_of(target), blob.data_ptr(), blob.numel(), dev_blob.data_ptr()
-                )
+            dev_blob, pre, dtype, shape, nbytes = _on_gpu(blob, target, _host_prefix(blob))
             out = _core.empty(shape, dtype, target)
             out_bytes = _core.as_bytes(out) if out.numel() else out
             _native.gpu_decompress(
@@ -293,17 +344,47 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
                 _core.stream_of(target),
                 dev_blob.data_ptr(),
                 dev_blob.numel(),
-                pre.data_ptr() if pre.numel() else 0,
+                _ptr(pre),
                 pre.numel(),
-                out_bytes.data_ptr() if out.numel() else 0,
+                _ptr(out_bytes),
                 nbytes,
             )
         return out
-    cpu_blob = blob.cpu() if blob.is_cuda else blob
-    scheme, name, shape, nbytes = _native.inspect(cpu_blob.data_ptr(), cpu_blob.numel())
-    out = _core.empty(shape, _core.dtype_of(name))
-    out_bytes = _core.as_bytes(out)
-    _native.decompress_into(cpu_blob.data_ptr(), cpu_blob.numel(), out_bytes.data_ptr() if nbytes else 0, nbytes)
-    if target.type != "cpu":
-        out = out.to(target)
-    return out
+    return _on_cpu(blob, target)
+
+
+def decompress_tensors(blobs, *, device: torch.device | str | int | None = None) -> list[torch.Tensor]:
+    """Decompress a sequence of blobs into a list of tensors on `device`, on a GPU in one launch.
+
+    The batch form of `decompress_tensor`: the default device is that of the first blob on a GPU,
+    else the current CUDA device, else the CPU. On a GPU every blob's header, tables and directory
+    are checked first (a bad one raises ValueError naming its index, and nothing is decoded), then
+    all blobs are decoded by one launch of the decoder (torch's current stream), so that many small
+    tensors — a model's — keep the GPU busy together. On the CPU each blob is decoded in turn.
+    """
+    if isinstance(blobs, torch.Tensor):
+        raise TypeError("blobs must be a sequence of blobs, not one tensor (decompress_tensor takes one)")
+    blobs = [_prepared(b) for b in blobs]
+    target = _target_device(next((b for b in blobs if b.is_cuda), None), device)
+    if target.type == "cuda" and _core.gpu_available():
+        with torch.cuda.device(target):
+            staged = []
+            for k, (b, pre) in enumerate(zip(blobs, _host_prefixes(blobs))):
+                try:
+                    staged.append(_on_gpu(b, target, pre))
+                except ValueError as e:
+                    raise ValueError(f"blob {k}: {e}") from None
+            outs = [_core.empty(shape, dtype, target) for (_, _, dtype, shape, _) in staged]
+            jobs = []
+            for (dev_blob, pre, _, _, nbytes), out in zip(staged, outs):
+                out_bytes = _core.as_bytes(out) if out.numel() else out
+                jobs.append((dev_blob.data_ptr(), dev_blob.numel(), _ptr(pre), pre.numel(), _ptr(out_bytes), nbytes))
+            _native.gpu_decompress_batch(_core.cuda_index(target), _core.stream_of(target), jobs)
+        return outs
+    outs = []
+    for k, b in enumerate(blobs):
+        try:
+            outs.append(_on_cpu(b, target))
+        except ValueError as e:
+            raise ValueError(f"blob {k}: {e}") from None
+    return outs
