@@ -145,6 +145,7 @@ if [[ $what == python ]]; then
     # On this machine a GPU test that skips is a failure (conftest.py: TENSORZIP_REQUIRE_GPU).
     TENSORZIP_REQUIRE_GPU=1 PYTHONPATH=$site python3 -m pytest bindings/python/tests -q -rs -p no:cacheprovider || rc=1
     PYTHONPATH=$site python3 bindings/python/bench/bench.py gpu || rc=1
+    PYTHONPATH=$site python3 bindings/python/bench/batch_decode.py || rc=1
 fi
 if [[ $what == load ]]; then
     echo "== loading whole files onto the GPU"
