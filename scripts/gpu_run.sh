@@ -13,8 +13,8 @@
 #                                 a markdown table at the end
 #   scripts/gpu_run.sh model F    whole-model batch decode of the safetensors file F (and its bf16
 #                                 and fp16 casts), or of the tensorzip archive F.tz as it is
-#   scripts/gpu_run.sh python     the Python package's tests (GPU ones included) and its benchmark
-#                                 against cuZipNN (carry gpu-py/ and gpu-wheels/)
+#   scripts/gpu_run.sh python     the Python package's tests (GPU ones included), its benchmark
+#                                 against cuZipNN and its batch decode (carry gpu-py/, gpu-wheels/)
 #   scripts/gpu_run.sh load [F..] whole files loaded onto the GPU: tensorzip.load_file against
 #                                 safetensors and a plain reader, synthetic 1 GiB models and the
 #                                 safetensors files F (carry gpu-py/)
