@@ -6,9 +6,10 @@
 //! 1. `tz_hist_*` counts each tensor's sampled blocks per plane (and the joint counts of the
 //!    conditioned plane).
 //! 2. `tz_search` (kernels/search.cu, `src/search.rs`) chooses every plane's tables from those
-//!    counts, one thread block per plane, by the core's own integer decisions (so the tables are the
-//!    CPU engine's), and `tz_enc_tables` expands them into the encode kernel's form and writes each
-//!    tensor's table counts and payload start into its parameters, on the device. With
+//!    counts, a cluster of thread blocks per plane (`search::cluster_size`), by the core's own
+//!    integer decisions (so the tables are the CPU engine's), and `tz_enc_tables` expands them
+//!    into the encode kernel's form and writes each tensor's table counts and payload start into
+//!    its parameters, on the device. With
 //!    `TENSORZIP_DEV_HOST_SEARCH=1` (or more than 8192 sampled blocks, `search::MAX_SAMPLED`)
 //!    the counts are downloaded instead, the host runs the core's `model_from_counts` and uploads
 //!    its tables in the search's output layout.
@@ -983,7 +984,7 @@ impl GpuEngine {
             unsafe { b.launch(cfg) }?;
         }
         trace("count kernels");
-        // 2. The tables: searched on the GPU (`tz_search`, one thread block per plane), or, with
+        // 2. The tables: searched on the GPU (`tz_search`, a cluster of blocks per plane), or, with
         // `TENSORZIP_DEV_HOST_SEARCH=1` or more sampled blocks than the search's scratch is sized
         // for, by the host from the downloaded counts (the core's `model_from_counts`, written out
         // in the search's output layout and uploaded). Both give the same tables. Then
