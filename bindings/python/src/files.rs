@@ -697,14 +697,7 @@ impl ArchiveFile {
         let ar = self.archive()?;
         // Writable slices of these buffers must not overlap: the torch layer allocates one
         // tensor per name, and this refuses anything else.
-        let mut spans: Vec<(usize, usize)> = outs.iter().filter(|o| o.1 > 0).copied().collect();
-        spans.sort_unstable();
-        if spans
-            .windows(2)
-            .any(|w| w[0].0.checked_add(w[0].1).is_none_or(|end| end > w[1].0))
-        {
-            return Err(PyValueError::new_err("output buffers overlap"));
-        }
+        crate::disjoint(&outs)?;
         // SAFETY: the torch layer passes a fresh contiguous CPU tensor of each byte count, alive
         // for the call; no two of them overlap (checked above).
         let mut bufs: Vec<&mut [u8]> = outs

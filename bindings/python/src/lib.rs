@@ -73,6 +73,21 @@ pub(crate) unsafe fn host_mut<'a>(ptr: usize, len: usize) -> PyResult<&'a mut [u
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) })
 }
 
+/// Refuses output buffers ((address, byte count) each) that overlap, before writable slices of
+/// them are made (`ValueError`): the torch layer allocates one tensor each, and this refuses
+/// anything else.
+pub(crate) fn disjoint(outs: &[(usize, usize)]) -> PyResult<()> {
+    let mut spans: Vec<(usize, usize)> = outs.iter().filter(|o| o.1 > 0).copied().collect();
+    spans.sort_unstable();
+    if spans
+        .windows(2)
+        .any(|w| w[0].0.checked_add(w[0].1).is_none_or(|end| end > w[1].0))
+    {
+        return Err(PyValueError::new_err("output buffers overlap"));
+    }
+    Ok(())
+}
+
 /// What [`host`] can check of an address without reading it: not null, and `len` bytes from it
 /// within the address space (and within `isize::MAX`, as a slice must be).
 fn plausible(ptr: usize, len: usize) -> PyResult<()> {
@@ -247,6 +262,40 @@ fn decompress_into(
     Ok(())
 }
 
+/// Decodes every blob of `jobs` ((blob address, blob bytes, output address, output bytes) each, as
+/// [`decompress_into`] takes one) on the CPU engine, concurrently: a model's small tensors, a
+/// chunk or two each, keep every core busy together. The first failing blob in order raises its
+/// error, naming its index; outputs that overlap are refused before anything is written.
+#[pyfunction]
+fn decompress_batch_into(py: Python<'_>, jobs: Vec<(usize, usize, usize, usize)>) -> PyResult<()> {
+    let outs: Vec<(usize, usize)> = jobs.iter().map(|&(_, _, p, l)| (p, l)).collect();
+    disjoint(&outs)?;
+    let mut blobs = Vec::with_capacity(jobs.len());
+    let mut bufs = Vec::with_capacity(jobs.len());
+    for &(ptr, len, out_ptr, out_len) in &jobs {
+        // SAFETY: the torch layer passes, for each job, a live CPU blob tensor and a fresh
+        // contiguous output tensor of `out_len` bytes, all kept alive during the call; the
+        // outputs overlap nothing (checked above), and no blob overlaps an output (the outputs
+        // are new tensors).
+        let (blob, out) = unsafe { (host(ptr, len)?, host_mut(out_ptr, out_len)?) };
+        // New tensors: let their pages fault in 2 MiB at a time.
+        tensorzip::fresh::advise_huge(out);
+        blobs.push(blob);
+        bufs.push(out);
+    }
+    let each = py
+        .detach(|| cpu().decompress_each_into(&blobs, &mut bufs))
+        .map_err(to_py)?;
+    for (k, r) in each.into_iter().enumerate() {
+        if let Err(e) = r {
+            let err = to_py(e);
+            let msg = format!("blob {k}: {}", err.value(py));
+            return Err(PyErr::from_type(err.get_type(py), msg));
+        }
+    }
+    Ok(())
+}
+
 /// CRC-32 (zlib) of each `piece` bytes of the `len` bytes at host address `ptr` (CPU), written as
 /// `u32`s (native order) to the `n_out` of them at `out` (a tensor the torch layer allocates: a
 /// Python list of ints took ~50 bytes a piece, 400 MB for 8 MB in pieces of one byte).
@@ -311,6 +360,7 @@ fn _tensorzip(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prefix_len, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(decompress_into, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress_batch_into, m)?)?;
     m.add_function(wrap_pyfunction!(crc32_pieces, m)?)?;
     m.add_function(wrap_pyfunction!(format_versions, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;

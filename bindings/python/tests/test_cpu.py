@@ -16,6 +16,7 @@ import torch
 
 import tensorzip as tz
 from tensorzip import _core
+from tensorzip import _tensorzip as _native
 
 DTYPES = list(_core.SUPPORTED_DTYPES)
 SHAPES = [(), (0,), (1,), (7,), (33, 5), (3, 0, 2), (257, 129), (2, 3, 5, 7)]
@@ -193,6 +194,28 @@ def test_decompress_tensors_on_the_cpu(gen):
         tz.decompress_tensors([blobs[0], torch.zeros(3)], device="cpu")
     with pytest.raises(TypeError):
         tz.decompress_tensors([blobs[0], b"not a tensor"], device="cpu")
+    # Damage past the prefix, found while decoding (blobs decode concurrently): the error names
+    # the damaged blob, whichever of the others decoded.
+    w = gen(torch.bfloat16, (256, 1024), 9)
+    good = tz.compress_tensor(w, chunk_bytes=16384)
+    g = torch.Generator().manual_seed(1)
+    named = 0
+    for _ in range(40):
+        d = good.clone()
+        for _ in range(8):
+            d[int(torch.randint(d.numel() // 2, d.numel(), (1,), generator=g))] ^= 0xFF
+        try:
+            out = tz.decompress_tensors([good, d, good], device="cpu")
+            assert same(out[0], w) and same(out[2], w) and out[1].shape == w.shape
+        except ValueError as e:
+            assert str(e).startswith("blob 1: "), e
+            named += 1
+    assert named > 0
+    # Outputs that overlap are refused by the native call before anything is written.
+    o = torch.empty(w.numel() * 2, dtype=torch.uint8)
+    job = (good.data_ptr(), good.numel(), o.data_ptr(), w.numel() * 2)
+    with pytest.raises(ValueError, match="overlap"):
+        _native.decompress_batch_into([job, (job[0], job[1], o.data_ptr() + 8, job[3] - 8)])
 
 
 def test_hostile_blobs_raise_value_error(gen):

@@ -243,15 +243,33 @@ impl CpuEngine {
 
     /// Decompresses several blobs concurrently, blob `i` into `outs[i]` (which must hold exactly its
     /// tensor's bytes), as [`CpuEngine::decompress_into`]; a model's small tensors have a chunk or
-    /// two each, too few to keep every core busy one tensor at a time.
-    pub fn decompress_many_into(&self, blobs: &[&[u8]], outs: &mut [Vec<u8>]) -> Result<()> {
+    /// two each, too few to keep every core busy one tensor at a time. The first failing blob in
+    /// order gives the error ([`CpuEngine::decompress_each_into`] tells which).
+    pub fn decompress_many_into<O: AsMut<[u8]> + Send>(
+        &self,
+        blobs: &[&[u8]],
+        outs: &mut [O],
+    ) -> Result<()> {
+        self.decompress_each_into(blobs, outs)?
+            .into_iter()
+            .try_for_each(|r| r.map(|_| ()))
+    }
+
+    /// [`CpuEngine::decompress_many_into`] with each blob's outcome, in order: every blob is
+    /// decoded (or fails) on its own. `Err` only where `outs` is not one buffer a blob.
+    pub fn decompress_each_into<O: AsMut<[u8]> + Send>(
+        &self,
+        blobs: &[&[u8]],
+        outs: &mut [O],
+    ) -> Result<Vec<Result<BlobHeader>>> {
         one_buffer_each(blobs.len(), outs.len(), "blobs")?;
-        self.run(|| {
+        Ok(self.run(|| {
             blobs
                 .par_iter()
                 .zip(outs.par_iter_mut())
-                .try_for_each(|(b, out)| self.decompress_into(b, out).map(|_| ()))
-        })
+                .map(|(b, out)| self.decompress_into(b, out.as_mut()))
+                .collect()
+        }))
     }
 
     /// Decompresses several blobs concurrently into new buffers (as [`CpuEngine::decompress`]).

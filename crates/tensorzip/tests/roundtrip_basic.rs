@@ -168,6 +168,31 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     let mut bad = outs[0].clone();
     bad.truncate(bad.len() / 2);
     assert!(eng.decompress_many(&[&bad[..], blobs[1]]).is_err());
+    // Each blob's outcome, in order, into the caller's slices: the damaged one (index 1) and the
+    // short buffer (index 2) fail, the others decode.
+    into[2].push(0);
+    let mut with_bad = blobs.clone();
+    with_bad[1] = &bad[..];
+    let mut slices: Vec<&mut [u8]> = into
+        .iter_mut()
+        .enumerate()
+        .map(|(k, v)| match k {
+            2 => &mut v[1..],
+            _ => &mut v[..],
+        })
+        .collect();
+    let each = eng.decompress_each_into(&with_bad, &mut slices).unwrap();
+    assert_eq!(each.len(), tensors.len());
+    for (k, r) in each.iter().enumerate() {
+        assert_eq!(r.is_err(), k == 1 || k == 2, "blob {k}: {r:?}");
+    }
+    for (k, (i, (d, _, _))) in into.iter().zip(&tensors).enumerate() {
+        if k > 2 || k == 0 {
+            assert_eq!(i, d, "blob {k}");
+        }
+    }
+    assert!(eng.decompress_many_into(&with_bad, &mut into).is_err());
+    assert!(eng.decompress_each_into(&blobs[1..], &mut into).is_err());
 
     // The runs the archive writer codes together; each segment counts with the slack.
     let small = SMALL_SEGMENT_BYTES - 1;
