@@ -315,12 +315,23 @@ pub struct BlobLayout {
     pub total_len: usize,
 }
 
-impl BlobLayout {
-    /// Parses and validates the header, tables and directory from `prefix`, the first bytes of a blob
-    /// of `total_len` bytes. `Error::Truncated` if `prefix` ends before the directory does (when it is
-    /// shorter than `total_len`, a longer prefix may succeed).
-    pub fn parse(prefix: &[u8], total_len: usize) -> Result<BlobLayout> {
-        let data = &prefix[..prefix.len().min(total_len)];
+/// What [`BlobLayout::parse`] reads before the directory: the header and, for a Planes blob, every
+/// plane's tables, validated, and where the directory lies.
+struct LayoutHead {
+    header: BlobHeader,
+    tables: Vec<Vec<FreqTable>>,
+    cond: Vec<Option<(u8, FreqTable)>>,
+    pairs: Vec<Option<PairTable>>,
+    /// Where the directory starts (a Stored blob: where its data starts).
+    pos: usize,
+    /// Bytes of the directory (checked to fit in the blob; 0 for a Stored blob).
+    dir_len: usize,
+}
+
+impl LayoutHead {
+    /// The header and tables from `data` (a prefix of a blob of `total_len` bytes, at most that
+    /// long), with [`BlobLayout::parse`]'s rules for them.
+    fn parse(data: &[u8], total_len: usize) -> Result<LayoutHead> {
         let (header, mut pos) = BlobHeader::parse(data)?;
         let nbytes = header.nbytes() as usize;
         match header.scheme {
@@ -344,15 +355,13 @@ impl BlobLayout {
                 if data[4..6] != BLOB_VERSION.to_le_bytes() {
                     return corrupt("a stored blob of version 2 (which only pairs coded planes)");
                 }
-                Ok(BlobLayout {
+                Ok(LayoutHead {
                     header,
                     tables: Vec::new(),
                     cond: Vec::new(),
                     pairs: Vec::new(),
-                    entries: Vec::new(),
-                    offsets: Vec::new(),
-                    payload_start: pos,
-                    total_len,
+                    pos,
+                    dir_len: 0,
                 })
             }
             Scheme::Planes => {
@@ -448,14 +457,56 @@ impl BlobLayout {
                 let Some(dir_len) = dir_len else {
                     return truncated(format!("chunk directory of {n_chunks} chunks"));
                 };
+                Ok(LayoutHead {
+                    header,
+                    tables,
+                    cond,
+                    pairs,
+                    pos,
+                    dir_len: dir_len as usize,
+                })
+            }
+        }
+    }
+}
+
+impl BlobLayout {
+    /// Parses and validates the header, tables and directory from `prefix`, the first bytes of a blob
+    /// of `total_len` bytes. `Error::Truncated` if `prefix` ends before the directory does (when it is
+    /// shorter than `total_len`, a longer prefix may succeed).
+    pub fn parse(prefix: &[u8], total_len: usize) -> Result<BlobLayout> {
+        let data = &prefix[..prefix.len().min(total_len)];
+        let LayoutHead {
+            header,
+            tables,
+            cond,
+            pairs,
+            mut pos,
+            dir_len,
+        } = LayoutHead::parse(data, total_len)?;
+        match header.scheme {
+            Scheme::Stored => Ok(BlobLayout {
+                header,
+                tables,
+                cond,
+                pairs,
+                entries: Vec::new(),
+                offsets: Vec::new(),
+                payload_start: pos,
+                total_len,
+            }),
+            Scheme::Planes => {
+                let planes = header.planes();
+                let n_chunks = header.n_chunks();
+                let entry = header.dir_entry_len() as u64;
                 // ... and be in the prefix.
-                let Some(dir) = data.get(pos..pos + dir_len as usize) else {
+                let Some(dir) = data.get(pos..pos + dir_len) else {
                     return truncated(format!(
                         "chunk directory of {n_chunks} chunks (prefix of {} bytes)",
                         data.len()
                     ));
                 };
-                pos += dir_len as usize;
+                pos += dir_len;
                 let mut entries = Vec::with_capacity(n_chunks as usize);
                 let mut offsets = Vec::with_capacity(n_chunks as usize + 1);
                 let mut off = pos;
@@ -514,6 +565,19 @@ impl BlobLayout {
     /// chunks, as [`BlobLayout::entry`] checks).
     pub fn payload_range(&self, c: usize) -> std::ops::Range<usize> {
         self.offsets[c]..self.offsets[c + 1]
+    }
+
+    /// How many first bytes of a blob of `total_len` bytes [`BlobLayout::parse`] needs (its
+    /// [`BlobLayout::overhead_len`]: header, tables and directory), as far as `prefix`, its first
+    /// bytes, tells: the exact length once `prefix` holds the header and the tables (the
+    /// directory's length follows from them), else `Error::Truncated` (a longer prefix may tell).
+    /// Any other error is one `parse` would give for the same bytes. A reader of a blob in device
+    /// memory copies that many bytes to the host, where a guess either fell short or copied the
+    /// payloads too.
+    pub fn needed_len(prefix: &[u8], total_len: usize) -> Result<usize> {
+        let data = &prefix[..prefix.len().min(total_len)];
+        let head = LayoutHead::parse(data, total_len)?;
+        Ok(head.pos + head.dir_len)
     }
 
     /// Bytes of the header, tables and directory (everything but payloads).

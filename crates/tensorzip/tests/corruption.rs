@@ -2090,3 +2090,59 @@ fn conditioned_chunks_that_lie_are_errors() {
         }
     }
 }
+
+/// `BlobLayout::needed_len` of every prefix of a blob: `Truncated` until the prefix holds the
+/// header and tables, then exactly the blob's `overhead_len` (what a reader of a blob in device
+/// memory copies to the host); and on damaged bytes it fails only where `parse` fails the same way.
+#[test]
+fn needed_len_is_the_prefix_parse_needs() {
+    use tensorzip::blob::BlobLayout;
+    let mut blobs = Vec::new();
+    for (i, dt) in [DType::BF16, DType::F32, DType::F16, DType::U8]
+        .into_iter()
+        .enumerate()
+    {
+        for (n, opts) in [
+            (5000, small_opts()),
+            (70_000, small_opts()),
+            (3, CompressOptions::default()),
+            (300_000, CompressOptions::default()),
+        ] {
+            let data = make(dt, n, Dist::Weights, 40 + i as u64);
+            blobs.push(tensorzip::compress(&data, dt, &[n as u64], &opts).unwrap());
+        }
+    }
+    blobs.push(paired_blob());
+    let mut r = Rng::new(77);
+    for (b, blob) in blobs.iter().enumerate() {
+        let l = BlobLayout::parse(blob, blob.len()).unwrap();
+        let over = l.overhead_len();
+        let dir = match l.header.scheme {
+            Scheme::Stored => 0,
+            Scheme::Planes => l.header.n_chunks() as usize * l.header.dir_entry_len(),
+        };
+        for k in 0..=(over + 8).min(blob.len()) {
+            match BlobLayout::needed_len(&blob[..k], blob.len()) {
+                Ok(n) => {
+                    assert_eq!(n, over, "blob {b}, prefix {k}");
+                    assert!(
+                        k >= over - dir,
+                        "blob {b}, prefix {k}: told before its tables"
+                    );
+                }
+                Err(Error::Truncated(_)) => assert!(k < over - dir, "blob {b}, prefix {k}"),
+                Err(e) => panic!("blob {b}, prefix {k}: {e:?}"),
+            }
+        }
+        // Damage in the header and tables: an error of `needed_len` is `parse`'s own.
+        for _ in 0..200 {
+            let mut d = blob.clone();
+            let at = (r.next_u64() % (over - dir).max(1) as u64) as usize;
+            d[at] ^= 1 << (r.next_u64() % 8);
+            if let Err(e) = BlobLayout::needed_len(&d, d.len()) {
+                let p = BlobLayout::parse(&d, d.len()).expect_err("parse accepts it");
+                assert_eq!(format!("{e:?}"), format!("{p:?}"), "blob {b}, byte {at}");
+            }
+        }
+    }
+}
