@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tensorzip::blob::{peek_header, Scheme};
+use tensorzip::blob::{peek_header, BlobLayout, Scheme};
 use tensorzip::decoder::{DecodeScratch, TensorDecoder};
 use tensorzip::stats::BlobStats;
 
@@ -23,6 +23,17 @@ fuzz_target!(|data: &[u8]| {
     let eng = engine();
     let header = peek_header(data);
     let _ = BlobStats::of(data);
+    // The prefix a reader copies from device memory: where the layout parses, exactly its
+    // overhead; where `needed_len` fails otherwise than by truncation, so does the parse.
+    let needed = BlobLayout::needed_len(data, data.len());
+    match BlobLayout::parse(data, data.len()) {
+        Ok(l) => assert_eq!(needed.ok(), Some(l.overhead_len()), "needed_len"),
+        Err(e) => {
+            if let Err(n) = &needed {
+                assert_eq!(format!("{n:?}"), format!("{e:?}"), "needed_len's error");
+            }
+        }
+    }
     let dec = match TensorDecoder::new(data) {
         Ok(d) => d,
         Err(_) => {
