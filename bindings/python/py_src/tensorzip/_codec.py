@@ -20,6 +20,7 @@ Differences (improvements only):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import torch
@@ -235,47 +236,47 @@ def _bytes_of(t: torch.Tensor) -> bytes:
     return ctypes.string_at(t.data_ptr(), t.numel())
 
 
-def _host_prefix(blob: torch.Tensor) -> torch.Tensor:
+def _host_prefix(blob: torch.Tensor, head: torch.Tensor | None = None) -> torch.Tensor:
     """A CPU uint8 tensor holding at least the blob's header, tables and directory: the blob itself
-    if it is on the CPU; for a CUDA blob its first 64 KiB, then as many bytes as its prefix needs
-    (two copies at most)."""
+    if it is on the CPU; for a CUDA blob its first 64 KiB (or `head`, its first bytes already on
+    the host), then as many bytes as its prefix needs (two copies at most)."""
     if not blob.is_cuda:
         return _core.as_bytes(blob)
     n = blob.numel()
-    first = min(n, 1 << 16)
-    head = blob[:first].cpu()
+    if head is None:
+        head = blob[: min(n, 1 << 16)].cpu()
     need = _native.prefix_len(_bytes_of(head), n)
-    if need > first:
+    if need > head.numel():
         head = blob[:need].cpu()
     return head
+
+
+@contextlib.contextmanager
+def _blob_index(k: int):
+    """A ValueError raised inside names blob `k` of a batch."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"blob {k}: {e}") from None
 
 
 def _host_prefixes(blobs: list[torch.Tensor]) -> list[torch.Tensor]:
     """`_host_prefix` of each blob, the first 64 KiB of all non-empty CUDA blobs of a device read
     back by one copy (one wait, where a copy each would wait once a blob). A ValueError names the
     blob's index."""
-    pres: list[torch.Tensor | None] = [None] * len(blobs)
+    heads: dict[int, torch.Tensor] = {}
     by_device: dict[torch.device, list[int]] = {}
     for k, b in enumerate(blobs):
         if b.is_cuda and b.numel():
             by_device.setdefault(b.device, []).append(k)
     for ks in by_device.values():
-        heads = [blobs[k][: min(blobs[k].numel(), 1 << 16)] for k in ks]
-        host = torch.cat(heads).cpu()
-        for k, head in zip(ks, torch.split(host, [h.numel() for h in heads])):
-            try:
-                need = _native.prefix_len(_bytes_of(head), blobs[k].numel())
-            except ValueError as e:
-                raise ValueError(f"blob {k}: {e}") from None
-            pres[k] = blobs[k][:need].cpu() if need > head.numel() else head
+        firsts = [blobs[k][: min(blobs[k].numel(), 1 << 16)] for k in ks]
+        host = torch.cat(firsts).cpu()
+        heads.update(zip(ks, torch.split(host, [h.numel() for h in firsts])))
     out = []
-    for k, (b, pre) in enumerate(zip(blobs, pres)):
-        if pre is None:
-            try:
-                pre = _host_prefix(b)
-            except ValueError as e:
-                raise ValueError(f"blob {k}: {e}") from None
-        out.append(pre)
+    for k, b in enumerate(blobs):
+        with _blob_index(k):
+            out.append(_host_prefix(b, heads.get(k)))
     return out
 
 
@@ -299,7 +300,7 @@ def _on_gpu(blob: torch.Tensor, target: torch.device, pre: torch.Tensor):
     if blob.is_cuda:
         _, name, shape, nbytes = _native.inspect_prefix(_bytes_of(pre), blob.numel())
     else:
-        _, name, shape, nbytes = _native.inspect(pre.data_ptr() if pre.numel() else 0, pre.numel())
+        _, name, shape, nbytes = _native.inspect(_ptr(pre), pre.numel())
     if blob.is_cuda or blob.is_pinned() or blob.numel() == 0:
         dev_blob = blob.to(target, non_blocking=True)
     else:
@@ -309,15 +310,18 @@ def _on_gpu(blob: torch.Tensor, target: torch.device, pre: torch.Tensor):
     return dev_blob, pre, _core.dtype_of(name), shape, nbytes
 
 
-def _on_cpu(blob: torch.Tensor, target: torch.device) -> torch.Tensor:
-    cpu_blob = blob.cpu() if blob.is_cuda else blob
-    _, name, shape, nbytes = _native.inspect(cpu_blob.data_ptr(), cpu_blob.numel())
+def _cpu_output(blob: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    """A host blob's new output tensor and its decode job (blob address, blob bytes, output
+    address, output bytes), validating the blob first."""
+    _, name, shape, nbytes = _native.inspect(_ptr(blob), blob.numel())
     out = _core.empty(shape, _core.dtype_of(name))
-    out_bytes = _core.as_bytes(out)
-    _native.decompress_into(cpu_blob.data_ptr(), cpu_blob.numel(), out_bytes.data_ptr() if nbytes else 0, nbytes)
-    if target.type != "cpu":
-        out = out.to(target)
-    return out
+    return out, (_ptr(blob), blob.numel(), _ptr(_core.as_bytes(out)) if nbytes else 0, nbytes)
+
+
+def _on_cpu(blob: torch.Tensor, target: torch.device) -> torch.Tensor:
+    out, job = _cpu_output(blob.cpu() if blob.is_cuda else blob)
+    _native.decompress_into(*job)
+    return out if target.type == "cpu" else out.to(target)
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -371,10 +375,8 @@ def decompress_tensors(blobs, *, device: torch.device | str | int | None = None)
         with torch.cuda.device(target):
             staged = []
             for k, (b, pre) in enumerate(zip(blobs, _host_prefixes(blobs))):
-                try:
+                with _blob_index(k):
                     staged.append(_on_gpu(b, target, pre))
-                except ValueError as e:
-                    raise ValueError(f"blob {k}: {e}") from None
             outs = [_core.empty(shape, dtype, target) for (_, _, dtype, shape, _) in staged]
             jobs = []
             for (dev_blob, pre, _, _, nbytes), out in zip(staged, outs):
@@ -384,16 +386,12 @@ def decompress_tensors(blobs, *, device: torch.device | str | int | None = None)
         return outs
     # On the CPU: every blob checked and its output allocated, then all decoded by one call,
     # concurrently (a model's small tensors, a chunk or two each, keep every core busy together).
-    cpu_blobs = [b.cpu() if b.is_cuda else b for b in blobs]
     outs = []
-    cpu_jobs: list[tuple[int, int, int, int]] = []
-    for k, b in enumerate(cpu_blobs):
-        try:
-            _, name, shape, nbytes = _native.inspect(_ptr(b), b.numel())
-        except ValueError as e:
-            raise ValueError(f"blob {k}: {e}") from None
-        out = _core.empty(shape, _core.dtype_of(name))
+    cpu_jobs = []
+    for k, b in enumerate(blobs):
+        with _blob_index(k):
+            out, job = _cpu_output(b.cpu() if b.is_cuda else b)
         outs.append(out)
-        cpu_jobs.append((_ptr(b), b.numel(), _ptr(_core.as_bytes(out)) if nbytes else 0, nbytes))
+        cpu_jobs.append(job)
     _native.decompress_batch_into(cpu_jobs)
     return outs if target.type == "cpu" else [o.to(target) for o in outs]
