@@ -233,13 +233,7 @@ fn gpu_decompress(
 ) -> PyResult<()> {
     // SAFETY: the torch layer passes a live contiguous CPU uint8 tensor of `prefix_len` bytes.
     let prefix = unsafe { crate::host(prefix_ptr, prefix_len) }?;
-    let layout = BlobLayout::parse(prefix, blob_len).map_err(to_py)?;
-    if layout.header.nbytes() != out_len as u64 {
-        return Err(PyValueError::new_err(format!(
-            "output holds {out_len} bytes, the blob decodes to {}",
-            layout.header.nbytes()
-        )));
-    }
+    let layout = layout_for(prefix, blob_len, out_len)?;
     let eng = on(device, stream)?;
     restoring(|| {
         py.detach(|| {
@@ -250,6 +244,19 @@ fn gpu_decompress(
         })
     })
     .map_err(gpu_err)
+}
+
+/// The validated layout of a blob of `blob_len` bytes from its first bytes `prefix`, checked to
+/// decode to exactly `out_len` bytes (`ValueError` otherwise).
+fn layout_for(prefix: &[u8], blob_len: usize, out_len: usize) -> PyResult<BlobLayout> {
+    let layout = BlobLayout::parse(prefix, blob_len).map_err(to_py)?;
+    if layout.header.nbytes() != out_len as u64 {
+        return Err(PyValueError::new_err(format!(
+            "output holds {out_len} bytes, the blob decodes to {}",
+            layout.header.nbytes()
+        )));
+    }
+    Ok(layout)
 }
 
 /// One blob of [`gpu_decompress_batch`], as [`gpu_decompress`] takes it: (blob_ptr, blob_len,
@@ -273,24 +280,17 @@ fn gpu_decompress_batch(
         // `prefix_len` bytes, kept alive during the call.
         prefixes.push(unsafe { crate::host(prefix_ptr, prefix_len) }?);
     }
-    let parsed: Vec<tensorzip::Result<BlobLayout>> = py.detach(|| {
+    let parsed: Vec<PyResult<BlobLayout>> = py.detach(|| {
         use rayon::prelude::*;
         prefixes
             .par_iter()
             .zip(&jobs)
-            .map(|(prefix, &(_, blob_len, ..))| BlobLayout::parse(prefix, blob_len))
+            .map(|(prefix, &(_, blob_len, .., out_len))| layout_for(prefix, blob_len, out_len))
             .collect()
     });
     let mut layouts = Vec::with_capacity(jobs.len());
-    for (k, (layout, &(.., out_len))) in parsed.into_iter().zip(&jobs).enumerate() {
-        let layout = layout.map_err(|e| PyValueError::new_err(format!("blob {k}: {e}")))?;
-        if layout.header.nbytes() != out_len as u64 {
-            return Err(PyValueError::new_err(format!(
-                "blob {k}: output holds {out_len} bytes, the blob decodes to {}",
-                layout.header.nbytes()
-            )));
-        }
-        layouts.push(layout);
+    for (k, layout) in parsed.into_iter().enumerate() {
+        layouts.push(layout.map_err(|e| crate::indexed(py, k, e))?);
     }
     if jobs.is_empty() {
         return Ok(());

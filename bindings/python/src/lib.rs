@@ -287,13 +287,16 @@ fn decompress_batch_into(py: Python<'_>, jobs: Vec<(usize, usize, usize, usize)>
         .detach(|| cpu().decompress_each_into(&blobs, &mut bufs))
         .map_err(to_py)?;
     for (k, r) in each.into_iter().enumerate() {
-        if let Err(e) = r {
-            let err = to_py(e);
-            let msg = format!("blob {k}: {}", err.value(py));
-            return Err(PyErr::from_type(err.get_type(py), msg));
-        }
+        r.map_err(|e| indexed(py, k, to_py(e)))?;
     }
     Ok(())
+}
+
+/// `err`, of the same exception type, its message led by blob `k`'s index (a batch call's
+/// failing blob).
+pub(crate) fn indexed(py: Python<'_>, k: usize, err: PyErr) -> PyErr {
+    let msg = format!("blob {k}: {}", err.value(py));
+    PyErr::from_type(err.get_type(py), msg)
 }
 
 /// CRC-32 (zlib) of each `piece` bytes of the `len` bytes at host address `ptr` (CPU), written as
