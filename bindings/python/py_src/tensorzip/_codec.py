@@ -315,7 +315,7 @@ def _cpu_output(blob: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, 
     address, output bytes), validating the blob first."""
     _, name, shape, nbytes = _native.inspect(_ptr(blob), blob.numel())
     out = _core.empty(shape, _core.dtype_of(name))
-    return out, (_ptr(blob), blob.numel(), _ptr(_core.as_bytes(out)) if nbytes else 0, nbytes)
+    return out, (_ptr(blob), blob.numel(), _ptr(out), nbytes)
 
 
 def _on_cpu(blob: torch.Tensor, target: torch.device) -> torch.Tensor:
@@ -325,6 +325,9 @@ def _on_cpu(blob: torch.Tensor, target: torch.device) -> torch.Tensor:
 
 
 def _ptr(t: torch.Tensor) -> int:
+    """The address of a contiguous tensor's bytes (0 when it has none). Outputs are new tensors of
+    `_core.empty`, contiguous from their data pointer: their address needs no `as_bytes` view
+    (whose checks cost ~4 us a tensor on the CPU VM; docs/BENCHMARKS.md, 2026-12-07)."""
     return t.data_ptr() if t.numel() else 0
 
 
