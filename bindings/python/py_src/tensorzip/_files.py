@@ -213,8 +213,7 @@ class safe_open:  # noqa: N801 (the name mirrors safetensors)
             self._used_gpu = True
             return out
         out = self._empty(name, torch.device("cpu"))
-        b = _core.as_bytes(out)
-        self._file.decode_into(name, b.data_ptr() if b.numel() else 0, b.numel())
+        self._file.decode_into(name, _codec._ptr(out), out.nbytes)
         return out if self._device.type == "cpu" else out.to(self._device)
 
     def get_slice(self, name: str) -> "_Slice":
@@ -330,8 +329,7 @@ def _load_all(f: "safe_open") -> dict[str, torch.Tensor]:
     # All tensors in one call: decoded concurrently (a model's small tensors, a chunk or two each,
     # left cores idle one at a time).
     outs = [f._empty(n, torch.device("cpu")) for n in names]
-    views = [_core.as_bytes(o) for o in outs]
-    f._file.decode_many_into(names, [(v.data_ptr() if v.numel() else 0, v.numel()) for v in views])
+    f._file.decode_many_into(names, [(_codec._ptr(o), o.nbytes) for o in outs])
     if dev.type != "cpu":
         outs = [o.to(dev) for o in outs]
     return dict(zip(names, outs))
