@@ -232,13 +232,19 @@ fn inspect_prefix(prefix: &[u8], total_len: usize) -> PyResult<(String, String, 
 }
 
 /// The length of the blob prefix (header, tables and directory) that a GPU decode needs on the
-/// host, from its first bytes `prefix` (a `ValueError` names the problem if they are not a blob's;
-/// returns the number of bytes needed when `prefix` is too short to tell).
+/// host, from its first bytes `prefix` (a `ValueError` names the problem if they are not a blob's):
+/// exact once `prefix` holds the header and tables (`BlobLayout::needed_len`); before that, a
+/// longer prefix to read next (twice `prefix`, at least 64 KiB, at most the blob). The caller reads
+/// that many bytes and asks again until the answer is no more than what it holds. (Before
+/// 2026-12-07 a prefix too short to tell got the whole blob's length: a GPU blob of a tensor over
+/// ~600 MiB, whose directory passes the first 64 KiB read, was copied to the host whole.)
 #[pyfunction]
 fn prefix_len(prefix: &[u8], total_len: usize) -> PyResult<usize> {
-    match tensorzip::blob::BlobLayout::parse(prefix, total_len) {
-        Ok(l) => Ok(l.overhead_len()),
-        Err(tensorzip::Error::Truncated(_)) if prefix.len() < total_len => Ok(total_len),
+    match tensorzip::blob::BlobLayout::needed_len(prefix, total_len) {
+        Ok(n) => Ok(n),
+        Err(tensorzip::Error::Truncated(_)) if prefix.len() < total_len => {
+            Ok(prefix.len().saturating_mul(2).max(1 << 16).min(total_len))
+        }
         Err(e) => Err(to_py(e)),
     }
 }

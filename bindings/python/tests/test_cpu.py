@@ -218,6 +218,31 @@ def test_decompress_tensors_on_the_cpu(gen):
         _native.decompress_batch_into([job, (job[0], job[1], o.data_ptr() + 8, job[3] - 8)])
 
 
+def test_prefix_len_asks_for_the_prefix_not_the_blob(gen):
+    """What a reader of a GPU blob copies to the host (`_host_prefix`'s loop over `prefix_len`):
+    from any first read, the exact header + tables + directory, never the payloads, also where
+    the directory alone passes 64 KiB; junk raises ValueError."""
+    t = gen(torch.bfloat16, (2048, 2048), 3)
+    blob = tz.compress_tensor(t, chunk_bytes=1024)  # 8192 chunks: a directory past 64 KiB
+    data = bytes(_bytes(blob))
+    n = len(data)
+    whole = _native.prefix_len(data, n)
+    assert 1 << 16 < whole < n // 4
+    for first in (0, 1, 27, 100, 4096, 1 << 16, whole - 1, whole, whole + 10):
+        head = data[:first]
+        need = _native.prefix_len(head, n)
+        reads = 0
+        while need > len(head):
+            assert need < n // 2, (first, need)
+            head = data[:need]
+            need = _native.prefix_len(head, n)
+            reads += 1
+        assert need == whole and reads <= 3, (first, need, reads)
+    for junk in (b"PK\x03\x04" * 100, bytes(range(256))):
+        with pytest.raises(ValueError):
+            _native.prefix_len(junk, len(junk) + 1000)
+
+
 def test_hostile_blobs_raise_value_error(gen):
     t = gen(torch.bfloat16, (64, 1000), 5)
     blob = tz.compress_tensor(t, min_compress_bytes=0, chunk_bytes=4096)

@@ -239,15 +239,17 @@ def _bytes_of(t: torch.Tensor) -> bytes:
 def _host_prefix(blob: torch.Tensor, head: torch.Tensor | None = None) -> torch.Tensor:
     """A CPU uint8 tensor holding at least the blob's header, tables and directory: the blob itself
     if it is on the CPU; for a CUDA blob its first 64 KiB (or `head`, its first bytes already on
-    the host), then as many bytes as its prefix needs (two copies at most)."""
+    the host), then as many bytes as its prefix needs (`prefix_len`: exact once the header and
+    tables are in, so two copies in all but blobs of over ~64 KiB of tables)."""
     if not blob.is_cuda:
         return _core.as_bytes(blob)
     n = blob.numel()
     if head is None:
         head = blob[: min(n, 1 << 16)].cpu()
     need = _native.prefix_len(_bytes_of(head), n)
-    if need > head.numel():
+    while need > head.numel():
         head = blob[:need].cpu()
+        need = _native.prefix_len(_bytes_of(head), n)
     return head
 
 
@@ -261,16 +263,17 @@ def _blob_index(k: int):
 
 
 def _host_prefixes(blobs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`_host_prefix` of each blob, the first 64 KiB of all non-empty CUDA blobs of a device read
-    back by one copy (one wait, where a copy each would wait once a blob). A ValueError names the
-    blob's index."""
+    """`_host_prefix` of each blob, the first 4 KiB of all non-empty CUDA blobs of a device read
+    back by one copy (one wait, where a copy each would wait once a blob), the rest of a longer
+    prefix by a copy of its own. A ValueError names the blob's index."""
     heads: dict[int, torch.Tensor] = {}
     by_device: dict[torch.device, list[int]] = {}
     for k, b in enumerate(blobs):
         if b.is_cuda and b.numel():
             by_device.setdefault(b.device, []).append(k)
     for ks in by_device.values():
-        firsts = [blobs[k][: min(blobs[k].numel(), 1 << 16)] for k in ks]
+        # 4 KiB each: the whole prefix of a tensor of up to ~32 MiB (bf16, 128 KiB chunks).
+        firsts = [blobs[k][: min(blobs[k].numel(), 1 << 12)] for k in ks]
         host = torch.cat(firsts).cpu()
         heads.update(zip(ks, torch.split(host, [h.numel() for h in firsts])))
     out = []
