@@ -77,6 +77,23 @@ def test_decompress_tensors_in_one_launch(gen):
     assert same(again[0], big) and same(again[1], ts[1])
 
 
+def test_gpu_blobs_whose_prefix_passes_the_first_read(gen):
+    """A GPU blob whose directory alone passes the first 64 KiB read (8192 chunks of 1 KiB): its
+    prefix is read to its exact length (not the whole blob) and it decodes, alone, in a batch with
+    small ones (whose first read is 4 KiB) and through `blob_info`."""
+    t = gen(torch.bfloat16, (2048, 2048), 3)
+    blob = tz.compress_tensor(t, chunk_bytes=1024).cuda()
+    from tensorzip import _codec
+
+    pre = _codec._host_prefix(blob)
+    assert 1 << 16 < pre.numel() < blob.numel() // 4
+    assert same(tz.decompress_tensor(blob), t)
+    small = gen(torch.float16, (300, 7), 4)
+    outs = tz.decompress_tensors([tz.compress_tensor(small).cuda(), blob], device="cuda")
+    assert same(outs[0], small) and same(outs[1], t)
+    assert tz.blob_info(blob)[2] == tuple(t.shape)
+
+
 def test_gpu_writes_the_cpus_paired_blobs(gen):
     """On a CUDA tensor the GPU encoder writes the CPU engine's format version 2 blob (the
     default) and version 1 blob (`pair_exponents=False`), byte for byte, and each engine decodes
