@@ -348,7 +348,6 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
         with torch.cuda.device(target):
             dev_blob, pre, dtype, shape, nbytes = _on_gpu(blob, target, _host_prefix(blob))
             out = _core.empty(shape, dtype, target)
-            out_bytes = _core.as_bytes(out) if out.numel() else out
             _native.gpu_decompress(
                 _core.cuda_index(target),
                 _core.stream_of(target),
@@ -356,7 +355,7 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
                 dev_blob.numel(),
                 _ptr(pre),
                 pre.numel(),
-                _ptr(out_bytes),
+                _ptr(out),
                 nbytes,
             )
         return out
@@ -386,8 +385,7 @@ def decompress_tensors(blobs, *, device: torch.device | str | int | None = None)
             outs = [_core.empty(shape, dtype, target) for (_, _, dtype, shape, _) in staged]
             jobs = []
             for (dev_blob, pre, _, _, nbytes), out in zip(staged, outs):
-                out_bytes = _core.as_bytes(out) if out.numel() else out
-                jobs.append((dev_blob.data_ptr(), dev_blob.numel(), _ptr(pre), pre.numel(), _ptr(out_bytes), nbytes))
+                jobs.append((dev_blob.data_ptr(), dev_blob.numel(), _ptr(pre), pre.numel(), _ptr(out), nbytes))
             _native.gpu_decompress_batch(_core.cuda_index(target), _core.stream_of(target), jobs)
         return outs
     # On the CPU: every blob checked and its output allocated, then all decoded by one call,
