@@ -13,6 +13,7 @@
 //! N bytes instead of the default; `BLOCK_UNITS=N` with blocks of N units; `NO_COND=1` without the
 //! conditioned plane; `COND_ALL=1` with it for fp16 too (`Condition::All`); `PAIRS=0` with bf16
 //! exponents one unit a symbol (format version 1; by default they are paired, version 2).
+//! `ENC_WAVES_AB=1,4` times the encoder again at those pipeline depths (`encode_waves_ab_gbps`).
 
 use std::time::Instant;
 
@@ -378,6 +379,36 @@ fn main() {
         enc.push(t.elapsed().as_secs_f64());
         drop(out);
     }
+    // `ENC_WAVES_AB=1,4`: the device-resident encode again with the encoder's pipeline at each of
+    // these depths (`GpuEngine::with_pipe_waves`), alternating in three rounds of `runs` runs
+    // each; the median of each round, per depth (`encode_waves_ab_gbps`).
+    let mut waves_ab = serde_json::Map::new();
+    if let Ok(list) = std::env::var("ENC_WAVES_AB") {
+        let depths: Vec<u64> = list
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        let mut by: Vec<Vec<f64>> = vec![Vec::new(); depths.len()];
+        for _round in 0..3 {
+            for (d, &w) in depths.iter().enumerate() {
+                let e = eng.on_stream(s.clone()).with_pipe_waves(w);
+                let mut ts = Vec::new();
+                for _ in 0..runs {
+                    s.synchronize().unwrap();
+                    let t = Instant::now();
+                    // SAFETY: every tensor's buffer lives until the end of main.
+                    let out = unsafe { e.compress_batch_device(&dev_list, &opts).unwrap() };
+                    s.synchronize().unwrap();
+                    ts.push(t.elapsed().as_secs_f64());
+                    drop(out);
+                }
+                by[d].push(gb(median(ts)));
+            }
+        }
+        for (w, v) in depths.iter().zip(by) {
+            waves_ab.insert(w.to_string(), serde_json::json!(v));
+        }
+    }
     // Pinned host round trip of the encoder: tensor host -> device, encode, blob -> host.
     let mut pin_t = Vec::new();
     for t in &tensors {
@@ -422,6 +453,7 @@ fn main() {
         "ratio": comp as f64 / orig as f64,
         "encode_resident_gbps": gb(median(enc)), "encode_equal_cpu": encode_equal_cpu,
         "pinned_round_trip_encode_gbps": gb(median(enc_round)),
+        "encode_waves_ab_gbps": waves_ab,
         "cpu_compress_gbps": orig as f64 / cpu_compress_s / 1e9, "cpu_threads": rayon::current_num_threads(),
     });
     if let (Some(r), serde_json::Value::Object(e)) = (report.as_object_mut(), encoder) {

@@ -395,8 +395,8 @@ fn slot_layout(
 }
 
 /// Tensors by launch group (key: unit-size variant and whether blocks are staged in shared memory),
-/// each group's tensors in order: one encoder launch per group and wave (step 3), and the scratch
-/// sized for the largest such wave (`scratch_bytes`).
+/// each group's tensors in order: one encoder launch per group and wave (step 3), the waves cut by
+/// [`group_wave_limit`].
 fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usize>)> {
     let mut groups: Vec<(K, Vec<usize>)> = Vec::new();
     for (i, key) in keys.enumerate() {
@@ -408,26 +408,38 @@ fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usi
     groups
 }
 
-/// Scratch bytes that hold the largest wave of any of `groups` (`launch_groups`), given per
-/// tensor its slot bytes and chunk count. A wave takes a group's slots in order while they fit in
-/// `limit` bytes ([`SCRATCH_BYTES`] by default; at least one slot), so it holds at most the group's
-/// total and at most `max(limit, largest slot)`.
-fn scratch_bytes<K>(
-    groups: &[(K, Vec<usize>)],
-    limit: u64,
-    slot_and_chunks: impl Fn(usize) -> (u64, u64),
-) -> u64 {
-    groups
-        .iter()
-        .map(|(_, members)| {
-            let (total, largest) = members.iter().fold((0u64, 0u64), |(total, largest), &i| {
-                let (slot, chunks) = slot_and_chunks(i);
-                (total + slot * chunks, largest.max(slot))
-            });
-            total.min(limit.max(largest))
-        })
-        .max()
-        .unwrap_or(0)
+/// Waves a launch group's chunks are cut into where it has at least [`PIPE_MIN_SLOTS`] chunks a
+/// wave, so that each wave's placement and compaction (bound by memory traffic) run on a stream of
+/// their own under the encoding of the next waves (bound by the encode kernel's latency): 1 GiB
+/// of bf16 (8192 chunks) is four waves of 2048. `GpuEngine::with_pipe_waves`, or
+/// `TENSORZIP_DEV_ENC_WAVES=N` when the engine is made, sets another count (1: the compaction after
+/// the whole encode, as before 2026-12-07), for same-binary comparisons.
+pub const PIPE_WAVES: u64 = 4;
+
+/// The fewest chunks of a wave cut for the pipeline: about half of what an H100's SMs hold at once
+/// (bf16: 16 warps, a chunk each, on 132 SMs), so that a wave's launch fills the GPU. A group of
+/// fewer chunks is one wave: its chunks would otherwise wait for each other's compactions.
+const PIPE_MIN_SLOTS: u64 = 1024;
+
+/// The waves of the pipeline: [`PIPE_WAVES`], or the development override.
+pub(crate) fn pipe_waves_from_env() -> u64 {
+    std::env::var("TENSORZIP_DEV_ENC_WAVES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(PIPE_WAVES, |n| n.clamp(1, 64))
+}
+
+/// The wave limit of a launch group of `n` slots taking `total` bytes, the largest `largest`:
+/// `cap` (the engine's `wave_bytes`), or less so that [`waves`] cuts the group into at most
+/// `pipe` waves of at least [`PIPE_MIN_SLOTS`] slots. (Each wave but the last then holds at least
+/// `total / k` bytes, rounded up, so there are at most `k`; for equal slots, `k` waves of equal
+/// counts but the last.)
+fn group_wave_limit(n: u64, total: u64, largest: u64, cap: u64, pipe: u64) -> u64 {
+    let k = pipe.min(n / PIPE_MIN_SLOTS).max(1);
+    match k {
+        1 => cap,
+        _ => cap.min(total.div_ceil(k) + largest.max(1) - 1),
+    }
 }
 
 /// The waves `len` slots of `slot(i)` bytes are cut into, with each wave's bytes: consecutive
@@ -1220,7 +1232,7 @@ impl GpuEngine {
         // (`waves`); each job with its slot in the wave's scratch and the wave's first job of
         // its tensor, from which `tz_place` sums the payloads into places.
         let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
-        let limit = self.wave_bytes();
+        let pipe = self.pipe_waves();
         let mut jobs: Vec<EncJob> = Vec::new();
         // (launch group, the wave's jobs, its scratch bytes)
         let mut wave_jobs: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
@@ -1229,6 +1241,15 @@ impl GpuEngine {
                 .iter()
                 .flat_map(|&i| (0..counting[i].header.n_chunks()).map(move |c| (i, c)))
                 .collect();
+            let slot = |&(i, _): &(usize, u64)| counting[i].slot_bytes;
+            let (total, largest) = (all.iter().map(slot).sum(), all.iter().map(slot).max());
+            let limit = group_wave_limit(
+                all.len() as u64,
+                total,
+                largest.unwrap_or(0),
+                self.wave_bytes(),
+                pipe,
+            );
             for (wave, bytes) in waves(all.len(), limit, |j| counting[all[j].0].slot_bytes) {
                 let at = wave.start;
                 let first = jobs.len();
@@ -1250,18 +1271,20 @@ impl GpuEngine {
                 wave_jobs.push((g, first..jobs.len(), bytes));
             }
         }
-        // The encoders' scratch, big enough for the largest wave of any launch group
-        // (`waves`). Not zeroed: the encode kernel writes every byte the compaction stores
+        // The encoders' scratch: two buffers, each big enough for the largest wave, which the waves
+        // take in turn (one where there is a single wave), so that a wave's compaction can read
+        // its slots while the next wave encodes into the other buffer. Each buffer has 16 bytes
+        // of padding (the compaction reads a little past a slot's end) and starts at a 256-byte
+        // boundary. Not zeroed: the encode kernel writes every byte the compaction stores
         // before it is read (on an H200 the zeroing of 1 GiB's 2.5 GiB of slots was 0.63 ms of
         // the call, once the table search had moved to the GPU and no longer hid it). Checked on
         // the H200 (2026-12-02): the encoder's GPU tests give the CPU's blobs also with the
         // scratch filled with 0xAB.
-        let scratch_need = scratch_bytes(&groups, limit, |i| {
-            (counting[i].slot_bytes, counting[i].header.n_chunks())
-        });
-        // 16 bytes of padding: the compaction reads a little past a slot's end.
+        let largest_wave = wave_jobs.iter().map(|w| w.2).max().unwrap_or(0);
+        let buffer_stride = (largest_wave + 16).next_multiple_of(256);
+        let buffers = if wave_jobs.len() > 1 { 2 } else { 1 };
         // SAFETY: plain bytes, every one the kernels use written by them first (above).
-        let scratch = unsafe { s.alloc::<u8>(scratch_need as usize + 16) }?;
+        let scratch = unsafe { s.alloc::<u8>((buffer_stride * buffers) as usize) }?;
         // The blobs: room for the longest head the tables can make (each plane's count byte, its
         // tables of at most 258 bytes, the conditional table's 2 + 258), the directory and the
         // tensor's bytes; the payloads start where `tz_enc_tables` puts them (`dst_base`: the
@@ -1530,66 +1553,103 @@ impl GpuEngine {
             let searched = s.record_event(Some(
                 cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
             ))?;
-            let mut reported = None;
-            for (g, range, bytes) in &wave_jobs {
-                let (f, warps, smem, sb, us) = widths[*g];
-                // `scratch_bytes` bounds every wave (its test shares `waves` with the jobs').
-                if (scratch.len() as u64) < bytes + 16 {
-                    return Err(Error::Driver(format!(
-                        "encoder scratch of {} bytes is short of a wave of {bytes}",
-                        scratch.len()
-                    )));
-                }
-                let n = range.len() as u32;
-                let jobs_ptr = jobs_base + (range.start * std::mem::size_of::<EncJob>()) as u64;
-                let outs_ptr = outs_base + (range.start * std::mem::size_of::<ChunkOut>()) as u64;
-                let host_outs = host_dev + 4 * (rep_at + range.start * OUT_U32) as u64;
-                let mut b = s.launch_builder(f);
-                b.arg(&jobs_ptr)
-                    .arg(&n)
-                    .arg(&params_ptr)
-                    .arg(&fcs_ptr)
-                    .arg(&cls_ptr)
-                    .arg(&info_ptr)
-                    .arg(&const_sel_ptr)
-                    .arg(&scratch_ptr)
-                    .arg(&outs_ptr)
-                    .arg(&host_outs)
-                    .arg(&sb)
-                    .arg(&warps);
-                let cfg = LaunchConfig {
-                    grid_dim: (n.div_ceil(warps), 1, 1),
-                    block_dim: (32 * warps, 1, 1),
-                    shared_mem_bytes: smem,
-                };
-                // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its tensor,
-                // and it writes only its own slot (inside `scratch`, sized above), its `outs`
-                // entry and its report in the page-locked buffer (`host_outs`: the wave's `n`
-                // reports from `rep_at + range.start * OUT_U32`, inside the buffer, which the host
-                // reads only after the `reported` event and keeps until the stream is done); the
-                // shared memory holds `warps` x (histograms + stage); the tables it reads are the
-                // slots `tz_enc_tables` wrote (below each plane's `n_tables`, and the conditional
-                // one only where it set the conditional plane).
-                unsafe { b.launch(cfg) }?;
-                trace("encode kernel");
-                if range.end == jobs.len() {
-                    // The host reads the reports while the placement and the last compaction run.
-                    reported = Some(s.record_event(Some(
+            // The waves: each wave's encoder on side stream `w % 2` into scratch buffer `w % 2`,
+            // once the compaction of wave `w - 2` (the buffer's last user) is done; its placement
+            // and compaction on side stream 2, in wave order (the placement carries each tensor's
+            // running place from wave to wave), once it is encoded. So a wave's compaction runs
+            // under the next wave's encoding, and two encoder launches may share the SMs where
+            // one drains. The side streams join the call's stream at the end of this block.
+            let mut reported = Vec::with_capacity(2);
+            {
+                let side = crate::side_streams::SideStreams::fork(s.context(), &s, 3)?;
+                let copier = side.get(2);
+                let event = |st: &CudaStream| {
+                    st.record_event(Some(
                         cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-                    ))?);
+                    ))
+                };
+                let mut compacted: Vec<cudarc::driver::CudaEvent> =
+                    Vec::with_capacity(wave_jobs.len());
+                for (w, (g, range, bytes)) in wave_jobs.iter().enumerate() {
+                    let (f, warps, smem, sb, us) = widths[*g];
+                    let buffer = (w % 2) as u64;
+                    // The buffers are sized for the largest wave (checked here all the same).
+                    if buffer_stride * (buffer + 1) > scratch.len() as u64
+                        || bytes + 16 > buffer_stride
+                    {
+                        return Err(Error::Driver(format!(
+                            "encoder scratch of {} bytes is short of a wave of {bytes}",
+                            scratch.len()
+                        )));
+                    }
+                    let slots_ptr = scratch_ptr + buffer * buffer_stride;
+                    let enc = side.get(w % 2);
+                    if let Some(before) = w.checked_sub(2).map(|p| &compacted[p]) {
+                        enc.wait(before)?;
+                    }
+                    let n = range.len() as u32;
+                    let jobs_ptr = jobs_base + (range.start * std::mem::size_of::<EncJob>()) as u64;
+                    let outs_ptr =
+                        outs_base + (range.start * std::mem::size_of::<ChunkOut>()) as u64;
+                    let host_outs = host_dev + 4 * (rep_at + range.start * OUT_U32) as u64;
+                    let mut b = enc.launch_builder(f);
+                    b.arg(&jobs_ptr)
+                        .arg(&n)
+                        .arg(&params_ptr)
+                        .arg(&fcs_ptr)
+                        .arg(&cls_ptr)
+                        .arg(&info_ptr)
+                        .arg(&const_sel_ptr)
+                        .arg(&slots_ptr)
+                        .arg(&outs_ptr)
+                        .arg(&host_outs)
+                        .arg(&sb)
+                        .arg(&warps);
+                    let cfg = LaunchConfig {
+                        grid_dim: (n.div_ceil(warps), 1, 1),
+                        block_dim: (32 * warps, 1, 1),
+                        shared_mem_bytes: smem,
+                    };
+                    // SAFETY: arguments match `tz_encode_*`; each job's chunk lies inside its
+                    // tensor, and it writes only its own slot (inside the wave's scratch buffer,
+                    // checked above, which no compaction still reads: the stream waited for the
+                    // buffer's last one), its `outs` entry and its report in the page-locked
+                    // buffer (`host_outs`: the wave's `n` reports from `rep_at + range.start *
+                    // OUT_U32`, inside the buffer, which the host reads only after the `reported`
+                    // events and keeps until the stream is done); the shared memory holds `warps`
+                    // x (histograms + stage); the tables it reads are the slots `tz_enc_tables`
+                    // wrote (below each plane's `n_tables`, and the conditional one only where it
+                    // set the conditional plane): the side streams start after them.
+                    unsafe { b.launch(cfg) }?;
+                    trace("encode kernel");
+                    let encoded = event(enc)?;
+                    copier.wait(&encoded)?;
+                    // The host reads the reports once the last wave of each encoder stream is
+                    // done, while the last placements and compactions run.
+                    if w + 2 >= wave_jobs.len() {
+                        reported.push(encoded);
+                    }
+                    // SAFETY: the wave's `n` jobs and reports (written: the copier waited for the
+                    // wave's encoder), `params` and `placed` with an entry for every tensor the
+                    // jobs name (built above from `counting`'s indices), `bad`; the placements run
+                    // in wave order on the copier.
+                    unsafe {
+                        k.place(
+                            copier, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
+                        )
+                    }?;
+                    trace("placed");
+                    // SAFETY: as for `place`; the slots of the wave's jobs lie inside its scratch
+                    // buffer (checked above).
+                    unsafe {
+                        k.compact(
+                            copier, slots_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr,
+                        )
+                    }?;
+                    trace("compacted");
+                    compacted.push(event(copier)?);
                 }
-                // SAFETY: the wave's `n` jobs and reports, `params` and `placed` with an entry
-                // for every tensor the jobs name (built above from `counting`'s indices), `bad`.
-                unsafe {
-                    k.place(
-                        &s, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
-                    )
-                }?;
-                trace("placed");
-                // SAFETY: as for `place`; the slots of the wave's jobs lie inside `scratch`
-                // (checked above).
-                unsafe { k.compact(&s, scratch_ptr, jobs_ptr, params_ptr, outs_ptr, n, bad_ptr) }?;
-                trace("compacted");
+                side.join()?;
             }
             // The placement's verdict and the parameters as the device left them, after the last
             // compaction (nothing waits for them on the stream; the host checks them after the
@@ -1608,8 +1668,9 @@ impl GpuEngine {
                     s.cu_stream(),
                 )?;
             }
-            let reported = reported
-                .ok_or_else(|| Error::Driver("encoder waves do not cover the batch".into()))?;
+            if reported.is_empty() {
+                return Err(Error::Driver("encoder waves do not cover the batch".into()));
+            }
             // While the encoder runs: every plane's output parsed and checked, and each blob's
             // head (header, tables) written from it.
             searched.synchronize()?;
@@ -1693,7 +1754,9 @@ impl GpuEngine {
                 }
             }
             trace("host tables");
-            reported.synchronize()?;
+            for r in &reported {
+                r.synchronize()?;
+            }
             Ok(())
         })();
         if let Err(e) = run {
@@ -1972,44 +2035,48 @@ mod tests {
     }
 
     #[test]
-    fn scratch_holds_every_wave_of_every_group() {
-        let big = SCRATCH_BYTES / 3 + 17;
-        let huge = SCRATCH_BYTES + 4096;
-        // (group, slot bytes, chunks)
-        let cases: Vec<Vec<(u8, u64, u64)>> = vec![
-            vec![(0, 300_000, 8192)],
-            vec![(0, 300_000, 100), (1, 600_000, 10), (0, 300_000, 3)],
-            vec![(0, big, 7), (1, 1000, 2)],
-            vec![(0, huge, 2), (0, 10, 5), (1, big, 1)],
-        ];
-        // The default limit, and a small one (`GpuEngine::with_wave_bytes`, the many-waves test).
-        for limit in [SCRATCH_BYTES, 1 << 20] {
-            for case in &cases {
-                let groups = launch_groups(case.iter().map(|t| t.0));
-                let need = scratch_bytes(&groups, limit, |i| (case[i].1, case[i].2));
-                let mut largest_wave = 0;
-                for g in 0..2u8 {
-                    let slots: Vec<u64> = case
-                        .iter()
-                        .filter(|t| t.0 == g)
-                        .flat_map(|&(_, s, n)| std::iter::repeat_n(s, n as usize))
-                        .collect();
-                    largest_wave = waves(slots.len(), limit, |j| slots[j])
-                        .into_iter()
-                        .fold(largest_wave, |m, (_, bytes)| m.max(bytes));
-                }
-                assert!(need >= largest_wave, "{case:?}: {need} < {largest_wave}");
-                // Not more than the largest group needs at most (its total, or one wave's bound).
-                assert!(need <= limit.max(huge), "{case:?}");
+    fn large_groups_are_cut_into_pipeline_waves() {
+        let cut = |slots: &[u64], cap: u64, pipe: u64| {
+            let total = slots.iter().sum();
+            let largest = slots.iter().copied().max().unwrap_or(0);
+            let limit = group_wave_limit(slots.len() as u64, total, largest, cap, pipe);
+            waves(slots.len(), limit, |j| slots[j])
+        };
+        // 1 GiB of bf16: 8192 slots of ~320 KiB, four waves of 2048 slots.
+        let bf16 = vec![327_696u64; 8192];
+        let w = cut(&bf16, SCRATCH_BYTES, PIPE_WAVES);
+        assert_eq!(w.len(), 4);
+        assert!(w
+            .iter()
+            .all(|(r, b)| r.len() == 2048 && *b == 2048 * 327_696));
+        // A pipeline of one wave: the whole group, as before the pipeline.
+        assert_eq!(cut(&bf16, SCRATCH_BYTES, 1).len(), 1);
+        // Too few chunks for waves of PIPE_MIN_SLOTS: one wave, however large its slots (a tensor
+        // of a few 16 MiB chunks must not have them wait for each other).
+        assert_eq!(cut(&[40 << 20; 7], SCRATCH_BYTES, PIPE_WAVES).len(), 1);
+        assert_eq!(cut(&[1 << 20; 2047], SCRATCH_BYTES, PIPE_WAVES).len(), 1);
+        assert_eq!(cut(&[1 << 20; 2048], SCRATCH_BYTES, PIPE_WAVES).len(), 2);
+        // The engine's cap (the many-waves test's) still bounds a wave.
+        assert_eq!(cut(&bf16, 1 << 20, PIPE_WAVES).len(), 8192 / 3 + 1);
+        // At most the count asked for, none of them tiny, every slot in one; unequal slots too.
+        let mixed: Vec<u64> = (0..9000u64).map(|j| 1000 + (j * 7919) % 300_000).collect();
+        for slots in [vec![327_696u64; 8193], vec![1000; 5000], mixed] {
+            for pipe in [2, 3, 4, 8] {
+                let w = cut(&slots, SCRATCH_BYTES, pipe);
+                assert!(
+                    w.len() as u64 <= pipe,
+                    "{} slots, {pipe}: {} waves",
+                    slots.len(),
+                    w.len()
+                );
+                assert_eq!(w.iter().map(|(r, _)| r.len()).sum::<usize>(), slots.len());
+                let least = w[..w.len() - 1].iter().map(|(r, _)| r.len()).min();
+                assert!(
+                    least.is_none_or(|l| l as u64 >= PIPE_MIN_SLOTS / 2),
+                    "{least:?}"
+                );
             }
         }
-        // One group that fits in one wave: exactly its total.
-        assert_eq!(
-            scratch_bytes(&launch_groups([0u8].into_iter()), SCRATCH_BYTES, |_| (
-                1000, 5
-            )),
-            5000
-        );
     }
 
     /// What one `tz_place` + `tz_compact` run left: the verdict, the bytes placed per tensor and

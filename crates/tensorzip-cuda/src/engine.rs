@@ -557,6 +557,9 @@ pub struct GpuEngine {
     layout: DecodeLayout,
     /// Most scratch bytes one wave of the encoder uses ([`crate::encode::SCRATCH_BYTES`]).
     wave_bytes: u64,
+    /// Waves the encoder cuts a large launch into, so that compactions overlap encoding
+    /// ([`crate::encode::PIPE_WAVES`]).
+    pipe_waves: u64,
     /// Kernels and buffers, shared by the engines of one device on other streams.
     shared: Arc<Shared>,
 }
@@ -670,6 +673,7 @@ impl GpuEngine {
             stream,
             layout,
             wave_bytes: crate::encode::SCRATCH_BYTES,
+            pipe_waves: crate::encode::pipe_waves_from_env(),
             shared: Arc::new(Shared {
                 decode,
                 build_tables,
@@ -695,6 +699,7 @@ impl GpuEngine {
             stream,
             layout: self.layout,
             wave_bytes: self.wave_bytes,
+            pipe_waves: self.pipe_waves,
             shared: self.shared.clone(),
         }
     }
@@ -717,6 +722,19 @@ impl GpuEngine {
     /// Most scratch bytes one wave of the encoder uses.
     pub(crate) fn wave_bytes(&self) -> u64 {
         self.wave_bytes
+    }
+
+    /// The same engine with the encoder's large launches cut into about `waves` waves (at least 1,
+    /// at most 64; [`crate::encode::PIPE_WAVES`] by default): the same blobs, the compaction of one
+    /// wave under the encoding of the next. For comparisons of the pipeline's depth (1: none).
+    pub fn with_pipe_waves(mut self, waves: u64) -> GpuEngine {
+        self.pipe_waves = waves.clamp(1, 64);
+        self
+    }
+
+    /// Waves the encoder cuts a large launch into.
+    pub(crate) fn pipe_waves(&self) -> u64 {
+        self.pipe_waves
     }
 
     pub(crate) fn shared(&self) -> &Shared {

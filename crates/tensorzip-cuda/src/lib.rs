@@ -14,6 +14,7 @@ pub mod error;
 mod pair_model;
 pub mod plan;
 mod search;
+mod side_streams;
 pub mod transfer;
 
 use std::sync::OnceLock;

@@ -545,27 +545,90 @@ fn gpu_encodes_tensors_of_many_sampled_blocks() {
 }
 
 /// More chunks in one wave than the placement's thread block has threads (1024: several tiles of
-/// its prefix sums), up to ten per thread: 1,221 and 9,766 chunks of 4 KiB. The blobs must be the
-/// CPU's. (A placement split into two kernels, tried on 2026-12-02, failed to launch at 1024
-/// threads, out of registers, while every other test, with fewer chunks a wave, passed.)
+/// its prefix sums), up to ten per thread: 1,221 and 9,766 chunks of 4 KiB, in one wave (no
+/// pipeline) and in the default pipeline's waves (the 9,766 in four). The blobs must be the CPU's.
+/// (A placement split into two kernels, tried on 2026-12-02, failed to launch at 1024 threads, out
+/// of registers, while every other test, with fewer chunks a wave, passed.)
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
 fn gpu_encodes_waves_of_many_chunks() {
-    let eng = engine();
-    for (dtype, n) in [
-        (DType::BF16, 2_500_000usize),
-        (DType::F32, 1_250_000),
-        (DType::BF16, 20_000_000),
-    ] {
-        let (_, data) = cases(dtype, n, 11).swap_remove(0);
-        let opts = CompressOptions {
-            chunk_bytes: 4096,
-            ..Default::default()
-        };
-        let shape = [n as u64];
-        let cpu = compress(&data, dtype, &shape, &opts).unwrap();
-        let gpu = eng.compress_host(&data, dtype, &shape, &opts).unwrap();
-        assert!(gpu == cpu, "{dtype}, {n} units in chunks of 4 KiB");
+    for eng in [engine().with_pipe_waves(1), engine()] {
+        for (dtype, n) in [
+            (DType::BF16, 2_500_000usize),
+            (DType::F32, 1_250_000),
+            (DType::BF16, 20_000_000),
+        ] {
+            let (_, data) = cases(dtype, n, 11).swap_remove(0);
+            let opts = CompressOptions {
+                chunk_bytes: 4096,
+                ..Default::default()
+            };
+            let shape = [n as u64];
+            let cpu = compress(&data, dtype, &shape, &opts).unwrap();
+            let gpu = eng.compress_host(&data, dtype, &shape, &opts).unwrap();
+            assert!(gpu == cpu, "{dtype}, {n} units in chunks of 4 KiB");
+        }
+    }
+}
+
+/// The encoder's pipeline (a wave's compaction under the next wave's encoding, two scratch buffers
+/// in turn) at depths 1 to 8, on a batch of two launch groups (bf16 and fp32) whose tensors span
+/// waves, and on a stream of the caller's: every blob the CPU's, and the same blobs at every depth.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_encode_pipeline_depths_give_the_cpus_blobs() {
+    let opts = CompressOptions {
+        chunk_bytes: 4096,
+        ..Default::default()
+    };
+    let tensors: Vec<(DType, Vec<u8>, Vec<u64>)> = [
+        (DType::BF16, 9_000_000usize, 21),
+        (DType::F32, 2_600_000, 22),
+        (DType::BF16, 777, 23),
+        (DType::BF16, 3_000_001, 24),
+    ]
+    .into_iter()
+    .map(|(dtype, n, seed)| {
+        let (_, data) = cases(dtype, n, seed).swap_remove(0);
+        (dtype, data, vec![n as u64])
+    })
+    .collect();
+    let cpu: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(d, data, shape)| compress(data, *d, shape, &opts).unwrap())
+        .collect();
+    let base = engine();
+    let side = base.context().new_stream().unwrap();
+    for (depth, on_side) in [(1, false), (2, false), (3, true), (4, false), (8, true)] {
+        let eng = match on_side {
+            true => base.on_stream(side.clone()),
+            false => engine(),
+        }
+        .with_pipe_waves(depth);
+        let s = eng.stream();
+        let bufs: Vec<_> = tensors
+            .iter()
+            .map(|t| s.clone_htod(&t.1).unwrap())
+            .collect();
+        let list: Vec<tensorzip_cuda::encode::DeviceTensor> = tensors
+            .iter()
+            .zip(&bufs)
+            .map(|(t, b)| tensorzip_cuda::encode::DeviceTensor {
+                ptr: b.device_ptr(s).0,
+                nbytes: t.1.len(),
+                dtype: t.0,
+                shape: t.2.clone(),
+            })
+            .collect();
+        // SAFETY: every buffer lives until the end of the loop's round.
+        let blobs = unsafe { eng.compress_batch_device(&list, &opts) }.unwrap();
+        for (k, (b, c)) in blobs.iter().zip(&cpu).enumerate() {
+            let gpu = s.clone_dtoh(&b.buf.slice(0..b.len)).unwrap();
+            assert!(
+                gpu == *c,
+                "tensor {k}: GPU blob at pipeline depth {depth} differs"
+            );
+        }
     }
 }
 
