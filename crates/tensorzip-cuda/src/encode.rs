@@ -1561,7 +1561,16 @@ impl GpuEngine {
             // one drains. The side streams join the call's stream at the end of this block.
             let mut reported = Vec::with_capacity(2);
             {
-                let side = crate::side_streams::SideStreams::fork(s.context(), &s, 3)?;
+                // `TENSORZIP_DEV_COPY_PRIORITY=1`: the compactions' stream at the device's
+                // greatest priority (their blocks first where an encoder's leave room), for
+                // comparisons.
+                let urgent =
+                    std::env::var_os("TENSORZIP_DEV_COPY_PRIORITY").is_some_and(|v| v == "1");
+                let side = crate::side_streams::SideStreams::fork(
+                    s.context(),
+                    &s,
+                    &[false, false, urgent],
+                )?;
                 let copier = side.get(2);
                 let event = |st: &CudaStream| {
                     st.record_event(Some(
