@@ -1571,6 +1571,12 @@ impl GpuEngine {
                     &s,
                     &[false, false, urgent],
                 )?;
+                // `TENSORZIP_DEV_PIPE_PLACE=enc`: one encoder stream, each wave's placement on
+                // it right after the wave (a 1024-thread block, which a GPU full of the next
+                // wave's encoder warps has no room for), only the compactions on their own
+                // stream; for comparisons.
+                let place_on_enc =
+                    std::env::var_os("TENSORZIP_DEV_PIPE_PLACE").is_some_and(|v| v == "enc");
                 let copier = side.get(2);
                 let event = |st: &CudaStream| {
                     st.record_event(Some(
@@ -1592,7 +1598,7 @@ impl GpuEngine {
                         )));
                     }
                     let slots_ptr = scratch_ptr + buffer * buffer_stride;
-                    let enc = side.get(w % 2);
+                    let enc = side.get(if place_on_enc { 0 } else { w % 2 });
                     if let Some(before) = w.checked_sub(2).map(|p| &compacted[p]) {
                         enc.wait(before)?;
                     }
@@ -1632,21 +1638,27 @@ impl GpuEngine {
                     unsafe { b.launch(cfg) }?;
                     trace("encode kernel");
                     let encoded = event(enc)?;
-                    copier.wait(&encoded)?;
+                    let placer = if place_on_enc { enc } else { copier };
+                    if !place_on_enc {
+                        copier.wait(&encoded)?;
+                    }
                     // The host reads the reports once the last wave of each encoder stream is
                     // done, while the last placements and compactions run.
                     if w + 2 >= wave_jobs.len() {
                         reported.push(encoded);
                     }
-                    // SAFETY: the wave's `n` jobs and reports (written: the copier waited for the
-                    // wave's encoder), `params` and `placed` with an entry for every tensor the
-                    // jobs name (built above from `counting`'s indices), `bad`; the placements run
-                    // in wave order on the copier.
+                    // SAFETY: the wave's `n` jobs and reports (written: the placement's stream
+                    // waited for the wave's encoder, or is its stream), `params` and `placed` with
+                    // an entry for every tensor the jobs name (built above from `counting`'s
+                    // indices), `bad`; the placements run in wave order on one stream.
                     unsafe {
                         k.place(
-                            copier, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
+                            placer, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
                         )
                     }?;
+                    if place_on_enc {
+                        copier.wait(&event(enc)?)?;
+                    }
                     trace("placed");
                     // SAFETY: as for `place`; the slots of the wave's jobs lie inside its scratch
                     // buffer (checked above).
