@@ -1558,7 +1558,8 @@ impl GpuEngine {
             // and compaction on side stream 2, in wave order (the placement carries each tensor's
             // running place from wave to wave), once it is encoded. So a wave's compaction runs
             // under the next wave's encoding, and two encoder launches may share the SMs where
-            // one drains. The side streams join the call's stream at the end of this block.
+            // one drains. The side streams join the call's stream at the end of this block. (A
+            // single wave runs on the call's stream.)
             let mut reported = Vec::with_capacity(2);
             {
                 // `TENSORZIP_DEV_COPY_PRIORITY=1`: the compactions' stream at the device's
@@ -1566,18 +1567,24 @@ impl GpuEngine {
                 // comparisons.
                 let urgent =
                     std::env::var_os("TENSORZIP_DEV_COPY_PRIORITY").is_some_and(|v| v == "1");
-                let side = crate::side_streams::SideStreams::fork(
-                    s.context(),
-                    &s,
-                    &[false, false, urgent],
-                )?;
+                // A call of one wave (any of fewer than 2048 chunks) runs it all on its own
+                // stream, as before the pipeline: no streams to make, no events to wait for.
+                let side = match wave_jobs.len() > 1 {
+                    true => Some(crate::side_streams::SideStreams::fork(
+                        s.context(),
+                        &s,
+                        &[false, false, urgent],
+                    )?),
+                    false => None,
+                };
+                let on = |k: usize| side.as_ref().map_or(&s, |set| set.get(k));
                 // `TENSORZIP_DEV_PIPE_PLACE=enc`: one encoder stream, each wave's placement on
                 // it right after the wave (a 1024-thread block, which a GPU full of the next
                 // wave's encoder warps has no room for), only the compactions on their own
                 // stream; for comparisons.
                 let place_on_enc =
                     std::env::var_os("TENSORZIP_DEV_PIPE_PLACE").is_some_and(|v| v == "enc");
-                let copier = side.get(2);
+                let copier = on(2);
                 let event = |st: &CudaStream| {
                     st.record_event(Some(
                         cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
@@ -1598,7 +1605,8 @@ impl GpuEngine {
                         )));
                     }
                     let slots_ptr = scratch_ptr + buffer * buffer_stride;
-                    let enc = side.get(if place_on_enc { 0 } else { w % 2 });
+                    let enc = on(if place_on_enc { 0 } else { w % 2 });
+                    let one_stream = Arc::ptr_eq(enc, copier);
                     if let Some(before) = w.checked_sub(2).map(|p| &compacted[p]) {
                         enc.wait(before)?;
                     }
@@ -1639,7 +1647,7 @@ impl GpuEngine {
                     trace("encode kernel");
                     let encoded = event(enc)?;
                     let placer = if place_on_enc { enc } else { copier };
-                    if !place_on_enc {
+                    if !place_on_enc && !one_stream {
                         copier.wait(&encoded)?;
                     }
                     // The host reads the reports once the last wave of each encoder stream is
@@ -1656,7 +1664,7 @@ impl GpuEngine {
                             placer, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
                         )
                     }?;
-                    if place_on_enc {
+                    if place_on_enc && !one_stream {
                         copier.wait(&event(enc)?)?;
                     }
                     trace("placed");
@@ -1670,7 +1678,9 @@ impl GpuEngine {
                     trace("compacted");
                     compacted.push(event(copier)?);
                 }
-                side.join()?;
+                if let Some(set) = &side {
+                    set.join()?;
+                }
             }
             // The placement's verdict and the parameters as the device left them, after the last
             // compaction (nothing waits for them on the stream; the host checks them after the
