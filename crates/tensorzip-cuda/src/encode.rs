@@ -418,7 +418,8 @@ pub const PIPE_WAVES: u64 = 4;
 
 /// The fewest chunks of a wave cut for the pipeline: about half of what an H100's SMs hold at once
 /// (bf16: 16 warps, a chunk each, on 132 SMs), so that a wave's launch fills the GPU. A group of
-/// fewer chunks is one wave: its chunks would otherwise wait for each other's compactions.
+/// fewer than twice as many chunks is one wave: its chunks would otherwise wait for each other's
+/// compactions.
 const PIPE_MIN_SLOTS: u64 = 1024;
 
 /// The waves of the pipeline: [`PIPE_WAVES`], or the development override.
