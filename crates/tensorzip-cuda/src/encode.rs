@@ -408,7 +408,7 @@ fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usi
     groups
 }
 
-/// Waves a launch group's chunks are cut into where it has at least [`PIPE_MIN_SLOTS`] chunks a
+/// Waves a launch group's chunks are cut into where it has at least `PIPE_MIN_SLOTS` chunks a
 /// wave, so that each wave's placement and compaction (bound by memory traffic) run on a stream of
 /// their own under the encoding of the next waves (bound by the encode kernel's latency): 1 GiB
 /// of bf16 (8192 chunks) is four waves of 2048. `GpuEngine::with_pipe_waves`, or
