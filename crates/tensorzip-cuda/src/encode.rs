@@ -411,10 +411,12 @@ fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usi
 /// Waves a launch group's chunks are cut into where it has at least `PIPE_MIN_SLOTS` chunks a
 /// wave, so that each wave's placement and compaction (bound by memory traffic) run on a stream of
 /// their own under the encoding of the next waves (bound by the encode kernel's latency): 1 GiB
-/// of bf16 (8192 chunks) is four waves of 2048. `GpuEngine::with_pipe_waves`, or
-/// `TENSORZIP_DEV_ENC_WAVES=N` when the engine is made, sets another count (1: the compaction after
-/// the whole encode, as before 2026-12-07), for same-binary comparisons.
-pub const PIPE_WAVES: u64 = 4;
+/// of bf16 (8192 chunks) is two waves of 4096. Two, not more: on an H100 (2026-12-07, GPU.md step
+/// 4) two waves encoded 1 GiB of bf16 ~2% faster than one and fp32 ~2%, four no faster than one,
+/// eight 12% slower (each wave's launch ends in a tail of idle SMs). `GpuEngine::with_pipe_waves`,
+/// or `TENSORZIP_DEV_ENC_WAVES=N` when the engine is made, sets another count (1: the compaction
+/// after the whole encode, as before 2026-12-07), for same-binary comparisons.
+pub const PIPE_WAVES: u64 = 2;
 
 /// The fewest chunks of a wave cut for the pipeline: about half of what an H100's SMs hold at once
 /// (bf16: 16 warps, a chunk each, on 132 SMs), so that a wave's launch fills the GPU. A group of
@@ -2074,9 +2076,14 @@ mod tests {
             let limit = group_wave_limit(slots.len() as u64, total, largest, cap, pipe);
             waves(slots.len(), limit, |j| slots[j])
         };
-        // 1 GiB of bf16: 8192 slots of ~320 KiB, four waves of 2048 slots.
+        // 1 GiB of bf16: 8192 slots of ~320 KiB, two waves of 4096 slots (four of 2048).
         let bf16 = vec![327_696u64; 8192];
         let w = cut(&bf16, SCRATCH_BYTES, PIPE_WAVES);
+        assert_eq!(w.len(), 2);
+        assert!(w
+            .iter()
+            .all(|(r, b)| r.len() == 4096 && *b == 4096 * 327_696));
+        let w = cut(&bf16, SCRATCH_BYTES, 4);
         assert_eq!(w.len(), 4);
         assert!(w
             .iter()
