@@ -1,6 +1,7 @@
 //! The CPU engine: whole-tensor compress and decompress, multi-threaded over chunks with rayon.
 
 use std::io::{Seek, SeekFrom, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
@@ -244,14 +245,39 @@ impl CpuEngine {
     /// Decompresses several blobs concurrently, blob `i` into `outs[i]` (which must hold exactly its
     /// tensor's bytes), as [`CpuEngine::decompress_into`]; a model's small tensors have a chunk or
     /// two each, too few to keep every core busy one tensor at a time. The first failing blob in
-    /// order gives the error ([`CpuEngine::decompress_each_into`] tells which).
+    /// order gives the error ([`CpuEngine::decompress_each_into`] tells which); once a blob has
+    /// failed, the blobs after it are not decoded (their buffers hold what they held, or part of
+    /// their tensor), while those before it still are, since one of them may fail first.
     pub fn decompress_many_into<O: AsMut<[u8]> + Send>(
         &self,
         blobs: &[&[u8]],
         outs: &mut [O],
     ) -> Result<()> {
-        self.decompress_each_into(blobs, outs)?
+        one_buffer_each(blobs.len(), outs.len(), "blobs")?;
+        // The lowest index of a failed blob so far: a task past it has nothing to tell.
+        let first_bad = AtomicUsize::new(usize::MAX);
+        let results: Vec<Option<Result<BlobHeader>>> = self.run(|| {
+            blobs
+                .par_iter()
+                .zip(outs.par_iter_mut())
+                .enumerate()
+                .map(|(k, (b, out))| {
+                    if k > first_bad.load(Ordering::Relaxed) {
+                        return None;
+                    }
+                    let r = self.decompress_into(b, out.as_mut());
+                    if r.is_err() {
+                        first_bad.fetch_min(k, Ordering::Relaxed);
+                    }
+                    Some(r)
+                })
+                .collect()
+        });
+        // Every blob before the lowest failed index was decoded (a skip needs a failure before
+        // it), so the first error in order is the first failing blob's.
+        results
             .into_iter()
+            .flatten()
             .try_for_each(|r| r.map(|_| ()))
     }
 

@@ -489,3 +489,67 @@ fn safetensors_files_of_every_dtype_are_planned_as_that_dtype() {
     ar.decode_all_to(&engine, &mut back, &|_| {}).unwrap();
     assert!(back == file);
 }
+
+/// `decompress_many_into` stops decoding the blobs after a failed one, yet reports the first
+/// failing blob in order: here blob 1 (damaged) waits behind a large blob 0 on its thread while
+/// blob 3's short buffer fails at once on the other, so both fail and blob 1's error must win.
+#[test]
+fn decompress_many_into_reports_the_first_failing_blob() {
+    use tensorzip::{CpuEngine, Error};
+    let eng = CpuEngine::new(2).unwrap();
+    let opts = CompressOptions::default();
+    let shapes: [(usize, usize); 5] = [(1024, 4096), (64, 300), (8, 100), (16, 200), (4, 50)];
+    let tensors: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, &(r, c))| sample::weights(r, c, DType::BF16, k as u64))
+        .collect();
+    let mut blobs: Vec<Vec<u8>> = tensors
+        .iter()
+        .zip(&shapes)
+        .map(|(t, &(r, c))| compress(t, DType::BF16, &[r as u64, c as u64], &opts).unwrap())
+        .collect();
+    let damaged_len = blobs[1].len() / 2;
+    blobs[1].truncate(damaged_len);
+    let views: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
+    let mut outs: Vec<Vec<u8>> = tensors.iter().map(|t| vec![0; t.len()]).collect();
+    let mut each_outs = outs.clone();
+    let damaged = eng.decompress_each_into(&views, &mut each_outs).unwrap()[1]
+        .as_ref()
+        .unwrap_err()
+        .to_string();
+    for _ in 0..10 {
+        let mut slices: Vec<&mut [u8]> = outs
+            .iter_mut()
+            .enumerate()
+            .map(|(k, v)| match k {
+                3 => &mut v[1..],
+                _ => &mut v[..],
+            })
+            .collect();
+        let e = eng.decompress_many_into(&views, &mut slices).unwrap_err();
+        assert_eq!(e.to_string(), damaged);
+        assert_eq!(
+            &slices[0][..],
+            &tensors[0][..],
+            "blob 0 decoded before the failure"
+        );
+    }
+    // A short buffer alone: its own error.
+    let mut slices: Vec<&mut [u8]> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(k, v)| match k {
+            3 => &mut v[1..],
+            _ => &mut v[..],
+        })
+        .collect();
+    let good: Vec<Vec<u8>> = tensors
+        .iter()
+        .zip(&shapes)
+        .map(|(t, &(r, c))| compress(t, DType::BF16, &[r as u64, c as u64], &opts).unwrap())
+        .collect();
+    let good: Vec<&[u8]> = good.iter().map(|b| &b[..]).collect();
+    let e = eng.decompress_many_into(&good, &mut slices).unwrap_err();
+    assert!(matches!(e, Error::OutputSize { .. }), "{e}");
+}
