@@ -1,6 +1,7 @@
 //! Development probe (runs without a GPU): time of the host side of a batch decode for a
 //! safetensors file — parsing every blob's layout and building the launch plan.
-//! `cargo run --release -p tensorzip-cuda --example plantime -- FILE [CHUNK_BYTES]`
+//! `cargo run --release -p tensorzip-cuda --example plantime -- FILE [CHUNK_BYTES] [RUNS]` (5 runs by
+//! default; more for a profile)
 use std::time::Instant;
 
 use tensorzip::blob::BlobLayout;
@@ -27,7 +28,8 @@ fn main() {
             cpu.compress(data, dt, &t.shape, &opts).expect("compress")
         })
         .collect();
-    for _ in 0..5 {
+    let runs = args.get(3).and_then(|v| v.parse().ok()).unwrap_or(5);
+    for _ in 0..runs {
         let t = Instant::now();
         let layouts: Vec<BlobLayout> = blobs
             .iter()
