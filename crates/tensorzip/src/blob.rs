@@ -410,19 +410,17 @@ impl LayoutHead {
                         ));
                     }
                     let mut list = Vec::with_capacity(k as usize);
-                    for _ in 0..k {
-                        let (t, used) = FreqTable::parse(&data[pos..])?;
-                        pos += used;
+                    for j in 0..k as usize {
+                        pos += FreqTable::parse_into(&data[pos..], &mut list)?;
                         // A paired plane's tables code ranks: none past the escape.
                         if let Some(pt) = &paired {
                             let d = pt.escape() as usize;
-                            if t.freq[d + 1..].iter().any(|&f| f > 0) {
+                            if list[j].freq[d + 1..].iter().any(|&f| f > 0) {
                                 return corrupt(format!(
                                     "plane {p}: a table of ranks past the escape {d}"
                                 ));
                             }
                         }
-                        list.push(t);
                     }
                     tables.push(list);
                     pairs.push(paired);

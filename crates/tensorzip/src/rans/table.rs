@@ -186,38 +186,49 @@ impl FreqTable {
         Some(Self::from_codes(codes).expect("normalize builds valid codes"))
     }
 
+    /// The table of `codes` (`None` as [`FreqTable::fill_freq`] fails, or for no symbol).
     fn from_codes(codes: [u8; 256]) -> Option<FreqTable> {
         let lo = codes.iter().position(|&c| c != 0)? as u8;
         let hi = 255 - codes.iter().rev().position(|&c| c != 0)? as u8;
-        let mut freq = [0u16; 256];
+        let mut t = FreqTable {
+            freq: [0; 256],
+            codes,
+            lo,
+            hi,
+        };
+        t.fill_freq().then_some(t)
+    }
+
+    /// Fills `freq` from `codes` over `lo..=hi` (zero before): `false` for an invalid code, no
+    /// anchor or two, or frequencies summing past 4096.
+    fn fill_freq(&mut self) -> bool {
         let mut sum = 0u32;
         let mut anchor = None;
-        for s in lo as usize..=hi as usize {
-            match codes[s] {
+        for s in self.lo as usize..=self.hi as usize {
+            match self.codes[s] {
                 0 => {}
                 ANCHOR => {
                     if anchor.replace(s).is_some() {
-                        return None;
+                        return false;
                     }
                 }
                 c => {
-                    let f = code_to_freq(c)?;
-                    freq[s] = f as u16;
+                    let Some(f) = code_to_freq(c) else {
+                        return false;
+                    };
+                    self.freq[s] = f as u16;
                     sum += f;
                 }
             }
         }
-        let a = anchor?;
+        let Some(a) = anchor else {
+            return false;
+        };
         if sum >= PROB_SCALE {
-            return None;
+            return false;
         }
-        freq[a] = (PROB_SCALE - sum) as u16;
-        Some(FreqTable {
-            freq,
-            codes,
-            lo,
-            hi,
-        })
+        self.freq[a] = (PROB_SCALE - sum) as u16;
+        true
     }
 
     /// Bytes of the serialised table.
@@ -234,6 +245,19 @@ impl FreqTable {
 
     /// Parses one table from the front of `data`; returns it and the bytes it used.
     pub fn parse(data: &[u8]) -> Result<(FreqTable, usize)> {
+        let mut one = Vec::with_capacity(1);
+        let used = Self::parse_into(data, &mut one)?;
+        match one.pop() {
+            Some(t) => Ok((t, used)),
+            None => corrupt("frequency table not parsed"),
+        }
+    }
+
+    /// Parses one table from the front of `data` onto the end of `list` (where it is built: a
+    /// table made on the stack and moved, 770 bytes written in small stores and read back in large
+    /// ones, was a fifth of parsing a small model's blobs); returns the bytes it used. On an error
+    /// `list` is as it was.
+    pub fn parse_into(data: &[u8], list: &mut Vec<FreqTable>) -> Result<usize> {
         if data.len() < 2 {
             return truncated("frequency table header");
         }
@@ -249,14 +273,22 @@ impl FreqTable {
         if body[0] == 0 || body[body.len() - 1] == 0 {
             return corrupt("frequency table range does not start and end at present symbols");
         }
-        let mut codes = [0u8; 256];
-        codes[lo as usize..=hi as usize].copy_from_slice(body);
-        match Self::from_codes(codes) {
-            Some(t) => Ok((t, len)),
-            None => corrupt(
+        list.push(FreqTable {
+            freq: [0; 256],
+            codes: [0; 256],
+            lo,
+            hi,
+        });
+        let k = list.len() - 1;
+        let t = &mut list[k];
+        t.codes[lo as usize..=hi as usize].copy_from_slice(body);
+        if !t.fill_freq() {
+            list.pop();
+            return corrupt(
                 "frequency table has invalid codes, no single anchor, or frequencies over 4096",
-            ),
+            );
         }
+        Ok(len)
     }
 
     /// Whether the table has a single symbol (frequency 4096: coding it costs nothing).
