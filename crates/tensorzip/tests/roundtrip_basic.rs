@@ -173,14 +173,7 @@ fn tensors_compressed_together_equal_tensors_compressed_alone() {
     into[2].push(0);
     let mut with_bad = blobs.clone();
     with_bad[1] = &bad[..];
-    let mut slices: Vec<&mut [u8]> = into
-        .iter_mut()
-        .enumerate()
-        .map(|(k, v)| match k {
-            2 => &mut v[1..],
-            _ => &mut v[..],
-        })
-        .collect();
+    let mut slices = short_slices(&mut into, 2);
     let each = eng.decompress_each_into(&with_bad, &mut slices).unwrap();
     assert_eq!(each.len(), tensors.len());
     for (k, r) in each.iter().enumerate() {
@@ -504,29 +497,23 @@ fn decompress_many_into_reports_the_first_failing_blob() {
         .enumerate()
         .map(|(k, &(r, c))| sample::weights(r, c, DType::BF16, k as u64))
         .collect();
-    let mut blobs: Vec<Vec<u8>> = tensors
+    let good: Vec<Vec<u8>> = tensors
         .iter()
         .zip(&shapes)
         .map(|(t, &(r, c))| compress(t, DType::BF16, &[r as u64, c as u64], &opts).unwrap())
         .collect();
-    let damaged_len = blobs[1].len() / 2;
-    blobs[1].truncate(damaged_len);
-    let views: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
+    let mut damaged_blob = good[1].clone();
+    damaged_blob.truncate(damaged_blob.len() / 2);
+    let good: Vec<&[u8]> = good.iter().map(|b| &b[..]).collect();
+    let mut views = good.clone();
+    views[1] = &damaged_blob;
     let mut outs: Vec<Vec<u8>> = tensors.iter().map(|t| vec![0; t.len()]).collect();
-    let mut each_outs = outs.clone();
-    let damaged = eng.decompress_each_into(&views, &mut each_outs).unwrap()[1]
+    let damaged = eng.decompress_each_into(&views, &mut outs.clone()).unwrap()[1]
         .as_ref()
         .unwrap_err()
         .to_string();
     for _ in 0..10 {
-        let mut slices: Vec<&mut [u8]> = outs
-            .iter_mut()
-            .enumerate()
-            .map(|(k, v)| match k {
-                3 => &mut v[1..],
-                _ => &mut v[..],
-            })
-            .collect();
+        let mut slices = short_slices(&mut outs, 3);
         let e = eng.decompress_many_into(&views, &mut slices).unwrap_err();
         assert_eq!(e.to_string(), damaged);
         assert_eq!(
@@ -536,20 +523,15 @@ fn decompress_many_into_reports_the_first_failing_blob() {
         );
     }
     // A short buffer alone: its own error.
-    let mut slices: Vec<&mut [u8]> = outs
-        .iter_mut()
-        .enumerate()
-        .map(|(k, v)| match k {
-            3 => &mut v[1..],
-            _ => &mut v[..],
-        })
-        .collect();
-    let good: Vec<Vec<u8>> = tensors
-        .iter()
-        .zip(&shapes)
-        .map(|(t, &(r, c))| compress(t, DType::BF16, &[r as u64, c as u64], &opts).unwrap())
-        .collect();
-    let good: Vec<&[u8]> = good.iter().map(|b| &b[..]).collect();
+    let mut slices = short_slices(&mut outs, 3);
     let e = eng.decompress_many_into(&good, &mut slices).unwrap_err();
     assert!(matches!(e, Error::OutputSize { .. }), "{e}");
+}
+
+/// Mutable views of `outs`, each whole but `short`'s, which lacks its first byte.
+fn short_slices(outs: &mut [Vec<u8>], short: usize) -> Vec<&mut [u8]> {
+    outs.iter_mut()
+        .enumerate()
+        .map(|(k, v)| if k == short { &mut v[1..] } else { &mut v[..] })
+        .collect()
 }
