@@ -546,7 +546,7 @@ fn gpu_encodes_tensors_of_many_sampled_blocks() {
 
 /// More chunks in one wave than the placement's thread block has threads (1024: several tiles of
 /// its prefix sums), up to ten per thread: 1,221 and 9,766 chunks of 4 KiB, in one wave (no
-/// pipeline) and in the default pipeline's waves (the 9,766 in four). The blobs must be the CPU's.
+/// pipeline) and in the default pipeline's waves (the 9,766 in two). The blobs must be the CPU's.
 /// (A placement split into two kernels, tried on 2026-12-02, failed to launch at 1024 threads, out
 /// of registers, while every other test, with fewer chunks a wave, passed.)
 #[test]
