@@ -77,6 +77,47 @@ def test_decompress_tensors_in_one_launch(gen):
     assert same(again[0], big) and same(again[1], ts[1])
 
 
+def test_decompress_tensors_of_gpu_blobs_reads_their_prefixes_natively(gen):
+    """A batch wholly on the GPU takes the native path (prefixes read back by gathering launches
+    and parsed in one call, `gpu_read_layouts`): every dtype and odd shape bit-exact, equal to the
+    mixed batch's path, on a non-default stream too; a blob whose prefix is longer than the first
+    read beside small ones; bad blobs — empty, random bytes, truncated inside a long directory —
+    raise ValueError naming the first bad index, and nothing after them breaks the engine."""
+    ts, blobs = [], []
+    for i, (dtype, shape) in enumerate((d, s) for d in DTYPES for s in SHAPES):
+        t = gen(dtype, shape, 300 + i)
+        ts.append(t)
+        blobs.append(tz.compress_tensor(t, min_compress_bytes=0, chunk_bytes=[4096, 131072][i % 2]).cuda())
+    long_t = gen(torch.bfloat16, (2048, 2048), 5)
+    long_blob = tz.compress_tensor(long_t, chunk_bytes=1024).cuda()
+    ts.append(long_t)
+    blobs.append(long_blob)
+    outs = tz.decompress_tensors(blobs)
+    assert len(outs) == len(ts)
+    for i, (o, t) in enumerate(zip(outs, ts)):
+        assert o.is_cuda and same(o, t), i
+    mixed = tz.decompress_tensors([blobs[0].cpu()] + blobs[1:], device="cuda")
+    assert all(same(a, b) for a, b in zip(mixed, outs))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_side = tz.decompress_tensors(blobs[:8])
+    side.synchronize()
+    assert all(same(o, t) for o, t in zip(on_side, ts[:8]))
+    empty = torch.empty(0, dtype=torch.uint8, device="cuda")
+    noise = torch.randint(0, 256, (5000,), dtype=torch.uint8, device="cuda")
+    cut = long_blob[: 100_000]
+    for k, bad in ((0, empty), (2, noise), (3, cut)):
+        batch = blobs[:5]
+        batch[k] = bad
+        if k == 3:
+            batch[4] = noise  # a later bad blob: the first one is named
+        with pytest.raises(ValueError, match=f"blob {k}"):
+            tz.decompress_tensors(batch)
+    again = tz.decompress_tensors([blobs[-1], blobs[3]])
+    assert same(again[0], long_t) and same(again[1], ts[3])
+
+
 def test_gpu_blobs_whose_prefix_passes_the_first_read(gen):
     """A GPU blob whose directory alone passes the first 64 KiB read (8192 chunks of 1 KiB): its
     prefix is read to its exact length (not the whole blob) and it decodes, alone, in a batch with

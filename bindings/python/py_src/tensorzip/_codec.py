@@ -362,6 +362,21 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
     return _on_cpu(blob, target)
 
 
+def _decompress_resident(blobs: list[torch.Tensor], target: torch.device) -> list[torch.Tensor]:
+    """`decompress_tensors` of blobs all on the GPU `target`: the prefixes read back, gathered, and
+    parsed by one native call (`gpu_read_layouts`), the outputs allocated here, all blobs decoded
+    by a second (`gpu_decode_layouts`): per blob, Python only makes its output. A bad blob raises
+    ValueError naming its index before anything is decoded."""
+    index, stream = _core.cuda_index(target), _core.stream_of(target)
+    layouts, described = _native.gpu_read_layouts(index, stream, [(_ptr(b), b.numel()) for b in blobs])
+    outs = []
+    for k, (_, name, shape, _) in enumerate(described):
+        with _blob_index(k):
+            outs.append(_core.empty(shape, _core.dtype_of(name), target))
+    _native.gpu_decode_layouts(index, stream, layouts, [(_ptr(o), nbytes) for o, (_, _, _, nbytes) in zip(outs, described)])
+    return outs
+
+
 def decompress_tensors(blobs, *, device: torch.device | str | int | None = None) -> list[torch.Tensor]:
     """Decompress a sequence of blobs into a list of tensors on `device`, on a GPU in one launch.
 
@@ -378,6 +393,9 @@ def decompress_tensors(blobs, *, device: torch.device | str | int | None = None)
     target = _target_device(next((b for b in blobs if b.is_cuda), None), device)
     if target.type == "cuda" and _core.gpu_available():
         with torch.cuda.device(target):
+            index = _core.cuda_index(target)
+            if blobs and all(b.is_cuda and b.device.index == index for b in blobs):
+                return _decompress_resident(blobs, target)
             staged = []
             for k, (b, pre) in enumerate(zip(blobs, _host_prefixes(blobs))):
                 with _blob_index(k):
