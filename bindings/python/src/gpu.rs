@@ -342,15 +342,23 @@ type Described = (String, String, Vec<u64>, u64);
 /// first 4 KiB of each, then for the few whose prefix is longer exactly what
 /// `BlobLayout::needed_len` asks), and parses them; returns the layouts and, per blob, what
 /// `inspect` tells. The first blob (in order) that is not a valid blob raises `ValueError`
-/// naming its index. This is `decompress_tensors`' path for a batch wholly on one GPU: in Python
-/// each blob's prefix took a slice, a copy, and two parses (~37 us a blob on an H100 host).
+/// naming its index (with `indexed`; without, the error alone: `decompress_tensor`'s one blob).
+/// This is `decompress_tensors`' path for a batch wholly on one GPU (in Python each blob's prefix
+/// took a slice, a copy, and two parses: ~37 us a blob on an H100 host) and `decompress_tensor`'s
+/// for a blob on its target GPU (whose prefix was parsed three times).
 #[pyfunction]
+#[pyo3(signature = (device, stream, blobs, indexed = true))]
 fn gpu_read_layouts(
     py: Python<'_>,
     device: usize,
     stream: usize,
     blobs: Vec<(u64, usize)>,
+    indexed: bool,
 ) -> PyResult<(GpuLayouts, Vec<Described>)> {
+    let name = |k: usize, e: PyErr| match indexed {
+        true => crate::indexed(py, k, e),
+        false => e,
+    };
     let n = blobs.len();
     let eng = on(device, stream)?;
     // Per blob: the bytes read so far, and how many it wants (`None`: settled, or failed).
@@ -394,10 +402,9 @@ fn gpu_read_layouts(
         }
     }
     if let Some(k) = want.iter().position(Option::is_some) {
-        return Err(crate::indexed(
-            py,
+        return Err(name(
             k,
-            PyRuntimeError::new_err("its prefix's length did not settle"),
+            PyRuntimeError::new_err("the blob's prefix length did not settle"),
         ));
     }
     let parsed: Vec<PyResult<BlobLayout>> = py.detach(|| {
@@ -414,7 +421,7 @@ fn gpu_read_layouts(
     let mut layouts = Vec::with_capacity(n);
     let mut described = Vec::with_capacity(n);
     for (k, layout) in parsed.into_iter().enumerate() {
-        let layout = layout.map_err(|e| crate::indexed(py, k, e))?;
+        let layout = layout.map_err(|e| name(k, e))?;
         described.push(crate::describe(&layout.header));
         layouts.push(layout);
     }

@@ -82,7 +82,8 @@ def test_decompress_tensors_of_gpu_blobs_reads_their_prefixes_natively(gen):
     and parsed in one call, `gpu_read_layouts`): every dtype and odd shape bit-exact, equal to the
     mixed batch's path, on a non-default stream too; a blob whose prefix is longer than the first
     read beside small ones; bad blobs — empty, random bytes, truncated inside a long directory —
-    raise ValueError naming the first bad index, and nothing after them breaks the engine."""
+    raise ValueError naming the first bad index (`decompress_tensor`, the same path for one GPU
+    blob, names none), and nothing after them breaks the engine."""
     ts, blobs = [], []
     for i, (dtype, shape) in enumerate((d, s) for d in DTYPES for s in SHAPES):
         t = gen(dtype, shape, 300 + i)
@@ -116,6 +117,12 @@ def test_decompress_tensors_of_gpu_blobs_reads_their_prefixes_natively(gen):
             tz.decompress_tensors(batch)
     again = tz.decompress_tensors([blobs[-1], blobs[3]])
     assert same(again[0], long_t) and same(again[1], ts[3])
+    # `decompress_tensor` of a GPU blob takes the same path: its errors name no index.
+    for bad in (empty, noise, cut):
+        with pytest.raises(ValueError) as e:
+            tz.decompress_tensor(bad)
+        assert not str(e.value).startswith("blob"), e.value
+    assert same(tz.decompress_tensor(long_blob), long_t)
 
 
 def test_gpu_blobs_whose_prefix_passes_the_first_read(gen):

@@ -346,6 +346,8 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
     target = _target_device(blob, device)
     if target.type == "cuda" and _core.gpu_available():
         with torch.cuda.device(target):
+            if blob.is_cuda and blob.device.index == _core.cuda_index(target):
+                return _decompress_resident([blob], target, indexed=False)[0]
             dev_blob, pre, dtype, shape, nbytes = _on_gpu(blob, target, _host_prefix(blob))
             out = _core.empty(shape, dtype, target)
             _native.gpu_decompress(
@@ -362,16 +364,17 @@ def decompress_tensor(blob: torch.Tensor, *, device: torch.device | str | int | 
     return _on_cpu(blob, target)
 
 
-def _decompress_resident(blobs: list[torch.Tensor], target: torch.device) -> list[torch.Tensor]:
-    """`decompress_tensors` of blobs all on the GPU `target`: the prefixes read back, gathered, and
-    parsed by one native call (`gpu_read_layouts`), the outputs allocated here, all blobs decoded
-    by a second (`gpu_decode_layouts`): per blob, Python only makes its output. A bad blob raises
-    ValueError naming its index before anything is decoded."""
+def _decompress_resident(blobs: list[torch.Tensor], target: torch.device, indexed: bool = True) -> list[torch.Tensor]:
+    """`decompress_tensors` of blobs all on the GPU `target` (and `decompress_tensor` of one, with
+    `indexed` false): the prefixes read back, gathered, and parsed by one native call
+    (`gpu_read_layouts`), the outputs allocated here, all blobs decoded by a second
+    (`gpu_decode_layouts`): per blob, Python only makes its output. A bad blob raises ValueError
+    (naming its index where `indexed`) before anything is decoded."""
     index, stream = _core.cuda_index(target), _core.stream_of(target)
-    layouts, described = _native.gpu_read_layouts(index, stream, [(_ptr(b), b.numel()) for b in blobs])
+    layouts, described = _native.gpu_read_layouts(index, stream, [(_ptr(b), b.numel()) for b in blobs], indexed)
     outs = []
     for k, (_, name, shape, _) in enumerate(described):
-        with _blob_index(k):
+        with _blob_index(k) if indexed else contextlib.nullcontext():
             outs.append(_core.empty(shape, _core.dtype_of(name), target))
     _native.gpu_decode_layouts(index, stream, layouts, [(_ptr(o), nbytes) for o, (_, _, _, nbytes) in zip(outs, described)])
     return outs

@@ -74,6 +74,7 @@ def gpu_read_layouts(
     device: int,
     stream: int,
     blobs: list[tuple[int, int]],
+    indexed: bool = True,
 ) -> tuple[GpuLayouts, list[tuple[str, str, list[int], int]]]: ...
 def gpu_decode_layouts(
     device: int,
