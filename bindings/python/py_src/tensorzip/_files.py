@@ -305,7 +305,8 @@ def _decode_gpu(file, names: list[str], outs: list[torch.Tensor], device: torch.
     trimmed to 64 MiB after it (a whole file's load; one-by-one reads keep their buffers for the
     next and trim when the reader closes)."""
     with torch.cuda.device(device):
-        ptrs = [(_core.as_bytes(o).data_ptr() if o.numel() else 0) for o in outs]
+        # New tensors of `_empty`: addressed as `_codec._ptr` does (no `as_bytes` view).
+        ptrs = [_codec._ptr(o) for o in outs]
         file.gpu_decode(names, ptrs, _core.cuda_index(device), _core.stream_of(device), trim)
 
 
