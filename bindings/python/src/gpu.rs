@@ -250,13 +250,19 @@ fn gpu_decompress(
 /// decode to exactly `out_len` bytes (`ValueError` otherwise).
 fn layout_for(prefix: &[u8], blob_len: usize, out_len: usize) -> PyResult<BlobLayout> {
     let layout = BlobLayout::parse(prefix, blob_len).map_err(to_py)?;
-    if layout.header.nbytes() != out_len as u64 {
-        return Err(PyValueError::new_err(format!(
+    check_out_len(&layout, out_len)?;
+    Ok(layout)
+}
+
+/// `ValueError` unless the blob of `layout` decodes to exactly `out_len` bytes.
+fn check_out_len(layout: &BlobLayout, out_len: usize) -> PyResult<()> {
+    match layout.header.nbytes() == out_len as u64 {
+        true => Ok(()),
+        false => Err(PyValueError::new_err(format!(
             "output holds {out_len} bytes, the blob decodes to {}",
             layout.header.nbytes()
-        )));
+        ))),
     }
-    Ok(layout)
 }
 
 /// One blob of [`gpu_decompress_batch`], as [`gpu_decompress`] takes it: (blob_ptr, blob_len,
@@ -369,14 +375,15 @@ fn gpu_read_layouts(
         .collect();
     let mut failed: Vec<Option<tensorzip::Error>> = (0..n).map(|_| None).collect();
     for _ in 0..MAX_READ_ROUNDS {
-        let round: Vec<usize> = (0..n).filter(|&k| want[k].is_some()).collect();
+        // The blobs that want more, and their ranges (each a prefix of its blob).
+        let (round, ranges): (Vec<usize>, Vec<(u64, u64)>) = want
+            .iter()
+            .enumerate()
+            .filter_map(|(k, w)| w.map(|w| (k, (blobs[k].0, w as u64))))
+            .unzip();
         if round.is_empty() {
             break;
         }
-        let ranges: Vec<(u64, u64)> = round
-            .iter()
-            .map(|&k| (blobs[k].0, want[k].unwrap_or(0) as u64))
-            .collect();
         let bytes = restoring(|| {
             py.detach(|| {
                 // SAFETY: the torch layer passes, for each blob, a live CUDA uint8 tensor on this
@@ -455,16 +462,7 @@ fn gpu_decode_layouts(
         )));
     }
     for (k, (l, &(_, out_len))) in layouts.layouts.iter().zip(&outs).enumerate() {
-        if l.header.nbytes() != out_len as u64 {
-            return Err(crate::indexed(
-                py,
-                k,
-                PyValueError::new_err(format!(
-                    "output holds {out_len} bytes, the blob decodes to {}",
-                    l.header.nbytes()
-                )),
-            ));
-        }
+        check_out_len(l, out_len).map_err(|e| crate::indexed(py, k, e))?;
     }
     if outs.is_empty() {
         return Ok(());
