@@ -1565,28 +1565,13 @@ impl GpuEngine {
             // single wave runs on the call's stream.)
             let mut reported = Vec::with_capacity(2);
             {
-                // `TENSORZIP_DEV_COPY_PRIORITY=1`: the compactions' stream at the device's
-                // greatest priority (their blocks first where an encoder's leave room), for
-                // comparisons.
-                let urgent =
-                    std::env::var_os("TENSORZIP_DEV_COPY_PRIORITY").is_some_and(|v| v == "1");
                 // A call of one wave (any of fewer than 2048 chunks) runs it all on its own
                 // stream, as before the pipeline: no streams to make, no events to wait for.
                 let side = match wave_jobs.len() > 1 {
-                    true => Some(crate::side_streams::SideStreams::fork(
-                        s.context(),
-                        &s,
-                        &[false, false, urgent],
-                    )?),
+                    true => Some(crate::side_streams::SideStreams::fork(s.context(), &s, 3)?),
                     false => None,
                 };
                 let on = |k: usize| side.as_ref().map_or(&s, |set| set.get(k));
-                // `TENSORZIP_DEV_PIPE_PLACE=enc`: one encoder stream, each wave's placement on
-                // it right after the wave (a 1024-thread block, which a GPU full of the next
-                // wave's encoder warps has no room for), only the compactions on their own
-                // stream; for comparisons.
-                let place_on_enc =
-                    std::env::var_os("TENSORZIP_DEV_PIPE_PLACE").is_some_and(|v| v == "enc");
                 let copier = on(2);
                 let event = |st: &CudaStream| {
                     st.record_event(Some(
@@ -1608,7 +1593,7 @@ impl GpuEngine {
                         )));
                     }
                     let slots_ptr = scratch_ptr + buffer * buffer_stride;
-                    let enc = on(if place_on_enc { 0 } else { w % 2 });
+                    let enc = on(w % 2);
                     let one_stream = Arc::ptr_eq(enc, copier);
                     if let Some(before) = w.checked_sub(2).map(|p| &compacted[p]) {
                         enc.wait(before)?;
@@ -1649,8 +1634,7 @@ impl GpuEngine {
                     unsafe { b.launch(cfg) }?;
                     trace("encode kernel");
                     let encoded = event(enc)?;
-                    let placer = if place_on_enc { enc } else { copier };
-                    if !place_on_enc && !one_stream {
+                    if !one_stream {
                         copier.wait(&encoded)?;
                     }
                     // The host reads the reports once the last wave of each encoder stream is
@@ -1664,12 +1648,9 @@ impl GpuEngine {
                     // indices), `bad`; the placements run in wave order on one stream.
                     unsafe {
                         k.place(
-                            placer, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
+                            copier, jobs_ptr, n, params_ptr, outs_ptr, placed_ptr, bad_ptr, us,
                         )
                     }?;
-                    if place_on_enc && !one_stream {
-                        copier.wait(&event(enc)?)?;
-                    }
                     trace("placed");
                     // SAFETY: as for `place`; the slots of the wave's jobs lie inside its scratch
                     // buffer (checked above).

@@ -26,14 +26,10 @@ pub(crate) struct SideStreams {
 }
 
 impl SideStreams {
-    /// Streams of the given priorities (`true`: the device's greatest, else its default), each
-    /// waiting for the work queued on `parent` so far.
-    pub(crate) fn fork(
-        ctx: &Arc<CudaContext>,
-        parent: &Arc<CudaStream>,
-        urgent: &[bool],
-    ) -> Result<Self> {
-        let n = urgent.len();
+    /// `n` streams of the default priority, each waiting for the work queued on `parent` so far.
+    /// (The compactions' stream at the device's greatest priority was measured and was no
+    /// better: docs/GPU.md, "Encoder", step 4.)
+    pub(crate) fn fork(ctx: &Arc<CudaContext>, parent: &Arc<CudaStream>, n: usize) -> Result<Self> {
         let mut set = SideStreams {
             parent: parent.clone(),
             streams: Vec::with_capacity(n),
@@ -41,15 +37,8 @@ impl SideStreams {
         };
         ctx.bind_to_thread()?;
         let start = parent.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
-        for &u in urgent {
-            let kind = result::stream::StreamKind::NonBlocking;
-            let raw = match u {
-                true => {
-                    let (_, greatest) = result::stream::get_priority_range()?;
-                    result::stream::create_with_priority(kind, greatest)?
-                }
-                false => result::stream::create(kind)?,
-            };
+        for _ in 0..n {
+            let raw = result::stream::create(result::stream::StreamKind::NonBlocking)?;
             set.raw.push(raw);
             // SAFETY: `raw` is a stream of this context (created above, the context bound), and
             // it stays alive as long as the wrapper: both live in `set`, and the wrapper is never
