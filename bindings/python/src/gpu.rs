@@ -318,17 +318,6 @@ fn gpu_decompress_batch(
     .map_err(gpu_err)
 }
 
-/// How many first bytes of each device-resident blob [`gpu_read_layouts`] reads back at first: the
-/// whole prefix of a tensor of up to ~32 MiB (bf16, 128 KiB chunks); a longer one takes another
-/// round for those blobs only.
-const FIRST_READ: usize = 1 << 12;
-
-/// Rounds of reads [`gpu_read_layouts`] allows a blob: the first, the doubling guesses while its
-/// header and tables are not in (from 64 KiB, at most ~48 for any length a `usize` holds), and the
-/// exact one. More would mean `prefix_wanted` did not settle, which no input makes it do (an error
-/// then, not a loop).
-const MAX_READ_ROUNDS: usize = 64;
-
 /// The layouts of a batch of blobs in device memory, read back and validated by
 /// [`gpu_read_layouts`] and decoded by [`gpu_decode_layouts`]; opaque to Python. It holds the
 /// blobs' device addresses, which the torch layer keeps alive between the two calls.
@@ -344,9 +333,9 @@ pub struct GpuLayouts {
 type Described = (String, String, Vec<u64>, u64);
 
 /// Reads back the prefixes (header, tables, directory) of the blobs `(device address, length)`,
-/// all on `device`, by one gathering launch and one copy a round (`GpuEngine::read_ranges`: the
-/// first 4 KiB of each, then for the few whose prefix is longer exactly what
-/// `BlobLayout::needed_len` asks), and parses them; returns the layouts and, per blob, what
+/// all on `device`, and parses them (`GpuEngine::read_layouts`: one gathering launch and one copy
+/// a round, the first 4 KiB of each, then for the few whose prefix is longer exactly what
+/// `BlobLayout::needed_len` asks; the parses in parallel); returns the layouts and, per blob, what
 /// `inspect` tells. The first blob (in order) that is not a valid blob raises `ValueError`
 /// naming its index (with `indexed`; without, the error alone: `decompress_tensor`'s one blob).
 /// This is `decompress_tensors`' path for a batch wholly on one GPU (in Python each blob's prefix
@@ -367,68 +356,18 @@ fn gpu_read_layouts(
     };
     let n = blobs.len();
     let eng = on(device, stream)?;
-    // Per blob: the bytes read so far, and how many it wants (`None`: settled, or failed).
-    let mut have: Vec<Vec<u8>> = vec![Vec::new(); n];
-    let mut want: Vec<Option<usize>> = blobs
-        .iter()
-        .map(|&(_, len)| (len > 0).then(|| len.min(FIRST_READ)))
-        .collect();
-    let mut failed: Vec<Option<tensorzip::Error>> = (0..n).map(|_| None).collect();
-    for _ in 0..MAX_READ_ROUNDS {
-        // The blobs that want more, and their ranges (each a prefix of its blob).
-        let (round, ranges): (Vec<usize>, Vec<(u64, u64)>) = want
-            .iter()
-            .enumerate()
-            .filter_map(|(k, w)| w.map(|w| (k, (blobs[k].0, w as u64))))
-            .unzip();
-        if round.is_empty() {
-            break;
-        }
-        let bytes = restoring(|| {
-            py.detach(|| {
-                // SAFETY: the torch layer passes, for each blob, a live CUDA uint8 tensor on this
-                // device of the given length; every range is a prefix of one (at most its length).
-                unsafe { eng.read_ranges(&ranges) }
-            })
+    let parsed = restoring(|| {
+        py.detach(|| {
+            // SAFETY: the torch layer passes, for each blob, a live CUDA uint8 tensor on this
+            // device of the given length.
+            unsafe { eng.read_layouts(&blobs) }
         })
-        .map_err(gpu_err)?;
-        let mut at = 0;
-        for (&k, &(_, len)) in round.iter().zip(&ranges) {
-            let len = len as usize;
-            have[k] = bytes[at..at + len].to_vec();
-            at += len;
-            let blob_len = blobs[k].1;
-            want[k] = match crate::prefix_wanted(&have[k], blob_len) {
-                Ok(need) if need <= have[k].len() => None,
-                Ok(need) => Some(need),
-                Err(e) => {
-                    failed[k] = Some(e);
-                    None
-                }
-            };
-        }
-    }
-    if let Some(k) = want.iter().position(Option::is_some) {
-        return Err(name(
-            k,
-            PyRuntimeError::new_err("the blob's prefix length did not settle"),
-        ));
-    }
-    let parsed: Vec<PyResult<BlobLayout>> = py.detach(|| {
-        use rayon::prelude::*;
-        have.par_iter()
-            .zip(failed.par_iter_mut())
-            .zip(&blobs)
-            .map(|((prefix, failed), &(_, blob_len))| match failed.take() {
-                Some(e) => Err(to_py(e)),
-                None => BlobLayout::parse(prefix, blob_len).map_err(to_py),
-            })
-            .collect()
-    });
+    })
+    .map_err(gpu_err)?;
     let mut layouts = Vec::with_capacity(n);
     let mut described = Vec::with_capacity(n);
     for (k, layout) in parsed.into_iter().enumerate() {
-        let layout = layout.map_err(|e| name(k, e))?;
+        let layout = layout.map_err(|e| name(k, to_py(e)))?;
         described.push(crate::describe(&layout.header));
         layouts.push(layout);
     }

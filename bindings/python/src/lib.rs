@@ -240,18 +240,7 @@ fn inspect_prefix(prefix: &[u8], total_len: usize) -> PyResult<(String, String, 
 /// ~600 MiB, whose directory passes the first 64 KiB read, was copied to the host whole.)
 #[pyfunction]
 fn prefix_len(prefix: &[u8], total_len: usize) -> PyResult<usize> {
-    prefix_wanted(prefix, total_len).map_err(to_py)
-}
-
-/// [`prefix_len`]'s answer as a `Result` (also `gpu::gpu_read_layouts`' rule): never more than
-/// `total_len` (`needed_len` bounds the directory by the blob).
-pub(crate) fn prefix_wanted(prefix: &[u8], total_len: usize) -> tensorzip::Result<usize> {
-    match tensorzip::blob::BlobLayout::needed_len(prefix, total_len) {
-        Err(tensorzip::Error::Truncated(_)) if prefix.len() < total_len => {
-            Ok(prefix.len().saturating_mul(2).max(1 << 16).min(total_len))
-        }
-        r => r,
-    }
+    tensorzip::blob::BlobLayout::prefix_to_read(prefix, total_len).map_err(to_py)
 }
 
 /// Decodes the blob at host address `ptr` (`len` bytes) into the `out_len` bytes at `out_ptr`.

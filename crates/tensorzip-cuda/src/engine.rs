@@ -13,6 +13,16 @@ use tensorzip::Tensor;
 use crate::error::{Error, Result};
 use crate::plan::{ChunkDesc, Job, Plan, TensorDesc, KERNELS, RING_STASH_BYTES};
 
+/// How many first bytes of each device-resident blob [`GpuEngine::read_layouts`] reads back at
+/// first: the whole prefix of a tensor of up to ~32 MiB (bf16, 128 KiB chunks); a longer one takes
+/// another round for those blobs only.
+pub const FIRST_PREFIX_READ: usize = 1 << 12;
+
+/// Rounds of reads [`GpuEngine::read_layouts`] allows a blob: the first, the doubling guesses
+/// while its header and tables are not in (from 64 KiB, at most ~48 for any length a `usize`
+/// holds), and the exact one.
+const MAX_PREFIX_ROUNDS: usize = 64;
+
 /// Source of the decoder kernel.
 pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/smem.cuh"),
@@ -1343,6 +1353,79 @@ impl GpuEngine {
         unsafe { self.launch_copies(descs_ptr, descs.len() as u32, 0, out) }?;
         // SAFETY: `gathered` holds `total` bytes, written by the launch before this copy.
         unsafe { self.download_small(out, total as usize) }
+    }
+
+    /// Reads back and parses the prefixes (header, tables, directory) of blobs in device memory,
+    /// `(device address, length)` each: one [`GpuEngine::read_ranges`] a round — first
+    /// [`FIRST_PREFIX_READ`] bytes of each blob, then, for the few whose prefix is longer, what
+    /// [`BlobLayout::prefix_to_read`] asks — and the parses in parallel. Returns each blob's
+    /// layout or its own error (not a valid blob), in order; the outer error is the device's. The
+    /// layouts are what [`GpuEngine::decode_device`] takes for the same addresses. (A whole
+    /// model's blobs resident on the GPU: all-MiniLM-L6-v2 bf16's 104 blobs take one round.)
+    ///
+    /// # Safety
+    /// Every `(address, length)` must be readable device memory of this engine's context, alive
+    /// until this returns.
+    pub unsafe fn read_layouts(
+        &self,
+        blobs: &[(u64, usize)],
+    ) -> Result<Vec<tensorzip::Result<BlobLayout>>> {
+        let n = blobs.len();
+        // Per blob: the bytes read so far, how many it wants (`None`: settled, or failed), and
+        // its error.
+        let mut have: Vec<Vec<u8>> = vec![Vec::new(); n];
+        let mut want: Vec<Option<usize>> = blobs
+            .iter()
+            .map(|&(_, len)| (len > 0).then(|| len.min(FIRST_PREFIX_READ)))
+            .collect();
+        let mut failed: Vec<Option<tensorzip::Error>> = (0..n).map(|_| None).collect();
+        for _ in 0..MAX_PREFIX_ROUNDS {
+            // The blobs that want more, and their ranges (each a prefix of its blob).
+            let (round, ranges): (Vec<usize>, Vec<(u64, u64)>) = want
+                .iter()
+                .enumerate()
+                .filter_map(|(k, w)| w.map(|w| (k, (blobs[k].0, w as u64))))
+                .unzip();
+            if round.is_empty() {
+                break;
+            }
+            // SAFETY: every range is a prefix (at most the length) of a blob the caller vouches
+            // for.
+            let bytes = unsafe { self.read_ranges(&ranges) }?;
+            let mut at = 0;
+            for (&k, &(_, len)) in round.iter().zip(&ranges) {
+                let len = len as usize;
+                have[k] = bytes[at..at + len].to_vec();
+                at += len;
+                want[k] = match BlobLayout::prefix_to_read(&have[k], blobs[k].1) {
+                    Ok(need) if need <= have[k].len() => None,
+                    Ok(need) => Some(need),
+                    Err(e) => {
+                        failed[k] = Some(e);
+                        None
+                    }
+                };
+            }
+        }
+        // No input keeps `prefix_to_read` from settling within the rounds (it doubles from 64
+        // KiB to the blob's length, then answers exactly); a blob that did anyway is an error of
+        // its own, not a loop.
+        for (w, f) in want.iter().zip(failed.iter_mut()) {
+            if w.is_some() {
+                *f = Some(tensorzip::Error::Engine(
+                    "the blob's prefix length did not settle".into(),
+                ));
+            }
+        }
+        Ok(have
+            .par_iter()
+            .zip(failed.par_iter_mut())
+            .zip(blobs)
+            .map(|((prefix, failed), &(_, blob_len))| match failed.take() {
+                Some(e) => Err(e),
+                None => BlobLayout::parse(prefix, blob_len),
+            })
+            .collect())
     }
 
     /// Waits for the last launch of `dp` (on whichever stream: the plan's own stream waits for

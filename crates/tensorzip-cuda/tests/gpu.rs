@@ -1,7 +1,7 @@
 //! GPU engine tests. They need a CUDA device, so they are `#[ignore]`d (CI shows them as ignored, with
 //! the reason); `scripts/gpu_run.sh` runs them on the device machine with `--include-ignored`.
 
-use cudarc::driver::DevicePtr;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use tensorzip::{compress, sample, CompressOptions, Condition, DType};
 use tensorzip_cuda::{DecodeLayout, GpuEngine};
 
@@ -1041,6 +1041,104 @@ fn gpu_reads_ranges_back_in_one_gather() {
         // SAFETY: as above.
         let got = unsafe { eng.read_ranges(&dev_ranges[2..4]) }.unwrap();
         assert!(got[..] == want[1..1 + 17 + 16]);
+    }
+}
+
+/// `GpuEngine::read_layouts` of blobs resident on the GPU gives, blob by blob, what the host's
+/// parse of the same bytes gives: the layouts (a prefix longer than the first 4 KiB read
+/// included) and each bad blob's own error (empty, noise, cut inside its directory, damaged in its
+/// header); the good blobs then decode from those layouts to their data.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the device machine"]
+fn gpu_reads_layouts_of_resident_blobs() {
+    use tensorzip::blob::BlobLayout;
+    let eng = engine();
+    let s = eng.stream();
+    let small = CompressOptions {
+        chunk_bytes: 1024,
+        ..CompressOptions::default()
+    };
+    let mut datas = Vec::new();
+    let mut blobs = Vec::new();
+    for (dt, n, opts) in [
+        (DType::BF16, 5000usize, CompressOptions::default()),
+        (DType::F32, 3, CompressOptions::default()),
+        // 2048 chunks: a directory far past the first 4 KiB read.
+        (DType::BF16, 1 << 20, small.clone()),
+        (DType::F32, 70_000, small.clone()),
+        (DType::F16, 1, CompressOptions::default()),
+    ] {
+        let data = sample::weights(1, n, dt, 7 + n as u64);
+        blobs.push(compress(&data, dt, &[n as u64], &opts).unwrap());
+        datas.push(data);
+    }
+    let good = blobs.len();
+    let long = blobs[2].clone();
+    assert!(BlobLayout::parse(&long, long.len()).unwrap().overhead_len() > 4096);
+    // Bad ones: empty, noise, the long blob cut inside its directory, a header byte damaged.
+    blobs.push(Vec::new());
+    blobs.push(
+        (0..3000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+            .collect(),
+    );
+    blobs.push(long[..3000].to_vec());
+    let mut damaged = blobs[0].clone();
+    damaged[4] ^= 0x40;
+    blobs.push(damaged);
+    // All in one device buffer, 16-byte aligned.
+    let mut host = Vec::new();
+    let mut at = Vec::new();
+    for b in &blobs {
+        host.resize(host.len().next_multiple_of(16), 0);
+        at.push(host.len());
+        host.extend_from_slice(b);
+    }
+    host.push(0);
+    let dev = s.clone_htod(&host).unwrap();
+    let (p, g) = dev.device_ptr(s);
+    drop(g);
+    let resident: Vec<(u64, usize)> = blobs
+        .iter()
+        .zip(&at)
+        .map(|(b, &o)| (p + o as u64, b.len()))
+        .collect();
+    // SAFETY: every blob lies inside `dev`, alive until the end of the test.
+    let got = unsafe { eng.read_layouts(&resident) }.unwrap();
+    assert_eq!(got.len(), blobs.len());
+    for (k, (g, b)) in got.iter().zip(&blobs).enumerate() {
+        match (g, BlobLayout::parse(b, b.len())) {
+            (Ok(l), Ok(h)) => {
+                assert_eq!(l.header, h.header, "blob {k}");
+                assert_eq!(l.overhead_len(), h.overhead_len(), "blob {k}");
+                assert!(k < good, "blob {k} should not parse");
+            }
+            (Err(e), Err(h)) => {
+                assert_eq!(format!("{e:?}"), format!("{h:?}"), "blob {k}");
+                assert!(k >= good, "blob {k} should parse");
+            }
+            (g, h) => panic!("blob {k}: device {:?}, host {:?}", g.is_ok(), h.is_ok()),
+        }
+    }
+    let layouts: Vec<BlobLayout> = got[..good].iter().map(|l| l.clone().unwrap()).collect();
+    let sizes: Vec<usize> = datas.iter().map(|d| d.len().next_multiple_of(16)).collect();
+    let mut out = s.alloc_zeros::<u8>(sizes.iter().sum::<usize>()).unwrap();
+    let (op, g) = out.device_ptr_mut(s);
+    drop(g);
+    let mut o = 0;
+    let mut jobs = Vec::new();
+    for (k, l) in layouts.iter().enumerate() {
+        jobs.push((l, resident[k].0, op + o as u64));
+        o += sizes[k];
+    }
+    // SAFETY: the layouts were parsed from these blobs at these addresses; the outputs tile `out`
+    // (each tensor's bytes, rounded up to 16); all alive until the end of the test.
+    unsafe { eng.decode_device(&jobs) }.unwrap();
+    let back = s.clone_dtoh(&out).unwrap();
+    let mut o = 0;
+    for (k, d) in datas.iter().enumerate() {
+        assert!(back[o..o + d.len()] == d[..], "blob {k} decoded");
+        o += sizes[k];
     }
 }
 

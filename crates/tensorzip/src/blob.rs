@@ -594,6 +594,22 @@ impl BlobLayout {
         Ok(head.pos + head.dir_len)
     }
 
+    /// How many first bytes of a blob of `total_len` bytes a reader that fetches its prefix piece
+    /// by piece (from device memory, say) should hold next, given `prefix`, what it holds now:
+    /// [`BlobLayout::needed_len`] once `prefix` tells it; while the header and tables are not all
+    /// in, a longer read (twice `prefix`, at least 64 KiB, at most `total_len`). The reader reads
+    /// that many bytes and asks again until the answer is no more than what it holds. Never more
+    /// than `total_len` (`needed_len` bounds the directory by the blob). Other errors are the
+    /// ones [`BlobLayout::parse`] gives for the same bytes.
+    pub fn prefix_to_read(prefix: &[u8], total_len: usize) -> Result<usize> {
+        match BlobLayout::needed_len(prefix, total_len) {
+            Err(Error::Truncated(_)) if prefix.len() < total_len => {
+                Ok(prefix.len().saturating_mul(2).max(1 << 16).min(total_len))
+            }
+            r => r,
+        }
+    }
+
     /// Bytes of the header, tables and directory (everything but payloads).
     pub fn overhead_len(&self) -> usize {
         self.payload_start

@@ -2146,3 +2146,49 @@ fn needed_len_is_the_prefix_parse_needs() {
         }
     }
 }
+
+/// `BlobLayout::prefix_to_read`, followed as a reader of a blob in device memory follows it (from
+/// every first read of 0..=64 bytes and of a few larger sizes): never more than the blob, each
+/// answer longer than what is held until it settles, and it settles at exactly the blob's
+/// `overhead_len` within a few rounds; from a noise blob it ends in an error, never a loop.
+#[test]
+fn prefix_to_read_settles_at_the_prefix_parse_needs() {
+    use tensorzip::blob::BlobLayout;
+    let mut blobs = Vec::new();
+    for (i, dt) in [DType::BF16, DType::F32, DType::U8].into_iter().enumerate() {
+        for n in [3, 5000, 300_000] {
+            let data = make(dt, n, Dist::Weights, 90 + i as u64);
+            blobs.push(tensorzip::compress(&data, dt, &[n as u64], &small_opts()).unwrap());
+        }
+    }
+    blobs.push(paired_blob());
+    let follow = |blob: &[u8], first: usize| -> tensorzip::Result<(usize, usize)> {
+        let mut held = first.min(blob.len());
+        for round in 1..=64 {
+            let want = BlobLayout::prefix_to_read(&blob[..held], blob.len())?;
+            assert!(
+                want <= blob.len(),
+                "asked {want} of a {}-byte blob",
+                blob.len()
+            );
+            if want <= held {
+                return Ok((want, round));
+            }
+            held = want;
+        }
+        panic!("did not settle from a first read of {first}");
+    };
+    for (b, blob) in blobs.iter().enumerate() {
+        let over = BlobLayout::parse(blob, blob.len()).unwrap().overhead_len();
+        for first in (0..=64).chain([1000, 4096, 1 << 16, blob.len()]) {
+            let (got, rounds) = follow(blob, first).unwrap();
+            assert_eq!(got, over, "blob {b}, first read {first}");
+            assert!(rounds <= 3, "blob {b}, first read {first}: {rounds} rounds");
+        }
+    }
+    let mut r = Rng::new(5);
+    for len in [0usize, 1, 100, 5000, 200_000] {
+        let noise: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
+        assert!(follow(&noise, 4096).is_err(), "noise of {len} bytes");
+    }
+}
