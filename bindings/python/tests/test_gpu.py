@@ -122,6 +122,15 @@ def test_decompress_tensors_of_gpu_blobs_reads_their_prefixes_natively(gen):
         with pytest.raises(ValueError) as e:
             tz.decompress_tensor(bad)
         assert not str(e.value).startswith("blob"), e.value
+    # So does `blob_info` of a GPU blob: what the CPU copy tells, and the CPU copy's error.
+    for b in blobs:
+        assert tz.blob_info(b) == tz.blob_info(b.cpu())
+    for bad in (empty, noise, cut):
+        with pytest.raises(ValueError) as e:
+            tz.blob_info(bad)
+        with pytest.raises(ValueError) as on_cpu:
+            tz.blob_info(bad.cpu())
+        assert str(e.value) == str(on_cpu.value)
     assert same(tz.decompress_tensor(long_blob), long_t)
 
 

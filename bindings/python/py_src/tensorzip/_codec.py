@@ -218,10 +218,16 @@ def _target_device(blob: torch.Tensor | None, device) -> torch.device:
 def blob_info(blob: torch.Tensor) -> tuple[str, torch.dtype, tuple[int, ...], int]:
     """(scheme, dtype, shape, decoded bytes) of a blob ("stored" or "planes"), validating its header,
     tables and directory; raises ValueError for anything that is not a valid tensorzip blob. For a
-    CUDA blob only its prefix is copied to the host."""
+    CUDA blob only its prefix is copied to the host (by the engine, where it runs: one gathering
+    launch and one copy, parsed natively)."""
     _check_blob(blob)
     blob = blob.detach()
-    if blob.is_cuda:
+    if blob.is_cuda and _core.gpu_available():
+        with torch.cuda.device(blob.device):
+            index, stream = _core.cuda_index(blob.device), _core.stream_of(blob.device)
+            _, described = _native.gpu_read_layouts(index, stream, [(_ptr(blob), blob.numel())], False)
+        scheme, name, shape, nbytes = described[0]
+    elif blob.is_cuda:
         scheme, name, shape, nbytes = _native.inspect_prefix(_bytes_of(_host_prefix(blob)), blob.numel())
     else:
         data = _core.as_bytes(blob)
