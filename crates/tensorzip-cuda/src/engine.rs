@@ -1370,15 +1370,18 @@ impl GpuEngine {
         &self,
         blobs: &[(u64, usize)],
     ) -> Result<Vec<tensorzip::Result<BlobLayout>>> {
+        /// Where a blob stands after a round: parsed, or failed, or wanting a longer prefix.
+        enum Step {
+            Done(tensorzip::Result<BlobLayout>),
+            Want(usize),
+        }
         let n = blobs.len();
-        // Per blob: the bytes read so far, how many it wants (`None`: settled, or failed), and
-        // its error.
         let mut have: Vec<Vec<u8>> = vec![Vec::new(); n];
         let mut want: Vec<Option<usize>> = blobs
             .iter()
-            .map(|&(_, len)| (len > 0).then(|| len.min(FIRST_PREFIX_READ)))
+            .map(|&(_, len)| Some(len.min(FIRST_PREFIX_READ)))
             .collect();
-        let mut failed: Vec<Option<tensorzip::Error>> = (0..n).map(|_| None).collect();
+        let mut out: Vec<Option<tensorzip::Result<BlobLayout>>> = (0..n).map(|_| None).collect();
         for _ in 0..MAX_PREFIX_ROUNDS {
             // The blobs that want more, and their ranges (each a prefix of its blob).
             let (round, ranges): (Vec<usize>, Vec<(u64, u64)>) = want
@@ -1397,33 +1400,49 @@ impl GpuEngine {
                 let len = len as usize;
                 have[k] = bytes[at..at + len].to_vec();
                 at += len;
-                want[k] = match BlobLayout::prefix_to_read(&have[k], blobs[k].1) {
-                    Ok(need) if need <= have[k].len() => None,
-                    Ok(need) => Some(need),
-                    Err(e) => {
-                        failed[k] = Some(e);
-                        None
+            }
+            // Each blob of the round parsed from what it holds, in parallel: the parse is the
+            // whole host cost (a prefix long enough for its header and tables but not its
+            // directory asks `prefix_to_read` for the exact length, which reads those again).
+            let steps: Vec<Step> = round
+                .par_iter()
+                .map(|&k| {
+                    let (prefix, total) = (&have[k], blobs[k].1);
+                    match BlobLayout::parse(prefix, total) {
+                        Err(tensorzip::Error::Truncated(e)) if prefix.len() < total => {
+                            match BlobLayout::prefix_to_read(prefix, total) {
+                                Ok(need) if need > prefix.len() => Step::Want(need),
+                                // It holds all the prefix says it needs: the blob itself is
+                                // short of what its directory names.
+                                Ok(_) => Step::Done(Err(tensorzip::Error::Truncated(e))),
+                                Err(e) => Step::Done(Err(e)),
+                            }
+                        }
+                        r => Step::Done(r),
                     }
-                };
+                })
+                .collect();
+            for (&k, step) in round.iter().zip(steps) {
+                match step {
+                    Step::Done(r) => {
+                        want[k] = None;
+                        out[k] = Some(r);
+                    }
+                    Step::Want(need) => want[k] = Some(need),
+                }
             }
         }
         // No input keeps `prefix_to_read` from settling within the rounds (it doubles from 64
         // KiB to the blob's length, then answers exactly); a blob that did anyway is an error of
         // its own, not a loop.
-        for (w, f) in want.iter().zip(failed.iter_mut()) {
-            if w.is_some() {
-                *f = Some(tensorzip::Error::Engine(
-                    "the blob's prefix length did not settle".into(),
-                ));
-            }
-        }
-        Ok(have
-            .par_iter()
-            .zip(failed.par_iter_mut())
-            .zip(blobs)
-            .map(|((prefix, failed), &(_, blob_len))| match failed.take() {
-                Some(e) => Err(e),
-                None => BlobLayout::parse(prefix, blob_len),
+        Ok(out
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(tensorzip::Error::Engine(
+                        "the blob's prefix length did not settle".into(),
+                    ))
+                })
             })
             .collect())
     }
