@@ -13,10 +13,15 @@ use tensorzip::Tensor;
 use crate::error::{Error, Result};
 use crate::plan::{ChunkDesc, Job, Plan, TensorDesc, KERNELS, RING_STASH_BYTES};
 
-/// How many first bytes of each device-resident blob [`GpuEngine::read_layouts`] reads back at
-/// first: the whole prefix of a tensor of up to ~32 MiB (bf16, 128 KiB chunks); a longer one takes
-/// another round for those blobs only.
-pub const FIRST_PREFIX_READ: usize = 1 << 12;
+/// How many first bytes of a device-resident blob of `len` bytes [`GpuEngine::read_layouts`] reads
+/// back at first: 4 KiB, plus one byte for every 4096 of the blob — the directory of a default
+/// blob (128 KiB chunks) is ~1/7000 of it for bf16 (1 GiB: a 99,909-byte prefix in a 705 MB
+/// blob) and ~1/5400 for fp32, so most blobs take one round (a second read and a launch cost more
+/// than the extra bytes); one whose prefix is longer (small chunks, or planes that code to almost
+/// nothing) takes another round for itself.
+pub fn first_prefix_read(len: usize) -> usize {
+    len.min((1 << 12) + len / 4096)
+}
 
 /// Rounds of reads [`GpuEngine::read_layouts`] allows a blob: the first, the doubling guesses
 /// while its header and tables are not in (from 64 KiB, at most ~48 for any length a `usize`
@@ -1357,7 +1362,7 @@ impl GpuEngine {
 
     /// Reads back and parses the prefixes (header, tables, directory) of blobs in device memory,
     /// `(device address, length)` each: one [`GpuEngine::read_ranges`] a round — first
-    /// [`FIRST_PREFIX_READ`] bytes of each blob, then, for the few whose prefix is longer, what
+    /// [`first_prefix_read`] bytes of each blob, then, for the few whose prefix is longer, what
     /// [`BlobLayout::prefix_to_read`] asks — and the parses in parallel. Returns each blob's
     /// layout or its own error (not a valid blob), in order; the outer error is the device's. The
     /// layouts are what [`GpuEngine::decode_device`] takes for the same addresses. (A whole
@@ -1379,7 +1384,7 @@ impl GpuEngine {
         let mut have: Vec<Vec<u8>> = vec![Vec::new(); n];
         let mut want: Vec<Option<usize>> = blobs
             .iter()
-            .map(|&(_, len)| Some(len.min(FIRST_PREFIX_READ)))
+            .map(|&(_, len)| Some(first_prefix_read(len)))
             .collect();
         let mut out: Vec<Option<tensorzip::Result<BlobLayout>>> = (0..n).map(|_| None).collect();
         for _ in 0..MAX_PREFIX_ROUNDS {
