@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tensorzip::blob::{peek_header, BlobLayout, Scheme};
+use tensorzip::blob::{peek_header, BlobLayout, PrefixStep, Scheme};
 use tensorzip::decoder::{DecodeScratch, TensorDecoder};
 use tensorzip::stats::BlobStats;
 
@@ -26,13 +26,42 @@ fuzz_target!(|data: &[u8]| {
     // The prefix a reader copies from device memory: where the layout parses, exactly its
     // overhead; where `needed_len` fails otherwise than by truncation, so does the parse.
     let needed = BlobLayout::needed_len(data, data.len());
-    match BlobLayout::parse(data, data.len()) {
+    let whole = BlobLayout::parse(data, data.len());
+    match &whole {
         Ok(l) => assert_eq!(needed.ok(), Some(l.overhead_len()), "needed_len"),
         Err(e) => {
             if let Err(n) = &needed {
                 assert_eq!(format!("{n:?}"), format!("{e:?}"), "needed_len's error");
             }
         }
+    }
+    // A reader of the blob in device memory (`GpuEngine::read_layouts`): from a first read of
+    // 4 KiB (a few bytes for short inputs, so that more than one round is tried), each step asks
+    // for more than it holds and ends, within 64 rounds, in the whole blob's parse.
+    let mut held = (1usize << 12).min(data.len() / 3);
+    let mut ended = None;
+    for _ in 0..64 {
+        match BlobLayout::parse_prefix(&data[..held], data.len()) {
+            PrefixStep::Parsed(r) => {
+                ended = Some(r);
+                break;
+            }
+            PrefixStep::Want(n) => {
+                assert!(
+                    n > held && n <= data.len(),
+                    "parse_prefix asked {n} holding {held}"
+                );
+                held = n;
+            }
+        }
+    }
+    match (ended.expect("parse_prefix did not settle"), &whole) {
+        (Ok(g), Ok(w)) => assert_eq!(g.overhead_len(), w.overhead_len(), "parse_prefix"),
+        (Err(g), Err(w)) => assert_eq!(format!("{g:?}"), format!("{w:?}"), "parse_prefix's error"),
+        (g, _) => panic!(
+            "parse_prefix gave {:?} where the whole parse differs",
+            g.is_ok()
+        ),
     }
     let dec = match TensorDecoder::new(data) {
         Ok(d) => d,

@@ -7,7 +7,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use rayon::prelude::*;
-use tensorzip::blob::BlobLayout;
+use tensorzip::blob::{BlobLayout, PrefixStep};
 use tensorzip::Tensor;
 
 use crate::error::{Error, Result};
@@ -1375,11 +1375,6 @@ impl GpuEngine {
         &self,
         blobs: &[(u64, usize)],
     ) -> Result<Vec<tensorzip::Result<BlobLayout>>> {
-        /// Where a blob stands after a round: parsed, or failed, or wanting a longer prefix.
-        enum Step {
-            Done(tensorzip::Result<BlobLayout>),
-            Want(usize),
-        }
         let n = blobs.len();
         let mut have: Vec<Vec<u8>> = vec![Vec::new(); n];
         let mut want: Vec<Option<usize>> = blobs
@@ -1407,33 +1402,18 @@ impl GpuEngine {
                 at += len;
             }
             // Each blob of the round parsed from what it holds, in parallel: the parse is the
-            // whole host cost (a prefix long enough for its header and tables but not its
-            // directory asks `prefix_to_read` for the exact length, which reads those again).
-            let steps: Vec<Step> = round
+            // whole host cost.
+            let steps: Vec<PrefixStep> = round
                 .par_iter()
-                .map(|&k| {
-                    let (prefix, total) = (&have[k], blobs[k].1);
-                    match BlobLayout::parse(prefix, total) {
-                        Err(tensorzip::Error::Truncated(e)) if prefix.len() < total => {
-                            match BlobLayout::prefix_to_read(prefix, total) {
-                                Ok(need) if need > prefix.len() => Step::Want(need),
-                                // It holds all the prefix says it needs: the blob itself is
-                                // short of what its directory names.
-                                Ok(_) => Step::Done(Err(tensorzip::Error::Truncated(e))),
-                                Err(e) => Step::Done(Err(e)),
-                            }
-                        }
-                        r => Step::Done(r),
-                    }
-                })
+                .map(|&k| BlobLayout::parse_prefix(&have[k], blobs[k].1))
                 .collect();
             for (&k, step) in round.iter().zip(steps) {
                 match step {
-                    Step::Done(r) => {
+                    PrefixStep::Parsed(r) => {
                         want[k] = None;
-                        out[k] = Some(r);
+                        out[k] = Some(r.map(|l| *l));
                     }
-                    Step::Want(need) => want[k] = Some(need),
+                    PrefixStep::Want(need) => want[k] = Some(need),
                 }
             }
         }

@@ -610,6 +610,28 @@ impl BlobLayout {
         }
     }
 
+    /// One step of a reader that fetches a blob's prefix piece by piece: the layout parsed from
+    /// `prefix` (the blob's first bytes; the blob is `total_len` bytes), or its error — the one
+    /// [`BlobLayout::parse`] of the whole blob gives — or, where `prefix` is too short to tell,
+    /// [`PrefixStep::Want`] the length to read next ([`BlobLayout::prefix_to_read`]), always more
+    /// than `prefix` holds. Each step parses the prefix once (the common case, a first read that
+    /// holds the whole prefix, costs one parse); only a short one also asks `prefix_to_read`.
+    pub fn parse_prefix(prefix: &[u8], total_len: usize) -> PrefixStep {
+        let prefix = &prefix[..prefix.len().min(total_len)];
+        match BlobLayout::parse(prefix, total_len) {
+            Err(Error::Truncated(e)) if prefix.len() < total_len => {
+                match BlobLayout::prefix_to_read(prefix, total_len) {
+                    Ok(need) if need > prefix.len() => PrefixStep::Want(need),
+                    // It holds all its header and tables say the prefix is: the blob itself is
+                    // short of what its directory names.
+                    Ok(_) => PrefixStep::Parsed(Err(Error::Truncated(e))),
+                    Err(e) => PrefixStep::Parsed(Err(e)),
+                }
+            }
+            r => PrefixStep::Parsed(r.map(Box::new)),
+        }
+    }
+
     /// Bytes of the header, tables and directory (everything but payloads).
     pub fn overhead_len(&self) -> usize {
         self.payload_start
@@ -619,6 +641,15 @@ impl BlobLayout {
     pub fn paired_plane(&self) -> Option<usize> {
         self.pairs.iter().position(Option::is_some)
     }
+}
+
+/// What [`BlobLayout::parse_prefix`] tells a reader of a blob's prefix.
+#[derive(Debug)]
+pub enum PrefixStep {
+    /// The layout, or the error that the whole blob's parse gives.
+    Parsed(Result<Box<BlobLayout>>),
+    /// The prefix is too short to tell: read this many first bytes (more than held) and ask again.
+    Want(usize),
 }
 
 /// A validated blob: its layout and its bytes.

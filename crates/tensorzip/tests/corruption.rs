@@ -2147,13 +2147,14 @@ fn needed_len_is_the_prefix_parse_needs() {
     }
 }
 
-/// `BlobLayout::prefix_to_read`, followed as a reader of a blob in device memory follows it (from
-/// every first read of 0..=64 bytes and of a few larger sizes): never more than the blob, each
-/// answer longer than what is held until it settles, and it settles at exactly the blob's
-/// `overhead_len` within a few rounds; from a noise blob it ends in an error, never a loop.
+/// `BlobLayout::parse_prefix` (and the `prefix_to_read` it asks), followed as a reader of a blob
+/// in device memory follows it (`GpuEngine::read_layouts`), from first reads of 0..=64 bytes and a
+/// few larger sizes: every length it asks is more than held and at most the blob, and it ends
+/// within a few rounds in what the whole blob's parse gives — the layout, or the same error — on
+/// valid blobs, their truncations and bit-flipped copies, and noise.
 #[test]
-fn prefix_to_read_settles_at_the_prefix_parse_needs() {
-    use tensorzip::blob::BlobLayout;
+fn parse_prefix_ends_in_the_whole_blobs_parse() {
+    use tensorzip::blob::{BlobLayout, PrefixStep};
     let mut blobs = Vec::new();
     for (i, dt) in [DType::BF16, DType::F32, DType::U8].into_iter().enumerate() {
         for n in [3, 5000, 300_000] {
@@ -2162,33 +2163,82 @@ fn prefix_to_read_settles_at_the_prefix_parse_needs() {
         }
     }
     blobs.push(paired_blob());
-    let follow = |blob: &[u8], first: usize| -> tensorzip::Result<(usize, usize)> {
+    let follow = |blob: &[u8], first: usize| -> (tensorzip::Result<Box<BlobLayout>>, usize) {
         let mut held = first.min(blob.len());
         for round in 1..=64 {
-            let want = BlobLayout::prefix_to_read(&blob[..held], blob.len())?;
-            assert!(
-                want <= blob.len(),
-                "asked {want} of a {}-byte blob",
-                blob.len()
-            );
-            if want <= held {
-                return Ok((want, round));
+            match BlobLayout::parse_prefix(&blob[..held], blob.len()) {
+                PrefixStep::Parsed(r) => return (r, round),
+                PrefixStep::Want(n) => {
+                    assert!(
+                        n > held && n <= blob.len(),
+                        "asked {n} holding {held} of {}",
+                        blob.len()
+                    );
+                    held = n;
+                }
             }
-            held = want;
         }
         panic!("did not settle from a first read of {first}");
     };
+    let same = |blob: &[u8], first: usize, what: &str| -> usize {
+        let (got, rounds) = follow(blob, first);
+        match (got, BlobLayout::parse(blob, blob.len())) {
+            (Ok(g), Ok(w)) => {
+                assert_eq!(g.header, w.header, "{what}, first read {first}");
+                assert_eq!(
+                    g.overhead_len(),
+                    w.overhead_len(),
+                    "{what}, first read {first}"
+                );
+            }
+            (Err(g), Err(w)) => {
+                assert_eq!(
+                    format!("{g:?}"),
+                    format!("{w:?}"),
+                    "{what}, first read {first}"
+                )
+            }
+            (g, w) => panic!(
+                "{what}, first read {first}: {:?} against {:?}",
+                g.is_ok(),
+                w.is_ok()
+            ),
+        }
+        rounds
+    };
+    let firsts = |len: usize| (0..=64).chain([1000, 4096, 1 << 16, len]);
+    let mut r = Rng::new(5);
     for (b, blob) in blobs.iter().enumerate() {
-        let over = BlobLayout::parse(blob, blob.len()).unwrap().overhead_len();
-        for first in (0..=64).chain([1000, 4096, 1 << 16, blob.len()]) {
-            let (got, rounds) = follow(blob, first).unwrap();
-            assert_eq!(got, over, "blob {b}, first read {first}");
+        for first in firsts(blob.len()) {
+            let rounds = same(blob, first, &format!("blob {b}"));
             assert!(rounds <= 3, "blob {b}, first read {first}: {rounds} rounds");
         }
+        let over = BlobLayout::parse(blob, blob.len()).unwrap().overhead_len();
+        for cut in [
+            0,
+            1,
+            over / 2,
+            over.saturating_sub(1),
+            over,
+            over + 1,
+            blob.len() - 1,
+        ] {
+            let cut = &blob[..cut.min(blob.len())];
+            for first in [0, 7, 4096] {
+                same(cut, first, &format!("blob {b} cut to {}", cut.len()));
+            }
+        }
+        for _ in 0..40 {
+            let mut d = blob.clone();
+            let at = (r.next_u64() % over as u64) as usize;
+            d[at] ^= 1 << (r.next_u64() % 8);
+            for first in [0, 9, 4096] {
+                same(&d, first, &format!("blob {b} flipped at {at}"));
+            }
+        }
     }
-    let mut r = Rng::new(5);
     for len in [0usize, 1, 100, 5000, 200_000] {
         let noise: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
-        assert!(follow(&noise, 4096).is_err(), "noise of {len} bytes");
+        assert!(follow(&noise, 4096).0.is_err(), "noise of {len} bytes");
     }
 }
