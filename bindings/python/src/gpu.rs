@@ -335,7 +335,7 @@ type Described = (String, String, Vec<u64>, u64);
 /// Reads back the prefixes (header, tables, directory) of the blobs `(device address, length)`,
 /// all on `device`, and parses them (`GpuEngine::read_layouts`: one gathering launch and one copy
 /// a round, the first 4 KiB and 1/4096 of each, then for the few whose prefix is longer what
-/// `BlobLayout::needed_len` asks; the parses in parallel); returns the layouts and, per blob, what
+/// `BlobLayout::parse_prefix` asks; the parses in parallel); returns the layouts and, per blob, what
 /// `inspect` tells. The first blob (in order) that is not a valid blob raises `ValueError`
 /// naming its index (with `indexed`; without, the error alone: `decompress_tensor`'s one blob).
 /// This is `decompress_tensors`' path for a batch wholly on one GPU (in Python each blob's prefix
