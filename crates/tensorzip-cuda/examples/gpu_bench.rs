@@ -244,8 +244,8 @@ fn main() {
     }
     // Device-resident decode with planning, as a reader of blobs resident on the GPU does it
     // (Python's `decompress_tensors`): `GpuEngine::read_layouts` reads the blob prefixes (header,
-    // tables, directory) back — the first 4 KiB and 1/4096 of each, then the rest of the longer ones — and
-    // parses them in parallel; then the plan, its upload and the decode.
+    // tables, directory) back — the first 4 KiB and 1/4096 of each, then the rest of the longer
+    // ones — and parses them in parallel; then the plan, its upload and the decode.
     let resident_blobs: Vec<(u64, usize)> = blobs
         .iter()
         .zip(&offsets)
