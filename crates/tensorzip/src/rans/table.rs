@@ -24,7 +24,7 @@ use crate::error::{corrupt, truncated, Result};
 const ANCHOR: u8 = 255;
 
 /// Frequency of a (non-anchor, non-zero) code byte, or `None` if the code is invalid.
-pub fn code_to_freq(c: u8) -> Option<u32> {
+pub const fn code_to_freq(c: u8) -> Option<u32> {
     match c {
         1..=127 => Some(c as u32),
         128..=207 => {
@@ -41,17 +41,12 @@ const CODE_INVALID: u16 = u16::MAX;
 /// Per code byte: its frequency ([`code_to_freq`]), 0 for 0 (absent) and for the anchor (its
 /// frequency is the rest of 4096), or [`CODE_INVALID`].
 static CODE_FREQ: [u16; 256] = {
-    let mut t = [CODE_INVALID; 256];
-    let mut c = 0;
-    while c < 256 {
-        t[c] = match c {
-            0 | 255 => 0,
-            1..=127 => c as u16,
-            128..=207 => {
-                let k = (c - 128) as u16;
-                (16 + (k & 15)) << ((k >> 4) + 3)
-            }
-            _ => CODE_INVALID,
+    let mut t = [0u16; 256];
+    let mut c = 1;
+    while c < ANCHOR as usize {
+        t[c] = match code_to_freq(c as u8) {
+            Some(f) => f as u16,
+            None => CODE_INVALID,
         };
         c += 1;
     }
