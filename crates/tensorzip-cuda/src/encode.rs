@@ -445,33 +445,6 @@ fn group_wave_limit(n: u64, total: u64, largest: u64, cap: u64, pipe: u64) -> u6
     }
 }
 
-/// EXPERIMENT (`TENSORZIP_DEV_ENC_FIRST=PCT`): where a group is cut into two waves, the first
-/// takes about PCT% of its bytes (the second the rest), so that the compaction left after the
-/// last encode is shorter. `None`: equal waves.
-pub(crate) fn first_wave_pct_from_env() -> Option<u64> {
-    std::env::var("TENSORZIP_DEV_ENC_FIRST")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|p| p.clamp(1, 99))
-}
-
-/// The first wave's limit and the others', [`group_wave_limit`]'s unless two waves are cut and
-/// `first_pct` is set.
-fn group_wave_limits(
-    n: u64,
-    total: u64,
-    largest: u64,
-    cap: u64,
-    pipe: u64,
-    first_pct: Option<u64>,
-) -> (u64, u64) {
-    let limit = group_wave_limit(n, total, largest, cap, pipe);
-    match (pipe.min(n / PIPE_MIN_SLOTS), first_pct) {
-        (2, Some(p)) => (cap.min(total * p / 100 + largest.max(1) - 1), cap),
-        _ => (limit, limit),
-    }
-}
-
 /// The waves `len` slots of `slot(i)` bytes are cut into, with each wave's bytes: consecutive
 /// slots while they fit in `limit` bytes, at least one per wave. The encoder's chunks go in such
 /// waves of scratch, and the table search's planes in such launches (`search::queue`).
@@ -480,20 +453,9 @@ pub(crate) fn waves(
     limit: u64,
     slot: impl Fn(usize) -> u64,
 ) -> Vec<(std::ops::Range<usize>, u64)> {
-    waves_first(len, limit, limit, slot)
-}
-
-/// [`waves`] with the first wave's limit `first`.
-fn waves_first(
-    len: usize,
-    first: u64,
-    limit: u64,
-    slot: impl Fn(usize) -> u64,
-) -> Vec<(std::ops::Range<usize>, u64)> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < len {
-        let limit = if at == 0 { first } else { limit };
         let (mut end, mut bytes) = (at, 0u64);
         while end < len && (end == at || bytes + slot(end) <= limit) {
             bytes += slot(end);
@@ -1274,7 +1236,6 @@ impl GpuEngine {
         // its tensor, from which `tz_place` sums the payloads into places.
         let groups = launch_groups(counting.iter().map(|c| (c.variant, c.smem_stage)));
         let pipe = self.pipe_waves();
-        let first_pct = first_wave_pct_from_env();
         let mut jobs: Vec<EncJob> = Vec::new();
         // (launch group, the wave's jobs, its scratch bytes)
         let mut wave_jobs: Vec<(usize, std::ops::Range<usize>, u64)> = Vec::new();
@@ -1285,17 +1246,14 @@ impl GpuEngine {
                 .collect();
             let slot = |&(i, _): &(usize, u64)| counting[i].slot_bytes;
             let (total, largest) = (all.iter().map(slot).sum(), all.iter().map(slot).max());
-            let (first_limit, limit) = group_wave_limits(
+            let limit = group_wave_limit(
                 all.len() as u64,
                 total,
                 largest.unwrap_or(0),
                 self.wave_bytes(),
                 pipe,
-                first_pct,
             );
-            for (wave, bytes) in waves_first(all.len(), first_limit, limit, |j| {
-                counting[all[j].0].slot_bytes
-            }) {
+            for (wave, bytes) in waves(all.len(), limit, |j| counting[all[j].0].slot_bytes) {
                 let at = wave.start;
                 let first = jobs.len();
                 let (mut off, mut seg) = (0u64, 0u32);
@@ -1316,8 +1274,8 @@ impl GpuEngine {
                 wave_jobs.push((g, first..jobs.len(), bytes));
             }
         }
-        // The encoders' scratch: two buffers, each big enough for the largest of its waves, which
-        // the waves take in turn (one where there is a single wave), so that a wave's compaction can read
+        // The encoders' scratch: two buffers, each big enough for the largest wave, which the waves
+        // take in turn (one where there is a single wave), so that a wave's compaction can read
         // its slots while the next wave encodes into the other buffer. Each buffer has 16 bytes
         // of padding (the compaction reads a little past a slot's end) and starts at a 256-byte
         // boundary. Not zeroed: the encode kernel writes every byte the compaction stores
@@ -1325,21 +1283,11 @@ impl GpuEngine {
         // the call, once the table search had moved to the GPU and no longer hid it). Checked on
         // the H200 (2026-12-02): the encoder's GPU tests give the CPU's blobs also with the
         // scratch filled with 0xAB.
-        // Buffer b holds the waves w with w % 2 == b: each sized for the largest of its waves.
-        let buffer_len = |b: usize| {
-            let largest = wave_jobs.iter().skip(b).step_by(2).map(|w| w.2).max();
-            (largest.unwrap_or(0) + 16).next_multiple_of(256)
-        };
-        let buffer_lens = [
-            buffer_len(0),
-            if wave_jobs.len() > 1 {
-                buffer_len(1)
-            } else {
-                0
-            },
-        ];
+        let largest_wave = wave_jobs.iter().map(|w| w.2).max().unwrap_or(0);
+        let buffer_stride = (largest_wave + 16).next_multiple_of(256);
+        let buffers = if wave_jobs.len() > 1 { 2 } else { 1 };
         // SAFETY: plain bytes, every one the kernels use written by them first (above).
-        let scratch = unsafe { s.alloc::<u8>((buffer_lens[0] + buffer_lens[1]) as usize) }?;
+        let scratch = unsafe { s.alloc::<u8>((buffer_stride * buffers) as usize) }?;
         // The blobs: room for the longest head the tables can make (each plane's count byte, its
         // tables of at most 258 bytes, the conditional table's 2 + 258), the directory and the
         // tensor's bytes; the payloads start where `tz_enc_tables` puts them (`dst_base`: the
@@ -1634,19 +1582,17 @@ impl GpuEngine {
                     Vec::with_capacity(wave_jobs.len());
                 for (w, (g, range, bytes)) in wave_jobs.iter().enumerate() {
                     let (f, warps, smem, sb, us) = widths[*g];
-                    let buffer = w % 2;
-                    let buffer_at = if buffer == 0 { 0 } else { buffer_lens[0] };
-                    // Each buffer is sized for the largest of its waves (checked here all the
-                    // same).
-                    if buffer_at + buffer_lens[buffer] > scratch.len() as u64
-                        || bytes + 16 > buffer_lens[buffer]
+                    let buffer = (w % 2) as u64;
+                    // The buffers are sized for the largest wave (checked here all the same).
+                    if buffer_stride * (buffer + 1) > scratch.len() as u64
+                        || bytes + 16 > buffer_stride
                     {
                         return Err(Error::Driver(format!(
                             "encoder scratch of {} bytes is short of a wave of {bytes}",
                             scratch.len()
                         )));
                     }
-                    let slots_ptr = scratch_ptr + buffer_at;
+                    let slots_ptr = scratch_ptr + buffer * buffer_stride;
                     let enc = on(w % 2);
                     let one_stream = Arc::ptr_eq(enc, copier);
                     if let Some(before) = w.checked_sub(2).map(|p| &compacted[p]) {
