@@ -413,7 +413,9 @@ fn launch_groups<K: PartialEq>(keys: impl Iterator<Item = K>) -> Vec<(K, Vec<usi
 /// their own under the encoding of the next waves (bound by the encode kernel's latency): 1 GiB
 /// of bf16 (8192 chunks) is two waves of 4096. Two, not more: on an H100 (2026-12-07, GPU.md step
 /// 4) two waves encoded 1 GiB of bf16 ~2% faster than one and fp32 ~2%, four no faster than one,
-/// eight 12% slower (each wave's launch ends in a tail of idle SMs). `GpuEngine::with_pipe_waves`,
+/// eight 12% slower (each wave's launch ends in a tail of idle SMs); two unequal ones (the first
+/// with 67, 75 or 80% of the bytes, so that less compaction follows the last encode) no faster
+/// than two equal ones (2026-12-07 19:1x, BENCHMARKS.md). `GpuEngine::with_pipe_waves`,
 /// or `TENSORZIP_DEV_ENC_WAVES=N` when the engine is made, sets another count (1: the compaction
 /// after the whole encode, as before 2026-12-07), for same-binary comparisons.
 pub const PIPE_WAVES: u64 = 2;

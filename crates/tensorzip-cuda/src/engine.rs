@@ -1376,7 +1376,6 @@ impl GpuEngine {
         blobs: &[(u64, usize)],
     ) -> Result<Vec<tensorzip::Result<BlobLayout>>> {
         let n = blobs.len();
-        let mut have: Vec<Vec<u8>> = vec![Vec::new(); n];
         let mut want: Vec<Option<usize>> = blobs
             .iter()
             .map(|&(_, len)| Some(first_prefix_read(len)))
@@ -1395,17 +1394,22 @@ impl GpuEngine {
             // SAFETY: every range is a prefix (at most the length) of a blob the caller vouches
             // for.
             let bytes = unsafe { self.read_ranges(&ranges) }?;
+            // Each round reads every blob it takes from its first byte, so a blob's prefix is its
+            // range of this round's bytes (the ranges tile them in order), parsed in place.
             let mut at = 0;
-            for (&k, &(_, len)) in round.iter().zip(&ranges) {
-                let len = len as usize;
-                have[k] = bytes[at..at + len].to_vec();
-                at += len;
-            }
-            // Each blob of the round parsed from what it holds, in parallel: the parse is the
-            // whole host cost.
-            let steps: Vec<PrefixStep> = round
+            let prefixes: Vec<(usize, &[u8])> = round
+                .iter()
+                .zip(&ranges)
+                .map(|(&k, &(_, len))| {
+                    let p = &bytes[at..at + len as usize];
+                    at += len as usize;
+                    (k, p)
+                })
+                .collect();
+            // Each blob of the round parsed in parallel: the parse is the whole host cost.
+            let steps: Vec<PrefixStep> = prefixes
                 .par_iter()
-                .map(|&k| BlobLayout::parse_prefix(&have[k], blobs[k].1))
+                .map(|&(k, p)| BlobLayout::parse_prefix(p, blobs[k].1))
                 .collect();
             for (&k, step) in round.iter().zip(steps) {
                 match step {

@@ -224,8 +224,7 @@ def blob_info(blob: torch.Tensor) -> tuple[str, torch.dtype, tuple[int, ...], in
     blob = blob.detach()
     if blob.is_cuda and _core.gpu_available():
         with torch.cuda.device(blob.device):
-            index, stream = _core.cuda_index(blob.device), _core.stream_of(blob.device)
-            _, described = _native.gpu_read_layouts(index, stream, [(_ptr(blob), blob.numel())], False)
+            _, described = _read_resident([blob], blob.device, indexed=False)
         scheme, name, shape, nbytes = described[0]
     elif blob.is_cuda:
         scheme, name, shape, nbytes = _native.inspect_prefix(_bytes_of(_host_prefix(blob)), blob.numel())
@@ -376,14 +375,29 @@ def _decompress_resident(blobs: list[torch.Tensor], target: torch.device, indexe
     (`gpu_read_layouts`), the outputs allocated here, all blobs decoded by a second
     (`gpu_decode_layouts`): per blob, Python only makes its output. A bad blob raises ValueError
     (naming its index where `indexed`) before anything is decoded."""
-    index, stream = _core.cuda_index(target), _core.stream_of(target)
-    layouts, described = _native.gpu_read_layouts(index, stream, [(_ptr(b), b.numel()) for b in blobs], indexed)
+    layouts, described = _read_resident(blobs, target, indexed)
     outs = []
     for k, (_, name, shape, _) in enumerate(described):
         with _blob_index(k) if indexed else contextlib.nullcontext():
             outs.append(_core.empty(shape, _core.dtype_of(name), target))
-    _native.gpu_decode_layouts(index, stream, layouts, [(_ptr(o), nbytes) for o, (_, _, _, nbytes) in zip(outs, described)])
+    _native.gpu_decode_layouts(
+        _core.cuda_index(target),
+        _core.stream_of(target),
+        layouts,
+        [(_ptr(o), nbytes) for o, (_, _, _, nbytes) in zip(outs, described)],
+    )
     return outs
+
+
+def _read_resident(
+    blobs: list[torch.Tensor], device: torch.device, indexed: bool
+) -> tuple[_native.GpuLayouts, list[tuple[str, str, list[int], int]]]:
+    """The layouts (opaque, for `gpu_decode_layouts`) and descriptions (scheme, dtype name, shape,
+    decoded bytes) of blobs all on the GPU `device`: their prefixes read back by the engine in one
+    gathering copy a round and parsed natively (`gpu_read_layouts`). A bad blob raises ValueError,
+    naming its index where `indexed`."""
+    index, stream = _core.cuda_index(device), _core.stream_of(device)
+    return _native.gpu_read_layouts(index, stream, [(_ptr(b), b.numel()) for b in blobs], indexed)
 
 
 def decompress_tensors(blobs, *, device: torch.device | str | int | None = None) -> list[torch.Tensor]:
