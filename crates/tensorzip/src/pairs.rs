@@ -136,6 +136,9 @@ impl PairTable {
         if crate::cpu::has_avx512_vbmi2() {
             // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
             from = unsafe { self.expand_avx512(&ranks[..n], out, escaped) };
+        } else if crate::cpu::has_avx2() {
+            // SAFETY: `has_avx2` found AVX2.
+            from = unsafe { self.expand_avx2(&ranks[..n], out, escaped) };
         }
         let d = self.escape();
         for (i, &r) in ranks[..n].iter().enumerate().skip(from) {
@@ -237,6 +240,166 @@ impl PairTable {
         }
         i
     }
+}
+
+/// The sixteen-entry pieces of the 128 bytes of `t` from `from` in the form [`look128`] looks
+/// them up in: piece `k` is bytes `from + 16k ..+ 16` XOR the 16 bytes before them (piece 0 as it
+/// is), in both 128-bit halves of a vector. Bytes past `t`'s end count as zeros.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn xor_chained(t: &[u8], from: usize) -> [std::arch::x86_64::__m256i; 8] {
+    use std::arch::x86_64::*;
+    let mut out = [_mm256_setzero_si256(); 8];
+    let mut prev = _mm_setzero_si128();
+    for (k, o) in out.iter_mut().enumerate() {
+        let cur = match t.get(from + 16 * k..from + 16 * k + 16) {
+            // SAFETY: 16 bytes of `t`.
+            Some(piece) => unsafe { _mm_loadu_si128(piece.as_ptr() as *const __m128i) },
+            None => _mm_setzero_si128(),
+        };
+        *o = _mm256_broadcastsi128_si256(_mm_xor_si128(cur, prev));
+        prev = cur;
+    }
+    out
+}
+
+/// A 128-byte table ([`xor_chained`] pieces `p`) looked up by every byte of `x` with AVX2, which
+/// has no permute across more than 16 bytes: piece `k` is shuffled by `x - 16k`, which for `x`
+/// under `16k` is negative (its top bit set: the shuffle gives 0) and otherwise picks entry `x %
+/// 16`; so the XOR of the eight shuffles is the XOR of pieces `0..=x / 16` at `x % 16`, which
+/// telescopes to the table's entry `x`. Bytes of `x` from 128 get meaningless values.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn look128(
+    p: &[std::arch::x86_64::__m256i; 8],
+    x: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let sixteen = _mm256_set1_epi8(16);
+    let mut x = x;
+    let mut v = _mm256_shuffle_epi8(p[0], x);
+    for piece in &p[1..] {
+        x = _mm256_sub_epi8(x, sixteen);
+        v = _mm256_xor_si256(v, _mm256_shuffle_epi8(*piece, x));
+    }
+    v
+}
+
+/// A 256-byte table (its halves' [`xor_chained`] pieces) looked up by every byte of `x`: bytes
+/// below 128 from the first half, the others (their top bit flipped) from the second.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn look256_avx2(
+    t: &[[std::arch::x86_64::__m256i; 8]; 2],
+    x: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 (this function's features).
+    let (lo, hi) = unsafe {
+        (
+            look128(&t[0], x),
+            look128(&t[1], _mm256_xor_si256(x, _mm256_set1_epi8(-128))),
+        )
+    };
+    _mm256_blendv_epi8(lo, hi, x)
+}
+
+impl PairTable {
+    /// [`PairTable::expand_ranks`]'s whole groups of 32 ranks with AVX2: the first and the second
+    /// bytes each looked up by [`look128`]. Escaped ranks (and the ranks past 127 of a forged
+    /// blob) get bytes that [`PairTable::patch`] overwrites or the caller's check refuses.
+    /// Was a scalar loop: a quarter of a one-thread bf16 (version 2) decode's time on an AVX2-only
+    /// AMD EPYC (2026-12-07). Returns the ranks done.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn expand_avx2(&self, ranks: &[u8], out: &mut [u8], escaped: &mut Vec<u32>) -> usize {
+        let n = ranks.len().min(out.len() / 2);
+        // SAFETY: AVX2 (this function's features).
+        let tables = unsafe { [xor_chained(&self.firsts, 0), xor_chained(&self.seconds, 0)] };
+        let mut masks = [0u32; 64];
+        let mut i = 0;
+        while i + 32 <= n {
+            let g = ((n - i) / 32).min(masks.len());
+            // SAFETY: ranks `i..i + 32 g` are in `ranks`, their output bytes in `out`; AVX2.
+            let any = unsafe {
+                expand_groups_avx2(
+                    &tables,
+                    self.escape(),
+                    ranks.as_ptr().add(i),
+                    out.as_mut_ptr().add(2 * i),
+                    &mut masks[..g],
+                )
+            };
+            if any != 0 {
+                for (k, &m) in masks[..g].iter().enumerate() {
+                    let mut m = m;
+                    while m != 0 {
+                        escaped.push((i + 32 * k + m.trailing_zeros() as usize) as u32);
+                        m &= m - 1;
+                    }
+                }
+            }
+            i += 32 * g;
+        }
+        i
+    }
+}
+
+/// [`PairTable::expand_avx2`]'s loop over `masks.len()` groups of 32 ranks at `ranks`, each
+/// group's 64 bytes written at `out`, its escape mask (ranks at or past `escape`) into `masks`;
+/// returns the masks' OR. `tables`: the first bytes' and the second bytes' [`xor_chained`]
+/// pieces.
+///
+/// # Safety
+/// AVX2; `32 masks.len()` ranks readable at `ranks`, twice that many bytes writable at `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline(never)]
+unsafe fn expand_groups_avx2(
+    tables: &[[std::arch::x86_64::__m256i; 8]; 2],
+    escape: u8,
+    ranks: *const u8,
+    out: *mut u8,
+    masks: &mut [u32],
+) -> u32 {
+    use std::arch::x86_64::*;
+    let [fs, ss] = tables;
+    let d = _mm256_set1_epi8(escape as i8);
+    let mut any = 0u32;
+    for (g, m) in masks.iter_mut().enumerate() {
+        // SAFETY: group `g`'s 32 ranks and 64 output bytes are in the caller's bounds; AVX2.
+        unsafe {
+            let r = _mm256_loadu_si256(ranks.add(32 * g) as *const __m256i);
+            let (f, s) = (look128(fs, r), look128(ss, r));
+            // Pairs 0-7 and 16-23 (`lo`'s halves), 8-15 and 24-31 (`hi`'s), first byte first.
+            let lo = _mm256_unpacklo_epi8(f, s);
+            let hi = _mm256_unpackhi_epi8(f, s);
+            let o = out.add(64 * g);
+            _mm256_storeu_si256(o as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_storeu_si256(
+                o.add(32) as *mut __m256i,
+                _mm256_permute2x128_si256(lo, hi, 0x31),
+            );
+            // rank >= escape, unsigned: max(rank, escape) == rank.
+            *m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(r, d), r)) as u32;
+        }
+        any |= *m;
+    }
+    any
 }
 
 /// [`PairTable::expand_avx512`]'s loop over `masks.len()` groups of 64 ranks at `ranks`, each
@@ -476,6 +639,9 @@ impl PairCoder {
         if crate::cpu::has_avx512_vbmi2() {
             // SAFETY: `has_avx512_vbmi2` found AVX-512 F (through `has_avx512`), BW and VBMI.
             from = unsafe { self.ranks_avx512(exps, ranks, esc) };
+        } else if crate::cpu::has_avx2() {
+            // SAFETY: `has_avx2` found AVX2.
+            from = unsafe { self.ranks_avx2(exps, ranks, esc) };
         }
         for (r, p) in ranks.iter_mut().zip(exps.chunks_exact(2)).skip(from) {
             let rank = self
@@ -535,6 +701,110 @@ impl PairCoder {
         }
         i
     }
+}
+
+impl PairCoder {
+    /// [`PairCoder::ranks`]'s whole groups of 32 pairs with AVX2: each exponent byte's top-byte
+    /// index and each key's rank by [`look256_avx2`], the keys made in 16-bit lanes (a pair is
+    /// one lane); the escaped pairs appended after each run of groups. Was a scalar loop: 36% of
+    /// a one-thread bf16 (version 2) encode pass on an AVX2-only AMD EPYC (2026-12-07). Returns
+    /// the pairs done.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn ranks_avx2(&self, exps: &[u8], ranks: &mut [u8], esc: &mut Vec<u8>) -> usize {
+        let n = ranks.len().min(exps.len() / 2);
+        // SAFETY: AVX2 (this function's features).
+        let tables = unsafe {
+            [
+                [
+                    xor_chained(&self.top.index, 0),
+                    xor_chained(&self.top.index, 128),
+                ],
+                [xor_chained(&self.rank16, 0), xor_chained(&self.rank16, 128)],
+            ]
+        };
+        let mut masks = [0u32; 64];
+        let mut i = 0;
+        while i + 32 <= n {
+            let g = ((n - i) / 32).min(masks.len());
+            // SAFETY: exponent bytes `2i..2(i + 32 g)` are in `exps`, ranks `i..i + 32 g` in
+            // `ranks`; AVX2.
+            let any = unsafe {
+                ranks_groups_avx2(
+                    &tables,
+                    self.table.escape(),
+                    exps.as_ptr().add(2 * i),
+                    ranks.as_mut_ptr().add(i),
+                    &mut masks[..g],
+                )
+            };
+            if any != 0 {
+                for (k, &m) in masks[..g].iter().enumerate() {
+                    let mut m = m;
+                    while m != 0 {
+                        let j = i + 32 * k + m.trailing_zeros() as usize;
+                        esc.extend_from_slice(&exps[2 * j..2 * j + 2]);
+                        m &= m - 1;
+                    }
+                }
+            }
+            i += 32 * g;
+        }
+        i
+    }
+}
+
+/// [`PairCoder::ranks_avx2`]'s loop over `masks.len()` groups of 32 pairs (64 exponent bytes at
+/// `exps`), each group's 32 ranks written at `ranks`, its escape mask into `masks`; returns the
+/// masks' OR. `tables`: the top-byte index's and the ranks' ([`look256_avx2`] halves).
+///
+/// # Safety
+/// AVX2; `64 masks.len()` bytes readable at `exps`, `32 masks.len()` writable at `ranks`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline(never)]
+unsafe fn ranks_groups_avx2(
+    tables: &[[[std::arch::x86_64::__m256i; 8]; 2]; 2],
+    escape: u8,
+    exps: *const u8,
+    ranks: *mut u8,
+    masks: &mut [u32],
+) -> u32 {
+    use std::arch::x86_64::*;
+    let [index, rank16] = tables;
+    let d = _mm256_set1_epi8(escape as i8);
+    let low = _mm256_set1_epi16(0xFF);
+    let fifteen = _mm256_set1_epi16(15);
+    // 16 pairs of exponent bytes (one a 16-bit lane) -> (their keys, 16 a + b of the bytes'
+    // top-byte indices; their "not both top bytes" masks), 16-bit lanes each.
+    // SAFETY (the closure's body): AVX2, enabled in this function.
+    let keys = |e: __m256i| unsafe {
+        let idx = look256_avx2(index, e);
+        let (a, b) = (_mm256_and_si256(idx, low), _mm256_srli_epi16::<8>(idx));
+        let bad = _mm256_cmpgt_epi16(_mm256_or_si256(a, b), fifteen);
+        (_mm256_or_si256(_mm256_slli_epi16::<4>(a), b), bad)
+    };
+    let mut any = 0u32;
+    for (g, m) in masks.iter_mut().enumerate() {
+        // SAFETY: group `g`'s 64 exponent bytes and 32 ranks are in the caller's bounds; AVX2.
+        unsafe {
+            let e = exps.add(64 * g);
+            let (k0, bad0) = keys(_mm256_loadu_si256(e as *const __m256i));
+            let (k1, bad1) = keys(_mm256_loadu_si256(e.add(32) as *const __m256i));
+            // The packs interleave the two inputs' 128-bit halves: quadwords 0, 2, 1, 3 put the
+            // 32 pairs back in order. A bad pair's key may saturate; its rank is the escape.
+            let key = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi16(k0, k1));
+            let bad = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi16(bad0, bad1));
+            let rank = _mm256_blendv_epi8(look256_avx2(rank16, key), d, bad);
+            _mm256_storeu_si256(ranks.add(32 * g) as *mut __m256i, rank);
+            *m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(rank, d)) as u32;
+        }
+        any |= *m;
+    }
+    any
 }
 
 /// The uniform table the escape groups are coded with: every byte frequency 16 (8 bits, as
@@ -625,6 +895,139 @@ mod tests {
         let mut out = vec![0u8; 4096];
         coder.table.expand(&ranks, &esc, &mut out).unwrap();
         assert_eq!(out, plain);
+    }
+
+    /// The AVX2 expansion (where this CPU has AVX2; an AVX-512 VBMI CPU takes another path in
+    /// `expand_ranks`, so it is called directly) against the scalar loop: tables of 0 to 128
+    /// pairs, ranks anywhere in 0..=255 (past the escape too, as a forged blob's), every length
+    /// around its 32-rank groups and its 64-group calls: the same bytes for every rank under the
+    /// escape and the same escaped indices, in order.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_expansion_equals_the_scalar_one() {
+        if !crate::cpu::has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for n_pairs in [0usize, 1, 2, 15, 16, 17, 64, 100, 127, 128] {
+            let pairs: Vec<[u8; 2]> = (0..n_pairs)
+                .map(|r| [r as u8 ^ 0x5A, (next() % 256) as u8])
+                .collect();
+            let t = PairTable::new(pairs);
+            let d = t.escape();
+            for len in [0usize, 1, 31, 32, 33, 64, 100, 2048, 2049, 4096 + 7] {
+                let ranks: Vec<u8> = (0..len)
+                    .map(|_| match next() % 8 {
+                        0 => (next() % 256) as u8,
+                        _ => (next() % (n_pairs as u64 + 1)) as u8,
+                    })
+                    .collect();
+                let mut out = vec![0xEEu8; 2 * len];
+                let mut escaped = Vec::new();
+                // SAFETY: AVX2 checked above.
+                let done = unsafe { t.expand_avx2(&ranks, &mut out, &mut escaped) };
+                assert_eq!(done, len / 32 * 32, "{n_pairs} pairs, {len} ranks");
+                let mut want_escaped = Vec::new();
+                for (i, &r) in ranks[..done].iter().enumerate() {
+                    if r < d {
+                        assert_eq!(
+                            out[2 * i..2 * i + 2],
+                            t.pairs[r as usize],
+                            "{n_pairs} pairs, rank {r} at {i}"
+                        );
+                    } else {
+                        want_escaped.push(i as u32);
+                    }
+                }
+                assert_eq!(escaped, want_escaped, "{n_pairs} pairs, {len} ranks");
+                assert!(
+                    out[2 * done..].iter().all(|&b| b == 0xEE),
+                    "past the groups"
+                );
+            }
+        }
+    }
+
+    /// The AVX2 ranks (called directly, as the expansion above) against the scalar definition:
+    /// exponent bytes from the top bytes and beside them (bytes of every value, below and from
+    /// 128), tables that hold few and many of the top bytes' pairs, every length around the
+    /// 32-pair groups: the same ranks and the same escape bytes, in order.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_ranks_equal_the_scalar_ones() {
+        if !crate::cpu::has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // (first byte, spread, % of rare bytes, pairs of equal bytes): in the last case the
+        // first 4096 bytes take eight values and the rest eight others, so that the pair weights
+        // (from each block's histogram) rank the sixteenth top byte's pair with itself: the rank
+        // a pair with a byte outside the top bytes would look up (its key saturates) if it were
+        // not made the escape.
+        for (base, spread, rare, doubled) in [
+            (110u8, 20u64, 50u64, false),
+            (120, 6, 3, false),
+            (200, 30, 10, false),
+            (0, 16, 2, false),
+            (100, 16, 1, true),
+        ] {
+            let mut exps: Vec<u8> = Vec::with_capacity(9000);
+            while exps.len() < 9000 {
+                let v = match doubled {
+                    true => base + 8 * (exps.len() >= 4096) as u8 + (next() % 8) as u8,
+                    false => base.wrapping_add((next() % spread) as u8),
+                };
+                match (next() % 100 < rare, doubled) {
+                    (true, _) => exps.extend([(next() % 256) as u8, v]),
+                    (false, true) => exps.extend([v, v]),
+                    (false, false) => exps.extend([v, base.wrapping_add((next() % spread) as u8)]),
+                }
+            }
+            let coder = coder_of(&exps);
+            if doubled {
+                assert_ne!(
+                    coder.rank16[255],
+                    coder.table.escape(),
+                    "(15, 15) is ranked"
+                );
+            }
+            let d = coder.table.escape();
+            for len in [0usize, 1, 63, 64, 65, 130, 4096, 4097, 9000] {
+                let blk = &exps[..len];
+                let mut ranks = vec![0xEEu8; len / 2];
+                let mut esc = Vec::new();
+                // SAFETY: AVX2 checked above.
+                let done = unsafe { coder.ranks_avx2(blk, &mut ranks, &mut esc) };
+                assert_eq!(done, len / 2 / 32 * 32, "length {len}");
+                let mut want_esc = Vec::new();
+                for (i, p) in blk.chunks_exact(2).take(done).enumerate() {
+                    let want = coder
+                        .top
+                        .key(p[0], p[1])
+                        .map_or(d, |k| coder.rank16[k as usize]);
+                    assert_eq!(ranks[i], want, "length {len}, pair {i} {p:?}");
+                    if want == d {
+                        want_esc.extend_from_slice(p);
+                    }
+                }
+                assert_eq!(esc, want_esc, "length {len}");
+                assert!(ranks[done..].iter().all(|&r| r == 0xEE), "past the groups");
+            }
+        }
     }
 
     /// Escape bytes that do not match the ranks, and ranks past the escape, are errors.
