@@ -186,7 +186,7 @@ mod tests {
         }
         let mut r = rng(5);
         for len in [0usize, 31, 32, 33, 4096, 8159, 8160, 8161, 8192, 20000] {
-            // Skewed bytes, so that some values are frequent enough to fill a byte lane.
+            // Skewed bytes: value 0 (the first value) is frequent, the others rare or absent.
             let bytes: Vec<u8> = (0..len)
                 .map(|_| match r() % 4 {
                     0 => (r() % 256) as u8,
