@@ -855,13 +855,7 @@ mod tests {
     /// for blocks of every length around the vector's 32 pairs, with and without escapes.
     #[test]
     fn ranks_expand_to_their_bytes() {
-        let mut x = 7u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::rans::test_input::xorshift(7);
         // Exponent-like bytes: mostly 20 values, some rare ones (escapes).
         let exps: Vec<u8> = (0..20001)
             .map(|_| match next() % 100 {
@@ -909,13 +903,7 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
         for n_pairs in [0usize, 1, 2, 15, 16, 17, 64, 100, 127, 128] {
             let pairs: Vec<[u8; 2]> = (0..n_pairs)
                 .map(|r| [r as u8 ^ 0x5A, (next() % 256) as u8])
@@ -966,13 +954,7 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);
         // (first byte, spread, % of rare bytes, pairs of equal bytes): in the last case the
         // first 4096 bytes take eight values and the rest eight others, so that the pair weights
         // (from each block's histogram) rank the sixteenth top byte's pair with itself: the rank
