@@ -210,36 +210,55 @@ impl PairTable {
         };
         let (lo_idx, hi_idx) = (inter(0), inter(1));
         let d = _mm512_set1_epi8(self.escape() as i8);
-        // The groups' escape masks, turned into indices after the loop, in a function of its own:
-        // a call in the loop's function (`Vec::push`, even after the loop) had the table vectors
-        // kept on the stack and read from there every group.
-        let mut masks = [0u64; 64];
-        let mut i = 0;
-        while i + 64 <= n {
-            let g = ((n - i) / 64).min(masks.len());
-            // SAFETY: ranks `i..i + 64 g` are in `ranks`, their output bytes in `out`; the
-            // features are enabled here.
-            let any = unsafe {
+        // The groups' loop in a function of its own (`expand_groups`), whose escape masks
+        // `group_runs` turns into indices after it: a call in the loop's function (`Vec::push`,
+        // even after the loop) had the table vectors kept on the stack and read from there every
+        // group.
+        group_runs(
+            n,
+            64,
+            // SAFETY: ranks `i..i + 64 masks.len()` are in `ranks`, their output bytes in `out`;
+            // the features are enabled here.
+            |i, masks| unsafe {
                 expand_groups(
                     [f0, f1, s0, s1, lo_idx, hi_idx, d],
                     ranks.as_ptr().add(i),
                     out.as_mut_ptr().add(2 * i),
-                    &mut masks[..g],
+                    masks,
                 )
-            };
-            if any != 0 {
-                for (k, &m) in masks[..g].iter().enumerate() {
-                    let mut m = m;
-                    while m != 0 {
-                        escaped.push((i + 64 * k + m.trailing_zeros() as usize) as u32);
-                        m &= m - 1;
-                    }
+            },
+            |i| escaped.push(i as u32),
+        )
+    }
+}
+
+/// The vector paths' loop over the whole groups of `width` items (at most 64) among `n`, in runs
+/// of at most 64 groups: `run(at, masks)` does the run's groups from item `at`, writes each
+/// group's escape mask into `masks` (bit `j`: the group's item `j`) and returns their OR; then
+/// `escape(i)` is called for each escaped item `i` of the run, in order. Returns the items done.
+#[cfg(target_arch = "x86_64")]
+fn group_runs(
+    n: usize,
+    width: usize,
+    mut run: impl FnMut(usize, &mut [u64]) -> u64,
+    mut escape: impl FnMut(usize),
+) -> usize {
+    let mut masks = [0u64; 64];
+    let mut i = 0;
+    while i + width <= n {
+        let g = ((n - i) / width).min(masks.len());
+        if run(i, &mut masks[..g]) != 0 {
+            for (k, &m) in masks[..g].iter().enumerate() {
+                let mut m = m;
+                while m != 0 {
+                    escape(i + width * k + m.trailing_zeros() as usize);
+                    m &= m - 1;
                 }
             }
-            i += 64 * g;
         }
-        i
+        i += width * g;
     }
+    i
 }
 
 /// The sixteen-entry pieces of the 128 bytes of `t` from `from` in the form [`look128`] looks
@@ -330,32 +349,22 @@ impl PairTable {
         let n = ranks.len().min(out.len() / 2);
         // SAFETY: AVX2 (this function's features).
         let tables = unsafe { [xor_chained(&self.firsts, 0), xor_chained(&self.seconds, 0)] };
-        let mut masks = [0u32; 64];
-        let mut i = 0;
-        while i + 32 <= n {
-            let g = ((n - i) / 32).min(masks.len());
-            // SAFETY: ranks `i..i + 32 g` are in `ranks`, their output bytes in `out`; AVX2.
-            let any = unsafe {
+        group_runs(
+            n,
+            32,
+            // SAFETY: ranks `i..i + 32 masks.len()` are in `ranks`, their output bytes in `out`;
+            // AVX2.
+            |i, masks| unsafe {
                 expand_groups_avx2(
                     &tables,
                     self.escape(),
                     ranks.as_ptr().add(i),
                     out.as_mut_ptr().add(2 * i),
-                    &mut masks[..g],
+                    masks,
                 )
-            };
-            if any != 0 {
-                for (k, &m) in masks[..g].iter().enumerate() {
-                    let mut m = m;
-                    while m != 0 {
-                        escaped.push((i + 32 * k + m.trailing_zeros() as usize) as u32);
-                        m &= m - 1;
-                    }
-                }
-            }
-            i += 32 * g;
-        }
-        i
+            },
+            |i| escaped.push(i as u32),
+        )
     }
 }
 
@@ -374,12 +383,12 @@ unsafe fn expand_groups_avx2(
     escape: u8,
     ranks: *const u8,
     out: *mut u8,
-    masks: &mut [u32],
-) -> u32 {
+    masks: &mut [u64],
+) -> u64 {
     use std::arch::x86_64::*;
     let [fs, ss] = tables;
     let d = _mm256_set1_epi8(escape as i8);
-    let mut any = 0u32;
+    let mut any = 0u64;
     for (g, m) in masks.iter_mut().enumerate() {
         // SAFETY: group `g`'s 32 ranks and 64 output bytes are in the caller's bounds; AVX2.
         unsafe {
@@ -395,7 +404,7 @@ unsafe fn expand_groups_avx2(
                 _mm256_permute2x128_si256(lo, hi, 0x31),
             );
             // rank >= escape, unsigned: max(rank, escape) == rank.
-            *m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(r, d), r)) as u32;
+            *m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(r, d), r)) as u32 as u64;
         }
         any |= *m;
     }
@@ -726,34 +735,22 @@ impl PairCoder {
                 [xor_chained(&self.rank16, 0), xor_chained(&self.rank16, 128)],
             ]
         };
-        let mut masks = [0u32; 64];
-        let mut i = 0;
-        while i + 32 <= n {
-            let g = ((n - i) / 32).min(masks.len());
-            // SAFETY: exponent bytes `2i..2(i + 32 g)` are in `exps`, ranks `i..i + 32 g` in
-            // `ranks`; AVX2.
-            let any = unsafe {
+        group_runs(
+            n,
+            32,
+            // SAFETY: exponent bytes `2i..2(i + 32 masks.len())` are in `exps`, ranks `i..i + 32
+            // masks.len()` in `ranks`; AVX2.
+            |i, masks| unsafe {
                 ranks_groups_avx2(
                     &tables,
                     self.table.escape(),
                     exps.as_ptr().add(2 * i),
                     ranks.as_mut_ptr().add(i),
-                    &mut masks[..g],
+                    masks,
                 )
-            };
-            if any != 0 {
-                for (k, &m) in masks[..g].iter().enumerate() {
-                    let mut m = m;
-                    while m != 0 {
-                        let j = i + 32 * k + m.trailing_zeros() as usize;
-                        esc.extend_from_slice(&exps[2 * j..2 * j + 2]);
-                        m &= m - 1;
-                    }
-                }
-            }
-            i += 32 * g;
-        }
-        i
+            },
+            |j| esc.extend_from_slice(&exps[2 * j..2 * j + 2]),
+        )
     }
 }
 
@@ -771,8 +768,8 @@ unsafe fn ranks_groups_avx2(
     escape: u8,
     exps: *const u8,
     ranks: *mut u8,
-    masks: &mut [u32],
-) -> u32 {
+    masks: &mut [u64],
+) -> u64 {
     use std::arch::x86_64::*;
     let [index, rank16] = tables;
     let d = _mm256_set1_epi8(escape as i8);
@@ -787,7 +784,7 @@ unsafe fn ranks_groups_avx2(
         let bad = _mm256_cmpgt_epi16(_mm256_or_si256(a, b), fifteen);
         (_mm256_or_si256(_mm256_slli_epi16::<4>(a), b), bad)
     };
-    let mut any = 0u32;
+    let mut any = 0u64;
     for (g, m) in masks.iter_mut().enumerate() {
         // SAFETY: group `g`'s 64 exponent bytes and 32 ranks are in the caller's bounds; AVX2.
         unsafe {
@@ -800,7 +797,7 @@ unsafe fn ranks_groups_avx2(
             let bad = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi16(bad0, bad1));
             let rank = _mm256_blendv_epi8(look256_avx2(rank16, key), d, bad);
             _mm256_storeu_si256(ranks.add(32 * g) as *mut __m256i, rank);
-            *m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(rank, d)) as u32;
+            *m = _mm256_movemask_epi8(_mm256_cmpeq_epi8(rank, d)) as u32 as u64;
         }
         any |= *m;
     }
