@@ -232,6 +232,29 @@ unsafe fn fields3(
     )
 }
 
+/// `w16::inv` with an 8-bit exponent on sixteen 16-bit units: bits 15..8 (the exponent) -> 14..7,
+/// bit 7 (the sign) -> 15, bits 6..0 stay.
+///
+/// # Safety
+/// AVX2 required.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn inv16_e8(t: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 (this function's features).
+    unsafe {
+        fields3(
+            _mm256_srli_epi16::<1>(t),
+            _mm256_set1_epi16(0x7F80),
+            _mm256_slli_epi16::<8>(t),
+            _mm256_set1_epi16(-0x8000),
+            t,
+            _mm256_set1_epi16(0x7F),
+        )
+    }
+}
+
 /// [`split2_impl`] in steps of 32 units: the transform on 16-bit lanes, then one byte shuffle per
 /// 16 units (low bytes to the lane's first half, high bytes to its second) and two lane
 /// permutations. Same-run A/B against the compiler's vectorisation of the plain loop (Intel VM,
@@ -453,24 +476,7 @@ unsafe fn merge2_wide<const E: u32, const NT: bool>(p0: &[u8], p1: &[u8], dst: &
     // 32 units remain; with `NT` the stores are 32-byte aligned (2i advances by 64 from an aligned
     // start).
     unsafe {
-        let exp = _mm256_set1_epi16(0x7F80);
-        let sign = _mm256_set1_epi16(-0x8000);
-        let mant = _mm256_set1_epi16(0x7F);
-        let inv = |t: __m256i| {
-            if E == 0 {
-                t
-            } else {
-                // w16::inv with an 8-bit exponent: bits 15..8 -> 14..7, bit 7 -> 15.
-                fields3(
-                    _mm256_srli_epi16::<1>(t),
-                    exp,
-                    _mm256_slli_epi16::<8>(t),
-                    sign,
-                    t,
-                    mant,
-                )
-            }
-        };
+        let inv = |t: __m256i| if E == 0 { t } else { inv16_e8(t) };
         while i + 32 <= n {
             let a = _mm256_loadu_si256(p0.as_ptr().add(i) as *const __m256i);
             let b = _mm256_loadu_si256(p1.as_ptr().add(i) as *const __m256i);
