@@ -255,6 +255,53 @@ pub(crate) unsafe fn inv16_e8(t: std::arch::x86_64::__m256i) -> std::arch::x86_6
     }
 }
 
+/// `w32::inv` with an 8-bit exponent on eight 32-bit units: bits 31..24 (the exponent) -> 30..23,
+/// bit 23 (the sign) -> 31, bits 22..0 stay.
+///
+/// # Safety
+/// AVX2 required.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn inv32_e8(t: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 (this function's features).
+    unsafe {
+        fields3(
+            _mm256_srli_epi32::<1>(t),
+            _mm256_set1_epi32(0x7F80_0000),
+            _mm256_slli_epi32::<8>(t),
+            _mm256_set1_epi32(i32::MIN),
+            t,
+            _mm256_set1_epi32(0x7F_FFFF),
+        )
+    }
+}
+
+/// Sixteen four-byte units from sixteen bytes of each of their planes (plane `k` byte `k` of
+/// each unit) by byte then word unpacks: units 0..8 and 8..16.
+///
+/// # Safety
+/// AVX2 required.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn units16(
+    [a, b, c, d]: [std::arch::x86_64::__m128i; 4],
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    let ab_lo = _mm_unpacklo_epi8(a, b);
+    let ab_hi = _mm_unpackhi_epi8(a, b);
+    let cd_lo = _mm_unpacklo_epi8(c, d);
+    let cd_hi = _mm_unpackhi_epi8(c, d);
+    // Units 0-3, 4-7, 8-11, 12-15 as 32-bit lanes.
+    let u0 = _mm_unpacklo_epi16(ab_lo, cd_lo);
+    let u1 = _mm_unpackhi_epi16(ab_lo, cd_lo);
+    let u2 = _mm_unpacklo_epi16(ab_hi, cd_hi);
+    let u3 = _mm_unpackhi_epi16(ab_hi, cd_hi);
+    (_mm256_set_m128i(u1, u0), _mm256_set_m128i(u3, u2))
+}
+
 /// [`split2_impl`] in steps of 32 units: the transform on 16-bit lanes, then one byte shuffle per
 /// 16 units (low bytes to the lane's first half, high bytes to its second) and two lane
 /// permutations. Same-run A/B against the compiler's vectorisation of the plain loop (Intel VM,
@@ -513,39 +560,13 @@ unsafe fn merge4_wide<const E: u32, const NT: bool>(p: [&[u8]; 4], dst: &mut [u8
     // 16 units remain; with `NT` the stores are 32-byte aligned (4i advances by 64 from an aligned
     // start).
     unsafe {
-        let exp = _mm256_set1_epi32(0x7F80_0000);
-        let sign = _mm256_set1_epi32(i32::MIN);
-        let mant = _mm256_set1_epi32(0x7F_FFFF);
-        let inv = |t: __m256i| {
-            if E == 0 {
-                t
-            } else {
-                // w32::inv with an 8-bit exponent: bits 31..24 -> 30..23, bit 23 -> 31.
-                fields3(
-                    _mm256_srli_epi32::<1>(t),
-                    exp,
-                    _mm256_slli_epi32::<8>(t),
-                    sign,
-                    t,
-                    mant,
-                )
-            }
-        };
+        let inv = |t: __m256i| if E == 0 { t } else { inv32_e8(t) };
         while i + 16 <= n {
             let ld = |k: usize| _mm_loadu_si128(p[k].as_ptr().add(i) as *const __m128i);
-            let (a, b, c, d) = (ld(0), ld(1), ld(2), ld(3));
-            let ab_lo = _mm_unpacklo_epi8(a, b);
-            let ab_hi = _mm_unpackhi_epi8(a, b);
-            let cd_lo = _mm_unpacklo_epi8(c, d);
-            let cd_hi = _mm_unpackhi_epi8(c, d);
-            // Units 0-3, 4-7, 8-11, 12-15 as 32-bit lanes.
-            let u0 = _mm_unpacklo_epi16(ab_lo, cd_lo);
-            let u1 = _mm_unpackhi_epi16(ab_lo, cd_lo);
-            let u2 = _mm_unpacklo_epi16(ab_hi, cd_hi);
-            let u3 = _mm_unpackhi_epi16(ab_hi, cd_hi);
+            let (u01, u23) = units16([ld(0), ld(1), ld(2), ld(3)]);
             let out = dst.as_mut_ptr().add(4 * i) as *mut __m256i;
-            store256::<NT>(out, inv(_mm256_set_m128i(u1, u0)));
-            store256::<NT>(out.add(1), inv(_mm256_set_m128i(u3, u2)));
+            store256::<NT>(out, inv(u01));
+            store256::<NT>(out.add(1), inv(u23));
             i += 16;
         }
     }
