@@ -535,8 +535,9 @@ impl TopBytes {
         &self.index
     }
 
-    /// The least top byte where every top byte lies within 32 of it (the AVX2 ranks' window,
-    /// [`look_window_avx2`]); `None` where they spread wider or there are none.
+    /// The least top byte where every top byte lies within 32 of it (the window the AVX2 rank
+    /// search looks the top-byte indices up in with two shuffles); `None` where they spread wider
+    /// or there are none.
     pub fn window(&self) -> Option<u8> {
         let lo = *self.bytes.iter().min()?;
         let hi = *self.bytes.iter().max()?;
