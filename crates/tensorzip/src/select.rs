@@ -112,6 +112,19 @@ pub fn scatter(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) {
     }
 }
 
+/// The transforms the fused scatter-and-merge loops undo: `Some(false)` for none, `Some(true)` for
+/// an 8-bit exponent below the sign (bf16, fp32); `None` for the others, which take the separate
+/// passes.
+#[cfg(target_arch = "x86_64")]
+fn fused_transform(t: crate::dtype::Transform) -> Option<bool> {
+    use crate::dtype::Transform;
+    match t {
+        Transform::Identity => Some(false),
+        Transform::SignBelowExponent { exp_bits: 8 } => Some(true),
+        _ => None,
+    }
+}
+
 /// [`scatter`] of a two-byte unit's conditioned plane 0 fused with the merge of the block's two
 /// planes into units (`plane1`: the condition plane): `dst` receives the units (`2 * n` bytes for
 /// `n` units) as `transform::merge(t, [plane 0, plane1], dst)` would, with plane 0 scattered from
@@ -128,37 +141,27 @@ pub fn scatter_merge2(
     let n = dst.len() / 2;
     let (mut i, mut k, mut r) = (0, 0, 0);
     #[cfg(target_arch = "x86_64")]
-    {
-        use crate::dtype::Transform;
-        if crate::cpu::has_avx512_vbmi2() && plane1.len() >= n {
+    if let Some(e8) = fused_transform(t).filter(|_| plane1.len() >= n) {
+        let p1 = &plane1[..n];
+        if crate::cpu::has_avx512_vbmi2() {
             // SAFETY: AVX-512 F/BW/VBMI2 were checked; the loop reads 64 bytes of `sub`, `raw`
             // and `plane1` and 8 mask bytes, and writes 128 of `dst`, only while that many remain
             // in each.
-            match t {
-                Transform::Identity => {
-                    (i, k, r) =
-                        unsafe { scatter_merge2_avx512::<0>(masks, sub, raw, &plane1[..n], dst) }
+            (i, k, r) = unsafe {
+                match e8 {
+                    true => scatter_merge2_avx512::<8>(masks, sub, raw, p1, dst),
+                    false => scatter_merge2_avx512::<0>(masks, sub, raw, p1, dst),
                 }
-                Transform::SignBelowExponent { exp_bits: 8 } => {
-                    (i, k, r) =
-                        unsafe { scatter_merge2_avx512::<8>(masks, sub, raw, &plane1[..n], dst) }
-                }
-                _ => {}
-            }
-        } else if crate::cpu::has_avx2() && plane1.len() >= n {
+            };
+        } else if crate::cpu::has_avx2() {
             // SAFETY: AVX2 was checked; the loop reads 32 bytes of `sub`, `raw` and `plane1` and
             // 4 mask bytes, and writes 64 of `dst`, only while that many remain in each.
-            match t {
-                Transform::Identity => {
-                    (i, k, r) =
-                        unsafe { scatter_merge2_avx2::<0>(masks, sub, raw, &plane1[..n], dst) }
+            (i, k, r) = unsafe {
+                match e8 {
+                    true => scatter_merge2_avx2::<8>(masks, sub, raw, p1, dst),
+                    false => scatter_merge2_avx2::<0>(masks, sub, raw, p1, dst),
                 }
-                Transform::SignBelowExponent { exp_bits: 8 } => {
-                    (i, k, r) =
-                        unsafe { scatter_merge2_avx2::<8>(masks, sub, raw, &plane1[..n], dst) }
-                }
-                _ => {}
-            }
+            };
         }
     }
     scatter(&masks[i / 8..], &sub[k..], &raw[r..], &mut plane0[i..n]);
@@ -310,36 +313,27 @@ pub fn scatter_merge4(
     let n = dst.len() / 4;
     let (mut i, mut k, mut r) = (0, 0, 0);
     #[cfg(target_arch = "x86_64")]
-    {
-        use crate::dtype::Transform;
-        let long = |p: &[u8]| p.len() >= n;
-        if crate::cpu::has_avx512_vbmi2() && long(p0) && long(p1) && long(p3) {
-            let planes = [&p0[..n], &p1[..n], &p3[..n]];
+    if let Some(e8) = fused_transform(t).filter(|_| [p0, p1, p3].iter().all(|p| p.len() >= n)) {
+        let planes = [&p0[..n], &p1[..n], &p3[..n]];
+        if crate::cpu::has_avx512_vbmi2() {
             // SAFETY: AVX-512 F/BW/VBMI2 were checked; the loop reads 64 bytes of `sub`, `raw`
             // and each plane and 8 mask bytes, and writes 256 of `dst`, only while that many
             // remain in each.
-            match t {
-                Transform::Identity => {
-                    (i, k, r) = unsafe { scatter_merge4_avx512::<0>(masks, sub, raw, planes, dst) }
+            (i, k, r) = unsafe {
+                match e8 {
+                    true => scatter_merge4_avx512::<8>(masks, sub, raw, planes, dst),
+                    false => scatter_merge4_avx512::<0>(masks, sub, raw, planes, dst),
                 }
-                Transform::SignBelowExponent { exp_bits: 8 } => {
-                    (i, k, r) = unsafe { scatter_merge4_avx512::<8>(masks, sub, raw, planes, dst) }
-                }
-                _ => {}
-            }
-        } else if crate::cpu::has_avx2() && long(p0) && long(p1) && long(p3) {
-            let planes = [&p0[..n], &p1[..n], &p3[..n]];
+            };
+        } else if crate::cpu::has_avx2() {
             // SAFETY: AVX2 was checked; the loop reads 16 bytes of `sub`, `raw` and each plane
             // and 2 mask bytes, and writes 64 of `dst`, only while that many remain in each.
-            match t {
-                Transform::Identity => {
-                    (i, k, r) = unsafe { scatter_merge4_avx2::<0>(masks, sub, raw, planes, dst) }
+            (i, k, r) = unsafe {
+                match e8 {
+                    true => scatter_merge4_avx2::<8>(masks, sub, raw, planes, dst),
+                    false => scatter_merge4_avx2::<0>(masks, sub, raw, planes, dst),
                 }
-                Transform::SignBelowExponent { exp_bits: 8 } => {
-                    (i, k, r) = unsafe { scatter_merge4_avx2::<8>(masks, sub, raw, planes, dst) }
-                }
-                _ => {}
-            }
+            };
         }
     }
     scatter(&masks[i / 8..], &sub[k..], &raw[r..], &mut plane2[i..n]);
