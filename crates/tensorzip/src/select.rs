@@ -112,6 +112,17 @@ pub fn scatter(masks: &[u8], sub: &[u8], raw: &[u8], out: &mut [u8]) {
     }
 }
 
+/// `f::<8>(args)` where `e8` ([`fused_transform`]), else `f::<0>(args)`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_transform {
+    ($e8:expr, $f:ident($($arg:expr),*)) => {
+        match $e8 {
+            true => $f::<8>($($arg),*),
+            false => $f::<0>($($arg),*),
+        }
+    };
+}
+
 /// The transforms the fused scatter-and-merge loops undo: `Some(false)` for none, `Some(true)` for
 /// an 8-bit exponent below the sign (bf16, fp32); `None` for the others, which take the separate
 /// passes.
@@ -147,21 +158,12 @@ pub fn scatter_merge2(
             // SAFETY: AVX-512 F/BW/VBMI2 were checked; the loop reads 64 bytes of `sub`, `raw`
             // and `plane1` and 8 mask bytes, and writes 128 of `dst`, only while that many remain
             // in each.
-            (i, k, r) = unsafe {
-                match e8 {
-                    true => scatter_merge2_avx512::<8>(masks, sub, raw, p1, dst),
-                    false => scatter_merge2_avx512::<0>(masks, sub, raw, p1, dst),
-                }
-            };
+            (i, k, r) =
+                unsafe { by_transform!(e8, scatter_merge2_avx512(masks, sub, raw, p1, dst)) };
         } else if crate::cpu::has_avx2() {
             // SAFETY: AVX2 was checked; the loop reads 32 bytes of `sub`, `raw` and `plane1` and
             // 4 mask bytes, and writes 64 of `dst`, only while that many remain in each.
-            (i, k, r) = unsafe {
-                match e8 {
-                    true => scatter_merge2_avx2::<8>(masks, sub, raw, p1, dst),
-                    false => scatter_merge2_avx2::<0>(masks, sub, raw, p1, dst),
-                }
-            };
+            (i, k, r) = unsafe { by_transform!(e8, scatter_merge2_avx2(masks, sub, raw, p1, dst)) };
         }
     }
     scatter(&masks[i / 8..], &sub[k..], &raw[r..], &mut plane0[i..n]);
@@ -319,21 +321,13 @@ pub fn scatter_merge4(
             // SAFETY: AVX-512 F/BW/VBMI2 were checked; the loop reads 64 bytes of `sub`, `raw`
             // and each plane and 8 mask bytes, and writes 256 of `dst`, only while that many
             // remain in each.
-            (i, k, r) = unsafe {
-                match e8 {
-                    true => scatter_merge4_avx512::<8>(masks, sub, raw, planes, dst),
-                    false => scatter_merge4_avx512::<0>(masks, sub, raw, planes, dst),
-                }
-            };
+            (i, k, r) =
+                unsafe { by_transform!(e8, scatter_merge4_avx512(masks, sub, raw, planes, dst)) };
         } else if crate::cpu::has_avx2() {
             // SAFETY: AVX2 was checked; the loop reads 16 bytes of `sub`, `raw` and each plane
             // and 2 mask bytes, and writes 64 of `dst`, only while that many remain in each.
-            (i, k, r) = unsafe {
-                match e8 {
-                    true => scatter_merge4_avx2::<8>(masks, sub, raw, planes, dst),
-                    false => scatter_merge4_avx2::<0>(masks, sub, raw, planes, dst),
-                }
-            };
+            (i, k, r) =
+                unsafe { by_transform!(e8, scatter_merge4_avx2(masks, sub, raw, planes, dst)) };
         }
     }
     scatter(&masks[i / 8..], &sub[k..], &raw[r..], &mut plane2[i..n]);
@@ -792,6 +786,33 @@ mod tests {
                 crate::dtype::Transform::Identity,
                 crate::dtype::Transform::SignBelowExponent { exp_bits: 8 },
             ] {
+                // The AVX2 fused steps' units (`w` bytes each, whole steps of `step` units) and
+                // the coded and raw bytes they took, against the separate passes' `want`: the
+                // units before where they stopped, and with spare bytes every whole step.
+                #[cfg(target_arch = "x86_64")]
+                let e8 = fused_transform(t) == Some(true);
+                #[cfg(target_arch = "x86_64")]
+                let avx2_agrees = |w: usize, step: usize, got: &[u8], want: &[u8], at, sub_len| {
+                    let (i, k, r): (usize, usize, usize) = at;
+                    assert_eq!(
+                        got[..w * i],
+                        want[..w * i],
+                        "{t:?}, {len} units of {w}, AVX2"
+                    );
+                    let coded = (0..i).filter(|&j| cond[j] == 123).count();
+                    assert_eq!(
+                        (k, r),
+                        (coded, i - coded),
+                        "{t:?}, {len} units of {w}, AVX2"
+                    );
+                    if sub_len >= syms.len() + 63 {
+                        assert_eq!(
+                            i,
+                            len / step * step,
+                            "{len} units of {w}, AVX2, spare bytes"
+                        );
+                    }
+                };
                 let mut want = vec![0u8; 2 * len];
                 crate::transform::merge(t, &[&plane, &cond], &mut want);
                 for (sub, raw) in [
@@ -807,20 +828,10 @@ mod tests {
                     if crate::cpu::has_avx2() {
                         let mut got = vec![0u8; 2 * len];
                         // SAFETY: AVX2 was checked; `cond` holds a byte per unit.
-                        let (i, k, r) = unsafe {
-                            match t {
-                                crate::dtype::Transform::Identity => {
-                                    scatter_merge2_avx2::<0>(&mk, &sub, &raw, &cond, &mut got)
-                                }
-                                _ => scatter_merge2_avx2::<8>(&mk, &sub, &raw, &cond, &mut got),
-                            }
+                        let at = unsafe {
+                            by_transform!(e8, scatter_merge2_avx2(&mk, &sub, &raw, &cond, &mut got))
                         };
-                        assert_eq!(got[..2 * i], want[..2 * i], "{t:?}, {len} units, AVX2");
-                        let coded = (0..i).filter(|&j| cond[j] == 123).count();
-                        assert_eq!((k, r), (coded, i - coded), "{t:?}, {len} units, AVX2");
-                        if sub.len() >= syms.len() + 63 {
-                            assert_eq!(i, len / 32 * 32, "{len} units, AVX2 with spare bytes");
-                        }
+                        avx2_agrees(2, 32, &got, &want, at, sub.len());
                     }
                 }
                 // Four-byte units, plane 2 conditioned on plane 3.
@@ -841,20 +852,13 @@ mod tests {
                         let mut got = vec![0u8; 4 * len];
                         let planes = [&lo[..], &mid[..], &cond[..]];
                         // SAFETY: AVX2 was checked; every plane holds a byte per unit.
-                        let (i, k, r) = unsafe {
-                            match t {
-                                crate::dtype::Transform::Identity => {
-                                    scatter_merge4_avx2::<0>(&mk, &sub, &raw, planes, &mut got)
-                                }
-                                _ => scatter_merge4_avx2::<8>(&mk, &sub, &raw, planes, &mut got),
-                            }
+                        let at = unsafe {
+                            by_transform!(
+                                e8,
+                                scatter_merge4_avx2(&mk, &sub, &raw, planes, &mut got)
+                            )
                         };
-                        assert_eq!(got[..4 * i], want[..4 * i], "{t:?}, {len} units, AVX2");
-                        let coded = (0..i).filter(|&j| cond[j] == 123).count();
-                        assert_eq!((k, r), (coded, i - coded), "{t:?}, {len} units, AVX2");
-                        if sub.len() >= syms.len() + 63 {
-                            assert_eq!(i, len / 16 * 16, "{len} units, AVX2 with spare bytes");
-                        }
+                        avx2_agrees(4, 16, &got, &want, at, sub.len());
                     }
                 }
             }
