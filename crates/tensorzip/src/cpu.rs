@@ -68,6 +68,17 @@ pub fn has_avx2() -> bool {
     })
 }
 
+/// For a test of AVX2 code called directly: [`has_avx2`], with the reason printed where the test
+/// skips (no AVX2, or `TENSORZIP_NO_SIMD`).
+#[cfg(test)]
+pub(crate) fn avx2_or_skip() -> bool {
+    let has = has_avx2();
+    if !has {
+        eprintln!("skipped: no AVX2 on this CPU (or TENSORZIP_NO_SIMD)");
+    }
+    has
+}
+
 /// Whether this CPU also runs our AVX-512 code: AVX-512F (checked once; `TENSORZIP_NO_AVX512=1`
 /// turns it off, for comparisons; `TENSORZIP_NO_SIMD=1` too).
 pub fn has_avx512() -> bool {

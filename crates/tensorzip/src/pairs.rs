@@ -978,8 +978,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_expansion_equals_the_scalar_one() {
-        if !crate::cpu::has_avx2() {
-            eprintln!("skipped: no AVX2 on this CPU");
+        if !crate::cpu::avx2_or_skip() {
             return;
         }
         let mut next = crate::rans::test_input::xorshift(0x9E37_79B9_7F4A_7C15);
@@ -1029,8 +1028,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_ranks_equal_the_scalar_ones() {
-        if !crate::cpu::has_avx2() {
-            eprintln!("skipped: no AVX2 on this CPU");
+        if !crate::cpu::avx2_or_skip() {
             return;
         }
         let mut next = crate::rans::test_input::xorshift(0x2545_F491_4F6C_DD1D);

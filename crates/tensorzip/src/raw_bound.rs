@@ -180,8 +180,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_counts_equal_the_scalar_ones() {
-        if !crate::cpu::has_avx2() {
-            eprintln!("skipped: no AVX2 on this CPU");
+        if !crate::cpu::avx2_or_skip() {
             return;
         }
         let mut r = rng(5);
