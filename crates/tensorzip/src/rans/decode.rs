@@ -416,8 +416,9 @@ unsafe fn avx2_rounds(
     let need_bytes = 64 * nseg;
     let mut r = first;
     // SAFETY: every access below stays inside the decoder states, the segment outputs (which hold
-    // `len` bytes, and `r * 32 + 32 <= len` for full steps), the tables (slot masked to 12 bits) and
-    // the word stream (a step runs only while `need_bytes` remain unread).
+    // `len` bytes, and `r * 32 + 32 <= len` for full steps; a partial step stores through checked
+    // slices), the tables (slot masked to 12 bits) and the word stream (a step runs only while
+    // `need_bytes` remain unread).
     unsafe {
         let xp = dec.x.as_mut_ptr() as *mut __m256i;
         let mut x = [
@@ -436,42 +437,54 @@ unsafe fn avx2_rounds(
             -1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+        // One step of the eight lanes of `xv` on `table`: their symbols (the low byte of each
+        // entry, 8 bytes) and their states after it, refilled from the stream at `pos` where they
+        // fell below 2^16, each such lane one word, in lane order. With `keep` (a partial step's
+        // lanes) only those lanes: the others read no word and keep their state.
+        let step = |xv: __m256i, table: &DecodeTable, keep: Option<__m256i>, pos: &mut usize| {
+            let e = lookup(table, _mm256_and_si256(xv, mask));
+            // The frequency is 12 bits, as the slot mask.
+            let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), mask);
+            let nx = _mm256_add_epi32(
+                _mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(xv)),
+                _mm256_srli_epi32::<20>(e),
+            );
+            let sy = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, bytesel), join);
+            let mut need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(nx), zero);
+            if let Some(k) = keep {
+                need = _mm256_and_si256(need, k);
+            }
+            let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(*pos) as *const __m128i));
+            let idx = _mm256_loadu_si256(perm.as_ptr().add(m) as *const __m256i);
+            let w = _mm256_permutevar8x32_epi32(w, idx);
+            let refilled = _mm256_or_si256(_mm256_slli_epi32::<16>(nx), w);
+            let mut next = _mm256_blendv_epi8(nx, refilled, need);
+            if let Some(k) = keep {
+                next = _mm256_blendv_epi8(xv, next, k);
+            }
+            *pos += 2 * m.count_ones() as usize;
+            (_mm256_castsi256_si128(sy), next)
+        };
         let mut pf = dec.pf;
         while r < full_rounds && wlen - pos >= need_bytes {
             pf.step();
             for seg in segs.iter_mut() {
                 for (v, xv) in x.iter_mut().enumerate() {
-                    let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
-                    // The frequency is 12 bits, as the slot mask.
-                    let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), mask);
-                    let nx = _mm256_add_epi32(
-                        _mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(*xv)),
-                        _mm256_srli_epi32::<20>(e),
-                    );
-                    // Symbols: the low byte of each entry; 8 bytes for these 8 lanes.
-                    let sy = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, bytesel), join);
+                    let (sy, next) = step(*xv, seg.table, None, &mut pos);
                     let out = seg.out.as_mut_ptr().add(r * LANES + 8 * v);
-                    _mm_storel_epi64(out as *mut __m128i, _mm256_castsi256_si128(sy));
-                    // Lanes whose state fell below 2^16 read one word each, in lane order.
-                    let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(nx), zero);
-                    let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-                    let w =
-                        _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(pos) as *const __m128i));
-                    let idx = _mm256_loadu_si256(perm.as_ptr().add(m) as *const __m256i);
-                    let w = _mm256_permutevar8x32_epi32(w, idx);
-                    let refilled = _mm256_or_si256(_mm256_slli_epi32::<16>(nx), w);
-                    *xv = _mm256_blendv_epi8(nx, refilled, need);
-                    pos += 2 * m.count_ones() as usize;
+                    _mm_storel_epi64(out as *mut __m128i, sy);
+                    *xv = next;
                 }
             }
             r += 1;
         }
         // A partial last step (`len` not a multiple of the 32 lanes: a conditioned sub-segment's
-        // or an escape group's last symbols, or the whole of a short one) as the full steps, with
-        // the lanes past `len` left as they are: they neither store a symbol, nor read a word,
-        // nor change their state. Taken by the scalar loop until 2026-12-08: on the AVX2 VM (one
-        // thread, both paths in one process, alternating runs) MiniLM bf16 decode -6%, fp32
-        // -3.6%, fp16 and synthetic bf16 (few partial steps) unchanged.
+        // or an escape group's last symbols, or the whole of a short one): the lanes past `len`
+        // neither store a symbol, nor read a word, nor change their state. Taken by the scalar
+        // loop until 2026-12-08: on the AVX2 VM (one thread, both paths in one process,
+        // alternating runs) MiniLM bf16 decode -6%, fp32 -3.6%, fp16 and synthetic bf16 (few
+        // partial steps) unchanged.
         let active = len % LANES;
         if r == full_rounds && active != 0 && wlen - pos >= need_bytes {
             let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -481,34 +494,14 @@ unsafe fn avx2_rounds(
                     if n == 0 {
                         break;
                     }
-                    let act = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
-                    let e = lookup(seg.table, _mm256_and_si256(*xv, mask));
-                    let f = _mm256_and_si256(_mm256_srli_epi32::<8>(e), mask);
-                    let nx = _mm256_add_epi32(
-                        _mm256_mullo_epi32(f, _mm256_srli_epi32::<12>(*xv)),
-                        _mm256_srli_epi32::<20>(e),
-                    );
-                    let sy = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, bytesel), join);
+                    let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
+                    let (sy, next) = step(*xv, seg.table, Some(keep), &mut pos);
                     let mut bytes = [0u8; 8];
-                    _mm_storel_epi64(
-                        bytes.as_mut_ptr() as *mut __m128i,
-                        _mm256_castsi256_si128(sy),
-                    );
+                    _mm_storel_epi64(bytes.as_mut_ptr() as *mut __m128i, sy);
+                    // Through a checked slice: this step's lanes may end inside the eight.
                     let at = r * LANES + 8 * v;
                     seg.out[at..at + n].copy_from_slice(&bytes[..n]);
-                    let need = _mm256_and_si256(
-                        _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(nx), zero),
-                        act,
-                    );
-                    let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-                    let w =
-                        _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(pos) as *const __m128i));
-                    let idx = _mm256_loadu_si256(perm.as_ptr().add(m) as *const __m256i);
-                    let w = _mm256_permutevar8x32_epi32(w, idx);
-                    let refilled = _mm256_or_si256(_mm256_slli_epi32::<16>(nx), w);
-                    let next = _mm256_blendv_epi8(nx, refilled, need);
-                    *xv = _mm256_blendv_epi8(*xv, next, act);
-                    pos += 2 * m.count_ones() as usize;
+                    *xv = next;
                 }
             }
             r += 1;
