@@ -496,9 +496,8 @@ unsafe fn avx2_rounds(
                     }
                     let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
                     let (sy, next) = step(*xv, seg.table, Some(keep), &mut pos);
-                    let mut bytes = [0u8; 8];
-                    _mm_storel_epi64(bytes.as_mut_ptr() as *mut __m128i, sy);
                     // Through a checked slice: this step's lanes may end inside the eight.
+                    let bytes = (_mm_cvtsi128_si64(sy) as u64).to_le_bytes();
                     let at = r * LANES + 8 * v;
                     seg.out[at..at + n].copy_from_slice(&bytes[..n]);
                     *xv = next;
